@@ -1,0 +1,160 @@
+package api
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/labstack/echo/v4"
+	"github.com/stretchr/testify/require"
+)
+
+func signHS(t *testing.T, secret []byte, claims jwt.MapClaims) string {
+	t.Helper()
+	s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString(secret)
+	require.NoError(t, err)
+	return s
+}
+
+func validClaims() jwt.MapClaims {
+	return jwt.MapClaims{"org_id": "org-a", "sub": "alice", "roles": []string{"admin"}, "exp": time.Now().Add(time.Hour).Unix()}
+}
+
+func with(c jwt.MapClaims, kv ...any) jwt.MapClaims {
+	out := jwt.MapClaims{}
+	for k, v := range c {
+		out[k] = v
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] == nil {
+			delete(out, kv[i].(string))
+		} else {
+			out[kv[i].(string)] = kv[i+1]
+		}
+	}
+	return out
+}
+
+func unsigned(t *testing.T, claims jwt.MapClaims) string {
+	t.Helper()
+	s, err := jwt.NewWithClaims(jwt.SigningMethodNone, claims).SignedString(jwt.UnsafeAllowNoneSignatureType)
+	require.NoError(t, err)
+	return s
+}
+
+func TestTokensThatAreRejected(t *testing.T) {
+	s := newTestServer(t, func(c *Config, _ *Services) { c.Auth.Issuer, c.Auth.Audience = "https://issuer", "reveille" })
+	good := with(validClaims(), "iss", "https://issuer", "aud", "reveille")
+	cases := []struct {
+		name, token string
+	}{
+		{"no token", ""},
+		{"alg none", unsigned(t, good)},
+		{"bad signature", signHS(t, []byte("another-secret-another-secret-0123456"), good)},
+		{"expired", signHS(t, testSecret, with(good, "exp", time.Now().Add(-time.Hour).Unix()))},
+		{"no exp", signHS(t, testSecret, with(good, "exp", nil))},
+		{"nbf in the future", signHS(t, testSecret, with(good, "nbf", time.Now().Add(time.Hour).Unix()))},
+		{"missing org_id", signHS(t, testSecret, with(good, "org_id", nil))},
+		{"wrong iss", signHS(t, testSecret, with(good, "iss", "https://evil"))},
+		{"wrong aud", signHS(t, testSecret, with(good, "aud", "someone-else"))},
+		{"garbage", "not.a.jwt"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			do(t, s.Handler(), http.MethodGet, "/v1/whoami", tc.token, nil).requireProblem(t, http.StatusUnauthorized)
+		})
+	}
+	t.Run("valid token returns the principal", func(t *testing.T) {
+		r := do(t, s.Handler(), http.MethodGet, "/v1/whoami", signHS(t, testSecret, with(good, "agent_id", "agent-7")), nil)
+		require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+		require.JSONEq(t, `{"org_id":"org-a","sub":"alice","roles":["admin"],"agent_id":"agent-7"}`, string(r.Body))
+	})
+}
+
+func TestHS256TokenIsRejectedWhenOnlyJWKSIsConfigured(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	jwks := jwksServer(t, &key.PublicKey)
+	s := newTestServer(t, func(c *Config, _ *Services) { c.Auth = AuthConfig{JWKSURL: jwks} })
+
+	es := jwt.NewWithClaims(jwt.SigningMethodES256, validClaims())
+	es.Header["kid"] = "k1"
+	good, err := es.SignedString(key)
+	require.NoError(t, err)
+	r := do(t, s.Handler(), http.MethodGet, "/v1/whoami", good, nil)
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+
+	// Algorithm confusion: an HS256 token "signed" with the public key bytes.
+	pub := elliptic.Marshal(elliptic.P256(), key.PublicKey.X, key.PublicKey.Y) //nolint:staticcheck // bytes an attacker could know
+	hs := jwt.NewWithClaims(jwt.SigningMethodHS256, validClaims())
+	hs.Header["kid"] = "k1"
+	forged, err := hs.SignedString(pub)
+	require.NoError(t, err)
+	do(t, s.Handler(), http.MethodGet, "/v1/whoami", forged, nil).requireProblem(t, http.StatusUnauthorized)
+	do(t, s.Handler(), http.MethodGet, "/v1/whoami", unsigned(t, validClaims()), nil).requireProblem(t, http.StatusUnauthorized)
+}
+
+func jwksServer(t *testing.T, pub *ecdsa.PublicKey) string {
+	t.Helper()
+	b64 := func(n *big.Int) string { return base64.RawURLEncoding.EncodeToString(n.FillBytes(make([]byte, 32))) }
+	body, _ := json.Marshal(map[string]any{"keys": []map[string]string{{
+		"kty": "EC", "crv": "P-256", "kid": "k1", "alg": "ES256", "use": "sig", "x": b64(pub.X), "y": b64(pub.Y),
+	}}})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func TestRolesAndAgentBinding(t *testing.T) {
+	s := newTestServer(t)
+	e := s.Echo()
+	g := e.Group("/v1/test", s.auth.middleware)
+	g.POST("/admin-only", func(c echo.Context) error { return c.NoContent(http.StatusNoContent) }, requireRole(RoleAdmin))
+	g.POST("/as-agent", func(c echo.Context) error {
+		var in struct {
+			AgentID string `json:"agent_id"`
+		}
+		if err := bind(c, &in); err != nil {
+			return err
+		}
+		if err := checkAgent(c, "agent_id", in.AgentID); err != nil {
+			return err
+		}
+		return c.NoContent(http.StatusNoContent)
+	}, requireRole(RoleAgent))
+	g.PATCH("/operator", func(c echo.Context) error { return c.NoContent(http.StatusNoContent) }, requireRole(RoleOperator))
+
+	agentTok := signHS(t, testSecret, with(validClaims(), "roles", []string{"agent"}, "agent_id", "a1"))
+	require.Equal(t, http.StatusNoContent, do(t, s.Handler(), "POST", "/v1/test/admin-only", token(t, "o", "admin"), nil).Status)
+	do(t, s.Handler(), "POST", "/v1/test/admin-only", token(t, "o", "agent", "approver"), nil).requireProblem(t, http.StatusForbidden)
+	require.Equal(t, http.StatusNoContent, do(t, s.Handler(), "POST", "/v1/test/as-agent", agentTok, map[string]string{"agent_id": "a1"}).Status)
+	do(t, s.Handler(), "POST", "/v1/test/as-agent", agentTok, map[string]string{"agent_id": "a2"}).requireProblem(t, http.StatusForbidden)
+	require.Equal(t, http.StatusNoContent, do(t, s.Handler(), "POST", "/v1/test/as-agent", token(t, "o", "agent"), map[string]string{"agent_id": "any"}).Status,
+		"a token without agent_id may act as any agent of its org")
+
+	// operator counts only for operator orgs.
+	require.Equal(t, http.StatusNoContent, do(t, s.Handler(), "PATCH", "/v1/test/operator", token(t, "ops-org", "operator"), nil).Status)
+	do(t, s.Handler(), "PATCH", "/v1/test/operator", token(t, "org-a", "operator"), nil).requireProblem(t, http.StatusForbidden)
+}
+
+func TestAuthConfigIsValidated(t *testing.T) {
+	ctx := context.Background()
+	_, err := newAuthenticator(ctx, AuthConfig{})
+	require.ErrorContains(t, err, "REVEILLE_JWT_SECRET")
+	_, err = newAuthenticator(ctx, AuthConfig{Secret: []byte("short")})
+	require.ErrorContains(t, err, "32 bytes")
+	_, err = newAuthenticator(ctx, AuthConfig{Secret: testSecret, JWKSURL: "http://x"})
+	require.ErrorContains(t, err, "not both")
+}

@@ -1,0 +1,194 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+)
+
+const (
+	// idempotencyRetention is how long a first response is replayed.
+	idempotencyRetention = 24 * time.Hour
+	// idempotencyAbandoned is when an in-flight claim is considered dead (its
+	// replica crashed mid-request) and a retry may take it over.
+	idempotencyAbandoned = 2 * time.Minute
+	// idempotencyWait bounds how long a concurrent duplicate waits for the
+	// first request to finish.
+	idempotencyWait = 60 * time.Second
+	maxIdempotencyKey = 255
+)
+
+// IdempotencyKey returns the request's Idempotency-Key header ("" when
+// absent). Handlers pass it to their domain call as its own idempotency key.
+func IdempotencyKey(c echo.Context) string { return c.Request().Header.Get("Idempotency-Key") }
+
+// idempotencyStore keeps first responses per (org, route, key).
+type idempotencyStore struct {
+	db *pgxpool.Pool
+}
+
+// middleware replays the first response to a repeated (org, route, key),
+// makes concurrent duplicates wait for the first, and answers 422 when the
+// same key comes with a different body. Server errors are not kept, so a
+// retry after a 5xx runs again.
+func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		key := IdempotencyKey(c)
+		if key == "" {
+			return next(c)
+		}
+		if len(key) > maxIdempotencyKey {
+			return Invalid("Idempotency-Key", "must be at most 255 characters")
+		}
+		body, err := io.ReadAll(c.Request().Body)
+		if err != nil {
+			return readError(err)
+		}
+		c.Request().Body = io.NopCloser(bytes.NewReader(body))
+		sum := sha256.Sum256(body)
+		org, route := PrincipalFrom(c).OrgID, c.Request().Method+" "+c.Request().URL.Path
+		ctx := c.Request().Context()
+
+		deadline := time.Now().Add(idempotencyWait)
+		for {
+			rec, claimed, err := s.claim(ctx, org, route, key, sum[:])
+			if err != nil {
+				return err
+			}
+			if claimed {
+				return s.runFirst(c, next, org, route, key)
+			}
+			if !bytes.Equal(rec.hash, sum[:]) {
+				return NewProblem(http.StatusUnprocessableEntity, "idempotency-key-reused",
+					"this Idempotency-Key was used with a different request body")
+			}
+			if rec.status != 0 {
+				c.Response().Header().Set("Idempotent-Replayed", "true")
+				return c.Blob(rec.status, rec.contentType, rec.body)
+			}
+			if time.Now().After(deadline) {
+				return NewProblem(http.StatusConflict, "idempotency-key-in-flight",
+					"a request with this Idempotency-Key is still being processed; retry later")
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(25 * time.Millisecond):
+			}
+		}
+	}
+}
+
+type idempotencyRecord struct {
+	hash        []byte
+	status      int
+	contentType string
+	body        []byte
+}
+
+// claim inserts an in-flight record for the key, or takes over one that is
+// expired or abandoned; otherwise it returns the existing record.
+func (s *idempotencyStore) claim(ctx context.Context, org, route, key string, hash []byte) (idempotencyRecord, bool, error) {
+	tag, err := s.db.Exec(ctx, `
+		INSERT INTO idempotency_keys (org_id, route, key, request_hash)
+		VALUES ($1, $2, $3, $4)
+		ON CONFLICT (org_id, route, key) DO UPDATE
+		   SET request_hash = EXCLUDED.request_hash, created_at = now(),
+		       status_code = NULL, content_type = NULL, response_body = NULL, completed_at = NULL
+		 WHERE idempotency_keys.created_at < now() - $5::interval
+		    OR (idempotency_keys.completed_at IS NULL AND idempotency_keys.created_at < now() - $6::interval)`,
+		org, route, key, hash, idempotencyRetention, idempotencyAbandoned)
+	if err != nil {
+		return idempotencyRecord{}, false, err
+	}
+	if tag.RowsAffected() == 1 {
+		return idempotencyRecord{}, true, nil
+	}
+	var rec idempotencyRecord
+	var status *int32
+	var ct *string
+	err = s.db.QueryRow(ctx, `
+		SELECT request_hash, status_code, content_type, response_body
+		  FROM idempotency_keys WHERE org_id = $1 AND route = $2 AND key = $3`,
+		org, route, key).Scan(&rec.hash, &status, &ct, &rec.body)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s.claim(ctx, org, route, key, hash) // deleted after a 5xx: try again
+	}
+	if err != nil {
+		return rec, false, err
+	}
+	if status != nil {
+		rec.status = int(*status)
+	}
+	if ct != nil {
+		rec.contentType = *ct
+	}
+	return rec, false, nil
+}
+
+// runFirst runs the handler for the request that claimed the key and keeps
+// its response.
+func (s *idempotencyStore) runFirst(c echo.Context, next echo.HandlerFunc, org, route, key string) error {
+	rec := &recorder{ResponseWriter: c.Response().Writer}
+	c.Response().Writer = rec
+	err := next(c)
+	if err != nil {
+		c.Error(err) // write the problem now, so it is recorded
+	}
+	// The request context may be canceled by now; the record must be written.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 10*time.Second)
+	defer cancel()
+	status := c.Response().Status
+	if status >= 500 || !c.Response().Committed {
+		_, _ = s.db.Exec(ctx, `DELETE FROM idempotency_keys WHERE org_id = $1 AND route = $2 AND key = $3`, org, route, key)
+		return nil
+	}
+	_, dbErr := s.db.Exec(ctx, `
+		UPDATE idempotency_keys SET status_code = $4, content_type = $5, response_body = $6, completed_at = now()
+		 WHERE org_id = $1 AND route = $2 AND key = $3`,
+		org, route, key, status, c.Response().Header().Get(echo.HeaderContentType), rec.buf.Bytes())
+	return dbErr
+}
+
+// purge deletes records past retention, in bounded batches.
+func (s *idempotencyStore) purge(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		tag, err := s.db.Exec(ctx, `
+			DELETE FROM idempotency_keys WHERE ctid IN (
+			  SELECT ctid FROM idempotency_keys WHERE created_at < now() - $1::interval LIMIT 1000)`,
+			idempotencyRetention)
+		if err != nil {
+			return total, err
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < 1000 {
+			return total, nil
+		}
+	}
+}
+
+// recorder tees the response body into a buffer.
+type recorder struct {
+	http.ResponseWriter
+	buf bytes.Buffer
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.buf.Write(b)
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *recorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}

@@ -1,0 +1,95 @@
+package api
+
+import (
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/labstack/echo/v4"
+	"github.com/stretchr/testify/require"
+)
+
+// countingRoute registers an idempotent POST that counts its runs and waits
+// on gate (when set) so that duplicates arrive while it is in flight.
+func countingRoute(s *Server, runs *atomic.Int64, gate chan struct{}) {
+	s.Echo().POST("/v1/test/things", func(c echo.Context) error {
+		var in struct {
+			Name string `json:"name"`
+		}
+		if err := bind(c, &in); err != nil {
+			return err
+		}
+		n := runs.Add(1)
+		if gate != nil {
+			<-gate
+		}
+		if in.Name == "bad" {
+			return Invalid("name", "bad name")
+		}
+		return c.JSON(http.StatusCreated, map[string]any{"name": in.Name, "run": n})
+	}, s.auth.middleware, s.idempotent())
+}
+
+func TestIdempotencyReplaysTheFirstResponse(t *testing.T) {
+	s := newTestServer(t)
+	var runs atomic.Int64
+	countingRoute(s, &runs, nil)
+	tok := token(t, "org-a", "admin")
+
+	first := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusCreated, first.Status)
+	again := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusCreated, again.Status)
+	require.JSONEq(t, string(first.Body), string(again.Body))
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	require.EqualValues(t, 1, runs.Load())
+
+	t.Run("different body with the same key is 422", func(t *testing.T) {
+		do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"y"}`, "Idempotency-Key", "k1").requireProblem(t, http.StatusUnprocessableEntity)
+		require.EqualValues(t, 1, runs.Load())
+	})
+	t.Run("another org's key is its own", func(t *testing.T) {
+		r := do(t, s.Handler(), "POST", "/v1/test/things", token(t, "org-b", "admin"), `{"name":"x"}`, "Idempotency-Key", "k1")
+		require.Equal(t, http.StatusCreated, r.Status)
+		require.EqualValues(t, 2, runs.Load())
+	})
+	t.Run("errors are replayed too", func(t *testing.T) {
+		do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"bad"}`, "Idempotency-Key", "k2").requireProblem(t, http.StatusBadRequest, "name")
+		do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"bad"}`, "Idempotency-Key", "k2").requireProblem(t, http.StatusBadRequest, "name")
+		require.EqualValues(t, 3, runs.Load())
+	})
+	t.Run("no key, no replay", func(t *testing.T) {
+		do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`)
+		do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`)
+		require.EqualValues(t, 5, runs.Load())
+	})
+}
+
+func TestConcurrentDuplicatesRunTheHandlerOnce(t *testing.T) {
+	s := newTestServer(t)
+	var runs atomic.Int64
+	gate := make(chan struct{})
+	countingRoute(s, &runs, gate)
+	tok := token(t, "org-a", "admin")
+
+	const n = 8
+	results := make([]response, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`, "Idempotency-Key", "same")
+		}()
+	}
+	// Wait until the first request is inside the handler, then release it.
+	require.Eventually(t, func() bool { return runs.Load() == 1 }, testWait, pollEvery)
+	close(gate)
+	wg.Wait()
+	require.EqualValues(t, 1, runs.Load())
+	for _, r := range results {
+		require.Equal(t, http.StatusCreated, r.Status, string(r.Body))
+		require.JSONEq(t, string(results[0].Body), string(r.Body))
+	}
+}

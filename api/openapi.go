@@ -1,0 +1,72 @@
+package api
+
+import (
+	"embed"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+
+	"gopkg.in/yaml.v3"
+)
+
+// The OpenAPI document is written in parts, one per domain
+// (openapi/<domain>.yaml), merged at start: each part holds `paths` and
+// `components`; 00-base.yaml holds the rest.
+//
+//go:embed openapi/*.yaml
+var openapiParts embed.FS
+
+// OpenAPIDocument returns the merged OpenAPI 3 document as JSON.
+func OpenAPIDocument() ([]byte, error) {
+	doc, err := mergedOpenAPI()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(doc)
+}
+
+func mergedOpenAPI() (map[string]any, error) {
+	names, err := fs.Glob(openapiParts, "openapi/*.yaml")
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(names)
+	doc := map[string]any{}
+	for _, name := range names {
+		raw, err := fs.ReadFile(openapiParts, name)
+		if err != nil {
+			return nil, err
+		}
+		var part map[string]any
+		if err := yaml.Unmarshal(raw, &part); err != nil {
+			return nil, fmt.Errorf("openapi part %s: %w", path.Base(name), err)
+		}
+		if err := mergeInto(doc, part, path.Base(name)); err != nil {
+			return nil, err
+		}
+	}
+	return doc, nil
+}
+
+// mergeInto merges src into dst: maps merge recursively; any other value
+// defined twice is an error, except under paths where methods merge.
+func mergeInto(dst, src map[string]any, where string) error {
+	for k, v := range src {
+		existing, ok := dst[k]
+		if !ok {
+			dst[k] = v
+			continue
+		}
+		em, ok1 := existing.(map[string]any)
+		vm, ok2 := v.(map[string]any)
+		if !ok1 || !ok2 {
+			return fmt.Errorf("openapi part %s redefines %q", where, k)
+		}
+		if err := mergeInto(em, vm, where+": "+k); err != nil {
+			return err
+		}
+	}
+	return nil
+}

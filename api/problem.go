@@ -1,0 +1,144 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/reveille/reveille/internal/apperr"
+)
+
+// ProblemTypeBase prefixes every problem type URI.
+const ProblemTypeBase = "https://reveille.dev/problems/"
+
+// Problem is an RFC 9457 problem detail. It is also an error, so handlers
+// return it directly.
+type Problem struct {
+	Type       string              `json:"type"`
+	Title      string              `json:"title"`
+	Status     int                 `json:"status"`
+	Detail     string              `json:"detail,omitempty"`
+	Instance   string              `json:"instance,omitempty"`
+	Errors     []apperr.FieldError `json:"errors,omitempty"`
+	Extensions map[string]any      `json:"-"`
+}
+
+func (p *Problem) Error() string { return fmt.Sprintf("%d %s: %s", p.Status, p.Title, p.Detail) }
+
+// MarshalJSON flattens the extensions (approval_id, wakeup_id, …) into the
+// top-level object, as RFC 9457 asks.
+func (p *Problem) MarshalJSON() ([]byte, error) {
+	type plain Problem
+	base, err := json.Marshal((*plain)(p))
+	if err != nil || len(p.Extensions) == 0 {
+		return base, err
+	}
+	ext, err := json.Marshal(p.Extensions)
+	if err != nil {
+		return nil, err
+	}
+	return append(append(base[:len(base)-1], ','), ext[1:]...), nil
+}
+
+// NewProblem builds a problem of the given status; kind is the last segment
+// of its type URI.
+func NewProblem(status int, kind, detail string) *Problem {
+	return &Problem{Type: ProblemTypeBase + kind, Title: http.StatusText(status), Status: status, Detail: detail}
+}
+
+// With adds an extension member.
+func (p *Problem) With(key string, value any) *Problem {
+	if p.Extensions == nil {
+		p.Extensions = map[string]any{}
+	}
+	p.Extensions[key] = value
+	return p
+}
+
+// Invalid is a 400 naming one field.
+func Invalid(field, detail string) *Problem {
+	return invalidFields([]apperr.FieldError{{Field: field, Detail: detail}})
+}
+
+func invalidFields(fields []apperr.FieldError) *Problem {
+	names := make([]string, len(fields))
+	for i, f := range fields {
+		names[i] = f.Field
+	}
+	p := NewProblem(http.StatusBadRequest, "invalid-request", "invalid "+strings.Join(names, ", ")+": "+fields[0].Detail)
+	p.Errors = fields
+	return p
+}
+
+// problemFor maps any error a handler returns to a problem.
+func problemFor(err error) *Problem {
+	var p *Problem
+	if errors.As(err, &p) {
+		return p
+	}
+	var invalid *apperr.InvalidError
+	if errors.As(err, &invalid) && len(invalid.Fields) > 0 {
+		return invalidFields(invalid.Fields)
+	}
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		return echoProblem(he)
+	}
+	switch {
+	case errors.Is(err, apperr.ErrNotFound):
+		return NewProblem(http.StatusNotFound, "not-found", err.Error())
+	case errors.Is(err, apperr.ErrConflict):
+		return NewProblem(http.StatusConflict, "conflict", err.Error())
+	case errors.Is(err, apperr.ErrForbidden):
+		return NewProblem(http.StatusForbidden, "forbidden", err.Error())
+	}
+	return NewProblem(http.StatusInternalServerError, "internal", "internal error; the request id in the X-Request-Id header identifies it in the logs")
+}
+
+func echoProblem(he *echo.HTTPError) *Problem {
+	detail := http.StatusText(he.Code)
+	if msg, ok := he.Message.(string); ok && msg != "" {
+		detail = msg
+	}
+	switch he.Code {
+	case http.StatusNotFound:
+		return NewProblem(he.Code, "not-found", "no such route")
+	case http.StatusMethodNotAllowed:
+		return NewProblem(he.Code, "method-not-allowed", "method not allowed on this route")
+	case http.StatusRequestEntityTooLarge:
+		return NewProblem(he.Code, "body-too-large", "request body exceeds the limit")
+	case http.StatusUnsupportedMediaType:
+		return NewProblem(he.Code, "unsupported-media-type", detail)
+	}
+	return NewProblem(he.Code, strings.ReplaceAll(strings.ToLower(http.StatusText(he.Code)), " ", "-"), detail)
+}
+
+// errorHandler writes every error as application/problem+json, and logs
+// server errors with the request id.
+func (s *Server) errorHandler(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	p := problemFor(err)
+	if p.Status >= 500 {
+		s.logger.ErrorContext(c.Request().Context(), "request failed", "error", err.Error(),
+			"request_id", c.Response().Header().Get(echo.HeaderXRequestID), "path", c.Request().URL.Path)
+	}
+	writeProblem(c, p)
+}
+
+func writeProblem(c echo.Context, p *Problem) {
+	body, err := json.Marshal(p)
+	if err != nil {
+		body = []byte(`{"type":"` + ProblemTypeBase + `internal","title":"Internal Server Error","status":500}`)
+	}
+	if c.Request().Method == http.MethodHead {
+		_ = c.NoContent(p.Status)
+		return
+	}
+	_ = c.Blob(p.Status, "application/problem+json", body)
+}

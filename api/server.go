@@ -1,0 +1,278 @@
+// Package api is Reveille's HTTP layer: an echo server with JWT auth,
+// per-route roles, Idempotency-Key replay, RFC 9457 problem+json errors,
+// metrics and the OpenAPI document. It is thin: handlers decode, check roles
+// and tenancy, call a domain package and encode; domain packages know
+// nothing of HTTP.
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Config configures the server. Zero values take the defaults noted.
+type Config struct {
+	// Addr to listen on (default ":8080").
+	Addr string
+	// MaxBody is the request body limit in bytes (default 1 MiB).
+	MaxBody int64
+	// Auth says how tokens are verified.
+	Auth AuthConfig
+	// Logger for access and error logs (default slog.Default()).
+	Logger *slog.Logger
+	// Registry receives the HTTP metrics and serves /metrics (default: a new
+	// registry with the Go and process collectors).
+	Registry *prometheus.Registry
+	// ShutdownTimeout bounds the graceful drain on stop (default 15 s).
+	ShutdownTimeout time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Addr == "" {
+		c.Addr = ":8080"
+	}
+	if c.MaxBody <= 0 {
+		c.MaxBody = 1 << 20
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 15 * time.Second
+	}
+	return c
+}
+
+// ReadinessCheck is one dependency /readyz asks.
+type ReadinessCheck struct {
+	Name  string
+	Check func(ctx context.Context) error
+}
+
+// Services are the domain services the routes call. A nil service leaves
+// its routes out (and out of the OpenAPI test's comparison).
+type Services struct {
+	// DB is required: idempotency records and readiness.
+	DB *pgxpool.Pool
+	// Ready lists extra readiness checks (Temporal).
+	Ready []ReadinessCheck
+}
+
+// Server is the HTTP API.
+type Server struct {
+	cfg        Config
+	svc        Services
+	echo       *echo.Echo
+	logger     *slog.Logger
+	auth       *authenticator
+	idem       *idempotencyStore
+	bodyLimits map[string]int64 // route pattern → limit, where not cfg.MaxBody
+	metrics    *httpMetrics
+}
+
+// New builds the server and its routes.
+func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
+	cfg = cfg.withDefaults()
+	if svc.DB == nil {
+		return nil, errors.New("api: Services.DB is required")
+	}
+	auth, err := newAuthenticator(ctx, cfg.Auth)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg: cfg, svc: svc, logger: cfg.Logger, auth: auth,
+		idem:       &idempotencyStore{db: svc.DB},
+		bodyLimits: map[string]int64{},
+		metrics:    newHTTPMetrics(cfg.Registry),
+	}
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = s.errorHandler
+	e.Use(middleware.RequestIDWithConfig(middleware.RequestIDConfig{
+		Generator: func() string { return newRequestID() },
+	}))
+	e.Use(s.accessLog)
+	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{DisableStackAll: true, LogErrorFunc: func(c echo.Context, err error, stack []byte) error {
+		s.logger.Error("handler panic", "error", err.Error(), "stack", string(stack), "request_id", c.Response().Header().Get(echo.HeaderXRequestID))
+		return err
+	}}))
+	e.Use(s.limitBody)
+	s.echo = e
+	s.routes()
+	return s, nil
+}
+
+// Handler is the server's http.Handler (tests drive it directly).
+func (s *Server) Handler() http.Handler { return s.echo }
+
+// Echo exposes the router (the OpenAPI test lists its routes).
+func (s *Server) Echo() *echo.Echo { return s.echo }
+
+// routes registers every route. Domain route groups add themselves here.
+func (s *Server) routes() {
+	e := s.echo
+	e.GET("/healthz", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"status": "ok"}) })
+	e.GET("/readyz", s.readyz)
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
+	e.GET("/openapi.json", s.openapi)
+
+	s.route(http.MethodGet, "/v1/whoami", func(c echo.Context) error { return c.JSON(http.StatusOK, PrincipalFrom(c)) }, anyRole)
+}
+
+// anyRole lets every authenticated principal through.
+var anyRole []string
+
+// route registers an authenticated route that needs one of roles (anyRole:
+// none in particular), with extra middleware such as s.idempotent().
+// Routes are registered one by one, not through an echo group with
+// middleware, because such a group answers 404 instead of 405 for a known
+// path with the wrong method.
+func (s *Server) route(method, path string, h echo.HandlerFunc, roles []string, mw ...echo.MiddlewareFunc) {
+	chain := []echo.MiddlewareFunc{s.auth.middleware}
+	if len(roles) > 0 {
+		chain = append(chain, requireRole(roles...))
+	}
+	s.echo.Add(method, path, h, append(chain, mw...)...)
+}
+
+// idempotent marks a POST route as honouring Idempotency-Key.
+func (s *Server) idempotent() echo.MiddlewareFunc { return s.idem.middleware }
+
+// setBodyLimit gives a route its own body limit (streams).
+func (s *Server) setBodyLimit(routePath string, limit int64) { s.bodyLimits[routePath] = limit }
+
+func (s *Server) readyz(c echo.Context) error {
+	ctx, cancel := context.WithTimeout(c.Request().Context(), 3*time.Second)
+	defer cancel()
+	checks := append([]ReadinessCheck{{Name: "postgres", Check: s.svc.DB.Ping}}, s.svc.Ready...)
+	status := map[string]string{}
+	var failed []string
+	for _, chk := range checks {
+		if err := chk.Check(ctx); err != nil {
+			status[chk.Name] = err.Error()
+			failed = append(failed, chk.Name)
+		} else {
+			status[chk.Name] = "ok"
+		}
+	}
+	if len(failed) > 0 {
+		return NewProblem(http.StatusServiceUnavailable, "not-ready", "not ready: "+strings.Join(failed, ", ")+" unreachable").With("checks", status)
+	}
+	return c.JSON(http.StatusOK, map[string]any{"status": "ready", "checks": status})
+}
+
+func (s *Server) openapi(c echo.Context) error {
+	doc, err := OpenAPIDocument()
+	if err != nil {
+		return fmt.Errorf("openapi document: %w", err)
+	}
+	return c.Blob(http.StatusOK, echo.MIMEApplicationJSON, doc)
+}
+
+// limitBody caps the request body: Content-Length over the limit is refused
+// at once, a longer chunked body fails when read (both 413).
+func (s *Server) limitBody(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		limit, ok := s.bodyLimits[c.Path()]
+		if !ok {
+			limit = s.cfg.MaxBody
+		}
+		req := c.Request()
+		if req.ContentLength > limit {
+			return NewProblem(http.StatusRequestEntityTooLarge, "body-too-large", "request body exceeds "+strconv.FormatInt(limit, 10)+" bytes")
+		}
+		req.Body = http.MaxBytesReader(c.Response(), req.Body, limit)
+		return next(c)
+	}
+}
+
+// accessLog writes one JSON line per request and records HTTP metrics.
+func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		err := next(c)
+		if err != nil {
+			c.Error(err)
+		}
+		route := c.Path()
+		if route == "" {
+			route = "unmatched"
+		}
+		status := c.Response().Status
+		elapsed := time.Since(start)
+		s.metrics.observe(c.Request().Method, route, status, elapsed)
+		attrs := []any{
+			"method", c.Request().Method, "path", c.Request().URL.Path, "route", route,
+			"status", status, "duration_ms", float64(elapsed.Microseconds()) / 1000,
+			"bytes_out", c.Response().Size, "request_id", c.Response().Header().Get(echo.HeaderXRequestID),
+		}
+		if p := PrincipalFrom(c); p.OrgID != "" {
+			attrs = append(attrs, "org_id", p.OrgID, "sub", p.Sub)
+		}
+		s.logger.Info("http request", attrs...)
+		return nil
+	}
+}
+
+// Run serves until ctx is canceled, then drains in-flight requests for up to
+// ShutdownTimeout. It also purges expired idempotency records.
+func (s *Server) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", s.cfg.Addr, err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve is Run on an existing listener.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{Handler: s.echo, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
+	go s.purgeLoop(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("graceful shutdown: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) purgeLoop(ctx context.Context) {
+	t := time.NewTicker(10 * time.Minute)
+	defer t.Stop()
+	for {
+		if n, err := s.idem.purge(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Warn("purging idempotency records failed", "error", err.Error())
+		} else if n > 0 {
+			s.logger.Info("purged idempotency records", "count", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,100 @@
+package devtemporal
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/client"
+	sdklog "go.temporal.io/sdk/log"
+)
+
+func dial(t *testing.T, s *Server) client.Client {
+	t.Helper()
+	c, err := client.Dial(client.Options{
+		HostPort:  s.Address(),
+		Namespace: s.Namespace(),
+		Logger:    sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler)),
+	})
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	return c
+}
+
+func TestServerPersistsAcrossRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	dataDir := filepath.Join(t.TempDir(), "data") // does not exist yet
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+	began := time.Now()
+	s, err := Start(ctx, Options{DataDir: dataDir, Logger: logger})
+	require.NoError(t, err)
+	t.Logf("first start (schema setup) took %s", time.Since(began))
+	t.Cleanup(func() { _ = s.Stop() })
+
+	require.Equal(t, "default", s.Namespace())
+	host, _, err := net.SplitHostPort(s.Address())
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1", host)
+	require.FileExists(t, filepath.Join(dataDir, "temporal.sqlite"))
+
+	c := dial(t, s)
+	_, err = c.CheckHealth(ctx, &client.CheckHealthRequest{})
+	require.NoError(t, err)
+	ns, err := c.WorkflowService().DescribeNamespace(ctx, &workflowservice.DescribeNamespaceRequest{Namespace: "default"})
+	require.NoError(t, err)
+	require.Equal(t, "default", ns.GetNamespaceInfo().GetName())
+
+	// The frontend port is taken now: a second server on it must fail clearly.
+	_, err = Start(ctx, Options{DataDir: t.TempDir(), Port: portOf(t, s.Address())})
+	require.ErrorContains(t, err, "not available")
+	require.ErrorIs(t, err, syscall.EADDRINUSE)
+
+	// Start a workflow on a task queue nobody polls: it stays running.
+	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
+		ID:        "devtemporal-restart-test",
+		TaskQueue: "devtemporal-nobody-polls",
+	}, "SomeWorkflow", "arg")
+	require.NoError(t, err)
+
+	began = time.Now()
+	require.NoError(t, s.Stop())
+	t.Logf("stop took %s", time.Since(began))
+	require.NoError(t, s.Stop(), "second Stop must be a no-op")
+
+	began = time.Now()
+	s2, err := Start(ctx, Options{DataDir: dataDir, Logger: logger})
+	require.NoError(t, err)
+	t.Logf("restart took %s", time.Since(began))
+	t.Cleanup(func() { _ = s2.Stop() })
+
+	c2 := dial(t, s2)
+	desc, err := c2.DescribeWorkflowExecution(ctx, run.GetID(), run.GetRunID())
+	require.NoError(t, err)
+	info := desc.GetWorkflowExecutionInfo()
+	require.Equal(t, "SomeWorkflow", info.GetType().GetName())
+	require.Equal(t, run.GetRunID(), info.GetExecution().GetRunId())
+	require.Equal(t, "devtemporal-nobody-polls", info.GetTaskQueue())
+
+	began = time.Now()
+	require.NoError(t, s2.Stop())
+	t.Logf("second stop took %s", time.Since(began))
+}
+
+func portOf(t *testing.T, addr string) int {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
+	port, err := net.LookupPort("tcp", p)
+	require.NoError(t, err)
+	return port
+}

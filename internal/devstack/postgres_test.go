@@ -1,0 +1,73 @@
+package devstack
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// The test runs as whoever runs `go test`: as root it exercises the postgres
+// system user and the fallback directory, as a normal user the plain path.
+func TestStartStopAndReuseFromPrivateTempDir(t *testing.T) {
+	ctx := context.Background()
+	parent, err := os.MkdirTemp("", "devstack-*")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(parent, 0o700))
+	dataDir := filepath.Join(parent, "data")
+
+	pg, err := StartPostgres(ctx, PostgresOptions{DataDir: dataDir, Settings: map[string]string{"fsync": "off"}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = pg.Stop(context.Background())
+		_ = os.RemoveAll(pg.ClusterDir())
+		_ = os.RemoveAll(parent)
+	})
+	require.False(t, pg.Reused())
+	require.NoError(t, pg.EnsureDatabase(ctx, "reveille"))
+	require.NoError(t, pg.EnsureDatabase(ctx, "reveille"), "ensuring twice is fine")
+	execSQL(t, pg.URL("reveille"), "CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)")
+
+	// A second start while the first postmaster lives reuses it.
+	again, err := StartPostgres(ctx, PostgresOptions{DataDir: dataDir})
+	require.NoError(t, err)
+	require.True(t, again.Reused())
+	require.Equal(t, pg.Port(), again.Port())
+	require.NoError(t, again.Stop(ctx), "stopping a reused postmaster leaves it to its owner")
+	require.Equal(t, 42, queryInt(t, pg.URL("reveille"), "SELECT v FROM kept"))
+
+	// Stopped, then started again: the data dir is reused, not re-initialized.
+	require.NoError(t, pg.Stop(ctx))
+	third, err := StartPostgres(ctx, PostgresOptions{DataDir: dataDir})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = third.Stop(context.Background()) })
+	require.False(t, third.Reused())
+	require.Equal(t, 42, queryInt(t, third.URL("reveille"), "SELECT v FROM kept"))
+}
+
+func TestMissingDataDirIsAnError(t *testing.T) {
+	_, err := StartPostgres(context.Background(), PostgresOptions{})
+	require.ErrorContains(t, err, "DataDir")
+}
+
+func execSQL(t *testing.T, url, sql string) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), url)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(context.Background(), sql)
+	require.NoError(t, err)
+}
+
+func queryInt(t *testing.T, url, sql string) int {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), url)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var v int
+	require.NoError(t, conn.QueryRow(context.Background(), sql).Scan(&v))
+	return v
+}

@@ -1,0 +1,73 @@
+package migrations_test
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"sync"
+	"testing"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+	"github.com/reveille/reveille/migrations"
+)
+
+func TestMain(m *testing.M) { testkit.Main(m) }
+
+func TestApplyingTwiceChangesNothing(t *testing.T) {
+	db := openDB(t, testkit.NewDatabase(t))
+	ctx := context.Background()
+	n, err := migrations.Up(ctx, db, nil)
+	require.NoError(t, err)
+	require.Zero(t, n, "a migrated database has nothing pending")
+	n, err = migrations.Up(ctx, db, nil)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	var sb strings.Builder
+	require.NoError(t, migrations.Status(ctx, db, &sb))
+	require.Contains(t, sb.String(), "00001_foundation.sql")
+	require.NotContains(t, sb.String(), "pending")
+}
+
+func TestConcurrentMigratorsDoNotFail(t *testing.T) {
+	ctx := context.Background()
+	// An empty database: create one beside the test's template-cloned one.
+	admin := openDB(t, testkit.ServerURL(t))
+	_, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS migrate_race")
+	require.NoError(t, err)
+	_, err = admin.ExecContext(ctx, "CREATE DATABASE migrate_race")
+	require.NoError(t, err)
+	url := strings.Replace(testkit.ServerURL(t), "/postgres?", "/migrate_race?", 1)
+
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	applied := make([]int, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			db := openDB(t, url)
+			applied[i], errs[i] = migrations.Up(ctx, db, nil)
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for i, err := range errs {
+		require.NoError(t, err, "migrator %d", i)
+		total += applied[i]
+	}
+	var sb strings.Builder
+	require.NoError(t, migrations.Status(ctx, openDB(t, url), &sb))
+	require.Equal(t, strings.Count(sb.String(), "\n"), total, "each migration applied exactly once across migrators")
+}
+
+func openDB(t *testing.T, url string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", url)
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
