@@ -1,0 +1,34 @@
+-- +goose Up
+-- Chunked run streams (streams/). A stream is (org, run, name); its row
+-- holds the chunk counter that appends bump under the row lock, which is what
+-- makes indexes gap-free under concurrent writers. Run ids and names sort
+-- bytewise (COLLATE "C") so that name cursors follow the primary key.
+CREATE TABLE streams (
+    id          uuid        NOT NULL UNIQUE,
+    org_id      text        NOT NULL,
+    run_id      text        COLLATE "C" NOT NULL,
+    name        text        COLLATE "C" NOT NULL,
+    chunk_count bigint      NOT NULL DEFAULT 0 CHECK (chunk_count >= 0),
+    done        boolean     NOT NULL DEFAULT false,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    closed_at   timestamptz,
+    PRIMARY KEY (org_id, run_id, name),
+    CHECK (done = (closed_at IS NOT NULL))
+);
+-- Retention finds closed streams by the time they were closed.
+CREATE INDEX streams_closed_at ON streams (closed_at) WHERE done;
+
+-- Chunks are written only by the statement that bumps their stream's counter,
+-- so no foreign key is declared: its per-row check would cost appends a
+-- lookup each, for an invariant the single writing statement already keeps.
+CREATE TABLE stream_chunks (
+    stream_id   uuid   NOT NULL,
+    chunk_index bigint NOT NULL CHECK (chunk_index >= 0),
+    org_id      text   NOT NULL,
+    data        bytea  NOT NULL,
+    PRIMARY KEY (stream_id, chunk_index)
+);
+-- +goose Down
+DROP TABLE stream_chunks;
+DROP TABLE streams;

@@ -1,0 +1,108 @@
+package streams
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures a Service. Zero values take the defaults noted.
+type Config struct {
+	// MaxChunk is the largest chunk in bytes (default 1 MiB;
+	// REVEILLE_STREAM_MAX_CHUNK).
+	MaxChunk int64
+	// MaxRequest is the largest append request body in bytes (default 8 MiB;
+	// REVEILLE_STREAM_MAX_REQUEST). It also bounds the bytes one page or one
+	// live-tail read holds in memory.
+	MaxRequest int64
+	// Retention is how long a closed stream is kept before it is purged
+	// (default 7 days; REVEILLE_STREAM_RETENTION).
+	Retention time.Duration
+	// KeepAlive is the interval of SSE keep-alive comments (default 15 s).
+	KeepAlive time.Duration
+	// PurgeInterval is how often the retention leader looks for expired
+	// streams (default 1 min).
+	PurgeInterval time.Duration
+	// PurgeBatch bounds the streams, and the chunks, one purge statement
+	// deletes (default 1000).
+	PurgeBatch int
+	// LeaderRetry is how often a standby replica tries to take over the
+	// retention leadership (default 2 s).
+	LeaderRetry time.Duration
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Registry receives the metrics (default: not registered).
+	Registry prometheus.Registerer
+}
+
+// Defaults of Config.
+const (
+	DefaultMaxChunk      = 1 << 20
+	DefaultMaxRequest    = 8 << 20
+	DefaultRetention     = 7 * 24 * time.Hour
+	DefaultKeepAlive     = 15 * time.Second
+	DefaultPurgeInterval = time.Minute
+	DefaultPurgeBatch    = 1000
+)
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	c.MaxChunk = cmp.Or(c.MaxChunk, DefaultMaxChunk)
+	c.MaxRequest = cmp.Or(c.MaxRequest, DefaultMaxRequest)
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.KeepAlive = cmp.Or(c.KeepAlive, DefaultKeepAlive)
+	c.PurgeInterval = cmp.Or(c.PurgeInterval, DefaultPurgeInterval)
+	c.PurgeBatch = cmp.Or(c.PurgeBatch, DefaultPurgeBatch)
+	c.LeaderRetry = cmp.Or(c.LeaderRetry, 2*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.MaxChunk < 0 || c.MaxRequest < 0 || c.Retention < 0 || c.KeepAlive < 0 || c.PurgeInterval < 0 || c.PurgeBatch < 0 || c.LeaderRetry < 0 {
+		errs = append(errs, errors.New("limits and durations must not be negative"))
+	}
+	if c.MaxChunk > c.MaxRequest && c.MaxRequest > 0 {
+		errs = append(errs, fmt.Errorf("MaxChunk (%d) exceeds MaxRequest (%d)", c.MaxChunk, c.MaxRequest))
+	}
+	return errors.Join(errs...)
+}
+
+// ConfigFromEnv reads REVEILLE_STREAM_MAX_CHUNK and REVEILLE_STREAM_MAX_REQUEST
+// (bytes) and REVEILLE_STREAM_RETENTION (a Go duration such as "168h") through
+// getenv (os.Getenv); unset variables leave the defaults.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	var c Config
+	var errs []error
+	for _, v := range []struct {
+		name string
+		dst  *int64
+	}{{"REVEILLE_STREAM_MAX_CHUNK", &c.MaxChunk}, {"REVEILLE_STREAM_MAX_REQUEST", &c.MaxRequest}} {
+		if raw := getenv(v.name); raw != "" {
+			n, err := strconv.ParseInt(raw, 10, 64)
+			if err != nil || n <= 0 {
+				errs = append(errs, fmt.Errorf("%s=%q: want a positive number of bytes", v.name, raw))
+			}
+			*v.dst = n
+		}
+	}
+	if raw := getenv("REVEILLE_STREAM_RETENTION"); raw != "" {
+		d, err := time.ParseDuration(raw)
+		if err != nil || d <= 0 {
+			errs = append(errs, fmt.Errorf("REVEILLE_STREAM_RETENTION=%q: want a positive duration such as 168h", raw))
+		}
+		c.Retention = d
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, err
+	}
+	return c, c.WithDefaults().validate()
+}

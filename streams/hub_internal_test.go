@@ -1,0 +1,103 @@
+package streams
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+)
+
+// The LISTEN connection is killed by the server; the hub reconnects and
+// wakes every subscriber, so chunks committed while nobody listened are read
+// all the same, and live delivery resumes.
+func TestTheHubReconnectsAndNoChunkIsLost(t *testing.T) {
+	db := testkit.NewPool(t)
+	reg := prometheus.NewRegistry()
+	svc, err := New(db, Config{Logger: testkit.Logger(t), Registry: reg})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, svc.Start(ctx))
+	defer func() { require.NoError(t, svc.Stop(ctx)) }()
+
+	tail, err := svc.Tail("org", "run", "out", 0)
+	require.NoError(t, err)
+	defer tail.Close()
+	b, err := tail.Next(ctx)
+	require.NoError(t, err)
+	require.Empty(t, b.Chunks)
+
+	old := svc.hub.backendPID()
+	var killed bool
+	require.NoError(t, db.QueryRow(ctx, "SELECT pg_terminate_backend($1)", old).Scan(&killed))
+	require.True(t, killed)
+	// Committed while the hub may be down: its notification may be lost.
+	_, err = svc.Append(ctx, "org", "run", "out", [][]byte{[]byte("during")})
+	require.NoError(t, err)
+
+	require.Eventually(t, func() bool { return reconnects(t, reg) == 1 }, 10*time.Second, 5*time.Millisecond)
+	require.NotEqual(t, old, svc.hub.backendPID())
+	got := drain(t, tail)
+	require.Equal(t, []string{"during"}, got)
+
+	_, err = svc.Append(ctx, "org", "run", "out", [][]byte{[]byte("after")})
+	require.NoError(t, err)
+	require.Equal(t, []string{"after"}, drain(t, tail), "live delivery resumes on the new connection")
+}
+
+// drain waits for a signal and reads until something arrives.
+func drain(t *testing.T, tail *Tail) []string {
+	t.Helper()
+	for {
+		select {
+		case <-tail.Ready():
+		case <-time.After(10 * time.Second):
+			t.Fatal("no signal")
+		}
+		b, err := tail.Next(context.Background())
+		require.NoError(t, err)
+		if len(b.Chunks) > 0 {
+			out := make([]string, len(b.Chunks))
+			for i, c := range b.Chunks {
+				out[i] = string(c.Data)
+			}
+			return out
+		}
+	}
+}
+
+func TestMalformedNotificationsAreIgnored(t *testing.T) {
+	m, err := newMetrics(nil)
+	require.NoError(t, err)
+	h := newHub(nil, testkit.Logger(t), m)
+	h.state = hubRunning
+	sub, err := h.Subscribe("org", "run", "out")
+	require.NoError(t, err)
+	defer sub.Close()
+	h.dispatch("no separators")
+	h.dispatch("3/run/out")
+	require.Empty(t, sub.Ready())
+	h.dispatch("3/run/out/org")
+	require.Len(t, sub.Ready(), 1)
+	h.dispatch("4/run/out/org/with/slashes")
+	sub2, err := h.Subscribe("org/with/slashes", "run", "out")
+	require.NoError(t, err)
+	defer sub2.Close()
+	h.dispatch("5/run/out/org/with/slashes")
+	require.Len(t, sub2.Ready(), 1, "an org id may hold slashes: it comes last")
+}
+
+func reconnects(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() == "reveille_streams_listen_reconnects_total" {
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return -1
+}

@@ -1,0 +1,306 @@
+// Package streams stores chunked run streams — the token and log output of
+// agent runs — and serves them paged and live. A stream is (org, run, name);
+// its chunks are byte strings numbered 0, 1, 2 … without gaps however many
+// writers append at once, because each append numbers its chunks under the
+// stream row's lock in the transaction that inserts them. Readers page by
+// index, or follow a stream live through a Tail: one shared LISTEN
+// connection per process (the Hub) learns of each commit and wakes the
+// tails of that stream, which read the new chunks from the table. Closed
+// streams are purged after a retention period by a leader-only loop.
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/leader"
+)
+
+// Range is the indexes an append was given, both inclusive.
+type Range struct {
+	FirstIndex int64 `json:"first_index"`
+	LastIndex  int64 `json:"last_index"`
+}
+
+// Info is a stream's state. An absent stream (or another org's) is
+// {TailIndex: -1, Done: false}.
+type Info struct {
+	// TailIndex is the index of the last chunk, -1 when there is none.
+	TailIndex int64 `json:"tail_index"`
+	Done      bool  `json:"done"`
+}
+
+// Chunk is one stored chunk.
+type Chunk struct {
+	Index int64
+	Data  []byte
+}
+
+// Page is a run of chunks read from a stream.
+type Page struct {
+	Items []Chunk
+	// Next is the next index to read: one past the last item, or the start
+	// index when there were none.
+	Next int64
+	// HasMore reports whether chunks at Next or later are stored now.
+	HasMore bool
+	// Info is the stream's state in the same snapshot.
+	Info Info
+}
+
+// NamesPage is a page of a run's stream names.
+type NamesPage struct {
+	Names []string
+	// NextCursor continues the listing; "" at the end.
+	NextCursor string
+}
+
+// Querier is what an append inside a caller's transaction needs; pgx.Tx
+// satisfies it.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Service is the streams domain: appends, reads, the live-tail hub and
+// retention.
+type Service struct {
+	db      *pgxpool.Pool
+	cfg     Config
+	metrics *metrics
+	hub     *Hub
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	stopped chan struct{}
+}
+
+// New returns a Service on db. Start runs its hub and retention loop.
+func New(db *pgxpool.Pool, cfg Config) (*Service, error) {
+	if db == nil {
+		return nil, errors.New("streams: a database pool is required")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("streams config: %w", err)
+	}
+	m, err := newMetrics(cfg.Registry)
+	if err != nil {
+		return nil, err
+	}
+	return &Service{db: db, cfg: cfg, metrics: m, hub: newHub(db, cfg.Logger, m)}, nil
+}
+
+// Config returns the effective configuration (defaults filled in).
+func (s *Service) Config() Config { return s.cfg }
+
+// Hub returns the service's live-tail hub.
+func (s *Service) Hub() *Hub { return s.hub }
+
+// Start starts the hub (it returns once the hub listens) and the
+// leader-elected retention loop.
+func (s *Service) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cancel != nil {
+		return errors.New("streams: already started")
+	}
+	if err := s.hub.Start(ctx); err != nil {
+		return err
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel, s.stopped = cancel, make(chan struct{})
+	el := &leader.Elector{DB: s.db, Name: "streams.retention", Retry: s.cfg.LeaderRetry, Logger: s.cfg.Logger}
+	go func() {
+		defer close(s.stopped)
+		el.Run(rctx, s.retentionLoop)
+	}()
+	return nil
+}
+
+// Stop stops the retention loop and the hub; live tails then end. Stopping
+// twice, or a service never started, is safe.
+func (s *Service) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	cancel, stopped := s.cancel, s.stopped
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			return fmt.Errorf("stopping stream retention: %w", ctx.Err())
+		}
+	}
+	return s.hub.Stop(ctx)
+}
+
+// Append appends chunks to the stream (org, runID, name), creating it on
+// first use, atomically: all chunks get consecutive indexes or none is
+// stored. A closed stream gives ErrClosed.
+func (s *Service) Append(ctx context.Context, org, runID, name string, chunks [][]byte) (Range, error) {
+	return s.AppendTx(ctx, s.db, org, runID, name, chunks)
+}
+
+// AppendTx is Append inside the caller's transaction (q is a pgx.Tx): the
+// chunks become visible, and live tails learn of them, when it commits.
+// Concurrent writers of the same stream wait for that commit.
+func (s *Service) AppendTx(ctx context.Context, q Querier, org, runID, name string, chunks [][]byte) (Range, error) {
+	if err := s.checkAppend(runID, name, chunks); err != nil {
+		return Range{}, err
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Range{}, fmt.Errorf("new stream id: %w", err)
+	}
+	n := int64(len(chunks))
+	var first int64
+	var notified string
+	err = q.QueryRow(ctx, appendSQL, id, org, runID, name, n, chunks).Scan(&first, &notified)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Range{}, ErrClosed
+	}
+	if err != nil {
+		return Range{}, fmt.Errorf("appending to stream %s/%s: %w", runID, name, err)
+	}
+	s.metrics.appended(chunks)
+	return Range{FirstIndex: first, LastIndex: first + n - 1}, nil
+}
+
+func (s *Service) checkAppend(runID, name string, chunks [][]byte) error {
+	if err := validateKey(runID, name); err != nil {
+		return err
+	}
+	if len(chunks) == 0 {
+		return apperr.Invalid("chunks", "must hold at least one chunk")
+	}
+	var total int64
+	for i, c := range chunks {
+		if int64(len(c)) > s.cfg.MaxChunk {
+			return &TooLargeError{What: fmt.Sprintf("chunks[%d]", i), Limit: s.cfg.MaxChunk}
+		}
+		total += int64(len(c))
+	}
+	if total > s.cfg.MaxRequest {
+		return &TooLargeError{What: "chunks", Limit: s.cfg.MaxRequest}
+	}
+	return nil
+}
+
+// TooLargeError reports a chunk or an append over its size limit.
+type TooLargeError struct {
+	What  string // "chunks[3]" or "chunks" (all of them)
+	Limit int64
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("%s exceeds the limit of %d bytes", e.What, e.Limit)
+}
+
+// Close marks the stream done, creating it empty when absent. Closing a
+// closed stream changes nothing.
+func (s *Service) Close(ctx context.Context, org, runID, name string) error {
+	if err := validateKey(runID, name); err != nil {
+		return err
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return fmt.Errorf("new stream id: %w", err)
+	}
+	var notified string
+	err = s.db.QueryRow(ctx, closeSQL, id, org, runID, name).Scan(&notified)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) { // no row: it was closed already
+		return fmt.Errorf("closing stream %s/%s: %w", runID, name, err)
+	}
+	return nil
+}
+
+// Info returns the stream's tail index and state.
+func (s *Service) Info(ctx context.Context, org, runID, name string) (Info, error) {
+	if err := validateKey(runID, name); err != nil {
+		return Info{}, err
+	}
+	var count int64
+	var done bool
+	err := s.db.QueryRow(ctx, infoSQL, org, runID, name).Scan(&count, &done)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Info{TailIndex: -1}, nil
+	}
+	if err != nil {
+		return Info{}, fmt.Errorf("reading stream %s/%s: %w", runID, name, err)
+	}
+	return Info{TailIndex: count - 1, Done: done}, nil
+}
+
+// ListNames pages the names of a run's streams in byte order. cursor is a
+// NextCursor from the previous page ("" for the first); limit is at least 1.
+func (s *Service) ListNames(ctx context.Context, org, runID, cursor string, limit int) (NamesPage, error) {
+	if err := validateRun(runID); err != nil {
+		return NamesPage{}, err
+	}
+	if limit < 1 {
+		return NamesPage{}, apperr.Invalid("limit", "must be at least 1")
+	}
+	rows, err := s.db.Query(ctx, listNamesSQL, org, runID, cursor, limit+1)
+	if err != nil {
+		return NamesPage{}, fmt.Errorf("listing streams of run %s: %w", runID, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return NamesPage{}, fmt.Errorf("listing streams of run %s: %w", runID, err)
+	}
+	page := NamesPage{Names: names}
+	if len(names) > limit {
+		page.Names = names[:limit]
+		page.NextCursor = names[limit-1]
+	}
+	return page, nil
+}
+
+// Chunks reads up to limit chunks from index start (fewer when they would
+// exceed MaxRequest bytes in all; never none while one is stored there).
+func (s *Service) Chunks(ctx context.Context, org, runID, name string, start int64, limit int) (Page, error) {
+	if err := validateKey(runID, name); err != nil {
+		return Page{}, err
+	}
+	if start < 0 {
+		return Page{}, apperr.Invalid("start_index", "must not be negative")
+	}
+	if limit < 1 {
+		return Page{}, apperr.Invalid("limit", "must be at least 1")
+	}
+	return s.read(ctx, org, runID, name, start, limit)
+}
+
+func (s *Service) read(ctx context.Context, org, runID, name string, start int64, limit int) (Page, error) {
+	rows, err := s.db.Query(ctx, readSQL, org, runID, name, start, limit, s.cfg.MaxRequest)
+	if err != nil {
+		return Page{}, fmt.Errorf("reading stream %s/%s: %w", runID, name, err)
+	}
+	defer rows.Close()
+	page := Page{Next: start, Info: Info{TailIndex: -1}}
+	for rows.Next() {
+		var count int64
+		var idx *int64
+		var data []byte
+		if err := rows.Scan(&count, &page.Info.Done, &idx, &data); err != nil {
+			return Page{}, fmt.Errorf("reading stream %s/%s: %w", runID, name, err)
+		}
+		page.Info.TailIndex = count - 1
+		if idx != nil {
+			page.Items = append(page.Items, Chunk{Index: *idx, Data: data})
+			page.Next = *idx + 1
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return Page{}, fmt.Errorf("reading stream %s/%s: %w", runID, name, err)
+	}
+	page.HasMore = page.Info.TailIndex >= page.Next
+	return page, nil
+}

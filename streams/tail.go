@@ -1,0 +1,83 @@
+package streams
+
+import (
+	"context"
+
+	"github.com/reveille/reveille/internal/apperr"
+)
+
+// tailPage bounds the chunks one Tail.Next reads (bytes are bounded by
+// MaxRequest as well).
+const tailPage = 256
+
+// Tail follows one stream live from an index: it reads what is stored, then
+// what each commit adds, until the stream is closed and fully read.
+//
+//	for {
+//		b, err := t.Next(ctx)
+//		// … use b.Chunks; stop when b.Ended
+//		if !b.More { select { case <-t.Ready(): case <-t.Done(): … } }
+//	}
+type Tail struct {
+	svc            *Service
+	org, run, name string
+	next           int64
+	sub            *Subscription
+}
+
+// Batch is what one Tail.Next read.
+type Batch struct {
+	Chunks []Chunk
+	// More: chunks beyond these are stored already; call Next again
+	// without waiting.
+	More bool
+	// Ended: the stream is closed and every chunk up to TailIndex was read.
+	Ended bool
+	// TailIndex is the stream's last index when read (-1: none).
+	TailIndex int64
+}
+
+// Tail subscribes to the stream (org, runID, name) and returns a Tail
+// positioned at index from. The stream need not exist yet. Close it when
+// done; it gives ErrStopped when the hub is not running.
+func (s *Service) Tail(org, runID, name string, from int64) (*Tail, error) {
+	if err := validateKey(runID, name); err != nil {
+		return nil, err
+	}
+	if from < 0 {
+		return nil, apperr.Invalid("start_index", "must not be negative")
+	}
+	sub, err := s.hub.Subscribe(org, runID, name)
+	if err != nil {
+		return nil, err
+	}
+	return &Tail{svc: s, org: org, run: runID, name: name, next: from, sub: sub}, nil
+}
+
+// Next reads what is stored from the tail's position without waiting.
+func (t *Tail) Next(ctx context.Context) (Batch, error) {
+	page, err := t.svc.read(ctx, t.org, t.run, t.name, t.next, tailPage)
+	if err != nil {
+		return Batch{}, err
+	}
+	t.next = page.Next
+	return Batch{
+		Chunks:    page.Items,
+		More:      page.HasMore,
+		Ended:     page.Info.Done && !page.HasMore,
+		TailIndex: page.Info.TailIndex,
+	}, nil
+}
+
+// Position is the next index the tail will read.
+func (t *Tail) Position() int64 { return t.next }
+
+// Ready receives when something may have been committed since the last
+// Next (changes coalesce).
+func (t *Tail) Ready() <-chan struct{} { return t.sub.Ready() }
+
+// Done is closed when the hub stops.
+func (t *Tail) Done() <-chan struct{} { return t.sub.Done() }
+
+// Close releases the subscription. Closing twice is safe.
+func (t *Tail) Close() { t.sub.Close() }

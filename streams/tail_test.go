@@ -1,0 +1,196 @@
+package streams_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+	"github.com/reveille/reveille/streams"
+)
+
+// follow reads a tail until it ends, waiting on Ready between reads, and
+// returns the chunk data in order with the final tail index.
+func follow(t *testing.T, tail *streams.Tail) ([]string, int64) {
+	t.Helper()
+	var got []string
+	for {
+		b, err := tail.Next(context.Background())
+		require.NoError(t, err)
+		got = append(got, dataOf(b.Chunks)...)
+		if b.Ended {
+			return got, b.TailIndex
+		}
+		if !b.More {
+			waitReady(t, tail)
+		}
+	}
+}
+
+func TestATailAttachedBeforeTheStreamExistsSeesEveryChunkLive(t *testing.T) {
+	svc, _ := newService(t, streams.Config{})
+	ctx := context.Background()
+	tail, err := svc.Tail(org, "run-1", "live", 0)
+	require.NoError(t, err)
+	defer tail.Close()
+
+	b, err := tail.Next(ctx)
+	require.NoError(t, err)
+	require.Equal(t, streams.Batch{TailIndex: -1}, b, "nothing yet, not ended")
+	for i := range 20 {
+		// Each chunk is committed only after the previous one was received:
+		// delivery is live, not a replay at the end.
+		mustAppend(t, svc, org, "run-1", "live", fmt.Sprint(i))
+		waitReady(t, tail)
+		b, err := tail.Next(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []string{fmt.Sprint(i)}, dataOf(b.Chunks))
+		require.EqualValues(t, i, b.Chunks[0].Index)
+	}
+	require.NoError(t, svc.Close(ctx, org, "run-1", "live"))
+	waitReady(t, tail)
+	b, err = tail.Next(ctx)
+	require.NoError(t, err)
+	require.True(t, b.Ended)
+	require.EqualValues(t, 19, b.TailIndex)
+}
+
+func TestATailResumesFromAnIndexAndEndsWhenTheStreamCloses(t *testing.T) {
+	svc, _ := newService(t, streams.Config{})
+	ctx := context.Background()
+	for i := range 5 {
+		mustAppend(t, svc, org, "run-1", "out", fmt.Sprint(i))
+	}
+	tail, err := svc.Tail(org, "run-1", "out", 3)
+	require.NoError(t, err)
+	defer tail.Close()
+	done := make(chan []string)
+	go func() {
+		got, _ := follow(t, tail)
+		done <- got
+	}()
+	mustAppend(t, svc, org, "run-1", "out", "5", "6")
+	require.NoError(t, svc.Close(ctx, org, "run-1", "out"))
+	select {
+	case got := <-done:
+		require.Equal(t, []string{"3", "4", "5", "6"}, got, "each chunk from the start index exactly once")
+	case <-time.After(testWait):
+		t.Fatal("the tail did not end")
+	}
+}
+
+func TestATailOfAClosedEmptyStreamEndsAtOnce(t *testing.T) {
+	svc, _ := newService(t, streams.Config{})
+	require.NoError(t, svc.Close(context.Background(), org, "run-1", "empty"))
+	tail, err := svc.Tail(org, "run-1", "empty", 0)
+	require.NoError(t, err)
+	defer tail.Close()
+	b, err := tail.Next(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, streams.Batch{Ended: true, TailIndex: -1}, b)
+}
+
+func TestATailReadsLongBacklogsInBoundedBatches(t *testing.T) {
+	svc, _ := newService(t, streams.Config{})
+	chunks := make([][]byte, 600)
+	for i := range chunks {
+		chunks[i] = fmt.Appendf(nil, "%d", i)
+	}
+	_, err := svc.Append(context.Background(), org, "run-1", "out", chunks)
+	require.NoError(t, err)
+	tail, err := svc.Tail(org, "run-1", "out", 0)
+	require.NoError(t, err)
+	defer tail.Close()
+	b, err := tail.Next(context.Background())
+	require.NoError(t, err)
+	require.Less(t, len(b.Chunks), 600)
+	require.True(t, b.More, "the rest is stored already")
+	require.EqualValues(t, len(b.Chunks), tail.Position())
+}
+
+func TestASlowSubscriberBlocksNeitherWritersNorOtherReaders(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	svc, _ := newService(t, streams.Config{Registry: reg})
+	ctx := context.Background()
+	// A subscriber that is never drained, on the same stream.
+	stuck, err := svc.Hub().Subscribe(org, "run-1", "out")
+	require.NoError(t, err)
+	defer stuck.Close()
+	reader, err := svc.Tail(org, "run-1", "out", 0)
+	require.NoError(t, err)
+	defer reader.Close()
+	done := make(chan []string)
+	go func() {
+		got, _ := follow(t, reader)
+		done <- got
+	}()
+
+	const n = 300
+	for i := range n {
+		mustAppend(t, svc, org, "run-1", "out", fmt.Sprint(i))
+	}
+	require.NoError(t, svc.Close(ctx, org, "run-1", "out"))
+	select {
+	case got := <-done:
+		require.Len(t, got, n)
+		for i, d := range got {
+			require.Equal(t, fmt.Sprint(i), d)
+		}
+	case <-time.After(testWait):
+		t.Fatal("the live reader did not finish")
+	}
+	require.Len(t, stuck.Ready(), 1, "the stuck subscriber's signals coalesced into one")
+	require.Equal(t, 2.0, metricValue(t, reg, "reveille_streams_live_subscribers"))
+}
+
+func TestSignalsReachOnlyTheSubscribersOfTheirStream(t *testing.T) {
+	svc, _ := newService(t, streams.Config{})
+	mine, err := svc.Hub().Subscribe(org, "run-1", "out")
+	require.NoError(t, err)
+	defer mine.Close()
+	theirs, err := svc.Hub().Subscribe(otherOrg, "run-1", "out")
+	require.NoError(t, err)
+	defer theirs.Close()
+	sibling, err := svc.Hub().Subscribe(org, "run-1", "other")
+	require.NoError(t, err)
+	defer sibling.Close()
+
+	mustAppend(t, svc, org, "run-1", "out", "x")
+	// The notification of a later append to "other" orders the check: once
+	// the sibling is signalled, the first notification was dispatched too.
+	mustAppend(t, svc, org, "run-1", "other", "y")
+	select {
+	case <-sibling.Ready():
+	case <-time.After(testWait):
+		t.Fatal("no signal")
+	}
+	require.Len(t, mine.Ready(), 1)
+	require.Empty(t, theirs.Ready(), "another org's subscriber is not woken")
+}
+
+func TestStoppingTheHubEndsSubscriptionsAndRefusesNewOnes(t *testing.T) {
+	svc, _ := newService(t, streams.Config{})
+	tail, err := svc.Tail(org, "run-1", "out", 0)
+	require.NoError(t, err)
+	defer tail.Close()
+	require.NoError(t, svc.Stop(context.Background()))
+	select {
+	case <-tail.Done():
+	case <-time.After(testWait):
+		t.Fatal("the tail was not ended")
+	}
+	_, err = svc.Tail(org, "run-1", "out", 0)
+	require.ErrorIs(t, err, streams.ErrStopped)
+	require.NoError(t, svc.Hub().Stop(context.Background()), "stopping twice is safe")
+}
+
+func TestSubscribingBeforeStartIsRefused(t *testing.T) {
+	svc, err := streams.New(testkit.NewPool(t), streams.Config{})
+	require.NoError(t, err)
+	_, err = svc.Tail(org, "run-1", "out", 0)
+	require.ErrorIs(t, err, streams.ErrStopped)
+}
