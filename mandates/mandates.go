@@ -1,0 +1,227 @@
+// Package mandates is Reveille's spending authority: per (org, agent, scope)
+// a budget an agent may spend without asking, a ledger of every change, and
+// approval requests for a human when a spend is refused.
+//
+// A spend is decided by one conditional statement, never read-then-write, so
+// no interleaving of spenders can overspend. A refusal commits its approval
+// request with the decision: Spend runs in its own transaction precisely so
+// that a caller failing afterwards cannot roll the request back (SpendTx is
+// for callers whose own rows must commit with the decision). Resolving a
+// request (approve, deny, expiry) calls the resolve hook registered for the
+// request's payload kind inside the resolving transaction.
+package mandates
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/reveille/reveille/internal/apperr"
+)
+
+// Mandate statuses.
+const (
+	StatusActive  = "active"
+	StatusRevoked = "revoked"
+)
+
+// Approval request states.
+const (
+	StatePending  = "pending"
+	StateApproved = "approved"
+	StateDenied   = "denied"
+	StateExpired  = "expired"
+	StateCanceled = "canceled"
+)
+
+// Ledger entry kinds.
+const (
+	KindDebit           = "debit"
+	KindRefund          = "refund"
+	KindApprovedOverrun = "approved_overrun"
+)
+
+// Refusal reasons reported with a refused spend.
+const (
+	RefusalNoMandate    = "no_mandate"
+	RefusalRevoked      = "revoked"
+	RefusalExpired      = "expired"
+	RefusalInsufficient = "insufficient"
+)
+
+// Errors. Each wraps an apperr kind, which the HTTP layer maps to a status.
+var (
+	// ErrNotFound: no such mandate for this org (another org's is absent too).
+	ErrNotFound = fmt.Errorf("mandate %w", apperr.ErrNotFound)
+	// ErrApprovalNotFound: no such approval request for this org.
+	ErrApprovalNotFound = fmt.Errorf("mandate approval request %w", apperr.ErrNotFound)
+	// ErrExists: a mandate for this (agent, scope) already exists.
+	ErrExists = fmt.Errorf("%w: a mandate for this agent and scope already exists", apperr.ErrConflict)
+	// ErrAlreadyResolved: the request is no longer pending.
+	ErrAlreadyResolved = fmt.Errorf("%w: the approval request is already resolved", apperr.ErrConflict)
+	// ErrSelfApproval: the resolver is the principal that asked.
+	ErrSelfApproval = fmt.Errorf("%w: an approval request cannot be resolved by the principal that created it", apperr.ErrForbidden)
+	// ErrIdempotencyKeyReused: the key was first used for a different spend
+	// (agent, scope or cost).
+	ErrIdempotencyKeyReused = fmt.Errorf("%w: this idempotency key was used for a different spend", apperr.ErrConflict)
+	// ErrNoHook: a request's payload kind has no registered resolve hook, so
+	// resolving it would leave its caller uninformed.
+	ErrNoHook = fmt.Errorf("mandates: no resolve hook registered for the payload kind")
+)
+
+// Config configures the service. Zero values take the defaults noted.
+type Config struct {
+	// ApprovalTTL is how long an approval request stays pending before it
+	// expires (REVEILLE_APPROVAL_TTL; default 24 h).
+	ApprovalTTL time.Duration
+	// SweepInterval is how often the leader expires pending requests past
+	// their expires_at (default 5 s).
+	SweepInterval time.Duration
+	// LeaderRetry is how often a standby tries to become the sweeper's
+	// leader (default: the elector's, 2 s).
+	LeaderRetry time.Duration
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Registry receives the metrics (default: none registered).
+	Registry prometheus.Registerer
+}
+
+func (c Config) withDefaults() Config {
+	c.ApprovalTTL = cmp.Or(c.ApprovalTTL, 24*time.Hour)
+	c.SweepInterval = cmp.Or(c.SweepInterval, 5*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Service is the mandates domain service.
+type Service struct {
+	db      *pgxpool.Pool
+	cfg     Config
+	logger  *slog.Logger
+	metrics *metrics
+
+	hooksMu sync.RWMutex
+	hooks   map[string]ResolveHook
+
+	runMu   sync.Mutex
+	stop    context.CancelFunc
+	stopped chan struct{}
+}
+
+// New returns the service. It registers its metrics on cfg.Registry.
+func New(db *pgxpool.Pool, cfg Config) *Service {
+	cfg = cfg.withDefaults()
+	return &Service{db: db, cfg: cfg, logger: cfg.Logger, metrics: newMetrics(cfg.Registry), hooks: map[string]ResolveHook{}}
+}
+
+// Mandate is spending authority for (org, agent, scope).
+type Mandate struct {
+	ID         uuid.UUID
+	OrgID      string
+	AgentID    string
+	Scope      string
+	Budget     int64
+	Spent      int64
+	Status     string
+	ValidUntil *time.Time
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+}
+
+// Remaining is what may still be spent; never negative, although an approved
+// overrun can take Spent past Budget.
+func (m Mandate) Remaining() int64 { return max(m.Budget-m.Spent, 0) }
+
+// LedgerEntry is one change of a mandate's spent.
+type LedgerEntry struct {
+	ID             uuid.UUID
+	MandateID      uuid.UUID
+	Kind           string // debit | refund | approved_overrun
+	Amount         int64  // signed: refunds are negative
+	Reason         string
+	IdempotencyKey string
+	ApprovalID     *uuid.UUID // for approved_overrun
+	CreatedAt      time.Time
+}
+
+// Payload is the opaque, typed data a spender stores with its approval
+// request; it comes back to the resolve hook registered for Kind.
+type Payload struct {
+	Kind string
+	Data json.RawMessage
+}
+
+// Approval is an overrun approval request.
+type Approval struct {
+	ID          uuid.UUID
+	OrgID       string
+	AgentID     string
+	Scope       string
+	Cost        int64
+	Reason      string
+	State       string
+	RequestedBy string
+	OnResolve   *Payload
+	ExpiresAt   time.Time
+	CreatedAt   time.Time
+	ResolvedAt  *time.Time
+	ResolvedBy  string
+	Note        string
+}
+
+// Page asks for one page of a list: items after Cursor (uuid.Nil: from the
+// start), at most Limit of them (default 50, at most 500).
+type Page struct {
+	Cursor uuid.UUID
+	Limit  int
+}
+
+// MaxLimit is the largest page.
+const MaxLimit = 500
+
+func (p Page) limit() int {
+	if p.Limit <= 0 {
+		return 50
+	}
+	return min(p.Limit, MaxLimit)
+}
+
+func (p Page) cursor() *uuid.UUID {
+	if p.Cursor == uuid.Nil {
+		return nil
+	}
+	return &p.Cursor
+}
+
+// pageOf trims a limit+1 query result to the page and returns the cursor of
+// the next page (nil at the end).
+func pageOf[T any](items []T, limit int, id func(T) uuid.UUID) ([]T, *uuid.UUID) {
+	if len(items) <= limit {
+		return items, nil
+	}
+	items = items[:limit]
+	next := id(items[limit-1])
+	return items, &next
+}
+
+// querier is what both a pool and a transaction offer.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+func newID() uuid.UUID { return uuid.Must(uuid.NewV7()) }

@@ -1,0 +1,186 @@
+package mandates
+
+// The package's SQL. Tables are in migrations/00003_mandates.sql. Every
+// query filters on org_id except the sweeper's scan for expired requests,
+// which spans orgs by design and resolves each request org-scoped.
+
+const mandateColumns = `id, org_id, agent_id, scope, budget, spent, status, valid_until, created_at, updated_at`
+
+const approvalColumns = `id, org_id, agent_id, scope, cost, reason, state, requested_by, on_resolve_kind,
+	on_resolve_data, expires_at, created_at, resolved_at, resolved_by, note`
+
+const ledgerColumns = `id, mandate_id, kind, amount, reason, idempotency_key, approval_id, created_at`
+
+// qSpendClaim claims an idempotency key: it inserts an undecided answer row,
+// or (ON CONFLICT) waits for a concurrent first use to commit and inserts
+// nothing. $1 org, $2 key, $3 agent, $4 scope, $5 cost.
+const qSpendClaim = `
+INSERT INTO mandate_spends (org_id, idempotency_key, agent_id, scope, cost)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (org_id, idempotency_key) DO NOTHING`
+
+// qSpendDecide is the whole decision in one statement. It proceeds only for
+// an unkeyed spend or a key this transaction has just claimed (an undecided
+// answer row). The debit is the conditional UPDATE: the row lock serialises
+// concurrent spenders and each re-checks the condition on the latest row,
+// so the budget cannot be exceeded. Without a debit it inserts the approval
+// request. For a keyed spend it records the answer in the claimed row.
+//
+// $1 org, $2 agent, $3 scope, $4 cost, $5 reason, $6 key (empty: none),
+// $7 ledger id, $8 approval id, $9 requested_by, $10 TTL in microseconds,
+// $11 on_resolve kind, $12 on_resolve data.
+const qSpendDecide = `
+WITH claimed AS (
+    SELECT 1 FROM mandate_spends
+     WHERE $6::text <> '' AND org_id = $1 AND idempotency_key = $6 AND ok IS NULL
+), proceed AS (
+    SELECT 1 WHERE $6::text = '' OR EXISTS (SELECT 1 FROM claimed)
+), debit AS (
+    UPDATE mandates SET spent = spent + $4, updated_at = now()
+     WHERE org_id = $1 AND agent_id = $2 AND scope = $3
+       AND status = 'active' AND (valid_until IS NULL OR valid_until > now())
+       AND spent + $4 <= budget
+       AND EXISTS (SELECT 1 FROM proceed)
+    RETURNING id, budget - spent AS remaining
+), ledger AS (
+    INSERT INTO mandate_ledger (id, org_id, mandate_id, kind, amount, reason, idempotency_key)
+    SELECT $7, $1, debit.id, 'debit', $4, $5, NULLIF($6::text, '') FROM debit
+), refusal AS (
+    SELECT CASE WHEN m.id IS NULL THEN 'no_mandate'
+                WHEN m.status <> 'active' THEN 'revoked'
+                WHEN m.valid_until IS NOT NULL AND m.valid_until <= now() THEN 'expired'
+                ELSE 'insufficient' END AS why,
+           GREATEST(COALESCE(m.budget - m.spent, 0), 0) AS remaining
+      FROM (SELECT 1) AS one
+      LEFT JOIN mandates m ON m.org_id = $1 AND m.agent_id = $2 AND m.scope = $3
+     WHERE EXISTS (SELECT 1 FROM proceed) AND NOT EXISTS (SELECT 1 FROM debit)
+), request AS (
+    INSERT INTO mandate_approvals (id, org_id, agent_id, scope, cost, reason, requested_by,
+                                   on_resolve_kind, on_resolve_data, expires_at)
+    SELECT $8, $1, $2, $3, $4, $5, $9, $11, $12, now() + $10::bigint * interval '1 microsecond'
+      FROM refusal
+    RETURNING id
+), answer AS (
+    UPDATE mandate_spends
+       SET ok = EXISTS (SELECT 1 FROM debit),
+           remaining = COALESCE((SELECT remaining FROM debit), (SELECT remaining FROM refusal)),
+           mandate_id = (SELECT id FROM debit),
+           approval_id = (SELECT id FROM request),
+           refusal = (SELECT why FROM refusal)
+     WHERE EXISTS (SELECT 1 FROM claimed) AND org_id = $1 AND idempotency_key = $6
+)
+SELECT EXISTS (SELECT 1 FROM proceed),
+       (SELECT id FROM debit), (SELECT remaining FROM debit),
+       (SELECT id FROM request), (SELECT why FROM refusal), (SELECT remaining FROM refusal)`
+
+// qSpendAnswer reads the first answer for a key. $1 org, $2 key.
+const qSpendAnswer = `
+SELECT agent_id, scope, cost, ok, remaining, mandate_id, approval_id, refusal
+  FROM mandate_spends WHERE org_id = $1 AND idempotency_key = $2`
+
+// qRefund writes a refund's ledger row and lowers spent in one statement.
+// The mandate row is locked first so that concurrent refunds see each other
+// and spent never goes below zero; a repeated key inserts nothing.
+// $1 org, $2 agent, $3 scope, $4 ledger id, $5 amount (> 0 lowers spent),
+// $6 reason, $7 key (empty: none).
+const qRefund = `
+WITH m AS (
+    SELECT id, spent FROM mandates WHERE org_id = $1 AND agent_id = $2 AND scope = $3 FOR UPDATE
+), l AS (
+    INSERT INTO mandate_ledger (id, org_id, mandate_id, kind, amount, reason, idempotency_key)
+    SELECT $4, $1, m.id, 'refund', -$5::bigint, $6, NULLIF($7::text, '') FROM m WHERE m.spent >= $5
+    ON CONFLICT (org_id, kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING mandate_id
+), u AS (
+    UPDATE mandates SET spent = spent - $5, updated_at = now() FROM l WHERE mandates.id = l.mandate_id
+    RETURNING mandates.id
+)
+SELECT EXISTS (SELECT 1 FROM m), EXISTS (SELECT 1 FROM u)`
+
+// qRefundExists tells a replayed refund key from an excessive refund.
+const qRefundExists = `
+SELECT EXISTS (SELECT 1 FROM mandate_ledger WHERE org_id = $1 AND kind = 'refund' AND idempotency_key = $2)`
+
+// qCharge charges an approved overrun, creating a budget-0 mandate when none
+// exists. $1 new mandate id, $2 org, $3 agent, $4 scope, $5 cost, $6 ledger
+// id, $7 reason, $8 approval id.
+const qCharge = `
+WITH m AS (
+    INSERT INTO mandates (id, org_id, agent_id, scope, budget, spent)
+    VALUES ($1, $2, $3, $4, 0, $5)
+    ON CONFLICT (org_id, agent_id, scope) DO UPDATE
+       SET spent = mandates.spent + EXCLUDED.spent, updated_at = now()
+    RETURNING id
+)
+INSERT INTO mandate_ledger (id, org_id, mandate_id, kind, amount, reason, approval_id)
+SELECT $6, $2, m.id, 'approved_overrun', $5, $7, $8 FROM m`
+
+// qResolve is the compare-and-set from pending. Expiry ($6 true) takes only
+// requests past expires_at and ignores who resolves; approve and deny take
+// only unexpired ones not created by the resolver.
+// $1 org, $2 id, $3 new state, $4 resolver, $5 note, $6 expiring.
+const qResolve = `
+UPDATE mandate_approvals
+   SET state = $3, resolved_at = now(), resolved_by = NULLIF($4::text, ''), note = NULLIF($5::text, '')
+ WHERE org_id = $1 AND id = $2 AND state = 'pending'
+   AND CASE WHEN $6::boolean THEN expires_at <= now()
+            ELSE expires_at > now() AND NOT (requested_by <> '' AND requested_by = $4) END
+RETURNING ` + approvalColumns
+
+// qResolveDiagnose explains a failed qResolve.
+const qResolveDiagnose = `
+SELECT state, requested_by, expires_at <= now() FROM mandate_approvals WHERE org_id = $1 AND id = $2`
+
+// qCancelApproval withdraws a pending request for its caller.
+const qCancelApproval = `
+UPDATE mandate_approvals SET state = 'canceled', resolved_at = now()
+ WHERE org_id = $1 AND id = $2 AND state = 'pending'`
+
+// qExpiredApprovals lists pending requests past expires_at, across orgs.
+const qExpiredApprovals = `
+SELECT org_id, id FROM mandate_approvals
+ WHERE state = 'pending' AND expires_at <= now()
+ ORDER BY expires_at LIMIT $1`
+
+const qGetApproval = `SELECT ` + approvalColumns + ` FROM mandate_approvals WHERE org_id = $1 AND id = $2`
+
+// qListApprovals: $1 org, $2 state (empty: any), $3 agent (empty: any), $4 cursor, $5 limit.
+const qListApprovals = `
+SELECT ` + approvalColumns + ` FROM mandate_approvals
+ WHERE org_id = $1 AND ($2::text = '' OR state = $2) AND ($3::text = '' OR agent_id = $3)
+   AND ($4::uuid IS NULL OR id > $4)
+ ORDER BY id LIMIT $5`
+
+// qCreateMandate: $1 id, $2 org, $3 agent, $4 scope, $5 budget, $6 valid_until.
+const qCreateMandate = `
+INSERT INTO mandates (id, org_id, agent_id, scope, budget, valid_until)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (org_id, agent_id, scope) DO NOTHING
+RETURNING ` + mandateColumns
+
+const qGetMandate = `SELECT ` + mandateColumns + ` FROM mandates WHERE org_id = $1 AND id = $2`
+
+// qFindMandate: $1 org, $2 agent, $3 scope.
+const qFindMandate = `SELECT ` + mandateColumns + ` FROM mandates WHERE org_id = $1 AND agent_id = $2 AND scope = $3`
+
+// qListMandates: $1 org, $2 agent (empty: any), $3 scope (empty: any), $4 cursor, $5 limit.
+const qListMandates = `
+SELECT ` + mandateColumns + ` FROM mandates
+ WHERE org_id = $1 AND ($2::text = '' OR agent_id = $2) AND ($3::text = '' OR scope = $3)
+   AND ($4::uuid IS NULL OR id > $4)
+ ORDER BY id LIMIT $5`
+
+// qPatchMandate changes only the fields given. $1 org, $2 id, $3 budget
+// (NULL keep), $4 status (NULL keep), $5 set valid_until, $6 valid_until.
+const qPatchMandate = `
+UPDATE mandates
+   SET budget = COALESCE($3, budget), status = COALESCE($4, status),
+       valid_until = CASE WHEN $5::boolean THEN $6 ELSE valid_until END, updated_at = now()
+ WHERE org_id = $1 AND id = $2
+RETURNING ` + mandateColumns
+
+// qLedger: $1 org, $2 mandate, $3 cursor, $4 limit.
+const qLedger = `
+SELECT ` + ledgerColumns + ` FROM mandate_ledger
+ WHERE org_id = $1 AND mandate_id = $2 AND ($3::uuid IS NULL OR id > $3)
+ ORDER BY id LIMIT $4`

@@ -1,0 +1,234 @@
+package mandates
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/reveille/reveille/internal/apperr"
+)
+
+// SpendParams is one spend.
+type SpendParams struct {
+	OrgID   string
+	AgentID string
+	Scope   string
+	// Cost in the mandate's units, ≥ 0 (0 checks authority without using it).
+	Cost   int64
+	Reason string
+	// IdempotencyKey, when set, makes the spend happen at most once per
+	// (org, key): a repeat returns the first answer. Callers that reuse one
+	// client key across operations should prefix it with their own name.
+	IdempotencyKey string
+	// RequestedBy is the principal (token sub) asking; it may not resolve the
+	// approval request a refusal creates.
+	RequestedBy string
+	// OnResolve is stored with the approval request of a refusal and handed
+	// to the resolve hook registered for its Kind.
+	OnResolve *Payload
+}
+
+// SpendResult is a spend's answer.
+type SpendResult struct {
+	OK bool
+	// Remaining is what may still be spent after this spend (after a refusal:
+	// what the mandate has left, 0 when there is none).
+	Remaining int64
+	// MandateID is the debited mandate (when OK).
+	MandateID uuid.UUID
+	// ApprovalID is the approval request created by the refusal (when !OK).
+	ApprovalID uuid.UUID
+	// Refusal says why it was refused: no_mandate, revoked, expired or
+	// insufficient (when !OK).
+	Refusal string
+	// Replayed is true when the answer is the stored first answer to the
+	// idempotency key.
+	Replayed bool
+}
+
+func (p SpendParams) validate() error {
+	inv := &apperr.InvalidError{}
+	if p.AgentID == "" {
+		inv.Add("agent_id", "must not be empty")
+	}
+	if p.Scope == "" {
+		inv.Add("scope", "must not be empty")
+	}
+	if p.Cost < 0 {
+		inv.Add("cost", "must be an integer ≥ 0")
+	}
+	if p.OnResolve != nil && p.OnResolve.Kind == "" {
+		inv.Add("on_resolve.kind", "must not be empty")
+	}
+	return inv.OrNil()
+}
+
+// Spend decides a spend in its own transaction and commits it: the debit
+// with its ledger row, or the refusal with its approval request. The whole
+// decision is one round trip (an implicit transaction of one pipeline).
+func (s *Service) Spend(ctx context.Context, p SpendParams) (SpendResult, error) {
+	res, decided, err := s.spend(ctx, s.db, p)
+	if err != nil {
+		return SpendResult{}, err
+	}
+	if decided {
+		s.metrics.spend(res.OK)
+	}
+	return res, nil
+}
+
+// SpendTx decides a spend inside the caller's transaction, so the caller's
+// rows commit (or roll back) with the decision. A concurrent spend with the
+// same key waits until tx ends.
+func (s *Service) SpendTx(ctx context.Context, tx pgx.Tx, p SpendParams) (SpendResult, error) {
+	res, decided, err := s.spend(ctx, tx, p)
+	if err != nil {
+		return SpendResult{}, err
+	}
+	if decided {
+		s.metrics.spend(res.OK)
+	}
+	return res, nil
+}
+
+// spend sends claim, decision and answer read as one batch. decided reports
+// whether this call made the decision (rather than replaying one).
+func (s *Service) spend(ctx context.Context, q querier, p SpendParams) (res SpendResult, decided bool, err error) {
+	if err := p.validate(); err != nil {
+		return SpendResult{}, false, err
+	}
+	var kind string
+	var data []byte
+	if p.OnResolve != nil {
+		kind, data = p.OnResolve.Kind, p.OnResolve.Data
+		if len(data) == 0 {
+			data = nil
+		}
+	}
+	keyed := p.IdempotencyKey != ""
+	b := &pgx.Batch{}
+	if keyed {
+		b.Queue(qSpendClaim, p.OrgID, p.IdempotencyKey, p.AgentID, p.Scope, p.Cost)
+	}
+	b.Queue(qSpendDecide, p.OrgID, p.AgentID, p.Scope, p.Cost, p.Reason, p.IdempotencyKey,
+		newID(), newID(), p.RequestedBy, s.cfg.ApprovalTTL.Microseconds(), kind, data)
+	if keyed {
+		b.Queue(qSpendAnswer, p.OrgID, p.IdempotencyKey)
+	}
+	br := q.SendBatch(ctx, b)
+	defer br.Close()
+
+	if keyed {
+		if _, err := br.Exec(); err != nil {
+			return SpendResult{}, false, fmt.Errorf("claiming spend idempotency key: %w", err)
+		}
+	}
+	var proceeded bool
+	var mandateID, approvalID pgtype.UUID
+	var remaining, refusedRemaining *int64
+	var why *string
+	if err := br.QueryRow().Scan(&proceeded, &mandateID, &remaining, &approvalID, &why, &refusedRemaining); err != nil {
+		return SpendResult{}, false, fmt.Errorf("deciding spend: %w", err)
+	}
+	if proceeded {
+		res = SpendResult{OK: mandateID.Valid}
+		if res.OK {
+			res.MandateID, res.Remaining = mandateID.Bytes, deref(remaining)
+		} else {
+			res.ApprovalID, res.Refusal, res.Remaining = approvalID.Bytes, deref(why), deref(refusedRemaining)
+		}
+	}
+	if !keyed {
+		return res, true, br.Close()
+	}
+	first, err := scanAnswer(br.QueryRow())
+	if err != nil {
+		return SpendResult{}, false, err
+	}
+	if proceeded {
+		return res, true, br.Close()
+	}
+	if first.agentID != p.AgentID || first.scope != p.Scope || first.cost != p.Cost {
+		return SpendResult{}, false, ErrIdempotencyKeyReused
+	}
+	return first.result, false, br.Close()
+}
+
+type storedAnswer struct {
+	agentID, scope string
+	cost           int64
+	result         SpendResult
+}
+
+func scanAnswer(row pgx.Row) (storedAnswer, error) {
+	var a storedAnswer
+	var ok *bool
+	var remaining *int64
+	var mandateID, approvalID pgtype.UUID
+	var refusal *string
+	if err := row.Scan(&a.agentID, &a.scope, &a.cost, &ok, &remaining, &mandateID, &approvalID, &refusal); err != nil {
+		return a, fmt.Errorf("reading the first answer to the spend idempotency key: %w", err)
+	}
+	if ok == nil {
+		return a, errors.New("reading the first answer to the spend idempotency key: still undecided")
+	}
+	a.result = SpendResult{OK: *ok, Remaining: deref(remaining), Refusal: deref(refusal), Replayed: true}
+	if mandateID.Valid {
+		a.result.MandateID = mandateID.Bytes
+	}
+	if approvalID.Valid {
+		a.result.ApprovalID = approvalID.Bytes
+	}
+	return a, nil
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// Refund gives amount back to the mandate of (agent, scope) in its own
+// transaction. See RefundTx.
+func (s *Service) Refund(ctx context.Context, orgID, agentID, scope string, amount int64, reason, idempotencyKey string) error {
+	return s.refund(ctx, s.db, orgID, agentID, scope, amount, reason, idempotencyKey)
+}
+
+// RefundTx writes the compensating ledger row (kind refund, amount −amount)
+// and lowers spent by amount, in the caller's transaction. A repeated key
+// refunds nothing again. It refuses to refund more than was spent.
+func (s *Service) RefundTx(ctx context.Context, tx pgx.Tx, orgID, agentID, scope string, amount int64, reason, idempotencyKey string) error {
+	return s.refund(ctx, tx, orgID, agentID, scope, amount, reason, idempotencyKey)
+}
+
+func (s *Service) refund(ctx context.Context, q querier, orgID, agentID, scope string, amount int64, reason, key string) error {
+	if amount < 0 {
+		return apperr.Invalid("amount", "must be an integer ≥ 0")
+	}
+	var found, refunded bool
+	err := q.QueryRow(ctx, qRefund, orgID, agentID, scope, newID(), amount, reason, key).Scan(&found, &refunded)
+	if err != nil {
+		return fmt.Errorf("refunding: %w", err)
+	}
+	switch {
+	case !found:
+		return ErrNotFound
+	case refunded:
+		return nil
+	case key != "":
+		var replay bool
+		if err := q.QueryRow(ctx, qRefundExists, orgID, key).Scan(&replay); err != nil {
+			return fmt.Errorf("checking refund idempotency key: %w", err)
+		}
+		if replay {
+			return nil
+		}
+	}
+	return apperr.Invalid("amount", "exceeds what the mandate has spent")
+}

@@ -1,0 +1,592 @@
+package mandates
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/apperr"
+)
+
+func TestSixtyFourConcurrentSpendersNeverOverspendABudgetOfTwenty(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 20)
+
+	const n = 64
+	results := make([]SpendResult, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			results[i], errs[i] = s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1, Reason: "call"})
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	ok, refused := 0, 0
+	approvals := map[uuid.UUID]bool{}
+	for i := range n {
+		require.NoError(t, errs[i])
+		if results[i].OK {
+			ok++
+			require.Equal(t, m.ID, results[i].MandateID)
+		} else {
+			refused++
+			require.NotEqual(t, uuid.Nil, results[i].ApprovalID)
+			require.Equal(t, RefusalInsufficient, results[i].Refusal)
+			approvals[results[i].ApprovalID] = true
+		}
+	}
+	require.Equal(t, 20, ok)
+	require.Equal(t, 44, refused)
+	require.Len(t, approvals, 44, "every refusal has its own approval request")
+	require.Equal(t, 44, countApprovals(t, db, "org-a", StatePending))
+	got := mustGet(t, s, "org-a", m)
+	require.EqualValues(t, 20, got.Spent)
+	require.EqualValues(t, 0, got.Remaining())
+	requireLedgerMatches(t, db)
+}
+
+func TestSpendReportsWhatRemains(t *testing.T) {
+	s, _ := newTestService(t)
+	ctx := context.Background()
+	mustCreate(t, s, "org-a", "agent-1", "llm", 10)
+	r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 4})
+	require.NoError(t, err)
+	require.True(t, r.OK)
+	require.EqualValues(t, 6, r.Remaining)
+	r, err = s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 6})
+	require.NoError(t, err)
+	require.True(t, r.OK)
+	require.EqualValues(t, 0, r.Remaining)
+}
+
+func TestACostOfZeroPassesEvenWithNothingLeft(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 0)
+	r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 0})
+	require.NoError(t, err)
+	require.True(t, r.OK)
+	require.EqualValues(t, 0, mustGet(t, s, "org-a", m).Spent)
+	requireLedgerMatches(t, db)
+}
+
+func TestSpendRejectsBadInputNamingTheField(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	for field, p := range map[string]SpendParams{
+		"cost":            {OrgID: "org-a", AgentID: "a", Scope: "s", Cost: -1},
+		"agent_id":        {OrgID: "org-a", Scope: "s", Cost: 1},
+		"scope":           {OrgID: "org-a", AgentID: "a", Cost: 1},
+		"on_resolve.kind": {OrgID: "org-a", AgentID: "a", Scope: "s", Cost: 1, OnResolve: &Payload{}},
+	} {
+		_, err := s.Spend(ctx, p)
+		var inv *apperr.InvalidError
+		require.ErrorAs(t, err, &inv, field)
+		require.Equal(t, field, inv.Fields[0].Field)
+	}
+	require.Zero(t, countApprovals(t, db, "org-a", StatePending), "nothing is written for bad input")
+}
+
+func TestAbsentRevokedAndExpiredMandatesRefuseWithAnApprovalRequest(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	revoked := mustCreate(t, s, "org-a", "agent-1", "revoked", 100)
+	_, err := s.Patch(ctx, "org-a", revoked.ID, PatchParams{Status: ptr(StatusRevoked)})
+	require.NoError(t, err)
+	past := time.Now().Add(-time.Hour)
+	_, err = s.Create(ctx, "org-a", CreateParams{AgentID: "agent-1", Scope: "expired", Budget: 100, ValidUntil: &past})
+	require.NoError(t, err)
+	mustCreate(t, s, "org-b", "agent-1", "other-org", 100)
+
+	for scope, why := range map[string]string{
+		"absent": RefusalNoMandate, "revoked": RefusalRevoked, "expired": RefusalExpired,
+		"other-org": RefusalNoMandate, // org-b's mandate is not org-a's
+	} {
+		r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: scope, Cost: 1, Reason: "r"})
+		require.NoError(t, err)
+		require.False(t, r.OK, scope)
+		require.Equal(t, why, r.Refusal, scope)
+		a, err := s.GetApproval(ctx, "org-a", r.ApprovalID)
+		require.NoError(t, err)
+		require.Equal(t, StatePending, a.State)
+		require.Equal(t, scope, a.Scope)
+	}
+	require.Equal(t, 4, countApprovals(t, db, "org-a", StatePending))
+	requireLedgerMatches(t, db)
+}
+
+func TestAFutureValidUntilStillSpends(t *testing.T) {
+	s, _ := newTestService(t)
+	ctx := context.Background()
+	future := time.Now().Add(time.Hour)
+	_, err := s.Create(ctx, "org-a", CreateParams{AgentID: "agent-1", Scope: "llm", Budget: 5, ValidUntil: &future})
+	require.NoError(t, err)
+	r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 5})
+	require.NoError(t, err)
+	require.True(t, r.OK)
+}
+
+func TestABudgetRaisedByPatchLetsTheNextSpendPass(t *testing.T) {
+	s, _ := newTestService(t)
+	ctx := context.Background()
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 1)
+	spend := SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 3}
+	r, err := s.Spend(ctx, spend)
+	require.NoError(t, err)
+	require.False(t, r.OK)
+	require.Equal(t, RefusalInsufficient, r.Refusal)
+	require.EqualValues(t, 1, r.Remaining)
+
+	_, err = s.Patch(ctx, "org-a", m.ID, PatchParams{Budget: ptr[int64](3)})
+	require.NoError(t, err)
+	r, err = s.Spend(ctx, spend)
+	require.NoError(t, err)
+	require.True(t, r.OK)
+	require.EqualValues(t, 0, r.Remaining)
+}
+
+func TestRevivingARevokedMandateLetsItSpendAgain(t *testing.T) {
+	s, _ := newTestService(t)
+	ctx := context.Background()
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 5)
+	_, err := s.Patch(ctx, "org-a", m.ID, PatchParams{Status: ptr(StatusRevoked)})
+	require.NoError(t, err)
+	_, err = s.Patch(ctx, "org-a", m.ID, PatchParams{Status: ptr(StatusActive), SetValidUntil: true})
+	require.NoError(t, err)
+	r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 5})
+	require.NoError(t, err)
+	require.True(t, r.OK)
+}
+
+// The wake-up pattern: the refusal and the caller's intent commit together in
+// the first transaction, and a failure of the caller's second transaction
+// cannot take them back.
+func TestARefusedSpendTxStaysCommittedWhenItsCallerFailsAfterwards(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `CREATE TABLE intents (id uuid PRIMARY KEY, approval_id uuid, state text)`)
+	require.NoError(t, err)
+
+	intent := uuid.New()
+	var res SpendResult
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var err error
+		res, err = s.SpendTx(ctx, tx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 5, Reason: "wake",
+			OnResolve: &Payload{Kind: "wakeup", Data: []byte(`{"wakeup_id":"` + intent.String() + `"}`)}})
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO intents VALUES ($1, $2, 'awaiting_approval')`, intent, res.ApprovalID)
+		return err
+	})
+	require.NoError(t, err)
+	require.False(t, res.OK)
+
+	callerFailed := errors.New("enqueue failed")
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE intents SET state = 'enqueued' WHERE id = $1`, intent); err != nil {
+			return err
+		}
+		return callerFailed
+	})
+	require.ErrorIs(t, err, callerFailed)
+
+	a, err := s.GetApproval(ctx, "org-a", res.ApprovalID)
+	require.NoError(t, err)
+	require.Equal(t, StatePending, a.State)
+	require.Equal(t, "wakeup", a.OnResolve.Kind)
+	require.JSONEq(t, `{"wakeup_id":"`+intent.String()+`"}`, string(a.OnResolve.Data))
+	var state string
+	require.NoError(t, db.QueryRow(ctx, `SELECT state FROM intents WHERE approval_id = $1`, res.ApprovalID).Scan(&state))
+	require.Equal(t, "awaiting_approval", state)
+}
+
+// Spend commits on its own: the caller's later rollback does not reach it.
+func TestASpendsRefusalSurvivesTheCallersRollback(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	res, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1})
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+	require.False(t, res.OK)
+	_, err = s.GetApproval(ctx, "org-a", res.ApprovalID)
+	require.NoError(t, err)
+}
+
+// SpendTx is atomic with the caller: a rolled-back transaction debits
+// nothing and leaves no request.
+func TestASpendTxRolledBackByItsCallerLeavesNothing(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 1)
+	for _, cost := range []int64{1, 5} {
+		tx, err := db.Begin(ctx)
+		require.NoError(t, err)
+		_, err = s.SpendTx(ctx, tx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: cost, IdempotencyKey: "k"})
+		require.NoError(t, err)
+		require.NoError(t, tx.Rollback(ctx))
+	}
+	require.EqualValues(t, 0, mustGet(t, s, "org-a", m).Spent)
+	require.Zero(t, countApprovals(t, db, "org-a", StatePending))
+	requireLedgerMatches(t, db)
+
+	// The key was never committed, so it decides afresh.
+	r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1, IdempotencyKey: "k"})
+	require.NoError(t, err)
+	require.True(t, r.OK)
+	require.False(t, r.Replayed)
+}
+
+func TestARepeatedKeyReturnsTheFirstAnswerAndDebitsOnce(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 3)
+	p := SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 2, IdempotencyKey: "k1"}
+	first, err := s.Spend(ctx, p)
+	require.NoError(t, err)
+	require.True(t, first.OK)
+	again, err := s.Spend(ctx, p)
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	again.Replayed = false
+	require.Equal(t, first, again)
+	require.EqualValues(t, 2, mustGet(t, s, "org-a", m).Spent)
+
+	t.Run("a refusal is replayed with its one approval request", func(t *testing.T) {
+		p := SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 2, IdempotencyKey: "k2"}
+		first, err := s.Spend(ctx, p)
+		require.NoError(t, err)
+		require.False(t, first.OK)
+		// Even once the budget would allow it, the key keeps its answer.
+		_, err = s.Patch(ctx, "org-a", m.ID, PatchParams{Budget: ptr[int64](100)})
+		require.NoError(t, err)
+		again, err := s.Spend(ctx, p)
+		require.NoError(t, err)
+		require.False(t, again.OK)
+		require.Equal(t, first.ApprovalID, again.ApprovalID)
+		require.Equal(t, 1, countApprovals(t, db, "org-a", StatePending))
+	})
+	t.Run("the same key in another org is its own", func(t *testing.T) {
+		mustCreate(t, s, "org-b", "agent-1", "llm", 3)
+		r, err := s.Spend(ctx, SpendParams{OrgID: "org-b", AgentID: "agent-1", Scope: "llm", Cost: 2, IdempotencyKey: "k1"})
+		require.NoError(t, err)
+		require.True(t, r.OK)
+		require.False(t, r.Replayed)
+	})
+	t.Run("the key with a different spend is a conflict", func(t *testing.T) {
+		_, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1, IdempotencyKey: "k1"})
+		require.ErrorIs(t, err, ErrIdempotencyKeyReused)
+		require.ErrorIs(t, err, apperr.ErrConflict)
+		require.EqualValues(t, 2, mustGet(t, s, "org-a", m).Spent)
+	})
+	requireLedgerMatches(t, db)
+}
+
+func TestConcurrentSpendsWithOneKeyDebitOnceAndAgree(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 100)
+	for _, tc := range []struct {
+		name string
+		cost int64
+		ok   bool
+	}{{"granted", 7, true}, {"refused", 1000, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 32
+			results := make([]SpendResult, n)
+			errs := make([]error, n)
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					<-start
+					results[i], errs[i] = s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm",
+						Cost: tc.cost, IdempotencyKey: "same-" + tc.name})
+				})
+			}
+			close(start)
+			wg.Wait()
+			fresh := 0
+			for i := range n {
+				require.NoError(t, errs[i])
+				if !results[i].Replayed {
+					fresh++
+				}
+				r := results[i]
+				r.Replayed = false
+				first := results[0]
+				first.Replayed = false
+				require.Equal(t, first, r)
+				require.Equal(t, tc.ok, r.OK)
+			}
+			require.Equal(t, 1, fresh, "exactly one call decided")
+		})
+	}
+	require.EqualValues(t, 7, mustGet(t, s, "org-a", m).Spent)
+	require.Equal(t, 1, countApprovals(t, db, "org-a", StatePending))
+	requireLedgerMatches(t, db)
+}
+
+// A duplicate of a key held by an open SpendTx waits for it, then replays
+// its answer.
+func TestADuplicateKeyWaitsForTheOpenTransactionThatHoldsIt(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 10)
+	p := SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 4, IdempotencyKey: "held"}
+
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	first, err := s.SpendTx(ctx, tx, p)
+	require.NoError(t, err)
+	require.True(t, first.OK)
+
+	type answer struct {
+		r   SpendResult
+		err error
+	}
+	dup := make(chan answer, 1)
+	go func() {
+		r, err := s.Spend(ctx, p)
+		dup <- answer{r, err}
+	}()
+	require.Eventually(t, func() bool { return lockWaiters(t, db) > 0 }, testWait, pollEvery, "the duplicate waits on the key")
+	require.NoError(t, tx.Commit(ctx))
+	got := <-dup
+	require.NoError(t, got.err)
+	require.True(t, got.r.Replayed)
+	require.Equal(t, first.MandateID, got.r.MandateID)
+	require.EqualValues(t, 4, mustGet(t, s, "org-a", m).Spent)
+}
+
+func lockWaiters(t *testing.T, db *pgxpool.Pool) int {
+	var n int
+	require.NoError(t, db.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
+	return n
+}
+
+// Spends, refunds and approvals race; after every step of every worker the
+// ledger still sums to spent, and spent never passes the budget except by
+// approved overruns.
+func TestTheLedgerSumsToSpentUnderARandomMix(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	scopes := []string{"a", "b", "c"}
+	for _, sc := range scopes {
+		mustCreate(t, s, "org-a", "agent-1", sc, 15)
+	}
+	const workers, steps = 8, 60
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 42))
+			for i := range steps {
+				if err := randomStep(ctx, s, rng, scopes, fmt.Sprintf("w%d-%d", w, i)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	stop := make(chan struct{})
+	type check struct {
+		runs, bad int
+		err       error
+	}
+	checked := make(chan check)
+	go func() {
+		var c check
+		for c.err == nil && c.bad == 0 {
+			select {
+			case <-stop:
+				checked <- c
+				return
+			default:
+			}
+			c.bad, c.err = invariantViolations(ctx, db)
+			c.runs++
+		}
+		<-stop
+		checked <- c
+	}()
+	wg.Wait()
+	close(stop)
+	c := <-checked
+	require.NoError(t, c.err)
+	require.Zero(t, c.bad, "mandates breaking the ledger invariant while the mix ran")
+	require.Positive(t, c.runs)
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	requireLedgerMatches(t, db)
+	requireInvariantInOneSnapshot(t, db)
+	var kinds []string
+	require.NoError(t, db.QueryRow(ctx, `SELECT array_agg(DISTINCT kind ORDER BY kind) FROM mandate_ledger`).Scan(&kinds))
+	require.Equal(t, []string{KindApprovedOverrun, KindDebit, KindRefund}, kinds, "the mix exercised every kind of entry")
+}
+
+func randomStep(ctx context.Context, s *Service, rng *rand.Rand, scopes []string, key string) error {
+	scope := scopes[rng.IntN(len(scopes))]
+	switch rng.IntN(10) {
+	case 0, 1: // refund part of what was spent, if anything
+		m, err := s.Find(ctx, "org-a", "agent-1", scope)
+		if err != nil || m.Spent == 0 {
+			return err
+		}
+		err = s.Refund(ctx, "org-a", "agent-1", scope, rng.Int64N(m.Spent)+1, "refund", key)
+		var inv *apperr.InvalidError
+		if errors.As(err, &inv) { // a concurrent refund got there first
+			return nil
+		}
+		return err
+	case 2: // approve a pending overrun
+		items, _, err := s.ListApprovals(ctx, "org-a", ApprovalFilter{State: StatePending}, Page{Limit: 1})
+		if err != nil || len(items) == 0 {
+			return err
+		}
+		_, err = s.Approve(ctx, "org-a", items[0].ID, "approver", "")
+		if errors.Is(err, ErrAlreadyResolved) {
+			return nil
+		}
+		return err
+	default:
+		k := ""
+		if rng.IntN(2) == 0 {
+			k = key
+		}
+		_, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: scope, Cost: rng.Int64N(5), IdempotencyKey: k})
+		return err
+	}
+}
+
+func requireInvariantInOneSnapshot(t *testing.T, db *pgxpool.Pool) {
+	t.Helper()
+	bad, err := invariantViolations(context.Background(), db)
+	require.NoError(t, err)
+	require.Zero(t, bad, "mandates breaking the ledger invariant")
+}
+
+// invariantViolations counts mandates whose spent differs from their ledger
+// sum, is negative, or passes the budget by more than approved overruns —
+// read in one snapshot.
+func invariantViolations(ctx context.Context, db *pgxpool.Pool) (int, error) {
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var bad int
+	err = tx.QueryRow(ctx, `
+		SELECT count(*) FROM mandates m
+		 WHERE m.spent <> (SELECT COALESCE(SUM(amount), 0) FROM mandate_ledger l WHERE l.mandate_id = m.id)
+		    OR m.spent < 0
+		    OR m.spent > m.budget + (SELECT COALESCE(SUM(amount), 0) FROM mandate_ledger l
+		                              WHERE l.mandate_id = m.id AND l.kind = 'approved_overrun')`).Scan(&bad)
+	return bad, err
+}
+
+func TestRefundWritesTheCompensatingRowOncePerKey(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 10)
+	_, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 6})
+	require.NoError(t, err)
+
+	require.NoError(t, s.Refund(ctx, "org-a", "agent-1", "llm", 4, "work never ran", "r1"))
+	require.NoError(t, s.Refund(ctx, "org-a", "agent-1", "llm", 4, "work never ran", "r1"))
+	require.EqualValues(t, 2, mustGet(t, s, "org-a", m).Spent)
+	entries, _, err := s.Ledger(ctx, "org-a", m.ID, Page{})
+	require.NoError(t, err)
+	require.Len(t, entries, 2)
+	require.Equal(t, KindRefund, entries[1].Kind)
+	require.EqualValues(t, -4, entries[1].Amount)
+	require.Equal(t, "r1", entries[1].IdempotencyKey)
+
+	t.Run("more than was spent is refused", func(t *testing.T) {
+		var inv *apperr.InvalidError
+		require.ErrorAs(t, s.Refund(ctx, "org-a", "agent-1", "llm", 3, "", "r2"), &inv)
+		require.Equal(t, "amount", inv.Fields[0].Field)
+		require.ErrorAs(t, s.Refund(ctx, "org-a", "agent-1", "llm", -1, "", ""), &inv)
+	})
+	t.Run("an absent mandate is not found", func(t *testing.T) {
+		require.ErrorIs(t, s.Refund(ctx, "org-a", "agent-1", "nope", 1, "", ""), ErrNotFound)
+		require.ErrorIs(t, s.Refund(ctx, "org-b", "agent-1", "llm", 1, "", ""), ErrNotFound)
+	})
+	t.Run("RefundTx commits with the caller", func(t *testing.T) {
+		tx, err := db.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, s.RefundTx(ctx, tx, "org-a", "agent-1", "llm", 2, "", "r3"))
+		require.NoError(t, tx.Rollback(ctx))
+		require.EqualValues(t, 2, mustGet(t, s, "org-a", m).Spent)
+		require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			return s.RefundTx(ctx, tx, "org-a", "agent-1", "llm", 2, "", "r3")
+		}))
+		require.EqualValues(t, 0, mustGet(t, s, "org-a", m).Spent)
+	})
+	requireLedgerMatches(t, db)
+}
+
+func TestSpendMetricsCountDecisionsNotReplays(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, _ := newTestService(t, Config{Registry: reg})
+	ctx := context.Background()
+	mustCreate(t, s, "org-a", "agent-1", "llm", 1)
+	for range 2 {
+		_, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1, IdempotencyKey: "k"})
+		require.NoError(t, err)
+	}
+	_, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1})
+	require.NoError(t, err)
+	require.Equal(t, map[string]float64{"ok": 1, "refused": 1}, gathered(t, reg, "reveille_mandates_spends_total", "result"))
+}
+
+// gathered returns the values of a counter family by the given label.
+func gathered(t *testing.T, reg *prometheus.Registry, name, label string) map[string]float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			out[labelValue(m, label)] = m.GetCounter().GetValue()
+		}
+	}
+	return out
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+func ptr[T any](v T) *T { return &v }

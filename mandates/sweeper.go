@@ -1,0 +1,135 @@
+package mandates
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/reveille/reveille/internal/leader"
+)
+
+// sweepBatch bounds one scan for expired requests.
+const sweepBatch = 100
+
+// Start runs the expiry sweeper on whichever replica holds its leadership
+// (internal/leader); the others stand by. It returns at once.
+func (s *Service) Start(ctx context.Context) error {
+	s.runMu.Lock()
+	defer s.runMu.Unlock()
+	if s.stop != nil {
+		return errors.New("mandates: already started")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	s.stop, s.stopped = cancel, done
+	el := &leader.Elector{DB: s.db, Name: "mandates.sweeper", Retry: s.cfg.LeaderRetry, Logger: s.logger}
+	go func() {
+		defer close(done)
+		el.Run(ctx, s.sweepLoop)
+	}()
+	return nil
+}
+
+// Stop stops the sweeper and waits for it (until ctx ends). Stopping twice,
+// or without Start, is safe.
+func (s *Service) Stop(ctx context.Context) error {
+	s.runMu.Lock()
+	cancel, done := s.stop, s.stopped
+	s.runMu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stopping the mandates sweeper: %w", ctx.Err())
+	}
+}
+
+// sweepLoop sweeps at once and then every SweepInterval while leader.
+func (s *Service) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Warn("sweeping expired approval requests failed", "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Sweep expires every pending request past its expires_at, each in its own
+// transaction with its hook (as a denial, state expired), and returns how
+// many it expired. A request whose hook fails is logged and left pending
+// for the next sweep. The sweeper calls it; tests and tools may too.
+func (s *Service) Sweep(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		due, err := s.expiredApprovals(ctx)
+		if err != nil {
+			return total, err
+		}
+		failed := 0
+		for _, d := range due {
+			if err := s.expire(ctx, d.orgID, d.id); err != nil {
+				if ctx.Err() != nil {
+					return total, ctx.Err()
+				}
+				failed++
+				s.logger.Error("expiring approval request failed", "org_id", d.orgID, "approval_id", d.id.String(), "error", err.Error())
+				continue
+			}
+			total++
+		}
+		if len(due) < sweepBatch || failed == len(due) {
+			return total, nil
+		}
+	}
+}
+
+type dueApproval struct {
+	orgID string
+	id    uuid.UUID
+}
+
+func (s *Service) expiredApprovals(ctx context.Context) ([]dueApproval, error) {
+	rows, err := s.db.Query(ctx, qExpiredApprovals, sweepBatch)
+	if err != nil {
+		return nil, fmt.Errorf("scanning for expired approval requests: %w", err)
+	}
+	due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (dueApproval, error) {
+		var d dueApproval
+		return d, r.Scan(&d.orgID, &d.id)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scanning for expired approval requests: %w", err)
+	}
+	return due, nil
+}
+
+// expire resolves one request as expired; one already resolved (by a
+// concurrent approver or sweeper) is skipped.
+func (s *Service) expire(ctx context.Context, orgID string, id uuid.UUID) error {
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		_, err := s.resolveTx(ctx, tx, orgID, id, StateExpired, "", "")
+		return err
+	})
+	switch {
+	case err == nil:
+		s.metrics.resolve(StateExpired)
+		return nil
+	case errors.Is(err, ErrAlreadyResolved), errors.Is(err, ErrApprovalNotFound):
+		return nil
+	}
+	return err
+}
