@@ -1,0 +1,164 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// settings is every knob of serve/dev: flags where the issue names one,
+// environment variables for all, each documented in the README.
+type settings struct {
+	Addr           string        // --addr / REVEILLE_ADDR
+	DataDir        string        // --data-dir / REVEILLE_DATA_DIR
+	TemporalPort   int           // --temporal-port (dev, devstack)
+	DatabaseURL    string        // DATABASE_URL
+	TemporalAddr   string        // TEMPORAL_ADDRESS
+	Namespace      string        // TEMPORAL_NAMESPACE
+	JWTSecret      string        // REVEILLE_JWT_SECRET
+	JWKSURL        string        // REVEILLE_JWKS_URL
+	JWTIssuer      string        // REVEILLE_JWT_ISSUER
+	JWTAudience    string        // REVEILLE_JWT_AUDIENCE
+	OperatorOrgs   []string      // REVEILLE_OPERATOR_ORGS
+	MaxBody        int64         // REVEILLE_MAX_BODY
+	Pools          string        // REVEILLE_POOLS
+	RecoveryPeriod time.Duration // REVEILLE_RECOVERY_PERIOD
+	HeartbeatLimit time.Duration // REVEILLE_HEARTBEAT_TIMEOUT
+	WorkRetention  time.Duration // REVEILLE_WORK_RETENTION
+	HTTPAllowed    []string      // REVEILLE_HTTP_ALLOWED_HOSTS
+	ApprovalTTL    time.Duration // REVEILLE_APPROVAL_TTL
+	NotFoundGrace  time.Duration // REVEILLE_SIGNAL_NOTFOUND_GRACE
+	StreamChunk    int64         // REVEILLE_STREAM_MAX_CHUNK
+	StreamRequest  int64         // REVEILLE_STREAM_MAX_REQUEST
+	StreamKeep     time.Duration // REVEILLE_STREAM_RETENTION
+	Worker         bool          // --worker / REVEILLE_WORKER: run the Temporal worker (on in dev)
+	LogLevel       string        // REVEILLE_LOG_LEVEL
+}
+
+// envConfig reads settings from the environment, reporting every malformed
+// value at once.
+func envConfig() (settings, error) {
+	var errs []error
+	s := settings{
+		Addr:         envOr("REVEILLE_ADDR", ":8080"),
+		DataDir:      envOr("REVEILLE_DATA_DIR", "./.reveille"),
+		TemporalPort: 7233,
+		DatabaseURL:  os.Getenv("DATABASE_URL"),
+		TemporalAddr: os.Getenv("TEMPORAL_ADDRESS"),
+		Namespace:    envOr("TEMPORAL_NAMESPACE", "default"),
+		JWTSecret:    os.Getenv("REVEILLE_JWT_SECRET"),
+		JWKSURL:      os.Getenv("REVEILLE_JWKS_URL"),
+		JWTIssuer:    os.Getenv("REVEILLE_JWT_ISSUER"),
+		JWTAudience:  os.Getenv("REVEILLE_JWT_AUDIENCE"),
+		OperatorOrgs: list(os.Getenv("REVEILLE_OPERATOR_ORGS")),
+		Pools:        envOr("REVEILLE_POOLS", "default=25,wakeup=25"),
+		HTTPAllowed:  list(os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS")),
+		LogLevel:     envOr("REVEILLE_LOG_LEVEL", "info"),
+	}
+	s.MaxBody = envInt("REVEILLE_MAX_BODY", 1<<20, &errs)
+	s.StreamChunk = envInt("REVEILLE_STREAM_MAX_CHUNK", 1<<20, &errs)
+	s.StreamRequest = envInt("REVEILLE_STREAM_MAX_REQUEST", 8<<20, &errs)
+	s.RecoveryPeriod = envDuration("REVEILLE_RECOVERY_PERIOD", 10*time.Second, &errs)
+	s.HeartbeatLimit = envDuration("REVEILLE_HEARTBEAT_TIMEOUT", 30*time.Second, &errs)
+	s.WorkRetention = envDuration("REVEILLE_WORK_RETENTION", 24*time.Hour, &errs)
+	s.ApprovalTTL = envDuration("REVEILLE_APPROVAL_TTL", 24*time.Hour, &errs)
+	s.NotFoundGrace = envDuration("REVEILLE_SIGNAL_NOTFOUND_GRACE", 60*time.Second, &errs)
+	s.StreamKeep = envDuration("REVEILLE_STREAM_RETENTION", 7*24*time.Hour, &errs)
+	s.Worker = envBool("REVEILLE_WORKER", false, &errs)
+	return s, errors.Join(errs...)
+}
+
+// bindFlags adds the flags shared by serve and dev.
+func (s *settings) bindFlags(fs *flag.FlagSet, dev bool) {
+	fs.StringVar(&s.Addr, "addr", s.Addr, "listen address (REVEILLE_ADDR)")
+	fs.StringVar(&s.DataDir, "data-dir", s.DataDir, "data directory: dev Postgres cluster, Temporal SQLite file, dev secret (REVEILLE_DATA_DIR)")
+	if dev {
+		fs.IntVar(&s.TemporalPort, "temporal-port", s.TemporalPort, "frontend port of the embedded Temporal dev server")
+	} else {
+		fs.BoolVar(&s.Worker, "worker", s.Worker, "also run the Temporal worker of the reference workflow (REVEILLE_WORKER)")
+	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func list(v string) []string {
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func envInt(name string, def int64, errs *[]error) int64 {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		*errs = append(*errs, fmt.Errorf("%s=%q: want a positive integer", name, v))
+		return def
+	}
+	return n
+}
+
+func envDuration(name string, def time.Duration, errs *[]error) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		*errs = append(*errs, fmt.Errorf("%s=%q: want a positive duration such as 30s or 24h", name, v))
+		return def
+	}
+	return d
+}
+
+func envBool(name string, def bool, errs *[]error) bool {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("%s=%q: want true or false", name, v))
+		return def
+	}
+	return b
+}
+
+// devSecret returns the dev JWT secret kept in the data dir, creating a
+// random one on first use.
+func devSecret(dataDir string) (secret, path string, err error) {
+	path = filepath.Join(dataDir, "jwt-secret")
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) >= 32 {
+		return strings.TrimSpace(string(b)), path, nil
+	}
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return "", path, fmt.Errorf("create data dir: %w", err)
+	}
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		return "", path, err
+	}
+	secret = hex.EncodeToString(raw)
+	if err := os.WriteFile(path, []byte(secret+"\n"), 0o600); err != nil {
+		return "", path, fmt.Errorf("write dev secret: %w", err)
+	}
+	return secret, path, nil
+}

@@ -1,0 +1,92 @@
+// Command engine is Reveille's single binary: the API server and its
+// background workers (serve), a self-contained developer stack (dev), the
+// bare infrastructure (devstack), migrations, dev tokens, demos and
+// benchmarks. It only wires: behaviour lives in the domain packages.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// version is set at build time (-ldflags "-X main.version=…").
+var version = "dev"
+
+// benches are the `engine bench <name>` benchmarks; each bench_*.go file
+// registers its own in init.
+var benches = map[string]func(ctx context.Context, args []string) error{}
+
+type command struct {
+	name, summary string
+	run           func(ctx context.Context, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"serve", "run the API and workers against external Postgres and Temporal (production)", runServe},
+		{"dev", "run everything locally: Postgres cluster, embedded Temporal, API, workers", runDev},
+		{"devstack", "run only the local Postgres cluster and embedded Temporal", runDevstack},
+		{"migrate", "apply (up) or list (status) database migrations", runMigrate},
+		{"token", "print a signed dev token", runToken},
+		{"bench", "run a benchmark: " + strings.Join(benchNames(), ", "), runBench},
+		{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+		usage()
+		if len(os.Args) < 2 {
+			os.Exit(2)
+		}
+		return
+	}
+	for _, c := range commands() {
+		if c.name == os.Args[1] {
+			err := c.run(ctx, os.Args[2:])
+			if errors.Is(err, flag.ErrHelp) {
+				return
+			}
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "engine %s: %v\n", c.name, err)
+				os.Exit(1)
+			}
+			return
+		}
+	}
+	fmt.Fprintf(os.Stderr, "engine: unknown command %q\n\n", os.Args[1])
+	usage()
+	os.Exit(2)
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "Reveille — the agent wake-up engine\n\nUsage: engine <command> [flags]   (engine <command> --help for its flags)\n\nCommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(os.Stderr, "  %-9s %s\n", c.name, c.summary)
+	}
+}
+
+func benchNames() []string {
+	names := make([]string, 0, len(benches))
+	for n := range benches {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func runBench(ctx context.Context, args []string) error {
+	if len(args) == 0 || benches[args[0]] == nil {
+		return fmt.Errorf("usage: engine bench <%s> [flags]", strings.Join(benchNames(), "|"))
+	}
+	return benches[args[0]](ctx, args[1:])
+}

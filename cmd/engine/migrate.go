@@ -1,0 +1,44 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+
+	"github.com/reveille/reveille/migrations"
+)
+
+func runMigrate(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.Usage = func() { flagUsage(fs, "engine migrate up|status   (DATABASE_URL names the database)", "") }
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		return errors.New("DATABASE_URL is not set")
+	}
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	switch fs.Arg(0) {
+	case "up":
+		n, err := migrations.Up(ctx, db, nil)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("applied %d migration(s)\n", n)
+		return nil
+	case "status":
+		return migrations.Status(ctx, db, os.Stdout)
+	}
+	fs.Usage()
+	return fmt.Errorf("want up or status, not %q", fs.Arg(0))
+}

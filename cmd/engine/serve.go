@@ -1,0 +1,230 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.temporal.io/sdk/client"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/reveille/reveille/api"
+	"github.com/reveille/reveille/migrations"
+)
+
+func runServe(ctx context.Context, args []string) error {
+	s, err := envConfig()
+	if err != nil {
+		return err
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	s.bindFlags(fs, false)
+	fs.Usage = func() { flagUsage(fs, "engine serve [flags]", serveEnvHelp) }
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if s.DatabaseURL == "" {
+		return errors.New("DATABASE_URL is not set (serve uses external Postgres; `engine dev` starts a local one)")
+	}
+	if s.TemporalAddr == "" {
+		s.TemporalAddr = "127.0.0.1:7233"
+	}
+	if s.JWTSecret == "" && s.JWKSURL == "" {
+		return errors.New("set REVEILLE_JWT_SECRET (HS256, at least 32 bytes) or REVEILLE_JWKS_URL")
+	}
+	return serve(ctx, s, newLogger(s.LogLevel), nil)
+}
+
+// serve runs the service until ctx ends: migrate, build the domain services,
+// start their background loops, serve HTTP, then stop in reverse order.
+// ready, if set, is called once the API listens.
+func serve(ctx context.Context, s settings, logger *slog.Logger, ready func()) error {
+	a, err := newApp(ctx, s, logger)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	return a.run(ctx, ready)
+}
+
+// app holds the wired service.
+type app struct {
+	s        settings
+	logger   *slog.Logger
+	db       *pgxpool.Pool
+	temporal client.Client
+	registry *prometheus.Registry
+	api      *api.Server
+	// starters run background loops until their context ends.
+	starters []func(ctx context.Context) error
+}
+
+func newApp(ctx context.Context, s settings, logger *slog.Logger) (*app, error) {
+	a := &app{s: s, logger: logger, registry: prometheus.NewRegistry()}
+	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	cfg, err := pgxpool.ParseConfig(s.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	if cfg.MaxConns < 20 {
+		cfg.MaxConns = 20
+	}
+	if a.db, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("connect to Postgres: %w", err)
+	}
+	if err := waitForPostgres(ctx, a.db); err != nil {
+		a.close()
+		return nil, err
+	}
+	n, err := migrations.UpPool(ctx, a.db, nil)
+	if err != nil {
+		a.close()
+		return nil, err
+	}
+	logger.Info("database migrated", "applied", n)
+
+	// One Temporal client per process; lazy, so the service starts (and
+	// queues signals) while Temporal is down.
+	a.temporal, err = client.NewLazyClient(client.Options{
+		HostPort: s.TemporalAddr, Namespace: s.Namespace, Logger: temporalLogger{logger},
+	})
+	if err != nil {
+		a.close()
+		return nil, fmt.Errorf("temporal client for %s: %w", s.TemporalAddr, err)
+	}
+
+	svc := api.Services{DB: a.db, Ready: []api.ReadinessCheck{{Name: "temporal", Check: func(ctx context.Context) error {
+		_, err := a.temporal.CheckHealth(ctx, &client.CheckHealthRequest{})
+		return err
+	}}}}
+	if err := a.wireDomain(ctx, &svc); err != nil {
+		a.close()
+		return nil, err
+	}
+	a.api, err = api.New(ctx, api.Config{
+		Addr: s.Addr, MaxBody: s.MaxBody, Logger: logger, Registry: a.registry,
+		Auth: api.AuthConfig{Secret: []byte(s.JWTSecret), JWKSURL: s.JWKSURL, Issuer: s.JWTIssuer, Audience: s.JWTAudience, OperatorOrgs: s.OperatorOrgs},
+	}, svc)
+	if err != nil {
+		a.close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// wireDomain builds the domain services and their background loops.
+func (a *app) wireDomain(ctx context.Context, svc *api.Services) error {
+	return nil
+}
+
+func (a *app) run(ctx context.Context, ready func()) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, gctx := errgroup.WithContext(ctx)
+	for _, start := range a.starters {
+		g.Go(func() error { return start(gctx) })
+	}
+	ln, err := listen(a.s.Addr)
+	if err != nil {
+		cancel()
+		_ = g.Wait()
+		return err
+	}
+	a.logger.Info("reveille serving", "addr", ln.Addr().String(), "version", version)
+	if ready != nil {
+		ready()
+	}
+	g.Go(func() error { return a.api.Serve(gctx, ln) })
+	err = g.Wait()
+	a.logger.Info("reveille stopped")
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func (a *app) close() {
+	if a.temporal != nil {
+		a.temporal.Close()
+	}
+	if a.db != nil {
+		a.db.Close()
+	}
+}
+
+func waitForPostgres(ctx context.Context, db *pgxpool.Pool) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := db.Ping(ctx)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("Postgres does not answer: %w", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func newLogger(level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}
+
+func flagUsage(fs *flag.FlagSet, synopsis, env string) {
+	fmt.Fprintf(fs.Output(), "Usage: %s\n\nFlags:\n", synopsis)
+	fs.PrintDefaults()
+	if env != "" {
+		fmt.Fprintf(fs.Output(), "\nEnvironment:\n%s", env)
+	}
+}
+
+const serveEnvHelp = `  DATABASE_URL                  Postgres connection string (required for serve)
+  TEMPORAL_ADDRESS              Temporal frontend host:port (serve default 127.0.0.1:7233)
+  TEMPORAL_NAMESPACE            Temporal namespace for signals (default "default")
+  REVEILLE_JWT_SECRET           HS256 secret, at least 32 bytes
+  REVEILLE_JWKS_URL             JWKS URL for RS256/ES256/EdDSA tokens (instead of the secret)
+  REVEILLE_JWT_ISSUER           required iss, when set
+  REVEILLE_JWT_AUDIENCE         required aud, when set
+  REVEILLE_OPERATOR_ORGS        orgs whose operator role counts (comma list)
+  REVEILLE_MAX_BODY             request body limit in bytes (default 1048576)
+  REVEILLE_POOLS                pools created at start if missing (default default=25,wakeup=25)
+  REVEILLE_RECOVERY_PERIOD      how often running work is checked for dead executors (default 10s)
+  REVEILLE_HEARTBEAT_TIMEOUT    heartbeat age after which running work is recovered (default 30s)
+  REVEILLE_WORK_RETENTION       how long finished work records are kept (default 24h)
+  REVEILLE_HTTP_ALLOWED_HOSTS   hosts the built-in http handler may call (comma list; empty = none)
+  REVEILLE_APPROVAL_TTL         how long a spending approval request stays pending (default 24h)
+  REVEILLE_SIGNAL_NOTFOUND_GRACE how long a signal to an absent workflow is retried (default 60s)
+  REVEILLE_STREAM_MAX_CHUNK     largest stream chunk in bytes (default 1048576)
+  REVEILLE_STREAM_MAX_REQUEST   largest stream append request in bytes (default 8388608)
+  REVEILLE_STREAM_RETENTION     how long closed streams are kept (default 168h)
+  REVEILLE_WORKER               run the reference workflow's Temporal worker (default false; dev: true)
+  REVEILLE_LOG_LEVEL            debug, info, warn or error (default info)
+`
+
+// temporalLogger routes the SDK's logs into slog.
+type temporalLogger struct{ l *slog.Logger }
+
+func (t temporalLogger) Debug(msg string, kv ...any) { t.l.Debug(msg, kv...) }
+func (t temporalLogger) Info(msg string, kv ...any)  { t.l.Debug(msg, kv...) }
+func (t temporalLogger) Warn(msg string, kv ...any)  { t.l.Warn(msg, kv...) }
+func (t temporalLogger) Error(msg string, kv ...any) {
+	// The SDK logs every failed poll while Temporal is down; keep one line.
+	if strings.Contains(msg, "poll") {
+		t.l.Warn(msg, kv...)
+		return
+	}
+	t.l.Error(msg, kv...)
+}

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/reveille/reveille/api"
+)
+
+func runToken(_ context.Context, args []string) error {
+	fs := flag.NewFlagSet("token", flag.ContinueOnError)
+	org := fs.String("org", "", "org_id claim (required)")
+	roles := fs.String("roles", "admin,agent,approver", "comma list of roles: admin, agent, approver, operator")
+	sub := fs.String("sub", "dev-user", "sub claim")
+	agent := fs.String("agent", "", "agent_id claim: the token may act only as this agent")
+	ttl := fs.Duration("ttl", 24*time.Hour, "lifetime")
+	dataDir := fs.String("data-dir", envOr("REVEILLE_DATA_DIR", "./.reveille"), "data dir holding the dev secret (used when REVEILLE_JWT_SECRET is unset)")
+	fs.Usage = func() {
+		flagUsage(fs, "engine token --org ORG [--roles admin,agent,approver] [--sub S] [--agent A] [--ttl 24h] [--data-dir D]",
+			"  REVEILLE_JWT_SECRET  signs the token; else the dev secret in the data dir\n")
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *org == "" {
+		return errors.New("--org is required")
+	}
+	var rs []string
+	for _, r := range list(*roles) {
+		known := false
+		for _, k := range api.AllRoles {
+			known = known || r == k
+		}
+		if !known {
+			return fmt.Errorf("--roles: unknown role %q (want %s)", r, strings.Join(api.AllRoles, ", "))
+		}
+		rs = append(rs, r)
+	}
+	secret := os.Getenv("REVEILLE_JWT_SECRET")
+	if secret == "" {
+		b, err := os.ReadFile(filepath.Join(*dataDir, "jwt-secret"))
+		if err != nil {
+			return fmt.Errorf("no REVEILLE_JWT_SECRET and no dev secret in %s (run engine dev first): %w", *dataDir, err)
+		}
+		secret = strings.TrimSpace(string(b))
+	}
+	tok, err := api.SignToken([]byte(secret), api.TokenSpec{OrgID: *org, Sub: *sub, Roles: rs, AgentID: *agent, TTL: *ttl,
+		Issuer: os.Getenv("REVEILLE_JWT_ISSUER"), Audience: os.Getenv("REVEILLE_JWT_AUDIENCE")})
+	if err != nil {
+		return err
+	}
+	fmt.Println(tok)
+	return nil
+}

@@ -1,0 +1,97 @@
+// Package leader elects one replica to run a leader-only task (sweepers,
+// reconcilers): the replica that holds a session-level advisory lock on a
+// dedicated connection is leader for as long as that connection lives. When
+// the leader dies its connection closes, Postgres releases the lock, and a
+// standby takes it over on its next try.
+package leader
+
+import (
+	"context"
+	"hash/fnv"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Elector runs fn only while this process holds the named leadership.
+type Elector struct {
+	DB   *pgxpool.Pool
+	Name string // e.g. "mandates.sweeper"; hashed into the advisory lock key
+	// Retry is how often a standby tries to take over and how often a
+	// leader checks that its connection is alive (default 2 s).
+	Retry  time.Duration
+	Logger *slog.Logger
+}
+
+// Key is the advisory lock key for a leadership name.
+func Key(name string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("reveille.leader." + name))
+	return int64(h.Sum64())
+}
+
+// Run blocks until ctx ends. Whenever this replica becomes leader it calls
+// fn with a context that is canceled when leadership is lost (or ctx ends),
+// and waits for fn to return before trying again.
+func (e *Elector) Run(ctx context.Context, fn func(ctx context.Context)) {
+	retry := e.Retry
+	if retry <= 0 {
+		retry = 2 * time.Second
+	}
+	logger := e.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	key := Key(e.Name)
+	for ctx.Err() == nil {
+		e.term(ctx, key, retry, logger, fn)
+		select {
+		case <-ctx.Done():
+		case <-time.After(retry):
+		}
+	}
+}
+
+// term tries to take the lock once and, if taken, leads until it is lost.
+func (e *Elector) term(ctx context.Context, key int64, retry time.Duration, logger *slog.Logger, fn func(context.Context)) {
+	conn, err := e.DB.Acquire(ctx)
+	if err != nil {
+		return
+	}
+	var got bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&got); err != nil || !got {
+		conn.Release()
+		return
+	}
+	// The connection now carries the lock: never hand it back to the pool.
+	raw := conn.Hijack()
+	defer raw.Close(context.Background())
+	logger.Info("became leader", "leadership", e.Name)
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); fn(lctx) }()
+	t := time.NewTicker(retry)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			cancel()
+			return
+		case <-ctx.Done():
+			cancel()
+			<-done
+			return
+		case <-t.C:
+			pctx, pcancel := context.WithTimeout(ctx, retry)
+			err := raw.Ping(pctx)
+			pcancel()
+			if err != nil && ctx.Err() == nil {
+				logger.Warn("lost leadership: lock connection failed", "leadership", e.Name, "error", err.Error())
+				cancel()
+				<-done
+				return
+			}
+		}
+	}
+}
