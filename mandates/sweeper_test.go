@@ -1,0 +1,103 @@
+package mandates
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+)
+
+func TestSweepExpiresOnlyOverdueRequestsCallingEachHookOnce(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	rec := newRecorder(t, s, db, "test")
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 0)
+	overdue := []uuid.UUID{refuse(t, s, "org-a", "llm", 5, ""), refuse(t, s, "org-b", "llm", 5, "")}
+	current := refuse(t, s, "org-a", "llm", 5, "")
+	for _, id := range overdue {
+		makeOverdue(t, db, id)
+	}
+
+	n, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	calls := rec.snapshot()
+	require.Len(t, calls, 2)
+	got := map[uuid.UUID]string{}
+	for _, c := range calls {
+		got[c.r.ApprovalID] = c.r.State
+		require.Equal(t, StateExpired, c.stateInTx)
+		require.Equal(t, "test", c.r.Payload.Kind)
+	}
+	require.Equal(t, map[uuid.UUID]string{overdue[0]: StateExpired, overdue[1]: StateExpired}, got)
+	a, err := s.GetApproval(ctx, "org-a", current)
+	require.NoError(t, err)
+	require.Equal(t, StatePending, a.State)
+	require.EqualValues(t, 0, mustGet(t, s, "org-a", m).Spent, "expiry charges nothing")
+
+	n, err = s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Len(t, rec.snapshot(), 2)
+}
+
+func TestSweepLeavesARequestWhoseHookFailsPendingForTheNextSweep(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	rec := newRecorder(t, s, db, "test")
+	rec.fail = context.DeadlineExceeded
+	id := refuse(t, s, "org-a", "llm", 5, "")
+	makeOverdue(t, db, id)
+	n, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	a, err := s.GetApproval(ctx, "org-a", id)
+	require.NoError(t, err)
+	require.Equal(t, StatePending, a.State)
+
+	rec.fail = nil
+	n, err = s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+}
+
+// Two replicas run the sweeper; only the leader sweeps, and an overdue
+// request is expired exactly once without anyone calling Sweep.
+func TestTheLeaderSweepsOverdueRequestsOnItsOwn(t *testing.T) {
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	cfg := Config{SweepInterval: 10 * time.Millisecond, LeaderRetry: 10 * time.Millisecond, Logger: testkit.Logger(t)}
+	replicas := []*Service{New(db, cfg), New(db, cfg)}
+	var recs []*recorder
+	for _, r := range replicas {
+		recs = append(recs, newRecorder(t, r, db, "test"))
+	}
+	id := refuse(t, replicas[0], "org-a", "llm", 5, "")
+	makeOverdue(t, db, id)
+	for _, r := range replicas {
+		require.NoError(t, r.Start(ctx))
+	}
+	require.Eventually(t, func() bool {
+		a, err := replicas[0].GetApproval(ctx, "org-a", id)
+		return err == nil && a.State == StateExpired
+	}, testWait, pollEvery)
+	for _, r := range replicas {
+		require.NoError(t, r.Stop(ctx))
+		require.NoError(t, r.Stop(ctx), "stopping twice is safe")
+	}
+	require.Equal(t, 1, len(recs[0].snapshot())+len(recs[1].snapshot()), "the hook ran once")
+	require.Equal(t, []string{StateExpired}, hookRows(t, db, id))
+}
+
+func TestStartTwiceFailsAndStopWithoutStartIsSafe(t *testing.T) {
+	s, _ := newTestService(t)
+	ctx := context.Background()
+	require.NoError(t, s.Stop(ctx))
+	require.NoError(t, s.Start(ctx))
+	require.Error(t, s.Start(ctx))
+	require.NoError(t, s.Stop(ctx))
+}
