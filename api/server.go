@@ -21,6 +21,8 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/reveille/reveille/streams"
 )
 
 // Config configures the server. Zero values take the defaults noted.
@@ -72,6 +74,8 @@ type Services struct {
 	DB *pgxpool.Pool
 	// Ready lists extra readiness checks (Temporal).
 	Ready []ReadinessCheck
+	// Streams serves the run stream routes (SPEC §8).
+	Streams *streams.Service
 }
 
 // Server is the HTTP API.
@@ -134,6 +138,7 @@ func (s *Server) routes() {
 	e.GET("/openapi.json", s.openapi)
 
 	s.route(http.MethodGet, "/v1/whoami", func(c echo.Context) error { return c.JSON(http.StatusOK, PrincipalFrom(c)) }, anyRole)
+	s.streamRoutes()
 }
 
 // anyRole lets every authenticated principal through.

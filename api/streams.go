@@ -1,0 +1,379 @@
+package api
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/reveille/reveille/streams"
+)
+
+// Stream routes (SPEC §8). Writers are agents; readers agents or approvers.
+const (
+	streamPath       = "/v1/runs/:run_id/streams/:name"
+	streamChunksPath = streamPath + "/chunks"
+)
+
+// streamRoutes registers the stream routes when the streams service is
+// configured. The chunk append has its own body limit (MaxRequest).
+func (s *Server) streamRoutes() {
+	if s.svc.Streams == nil {
+		return
+	}
+	readers := []string{RoleAgent, RoleApprover}
+	s.route(http.MethodPost, streamChunksPath, s.appendStreamChunks, []string{RoleAgent}, s.idempotent())
+	s.setBodyLimit(streamChunksPath, s.svc.Streams.Config().MaxRequest)
+	s.route(http.MethodPost, streamPath+"/close", s.closeStream, []string{RoleAgent}, s.idempotent())
+	s.route(http.MethodGet, "/v1/runs/:run_id/streams", s.listStreams, readers)
+	s.route(http.MethodGet, streamPath, s.getStream, readers)
+	s.route(http.MethodGet, streamChunksPath, s.listStreamChunks, readers)
+	s.route(http.MethodGet, streamPath+"/sse", s.streamEvents, readers)
+}
+
+// streamChunkIn is one chunk of a JSON append.
+type streamChunkIn struct {
+	DataBase64 *string `json:"data_base64"`
+}
+
+type streamAppendIn struct {
+	Chunks []streamChunkIn `json:"chunks"`
+}
+
+type streamChunkOut struct {
+	Index      int64  `json:"index"`
+	DataBase64 string `json:"data_base64"`
+}
+
+type streamChunksOut struct {
+	Items      []streamChunkOut `json:"items"`
+	NextCursor string           `json:"next_cursor"`
+	HasMore    bool             `json:"has_more"`
+}
+
+type streamNamesOut struct {
+	Items      []string `json:"items"`
+	NextCursor *string  `json:"next_cursor"`
+}
+
+// appendStreamChunks takes a raw application/octet-stream body as one chunk
+// or JSON {chunks: [{data_base64}]} as many, appended atomically.
+func (s *Server) appendStreamChunks(c echo.Context) error {
+	runID, name, err := streamParams(c)
+	if err != nil {
+		return err
+	}
+	mt, _, _ := mime.ParseMediaType(c.Request().Header.Get(echo.HeaderContentType))
+	var chunks [][]byte
+	switch mt {
+	case echo.MIMEOctetStream:
+		chunks, err = s.octetChunk(c)
+	case echo.MIMEApplicationJSON:
+		chunks, err = jsonChunks(c)
+	default:
+		return NewProblem(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			"send one chunk as application/octet-stream or many as application/json {chunks: [{data_base64}]}")
+	}
+	if err != nil {
+		return err
+	}
+	r, err := s.svc.Streams.Append(c.Request().Context(), PrincipalFrom(c).OrgID, runID, name, chunks)
+	if err != nil {
+		return streamProblem(err)
+	}
+	return c.JSON(http.StatusCreated, r)
+}
+
+func (s *Server) octetChunk(c echo.Context) ([][]byte, error) {
+	limit := s.svc.Streams.Config().MaxChunk
+	// Read one byte past the chunk limit to tell "at the limit" from "over".
+	body, err := io.ReadAll(io.LimitReader(c.Request().Body, limit+1))
+	if err != nil {
+		return nil, readError(err)
+	}
+	if int64(len(body)) > limit {
+		return nil, NewProblem(http.StatusRequestEntityTooLarge, "chunk-too-large", fmt.Sprintf("a chunk may hold at most %d bytes", limit))
+	}
+	return [][]byte{body}, nil
+}
+
+func jsonChunks(c echo.Context) ([][]byte, error) {
+	var in streamAppendIn
+	if err := bind(c, &in); err != nil {
+		return nil, err
+	}
+	if len(in.Chunks) == 0 {
+		return nil, Invalid("chunks", "must hold at least one chunk")
+	}
+	chunks := make([][]byte, len(in.Chunks))
+	for i, ch := range in.Chunks {
+		field := fmt.Sprintf("chunks[%d].data_base64", i)
+		if ch.DataBase64 == nil {
+			return nil, Invalid(field, "is required")
+		}
+		data, err := base64.StdEncoding.DecodeString(*ch.DataBase64)
+		if err != nil {
+			return nil, Invalid(field, "must be standard base64 (RFC 4648, padded)")
+		}
+		chunks[i] = data
+	}
+	return chunks, nil
+}
+
+func (s *Server) closeStream(c echo.Context) error {
+	runID, name, err := streamParams(c)
+	if err != nil {
+		return err
+	}
+	if err := s.svc.Streams.Close(c.Request().Context(), PrincipalFrom(c).OrgID, runID, name); err != nil {
+		return streamProblem(err)
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+func (s *Server) getStream(c echo.Context) error {
+	runID, name, err := streamParams(c)
+	if err != nil {
+		return err
+	}
+	info, err := s.svc.Streams.Info(c.Request().Context(), PrincipalFrom(c).OrgID, runID, name)
+	if err != nil {
+		return streamProblem(err)
+	}
+	return c.JSON(http.StatusOK, info)
+}
+
+// listStreams pages a run's stream names; the cursor is the last name seen,
+// base64url-encoded so that clients treat it as opaque.
+func (s *Server) listStreams(c echo.Context) error {
+	runID, err := streamPathParam(c, "run_id")
+	if err != nil {
+		return err
+	}
+	limit, err := streamLimit(c)
+	if err != nil {
+		return err
+	}
+	after, err := base64.RawURLEncoding.DecodeString(c.QueryParam("cursor"))
+	if err != nil {
+		return Invalid("cursor", "is not a cursor this API returned")
+	}
+	page, err := s.svc.Streams.ListNames(c.Request().Context(), PrincipalFrom(c).OrgID, runID, string(after), limit)
+	if err != nil {
+		return streamProblem(err)
+	}
+	out := streamNamesOut{Items: page.Names}
+	if out.Items == nil {
+		out.Items = []string{}
+	}
+	if page.NextCursor != "" {
+		next := base64.RawURLEncoding.EncodeToString([]byte(page.NextCursor))
+		out.NextCursor = &next
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// listStreamChunks pages chunks from ?cursor= or ?start_index= (an index
+// either way: the cursor is always the next index to read).
+func (s *Server) listStreamChunks(c echo.Context) error {
+	runID, name, err := streamParams(c)
+	if err != nil {
+		return err
+	}
+	limit, err := streamLimit(c)
+	if err != nil {
+		return err
+	}
+	cursor, start := c.QueryParam("cursor"), c.QueryParam("start_index")
+	if cursor != "" && start != "" {
+		return Invalid("start_index", "give cursor or start_index, not both")
+	}
+	from, err := streamIndex("cursor", cursor)
+	if err == nil && start != "" {
+		from, err = streamIndex("start_index", start)
+	}
+	if err != nil {
+		return err
+	}
+	page, err := s.svc.Streams.Chunks(c.Request().Context(), PrincipalFrom(c).OrgID, runID, name, from, limit)
+	if err != nil {
+		return streamProblem(err)
+	}
+	out := streamChunksOut{Items: make([]streamChunkOut, len(page.Items)), NextCursor: strconv.FormatInt(page.Next, 10), HasMore: page.HasMore}
+	for i, ch := range page.Items {
+		out.Items[i] = streamChunkOut{Index: ch.Index, DataBase64: base64.StdEncoding.EncodeToString(ch.Data)}
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// streamEvents is the live tail as Server-Sent Events: stored chunks from
+// start_index (or after Last-Event-ID, which wins), then each chunk as it
+// commits, keep-alive comments while idle, and an `end` event once the
+// stream is closed and fully sent. The subscription is taken before the
+// first read and before the response starts, so nothing committed after
+// the client sees the headers is missed.
+func (s *Server) streamEvents(c echo.Context) error {
+	runID, name, err := streamParams(c)
+	if err != nil {
+		return err
+	}
+	from, err := sseStart(c)
+	if err != nil {
+		return err
+	}
+	tail, err := s.svc.Streams.Tail(PrincipalFrom(c).OrgID, runID, name, from)
+	if err != nil {
+		return streamProblem(err)
+	}
+	defer tail.Close()
+	ctx := c.Request().Context()
+	batch, err := tail.Next(ctx)
+	if err != nil {
+		return fmt.Errorf("reading stream %s/%s for SSE: %w", runID, name, err)
+	}
+	res := c.Response()
+	res.Header().Set(echo.HeaderContentType, "text/event-stream")
+	res.Header().Set(echo.HeaderCacheControl, "no-cache")
+	res.Header().Set("X-Accel-Buffering", "no") // proxies must not hold events back
+	res.WriteHeader(http.StatusOK)
+
+	keepAlive := time.NewTicker(s.svc.Streams.Config().KeepAlive)
+	defer keepAlive.Stop()
+	var buf []byte
+	for {
+		buf = appendSSEChunks(buf[:0], batch.Chunks)
+		if batch.Ended {
+			buf = fmt.Appendf(buf, "event: end\ndata: {\"tail_index\": %d}\n\n", batch.TailIndex)
+		}
+		if _, err := res.Write(buf); err != nil {
+			return nil // the client left
+		}
+		res.Flush()
+		if batch.Ended {
+			return nil
+		}
+		if !batch.More && !s.awaitStream(c, tail, keepAlive) {
+			return nil
+		}
+		if batch, err = tail.Next(ctx); err != nil {
+			if ctx.Err() == nil {
+				s.logger.Warn("SSE stream read failed; closing the connection", "error", err.Error(), "run_id", runID, "name", name)
+			}
+			return nil // the client resumes with Last-Event-ID
+		}
+	}
+}
+
+// awaitStream waits until the stream may have changed, writing keep-alive
+// comments meanwhile. It reports false when the client left or the server
+// is stopping.
+func (s *Server) awaitStream(c echo.Context, tail *streams.Tail, keepAlive *time.Ticker) bool {
+	for {
+		select {
+		case <-tail.Ready():
+			return true
+		case <-c.Request().Context().Done():
+			return false
+		case <-tail.Done():
+			return false
+		case <-keepAlive.C:
+			if _, err := c.Response().Write([]byte(": keep-alive\n\n")); err != nil {
+				return false
+			}
+			c.Response().Flush()
+		}
+	}
+}
+
+func appendSSEChunks(buf []byte, chunks []streams.Chunk) []byte {
+	for _, ch := range chunks {
+		buf = append(buf, "id: "...)
+		buf = strconv.AppendInt(buf, ch.Index, 10)
+		buf = append(buf, "\ndata: "...)
+		buf = base64.StdEncoding.AppendEncode(buf, ch.Data)
+		buf = append(buf, "\n\n"...)
+	}
+	return buf
+}
+
+// sseStart is the first index to send: one past Last-Event-ID when given,
+// else start_index, else 0.
+func sseStart(c echo.Context) (int64, error) {
+	if last := c.Request().Header.Get("Last-Event-ID"); last != "" {
+		id, err := streamIndex("Last-Event-ID", last)
+		return id + 1, err
+	}
+	return streamIndex("start_index", c.QueryParam("start_index"))
+}
+
+// streamIndex parses a chunk index parameter ("" is 0).
+func streamIndex(field, raw string) (int64, error) {
+	if raw == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || n < 0 {
+		return 0, Invalid(field, "must be a chunk index: an integer ≥ 0")
+	}
+	return n, nil
+}
+
+// streamLimit parses ?limit= (default 50, 1 to 500).
+func streamLimit(c echo.Context) (int, error) {
+	raw := c.QueryParam("limit")
+	if raw == "" {
+		return 50, nil
+	}
+	n, err := strconv.Atoi(raw)
+	if err != nil || n < 1 || n > 500 {
+		return 0, Invalid("limit", "must be an integer from 1 to 500")
+	}
+	return n, nil
+}
+
+// streamParams reads and validates the run id and stream name of the path.
+func streamParams(c echo.Context) (runID, name string, err error) {
+	if runID, err = streamPathParam(c, "run_id"); err != nil {
+		return "", "", err
+	}
+	if name, err = streamPathParam(c, "name"); err != nil {
+		return "", "", err
+	}
+	return runID, name, nil
+}
+
+// streamPathParam returns the path parameter run_id or name, unescaped and
+// validated. Echo routes on the escaped path when the URL has one (an
+// encoded "/", say), and its parameters are then still escaped.
+func streamPathParam(c echo.Context, param string) (string, error) {
+	v := c.Param(param)
+	if c.Request().URL.RawPath != "" {
+		var err error
+		if v, err = url.PathUnescape(v); err != nil {
+			return "", Invalid(param, "is not a valid escaped path segment")
+		}
+	}
+	if err := streams.ValidateID(param, v); err != nil {
+		return "", err
+	}
+	return v, nil
+}
+
+// streamProblem maps the streams errors that are not apperr kinds.
+func streamProblem(err error) error {
+	var tooLarge *streams.TooLargeError
+	switch {
+	case errors.As(err, &tooLarge):
+		return NewProblem(http.StatusRequestEntityTooLarge, "chunk-too-large", tooLarge.Error())
+	case errors.Is(err, streams.ErrStopped):
+		return NewProblem(http.StatusServiceUnavailable, "unavailable", "live tails are not available: the server is stopping")
+	}
+	return err
+}
