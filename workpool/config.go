@@ -1,0 +1,205 @@
+package workpool
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Defaults (SPEC §3).
+const (
+	DefaultPools             = "default=25,wakeup=25"
+	DefaultRecoveryPeriod    = 10 * time.Second
+	DefaultHeartbeatTimeout  = 30 * time.Second
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultWorkRetention     = 24 * time.Hour
+	DefaultTimeoutMS         = 600_000
+	DefaultCooldown          = 2 * time.Second
+	DefaultLeaderRetry       = 2 * time.Second
+	DefaultStopGrace         = 10 * time.Second
+	DefaultMaxWorkers        = 10_000
+
+	// MaxParallelismLimit bounds a pool's max_parallelism.
+	MaxParallelismLimit = 10_000
+	// maxArgsBytes bounds a work item's args (and a handler's result).
+	maxArgsBytes = 1 << 20
+	maxTimeoutMS = 24 * 3600 * 1000
+)
+
+// Config configures a Manager. Zero values take the defaults noted.
+type Config struct {
+	// Pools are created at start when missing, with these max_parallelism
+	// values; existing pools keep their settings (REVEILLE_POOLS, default
+	// "default=25,wakeup=25"). A nil map means the default; an empty one
+	// creates nothing.
+	Pools map[string]int
+	// RecoveryPeriod is how often a pool's loop looks for running work
+	// whose executor stopped heartbeating, and retries failed hook calls
+	// (REVEILLE_RECOVERY_PERIOD, default 10 s).
+	RecoveryPeriod time.Duration
+	// HeartbeatTimeout is how old a running item's heartbeat may get before
+	// the attempt counts as failed (REVEILLE_HEARTBEAT_TIMEOUT, default 30 s).
+	HeartbeatTimeout time.Duration
+	// HeartbeatInterval is how often executors heartbeat their work
+	// (default 5 s). Keep it well under HeartbeatTimeout.
+	HeartbeatInterval time.Duration
+	// WorkRetention is how long finished work stays readable
+	// (REVEILLE_WORK_RETENTION, default 24 h).
+	WorkRetention time.Duration
+	// Cooldown is how long an idle loop keeps reporting "running" after its
+	// last work (default 2 s).
+	Cooldown time.Duration
+	// LeaderRetry is how often a standby replica tries to take over a pool's
+	// loop, and how often the leader checks its lock connection (default 2 s).
+	LeaderRetry time.Duration
+	// StopGrace is how long Stop lets running handlers finish before it
+	// cancels them (default 10 s; Stop's context can cut it shorter).
+	StopGrace time.Duration
+	// HookRetryBackoff is the wait before the first retry of a failed
+	// onComplete hook call; it doubles per failure up to 5 minutes
+	// (default 1 s).
+	HookRetryBackoff time.Duration
+	// MaxWorkers bounds the handlers this replica runs at once, across
+	// pools (default 10,000).
+	MaxWorkers int
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Registry receives the metrics (default: none registered).
+	Registry prometheus.Registerer
+	// Now is the clock (default time.Now); tests move it.
+	Now func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	if c.Pools == nil {
+		c.Pools, _ = ParsePools(DefaultPools)
+	}
+	c.RecoveryPeriod = cmp.Or(c.RecoveryPeriod, DefaultRecoveryPeriod)
+	c.HeartbeatTimeout = cmp.Or(c.HeartbeatTimeout, DefaultHeartbeatTimeout)
+	if c.HeartbeatInterval == 0 {
+		// A short timeout (tests) needs a heartbeat well within it.
+		c.HeartbeatInterval = min(DefaultHeartbeatInterval, c.HeartbeatTimeout/3)
+	}
+	c.WorkRetention = cmp.Or(c.WorkRetention, DefaultWorkRetention)
+	c.Cooldown = cmp.Or(c.Cooldown, DefaultCooldown)
+	c.LeaderRetry = cmp.Or(c.LeaderRetry, DefaultLeaderRetry)
+	c.StopGrace = cmp.Or(c.StopGrace, DefaultStopGrace)
+	c.MaxWorkers = cmp.Or(c.MaxWorkers, DefaultMaxWorkers)
+	c.HookRetryBackoff = cmp.Or(c.HookRetryBackoff, time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	for name, n := range c.Pools {
+		if err := validPoolName(name); err != nil {
+			return err
+		}
+		if n < 1 || n > MaxParallelismLimit {
+			return fmt.Errorf("pool %q: max_parallelism %d out of range 1–%d", name, n, MaxParallelismLimit)
+		}
+	}
+	switch {
+	case c.RecoveryPeriod < 0, c.HeartbeatTimeout < 0, c.HeartbeatInterval < 0, c.WorkRetention < 0,
+		c.Cooldown < 0, c.LeaderRetry < 0, c.StopGrace < 0, c.HookRetryBackoff < 0:
+		return errors.New("workpool: durations must not be negative")
+	case c.HeartbeatInterval >= c.HeartbeatTimeout:
+		return fmt.Errorf("workpool: heartbeat interval %s must be shorter than the heartbeat timeout %s", c.HeartbeatInterval, c.HeartbeatTimeout)
+	case c.MaxWorkers < 0:
+		return errors.New("workpool: MaxWorkers must not be negative")
+	}
+	return nil
+}
+
+var poolNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+func validPoolName(name string) error {
+	if !poolNameRE.MatchString(name) {
+		return fmt.Errorf("pool name %q: use 1–63 of a-z, 0-9, _ . - starting with a letter or digit", name)
+	}
+	return nil
+}
+
+// ParsePools parses REVEILLE_POOLS: "default=25,wakeup=25".
+func ParsePools(s string) (map[string]int, error) {
+	pools := map[string]int{}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		name, num, ok := strings.Cut(part, "=")
+		name = strings.TrimSpace(name)
+		if !ok {
+			return nil, fmt.Errorf("pools %q: %q is not name=max_parallelism", s, part)
+		}
+		if err := validPoolName(name); err != nil {
+			return nil, err
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(num))
+		if err != nil || n < 1 || n > MaxParallelismLimit {
+			return nil, fmt.Errorf("pools %q: max_parallelism of %s must be an integer in 1–%d", s, name, MaxParallelismLimit)
+		}
+		if _, dup := pools[name]; dup {
+			return nil, fmt.Errorf("pools %q: %s given twice", s, name)
+		}
+		pools[name] = n
+	}
+	return pools, nil
+}
+
+// ConfigFromEnv reads REVEILLE_POOLS, REVEILLE_RECOVERY_PERIOD,
+// REVEILLE_HEARTBEAT_TIMEOUT and REVEILLE_WORK_RETENTION (Go durations) with
+// getenv; unset variables keep their defaults.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	var c Config
+	if v := getenv("REVEILLE_POOLS"); v != "" {
+		pools, err := ParsePools(v)
+		if err != nil {
+			return c, fmt.Errorf("REVEILLE_POOLS: %w", err)
+		}
+		c.Pools = pools
+	}
+	for _, d := range []struct {
+		name string
+		dst  *time.Duration
+	}{
+		{"REVEILLE_RECOVERY_PERIOD", &c.RecoveryPeriod},
+		{"REVEILLE_HEARTBEAT_TIMEOUT", &c.HeartbeatTimeout},
+		{"REVEILLE_WORK_RETENTION", &c.WorkRetention},
+	} {
+		v := getenv(d.name)
+		if v == "" {
+			continue
+		}
+		dur, err := time.ParseDuration(v)
+		if err != nil || dur <= 0 {
+			return c, fmt.Errorf("%s: %q is not a positive duration (e.g. 10s)", d.name, v)
+		}
+		*d.dst = dur
+	}
+	return c, nil
+}
+
+// sortedPools lists pool names in a stable order.
+func sortedPools(p map[string]int) []string {
+	names := make([]string, 0, len(p))
+	for n := range p {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,264 @@
+package workpool
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/reveille/reveille/internal/apperr"
+)
+
+// Limits on a retry policy, so that a typo cannot schedule work for a year.
+const (
+	maxRetryAttempts  = 1000
+	maxRetryBackoffMS = 24 * 3600 * 1000
+	maxRetryBase      = 100
+	maxKeyLimit       = 10_000
+)
+
+// Enqueue adds one work item in its own transaction and wakes its pool's
+// loop. Bad input is an *apperr.InvalidError naming the field ("pool",
+// "handler", "retry.max_attempts", …).
+func (m *Manager) Enqueue(ctx context.Context, p EnqueueParams) (uuid.UUID, error) {
+	ids, err := m.EnqueueMany(ctx, []EnqueueParams{p})
+	if err != nil {
+		return uuid.Nil, unprefix(err)
+	}
+	return ids[0], nil
+}
+
+// EnqueueTx is Enqueue inside the caller's transaction: the work exists,
+// and the loop is woken, only if tx commits.
+func (m *Manager) EnqueueTx(ctx context.Context, tx pgx.Tx, p EnqueueParams) (uuid.UUID, error) {
+	ids, err := m.EnqueueManyTx(ctx, tx, []EnqueueParams{p})
+	if err != nil {
+		return uuid.Nil, unprefix(err)
+	}
+	return ids[0], nil
+}
+
+// EnqueueMany adds a batch atomically (one statement), returning the ids in
+// order. Invalid fields are named with the item's index: "[3].handler".
+func (m *Manager) EnqueueMany(ctx context.Context, ps []EnqueueParams) ([]uuid.UUID, error) {
+	var ids []uuid.UUID
+	err := pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
+		var err error
+		ids, err = m.EnqueueManyTx(ctx, tx, ps)
+		return err
+	})
+	return ids, err
+}
+
+// EnqueueManyTx is EnqueueMany inside the caller's transaction.
+func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueueParams) ([]uuid.UUID, error) {
+	if len(ps) == 0 {
+		return nil, nil
+	}
+	rows, err := m.enqueueRows(ps)
+	if err != nil {
+		return nil, err
+	}
+	b := &pgx.Batch{}
+	b.Queue(sqlEnqueue, rows.ids, rows.orgs, rows.pools, rows.handlers, rows.args, rows.runAts, rows.maxAttempts,
+		rows.backoffMS, rows.bases, rows.timeouts, rows.hooks, rows.hookContexts, rows.keys, rows.keyLimits,
+		int32(len(rows.poolSet)), m.now())
+	kicks := make([]string, 0, len(rows.poolSet))
+	for p := range rows.poolSet {
+		kicks = append(kicks, "e:"+p)
+	}
+	b.Queue(sqlNotifyEach, kicks)
+	br := tx.SendBatch(ctx, b)
+	tag, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("enqueueing %d work items: %w", len(ps), err)
+	}
+	if tag.RowsAffected() != int64(len(ps)) {
+		return nil, m.unknownPools(ctx, tx, ps)
+	}
+	return rows.ids, nil
+}
+
+// unknownPools names the items whose pool does not exist.
+func (m *Manager) unknownPools(ctx context.Context, q Querier, ps []EnqueueParams) error {
+	names := make([]string, 0, len(ps))
+	for _, p := range ps {
+		names = append(names, p.Pool)
+	}
+	rows, err := q.Query(ctx, sqlKnownPools, names)
+	if err != nil {
+		return fmt.Errorf("checking pools: %w", err)
+	}
+	known, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("checking pools: %w", err)
+	}
+	have := map[string]bool{}
+	for _, k := range known {
+		have[k] = true
+	}
+	inv := &apperr.InvalidError{}
+	for i, p := range ps {
+		if !have[p.Pool] {
+			inv.Add(itemField(i, "pool"), fmt.Sprintf("unknown pool %q", p.Pool))
+		}
+	}
+	if err := inv.OrNil(); err != nil {
+		return err
+	}
+	return fmt.Errorf("enqueueing: a pool disappeared while enqueueing")
+}
+
+type enqueueRows struct {
+	ids          []uuid.UUID
+	orgs         []string
+	pools        []string
+	handlers     []string
+	args         []string
+	runAts       []time.Time
+	maxAttempts  []int32
+	backoffMS    []int32
+	bases        []float64
+	timeouts     []int32
+	hooks        []*string
+	hookContexts []*string
+	keys         []*string
+	keyLimits    []*int32
+	poolSet      map[string]bool
+}
+
+func (m *Manager) enqueueRows(ps []EnqueueParams) (*enqueueRows, error) {
+	n := len(ps)
+	r := &enqueueRows{
+		ids: make([]uuid.UUID, n), orgs: make([]string, n), pools: make([]string, n), handlers: make([]string, n),
+		args: make([]string, n), runAts: make([]time.Time, n), maxAttempts: make([]int32, n), backoffMS: make([]int32, n),
+		bases: make([]float64, n), timeouts: make([]int32, n), hooks: make([]*string, n), hookContexts: make([]*string, n),
+		keys: make([]*string, n), keyLimits: make([]*int32, n), poolSet: map[string]bool{},
+	}
+	inv := &apperr.InvalidError{}
+	now := m.now()
+	for i, p := range ps {
+		prefix := ""
+		if n > 1 {
+			prefix = "[" + strconv.Itoa(i) + "]."
+		}
+		m.validate(inv, prefix, p)
+		r.ids[i] = newID()
+		r.orgs[i], r.pools[i], r.handlers[i] = p.OrgID, p.Pool, p.Handler
+		r.args[i] = "{}"
+		if len(p.Args) > 0 {
+			r.args[i] = string(p.Args)
+		}
+		r.runAts[i] = p.RunAt
+		if p.RunAt.IsZero() {
+			r.runAts[i] = now
+		}
+		r.maxAttempts[i], r.bases[i] = 1, 2
+		if p.Retry != nil {
+			r.maxAttempts[i], r.backoffMS[i], r.bases[i] = int32(p.Retry.MaxAttempts), int32(p.Retry.InitialBackoffMS), p.Retry.Base
+		}
+		r.timeouts[i] = DefaultTimeoutMS
+		if p.TimeoutMS > 0 {
+			r.timeouts[i] = int32(p.TimeoutMS)
+		}
+		if p.OnComplete != nil {
+			hook := p.OnComplete.Hook
+			r.hooks[i] = &hook
+			if len(p.OnComplete.Context) > 0 {
+				c := string(p.OnComplete.Context)
+				r.hookContexts[i] = &c
+			}
+		}
+		if p.ConcurrencyKey != "" {
+			key, limit := p.ConcurrencyKey, int32(max(p.KeyLimit, 1))
+			r.keys[i], r.keyLimits[i] = &key, &limit
+		}
+		r.poolSet[p.Pool] = true
+	}
+	if err := inv.OrNil(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// validate checks one item; fields are named as in the REST body.
+func (m *Manager) validate(inv *apperr.InvalidError, prefix string, p EnqueueParams) {
+	if p.OrgID == "" {
+		inv.Add(prefix+"org_id", "must not be empty")
+	}
+	if p.Pool == "" {
+		inv.Add(prefix+"pool", "must not be empty")
+	}
+	switch {
+	case p.Handler == "":
+		inv.Add(prefix+"handler", "must not be empty")
+	case !m.HasHandler(p.Handler):
+		inv.Add(prefix+"handler", fmt.Sprintf("unknown handler %q", p.Handler))
+	}
+	if len(p.Args) > 0 && !json.Valid(p.Args) {
+		inv.Add(prefix+"args", "must be valid JSON")
+	} else if len(p.Args) > maxArgsBytes {
+		inv.Add(prefix+"args", fmt.Sprintf("must be at most %d bytes", maxArgsBytes))
+	}
+	if p.Retry != nil {
+		validateRetry(inv, prefix, *p.Retry)
+	}
+	if p.TimeoutMS < 0 || p.TimeoutMS > maxTimeoutMS {
+		inv.Add(prefix+"timeout_ms", fmt.Sprintf("must be between 1 and %d (0 for the default)", maxTimeoutMS))
+	}
+	if p.OnComplete != nil {
+		if _, ok := m.hook(p.OnComplete.Hook); !ok {
+			inv.Add(prefix+"on_complete.hook", fmt.Sprintf("unknown hook %q", p.OnComplete.Hook))
+		}
+		if len(p.OnComplete.Context) > 0 && !json.Valid(p.OnComplete.Context) {
+			inv.Add(prefix+"on_complete.context", "must be valid JSON")
+		}
+	}
+	if p.KeyLimit < 0 || p.KeyLimit > maxKeyLimit {
+		inv.Add(prefix+"key_limit", fmt.Sprintf("must be between 1 and %d", maxKeyLimit))
+	} else if p.KeyLimit > 0 && p.ConcurrencyKey == "" {
+		inv.Add(prefix+"key_limit", "needs a concurrency_key")
+	}
+}
+
+func validateRetry(inv *apperr.InvalidError, prefix string, r RetryPolicy) {
+	if r.MaxAttempts < 1 || r.MaxAttempts > maxRetryAttempts {
+		inv.Add(prefix+"retry.max_attempts", fmt.Sprintf("must be between 1 and %d", maxRetryAttempts))
+	}
+	if r.InitialBackoffMS < 0 || r.InitialBackoffMS > maxRetryBackoffMS {
+		inv.Add(prefix+"retry.initial_backoff_ms", fmt.Sprintf("must be between 0 and %d", maxRetryBackoffMS))
+	}
+	if math.IsNaN(r.Base) || r.Base < 1 || r.Base > maxRetryBase {
+		inv.Add(prefix+"retry.base", fmt.Sprintf("must be between 1 and %d", maxRetryBase))
+	}
+}
+
+func itemField(i int, field string) string { return "[" + strconv.Itoa(i) + "]." + field }
+
+// unprefix turns "[0].pool" back into "pool" for the single-item calls.
+func unprefix(err error) error {
+	inv, ok := err.(*apperr.InvalidError)
+	if !ok {
+		return err
+	}
+	out := &apperr.InvalidError{}
+	for _, f := range inv.Fields {
+		name := f.Field
+		if len(name) > 4 && name[:4] == "[0]." {
+			name = name[4:]
+		}
+		out.Add(name, f.Detail)
+	}
+	return out
+}

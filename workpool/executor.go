@@ -1,0 +1,573 @@
+package workpool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+const (
+	// claimBatch bounds one claim statement.
+	claimBatch = 1000
+	// reportBatch bounds one completion report.
+	reportBatch = 1000
+	// abandonGrace is how long past its timeout a handler that ignores its
+	// context may run before the attempt is reported failed without it.
+	abandonGrace = 2 * time.Second
+)
+
+var (
+	errWorkCanceled = errors.New("work canceled")
+	errStopping     = errors.New("executor stopping")
+	errLost         = errors.New("attempt no longer held by this executor")
+)
+
+// executor is this replica's worker: it claims started work of the
+// handlers registered here, runs each attempt in its own goroutine with its
+// timeout, heartbeats what it runs, and reports results in batches.
+type executor struct {
+	m  *Manager
+	id uuid.UUID // claimed_by
+
+	kickc chan struct{}
+
+	mu      sync.Mutex
+	jobs    map[uuid.UUID]*runningJob // running or awaiting their report
+	active  int                       // handlers running
+	backlog bool                      // a claim was cut short by MaxWorkers
+	idle    chan struct{}             // closed when active drops to 0 during drain
+
+	handlerCtx  context.Context // parent of every handler's context
+	stopHandler context.CancelCauseFunc
+	claimCtx    context.Context
+	stopClaim   context.CancelFunc
+	bgCtx       context.Context // heartbeats and reports
+	stopBg      context.CancelFunc
+	claimDone   chan struct{}
+	bgWG        sync.WaitGroup
+	handlerWG   sync.WaitGroup
+
+	rep     *reporter
+	started atomic.Bool
+	crashed atomic.Bool // tests: behave like a killed process
+}
+
+type runningJob struct {
+	id       uuid.UUID
+	pool     string
+	attempt  int
+	cancel   context.CancelCauseFunc
+	canceled atomic.Bool // the work was canceled
+	finished atomic.Bool // a result was handed to the reporter
+}
+
+func newExecutor(m *Manager) *executor {
+	e := &executor{m: m, id: newID(), kickc: make(chan struct{}, 1), jobs: map[uuid.UUID]*runningJob{},
+		claimDone: make(chan struct{})}
+	e.handlerCtx, e.stopHandler = context.WithCancelCause(context.Background())
+	e.claimCtx, e.stopClaim = context.WithCancel(context.Background())
+	e.bgCtx, e.stopBg = context.WithCancel(context.Background())
+	e.rep = newReporter(e)
+	return e
+}
+
+func (e *executor) start() {
+	e.started.Store(true)
+	go func() { defer close(e.claimDone); e.claimLoop() }()
+	e.bgWG.Add(2)
+	go func() { defer e.bgWG.Done(); e.heartbeatLoop() }()
+	go func() { defer e.bgWG.Done(); e.rep.run() }()
+	e.kick()
+}
+
+// kick asks the executor to claim.
+func (e *executor) kick() {
+	select {
+	case e.kickc <- struct{}{}:
+	default:
+	}
+}
+
+func (e *executor) claimLoop() {
+	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
+	for {
+		select {
+		case <-e.claimCtx.Done():
+			return
+		case <-e.kickc:
+		}
+		for e.claimCtx.Err() == nil {
+			n, limit, err := e.claimOnce()
+			if err != nil {
+				if e.claimCtx.Err() == nil {
+					e.m.logger.Warn("claiming work failed", "error", err.Error())
+					if !sleepCtx(e.claimCtx, backoff.next()) {
+						return
+					}
+					continue
+				}
+				return
+			}
+			backoff.reset()
+			if n < limit || limit == 0 {
+				break
+			}
+		}
+	}
+}
+
+// claimOnce claims up to the free capacity and launches the attempts.
+func (e *executor) claimOnce() (n, limit int, err error) {
+	names := e.m.handlerNames()
+	e.mu.Lock()
+	limit = min(e.m.cfg.MaxWorkers-e.active, claimBatch)
+	if limit <= 0 {
+		e.backlog = true
+	}
+	e.mu.Unlock()
+	if limit <= 0 || len(names) == 0 {
+		return 0, limit, nil
+	}
+	jobs, err := e.claim(names, limit)
+	if err != nil {
+		return 0, limit, err
+	}
+	for _, j := range jobs {
+		e.launch(j)
+	}
+	return len(jobs), limit, nil
+}
+
+type claimedJob struct {
+	Job
+	timeout  time.Duration
+	canceled bool
+}
+
+// claim takes started work with SKIP LOCKED. The claim commits without
+// waiting for the WAL flush: if a crash loses it, the attempt is simply
+// claimed and run again, as after any executor crash.
+func (e *executor) claim(handlers []string, limit int) ([]claimedJob, error) {
+	b := &pgx.Batch{}
+	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
+	b.Queue(sqlClaim, e.id, e.m.now(), handlers, int32(limit))
+	br := e.m.db.SendBatch(e.claimCtx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("claiming work: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("claiming work: %w", err)
+	}
+	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimedJob, error) {
+		var (
+			j         claimedJob
+			attempts  int32
+			timeoutMS int32
+		)
+		err := r.Scan(&j.ID, &j.OrgID, &j.Pool, &j.Handler, &j.Args, &attempts, &timeoutMS, &j.canceled)
+		j.Attempt = int(attempts) + 1
+		j.timeout = time.Duration(timeoutMS) * time.Millisecond
+		return j, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claiming work: %w", err)
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("claiming work: %w", err)
+	}
+	return jobs, nil
+}
+
+// launch runs one attempt in its own goroutine.
+func (e *executor) launch(j claimedJob) {
+	ctx, cancel := context.WithCancelCause(e.handlerCtx)
+	rj := &runningJob{id: j.ID, pool: j.Pool, attempt: j.Attempt, cancel: cancel}
+	e.mu.Lock()
+	e.jobs[j.ID] = rj
+	e.active++
+	e.mu.Unlock()
+	e.handlerWG.Add(1)
+	if j.canceled {
+		// Canceled between start and claim: it must not run at all.
+		rj.canceled.Store(true)
+		cancel(errWorkCanceled)
+		go e.finish(rj, attemptResult{err: "canceled before it ran"})
+		return
+	}
+	go e.run(ctx, rj, j)
+}
+
+// run executes the handler under the attempt's timeout; a handler that
+// ignores its context past the timeout is abandoned and reported failed.
+func (e *executor) run(ctx context.Context, rj *runningJob, j claimedJob) {
+	h, ok := e.m.handler(j.Handler)
+	if !ok {
+		e.finish(rj, attemptResult{err: fmt.Sprintf("handler %q is not registered on this replica", j.Handler), retryable: true})
+		return
+	}
+	tctx, cancelT := context.WithTimeoutCause(ctx, j.timeout, context.DeadlineExceeded)
+	defer cancelT()
+	watchdog := time.AfterFunc(j.timeout+abandonGrace, func() {
+		e.finish(rj, attemptResult{err: fmt.Sprintf("attempt timed out after %s (handler did not return)", j.timeout), retryable: true})
+	})
+	res, err := callHandler(tctx, h, j.Job)
+	watchdog.Stop()
+	e.finish(rj, e.classify(tctx, rj, j, res, err))
+}
+
+// callHandler runs h, turning a panic into an error.
+func callHandler(ctx context.Context, h Handler, j Job) (res json.RawMessage, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler %q panicked: %v", j.Handler, r)
+		}
+	}()
+	return h(ctx, j)
+}
+
+// classify turns a handler's return into an attempt result.
+func (e *executor) classify(ctx context.Context, rj *runningJob, j claimedJob, res json.RawMessage, err error) attemptResult {
+	cause := context.Cause(ctx)
+	switch {
+	case rj.canceled.Load():
+		return attemptResult{err: "canceled"}
+	case err == nil && len(res) > 0 && !json.Valid(res):
+		return attemptResult{err: "handler returned invalid JSON"}
+	case err == nil && len(res) > maxArgsBytes:
+		return attemptResult{err: fmt.Sprintf("handler result exceeds %d bytes", maxArgsBytes)}
+	case err == nil:
+		return attemptResult{succeeded: true, result: res}
+	case errors.Is(cause, context.DeadlineExceeded) && ctx.Err() != nil:
+		return attemptResult{err: fmt.Sprintf("attempt timed out after %s: %v", j.timeout, err), retryable: true}
+	case errors.Is(cause, errStopping):
+		return attemptResult{err: "interrupted: the executor stopped: " + err.Error(), retryable: true}
+	case IsNonRetryable(err):
+		return attemptResult{err: err.Error()}
+	}
+	return attemptResult{err: err.Error(), retryable: true}
+}
+
+// finish hands an attempt's result to the reporter, once.
+func (e *executor) finish(rj *runningJob, r attemptResult) {
+	if !rj.finished.CompareAndSwap(false, true) {
+		return
+	}
+	defer e.handlerWG.Done()
+	r.id, r.pool, r.attempt = rj.id, rj.pool, rj.attempt
+	e.mu.Lock()
+	e.active--
+	kick := e.backlog
+	e.backlog = false
+	if e.active == 0 && e.idle != nil {
+		close(e.idle)
+		e.idle = nil
+	}
+	e.mu.Unlock()
+	if kick {
+		e.kick()
+	}
+	e.rep.add(r)
+}
+
+// reported forgets attempts whose results are committed.
+func (e *executor) reported(rs []attemptResult) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, r := range rs {
+		if rj, ok := e.jobs[r.id]; ok && rj.attempt == r.attempt {
+			delete(e.jobs, r.id)
+			rj.cancel(nil)
+		}
+	}
+}
+
+// cancelJobs cancels the handlers of canceled work running here.
+func (e *executor) cancelJobs(ids []uuid.UUID) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, id := range ids {
+		if rj, ok := e.jobs[id]; ok {
+			rj.canceled.Store(true)
+			rj.cancel(errWorkCanceled)
+		}
+	}
+}
+
+func (e *executor) heartbeatLoop() {
+	t := time.NewTicker(e.m.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.bgCtx.Done():
+			return
+		case <-t.C:
+		}
+		if e.crashed.Load() {
+			continue
+		}
+		if err := e.heartbeat(); err != nil && e.bgCtx.Err() == nil {
+			e.m.logger.Warn("heartbeat failed", "error", err.Error())
+		}
+	}
+}
+
+// heartbeat keeps this executor's attempts alive; it learns which were
+// canceled (their handlers are canceled) and which were taken from it by
+// recovery (their handlers are canceled too; their results will not count).
+func (e *executor) heartbeat() error {
+	e.mu.Lock()
+	ids := make([]uuid.UUID, 0, len(e.jobs))
+	for id := range e.jobs {
+		ids = append(ids, id)
+	}
+	e.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := e.m.db.Query(e.bgCtx, sqlHeartbeat, ids, e.id, e.m.now())
+	if err != nil {
+		return fmt.Errorf("heartbeating %d attempts: %w", len(ids), err)
+	}
+	alive := map[uuid.UUID]bool{}
+	var canceled []uuid.UUID
+	for rows.Next() {
+		var (
+			id uuid.UUID
+			c  bool
+		)
+		if err := rows.Scan(&id, &c); err != nil {
+			rows.Close()
+			return fmt.Errorf("heartbeating: %w", err)
+		}
+		alive[id] = true
+		if c {
+			canceled = append(canceled, id)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("heartbeating: %w", err)
+	}
+	e.cancelJobs(canceled)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, id := range ids {
+		if rj, ok := e.jobs[id]; ok && !alive[id] && !rj.finished.Load() {
+			rj.cancel(errLost)
+		}
+	}
+	return nil
+}
+
+// stopClaiming is the first stage of shutdown.
+func (e *executor) stopClaiming() {
+	e.stopClaim()
+	if e.started.Load() {
+		<-e.claimDone
+	}
+}
+
+// drain lets running handlers finish within StopGrace (and ctx), then
+// cancels them, reports every result and stops heartbeating.
+func (e *executor) drain(ctx context.Context) error {
+	defer e.stopBg()
+	grace := time.NewTimer(e.m.cfg.StopGrace)
+	defer grace.Stop()
+	if idle := e.idleChan(); idle != nil {
+		select {
+		case <-idle:
+		case <-grace.C:
+		case <-ctx.Done():
+		}
+	}
+	e.stopHandler(errStopping)
+	if idle := e.idleChan(); idle != nil {
+		abandon := time.NewTimer(abandonGrace)
+		defer abandon.Stop()
+		select {
+		case <-idle:
+		case <-abandon.C:
+		case <-ctx.Done():
+		}
+	}
+	e.abandonRunning()
+	err := e.rep.close(ctx)
+	e.stopBg()
+	e.bgWG.Wait()
+	return err
+}
+
+// abandonRunning reports handlers that ignored their canceled context as
+// interrupted, so that their work is retried elsewhere.
+func (e *executor) abandonRunning() {
+	e.mu.Lock()
+	var left []*runningJob
+	for _, rj := range e.jobs {
+		if !rj.finished.Load() {
+			left = append(left, rj)
+		}
+	}
+	e.mu.Unlock()
+	for _, rj := range left {
+		e.finish(rj, attemptResult{err: "interrupted: the executor stopped and the handler did not return", retryable: true})
+	}
+}
+
+// idleChan returns a channel closed when no handler runs, or nil if none
+// runs now.
+func (e *executor) idleChan() <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.active == 0 {
+		return nil
+	}
+	if e.idle == nil {
+		e.idle = make(chan struct{})
+	}
+	return e.idle
+}
+
+// reporter batches attempt results: a flush starts as soon as there is
+// something to report and none is in flight, so batches grow with load
+// while a lone result is reported at once.
+type reporter struct {
+	e        *executor
+	mu       sync.Mutex
+	pending  []attemptResult
+	wake     chan struct{}
+	closing  chan struct{}
+	closed   chan struct{}
+	flushCtx context.Context
+	closeErr error
+}
+
+func newReporter(e *executor) *reporter {
+	return &reporter{e: e, wake: make(chan struct{}, 1), closing: make(chan struct{}), closed: make(chan struct{})}
+}
+
+func (r *reporter) add(res attemptResult) {
+	r.mu.Lock()
+	r.pending = append(r.pending, res)
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *reporter) take() []attemptResult {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := min(len(r.pending), reportBatch)
+	batch := append([]attemptResult(nil), r.pending[:n]...)
+	r.pending = r.pending[n:]
+	if len(r.pending) == 0 {
+		r.pending = nil
+	}
+	return batch
+}
+
+func (r *reporter) run() {
+	defer close(r.closed)
+	for {
+		select {
+		case <-r.wake:
+		case <-r.closing:
+			for batch := r.take(); len(batch) > 0; batch = r.take() {
+				if err := r.flush(r.flushCtx, batch); err != nil {
+					r.closeErr = err
+					return
+				}
+			}
+			return
+		}
+		for batch := r.take(); len(batch) > 0; batch = r.take() {
+			if err := r.flush(r.e.bgCtx, batch); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// close flushes what is left (bounded by ctx) and stops the reporter.
+func (r *reporter) close(ctx context.Context) error {
+	r.flushCtx = ctx
+	close(r.closing)
+	select {
+	case <-r.closed:
+		return r.closeErr
+	case <-ctx.Done():
+		return fmt.Errorf("reporting results at stop: %w", ctx.Err())
+	}
+}
+
+// flush commits a batch, retrying until it lands (the statement ignores
+// anything already recorded, so a retry after an unknown outcome is safe).
+func (r *reporter) flush(ctx context.Context, batch []attemptResult) error {
+	e := r.e
+	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
+	for {
+		if e.crashed.Load() {
+			return nil
+		}
+		err := pgx.BeginFunc(ctx, e.m.db, func(tx pgx.Tx) error {
+			_, err := e.m.completeTx(ctx, tx, batch)
+			return err
+		})
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		e.m.logger.Warn("reporting results failed; retrying", "count", len(batch), "error", err.Error())
+		if !sleepCtx(ctx, backoff.next()) {
+			return ctx.Err()
+		}
+	}
+	e.reported(batch)
+	pools := map[string]bool{}
+	for _, res := range batch {
+		if !pools[res.pool] {
+			pools[res.pool] = true
+			e.m.kickLoop(res.pool, false)
+		}
+	}
+	return nil
+}
+
+// backoff doubles a wait up to a cap.
+type backoff struct{ cur, min, max time.Duration }
+
+func newBackoff(lo, hi time.Duration) *backoff { return &backoff{min: lo, max: hi} }
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(b.cur*2, b.max)
+	}
+	return b.cur
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// sleepCtx waits d unless ctx ends first (then false).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,249 @@
+package workpool
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+)
+
+func TestMain(m *testing.M) { testkit.Main(m) }
+
+const (
+	testWait = 20 * time.Second
+	testTick = 5 * time.Millisecond
+)
+
+// fakeClock is a settable clock for driving the loop by hand.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Now().UTC().Truncate(time.Millisecond)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// harness drives one Manager's "default" pool by hand, as the reference
+// suites drive main: no background goroutines, a fake clock.
+type harness struct {
+	t     *testing.T
+	ctx   context.Context
+	db    *pgxpool.Pool
+	m     *Manager
+	clock *fakeClock
+	l     *loop
+}
+
+type harnessOpt func(*Config)
+
+func withMaxParallelism(n int) harnessOpt {
+	return func(c *Config) { c.Pools = map[string]int{"default": n} }
+}
+
+func newHarness(t *testing.T, opts ...harnessOpt) *harness {
+	t.Helper()
+	clock := newFakeClock()
+	cfg := Config{
+		Pools:  map[string]int{"default": 10},
+		Logger: testkit.Logger(t),
+		Now:    clock.Now,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	db := testkit.NewPool(t)
+	m, err := New(db, cfg)
+	require.NoError(t, err)
+	m.Register("test_handle", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
+	h := &harness{t: t, ctx: context.Background(), db: db, m: m, clock: clock}
+	h.l = newLoop(m, "default")
+	require.NoError(t, h.l.takeover(h.ctx))
+	return h
+}
+
+// runMain runs one iteration of the default pool's loop.
+func (h *harness) runMain() iterResult {
+	h.t.Helper()
+	res, err := h.l.iterate(h.ctx)
+	require.NoError(h.t, err)
+	return res
+}
+
+type workOpt func(*EnqueueParams)
+
+func withRetry(max, backoffMS int, base float64) workOpt {
+	return func(p *EnqueueParams) {
+		p.Retry = &RetryPolicy{MaxAttempts: max, InitialBackoffMS: backoffMS, Base: base}
+	}
+}
+
+func withRunAt(at time.Time) workOpt { return func(p *EnqueueParams) { p.RunAt = at } }
+
+func withHook(name string, ctx string) workOpt {
+	return func(p *EnqueueParams) { p.OnComplete = &OnComplete{Hook: name, Context: json.RawMessage(ctx)} }
+}
+
+func withOrg(org string) workOpt { return func(p *EnqueueParams) { p.OrgID = org } }
+
+// enqueue adds a work item to the default pool of org-1.
+func (h *harness) enqueue(opts ...workOpt) uuid.UUID {
+	h.t.Helper()
+	p := EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "test_handle", Args: json.RawMessage(`{}`)}
+	for _, o := range opts {
+		o(&p)
+	}
+	id, err := h.m.Enqueue(h.ctx, p)
+	require.NoError(h.t, err)
+	return id
+}
+
+// complete reports one attempt's result as an executor would (attempt
+// counts from 1; the reference's attempt 0 is our attempt 1).
+func (h *harness) complete(id uuid.UUID, kind string, attempt int) []finishedRow {
+	h.t.Helper()
+	r := attemptResult{id: id, pool: "default", attempt: attempt, retryable: true}
+	switch kind {
+	case "success":
+		r.succeeded, r.result = true, json.RawMessage(`null`)
+	case "failed":
+		r.err = "boom"
+	case "final":
+		r.err, r.retryable = "boom", false
+	default:
+		h.t.Fatalf("unknown completion kind %q", kind)
+	}
+	var done []finishedRow
+	err := pgx.BeginFunc(h.ctx, h.db, func(tx pgx.Tx) error {
+		var err error
+		done, err = h.m.completeTx(h.ctx, tx, []attemptResult{r})
+		return err
+	})
+	require.NoError(h.t, err)
+	return done
+}
+
+func (h *harness) cancel(id uuid.UUID) {
+	h.t.Helper()
+	require.NoError(h.t, h.m.Cancel(h.ctx, "org-1", id))
+}
+
+func (h *harness) status(id uuid.UUID) Status {
+	h.t.Helper()
+	s, err := h.m.Status(h.ctx, "org-1", id)
+	require.NoError(h.t, err)
+	return s
+}
+
+// observation is everything an outside observer of the pool can see: the
+// reference's pendingStart, running (slots), pendingCompletion and
+// pendingCancelation tables, the loop's run status and generation.
+type observation struct {
+	pending            []uuid.UUID // waiting to start (the reference's pendingStart)
+	running            []uuid.UUID // holding a slot: started/running, or an unprocessed completion
+	pendingCompletion  []pcRow
+	pendingCancelation []uuid.UUID
+	runStatus          RunStatus
+	generation         int64
+}
+
+type pcRow struct {
+	workID  uuid.UUID
+	attempt int
+	outcome string
+	retry   bool
+}
+
+func (o observation) isPending(id uuid.UUID) bool { return contains(o.pending, id) }
+func (o observation) isRunning(id uuid.UUID) bool { return contains(o.running, id) }
+func (o observation) isCanceling(id uuid.UUID) bool {
+	return contains(o.pendingCancelation, id)
+}
+func (o observation) completionOf(id uuid.UUID) *pcRow {
+	for _, pc := range o.pendingCompletion {
+		if pc.workID == id {
+			return &pc
+		}
+	}
+	return nil
+}
+
+func contains(ids []uuid.UUID, id uuid.UUID) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *harness) observe() observation {
+	h.t.Helper()
+	var o observation
+	ids := func(sql string, args ...any) []uuid.UUID {
+		rows, err := h.db.Query(h.ctx, sql, args...)
+		require.NoError(h.t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		require.NoError(h.t, err)
+		return out
+	}
+	o.pending = ids(`SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'pending' ORDER BY run_at`)
+	o.running = ids(`SELECT id FROM workpool_work WHERE pool = 'default' AND state IN ('started', 'running')
+		UNION SELECT work_id FROM workpool_completions WHERE pool = 'default'`)
+	o.pendingCancelation = ids(`SELECT work_id FROM workpool_cancelations WHERE pool = 'default'`)
+	rows, err := h.db.Query(h.ctx, `SELECT work_id, attempt, outcome, retry FROM workpool_completions WHERE pool = 'default' ORDER BY id`)
+	require.NoError(h.t, err)
+	o.pendingCompletion, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (pcRow, error) {
+		var pc pcRow
+		err := r.Scan(&pc.workID, &pc.attempt, &pc.outcome, &pc.retry)
+		return pc, err
+	})
+	require.NoError(h.t, err)
+	require.NoError(h.t, h.db.QueryRow(h.ctx, `SELECT run_kind, run_saturated, run_at, generation FROM workpool_pools WHERE name = 'default'`).
+		Scan(&o.runStatus.Kind, &o.runStatus.Saturated, &o.runStatus.At, &o.generation))
+	return o
+}
+
+// workRow is the raw row of a work item (the reference's work doc).
+type workRow struct {
+	state    string
+	attempts int
+	canceled bool
+	outcome  *string
+	hook     *string
+}
+
+func (h *harness) work(id uuid.UUID) workRow {
+	h.t.Helper()
+	var w workRow
+	require.NoError(h.t, h.db.QueryRow(h.ctx,
+		`SELECT state, attempts, canceled, outcome, hook_state FROM workpool_work WHERE id = $1`, id).
+		Scan(&w.state, &w.attempts, &w.canceled, &w.outcome, &w.hook))
+	return w
+}
+
+// exec runs SQL against the test database (to build states the public API
+// cannot reach, as the reference suites do).
+func (h *harness) exec(sql string, args ...any) {
+	h.t.Helper()
+	_, err := h.db.Exec(h.ctx, sql, args...)
+	require.NoError(h.t, err)
+}

@@ -1,0 +1,371 @@
+package workpool
+
+// SQL of the workpool tables (DDL: migrations/00002_workpool.sql). Every
+// statement that compares with the current time takes it as a parameter so
+// tests control the clock. Batches use unnest over arrays: one statement per
+// batch, never one per item.
+
+// notifyChannel carries every workpool notification. Payloads:
+//
+//	e:<pool>   work enqueued (the loop may ignore it while saturated)
+//	k:<pool>   completion, cancelation or settings change: wake the loop
+//	s:<pool>   the loop started work: executors, claim it
+//	x:<id>,…   cancel these running items
+const notifyChannel = "reveille_workpool"
+
+// --- pools -----------------------------------------------------------------
+
+const sqlEnsurePools = `
+INSERT INTO workpool_pools (name, max_parallelism)
+SELECT * FROM unnest($1::text[], $2::int[])
+ON CONFLICT (name) DO NOTHING`
+
+const sqlListPoolNames = `SELECT name FROM workpool_pools ORDER BY name`
+
+// sqlPoolInfo reads a pool and the caller's org's counts in it.
+const sqlPoolInfo = `
+SELECT p.name, p.max_parallelism, p.max_parallelism_per_org, p.run_kind, p.run_saturated, p.run_at,
+  (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state IN ('started', 'running')),
+  (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NULL)
+  + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL)
+  + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'retrying'),
+  least(
+    (SELECT min(run_at) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NULL),
+    (SELECT min(run_at) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL)),
+  r.succeeded, r.failed, r.canceled, r.retries
+FROM workpool_pools p
+CROSS JOIN LATERAL (
+  SELECT count(*) FILTER (WHERE w.outcome = 'succeeded') AS succeeded,
+         count(*) FILTER (WHERE w.outcome = 'failed') AS failed,
+         count(*) FILTER (WHERE w.outcome = 'canceled') AS canceled,
+         coalesce(sum(greatest(w.attempts - 1, 0)), 0) AS retries
+  FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'finished') r
+WHERE p.name = ANY($1)
+ORDER BY p.name`
+
+const sqlSetMaxParallelism = `
+UPDATE workpool_pools SET max_parallelism = $2, updated_at = now() WHERE name = $1`
+
+const sqlSetMaxParallelismPerOrg = `
+UPDATE workpool_pools SET max_parallelism_per_org = $2, updated_at = now() WHERE name = $1`
+
+const sqlSetOrgWeight = `
+INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ($1, $2, $3)
+ON CONFLICT (pool, org_id) DO UPDATE SET weight = excluded.weight`
+
+const sqlDeleteOrgWeight = `DELETE FROM workpool_org_weights WHERE pool = $1 AND org_id = $2`
+
+const sqlNotify = `SELECT pg_notify('` + notifyChannel + `', $1)`
+
+const sqlNotifyEach = `SELECT pg_notify('` + notifyChannel + `', p) FROM unnest($1::text[]) p`
+
+// --- enqueue, status, cancel -------------------------------------------------
+
+// sqlEnqueue inserts a batch only if every pool it names exists ($15 is the
+// number of distinct pools), so an unknown pool writes nothing.
+const sqlEnqueue = `
+INSERT INTO workpool_work (id, org_id, pool, handler, args, state, run_at, max_attempts, initial_backoff_ms,
+  backoff_base, timeout_ms, on_complete_hook, on_complete_context, concurrency_key, key_limit, created_at)
+SELECT u.id, u.org_id, u.pool, u.handler, u.args::jsonb, 'pending', u.run_at, u.max_attempts, u.backoff_ms,
+  u.base, u.timeout_ms, u.hook, u.hook_context::jsonb, u.ckey, u.klimit, $16
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[], $7::int[], $8::int[],
+  $9::float8[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[])
+  AS u(id, org_id, pool, handler, args, run_at, max_attempts, backoff_ms, base, timeout_ms, hook, hook_context, ckey, klimit)
+WHERE (SELECT count(*) FROM workpool_pools WHERE name = ANY($3)) = $15`
+
+const sqlKnownPools = `SELECT name FROM workpool_pools WHERE name = ANY($1)`
+
+const sqlStatus = `
+SELECT id, org_id, pool, handler, state, attempts, canceled, outcome, result, error, run_at, created_at, finished_at
+FROM workpool_work WHERE id = $1 AND org_id = $2`
+
+// sqlCancel records a cancelation for unfinished work (at most one pending
+// per item) and wakes the pool's loop.
+const sqlCancel = `
+WITH w AS (
+  SELECT id, pool, org_id FROM workpool_work WHERE id = $1 AND org_id = $2 AND state <> 'finished'
+), ins AS (
+  INSERT INTO workpool_cancelations (work_id, pool, org_id, created_at)
+  SELECT id, pool, org_id, $3 FROM w
+  ON CONFLICT (work_id) DO NOTHING
+  RETURNING pool
+)
+SELECT pg_notify('` + notifyChannel + `', 'k:' || pool) FROM ins`
+
+const sqlCancelAll = `
+WITH w AS (
+  SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state = 'pending' AND concurrency_key IS NULL AND created_at < $3
+  UNION ALL
+  SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND created_at < $3
+  UNION ALL
+  SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state IN ('started', 'running') AND created_at < $3
+  UNION ALL
+  SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state = 'retrying' AND created_at < $3
+), ins AS (
+  INSERT INTO workpool_cancelations (work_id, pool, org_id, created_at)
+  SELECT id, $2, org_id, $4 FROM w
+  ON CONFLICT (work_id) DO NOTHING
+  RETURNING 1
+)
+SELECT count(*) FROM ins`
+
+// --- completion ----------------------------------------------------------------
+
+// sqlComplete finishes a batch of attempts in one statement. An attempt
+// counts only if the work is still started or running at that attempt, so
+// a duplicate or stale report changes nothing. Canceled work finishes as
+// canceled whatever the attempt returned; a retryable failure with attempts
+// left goes to 'retrying'. Every attempt that counted leaves a pending
+// completion that holds its slot until the loop processes it.
+const sqlComplete = `
+WITH c AS (
+  SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::bool[])
+    AS c(id, attempt, kind, result, error, retryable)
+), upd AS (
+  UPDATE workpool_work w SET
+    state = CASE WHEN NOT w.canceled AND c.kind <> 'succeeded' AND c.retryable AND w.attempts + 1 < w.max_attempts
+                 THEN 'retrying' ELSE 'finished' END,
+    attempts = w.attempts + 1,
+    outcome = CASE WHEN NOT w.canceled AND c.kind <> 'succeeded' AND c.retryable AND w.attempts + 1 < w.max_attempts THEN NULL
+                   WHEN w.canceled THEN 'canceled'
+                   WHEN c.kind = 'succeeded' THEN 'succeeded'
+                   ELSE 'failed' END,
+    result = CASE WHEN NOT w.canceled AND c.kind = 'succeeded' THEN c.result::jsonb END,
+    error = CASE WHEN w.canceled OR c.kind = 'succeeded' THEN NULL ELSE c.error END,
+    finished_at = CASE WHEN NOT w.canceled AND c.kind <> 'succeeded' AND c.retryable AND w.attempts + 1 < w.max_attempts
+                       THEN NULL ELSE $7::timestamptz END,
+    hook_state = CASE WHEN NOT w.canceled AND c.kind <> 'succeeded' AND c.retryable AND w.attempts + 1 < w.max_attempts THEN NULL
+                      WHEN w.on_complete_hook IS NOT NULL THEN 'done' END,
+    claimed_by = NULL,
+    heartbeat_at = NULL
+  FROM c
+  WHERE w.id = c.id AND w.state IN ('started', 'running') AND w.attempts = c.attempt - 1
+  RETURNING w.id, w.org_id, w.pool, w.handler, w.state, w.outcome, w.result, w.error, w.attempts,
+    w.on_complete_hook, w.on_complete_context
+), pc AS (
+  INSERT INTO workpool_completions (pool, work_id, org_id, attempt, outcome, retry, created_at)
+  SELECT pool, id, org_id, attempts, coalesce(outcome, 'failed'), state = 'retrying', $7 FROM upd
+)
+SELECT id, org_id, pool, handler, state, outcome, result, error, attempts, on_complete_hook, on_complete_context
+FROM upd`
+
+// sqlHookFailed schedules failed hook calls for a retry.
+const sqlHookFailed = `
+UPDATE workpool_work w SET hook_state = 'retry', hook_attempts = w.hook_attempts + 1,
+  hook_next_at = u.next_at, hook_error = u.error
+FROM unnest($1::uuid[], $2::timestamptz[], $3::text[]) AS u(id, next_at, error)
+WHERE w.id = u.id`
+
+const sqlHookDone = `
+UPDATE workpool_work SET hook_state = 'done', hook_error = NULL, hook_next_at = NULL WHERE id = ANY($1)`
+
+// --- executors --------------------------------------------------------------------
+
+const sqlClaim = `
+UPDATE workpool_work w SET state = 'running', claimed_by = $1, heartbeat_at = $2
+FROM (
+  SELECT id FROM workpool_work
+  WHERE state = 'started' AND handler = ANY($3)
+  ORDER BY started_at
+  LIMIT $4
+  FOR UPDATE SKIP LOCKED
+) c
+WHERE w.id = c.id
+RETURNING w.id, w.org_id, w.pool, w.handler, w.args, w.attempts, w.timeout_ms, w.canceled`
+
+const sqlHeartbeat = `
+UPDATE workpool_work SET heartbeat_at = $3
+WHERE id = ANY($1) AND claimed_by = $2 AND state = 'running'
+RETURNING id, canceled`
+
+// --- the main loop -------------------------------------------------------------------
+
+const sqlTakeover = `
+UPDATE workpool_pools SET generation = generation + 1 WHERE name = $1 RETURNING generation`
+
+// sqlBump opens an iteration: it succeeds only if no other iteration ran
+// since this loop's last one, and holds the pool row until commit, which
+// serialises iterations.
+const sqlBump = `
+UPDATE workpool_pools SET generation = generation + 1, run_kind = 'running', run_saturated = false, run_at = NULL, updated_at = $3
+WHERE name = $1 AND generation = $2
+RETURNING max_parallelism, max_parallelism_per_org`
+
+const sqlTakeCompletions = `
+DELETE FROM workpool_completions c
+USING (SELECT pool, id FROM workpool_completions WHERE pool = $1 ORDER BY id LIMIT $2) d
+WHERE c.pool = d.pool AND c.id = d.id
+RETURNING c.work_id, c.attempt, c.outcome, c.retry`
+
+const sqlTakeCancelations = `
+DELETE FROM workpool_cancelations c
+USING (SELECT work_id FROM workpool_cancelations WHERE pool = $1 ORDER BY created_at LIMIT $2) d
+WHERE c.work_id = d.work_id
+RETURNING c.work_id`
+
+// sqlRetry sets failed attempts pending again after
+// initial_backoff_ms·base^(attempts−1)·U[0.5, 1.5), unless canceled.
+const sqlRetry = `
+UPDATE workpool_work w SET state = 'pending',
+  run_at = $3::timestamptz + make_interval(secs => w.initial_backoff_ms * power(w.backoff_base, w.attempts - 1) * (0.5 + random()) / 1000.0)
+FROM unnest($1::uuid[], $2::int[]) AS c(id, attempt)
+WHERE w.id = c.id AND w.state = 'retrying' AND w.attempts = c.attempt AND NOT w.canceled
+RETURNING w.id`
+
+// sqlMarkCanceled flags unfinished work canceled (so it never retries) and
+// reports where each item stands.
+const sqlMarkCanceled = `
+UPDATE workpool_work SET canceled = true
+WHERE id = ANY($1) AND state <> 'finished'
+RETURNING id, state`
+
+// sqlFinishCanceled finishes canceled work that holds no running attempt.
+const sqlFinishCanceled = `
+UPDATE workpool_work SET state = 'finished', outcome = 'canceled', result = NULL, error = NULL, finished_at = $2,
+  hook_state = CASE WHEN on_complete_hook IS NOT NULL THEN 'done' END, claimed_by = NULL, heartbeat_at = NULL
+WHERE id = ANY($1) AND state IN ('pending', 'retrying') AND canceled
+RETURNING id, org_id, pool, handler, state, outcome, result, error, attempts, on_complete_hook, on_complete_context`
+
+// sqlStale finds attempts whose executor stopped heartbeating (or that no
+// executor claimed) in time.
+const sqlStale = `
+SELECT id, attempts, state FROM workpool_work
+WHERE pool = $1 AND state IN ('started', 'running') AND coalesce(heartbeat_at, started_at) < $2
+ORDER BY started_at
+LIMIT 1000
+FOR UPDATE SKIP LOCKED`
+
+const sqlDueHooks = `
+SELECT id, org_id, pool, handler, state, outcome, result, error, attempts, on_complete_hook, on_complete_context, hook_attempts
+FROM workpool_work
+WHERE pool = $1 AND hook_state = 'retry' AND hook_next_at <= $2
+ORDER BY hook_next_at
+LIMIT 100
+FOR UPDATE SKIP LOCKED`
+
+// sqlStart gives free slots to ready work: the free count is taken in the
+// same snapshot as the start (only the loop ever adds to the slots in use),
+// orgs with ready work take turns (weighted), an org's running work stays
+// within max_parallelism_per_org, and keyed work within its key's limit, in
+// run_at order. $1 pool, $2 max_parallelism, $3 now, $4 per-org cap or null.
+const sqlStart = `
+WITH RECURSIVE
+free AS (
+  SELECT greatest($2::int
+    - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state IN ('started', 'running'))
+    - (SELECT count(*) FROM workpool_completions WHERE pool = $1), 0)::int AS n
+),
+orgs(org_id) AS (
+  SELECT (SELECT org_id FROM workpool_work
+          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $3
+          ORDER BY org_id LIMIT 1)
+  UNION ALL
+  SELECT (SELECT w.org_id FROM workpool_work w
+          WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $3 AND w.org_id > o.org_id
+          ORDER BY w.org_id LIMIT 1)
+  FROM orgs o WHERE o.org_id IS NOT NULL
+),
+keys(org_id, ckey, klimit) AS (
+  (SELECT org_id, concurrency_key, key_limit FROM workpool_work
+   WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $3
+   ORDER BY org_id, concurrency_key, run_at LIMIT 1)
+  UNION ALL
+  SELECT n.org_id, n.concurrency_key, n.key_limit
+  FROM keys k CROSS JOIN LATERAL (
+    SELECT w.org_id, w.concurrency_key, w.key_limit FROM workpool_work w
+    WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL AND w.run_at <= $3
+      AND (w.org_id, w.concurrency_key) > (k.org_id, k.ckey)
+    ORDER BY w.org_id, w.concurrency_key, w.run_at LIMIT 1) n
+),
+cand AS (
+  SELECT c.id, o.org_id, c.run_at
+  FROM orgs o CROSS JOIN free f CROSS JOIN LATERAL (
+    SELECT w.id, w.run_at FROM workpool_work w
+    WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $3
+    ORDER BY w.run_at LIMIT f.n) c
+  WHERE o.org_id IS NOT NULL AND f.n > 0
+  UNION ALL
+  SELECT c.id, k.org_id, c.run_at
+  FROM keys k CROSS JOIN free f CROSS JOIN LATERAL (
+    SELECT w.id, w.run_at FROM workpool_work w
+    WHERE w.pool = $1 AND w.org_id = k.org_id AND w.concurrency_key = k.ckey AND w.state = 'pending' AND w.run_at <= $3
+    ORDER BY w.run_at
+    LIMIT least(f.n, greatest(coalesce(k.klimit, 1) - (
+      SELECT count(*) FROM workpool_work a
+      WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state IN ('started', 'running') AND a.concurrency_key = k.ckey), 0))) c
+  WHERE f.n > 0
+),
+room AS (
+  SELECT d.org_id, coalesce(wt.weight, 1) AS weight,
+    CASE WHEN $4::int IS NULL THEN 2147483647
+         ELSE $4::int - (SELECT count(*) FROM workpool_work a WHERE a.pool = $1 AND a.org_id = d.org_id AND a.state IN ('started', 'running'))
+                      - (SELECT count(*) FROM workpool_completions p WHERE p.pool = $1 AND p.org_id = d.org_id) END AS room
+  FROM (SELECT DISTINCT org_id FROM cand) d
+  LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
+),
+ranked AS (
+  SELECT c.id, c.run_at, r.weight, r.room, row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at) AS rn
+  FROM cand c JOIN room r ON r.org_id = c.org_id
+),
+pick AS (
+  SELECT w.id FROM workpool_work w
+  WHERE w.id IN (SELECT id FROM ranked WHERE rn <= room
+                 ORDER BY ceil(rn::float8 / weight), run_at LIMIT (SELECT n FROM free))
+    AND w.state = 'pending'
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE workpool_work w SET state = 'started', started_at = $3, claimed_by = NULL, heartbeat_at = NULL
+FROM pick WHERE w.id = pick.id
+RETURNING w.id, w.run_at`
+
+// sqlOutlook tells an iteration that found nothing to do what remains: slots
+// in use, whether ready work waits, the earliest future start and the
+// earliest hook retry.
+const sqlOutlook = `
+WITH RECURSIVE orgs(org_id) AS (
+  SELECT (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
+          ORDER BY org_id LIMIT 1)
+  UNION ALL
+  SELECT (SELECT w.org_id FROM workpool_work w WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL
+            AND w.org_id > o.org_id ORDER BY w.org_id LIMIT 1)
+  FROM orgs o WHERE o.org_id IS NOT NULL
+), heads AS (
+  SELECT (SELECT min(w.run_at) FROM workpool_work w WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending'
+            AND w.concurrency_key IS NULL) AS first_at,
+         (SELECT min(w.run_at) FROM workpool_work w WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending'
+            AND w.concurrency_key IS NULL AND w.run_at > $2) AS next_at
+  FROM orgs o WHERE o.org_id IS NOT NULL
+)
+SELECT
+  (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state IN ('started', 'running'))
+    + (SELECT count(*) FROM workpool_completions WHERE pool = $1),
+  EXISTS (SELECT 1 FROM heads WHERE first_at <= $2)
+    OR EXISTS (SELECT 1 FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2),
+  least((SELECT min(next_at) FROM heads),
+        (SELECT min(run_at) FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at > $2)),
+  (SELECT min(hook_next_at) FROM workpool_work WHERE pool = $1 AND hook_state = 'retry'),
+  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)`
+
+const sqlSetRunStatus = `
+UPDATE workpool_pools SET run_kind = $3, run_saturated = $4, run_at = $5, updated_at = $6
+WHERE name = $1 AND generation = $2`
+
+// sqlPurge deletes finished work past retention, a bounded batch at a time,
+// keeping work whose hook call still waits for a retry.
+const sqlPurge = `
+WITH RECURSIVE orgs(org_id) AS (
+  SELECT (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'finished' ORDER BY org_id LIMIT 1)
+  UNION ALL
+  SELECT (SELECT w.org_id FROM workpool_work w WHERE w.pool = $1 AND w.state = 'finished' AND w.org_id > o.org_id
+          ORDER BY w.org_id LIMIT 1)
+  FROM orgs o WHERE o.org_id IS NOT NULL
+), victims AS (
+  SELECT v.id FROM orgs o CROSS JOIN LATERAL (
+    SELECT w.id FROM workpool_work w
+    WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'finished' AND w.finished_at < $2
+      AND w.hook_state IS DISTINCT FROM 'retry'
+    ORDER BY w.finished_at LIMIT $3) v
+  WHERE o.org_id IS NOT NULL
+  LIMIT $3
+)
+DELETE FROM workpool_work WHERE id IN (SELECT id FROM victims)`

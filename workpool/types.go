@@ -1,0 +1,204 @@
+package workpool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/reveille/reveille/internal/apperr"
+)
+
+// ErrNotFound is returned for work or a pool that does not exist for the
+// caller's org (another org's work is reported the same way).
+var ErrNotFound = fmt.Errorf("work %w", apperr.ErrNotFound)
+
+// ErrPoolNotFound is returned by the pool admin calls for an unknown pool.
+var ErrPoolNotFound = fmt.Errorf("pool %w", apperr.ErrNotFound)
+
+// errGenerationMismatch means another main loop iteration ran since this
+// loop's last one: this loop is stale and must write nothing.
+var errGenerationMismatch = errors.New("generation mismatch")
+
+// Querier is what both pgx.Tx and *pgxpool.Pool offer: calls that accept it
+// run inside the caller's transaction or on their own.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Handler runs one attempt of a work item. Its ctx is canceled when the work
+// is canceled, when the attempt exceeds its timeout, and when the executor
+// stops. It returns the JSON result (nil means null) or an error: errors are
+// retried per the work's retry policy unless wrapped with NonRetryable.
+type Handler func(ctx context.Context, job Job) (json.RawMessage, error)
+
+// Job is what a handler gets to work on.
+type Job struct {
+	ID      uuid.UUID
+	OrgID   string
+	Pool    string
+	Handler string
+	Args    json.RawMessage
+	// Attempt numbers attempts from 1.
+	Attempt int
+}
+
+// NonRetryable marks a handler error as final: the work fails without
+// further attempts whatever its retry policy says.
+func NonRetryable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &nonRetryableError{err: err}
+}
+
+type nonRetryableError struct{ err error }
+
+func (e *nonRetryableError) Error() string { return e.err.Error() }
+func (e *nonRetryableError) Unwrap() error { return e.err }
+
+// IsNonRetryable reports whether err was marked with NonRetryable.
+func IsNonRetryable(err error) bool {
+	var nr *nonRetryableError
+	return errors.As(err, &nr)
+}
+
+// Hook is an onComplete hook: it runs inside the transaction that finishes
+// the work (tx is a savepoint of it), exactly once per work item, for
+// success, failure and cancelation alike. If it returns an error its writes
+// are rolled back, the completion still commits, and the loop retries the
+// call with backoff until it succeeds.
+type Hook func(ctx context.Context, tx pgx.Tx, c Completion) error
+
+// Completion is what a hook learns about finished work.
+type Completion struct {
+	WorkID  uuid.UUID
+	OrgID   string
+	Pool    string
+	Handler string
+	Outcome Outcome
+	// Result is the handler's result on success.
+	Result json.RawMessage
+	// Error is the last attempt's error on failure.
+	Error string
+	// Attempts is the number of attempts made (0 when canceled before start).
+	Attempts int
+	// Context is the OnComplete.Context given at enqueue.
+	Context json.RawMessage
+}
+
+// Outcome is how finished work ended; the same vocabulary is used everywhere.
+type Outcome string
+
+// Outcomes.
+const (
+	OutcomeSucceeded Outcome = "succeeded"
+	OutcomeFailed    Outcome = "failed"
+	OutcomeCanceled  Outcome = "canceled"
+)
+
+// RetryPolicy says how often failed work is attempted: MaxAttempts counts
+// every attempt, the first included; the wait before attempt n+1 is
+// InitialBackoffMS·Base^(n−1), scaled by a random factor in [0.5, 1.5).
+type RetryPolicy struct {
+	MaxAttempts      int     `json:"max_attempts"`
+	InitialBackoffMS int     `json:"initial_backoff_ms"`
+	Base             float64 `json:"base"`
+}
+
+// OnComplete names the hook that runs when the work finishes and the
+// context handed to it.
+type OnComplete struct {
+	Hook    string
+	Context json.RawMessage
+}
+
+// EnqueueParams describe one work item.
+type EnqueueParams struct {
+	OrgID   string
+	Pool    string
+	Handler string
+	// Args is the handler's JSON input (nil means {}).
+	Args json.RawMessage
+	// RunAt delays the first attempt (zero: now).
+	RunAt time.Time
+	// Retry is nil for a single attempt.
+	Retry *RetryPolicy
+	// TimeoutMS bounds each attempt (0: 600,000).
+	TimeoutMS int
+	// OnComplete is optional.
+	OnComplete *OnComplete
+	// ConcurrencyKey, when set, limits running work of this org with the
+	// same key to KeyLimit (default 1: serial, in run_at order).
+	ConcurrencyKey string
+	KeyLimit       int
+}
+
+// State is the coarse state of a work item as callers see it.
+type State string
+
+// States.
+const (
+	StatePending  State = "pending"
+	StateRunning  State = "running"
+	StateFinished State = "finished"
+)
+
+// Status describes a work item. PreviousAttempts counts attempts already
+// made; for finished work Attempts is the total and Outcome, Result or
+// Error and FinishedAt are set.
+type Status struct {
+	ID               uuid.UUID
+	OrgID            string
+	Pool             string
+	Handler          string
+	State            State
+	PreviousAttempts int
+	Canceled         bool
+	Outcome          Outcome
+	Result           json.RawMessage
+	Error            string
+	Attempts         int
+	RunAt            time.Time
+	CreatedAt        time.Time
+	FinishedAt       *time.Time
+}
+
+// RunStatus is a pool main loop's published state: "running" while it
+// iterates (and for a short cooldown after), "scheduled" when only future
+// work or running jobs remain (Saturated when all slots are taken; At is
+// its next timed wake-up), "idle" when nothing remains.
+type RunStatus struct {
+	Kind      string
+	Saturated bool
+	At        *time.Time
+}
+
+// Report counts a pool's finished work for one org over the retention
+// window.
+type Report struct {
+	Completed int64 `json:"completed"`
+	Succeeded int64 `json:"succeeded"`
+	Failed    int64 `json:"failed"`
+	Canceled  int64 `json:"canceled"`
+	Retries   int64 `json:"retries"`
+}
+
+// PoolInfo describes a pool; the counts are for one org.
+type PoolInfo struct {
+	Name                 string
+	MaxParallelism       int
+	MaxParallelismPerOrg *int
+	RunStatus            RunStatus
+	Running              int64
+	Pending              int64
+	OldestPendingAge     time.Duration
+	Report               Report
+}

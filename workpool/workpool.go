@@ -1,0 +1,251 @@
+// Package workpool runs work in named, bounded, retrying, cancelable pools
+// on Postgres, and calls an onComplete hook in the transaction that finishes
+// each item — the Convex workpool's loop (SPEC §3), ported to Postgres facts.
+//
+// Every pool has one main loop across all replicas, run by whichever replica
+// holds the pool's leadership (an advisory lock); a generation number in the
+// pool row fences every iteration, so a stale leader writes nothing. An
+// iteration drains pending completions (freeing slots, scheduling retries),
+// then cancelations, then recovery, then starts ready work into the free
+// slots. Executors on every replica claim started work with SKIP LOCKED,
+// heartbeat it, run the registered handler and report results in batches;
+// the report's transaction finishes the work and runs its onComplete hook.
+// Nothing polls: enqueue, completion and cancel send NOTIFY, and timers are
+// set only for future run_at, recovery and hook retries.
+package workpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Manager owns the pools' loops, this replica's executors and the API to
+// enqueue, inspect and cancel work.
+type Manager struct {
+	db      *pgxpool.Pool
+	cfg     Config
+	logger  *slog.Logger
+	now     func() time.Time
+	metrics *metrics
+
+	mu       sync.RWMutex
+	handlers map[string]Handler
+	hooks    map[string]Hook
+
+	exec     *executor
+	listener *listener
+	origin   string // tags this replica's notifications, which it handles directly
+
+	lifeMu  sync.Mutex
+	started bool
+	stopped bool
+	cancel  context.CancelFunc // ends loops, leadership and the listener
+	wg      sync.WaitGroup     // goroutines under cancel
+
+	loopsMu sync.Mutex
+	loops   map[string]*loop // pools whose elector runs on this replica
+}
+
+// New builds a Manager and creates the configured pools that do not exist
+// yet. Register handlers and hooks, then Start.
+func New(db *pgxpool.Pool, cfg Config) (*Manager, error) {
+	if db == nil {
+		return nil, errors.New("workpool: nil database pool")
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m := &Manager{
+		db:       db,
+		cfg:      cfg,
+		logger:   cfg.Logger.With("component", "workpool"),
+		now:      cfg.Now,
+		handlers: map[string]Handler{},
+		hooks:    map[string]Hook{},
+		loops:    map[string]*loop{},
+	}
+	var err error
+	if m.metrics, err = newMetrics(cfg.Registry, m); err != nil {
+		return nil, err
+	}
+	m.exec = newExecutor(m)
+	m.origin = m.exec.id.String()[24:]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := m.ensurePools(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Register makes handler name runnable on this replica. Registering a name
+// twice replaces it.
+func (m *Manager) Register(name string, h Handler) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.handlers[name] = h
+}
+
+// RegisterHook makes an onComplete hook available under name.
+func (m *Manager) RegisterHook(name string, h Hook) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.hooks[name] = h
+}
+
+func (m *Manager) handler(name string) (Handler, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	h, ok := m.handlers[name]
+	return h, ok
+}
+
+func (m *Manager) hook(name string) (Hook, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	h, ok := m.hooks[name]
+	return h, ok
+}
+
+// HasHandler reports whether a handler is registered under name.
+func (m *Manager) HasHandler(name string) bool {
+	_, ok := m.handler(name)
+	return ok
+}
+
+func (m *Manager) handlerNames() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	names := make([]string, 0, len(m.handlers))
+	for n := range m.handlers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Start runs this replica's part: it listens for notifications first (so
+// nothing committed after this point goes unnoticed), then starts the
+// executors and a leadership candidate for every pool's loop. It returns
+// once all of that is running.
+func (m *Manager) Start(ctx context.Context) error {
+	m.lifeMu.Lock()
+	defer m.lifeMu.Unlock()
+	if m.started {
+		return errors.New("workpool: already started")
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	l, err := newListener(runCtx, m)
+	if err != nil {
+		cancel()
+		return err
+	}
+	m.started, m.cancel, m.listener = true, cancel, l
+	m.goRun(func() { l.run(runCtx) })
+	m.exec.start()
+	if err := m.syncLoops(runCtx); err != nil {
+		m.logger.Warn("listing pools failed; will retry", "error", err.Error())
+	}
+	m.goRun(func() { m.watchPools(runCtx) })
+	return nil
+}
+
+func (m *Manager) goRun(f func()) {
+	m.wg.Add(1)
+	go func() { defer m.wg.Done(); f() }()
+}
+
+// Stop shuts this replica's part down in stages: executors stop claiming,
+// the loops hand leadership over, running handlers get StopGrace (bounded by
+// ctx) to finish, then their contexts are canceled; their results are
+// reported. Stopping twice is safe.
+func (m *Manager) Stop(ctx context.Context) error {
+	m.lifeMu.Lock()
+	defer m.lifeMu.Unlock()
+	if !m.started || m.stopped {
+		return nil
+	}
+	m.stopped = true
+	m.exec.stopClaiming()
+	m.cancel()
+	m.wg.Wait()
+	return m.exec.drain(ctx)
+}
+
+// syncLoops runs a leadership candidate for every pool in the database.
+func (m *Manager) syncLoops(ctx context.Context) error {
+	names, err := m.poolNames(ctx)
+	if err != nil {
+		return err
+	}
+	m.loopsMu.Lock()
+	defer m.loopsMu.Unlock()
+	for _, name := range names {
+		if _, ok := m.loops[name]; ok {
+			continue
+		}
+		l := newLoop(m, name)
+		m.loops[name] = l
+		m.goRun(func() { l.campaign(ctx) })
+	}
+	return nil
+}
+
+// watchPools picks up pools created by other replicas.
+func (m *Manager) watchPools(ctx context.Context) {
+	t := time.NewTicker(m.cfg.RecoveryPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := m.syncLoops(ctx); err != nil && ctx.Err() == nil {
+				m.logger.Warn("listing pools failed", "error", err.Error())
+			}
+		}
+	}
+}
+
+func (m *Manager) loopFor(pool string) *loop {
+	m.loopsMu.Lock()
+	defer m.loopsMu.Unlock()
+	return m.loops[pool]
+}
+
+// kickLoop wakes pool's loop if this replica leads it.
+func (m *Manager) kickLoop(pool string, enqueue bool) {
+	if l := m.loopFor(pool); l != nil {
+		l.kick(enqueue)
+	}
+}
+
+// kickAll wakes every local loop and the executor (after the listener lost
+// notifications).
+func (m *Manager) kickAll() {
+	m.loopsMu.Lock()
+	for _, l := range m.loops {
+		l.kick(false)
+	}
+	m.loopsMu.Unlock()
+	m.exec.kick()
+}
+
+func newID() uuid.UUID {
+	id, err := uuid.NewV7()
+	if err != nil {
+		// NewV7 fails only if the system's randomness does; nothing sane
+		// can go on without it.
+		panic(fmt.Sprintf("workpool: uuid: %v", err))
+	}
+	return id
+}
