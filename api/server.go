@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/streams"
 )
 
@@ -76,6 +77,8 @@ type Services struct {
 	Ready []ReadinessCheck
 	// Streams serves the run stream routes (SPEC §8).
 	Streams *streams.Service
+	// Mandates serves mandates, spend and overrun approvals (SPEC §6).
+	Mandates *mandates.Service
 }
 
 // Server is the HTTP API.
@@ -139,6 +142,7 @@ func (s *Server) routes() {
 
 	s.route(http.MethodGet, "/v1/whoami", func(c echo.Context) error { return c.JSON(http.StatusOK, PrincipalFrom(c)) }, anyRole)
 	s.streamRoutes()
+	s.mandateRoutes()
 }
 
 // anyRole lets every authenticated principal through.

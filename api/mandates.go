@@ -1,0 +1,344 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+
+	"github.com/reveille/reveille/mandates"
+)
+
+// mandateRoutes serves mandates (admin), spend (agent) and overrun approval
+// requests (approver), SPEC §6.
+func (s *Server) mandateRoutes() {
+	if s.svc.Mandates == nil {
+		return
+	}
+	admin, agent, approver := []string{RoleAdmin}, []string{RoleAgent}, []string{RoleApprover}
+	s.route(http.MethodPost, "/v1/mandates", s.createMandate, admin, s.idempotent())
+	s.route(http.MethodGet, "/v1/mandates", s.listMandates, admin)
+	s.route(http.MethodPost, "/v1/mandates/spend", s.spendMandate, agent, s.idempotent())
+	s.route(http.MethodGet, "/v1/mandates/:id", s.getMandate, admin)
+	s.route(http.MethodPatch, "/v1/mandates/:id", s.patchMandate, admin)
+	s.route(http.MethodGet, "/v1/mandates/:id/ledger", s.mandateLedger, admin)
+	s.route(http.MethodGet, "/v1/mandate-approvals", s.listMandateApprovals, approver)
+	s.route(http.MethodGet, "/v1/mandate-approvals/:id", s.getMandateApproval, approver)
+	s.route(http.MethodPost, "/v1/mandate-approvals/:id/approve", s.resolveMandateApproval(s.svc.Mandates.Approve), approver, s.idempotent())
+	s.route(http.MethodPost, "/v1/mandate-approvals/:id/deny", s.resolveMandateApproval(s.svc.Mandates.Deny), approver, s.idempotent())
+}
+
+type mandateJSON struct {
+	ID         uuid.UUID  `json:"id"`
+	AgentID    string     `json:"agent_id"`
+	Scope      string     `json:"scope"`
+	Budget     int64      `json:"budget"`
+	Spent      int64      `json:"spent"`
+	Remaining  int64      `json:"remaining"`
+	Status     string     `json:"status"`
+	ValidUntil *time.Time `json:"valid_until"`
+	CreatedAt  time.Time  `json:"created_at"`
+	UpdatedAt  time.Time  `json:"updated_at"`
+}
+
+func mandateOut(m mandates.Mandate) mandateJSON {
+	return mandateJSON{ID: m.ID, AgentID: m.AgentID, Scope: m.Scope, Budget: m.Budget, Spent: m.Spent,
+		Remaining: m.Remaining(), Status: m.Status, ValidUntil: utcPtr(m.ValidUntil),
+		CreatedAt: m.CreatedAt.UTC(), UpdatedAt: m.UpdatedAt.UTC()}
+}
+
+type ledgerEntryJSON struct {
+	ID             uuid.UUID  `json:"id"`
+	Kind           string     `json:"kind"`
+	Amount         int64      `json:"amount"`
+	Reason         string     `json:"reason"`
+	IdempotencyKey *string    `json:"idempotency_key"`
+	ApprovalID     *uuid.UUID `json:"approval_id,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+}
+
+func ledgerEntryOut(e mandates.LedgerEntry) ledgerEntryJSON {
+	out := ledgerEntryJSON{ID: e.ID, Kind: e.Kind, Amount: e.Amount, Reason: e.Reason, ApprovalID: e.ApprovalID, CreatedAt: e.CreatedAt.UTC()}
+	if e.IdempotencyKey != "" {
+		out.IdempotencyKey = &e.IdempotencyKey
+	}
+	return out
+}
+
+type mandateApprovalJSON struct {
+	ID         uuid.UUID  `json:"id"`
+	AgentID    string     `json:"agent_id"`
+	Scope      string     `json:"scope"`
+	Cost       int64      `json:"cost"`
+	Reason     string     `json:"reason"`
+	State      string     `json:"state"`
+	ExpiresAt  time.Time  `json:"expires_at"`
+	CreatedAt  time.Time  `json:"created_at"`
+	ResolvedAt *time.Time `json:"resolved_at,omitempty"`
+	ResolvedBy string     `json:"resolved_by,omitempty"`
+	Note       string     `json:"note,omitempty"`
+}
+
+func mandateApprovalOut(a mandates.Approval) mandateApprovalJSON {
+	return mandateApprovalJSON{ID: a.ID, AgentID: a.AgentID, Scope: a.Scope, Cost: a.Cost, Reason: a.Reason,
+		State: a.State, ExpiresAt: a.ExpiresAt.UTC(), CreatedAt: a.CreatedAt.UTC(), ResolvedAt: utcPtr(a.ResolvedAt),
+		ResolvedBy: a.ResolvedBy, Note: a.Note}
+}
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// mandateList is a page of a list: {items, next_cursor}.
+type mandateList[T any] struct {
+	Items      []T     `json:"items"`
+	NextCursor *string `json:"next_cursor"`
+}
+
+func newMandateList[S, T any](items []S, next *uuid.UUID, out func(S) T) mandateList[T] {
+	l := mandateList[T]{Items: make([]T, 0, len(items))}
+	for _, it := range items {
+		l.Items = append(l.Items, out(it))
+	}
+	if next != nil {
+		cur := next.String()
+		l.NextCursor = &cur
+	}
+	return l
+}
+
+// mandatePage reads ?cursor=&limit= (limit 1–500, default 50).
+func mandatePage(c echo.Context) (mandates.Page, error) {
+	var p mandates.Page
+	if raw := c.QueryParam("limit"); raw != "" {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 1 || n > mandates.MaxLimit {
+			return p, Invalid("limit", "must be an integer from 1 to 500")
+		}
+		p.Limit = n
+	}
+	if raw := c.QueryParam("cursor"); raw != "" {
+		id, err := uuid.Parse(raw)
+		if err != nil {
+			return p, Invalid("cursor", "is not a cursor this list returned")
+		}
+		p.Cursor = id
+	}
+	return p, nil
+}
+
+// pathID reads the :id path parameter; an id that is not a UUID names
+// nothing, so it is reported as absent.
+func pathID(c echo.Context, notFound error) (uuid.UUID, error) {
+	id, err := uuid.Parse(c.Param("id"))
+	if err != nil {
+		return uuid.Nil, notFound
+	}
+	return id, nil
+}
+
+// parseValidUntil reads an RFC 3339 timestamp for valid_until.
+func parseValidUntil(raw string) (*time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, raw)
+	if err != nil {
+		return nil, Invalid("valid_until", "must be an RFC 3339 timestamp")
+	}
+	return &t, nil
+}
+
+func (s *Server) createMandate(c echo.Context) error {
+	var in struct {
+		AgentID    string  `json:"agent_id"`
+		Scope      string  `json:"scope"`
+		Budget     *int64  `json:"budget"`
+		ValidUntil *string `json:"valid_until"`
+	}
+	if err := bind(c, &in); err != nil {
+		return err
+	}
+	if in.Budget == nil {
+		return Invalid("budget", "is required (an integer ≥ 0)")
+	}
+	if err := checkAgent(c, "agent_id", in.AgentID); err != nil {
+		return err
+	}
+	p := mandates.CreateParams{AgentID: in.AgentID, Scope: in.Scope, Budget: *in.Budget}
+	if in.ValidUntil != nil {
+		t, err := parseValidUntil(*in.ValidUntil)
+		if err != nil {
+			return err
+		}
+		p.ValidUntil = t
+	}
+	m, err := s.svc.Mandates.Create(c.Request().Context(), PrincipalFrom(c).OrgID, p)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusCreated, mandateOut(m))
+}
+
+func (s *Server) listMandates(c echo.Context) error {
+	page, err := mandatePage(c)
+	if err != nil {
+		return err
+	}
+	f := mandates.MandateFilter{AgentID: c.QueryParam("agent_id"), Scope: c.QueryParam("scope")}
+	items, next, err := s.svc.Mandates.List(c.Request().Context(), PrincipalFrom(c).OrgID, f, page)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, newMandateList(items, next, mandateOut))
+}
+
+func (s *Server) getMandate(c echo.Context) error {
+	id, err := pathID(c, mandates.ErrNotFound)
+	if err != nil {
+		return err
+	}
+	m, err := s.svc.Mandates.Get(c.Request().Context(), PrincipalFrom(c).OrgID, id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, mandateOut(m))
+}
+
+func (s *Server) patchMandate(c echo.Context) error {
+	id, err := pathID(c, mandates.ErrNotFound)
+	if err != nil {
+		return err
+	}
+	var in struct {
+		Budget     *int64          `json:"budget"`
+		Status     *string         `json:"status"`
+		ValidUntil json.RawMessage `json:"valid_until"` // absent: keep; null: clear
+	}
+	if err := bind(c, &in); err != nil {
+		return err
+	}
+	p := mandates.PatchParams{Budget: in.Budget, Status: in.Status}
+	if in.ValidUntil != nil {
+		p.SetValidUntil = true
+		if string(in.ValidUntil) != "null" {
+			var raw string
+			if err := json.Unmarshal(in.ValidUntil, &raw); err != nil {
+				return Invalid("valid_until", "must be an RFC 3339 timestamp or null")
+			}
+			if p.ValidUntil, err = parseValidUntil(raw); err != nil {
+				return err
+			}
+		}
+	}
+	m, err := s.svc.Mandates.Patch(c.Request().Context(), PrincipalFrom(c).OrgID, id, p)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, mandateOut(m))
+}
+
+func (s *Server) mandateLedger(c echo.Context) error {
+	id, err := pathID(c, mandates.ErrNotFound)
+	if err != nil {
+		return err
+	}
+	page, err := mandatePage(c)
+	if err != nil {
+		return err
+	}
+	items, next, err := s.svc.Mandates.Ledger(c.Request().Context(), PrincipalFrom(c).OrgID, id, page)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, newMandateList(items, next, ledgerEntryOut))
+}
+
+func (s *Server) spendMandate(c echo.Context) error {
+	var in struct {
+		AgentID string `json:"agent_id"`
+		Scope   string `json:"scope"`
+		Cost    *int64 `json:"cost"`
+		Reason  string `json:"reason"`
+	}
+	if err := bind(c, &in); err != nil {
+		return err
+	}
+	if in.Cost == nil {
+		return Invalid("cost", "is required (an integer ≥ 0)")
+	}
+	if err := checkAgent(c, "agent_id", in.AgentID); err != nil {
+		return err
+	}
+	p := PrincipalFrom(c)
+	res, err := s.svc.Mandates.Spend(c.Request().Context(), mandates.SpendParams{
+		OrgID: p.OrgID, AgentID: in.AgentID, Scope: in.Scope, Cost: *in.Cost, Reason: in.Reason,
+		IdempotencyKey: IdempotencyKey(c), RequestedBy: p.Sub,
+	})
+	if errors.Is(err, mandates.ErrIdempotencyKeyReused) {
+		return NewProblem(http.StatusUnprocessableEntity, "idempotency-key-reused", err.Error())
+	}
+	if err != nil {
+		return err
+	}
+	if !res.OK {
+		return NewProblem(http.StatusPaymentRequired, "spend-refused",
+			"the mandate does not cover this spend ("+res.Refusal+"); an approval request was created").
+			With("approval_id", res.ApprovalID).With("refusal", res.Refusal)
+	}
+	return c.JSON(http.StatusOK, map[string]any{"ok": true, "remaining": res.Remaining})
+}
+
+func (s *Server) listMandateApprovals(c echo.Context) error {
+	page, err := mandatePage(c)
+	if err != nil {
+		return err
+	}
+	f := mandates.ApprovalFilter{State: c.QueryParam("status"), AgentID: c.QueryParam("agent_id")}
+	items, next, err := s.svc.Mandates.ListApprovals(c.Request().Context(), PrincipalFrom(c).OrgID, f, page)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, newMandateList(items, next, mandateApprovalOut))
+}
+
+func (s *Server) getMandateApproval(c echo.Context) error {
+	id, err := pathID(c, mandates.ErrApprovalNotFound)
+	if err != nil {
+		return err
+	}
+	a, err := s.svc.Mandates.GetApproval(c.Request().Context(), PrincipalFrom(c).OrgID, id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, mandateApprovalOut(a))
+}
+
+// resolveMandateApproval approves or denies; the resolver is the token's
+// sub, which may not be the sub that created the request.
+func (s *Server) resolveMandateApproval(resolve func(ctx context.Context, orgID string, id uuid.UUID, resolverSub, note string) (mandates.Approval, error)) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		id, err := pathID(c, mandates.ErrApprovalNotFound)
+		if err != nil {
+			return err
+		}
+		var in struct {
+			Note string `json:"note"`
+		}
+		if err := bind(c, &in); err != nil {
+			return err
+		}
+		p := PrincipalFrom(c)
+		a, err := resolve(c.Request().Context(), p.OrgID, id, p.Sub, in.Note)
+		if err != nil {
+			return err
+		}
+		return c.JSON(http.StatusOK, mandateApprovalOut(a))
+	}
+}
