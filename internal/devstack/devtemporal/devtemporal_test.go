@@ -59,6 +59,18 @@ func TestServerPersistsAcrossRestart(t *testing.T) {
 	require.ErrorContains(t, err, "not available")
 	require.ErrorIs(t, err, syscall.EADDRINUSE)
 
+	// The data dir is in use by s: refused before touching the database.
+	_, err = Start(ctx, Options{DataDir: dataDir})
+	require.ErrorContains(t, err, "already used by another server")
+
+	// A second server with its own data dir and a free port runs side by side.
+	other, err := Start(ctx, Options{DataDir: t.TempDir(), Namespace: "other"})
+	require.NoError(t, err)
+	require.NotEqual(t, s.Address(), other.Address())
+	_, err = dial(t, other).CheckHealth(ctx, &client.CheckHealthRequest{})
+	require.NoError(t, err)
+	require.NoError(t, other.Stop())
+
 	// Start a workflow on a task queue nobody polls: it stays running.
 	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
 		ID:        "devtemporal-restart-test",

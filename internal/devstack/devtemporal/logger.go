@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync/atomic"
+	"sync"
 
 	"go.temporal.io/server/common/log"
 	"go.temporal.io/server/common/log/tag"
@@ -17,10 +17,68 @@ import (
 // is noise for a developer running `engine dev`.
 const minServerLogLevel = slog.LevelWarn
 
+// maxBufferedRecords bounds the records kept while the server starts.
+const maxBufferedRecords = 200
+
+// logPhase says what a serverLogger does with a record.
+type logPhase int
+
+const (
+	// phaseStarting buffers warn+ records: a healthy start logs a few
+	// transient warnings and errors (Nexus HTTP port not set, shard status
+	// unknown, ...) that are only worth showing if the start fails.
+	phaseStarting logPhase = iota
+	// phaseRunning forwards warn+ records to the caller's logger.
+	phaseRunning
+	// phaseStopping drops everything: shutting down makes every service log
+	// canceled contexts, refused connections and closed task queues.
+	phaseStopping
+)
+
+// bufferedRecord is a record held back during phaseStarting.
+type bufferedRecord struct {
+	log   *slog.Logger
+	level slog.Level
+	msg   string
+	attrs []slog.Attr
+}
+
+// logState is shared by a serverLogger and all loggers derived from it with
+// With.
+type logState struct {
+	mu           sync.Mutex
+	phase        logPhase
+	panicOnFatal bool
+	buffer       []bufferedRecord
+}
+
+// setPhase switches to phase. Leaving phaseStarting replays the buffered
+// records if flush is set and discards them otherwise.
+func (st *logState) setPhase(phase logPhase, flush bool) {
+	st.mu.Lock()
+	buffered := st.buffer
+	st.buffer = nil
+	st.phase = phase
+	st.mu.Unlock()
+	if !flush {
+		return
+	}
+	for _, r := range buffered {
+		r.log.LogAttrs(context.Background(), r.level, r.msg, r.attrs...)
+	}
+}
+
+// setPanicOnFatal controls whether Fatal and Panic panic with a *fatalError.
+func (st *logState) setPanicOnFatal(v bool) {
+	st.mu.Lock()
+	st.panicOnFatal = v
+	st.mu.Unlock()
+}
+
 // fatalError is the panic value raised by serverLogger.Fatal and
-// serverLogger.Panic while the server is starting. Start recovers it and
-// turns it into an ordinary error (for example when a gRPC listener cannot be
-// created).
+// serverLogger.Panic while the server is being created and started. Start
+// recovers it and turns it into an ordinary error (for example when a gRPC
+// listener cannot be created).
 type fatalError struct {
 	msg   string
 	attrs []slog.Attr
@@ -38,15 +96,15 @@ func (e *fatalError) Error() string {
 
 // serverLogger adapts a *slog.Logger to Temporal's log.Logger interface.
 //
-// Records below minServerLogLevel are dropped. Fatal and Panic are logged at
-// error level; while starting is set they also panic with a *fatalError (the
-// Temporal code calling them does not expect them to return, and Start
-// recovers the panic). After startup they only log, like the Temporal CLI dev
-// server does, so that a background failure inside Temporal cannot exit the
-// host process.
+// Debug and info records are dropped; warn+ records are handled according to
+// the shared logState phase. Fatal and Panic are error records; while
+// panicOnFatal is set they also panic with a *fatalError (the Temporal code
+// calling them does not expect them to return, and Start recovers the panic).
+// Otherwise they only log, like the Temporal CLI dev server does, so that a
+// background failure inside Temporal cannot exit the host process.
 type serverLogger struct {
-	log      *slog.Logger
-	starting *atomic.Bool
+	log   *slog.Logger
+	state *logState
 }
 
 var (
@@ -54,10 +112,13 @@ var (
 	_ log.WithLogger = serverLogger{}
 )
 
-// newServerLogger returns a Temporal logger writing to l. The returned
-// logger panics on Fatal/Panic for as long as starting is true.
-func newServerLogger(l *slog.Logger, starting *atomic.Bool) serverLogger {
-	return serverLogger{log: l.With("component", "temporal"), starting: starting}
+// newServerLogger returns a Temporal logger writing to l, in phaseStarting
+// with panicOnFatal set.
+func newServerLogger(l *slog.Logger) serverLogger {
+	return serverLogger{
+		log:   l.With("component", "temporal"),
+		state: &logState{phase: phaseStarting, panicOnFatal: true},
+	}
 }
 
 // Debug implements log.Logger; debug records are dropped.
@@ -91,13 +152,16 @@ func (s serverLogger) With(tags ...tag.Tag) log.Logger {
 	for i, a := range tagsToAttrs(tags) {
 		args[i] = a
 	}
-	return serverLogger{log: s.log.With(args...), starting: s.starting}
+	return serverLogger{log: s.log.With(args...), state: s.state}
 }
 
 func (s serverLogger) fatal(msg string, tags []tag.Tag) {
 	attrs := tagsToAttrs(tags)
-	s.log.LogAttrs(context.Background(), slog.LevelError, msg, attrs...)
-	if s.starting.Load() {
+	s.record(slog.LevelError, msg, attrs)
+	s.state.mu.Lock()
+	panicking := s.state.panicOnFatal
+	s.state.mu.Unlock()
+	if panicking {
 		panic(&fatalError{msg: msg, attrs: attrs})
 	}
 }
@@ -106,7 +170,26 @@ func (s serverLogger) emit(level slog.Level, msg string, tags []tag.Tag) {
 	if level < minServerLogLevel || !s.log.Enabled(context.Background(), level) {
 		return
 	}
-	s.log.LogAttrs(context.Background(), level, msg, tagsToAttrs(tags)...)
+	s.record(level, msg, tagsToAttrs(tags))
+}
+
+func (s serverLogger) record(level slog.Level, msg string, attrs []slog.Attr) {
+	st := s.state
+	st.mu.Lock()
+	switch st.phase {
+	case phaseStarting:
+		if len(st.buffer) == maxBufferedRecords {
+			st.buffer = st.buffer[1:]
+		}
+		st.buffer = append(st.buffer, bufferedRecord{log: s.log, level: level, msg: msg, attrs: attrs})
+		st.mu.Unlock()
+		return
+	case phaseStopping:
+		st.mu.Unlock()
+		return
+	}
+	st.mu.Unlock()
+	s.log.LogAttrs(context.Background(), level, msg, attrs...)
 }
 
 func tagsToAttrs(tags []tag.Tag) []slog.Attr {

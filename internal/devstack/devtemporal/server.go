@@ -22,7 +22,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.temporal.io/api/workflowservice/v1"
@@ -71,7 +70,10 @@ type Options struct {
 	// "default".
 	Namespace string
 	// Logger receives Temporal's own log records at warn level and above
-	// (debug and info are dropped as noise). Nil discards everything.
+	// while the server runs; debug and info are dropped as noise. Records
+	// logged during start-up are held back and only written if Start fails,
+	// and records logged during Stop (canceled contexts, refused
+	// connections) are discarded. Nil discards everything.
 	Logger *slog.Logger
 }
 
@@ -82,7 +84,7 @@ type Server struct {
 	addr      string
 	namespace string
 	dbPath    string
-	logger    *slog.Logger
+	logs      *logState
 
 	stopOnce sync.Once
 	stopErr  error
@@ -146,9 +148,9 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		return nil, err
 	}
 
-	var starting atomic.Bool
-	starting.Store(true)
-	serverOpts, err := buildServerOptions(sqlConf, ports, newServerLogger(logger, &starting))
+	slogger := newServerLogger(logger)
+	logs := slogger.state
+	serverOpts, err := buildServerOptions(sqlConf, ports, slogger)
 	if err != nil {
 		return nil, err
 	}
@@ -160,6 +162,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		return err
 	})
 	if err != nil {
+		logs.setPhase(phaseStopping, true)
 		return nil, fmt.Errorf("devtemporal: create server: %w", portError(err, ports.frontend))
 	}
 
@@ -167,15 +170,17 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	startDone := make(chan error, 1)
 	go func() {
 		err := catchFatal(srv.Start)
-		starting.Store(false)
+		logs.setPanicOnFatal(false)
 		startDone <- err
 	}()
 	select {
 	case err := <-startDone:
 		if err != nil {
+			logs.setPhase(phaseStopping, true)
 			return nil, fmt.Errorf("devtemporal: start server: %w", portError(err, ports.frontend))
 		}
 	case <-ctx.Done():
+		logs.setPhase(phaseStopping, true)
 		// Let the start finish in the background, then tear it down.
 		started = true // releaseDB happens in the goroutine below instead.
 		go func() {
@@ -192,13 +197,15 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		addr:      net.JoinHostPort(localhost, strconv.Itoa(ports.frontend)),
 		namespace: opts.Namespace,
 		dbPath:    dbPath,
-		logger:    logger,
+		logs:      logs,
 	}
 	started = true
 	if err := s.waitReady(ctx); err != nil {
+		logs.setPhase(phaseStopping, true)
 		_ = s.Stop()
 		return nil, err
 	}
+	logs.setPhase(phaseRunning, false)
 	return s, nil
 }
 
@@ -209,11 +216,15 @@ func (s *Server) Address() string { return s.addr }
 // Namespace returns the namespace registered at start.
 func (s *Server) Namespace() string { return s.namespace }
 
-// Stop shuts all services down and waits for them to finish. It is safe to
-// call more than once (and concurrently); later calls return the result of
-// the first. Clients connected to the server see it as unavailable afterwards.
+// Stop shuts all services down and waits for them to finish (typically 1-2
+// seconds). It is safe to call more than once (and concurrently); later calls
+// return the result of the first. Clients connected to the server see it as
+// unavailable afterwards. The SQLite plugin keeps its connection to the file
+// open until the process exits, so a later Start on the same DataDir in the
+// same process reuses it.
 func (s *Server) Stop() error {
 	s.stopOnce.Do(func() {
+		s.logs.setPhase(phaseStopping, false)
 		s.stopErr = s.srv.Stop()
 		if s.stopErr != nil {
 			s.stopErr = fmt.Errorf("devtemporal: stop server: %w", s.stopErr)
