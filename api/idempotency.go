@@ -22,7 +22,7 @@ const (
 	idempotencyAbandoned = 2 * time.Minute
 	// idempotencyWait bounds how long a concurrent duplicate waits for the
 	// first request to finish.
-	idempotencyWait = 60 * time.Second
+	idempotencyWait   = 60 * time.Second
 	maxIdempotencyKey = 255
 )
 

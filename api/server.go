@@ -24,6 +24,7 @@ import (
 
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/streams"
+	"github.com/reveille/reveille/wakeup"
 )
 
 // Config configures the server. Zero values take the defaults noted.
@@ -79,6 +80,8 @@ type Services struct {
 	Streams *streams.Service
 	// Mandates serves mandates, spend and overrun approvals (SPEC §6).
 	Mandates *mandates.Service
+	// Wakeups serves the wake-up routes (SPEC §5).
+	Wakeups *wakeup.Service
 }
 
 // Server is the HTTP API.
@@ -143,6 +146,7 @@ func (s *Server) routes() {
 	s.route(http.MethodGet, "/v1/whoami", func(c echo.Context) error { return c.JSON(http.StatusOK, PrincipalFrom(c)) }, anyRole)
 	s.streamRoutes()
 	s.mandateRoutes()
+	s.wakeupRoutes()
 }
 
 // anyRole lets every authenticated principal through.

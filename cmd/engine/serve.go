@@ -17,7 +17,13 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/reveille/reveille/api"
+	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/migrations"
+	"github.com/reveille/reveille/queue"
+	"github.com/reveille/reveille/streams"
+	"github.com/reveille/reveille/wakeup"
+	"github.com/reveille/reveille/workflows"
+	"github.com/reveille/reveille/workpool"
 )
 
 func runServe(ctx context.Context, args []string) error {
@@ -122,8 +128,70 @@ func newApp(ctx context.Context, s settings, logger *slog.Logger) (*app, error) 
 }
 
 // wireDomain builds the domain services and their background loops.
-func (a *app) wireDomain(ctx context.Context, svc *api.Services) error {
+func (a *app) wireDomain(_ context.Context, svc *api.Services) error {
+	s, reg, logger := a.s, a.registry, a.logger
+	poolCfg, err := workpool.ConfigFromEnv(os.Getenv)
+	if err != nil {
+		return err
+	}
+	poolCfg.Logger, poolCfg.Registry = logger, reg
+	pool, err := workpool.New(a.db, poolCfg)
+	if err != nil {
+		return fmt.Errorf("workpool: %w", err)
+	}
+	registerHandlers(pool, s)
+	svc.Mandates = mandates.New(a.db, mandates.Config{ApprovalTTL: s.ApprovalTTL, Logger: logger, Registry: reg})
+	svc.Streams, err = streams.New(a.db, streams.Config{MaxChunk: s.StreamChunk, MaxRequest: s.StreamRequest,
+		Retention: s.StreamKeep, Logger: logger, Registry: reg})
+	if err != nil {
+		return fmt.Errorf("streams: %w", err)
+	}
+	svc.Wakeups = wakeup.New(a.db, pool, svc.Mandates, wakeup.Config{Logger: logger, Registry: reg})
+	dispatcher := queue.NewDispatcher(a.db, a.temporal, queue.DispatcherConfig{NotFoundGrace: s.NotFoundGrace, Logger: logger, Registry: reg})
+
+	a.starters = append(a.starters,
+		lifecycle("workpool", pool, logger),
+		lifecycle("mandates", svc.Mandates, logger),
+		lifecycle("streams", svc.Streams, logger),
+		lifecycle("wakeup", svc.Wakeups, logger),
+		lifecycle("signal dispatcher", dispatcher, logger),
+	)
+	if s.Worker {
+		w := workflows.NewWorker(a.temporal, workflows.TaskQueue, svc.Wakeups)
+		a.starters = append(a.starters, func(ctx context.Context) error {
+			// The worker keeps retrying while Temporal is down; Start fails
+			// only on a registration error.
+			if err := w.Start(); err != nil {
+				return fmt.Errorf("temporal worker: %w", err)
+			}
+			<-ctx.Done()
+			w.Stop()
+			return nil
+		})
+	}
 	return nil
+}
+
+// component is the Start/Stop lifecycle every background part shares.
+type component interface {
+	Start(ctx context.Context) error
+	Stop(ctx context.Context) error
+}
+
+// lifecycle runs c until ctx ends, then stops it (draining for up to 30 s).
+func lifecycle(name string, c component, logger *slog.Logger) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		if err := c.Start(context.WithoutCancel(ctx)); err != nil {
+			return fmt.Errorf("start %s: %w", name, err)
+		}
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := c.Stop(sctx); err != nil {
+			logger.Warn("stopping "+name+" failed", "error", err.Error())
+		}
+		return nil
+	}
 }
 
 func (a *app) run(ctx context.Context, ready func()) error {

@@ -44,7 +44,9 @@ func (e *InvalidError) Error() string {
 }
 
 // Add appends a field error.
-func (e *InvalidError) Add(field, detail string) { e.Fields = append(e.Fields, FieldError{field, detail}) }
+func (e *InvalidError) Add(field, detail string) {
+	e.Fields = append(e.Fields, FieldError{field, detail})
+}
 
 // OrNil returns e when it holds any field error, else nil (typed nil safe).
 func (e *InvalidError) OrNil() error {

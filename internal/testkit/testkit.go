@@ -38,16 +38,17 @@ var (
 // machine's binaries (fsync off: test data is disposable). Use it as
 //
 //	func TestMain(m *testing.M) { testkit.Main(m) }
-func Main(m *testing.M) {
-	code := func() int {
-		if err := startServer(); err != nil {
-			fmt.Fprintln(os.Stderr, "testkit:", err)
-			return 1
-		}
-		defer stopServer()
-		return m.Run()
-	}()
-	os.Exit(code)
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run is Main without the exit, for a TestMain that starts more around the
+// tests; it returns the tests' exit code.
+func Run(m *testing.M) int {
+	if err := startServer(); err != nil {
+		fmt.Fprintln(os.Stderr, "testkit:", err)
+		return 1
+	}
+	defer stopServer()
+	return m.Run()
 }
 
 func startServer() error {

@@ -1,0 +1,31 @@
+package queue
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type dispatchMetrics struct {
+	results         *prometheus.CounterVec
+	sendSeconds     prometheus.Histogram
+	deliverySeconds prometheus.Histogram
+}
+
+func newDispatchMetrics(reg prometheus.Registerer) *dispatchMetrics {
+	m := &dispatchMetrics{
+		results: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "reveille_queue_signal_sends_total", Help: "Signal sends by result: delivered, retry, failed.",
+		}, []string{"result"}),
+		sendSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "reveille_queue_signal_send_seconds", Help: "Latency of one SignalWorkflow call.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		deliverySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "reveille_queue_signal_delivery_seconds", Help: "From the message's commit to Temporal accepting the signal.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 20),
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.results, m.sendSeconds, m.deliverySeconds)
+	}
+	return m
+}

@@ -1,0 +1,232 @@
+package wakeup
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/queue"
+	"github.com/reveille/reveille/workpool"
+)
+
+type queueSignal = queue.Signal
+
+// enqueueSignal queues the wake signal; the wake-up id is the message's
+// idempotency key, so an intent has at most one signal.
+func enqueueSignal(ctx context.Context, tx pgx.Tx, orgID string, id uuid.UUID, payload json.RawMessage, sig *queue.Signal) error {
+	_, _, err := queue.Enqueue(ctx, tx, queue.EnqueueParams{
+		OrgID: orgID, Queue: Queue, Payload: payload, IdempotencyKey: id.String(), Signal: sig,
+	})
+	if err != nil {
+		return fmt.Errorf("queue wake signal: %w", err)
+	}
+	return nil
+}
+
+// onWorkComplete is the workpool onComplete hook: in the completing
+// transaction it records the outcome and queues the signal.
+func (s *Service) onWorkComplete(ctx context.Context, tx pgx.Tx, c workpool.Completion) error {
+	var hc hookContext
+	if err := json.Unmarshal(c.Context, &hc); err != nil {
+		return fmt.Errorf("wakeup hook: bad context %q: %w", c.Context, err)
+	}
+	if hc.OrgID != c.OrgID {
+		return fmt.Errorf("wakeup hook: context org %q differs from the work's org %q", hc.OrgID, c.OrgID)
+	}
+	_, err := s.resolveTx(ctx, tx, c.OrgID, hc.WakeupID, string(c.Outcome), c.Result, c.Error)
+	return err
+}
+
+// onApprovalResolved is the mandates resolve hook. Approval funds the intent
+// and enqueues its work in the resolving transaction; denial and expiry
+// wake the workflow with "denied".
+func (s *Service) onApprovalResolved(ctx context.Context, tx pgx.Tx, r mandates.Resolution) error {
+	var data resolveData
+	if err := json.Unmarshal(r.Payload.Data, &data); err != nil {
+		return fmt.Errorf("wakeup resolve hook: bad payload: %w", err)
+	}
+	switch r.State {
+	case mandates.StateApproved:
+		tag, err := tx.Exec(ctx, `UPDATE wakeups SET state = 'funded', updated_at = now()
+			WHERE org_id = $1 AND id = $2 AND state = 'awaiting_approval'`, r.OrgID, data.WakeupID)
+		if err != nil {
+			return fmt.Errorf("fund approved wake-up: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return nil // canceled meanwhile: nothing to run
+		}
+		_, err = s.enqueueFundedTx(ctx, tx, r.OrgID, data.WakeupID, false)
+		return err
+	default: // denied, expired
+		errText := "spend " + r.State
+		if r.Note != "" {
+			errText += ": " + r.Note
+		}
+		_, err := s.resolveTx(ctx, tx, r.OrgID, data.WakeupID, OutcomeDenied, nil, errText)
+		return err
+	}
+}
+
+// Cancel cancels a wake-up: its work (the pool then finishes it as
+// canceled and the hook wakes the workflow), or its pending approval
+// request, or — between the two transactions — the funded intent, whose
+// spend is refunded. A settled wake-up is left alone.
+func (s *Service) Cancel(ctx context.Context, orgID string, id uuid.UUID) (Wakeup, error) {
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		var state string
+		var approvalID, workID *uuid.UUID
+		var agent, scope string
+		var cost int64
+		err := tx.QueryRow(ctx, `SELECT state, approval_id, work_id, agent_id, scope, cost FROM wakeups
+			WHERE org_id = $1 AND id = $2 FOR UPDATE`, orgID, id).Scan(&state, &approvalID, &workID, &agent, &scope, &cost)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("lock wake-up: %w", err)
+		}
+		switch state {
+		case stateAwaitingApproval:
+			if _, err := s.mandates.CancelApprovalTx(ctx, tx, orgID, *approvalID); err != nil {
+				return err
+			}
+			_, err = s.resolveTx(ctx, tx, orgID, id, OutcomeCanceled, nil, "canceled while awaiting approval")
+			return err
+		case stateFunded:
+			if err := s.mandates.RefundTx(ctx, tx, orgID, agent, scope, cost, "wake-up canceled before its work was enqueued", "wakeup-cancel:"+id.String()); err != nil {
+				return err
+			}
+			_, err = s.resolveTx(ctx, tx, orgID, id, OutcomeCanceled, nil, "canceled before its work was enqueued")
+			return err
+		case stateEnqueued:
+			return s.pool.CancelTx(ctx, tx, orgID, *workID)
+		}
+		return nil // resolved: a no-op
+	})
+	if err != nil {
+		return Wakeup{}, err
+	}
+	return s.Get(ctx, orgID, id)
+}
+
+// Redeliver re-queues an undeliverable wake signal.
+func (s *Service) Redeliver(ctx context.Context, orgID string, id uuid.UUID) (Wakeup, error) {
+	w, err := s.Get(ctx, orgID, id)
+	if err != nil {
+		return Wakeup{}, err
+	}
+	if w.Delivery.State != DeliveryUndeliverable {
+		return w, ErrNotUndeliverable
+	}
+	msg, err := queue.GetByKey(ctx, s.db, orgID, Queue, id.String())
+	if err != nil {
+		return Wakeup{}, err
+	}
+	if ok, err := queue.Redeliver(ctx, s.db, orgID, msg.ID); err != nil {
+		return Wakeup{}, err
+	} else if !ok {
+		return w, ErrNotUndeliverable
+	}
+	return s.Get(ctx, orgID, id)
+}
+
+// reconcileLoop is the leader's loop: enqueue funded intents that no
+// transaction enqueued (a crash or error between the gate and the enqueue).
+func (s *Service) reconcileLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.ReconcileInterval)
+	defer t.Stop()
+	for {
+		if n, err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Error("reconciling funded wake-ups failed", "error", err)
+		} else if n > 0 {
+			s.logger.Info("reconciled funded wake-ups", "count", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Reconcile enqueues the work of every funded intent older than
+// ReconcileAfter; an intent whose work can never be enqueued (its pool or
+// handler is gone) is refunded and its workflow woken with "failed". It
+// returns how many intents it settled.
+func (s *Service) Reconcile(ctx context.Context) (int, error) {
+	// Spans every org: the reconciler is a system maintenance loop; each
+	// intent is then handled with its own org.
+	rows, err := s.db.Query(ctx, `SELECT org_id, id FROM wakeups WHERE state = 'funded' AND updated_at < now() - $1::interval
+		ORDER BY updated_at LIMIT 500`, s.cfg.ReconcileAfter)
+	if err != nil {
+		return 0, fmt.Errorf("find funded wake-ups: %w", err)
+	}
+	type intent struct {
+		org string
+		id  uuid.UUID
+	}
+	due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (intent, error) {
+		var i intent
+		return i, r.Scan(&i.org, &i.id)
+	})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, i := range due {
+		done, err := s.reconcileOne(ctx, i.org, i.id)
+		if err != nil {
+			s.logger.Error("reconciling a funded wake-up failed", "org_id", i.org, "wakeup_id", i.id, "error", err)
+			continue
+		}
+		if done {
+			n++
+			s.metrics.reconciled.Inc()
+		}
+	}
+	return n, nil
+}
+
+func (s *Service) reconcileOne(ctx context.Context, orgID string, id uuid.UUID) (bool, error) {
+	var done bool
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		var err error
+		done, err = s.enqueueFundedTx(ctx, tx, orgID, id, true)
+		return err
+	})
+	if err == nil {
+		return done, nil
+	}
+	var inv *apperr.InvalidError
+	if !errors.As(err, &inv) {
+		return false, err
+	}
+	// The work can never be enqueued: refund and wake the workflow.
+	cause := err.Error()
+	s.logger.Warn("funded wake-up cannot be enqueued; refunding and waking its workflow with failed", "org_id", orgID, "wakeup_id", id, "error", err)
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		var agent, scope string
+		var cost int64
+		err := tx.QueryRow(ctx, `SELECT agent_id, scope, cost FROM wakeups WHERE org_id = $1 AND id = $2 AND state = 'funded' FOR UPDATE SKIP LOCKED`,
+			orgID, id).Scan(&agent, &scope, &cost)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := s.mandates.RefundTx(ctx, tx, orgID, agent, scope, cost, "wake-up work could not be enqueued", "wakeup-refund:"+id.String()); err != nil {
+			return err
+		}
+		done, err = s.resolveTx(ctx, tx, orgID, id, OutcomeFailed, nil, "work could not be enqueued: "+cause)
+		return err
+	})
+	return done, err
+}

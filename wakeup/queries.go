@@ -1,0 +1,112 @@
+package wakeup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/queue"
+)
+
+// selectWakeup reads a wake-up with its approval state and its signal's
+// delivery state (the queue message keyed by the wake-up id).
+const selectWakeup = `
+SELECT w.id, w.org_id, w.agent_id, w.workflow_id, coalesce(w.run_id, ''), w.signal, w.scope, w.reason, w.cost, w.pool, w.work,
+       w.state, coalesce(w.outcome, ''), w.result, coalesce(w.error, ''), w.approval_id, a.state, w.work_id,
+       m.status, coalesce(m.attempts, 0), coalesce(m.last_error, ''), w.created_at, greatest(w.updated_at, m.updated_at)
+  FROM wakeups w
+  LEFT JOIN mandate_approvals a ON a.org_id = w.org_id AND a.id = w.approval_id
+  LEFT JOIN queue_messages m ON m.org_id = w.org_id AND m.queue = '` + Queue + `' AND m.idempotency_key = w.id::text
+`
+
+func scanWakeup(row pgx.Row) (Wakeup, error) {
+	var w Wakeup
+	var state string
+	var approvalID *uuid.UUID
+	var approvalState, msgStatus *string
+	err := row.Scan(&w.ID, &w.OrgID, &w.AgentID, &w.WorkflowID, &w.RunID, &w.Signal, &w.Scope, &w.Reason, &w.Cost, &w.Pool, &w.Work,
+		&state, &w.Outcome, &w.Result, &w.Error, &approvalID, &approvalState, &w.WorkID,
+		&msgStatus, &w.Delivery.Attempts, &w.Delivery.LastError, &w.CreatedAt, &w.UpdatedAt)
+	if err != nil {
+		return w, err
+	}
+	if approvalID != nil {
+		w.Approval = &Approval{ID: *approvalID, State: deref(approvalState)}
+	}
+	// SPEC §5's state table.
+	switch deref(msgStatus) {
+	case "":
+		w.Status, w.Delivery.State = StatusPending, DeliveryWaiting
+	case queue.StatusPending:
+		w.Status, w.Delivery.State = StatusPending, DeliveryQueued
+	case queue.StatusDelivered:
+		w.Status, w.Delivery.State = StatusDelivered, DeliverySent
+	case queue.StatusFailed:
+		w.Status, w.Delivery.State = StatusFailed, DeliveryUndeliverable
+	}
+	return w, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// Get returns the org's wake-up (ErrNotFound for another org's).
+func (s *Service) Get(ctx context.Context, orgID string, id uuid.UUID) (Wakeup, error) {
+	w, err := scanWakeup(s.db.QueryRow(ctx, selectWakeup+` WHERE w.org_id = $1 AND w.id = $2`, orgID, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Wakeup{}, ErrNotFound
+	}
+	if err != nil {
+		return Wakeup{}, fmt.Errorf("read wake-up: %w", err)
+	}
+	return w, nil
+}
+
+// ListFilter narrows List.
+type ListFilter struct {
+	WorkflowID string
+	Status     string // pending | delivered | failed
+}
+
+// List returns the org's wake-ups, newest first, after cursor (exclusive);
+// next is the cursor of the following page, nil at the end.
+func (s *Service) List(ctx context.Context, orgID string, f ListFilter, cursor *uuid.UUID, limit int) (items []Wakeup, next *uuid.UUID, err error) {
+	switch f.Status {
+	case "", StatusPending, StatusDelivered, StatusFailed:
+	default:
+		return nil, nil, apperr.Invalid("status", "must be pending, delivered or failed")
+	}
+	var statusCond string
+	switch f.Status {
+	case StatusPending:
+		statusCond = ` AND (m.status IS NULL OR m.status = 'pending')`
+	case StatusDelivered:
+		statusCond = ` AND m.status = 'delivered'`
+	case StatusFailed:
+		statusCond = ` AND m.status = 'failed'`
+	}
+	rows, err := s.db.Query(ctx, selectWakeup+`
+		WHERE w.org_id = $1 AND ($2 = '' OR w.workflow_id = $2) AND ($3::uuid IS NULL OR w.id < $3)`+statusCond+`
+		ORDER BY w.id DESC LIMIT $4`, orgID, f.WorkflowID, cursor, limit+1)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list wake-ups: %w", err)
+	}
+	items, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Wakeup, error) { return scanWakeup(r) })
+	if err != nil {
+		return nil, nil, fmt.Errorf("list wake-ups: %w", err)
+	}
+	if len(items) > limit {
+		items = items[:limit]
+		last := items[limit-1].ID
+		next = &last
+	}
+	return items, next, nil
+}

@@ -1,0 +1,481 @@
+// Package wakeup is the wake-up primitive: a durable intent to run work on
+// behalf of an agent and to wake a parked Temporal workflow with the
+// outcome. Every wake-up passes the mandate gate first — in its own
+// transaction, so a refusal's approval request stands whatever happens next
+// — and only funded intents reach the pool. The pool's onComplete hook, the
+// approval's resolve hook and cancel all end the same way: the outcome is
+// recorded and a signal is queued in the same transaction, so a workflow
+// never sleeps forever on work that died or was refused.
+package wakeup
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/leader"
+	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/workpool"
+)
+
+// Names under which the service registers itself with its neighbours.
+const (
+	// HookName is the workpool onComplete hook that wakes the workflow.
+	HookName = "wakeup"
+	// ResolveKind is the mandates payload kind of a wake-up's approval request.
+	ResolveKind = "wakeup"
+	// Queue is the queue name of wake-up signal messages.
+	Queue = "wakeup"
+	// DefaultPool is the pool a wake-up's work runs in unless it names one.
+	DefaultPool = "wakeup"
+)
+
+// Outcomes a workflow is woken with.
+const (
+	OutcomeSucceeded = "succeeded"
+	OutcomeFailed    = "failed"
+	OutcomeCanceled  = "canceled"
+	OutcomeDenied    = "denied"
+)
+
+// Public statuses (SPEC §5): pending until Temporal accepts the signal.
+const (
+	StatusPending   = "pending"
+	StatusDelivered = "delivered"
+	StatusFailed    = "failed"
+)
+
+// Delivery states of the wake-up signal.
+const (
+	DeliveryWaiting       = "waiting"
+	DeliveryQueued        = "queued"
+	DeliverySent          = "sent"
+	DeliveryUndeliverable = "undeliverable"
+)
+
+// Internal intent states.
+const (
+	stateAwaitingApproval = "awaiting_approval"
+	stateFunded           = "funded"
+	stateEnqueued         = "enqueued"
+	stateResolved         = "resolved"
+)
+
+var (
+	// ErrNotFound: no such wake-up for this org.
+	ErrNotFound = fmt.Errorf("wake-up %w", apperr.ErrNotFound)
+	// ErrNotUndeliverable: redeliver applies only to a signal that failed.
+	ErrNotUndeliverable = fmt.Errorf("%w: the wake-up's signal is not undeliverable", apperr.ErrConflict)
+	// ErrIdempotencyKeyReused: the key named a different wake-up request.
+	ErrIdempotencyKeyReused = fmt.Errorf("%w: this idempotency key was used for a different wake-up", apperr.ErrConflict)
+)
+
+// RefusedError is returned by Create when the mandate refused the spend:
+// the intent and its approval request are committed and the workflow will
+// be woken once a human resolves the request.
+type RefusedError struct {
+	Wakeup     Wakeup
+	ApprovalID uuid.UUID
+	Refusal    string // no_mandate, revoked, expired, insufficient
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("spend refused (%s): approval request %s is pending for wake-up %s", e.Refusal, e.ApprovalID, e.Wakeup.ID)
+}
+
+// Work is what the wake-up runs in the pool.
+type Work struct {
+	Handler   string                `json:"handler"`
+	Args      json.RawMessage       `json:"args,omitempty"`
+	Retry     *workpool.RetryPolicy `json:"retry,omitempty"`
+	TimeoutMS int                   `json:"timeout_ms,omitempty"`
+}
+
+// CreateParams request a wake-up.
+type CreateParams struct {
+	OrgID      string
+	AgentID    string
+	WorkflowID string // must start with "<org_id>/"
+	RunID      string // optional
+	Signal     string // the signal name the workflow waits on
+	Scope      string
+	Reason     string
+	Cost       int64
+	Work       Work
+	Pool       string // default DefaultPool
+	// IdempotencyKey makes Create act at most once per (org, key): a repeat
+	// returns the same wake-up (one spend, one work item).
+	IdempotencyKey string
+	// RequestedBy is the caller's token sub (it may not approve its own overrun).
+	RequestedBy string
+}
+
+// Approval is the state of a wake-up's approval request.
+type Approval struct {
+	ID    uuid.UUID `json:"id"`
+	State string    `json:"state"`
+}
+
+// Delivery is the state of a wake-up's signal.
+type Delivery struct {
+	State     string `json:"state"`
+	Attempts  int    `json:"attempts"`
+	LastError string `json:"last_error,omitempty"`
+}
+
+// Wakeup is a wake-up as callers see it.
+type Wakeup struct {
+	ID         uuid.UUID
+	OrgID      string
+	AgentID    string
+	WorkflowID string
+	RunID      string
+	Signal     string
+	Scope      string
+	Reason     string
+	Cost       int64
+	Pool       string
+	Work       Work
+	Status     string // pending | delivered | failed
+	Outcome    string // "" until resolved
+	Result     json.RawMessage
+	Error      string
+	Approval   *Approval
+	Delivery   Delivery
+	WorkID     *uuid.UUID
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+}
+
+// Wake is the signal payload a workflow receives (SPEC §5); the workflows
+// package re-exports it for workflow authors.
+type Wake struct {
+	OrgID    string          `json:"org_id"`
+	WakeupID string          `json:"wakeup_id"`
+	Outcome  string          `json:"outcome"`
+	Result   json.RawMessage `json:"result,omitempty"`
+	Error    string          `json:"error,omitempty"`
+}
+
+// Config configures the service. Zero values take the defaults noted.
+type Config struct {
+	// ReconcileInterval is how often the leader looks for funded intents
+	// that no transaction enqueued (default 2 s), and ReconcileAfter how old
+	// such an intent must be before it is taken (default 5 s), so that the
+	// reconciler does not race a request still in its second transaction.
+	ReconcileInterval, ReconcileAfter time.Duration
+	Logger                            *slog.Logger
+	Registry                          prometheus.Registerer
+	// BeforeEnqueue, when set, runs between the gate and the enqueue
+	// transaction; an error aborts Create there, as a crash would. Tests use
+	// it to leave a funded intent for the reconciler.
+	BeforeEnqueue func(ctx context.Context, id uuid.UUID) error
+}
+
+// Service is the wake-up service.
+type Service struct {
+	db       *pgxpool.Pool
+	pool     *workpool.Manager
+	mandates *mandates.Service
+	cfg      Config
+	logger   *slog.Logger
+	metrics  *metrics
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	stopped chan struct{}
+}
+
+// New builds the service and registers its workpool hook and its mandates
+// resolve hook.
+func New(db *pgxpool.Pool, pool *workpool.Manager, m *mandates.Service, cfg Config) *Service {
+	cfg.ReconcileInterval = cmp.Or(cfg.ReconcileInterval, 2*time.Second)
+	cfg.ReconcileAfter = cmp.Or(cfg.ReconcileAfter, 5*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Service{db: db, pool: pool, mandates: m, cfg: cfg, logger: cfg.Logger, metrics: newMetrics(cfg.Registry)}
+	pool.RegisterHook(HookName, s.onWorkComplete)
+	m.RegisterResolveHook(ResolveKind, s.onApprovalResolved)
+	return s
+}
+
+// validate checks a request before anything is spent.
+func (s *Service) validate(ctx context.Context, p *CreateParams) error {
+	inv := &apperr.InvalidError{}
+	if p.AgentID == "" {
+		inv.Add("agent_id", "must not be empty")
+	}
+	switch {
+	case p.WorkflowID == "":
+		inv.Add("workflow_id", "must not be empty")
+	case !strings.HasPrefix(p.WorkflowID, p.OrgID+"/") || len(p.WorkflowID) == len(p.OrgID)+1:
+		inv.Add("workflow_id", fmt.Sprintf("must start with %q: a wake-up may only signal its own org's workflows", p.OrgID+"/"))
+	}
+	if p.Signal == "" {
+		inv.Add("signal", "must not be empty")
+	}
+	if p.Scope == "" {
+		inv.Add("scope", "must not be empty")
+	}
+	if p.Cost < 0 {
+		inv.Add("cost", "must be an integer ≥ 0")
+	}
+	if p.Pool == "" {
+		p.Pool = DefaultPool
+	}
+	if err := inv.OrNil(); err != nil {
+		return err
+	}
+	err := s.pool.Check(ctx, s.db, s.enqueueParams(p.OrgID, uuid.Nil, p.Pool, p.Work), "work.")
+	var workInv *apperr.InvalidError
+	if errors.As(err, &workInv) {
+		for i, f := range workInv.Fields {
+			switch f.Field {
+			case "work.pool":
+				workInv.Fields[i].Field = "pool"
+			case "work.org_id":
+				workInv.Fields[i].Field = "org_id"
+			}
+		}
+	}
+	return err
+}
+
+func (s *Service) enqueueParams(orgID string, id uuid.UUID, pool string, w Work) workpool.EnqueueParams {
+	hookCtx, _ := json.Marshal(hookContext{OrgID: orgID, WakeupID: id})
+	return workpool.EnqueueParams{
+		OrgID: orgID, Pool: pool, Handler: w.Handler, Args: w.Args, Retry: w.Retry, TimeoutMS: w.TimeoutMS,
+		OnComplete: &workpool.OnComplete{Hook: HookName, Context: hookCtx},
+	}
+}
+
+type hookContext struct {
+	OrgID    string    `json:"org_id"`
+	WakeupID uuid.UUID `json:"wakeup_id"`
+}
+
+type resolveData struct {
+	WakeupID uuid.UUID `json:"wakeup_id"`
+}
+
+// Create runs the wake-up protocol: validate; transaction 1, the gate (the
+// spend and the intent commit together, funded or awaiting approval);
+// transaction 2, the enqueue. A refusal returns *RefusedError after its
+// commit. A failure after the gate leaves a funded intent that the
+// reconciler enqueues, so the caller may treat Create as done once the gate
+// committed.
+func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
+	if err := s.validate(ctx, &p); err != nil {
+		return Wakeup{}, err
+	}
+	id, existing, err := s.gate(ctx, p)
+	if err != nil {
+		return Wakeup{}, err
+	}
+	if existing {
+		return s.replay(ctx, p, id)
+	}
+	w, err := s.Get(ctx, p.OrgID, id)
+	if err != nil {
+		return Wakeup{}, err
+	}
+	if w.Approval != nil {
+		s.metrics.created.WithLabelValues("refused").Inc()
+		return w, &RefusedError{Wakeup: w, ApprovalID: w.Approval.ID, Refusal: "refused"}
+	}
+	s.metrics.created.WithLabelValues("funded").Inc()
+	if s.cfg.BeforeEnqueue != nil {
+		if err := s.cfg.BeforeEnqueue(ctx, id); err != nil {
+			return w, fmt.Errorf("wake-up %s is funded; its work will be enqueued by the reconciler: %w", id, err)
+		}
+	}
+	if _, err := s.enqueueFunded(ctx, p.OrgID, id); err != nil {
+		s.logger.Warn("enqueue after the gate failed; the reconciler will retry", "org_id", p.OrgID, "wakeup_id", id, "error", err)
+	}
+	return s.Get(ctx, p.OrgID, id)
+}
+
+// replay answers a repeated idempotency key with the first request's
+// wake-up (a refusal again as *RefusedError).
+func (s *Service) replay(ctx context.Context, p CreateParams, id uuid.UUID) (Wakeup, error) {
+	w, err := s.Get(ctx, p.OrgID, id)
+	if err != nil {
+		return Wakeup{}, err
+	}
+	if w.AgentID != p.AgentID || w.WorkflowID != p.WorkflowID || w.Signal != p.Signal || w.Scope != p.Scope || w.Cost != p.Cost {
+		return Wakeup{}, ErrIdempotencyKeyReused
+	}
+	if w.Approval != nil && w.Approval.State == mandates.StatePending {
+		return w, &RefusedError{Wakeup: w, ApprovalID: w.Approval.ID, Refusal: "refused"}
+	}
+	return w, nil
+}
+
+// gate is transaction 1: insert the intent and decide the spend together.
+// existing reports that the idempotency key named an earlier wake-up.
+func (s *Service) gate(ctx context.Context, p CreateParams) (id uuid.UUID, existing bool, err error) {
+	id, err = uuid.NewV7()
+	if err != nil {
+		return uuid.Nil, false, err
+	}
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		work, err := json.Marshal(p.Work)
+		if err != nil {
+			return err
+		}
+		var key *string
+		if p.IdempotencyKey != "" {
+			key = &p.IdempotencyKey
+		}
+		// A concurrent duplicate's insert waits here for the first to commit,
+		// then finds its row.
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO wakeups (id, org_id, agent_id, workflow_id, run_id, signal, scope, reason, cost, pool, work, state, idempotency_key, created_by)
+			VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, 'funded', $12, $13)
+			ON CONFLICT (org_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING`,
+			id, p.OrgID, p.AgentID, p.WorkflowID, p.RunID, p.Signal, p.Scope, p.Reason, p.Cost, p.Pool, work, key, p.RequestedBy)
+		if err != nil {
+			return fmt.Errorf("insert wake-up: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			existing = true
+			return tx.QueryRow(ctx, `SELECT id FROM wakeups WHERE org_id = $1 AND idempotency_key = $2`, p.OrgID, p.IdempotencyKey).Scan(&id)
+		}
+		data, _ := json.Marshal(resolveData{WakeupID: id})
+		res, err := s.mandates.SpendTx(ctx, tx, mandates.SpendParams{
+			OrgID: p.OrgID, AgentID: p.AgentID, Scope: p.Scope, Cost: p.Cost, Reason: p.Reason,
+			IdempotencyKey: "wakeup:" + id.String(), RequestedBy: p.RequestedBy,
+			OnResolve: &mandates.Payload{Kind: ResolveKind, Data: data},
+		})
+		if err != nil {
+			return fmt.Errorf("spend for wake-up: %w", err)
+		}
+		if !res.OK {
+			_, err = tx.Exec(ctx, `UPDATE wakeups SET state = 'awaiting_approval', approval_id = $2 WHERE id = $1`, id, res.ApprovalID)
+			return err
+		}
+		return nil
+	})
+	return id, existing, err
+}
+
+// enqueueFunded is transaction 2: enqueue a funded intent's work and mark it
+// enqueued. It reports false when the intent was no longer funded (another
+// transaction got there first, or it was canceled).
+func (s *Service) enqueueFunded(ctx context.Context, orgID string, id uuid.UUID) (bool, error) {
+	var done bool
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		var err error
+		done, err = s.enqueueFundedTx(ctx, tx, orgID, id, false)
+		return err
+	})
+	return done, err
+}
+
+// enqueueFundedTx enqueues the intent's work in tx if it is funded (locking
+// the row; skipLocked makes a busy row someone else's business).
+func (s *Service) enqueueFundedTx(ctx context.Context, tx pgx.Tx, orgID string, id uuid.UUID, skipLocked bool) (bool, error) {
+	lock := "FOR UPDATE"
+	if skipLocked {
+		lock = "FOR UPDATE SKIP LOCKED"
+	}
+	var pool string
+	var work Work
+	err := tx.QueryRow(ctx, `SELECT pool, work FROM wakeups WHERE org_id = $1 AND id = $2 AND state = 'funded' `+lock, orgID, id).Scan(&pool, &work)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("lock funded wake-up: %w", err)
+	}
+	workID, err := s.pool.EnqueueTx(ctx, tx, s.enqueueParams(orgID, id, pool, work))
+	if err != nil {
+		return false, fmt.Errorf("enqueue wake-up work: %w", err)
+	}
+	_, err = tx.Exec(ctx, `UPDATE wakeups SET state = 'enqueued', work_id = $3, updated_at = now() WHERE org_id = $1 AND id = $2`, orgID, id, workID)
+	return err == nil, err
+}
+
+// resolveTx records an intent's outcome and queues its signal, once: a
+// wake-up that is already resolved is left alone (false).
+func (s *Service) resolveTx(ctx context.Context, tx pgx.Tx, orgID string, id uuid.UUID, outcome string, result json.RawMessage, errText string) (bool, error) {
+	var workflowID, signal string
+	var runID *string
+	err := tx.QueryRow(ctx, `
+		UPDATE wakeups SET state = 'resolved', outcome = $3, result = $4, error = NULLIF($5, ''), updated_at = now()
+		 WHERE org_id = $1 AND id = $2 AND state <> 'resolved'
+		RETURNING workflow_id, run_id, signal`, orgID, id, outcome, nullJSON(result), errText).Scan(&workflowID, &runID, &signal)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("record wake-up outcome: %w", err)
+	}
+	payload, err := json.Marshal(Wake{OrgID: orgID, WakeupID: id.String(), Outcome: outcome, Result: nullJSON(result), Error: errText})
+	if err != nil {
+		return false, err
+	}
+	sig := &queueSignal{WorkflowID: workflowID, Name: signal}
+	if runID != nil {
+		sig.RunID = *runID
+	}
+	if err := enqueueSignal(ctx, tx, orgID, id, payload, sig); err != nil {
+		return false, err
+	}
+	s.metrics.resolved.WithLabelValues(outcome).Inc()
+	return true, nil
+}
+
+func nullJSON(b json.RawMessage) json.RawMessage {
+	if len(b) == 0 || string(b) == "null" {
+		return nil
+	}
+	return b
+}
+
+// Start runs the leader-only reconciler until Stop.
+func (s *Service) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cancel != nil {
+		return errors.New("wakeup: already started")
+	}
+	ctx, s.cancel = context.WithCancel(ctx)
+	s.stopped = make(chan struct{})
+	elector := &leader.Elector{DB: s.db, Name: "wakeup.reconciler", Logger: s.logger, Retry: s.cfg.ReconcileInterval}
+	go func() {
+		defer close(s.stopped)
+		elector.Run(ctx, s.reconcileLoop)
+	}()
+	return nil
+}
+
+// Stop stops the reconciler; stopping twice is safe.
+func (s *Service) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	cancel, stopped := s.cancel, s.stopped
+	s.mu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	select {
+	case <-stopped:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
