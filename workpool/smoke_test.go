@@ -7,6 +7,7 @@ import (
 )
 
 func TestWorkMovesFromPendingThroughRunningToFinished(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	id := h.enqueue()
 	require.Equal(t, StatePending, h.status(id).State)

@@ -1,0 +1,194 @@
+// Package httpwork is the workpool's built-in "http" handler: work that is
+// one HTTP request to an allow-listed host. Its result is the response
+// ({status, headers, body}); 2xx succeeds, 408, 429, 5xx and network
+// errors are retried per the work's policy, any other status fails for good.
+package httpwork
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/reveille/reveille/workpool"
+)
+
+// Name is the handler's registered name.
+const Name = "http"
+
+// MaxResponseBytes caps the response body a handler reads.
+const MaxResponseBytes = 1 << 20
+
+// Config configures the handler.
+type Config struct {
+	// AllowedHosts are the hosts (names or IPs, without port) requests may
+	// go to (REVEILLE_HTTP_ALLOWED_HOSTS). Empty allows none.
+	AllowedHosts []string
+	// Timeout bounds one request (default 30 s; the work's timeout_ms also
+	// applies through the handler's context).
+	Timeout time.Duration
+}
+
+// Args are the work's arguments.
+type Args struct {
+	URL     string            `json:"url"`
+	Method  string            `json:"method,omitempty"`
+	Headers map[string]string `json:"headers,omitempty"`
+	// Body is sent as is when it is a JSON string, else JSON-encoded.
+	Body json.RawMessage `json:"body,omitempty"`
+}
+
+// Result is the handler's result.
+type Result struct {
+	Status  int               `json:"status"`
+	Headers map[string]string `json:"headers"`
+	// Body is the response body as JSON when it parses, else as a string.
+	Body json.RawMessage `json:"body"`
+}
+
+// StatusError is a response outside 2xx; its Result is kept in the error
+// text so the final failure says what the server answered.
+type StatusError struct {
+	Status int
+	Body   string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("HTTP %d: %s", e.Status, e.Body)
+}
+
+// Register registers the handler on m.
+func Register(m *workpool.Manager, cfg Config) { m.Register(Name, New(cfg)) }
+
+// New returns the handler.
+func New(cfg Config) workpool.Handler {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	allowed := make([]string, 0, len(cfg.AllowedHosts))
+	for _, h := range cfg.AllowedHosts {
+		allowed = append(allowed, strings.ToLower(strings.TrimSpace(h)))
+	}
+	isAllowed := func(u *url.URL) bool { return slices.Contains(allowed, strings.ToLower(u.Hostname())) }
+	client := &http.Client{
+		Timeout: cfg.Timeout,
+		CheckRedirect: func(req *http.Request, via []*http.Request) error {
+			if !isAllowed(req.URL) {
+				return workpool.NonRetryable(fmt.Errorf("redirect to %s refused: host not in REVEILLE_HTTP_ALLOWED_HOSTS", req.URL.Host))
+			}
+			if len(via) >= 10 {
+				return workpool.NonRetryable(errors.New("stopped after 10 redirects"))
+			}
+			return nil
+		},
+	}
+	return func(ctx context.Context, job workpool.Job) (json.RawMessage, error) {
+		var a Args
+		if err := json.Unmarshal(job.Args, &a); err != nil {
+			return nil, workpool.NonRetryable(fmt.Errorf("http work args: %w", err))
+		}
+		req, err := buildRequest(ctx, a)
+		if err != nil {
+			return nil, workpool.NonRetryable(err)
+		}
+		if !isAllowed(req.URL) {
+			return nil, workpool.NonRetryable(fmt.Errorf("host %q is not in REVEILLE_HTTP_ALLOWED_HOSTS", req.URL.Hostname()))
+		}
+		return do(client, req)
+	}
+}
+
+func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
+	u, err := url.Parse(a.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("url %q: want an absolute http(s) URL", a.URL)
+	}
+	method := strings.ToUpper(cmpOr(a.Method, http.MethodGet))
+	var body io.Reader
+	contentType := ""
+	if len(a.Body) > 0 && string(a.Body) != "null" {
+		var s string
+		if json.Unmarshal(a.Body, &s) == nil {
+			body = strings.NewReader(s)
+		} else {
+			body, contentType = bytes.NewReader(a.Body), "application/json"
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
+	if err != nil {
+		return nil, fmt.Errorf("request: %w", err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	for k, v := range a.Headers {
+		req.Header.Set(k, v)
+	}
+	return req, nil
+}
+
+func do(client *http.Client, req *http.Request) (json.RawMessage, error) {
+	res, err := client.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) && workpool.IsNonRetryable(ue.Err) {
+			return nil, ue.Err
+		}
+		return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL.Redacted(), err) // network: retryable
+	}
+	defer res.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(res.Body, MaxResponseBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading the response: %w", err)
+	}
+	if len(raw) > MaxResponseBytes {
+		return nil, workpool.NonRetryable(fmt.Errorf("response body exceeds %d bytes", MaxResponseBytes))
+	}
+	switch s := res.StatusCode; {
+	case s >= 200 && s < 300:
+		return json.Marshal(Result{Status: s, Headers: flatten(res.Header), Body: bodyJSON(raw)})
+	case s == http.StatusRequestTimeout, s == http.StatusTooManyRequests, s >= 500:
+		return nil, &StatusError{Status: s, Body: snippet(raw)}
+	default:
+		return nil, workpool.NonRetryable(&StatusError{Status: s, Body: snippet(raw)})
+	}
+}
+
+func bodyJSON(raw []byte) json.RawMessage {
+	if len(bytes.TrimSpace(raw)) > 0 && json.Valid(raw) {
+		return raw
+	}
+	b, _ := json.Marshal(string(raw))
+	return b
+}
+
+func flatten(h http.Header) map[string]string {
+	out := make(map[string]string, len(h))
+	for k, v := range h {
+		out[k] = strings.Join(v, ", ")
+	}
+	return out
+}
+
+func snippet(raw []byte) string {
+	const max = 512
+	if len(raw) > max {
+		return string(raw[:max]) + "…"
+	}
+	return string(raw)
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
