@@ -191,4 +191,3 @@ func cmpOr(a, b string) string {
 	}
 	return b
 }
-

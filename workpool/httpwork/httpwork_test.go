@@ -1,0 +1,172 @@
+package httpwork
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+	"github.com/reveille/reveille/workpool"
+)
+
+func TestMain(m *testing.M) { testkit.Main(m) }
+
+func run(t *testing.T, h workpool.Handler, ctx context.Context, args any) (Result, error) {
+	t.Helper()
+	raw, err := json.Marshal(args)
+	require.NoError(t, err)
+	out, err := h(ctx, workpool.Job{Args: raw, Attempt: 1})
+	var res Result
+	if err == nil {
+		require.NoError(t, json.Unmarshal(out, &res))
+	}
+	return res, err
+}
+
+func TestHTTPHandler(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Seen-Method", r.Method)
+		w.Write([]byte(`{"ok":true}`))
+	})
+	mux.HandleFunc("/text", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("plain words")) })
+	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Content-Type", r.Header.Get("Content-Type"))
+		w.Write(body)
+	})
+	mux.HandleFunc("/status/", func(w http.ResponseWriter, r *http.Request) {
+		code := map[string]int{"404": 404, "500": 500, "429": 429, "408": 408, "400": 400}[strings.TrimPrefix(r.URL.Path, "/status/")]
+		w.WriteHeader(code)
+		w.Write([]byte("nope"))
+	})
+	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	mux.HandleFunc("/huge", func(w http.ResponseWriter, _ *http.Request) { w.Write(make([]byte, MaxResponseBytes+10)) })
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	// A second name for the same server that is not allow-listed.
+	elsewhere := strings.Replace(srv.URL, "127.0.0.1", "localhost", 1)
+	mux.HandleFunc("/redirect-away", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, elsewhere+"/json", http.StatusFound)
+	})
+	mux.HandleFunc("/redirect-home", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, srv.URL+"/json", http.StatusFound)
+	})
+
+	h := New(Config{AllowedHosts: []string{"127.0.0.1"}, Timeout: 5 * time.Second})
+	ctx := context.Background()
+
+	t.Run("2xx JSON body is returned as JSON", func(t *testing.T) {
+		res, err := run(t, h, ctx, Args{URL: srv.URL + "/json", Method: "post"})
+		require.NoError(t, err)
+		require.Equal(t, 200, res.Status)
+		require.JSONEq(t, `{"ok":true}`, string(res.Body))
+		require.Equal(t, "POST", res.Headers["X-Seen-Method"])
+	})
+	t.Run("non-JSON body is returned as a string", func(t *testing.T) {
+		res, err := run(t, h, ctx, Args{URL: srv.URL + "/text"})
+		require.NoError(t, err)
+		require.Equal(t, `"plain words"`, string(res.Body))
+	})
+	t.Run("an object body is sent as JSON, a string body as is", func(t *testing.T) {
+		res, err := run(t, h, ctx, Args{URL: srv.URL + "/echo", Method: "POST", Body: json.RawMessage(`{"a":1}`)})
+		require.NoError(t, err)
+		require.JSONEq(t, `{"a":1}`, string(res.Body))
+		require.Equal(t, "application/json", res.Headers["X-Content-Type"])
+		res, err = run(t, h, ctx, Args{URL: srv.URL + "/echo", Method: "POST", Body: json.RawMessage(`"raw text"`),
+			Headers: map[string]string{"Content-Type": "text/plain"}})
+		require.NoError(t, err)
+		require.Equal(t, `"raw text"`, string(res.Body))
+		require.Equal(t, "text/plain", res.Headers["X-Content-Type"])
+	})
+	t.Run("redirect within allowed hosts is followed", func(t *testing.T) {
+		res, err := run(t, h, ctx, Args{URL: srv.URL + "/redirect-home"})
+		require.NoError(t, err)
+		require.Equal(t, 200, res.Status)
+	})
+
+	failures := []struct {
+		name      string
+		args      Args
+		ctx       func() (context.Context, context.CancelFunc)
+		retryable bool
+		contains  string
+	}{
+		{"disallowed host", Args{URL: elsewhere + "/json"}, nil, false, "REVEILLE_HTTP_ALLOWED_HOSTS"},
+		{"redirect to a disallowed host", Args{URL: srv.URL + "/redirect-away"}, nil, false, "redirect"},
+		{"404 is final", Args{URL: srv.URL + "/status/404"}, nil, false, "HTTP 404"},
+		{"400 is final", Args{URL: srv.URL + "/status/400"}, nil, false, "HTTP 400"},
+		{"500 is retried", Args{URL: srv.URL + "/status/500"}, nil, true, "HTTP 500"},
+		{"429 is retried", Args{URL: srv.URL + "/status/429"}, nil, true, "HTTP 429"},
+		{"408 is retried", Args{URL: srv.URL + "/status/408"}, nil, true, "HTTP 408"},
+		{"timeout is retried", Args{URL: srv.URL + "/slow"}, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(ctx, 100*time.Millisecond)
+		}, true, "deadline"},
+		{"network error is retried", Args{URL: "http://127.0.0.1:1/x"}, nil, true, "refused"},
+		{"oversized response is final", Args{URL: srv.URL + "/huge"}, nil, false, "exceeds"},
+		{"bad url is final", Args{URL: "ftp://127.0.0.1/x"}, nil, false, "http(s)"},
+	}
+	for _, tc := range failures {
+		t.Run(tc.name, func(t *testing.T) {
+			c, cancel := context.WithCancel(ctx)
+			if tc.ctx != nil {
+				c, cancel = tc.ctx()
+			}
+			defer cancel()
+			_, err := run(t, h, c, tc.args)
+			require.Error(t, err)
+			require.Equal(t, !tc.retryable, workpool.IsNonRetryable(err), "retryable? %v", err)
+			require.ErrorContains(t, err, tc.contains)
+		})
+	}
+	t.Run("no allowed hosts allows nothing", func(t *testing.T) {
+		_, err := run(t, New(Config{}), ctx, Args{URL: srv.URL + "/json"})
+		require.True(t, workpool.IsNonRetryable(err))
+	})
+}
+
+// Through the pool: a 500 is retried per the work's policy and the 200
+// that follows succeeds.
+func TestServerErrorThenSuccessIsRetriedInThePool(t *testing.T) {
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if calls.Add(1) == 1 {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.Write([]byte(`{"fine":true}`))
+	}))
+	defer srv.Close()
+
+	db := testkit.NewPool(t)
+	m, err := workpool.New(db, workpool.Config{Pools: map[string]int{"default": 2}, Logger: testkit.Logger(t)})
+	require.NoError(t, err)
+	Register(m, Config{AllowedHosts: []string{"127.0.0.1"}})
+	ctx := context.Background()
+	require.NoError(t, m.Start(ctx))
+	defer m.Stop(ctx)
+
+	args, _ := json.Marshal(Args{URL: srv.URL})
+	id, err := m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: args,
+		Retry: &workpool.RetryPolicy{MaxAttempts: 3, InitialBackoffMS: 10, Base: 2}})
+	require.NoError(t, err)
+	var st workpool.Status
+	require.Eventually(t, func() bool {
+		st, err = m.Status(ctx, "o", id)
+		return err == nil && st.State == workpool.StateFinished
+	}, 20*time.Second, 10*time.Millisecond)
+	require.Equal(t, workpool.OutcomeSucceeded, st.Outcome)
+	require.EqualValues(t, 2, calls.Load())
+	require.Equal(t, 2, st.Attempts)
+	var res Result
+	require.NoError(t, json.Unmarshal(st.Result, &res))
+	require.JSONEq(t, `{"fine":true}`, string(res.Body))
+}
