@@ -115,7 +115,7 @@ func (s *Server) createWakeup(c echo.Context) error {
 	case errors.As(err, &refused):
 		return NewProblem(http.StatusPaymentRequired, "spend-refused",
 			"the agent's mandate does not cover this wake-up; an approval request was created and the workflow will be woken once it is resolved").
-			With("approval_id", refused.ApprovalID).With("wakeup_id", refused.Wakeup.ID)
+			With("approval_id", refused.ApprovalID).With("wakeup_id", refused.Wakeup.ID).With("refusal", refused.Refusal)
 	case errors.Is(err, wakeup.ErrIdempotencyKeyReused):
 		return NewProblem(http.StatusUnprocessableEntity, "idempotency-key-reused", err.Error())
 	case err != nil && w.ID != uuid.Nil:

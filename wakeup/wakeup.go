@@ -281,7 +281,7 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 	if err := s.validate(ctx, &p); err != nil {
 		return Wakeup{}, err
 	}
-	id, existing, err := s.gate(ctx, p)
+	id, existing, refusal, err := s.gate(ctx, p)
 	if err != nil {
 		return Wakeup{}, err
 	}
@@ -294,7 +294,7 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 	}
 	if w.Approval != nil {
 		s.metrics.created.WithLabelValues("refused").Inc()
-		return w, &RefusedError{Wakeup: w, ApprovalID: w.Approval.ID, Refusal: "refused"}
+		return w, &RefusedError{Wakeup: w, ApprovalID: w.Approval.ID, Refusal: refusal}
 	}
 	s.metrics.created.WithLabelValues("funded").Inc()
 	if s.cfg.BeforeEnqueue != nil {
@@ -319,17 +319,18 @@ func (s *Service) replay(ctx context.Context, p CreateParams, id uuid.UUID) (Wak
 		return Wakeup{}, ErrIdempotencyKeyReused
 	}
 	if w.Approval != nil && w.Approval.State == mandates.StatePending {
-		return w, &RefusedError{Wakeup: w, ApprovalID: w.Approval.ID, Refusal: "refused"}
+		return w, &RefusedError{Wakeup: w, ApprovalID: w.Approval.ID, Refusal: "pending approval"}
 	}
 	return w, nil
 }
 
 // gate is transaction 1: insert the intent and decide the spend together.
-// existing reports that the idempotency key named an earlier wake-up.
-func (s *Service) gate(ctx context.Context, p CreateParams) (id uuid.UUID, existing bool, err error) {
+// existing reports that the idempotency key named an earlier wake-up;
+// refusal says why a refused spend was refused.
+func (s *Service) gate(ctx context.Context, p CreateParams) (id uuid.UUID, existing bool, refusal string, err error) {
 	id, err = uuid.NewV7()
 	if err != nil {
-		return uuid.Nil, false, err
+		return uuid.Nil, false, "", err
 	}
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		work, err := json.Marshal(p.Work)
@@ -364,12 +365,13 @@ func (s *Service) gate(ctx context.Context, p CreateParams) (id uuid.UUID, exist
 			return fmt.Errorf("spend for wake-up: %w", err)
 		}
 		if !res.OK {
+			refusal = res.Refusal
 			_, err = tx.Exec(ctx, `UPDATE wakeups SET state = 'awaiting_approval', approval_id = $2 WHERE id = $1`, id, res.ApprovalID)
 			return err
 		}
 		return nil
 	})
-	return id, existing, err
+	return id, existing, refusal, err
 }
 
 // enqueueFunded is transaction 2: enqueue a funded intent's work and mark it

@@ -289,9 +289,14 @@ func (t temporalLogger) Debug(msg string, kv ...any) { t.l.Debug(msg, kv...) }
 func (t temporalLogger) Info(msg string, kv ...any)  { t.l.Debug(msg, kv...) }
 func (t temporalLogger) Warn(msg string, kv ...any)  { t.l.Warn(msg, kv...) }
 func (t temporalLogger) Error(msg string, kv ...any) {
-	// The SDK logs every failed poll while Temporal is down; keep one line.
+	// The SDK logs every failed poll while Temporal is down, and a refused
+	// spend is an expected activity outcome: neither is an error here.
 	if strings.Contains(msg, "poll") {
 		t.l.Warn(msg, kv...)
+		return
+	}
+	if strings.Contains(fmt.Sprint(kv...), workflows.RefusedErrorType) {
+		t.l.Info(msg, kv...)
 		return
 	}
 	t.l.Error(msg, kv...)
