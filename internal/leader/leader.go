@@ -7,10 +7,12 @@ package leader
 
 import (
 	"context"
+	"errors"
 	"hash/fnv"
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -69,29 +71,54 @@ func (e *Elector) term(ctx context.Context, key int64, retry time.Duration, logg
 	defer raw.Close(context.Background())
 	logger.Info("became leader", "leadership", e.Name)
 	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	done := make(chan struct{})
 	go func() { defer close(done); fn(lctx) }()
-	t := time.NewTicker(retry)
-	defer t.Stop()
+	lost := make(chan error, 1)
+	go func() { lost <- watch(lctx, raw, retry) }()
+	watching := true
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case err := <-lost:
+		watching = false
+		if err != nil && ctx.Err() == nil {
+			logger.Warn("lost leadership: lock connection failed", "leadership", e.Name, "error", err.Error())
+		}
+	}
+	cancel()
+	<-done
+	if watching {
+		<-lost
+	}
+}
+
+// watch blocks on the lock connection until it fails (returning the error)
+// or ctx ends (returning nil). Blocked in a read, it learns of a terminated
+// backend or a closed socket the moment it happens, so the leader stops
+// leading as soon as the lock is gone, not at its next check; a ping every
+// retry covers a peer that vanished silently.
+func watch(ctx context.Context, conn *pgx.Conn, retry time.Duration) error {
 	for {
-		select {
-		case <-done:
-			cancel()
-			return
-		case <-ctx.Done():
-			cancel()
-			<-done
-			return
-		case <-t.C:
-			pctx, pcancel := context.WithTimeout(ctx, retry)
-			err := raw.Ping(pctx)
-			pcancel()
-			if err != nil && ctx.Err() == nil {
-				logger.Warn("lost leadership: lock connection failed", "leadership", e.Name, "error", err.Error())
-				cancel()
-				<-done
-				return
-			}
+		wctx, wcancel := context.WithTimeout(ctx, retry)
+		err := conn.PgConn().WaitForNotification(wctx)
+		wcancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err == nil:
+			continue // a notification: nobody listens on this connection
+		case !errors.Is(err, context.DeadlineExceeded):
+			return err
+		}
+		pctx, pcancel := context.WithTimeout(ctx, retry)
+		err = conn.Ping(pctx)
+		pcancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return err
 		}
 	}
 }
