@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
-	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -94,7 +93,8 @@ func TestHS256TokenIsRejectedWhenOnlyJWKSIsConfigured(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
 
 	// Algorithm confusion: an HS256 token "signed" with the public key bytes.
-	pub := elliptic.Marshal(elliptic.P256(), key.PublicKey.X, key.PublicKey.Y) //nolint:staticcheck // bytes an attacker could know
+	pub, err := key.PublicKey.Bytes() // bytes an attacker could know
+	require.NoError(t, err)
 	hs := jwt.NewWithClaims(jwt.SigningMethodHS256, validClaims())
 	hs.Header["kid"] = "k1"
 	forged, err := hs.SignedString(pub)
@@ -105,9 +105,11 @@ func TestHS256TokenIsRejectedWhenOnlyJWKSIsConfigured(t *testing.T) {
 
 func jwksServer(t *testing.T, pub *ecdsa.PublicKey) string {
 	t.Helper()
-	b64 := func(n *big.Int) string { return base64.RawURLEncoding.EncodeToString(n.FillBytes(make([]byte, 32))) }
+	point, err := pub.Bytes() // 0x04 || X || Y
+	require.NoError(t, err)
+	b64 := base64.RawURLEncoding.EncodeToString
 	body, _ := json.Marshal(map[string]any{"keys": []map[string]string{{
-		"kty": "EC", "crv": "P-256", "kid": "k1", "alg": "ES256", "use": "sig", "x": b64(pub.X), "y": b64(pub.Y),
+		"kty": "EC", "crv": "P-256", "kid": "k1", "alg": "ES256", "use": "sig", "x": b64(point[1:33]), "y": b64(point[33:65]),
 	}}})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

@@ -237,7 +237,7 @@ func waitForPostgres(ctx context.Context, db *pgxpool.Pool) error {
 			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("Postgres does not answer: %w", err)
+			return fmt.Errorf("postgres does not answer: %w", err)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}

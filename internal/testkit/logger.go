@@ -20,7 +20,6 @@ type tHandler struct {
 	mu    *sync.Mutex
 	attrs []slog.Attr
 	level slog.Level
-	done  bool
 }
 
 func (h *tHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= h.level }
