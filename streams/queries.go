@@ -8,11 +8,12 @@ const notifyChannel = "reveille_streams"
 
 // appendSQL creates the stream on first append, bumps its counter under the
 // row lock (which serialises the writers of one stream and so numbers their
-// chunks without gaps), refuses a closed stream by returning no row, inserts
-// the chunks and queues the notification delivered on commit — one
-// statement, one round trip.
+// chunks without gaps), refuses a closed stream by returning no row and
+// inserts the chunks — one statement, one round trip. With $7 it also
+// queues the notification, delivered when the caller's transaction commits.
 //
-// $1 new stream id, $2 org, $3 run, $4 name, $5 chunk count, $6 chunks.
+// $1 new stream id, $2 org, $3 run, $4 name, $5 chunk count, $6 chunks,
+// $7 notify.
 const appendSQL = `
 WITH s AS (
     INSERT INTO streams AS st (id, org_id, run_id, name, chunk_count)
@@ -26,8 +27,20 @@ WITH s AS (
     SELECT s.id, s.chunk_count - $5 + t.ord - 1, $2, t.data
       FROM s, unnest($6::bytea[]) WITH ORDINALITY AS t(data, ord)
 )
-SELECT s.chunk_count - $5, pg_notify('` + notifyChannel + `', (s.chunk_count - 1)::text || '/' || $3 || '/' || $4 || '/' || $2)::text
+SELECT s.chunk_count - $5,
+       CASE WHEN $7 THEN pg_notify('` + notifyChannel + `', (s.chunk_count - 1)::text || '/' || $3 || '/' || $4 || '/' || $2)::text END
   FROM s`
+
+// notifySQL announces a committed append in a transaction of its own.
+// Postgres serialises the commits of notifying transactions (a lock held
+// through the commit's WAL flush), so notifying inside each durable append
+// caps appends at one per flush across the whole server; this transaction
+// holds no data, so it commits without waiting for the flush (nothing is
+// lost by a crash: listeners reconnect and re-read then).
+//
+// $1 payload.
+const notifySQL = `
+SELECT set_config('synchronous_commit', 'off', true), pg_notify('` + notifyChannel + `', $1)::text`
 
 // closeSQL marks the stream done, creating it empty when absent; a stream
 // already closed keeps its closed_at (retention counts from the first
@@ -59,8 +72,10 @@ SELECT name FROM streams
 
 // readSQL reads, in one snapshot, the stream's counter and state and its
 // chunks from index $4: at most $5 of them and no more than $6 bytes in all,
-// save that the first is always read (so a reader always progresses). An absent stream gives no row; a stream with
-// nothing to read gives one row with a NULL chunk.
+// save that the first is always read (so a reader always progresses).
+// Indexes have no gaps, so the range [$4, $4 + $5) bounds the rows read
+// whatever plan the window function gets. An absent stream gives no row; a
+// stream with nothing to read gives one row with a NULL chunk.
 const readSQL = `
 SELECT s.chunk_count, s.done, c.chunk_index, c.data
   FROM streams s
@@ -68,7 +83,8 @@ SELECT s.chunk_count, s.done, c.chunk_index, c.data
       SELECT w.chunk_index, w.data FROM (
           SELECT chunk_index, data, sum(octet_length(data)) OVER (ORDER BY chunk_index) AS upto
             FROM stream_chunks
-           WHERE stream_id = s.id AND org_id = s.org_id AND chunk_index >= $4
+           WHERE stream_id = s.id AND org_id = s.org_id
+             AND chunk_index >= $4 AND chunk_index < $4 + $5
            ORDER BY chunk_index
            LIMIT $5) w
        WHERE w.upto <= $6 OR w.chunk_index = $4

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
 	"github.com/google/uuid"
@@ -143,15 +144,31 @@ func (s *Service) Stop(ctx context.Context) error {
 
 // Append appends chunks to the stream (org, runID, name), creating it on
 // first use, atomically: all chunks get consecutive indexes or none is
-// stored. A closed stream gives ErrClosed.
+// stored. A closed stream gives ErrClosed. Live tails learn of the chunks
+// once they are durable.
 func (s *Service) Append(ctx context.Context, org, runID, name string, chunks [][]byte) (Range, error) {
-	return s.AppendTx(ctx, s.db, org, runID, name, chunks)
+	r, err := s.appendTo(ctx, s.db, org, runID, name, chunks, false)
+	if err != nil {
+		return r, err
+	}
+	// The chunks are committed whatever happens to the notification: its
+	// failure is logged, not returned, lest a retry append them twice.
+	payload := strconv.FormatInt(r.LastIndex, 10) + "/" + runID + "/" + name + "/" + org
+	if _, err := s.db.Exec(ctx, notifySQL, payload); err != nil {
+		s.cfg.Logger.Warn("streams: notifying an append failed; live readers see it with the next one",
+			"run_id", runID, "name", name, "error", err.Error())
+	}
+	return r, nil
 }
 
 // AppendTx is Append inside the caller's transaction (q is a pgx.Tx): the
 // chunks become visible, and live tails learn of them, when it commits.
 // Concurrent writers of the same stream wait for that commit.
 func (s *Service) AppendTx(ctx context.Context, q Querier, org, runID, name string, chunks [][]byte) (Range, error) {
+	return s.appendTo(ctx, q, org, runID, name, chunks, true)
+}
+
+func (s *Service) appendTo(ctx context.Context, q Querier, org, runID, name string, chunks [][]byte, notify bool) (Range, error) {
 	if err := s.checkAppend(runID, name, chunks); err != nil {
 		return Range{}, err
 	}
@@ -161,8 +178,8 @@ func (s *Service) AppendTx(ctx context.Context, q Querier, org, runID, name stri
 	}
 	n := int64(len(chunks))
 	var first int64
-	var notified string
-	err = q.QueryRow(ctx, appendSQL, id, org, runID, name, n, chunks).Scan(&first, &notified)
+	var notified *string
+	err = q.QueryRow(ctx, appendSQL, id, org, runID, name, n, chunks, notify).Scan(&first, &notified)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Range{}, ErrClosed
 	}

@@ -631,3 +631,24 @@ func TestStartFailsWhenTheDatabaseIsUnreachable(t *testing.T) {
 	require.NoError(t, svc.Start(context.Background()), "a failed start may be retried")
 	require.NoError(t, svc.Stop(context.Background()))
 }
+
+// A notification is at most 8000 bytes, so an absurdly long org id makes it
+// fail: after a committed append that is only logged (a retry would store
+// the chunks twice), inside a caller's transaction it fails the append.
+func TestAFailedNotificationNeverLosesOrDuplicatesAnAppend(t *testing.T) {
+	svc, db := newService(t, streams.Config{})
+	ctx := context.Background()
+	longOrg := strings.Repeat("o", 8000)
+	r, err := svc.Append(ctx, longOrg, "run-1", "out", [][]byte{[]byte("kept")})
+	require.NoError(t, err)
+	require.Equal(t, streams.Range{FirstIndex: 0, LastIndex: 0}, r)
+	require.Equal(t, []string{"kept"}, dataOf(readAll(t, svc, longOrg, "run-1", "out", 10)))
+
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = svc.AppendTx(ctx, tx, longOrg, "run-1", "out", [][]byte{[]byte("lost with its transaction")})
+	require.ErrorContains(t, err, "appending to stream run-1/out")
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, []string{"kept"}, dataOf(readAll(t, svc, longOrg, "run-1", "out", 10)))
+}
