@@ -62,6 +62,11 @@ func (s *Service) Deny(ctx context.Context, orgID string, id uuid.UUID, resolver
 }
 
 func (s *Service) resolve(ctx context.Context, orgID string, id uuid.UUID, state, resolverSub, note string) (Approval, error) {
+	inv := &apperr.InvalidError{}
+	checkText(inv, "note", note)
+	if err := inv.OrNil(); err != nil {
+		return Approval{}, err
+	}
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return Approval{}, fmt.Errorf("beginning resolution: %w", err)
@@ -186,6 +191,11 @@ func (s *Service) ListApprovals(ctx context.Context, orgID string, f ApprovalFil
 	case "", StatePending, StateApproved, StateDenied, StateExpired, StateCanceled:
 	default:
 		return nil, nil, apperr.Invalid("status", "must be one of pending, approved, denied, expired, canceled")
+	}
+	inv := &apperr.InvalidError{}
+	checkText(inv, "agent_id", f.AgentID)
+	if err := inv.OrNil(); err != nil {
+		return nil, nil, err
 	}
 	rows, err := s.db.Query(ctx, qListApprovals, orgID, f.State, f.AgentID, p.cursor(), p.limit()+1)
 	if err != nil {

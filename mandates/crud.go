@@ -25,15 +25,9 @@ type CreateParams struct {
 // ErrExists when one exists.
 func (s *Service) Create(ctx context.Context, orgID string, p CreateParams) (Mandate, error) {
 	inv := &apperr.InvalidError{}
-	if p.AgentID == "" {
-		inv.Add("agent_id", "must not be empty")
-	}
-	if p.Scope == "" {
-		inv.Add("scope", "must not be empty")
-	}
-	if p.Budget < 0 {
-		inv.Add("budget", "must be an integer ≥ 0")
-	}
+	requireText(inv, "agent_id", p.AgentID)
+	requireText(inv, "scope", p.Scope)
+	checkAmount(inv, "budget", p.Budget)
 	if err := inv.OrNil(); err != nil {
 		return Mandate{}, err
 	}
@@ -77,6 +71,12 @@ type MandateFilter struct {
 // List returns a page of the org's mandates in id (creation) order, and the
 // cursor of the next page (nil at the end).
 func (s *Service) List(ctx context.Context, orgID string, f MandateFilter, p Page) ([]Mandate, *uuid.UUID, error) {
+	inv := &apperr.InvalidError{}
+	checkText(inv, "agent_id", f.AgentID)
+	checkText(inv, "scope", f.Scope)
+	if err := inv.OrNil(); err != nil {
+		return nil, nil, err
+	}
 	rows, err := s.db.Query(ctx, qListMandates, orgID, f.AgentID, f.Scope, p.cursor(), p.limit()+1)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing mandates: %w", err)
@@ -102,8 +102,8 @@ type PatchParams struct {
 // spent is allowed: the mandate then refuses until it is raised again.
 func (s *Service) Patch(ctx context.Context, orgID string, id uuid.UUID, p PatchParams) (Mandate, error) {
 	inv := &apperr.InvalidError{}
-	if p.Budget != nil && *p.Budget < 0 {
-		inv.Add("budget", "must be an integer ≥ 0")
+	if p.Budget != nil {
+		checkAmount(inv, "budget", *p.Budget)
 	}
 	if p.Status != nil && *p.Status != StatusActive && *p.Status != StatusRevoked {
 		inv.Add("status", "must be active or revoked")

@@ -87,6 +87,9 @@ type Config struct {
 	// SweepInterval is how often the leader expires pending requests past
 	// their expires_at (default 5 s).
 	SweepInterval time.Duration
+	// MaxSpendBatch is the most concurrent Spend calls one commit carries
+	// (default 64; 1 commits every spend on its own).
+	MaxSpendBatch int
 	// LeaderRetry is how often a standby tries to become the sweeper's
 	// leader (default: the elector's, 2 s).
 	LeaderRetry time.Duration
@@ -99,6 +102,7 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	c.ApprovalTTL = cmp.Or(c.ApprovalTTL, 24*time.Hour)
 	c.SweepInterval = cmp.Or(c.SweepInterval, 5*time.Second)
+	c.MaxSpendBatch = cmp.Or(c.MaxSpendBatch, 64)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -111,6 +115,7 @@ type Service struct {
 	cfg     Config
 	logger  *slog.Logger
 	metrics *metrics
+	batcher *spendBatcher // nil: every Spend commits alone
 
 	hooksMu sync.RWMutex
 	hooks   map[string]ResolveHook
@@ -123,7 +128,11 @@ type Service struct {
 // New returns the service. It registers its metrics on cfg.Registry.
 func New(db *pgxpool.Pool, cfg Config) *Service {
 	cfg = cfg.withDefaults()
-	return &Service{db: db, cfg: cfg, logger: cfg.Logger, metrics: newMetrics(cfg.Registry), hooks: map[string]ResolveHook{}}
+	s := &Service{db: db, cfg: cfg, logger: cfg.Logger, metrics: newMetrics(cfg.Registry), hooks: map[string]ResolveHook{}}
+	if cfg.MaxSpendBatch > 1 {
+		s.batcher = &spendBatcher{s: s, maxBatch: cfg.MaxSpendBatch, maxRunning: spendBatchers}
+	}
+	return s
 }
 
 // Mandate is spending authority for (org, agent, scope).
@@ -223,5 +232,8 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
+
+// spendBatchers is how many spend batches may run at once.
+const spendBatchers = 4
 
 func newID() uuid.UUID { return uuid.Must(uuid.NewV7()) }

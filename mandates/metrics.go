@@ -8,6 +8,7 @@ type metrics struct {
 	spends   *prometheus.CounterVec
 	resolved *prometheus.CounterVec
 	expired  prometheus.Counter
+	batch    prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -24,6 +25,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "reveille_mandates_approvals_expired_total",
 			Help: "Approval requests expired by the sweeper (or on an attempt to resolve them late).",
 		}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "reveille_mandates_spend_batch_size",
+			Help:    "Spends decided per shared commit.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
+		}),
 	}
 	for _, r := range []string{"ok", "refused"} {
 		m.spends.WithLabelValues(r)
@@ -32,7 +38,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.resolved.WithLabelValues(s)
 	}
 	if reg != nil {
-		reg.MustRegister(m.spends, m.resolved, m.expired)
+		reg.MustRegister(m.spends, m.resolved, m.expired, m.batch)
 	}
 	return m
 }

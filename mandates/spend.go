@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -52,26 +54,33 @@ type SpendResult struct {
 
 func (p SpendParams) validate() error {
 	inv := &apperr.InvalidError{}
-	if p.AgentID == "" {
-		inv.Add("agent_id", "must not be empty")
-	}
-	if p.Scope == "" {
-		inv.Add("scope", "must not be empty")
-	}
-	if p.Cost < 0 {
-		inv.Add("cost", "must be an integer ≥ 0")
-	}
+	requireText(inv, "agent_id", p.AgentID)
+	requireText(inv, "scope", p.Scope)
+	checkText(inv, "reason", p.Reason)
+	checkText(inv, "idempotency_key", p.IdempotencyKey)
+	checkAmount(inv, "cost", p.Cost)
 	if p.OnResolve != nil && p.OnResolve.Kind == "" {
 		inv.Add("on_resolve.kind", "must not be empty")
 	}
 	return inv.OrNil()
 }
 
-// Spend decides a spend in its own transaction and commits it: the debit
-// with its ledger row, or the refusal with its approval request. The whole
-// decision is one round trip (an implicit transaction of one pipeline).
+// Spend decides a spend in its own transaction and commits it before it
+// returns: the debit with its ledger row, or the refusal with its approval
+// request. The decision is one round trip; concurrent Spend calls share
+// round trips and commits (see spendBatcher), never decisions.
 func (s *Service) Spend(ctx context.Context, p SpendParams) (SpendResult, error) {
-	res, decided, err := s.spend(ctx, s.db, p)
+	if err := p.validate(); err != nil {
+		return SpendResult{}, err
+	}
+	var res SpendResult
+	var decided bool
+	var err error
+	if s.batcher != nil {
+		res, decided, err = s.batcher.do(ctx, p)
+	} else {
+		res, decided, err = s.spend(ctx, s.db, p)
+	}
 	if err != nil {
 		return SpendResult{}, err
 	}
@@ -95,12 +104,30 @@ func (s *Service) SpendTx(ctx context.Context, tx pgx.Tx, p SpendParams) (SpendR
 	return res, nil
 }
 
-// spend sends claim, decision and answer read as one batch. decided reports
-// whether this call made the decision (rather than replaying one).
+// spend sends claim, decision and answer read as one batch: one round trip,
+// and on the pool one implicit transaction. decided reports whether this
+// call made the decision (rather than replaying one).
 func (s *Service) spend(ctx context.Context, q querier, p SpendParams) (res SpendResult, decided bool, err error) {
 	if err := p.validate(); err != nil {
 		return SpendResult{}, false, err
 	}
+	b := &pgx.Batch{}
+	s.queueSpend(b, p)
+	br := q.SendBatch(ctx, b)
+	defer br.Close()
+	res, decided, err = readSpend(br, p)
+	if err != nil {
+		return SpendResult{}, false, err
+	}
+	if err := br.Close(); err != nil {
+		return SpendResult{}, false, fmt.Errorf("committing spend: %w", err)
+	}
+	return res, decided, nil
+}
+
+// queueSpend adds one spend's statements to b: the key claim (keyed only),
+// the decision, and the answer read (keyed only).
+func (s *Service) queueSpend(b *pgx.Batch, p SpendParams) {
 	var kind string
 	var data []byte
 	if p.OnResolve != nil {
@@ -110,7 +137,6 @@ func (s *Service) spend(ctx context.Context, q querier, p SpendParams) (res Spen
 		}
 	}
 	keyed := p.IdempotencyKey != ""
-	b := &pgx.Batch{}
 	if keyed {
 		b.Queue(qSpendClaim, p.OrgID, p.IdempotencyKey, p.AgentID, p.Scope, p.Cost)
 	}
@@ -119,9 +145,13 @@ func (s *Service) spend(ctx context.Context, q querier, p SpendParams) (res Spen
 	if keyed {
 		b.Queue(qSpendAnswer, p.OrgID, p.IdempotencyKey)
 	}
-	br := q.SendBatch(ctx, b)
-	defer br.Close()
+}
 
+// readSpend reads the results of the statements queueSpend added.
+// ErrIdempotencyKeyReused concerns only this spend; any other error fails
+// the transaction the statements ran in.
+func readSpend(br pgx.BatchResults, p SpendParams) (res SpendResult, decided bool, err error) {
+	keyed := p.IdempotencyKey != ""
 	if keyed {
 		if _, err := br.Exec(); err != nil {
 			return SpendResult{}, false, fmt.Errorf("claiming spend idempotency key: %w", err)
@@ -143,19 +173,19 @@ func (s *Service) spend(ctx context.Context, q querier, p SpendParams) (res Spen
 		}
 	}
 	if !keyed {
-		return res, true, br.Close()
+		return res, true, nil
 	}
 	first, err := scanAnswer(br.QueryRow())
 	if err != nil {
 		return SpendResult{}, false, err
 	}
 	if proceeded {
-		return res, true, br.Close()
+		return res, true, nil
 	}
 	if first.agentID != p.AgentID || first.scope != p.Scope || first.cost != p.Cost {
 		return SpendResult{}, false, ErrIdempotencyKeyReused
 	}
-	return first.result, false, br.Close()
+	return first.result, false, nil
 }
 
 type storedAnswer struct {
@@ -208,8 +238,12 @@ func (s *Service) RefundTx(ctx context.Context, tx pgx.Tx, orgID, agentID, scope
 }
 
 func (s *Service) refund(ctx context.Context, q querier, orgID, agentID, scope string, amount int64, reason, key string) error {
-	if amount < 0 {
-		return apperr.Invalid("amount", "must be an integer ≥ 0")
+	inv := &apperr.InvalidError{}
+	checkAmount(inv, "amount", amount)
+	checkText(inv, "reason", reason)
+	checkText(inv, "idempotency_key", key)
+	if err := inv.OrNil(); err != nil {
+		return err
 	}
 	var found, refunded bool
 	err := q.QueryRow(ctx, qRefund, orgID, agentID, scope, newID(), amount, reason, key).Scan(&found, &refunded)
@@ -231,4 +265,31 @@ func (s *Service) refund(ctx context.Context, q querier, orgID, agentID, scope s
 		}
 	}
 	return apperr.Invalid("amount", "exceeds what the mandate has spent")
+}
+
+// MaxAmount bounds costs and budgets: the largest integer a JSON client
+// holds exactly, and far enough from the int64 limit that sums of approved
+// overruns cannot overflow.
+const MaxAmount = 1<<53 - 1
+
+func checkAmount(inv *apperr.InvalidError, field string, v int64) {
+	if v < 0 || v > MaxAmount {
+		inv.Add(field, "must be an integer from 0 to 2^53−1")
+	}
+}
+
+// checkText rejects what Postgres text cannot hold, so that bad input is a
+// 400 and not a failed statement.
+func checkText(inv *apperr.InvalidError, field, v string) {
+	if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+		inv.Add(field, "must be UTF-8 text without NUL characters")
+	}
+}
+
+func requireText(inv *apperr.InvalidError, field, v string) {
+	if v == "" {
+		inv.Add(field, "must not be empty")
+		return
+	}
+	checkText(inv, field, v)
 }

@@ -95,6 +95,8 @@ func TestSpendRejectsBadInputNamingTheField(t *testing.T) {
 		"agent_id":        {OrgID: "org-a", Scope: "s", Cost: 1},
 		"scope":           {OrgID: "org-a", AgentID: "a", Cost: 1},
 		"on_resolve.kind": {OrgID: "org-a", AgentID: "a", Scope: "s", Cost: 1, OnResolve: &Payload{}},
+		"reason":          {OrgID: "org-a", AgentID: "a", Scope: "s", Cost: 1, Reason: "nul\x00byte"},
+		"idempotency_key": {OrgID: "org-a", AgentID: "a", Scope: "s", Cost: 1, IdempotencyKey: "\xff"},
 	} {
 		_, err := s.Spend(ctx, p)
 		var inv *apperr.InvalidError
@@ -102,6 +104,18 @@ func TestSpendRejectsBadInputNamingTheField(t *testing.T) {
 		require.Equal(t, field, inv.Fields[0].Field)
 	}
 	require.Zero(t, countApprovals(t, db, "org-a", StatePending), "nothing is written for bad input")
+}
+
+func TestACostBeyondTwoToTheFiftyThreeIsRefusedAsInvalid(t *testing.T) {
+	s, _ := newTestService(t)
+	mustCreate(t, s, "org-a", "agent-1", "llm", MaxAmount)
+	_, err := s.Spend(context.Background(), SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: MaxAmount + 1})
+	var inv *apperr.InvalidError
+	require.ErrorAs(t, err, &inv)
+	require.Equal(t, "cost", inv.Fields[0].Field)
+	r, err := s.Spend(context.Background(), SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: MaxAmount})
+	require.NoError(t, err)
+	require.True(t, r.OK)
 }
 
 func TestAbsentRevokedAndExpiredMandatesRefuseWithAnApprovalRequest(t *testing.T) {

@@ -1,0 +1,146 @@
+package mandates
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// spendBatcher is group commit for Spend. Concurrent Spend calls are sent
+// together as one pipeline in one implicit transaction: one round trip and
+// one WAL flush serve them all, where a durable commit per spend would make
+// the disk's flush rate the ceiling. Each caller still returns only after
+// its own decision has committed, and each decision is its own conditional
+// statement, so a batch decides exactly what the same spends would decide
+// one after another. Nothing waits to fill a batch: a batch is whatever
+// queued while the previous ones ran, so a lone spend goes at once.
+type spendBatcher struct {
+	s          *Service
+	maxBatch   int
+	maxRunning int
+
+	mu      sync.Mutex
+	pending []*spendRequest
+	running int
+}
+
+type spendRequest struct {
+	p     SpendParams
+	reply chan spendReply // buffered: the batch never waits for its caller
+}
+
+type spendReply struct {
+	res     SpendResult
+	decided bool
+	err     error
+}
+
+// batchTimeout bounds one batch; it serves several callers, so no single
+// caller's context governs it.
+const batchTimeout = 30 * time.Second
+
+// do queues p and waits for its answer. When the caller gives up first the
+// spend may still be decided; its idempotency key makes a retry safe.
+func (b *spendBatcher) do(ctx context.Context, p SpendParams) (SpendResult, bool, error) {
+	req := &spendRequest{p: p, reply: make(chan spendReply, 1)}
+	b.mu.Lock()
+	b.pending = append(b.pending, req)
+	if b.running < b.maxRunning {
+		b.running++
+		go b.drain()
+	}
+	b.mu.Unlock()
+	select {
+	case r := <-req.reply:
+		return r.res, r.decided, r.err
+	case <-ctx.Done():
+		return SpendResult{}, false, ctx.Err()
+	}
+}
+
+// drain runs batches until nothing is pending, then ends.
+func (b *spendBatcher) drain() {
+	for {
+		b.mu.Lock()
+		if len(b.pending) == 0 {
+			b.running--
+			b.mu.Unlock()
+			return
+		}
+		n := min(len(b.pending), b.maxBatch)
+		batch := slices.Clone(b.pending[:n])
+		b.pending = slices.Delete(b.pending, 0, n)
+		b.mu.Unlock()
+		b.run(batch)
+	}
+}
+
+// run decides one batch. Requests are ordered by mandate (stably: arrival
+// order within one) so that concurrent batches lock mandate rows in one
+// order. If a statement fails,
+// the batch's transaction is rolled back whole and every request in it is
+// decided again on its own.
+func (b *spendBatcher) run(batch []*spendRequest) {
+	slices.SortStableFunc(batch, func(x, y *spendRequest) int {
+		return cmp.Or(cmp.Compare(x.p.OrgID, y.p.OrgID), cmp.Compare(x.p.AgentID, y.p.AgentID),
+			cmp.Compare(x.p.Scope, y.p.Scope), cmp.Compare(x.p.IdempotencyKey, y.p.IdempotencyKey))
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	b.s.metrics.batch.Observe(float64(len(batch)))
+	if len(batch) == 1 {
+		res, decided, err := b.s.spend(ctx, b.s.db, batch[0].p)
+		batch[0].reply <- spendReply{res, decided, err}
+		return
+	}
+	pb := &pgx.Batch{}
+	for _, r := range batch {
+		b.s.queueSpend(pb, r.p)
+	}
+	br := b.s.db.SendBatch(ctx, pb)
+	replies := make([]spendReply, len(batch))
+	var failed error
+	for i, r := range batch {
+		res, decided, err := readSpend(br, r.p)
+		if err != nil && !errors.Is(err, ErrIdempotencyKeyReused) {
+			failed = err
+			break
+		}
+		replies[i] = spendReply{res, decided, err}
+	}
+	if err := br.Close(); failed == nil && err != nil {
+		failed = err
+	}
+	if failed == nil {
+		for i, r := range batch {
+			r.reply <- replies[i]
+		}
+		return
+	}
+	b.retryAlone(ctx, batch, failed)
+}
+
+// retryAlone decides each request of a failed batch on its own. Only an
+// error the server reported (it then rolled the transaction back) is safe
+// to retry; after any other failure the commit's outcome is unknown and the
+// error goes to every caller, as it would without batching.
+func (b *spendBatcher) retryAlone(ctx context.Context, batch []*spendRequest, failed error) {
+	var pgErr *pgconn.PgError
+	if !errors.As(failed, &pgErr) {
+		for _, r := range batch {
+			r.reply <- spendReply{err: failed}
+		}
+		return
+	}
+	b.s.logger.Debug("spend batch failed; deciding its spends one by one", "spends", len(batch), "error", failed.Error())
+	for _, r := range batch {
+		res, decided, err := b.s.spend(ctx, b.s.db, r.p)
+		r.reply <- spendReply{res, decided, err}
+	}
+}
