@@ -1,0 +1,212 @@
+package wakeup
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/testkit"
+	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/queue"
+	"github.com/reveille/reveille/workpool"
+)
+
+func TestMain(m *testing.M) { testkit.Main(m) }
+
+// These tests drive the service without Temporal or running pool loops:
+// the state of intents, spends and queued signals. The round trip through
+// a real Temporal server is in internal/e2e.
+
+type fixture struct {
+	db       *pgxpool.Pool
+	pool     *workpool.Manager
+	mandates *mandates.Service
+	svc      *Service
+	crash    bool
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{db: testkit.NewPool(t)}
+	var err error
+	f.pool, err = workpool.New(f.db, workpool.Config{Pools: map[string]int{"wakeup": 5, "doomed": 5}, Logger: testkit.Logger(t)})
+	require.NoError(t, err)
+	require.NoError(t, f.pool.Start(context.Background())) // creates the pools
+	require.NoError(t, f.pool.Stop(context.Background()))
+	f.pool.Register("echo", func(_ context.Context, j workpool.Job) (json.RawMessage, error) { return j.Args, nil })
+	f.mandates = mandates.New(f.db, mandates.Config{Logger: testkit.Logger(t)})
+	f.svc = New(f.db, f.pool, f.mandates, Config{ReconcileAfter: time.Millisecond, Logger: testkit.Logger(t),
+		BeforeEnqueue: func(context.Context, uuid.UUID) error {
+			if f.crash {
+				return errors.New("crash between the transactions")
+			}
+			return nil
+		}})
+	_, err = f.mandates.Create(context.Background(), "o", mandates.CreateParams{AgentID: "a", Scope: "s", Budget: 10})
+	require.NoError(t, err)
+	return f
+}
+
+func params(pool string) CreateParams {
+	return CreateParams{OrgID: "o", AgentID: "a", WorkflowID: "o/wf", Signal: "wake", Scope: "s", Cost: 3,
+		Work: Work{Handler: "echo", Args: json.RawMessage(`{}`)}, Pool: pool}
+}
+
+func (f *fixture) spent(t *testing.T) int64 {
+	t.Helper()
+	m, err := f.mandates.Find(context.Background(), "o", "a", "s")
+	require.NoError(t, err)
+	return m.Spent
+}
+
+func (f *fixture) state(t *testing.T, id uuid.UUID) string {
+	t.Helper()
+	var s string
+	require.NoError(t, f.db.QueryRow(context.Background(), `SELECT state FROM wakeups WHERE id = $1`, id).Scan(&s))
+	return s
+}
+
+func TestFundedWakeupIsEnqueuedInTheSecondTransaction(t *testing.T) {
+	f := newFixture(t)
+	w, err := f.svc.Create(context.Background(), params(""))
+	require.NoError(t, err)
+	require.Equal(t, "enqueued", f.state(t, w.ID))
+	require.Equal(t, DefaultPool, w.Pool)
+	require.NotNil(t, w.WorkID)
+	require.Equal(t, StatusPending, w.Status)
+	require.Equal(t, DeliveryWaiting, w.Delivery.State)
+	require.EqualValues(t, 3, f.spent(t))
+}
+
+func TestCrashBetweenTheTransactionsLeavesAFundedIntentTheReconcilerEnqueues(t *testing.T) {
+	f := newFixture(t)
+	f.crash = true
+	w, err := f.svc.Create(context.Background(), params(""))
+	require.Error(t, err)
+	require.Equal(t, "funded", f.state(t, w.ID))
+
+	n, err := f.svc.Reconcile(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, "enqueued", f.state(t, w.ID))
+	n, err = f.svc.Reconcile(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n, "reconciling twice enqueues once")
+	require.EqualValues(t, 3, f.spent(t), "one debit")
+}
+
+func TestFundedIntentWhosePoolIsGoneIsRefundedAndWokenWithFailed(t *testing.T) {
+	f := newFixture(t)
+	f.crash = true
+	w, err := f.svc.Create(context.Background(), params("doomed"))
+	require.Error(t, err)
+	_, err = f.db.Exec(context.Background(), `DELETE FROM workpool_pools WHERE name = 'doomed'`)
+	require.NoError(t, err)
+
+	n, err := f.svc.Reconcile(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	got, err := f.svc.Get(context.Background(), "o", w.ID)
+	require.NoError(t, err)
+	require.Equal(t, OutcomeFailed, got.Outcome)
+	require.Contains(t, got.Error, "could not be enqueued")
+	require.Equal(t, DeliveryQueued, got.Delivery.State, "the workflow's signal is queued")
+	require.Zero(t, f.spent(t), "the spend is refunded")
+}
+
+func TestCancelOfAFundedIntentRefundsAndQueuesCanceled(t *testing.T) {
+	f := newFixture(t)
+	f.crash = true
+	w, _ := f.svc.Create(context.Background(), params(""))
+	got, err := f.svc.Cancel(context.Background(), "o", w.ID)
+	require.NoError(t, err)
+	require.Equal(t, OutcomeCanceled, got.Outcome)
+	require.Zero(t, f.spent(t))
+	n, err := f.svc.Reconcile(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n, "a canceled intent is not enqueued")
+
+	again, err := f.svc.Cancel(context.Background(), "o", w.ID)
+	require.NoError(t, err)
+	require.Equal(t, OutcomeCanceled, again.Outcome, "cancel of a settled wake-up is a no-op")
+	require.Zero(t, f.spent(t), "and refunds nothing twice")
+}
+
+func TestTheHookResolvesOnceAndQueuesOneSignal(t *testing.T) {
+	f := newFixture(t)
+	w, err := f.svc.Create(context.Background(), params(""))
+	require.NoError(t, err)
+	ctx := context.Background()
+	hookCtx, _ := json.Marshal(hookContext{OrgID: "o", WakeupID: w.ID})
+	for _, outcome := range []workpool.Outcome{workpool.OutcomeSucceeded, workpool.OutcomeFailed} {
+		err := pgx.BeginFunc(ctx, f.db, func(tx pgx.Tx) error {
+			return f.svc.onWorkComplete(ctx, tx, workpool.Completion{WorkID: *w.WorkID, OrgID: "o", Outcome: outcome,
+				Result: json.RawMessage(`{"n":1}`), Context: hookCtx})
+		})
+		require.NoError(t, err)
+	}
+	got, err := f.svc.Get(ctx, "o", w.ID)
+	require.NoError(t, err)
+	require.Equal(t, OutcomeSucceeded, got.Outcome, "the first outcome stands")
+	msg, err := queue.GetByKey(ctx, f.db, "o", Queue, w.ID.String())
+	require.NoError(t, err)
+	var wake Wake
+	require.NoError(t, json.Unmarshal(msg.Payload, &wake))
+	require.Equal(t, Wake{OrgID: "o", WakeupID: w.ID.String(), Outcome: "succeeded", Result: json.RawMessage(`{"n": 1}`)}, wake)
+	require.Equal(t, &queue.Signal{WorkflowID: "o/wf", Name: "wake"}, msg.Signal)
+
+	t.Run("a context naming another org is refused", func(t *testing.T) {
+		err := pgx.BeginFunc(ctx, f.db, func(tx pgx.Tx) error {
+			return f.svc.onWorkComplete(ctx, tx, workpool.Completion{OrgID: "intruder", Outcome: workpool.OutcomeSucceeded, Context: hookCtx})
+		})
+		require.Error(t, err)
+	})
+}
+
+func TestIdempotencyKeyReturnsTheSameWakeup(t *testing.T) {
+	f := newFixture(t)
+	p := params("")
+	p.IdempotencyKey = "k"
+	first, err := f.svc.Create(context.Background(), p)
+	require.NoError(t, err)
+	again, err := f.svc.Create(context.Background(), p)
+	require.NoError(t, err)
+	require.Equal(t, first.ID, again.ID)
+	require.EqualValues(t, 3, f.spent(t))
+
+	p.Cost = 4
+	_, err = f.svc.Create(context.Background(), p)
+	require.ErrorIs(t, err, ErrIdempotencyKeyReused)
+
+	p.Cost, p.Scope = 3, "unfunded"
+	p.IdempotencyKey = "k2"
+	_, err = f.svc.Create(context.Background(), p)
+	var refused *RefusedError
+	require.ErrorAs(t, err, &refused)
+	require.Equal(t, mandates.RefusalNoMandate, refused.Refusal)
+	_, err = f.svc.Create(context.Background(), p)
+	require.ErrorAs(t, err, &refused, "a replayed refusal is still a refusal")
+}
+
+func TestAnotherOrgsWakeupIsAbsent(t *testing.T) {
+	f := newFixture(t)
+	w, err := f.svc.Create(context.Background(), params(""))
+	require.NoError(t, err)
+	_, err = f.svc.Get(context.Background(), "intruder", w.ID)
+	require.ErrorIs(t, err, apperr.ErrNotFound)
+	_, err = f.svc.Cancel(context.Background(), "intruder", w.ID)
+	require.ErrorIs(t, err, apperr.ErrNotFound)
+	_, err = f.svc.Redeliver(context.Background(), "intruder", w.ID)
+	require.ErrorIs(t, err, apperr.ErrNotFound)
+	items, _, err := f.svc.List(context.Background(), "intruder", ListFilter{}, nil, 50)
+	require.NoError(t, err)
+	require.Empty(t, items)
+}
