@@ -14,7 +14,8 @@ import (
 
 func TestPurgeDeletesOnlyStreamsClosedBeforeTheCutoffInBatches(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	svc, db := newService(t, streams.Config{PurgeBatch: 2, Registry: reg})
+	// The background loop keeps ten years, so only the explicit call purges.
+	svc, db := newService(t, streams.Config{PurgeBatch: 2, Registry: reg, Retention: 10 * 365 * 24 * time.Hour})
 	ctx := context.Background()
 	for i := range 5 {
 		name := fmt.Sprint("old-", i)
