@@ -53,7 +53,11 @@ type Postgres struct {
 	cmd     *exec.Cmd // nil when a live postmaster was reused
 	done    chan struct{}
 	reused  bool
-	logger  *slog.Logger
+	// adoptedPID is a reused postmaster whose starter is dead: this process
+	// owns it now and stops it on Stop.
+	adoptedPID int
+	ownerFile  string
+	logger     *slog.Logger
 }
 
 // Port is the TCP port the server listens on at 127.0.0.1.
@@ -113,15 +117,21 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	if err != nil {
 		return nil, err
 	}
-	p := &Postgres{binDir: binDir, dataDir: clusterDir, logger: logger}
+	p := &Postgres{binDir: binDir, dataDir: clusterDir, logger: logger, ownerFile: filepath.Join(clusterDir, "reveille.owner")}
 
-	if port, ok := livePostmaster(clusterDir); ok {
+	if port, pid, ok := livePostmaster(clusterDir); ok {
 		p.port, p.reused = port, true
-		if err := p.waitReady(ctx, 10*time.Second); err == nil {
-			logger.Info("reusing live postmaster", "dir", clusterDir, "port", port)
-			return p, nil
+		if err := p.waitReady(ctx, 10*time.Second); err != nil {
+			return nil, fmt.Errorf("postmaster in %s (port %d) is alive but does not answer", clusterDir, port)
 		}
-		return nil, fmt.Errorf("postmaster in %s (port %d) is alive but does not answer", clusterDir, port)
+		// A postmaster whose starter was killed is adopted: this process
+		// stops it on exit. One whose starter still runs is left to it.
+		if !processAlive(readPID(p.ownerFile)) {
+			p.adoptedPID = pid
+			p.writeOwner()
+		}
+		logger.Info("reusing live postmaster", "dir", clusterDir, "port", port, "adopted", p.adoptedPID != 0)
+		return p, nil
 	}
 
 	if _, err := os.Stat(filepath.Join(clusterDir, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
@@ -163,6 +173,7 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
 	p.cmd, p.port, p.done = cmd, port, make(chan struct{})
+	p.writeOwner()
 	go func() { _ = cmd.Wait(); logFile.Close(); close(p.done) }()
 	if err := p.waitReady(ctx, 60*time.Second); err != nil {
 		_ = p.Stop(context.Background())
@@ -192,9 +203,13 @@ func (p *Postgres) EnsureDatabase(ctx context.Context, name string) error {
 	return nil
 }
 
-// Stop shuts the server down (fast shutdown) if this process started it. A
-// reused postmaster is left running: it belongs to whoever started it.
+// Stop shuts the server down (fast shutdown) if this process started or
+// adopted it. A postmaster reused from a live starter is left running: it
+// belongs to that process.
 func (p *Postgres) Stop(ctx context.Context) error {
+	if p.adoptedPID != 0 {
+		return p.stopAdopted(ctx)
+	}
 	if p.cmd == nil || p.cmd.Process == nil {
 		return nil
 	}
@@ -352,11 +367,54 @@ func reachable(dir string, uid, gid int) bool {
 	}
 }
 
-// livePostmaster reads postmaster.pid and reports the port of a live server.
-func livePostmaster(clusterDir string) (int, bool) {
+// stopAdopted stops an adopted postmaster by signal (it is not our child,
+// so we watch its pid instead of waiting on it).
+func (p *Postgres) stopAdopted(ctx context.Context) error {
+	pid := p.adoptedPID
+	p.adoptedPID = 0
+	if err := syscall.Kill(pid, syscall.SIGINT); err != nil {
+		return nil // already gone
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for processAlive(pid) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			return errors.New("adopted postgres did not stop in time; killed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+// writeOwner records this process as the cluster's owner (best effort: the
+// file lives in the cluster dir, which may belong to the postgres user).
+func (p *Postgres) writeOwner() {
+	_ = os.WriteFile(p.ownerFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
+}
+
+func readPID(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+func processAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// livePostmaster reads postmaster.pid and reports the port and pid of a
+// live server.
+func livePostmaster(clusterDir string) (port, pid int, ok bool) {
 	f, err := os.Open(filepath.Join(clusterDir, "postmaster.pid"))
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	defer f.Close()
 	var lines []string
@@ -365,20 +423,17 @@ func livePostmaster(clusterDir string) (int, bool) {
 		lines = append(lines, sc.Text())
 	}
 	if len(lines) < 4 {
-		return 0, false
+		return 0, 0, false
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(lines[0]))
+	pid, err = strconv.Atoi(strings.TrimSpace(lines[0]))
 	if err != nil || pid <= 0 {
-		return 0, false
+		return 0, 0, false
 	}
-	port, err := strconv.Atoi(strings.TrimSpace(lines[3]))
-	if err != nil {
-		return 0, false
+	port, err = strconv.Atoi(strings.TrimSpace(lines[3]))
+	if err != nil || !processAlive(pid) {
+		return 0, 0, false
 	}
-	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
-		return 0, false
-	}
-	return port, true
+	return port, pid, true
 }
 
 func freePort() (int, error) {

@@ -3,8 +3,11 @@ package devstack
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -38,6 +41,21 @@ func TestStartStopAndReuseFromPrivateTempDir(t *testing.T) {
 	require.Equal(t, pg.Port(), again.Port())
 	require.NoError(t, again.Stop(ctx), "stopping a reused postmaster leaves it to its owner")
 	require.Equal(t, 42, queryInt(t, pg.URL("reveille"), "SELECT v FROM kept"))
+
+	// A postmaster whose starter died (a killed `engine dev`) is adopted:
+	// the next run stops it on exit.
+	dead := exec.Command("true")
+	require.NoError(t, dead.Run())
+	require.NoError(t, os.WriteFile(filepath.Join(pg.ClusterDir(), "reveille.owner"), []byte(strconv.Itoa(dead.Process.Pid)), 0o644))
+	adopter, err := StartPostgres(ctx, PostgresOptions{DataDir: dataDir})
+	require.NoError(t, err)
+	require.True(t, adopter.Reused())
+	require.NoError(t, adopter.Stop(ctx))
+	select {
+	case <-pg.Wait():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the adopted postmaster was not stopped")
+	}
 
 	// Stopped, then started again: the data dir is reused, not re-initialized.
 	require.NoError(t, pg.Stop(ctx))
