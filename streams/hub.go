@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,7 +33,14 @@ type Hub struct {
 	done    chan struct{} // closed when the listen loop has exited
 	stopped chan struct{} // closed by Stop: subscriptions end
 	pid     uint32        // backend pid of the LISTEN connection (tests)
+
+	pingEvery time.Duration // idle time after which the connection is pinged
+	pings     atomic.Int64  // successful pings (tests)
 }
+
+// hubPingEvery is how long the LISTEN connection may stay silent before it
+// is pinged.
+const hubPingEvery = 30 * time.Second
 
 type hubState int
 
@@ -46,7 +54,7 @@ const (
 type streamKey struct{ org, run, name string }
 
 func newHub(db *pgxpool.Pool, logger *slog.Logger, m *metrics) *Hub {
-	return &Hub{db: db, logger: logger, metrics: m, subs: map[streamKey]map[*Subscription]struct{}{}, stopped: make(chan struct{})}
+	return &Hub{db: db, logger: logger, metrics: m, subs: map[streamKey]map[*Subscription]struct{}{}, stopped: make(chan struct{}), pingEvery: hubPingEvery}
 }
 
 // Start connects and LISTENs, and returns once notifications flow; the hub
@@ -130,13 +138,28 @@ func (h *Hub) run(ctx context.Context, conn *pgx.Conn) {
 	}
 }
 
+// listen dispatches notifications until the connection fails or ctx ends.
+// A connection whose peer vanished without a word would wait forever, so
+// after pingEvery without a notification it is pinged.
 func (h *Hub) listen(ctx context.Context, conn *pgx.Conn) error {
 	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
+		wctx, cancel := context.WithTimeout(ctx, h.pingEvery)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			h.dispatch(n.Payload)
+			continue
+		case ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded):
 			return err
 		}
-		h.dispatch(n.Payload)
+		pctx, cancel := context.WithTimeout(ctx, h.pingEvery)
+		err = conn.Ping(pctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("ping: %w", err)
+		}
+		h.pings.Add(1)
 	}
 }
 

@@ -101,3 +101,38 @@ func reconnects(t *testing.T, reg *prometheus.Registry) float64 {
 	}
 	return -1
 }
+
+// A silent LISTEN connection is pinged, and a ping that succeeds leaves it
+// listening.
+func TestAnIdleHubPingsItsConnectionAndKeepsListening(t *testing.T) {
+	db := testkit.NewPool(t)
+	svc, err := New(db, Config{Logger: testkit.Logger(t)})
+	require.NoError(t, err)
+	svc.hub.pingEvery = 10 * time.Millisecond
+	ctx := context.Background()
+	require.NoError(t, svc.Start(ctx))
+	defer func() { require.NoError(t, svc.Stop(ctx)) }()
+	tail, err := svc.Tail("org", "run", "out", 0)
+	require.NoError(t, err)
+	defer tail.Close()
+	pid := svc.hub.backendPID()
+
+	require.Eventually(t, func() bool { return svc.hub.pings.Load() >= 3 }, 10*time.Second, 5*time.Millisecond)
+	_, err = svc.Append(ctx, "org", "run", "out", [][]byte{[]byte("still heard")})
+	require.NoError(t, err)
+	require.Equal(t, []string{"still heard"}, drain(t, tail))
+	require.Equal(t, pid, svc.hub.backendPID(), "no reconnect was needed")
+}
+
+// A ping that fails makes the hub reconnect.
+func TestAHubWhosePingFailsReconnects(t *testing.T) {
+	db := testkit.NewPool(t)
+	reg := prometheus.NewRegistry()
+	svc, err := New(db, Config{Logger: testkit.Logger(t), Registry: reg})
+	require.NoError(t, err)
+	svc.hub.pingEvery = time.Nanosecond // every wait times out, and so does every ping
+	ctx := context.Background()
+	require.NoError(t, svc.Start(ctx))
+	defer func() { require.NoError(t, svc.Stop(ctx)) }()
+	require.Eventually(t, func() bool { return reconnects(t, reg) >= 1 }, 10*time.Second, 5*time.Millisecond)
+}
