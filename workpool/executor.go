@@ -479,6 +479,8 @@ func (r *reporter) run() {
 	defer close(r.closed)
 	for {
 		select {
+		case <-r.e.bgCtx.Done(): // only after close, or a simulated crash
+			return
 		case <-r.wake:
 		case <-r.closing:
 			for batch := r.take(); len(batch) > 0; batch = r.take() {

@@ -36,8 +36,9 @@ type loop struct {
 	pool  string
 	kickc chan struct{}
 
-	leading   atomic.Bool
-	saturated atomic.Bool // last published status: enqueue kicks cannot help
+	leading    atomic.Bool
+	saturated  atomic.Bool  // last published status: enqueue kicks cannot help
+	iterations atomic.Int64 // iterations run on this replica
 
 	// Owned by the leading goroutine (and tests driving iterate directly).
 	gen          int64
@@ -97,8 +98,6 @@ func (l *loop) campaign(ctx context.Context) {
 // ends the term (the elector campaigns again), so a new term always starts
 // with a takeover that fences out whatever ran before.
 func (l *loop) lead(ctx context.Context) {
-	l.leading.Store(true)
-	defer l.leading.Store(false)
 	log := l.m.logger.With("pool", l.pool)
 	if err := l.takeover(ctx); err != nil {
 		if ctx.Err() == nil {
@@ -106,6 +105,8 @@ func (l *loop) lead(ctx context.Context) {
 		}
 		return
 	}
+	l.leading.Store(true)
+	defer l.leading.Store(false)
 	log.Info("leading the pool's loop", "generation", l.gen)
 	maint, stopMaint := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -184,6 +185,7 @@ type iteration struct {
 // nothing to do it publishes the run status and says when to wake.
 func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 	t0 := time.Now()
+	l.iterations.Add(1)
 	defer func() { l.m.metrics.iteration.WithLabelValues(l.pool).Observe(time.Since(t0).Seconds()) }()
 	tx, err := l.m.db.Begin(ctx)
 	if err != nil {

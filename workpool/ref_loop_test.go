@@ -611,4 +611,3 @@ func TestRef001_EnqueueWakesAScheduledLoopToRunning(t *testing.T) {
 
 	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
 }
-
