@@ -264,7 +264,10 @@ func TestCrash_AnExecutorThatStopsHeartbeatingIsRecoveredAndRetried(t *testing.T
 
 	b := startManager(t, db, Config{Pools: map[string]int{"default": 5}})
 	var ranOnB atomic.Int64
-	b.Register("flaky", func(context.Context, Job) (json.RawMessage, error) { ranOnB.Add(1); return json.RawMessage(`"second"`), nil })
+	b.Register("flaky", func(context.Context, Job) (json.RawMessage, error) {
+		ranOnB.Add(1)
+		return json.RawMessage(`"second"`), nil
+	})
 	b.RegisterHook("record", recordHook)
 	a.crash()
 
