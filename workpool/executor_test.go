@@ -1,0 +1,199 @@
+package workpool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+)
+
+func enqueueOn(t *testing.T, m *Manager, p EnqueueParams) uuid.UUID {
+	t.Helper()
+	if p.OrgID == "" {
+		p.OrgID = "org-1"
+	}
+	if p.Pool == "" {
+		p.Pool = "default"
+	}
+	id, err := m.Enqueue(context.Background(), p)
+	require.NoError(t, err)
+	return id
+}
+
+func TestExecutor_HandlerGetsTheJobAndItsResultIsKept(t *testing.T) {
+	t.Parallel()
+	_, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	got := make(chan Job, 1)
+	m.Register("echo", func(_ context.Context, j Job) (json.RawMessage, error) {
+		got <- j
+		return j.Args, nil
+	})
+
+	id := enqueueOn(t, m, EnqueueParams{Handler: "echo", Args: json.RawMessage(`{"x":1}`)})
+
+	j := <-got
+	require.Equal(t, id, j.ID)
+	require.Equal(t, "org-1", j.OrgID)
+	require.Equal(t, "default", j.Pool)
+	require.Equal(t, 1, j.Attempt)
+	s := requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+	require.JSONEq(t, `{"x":1}`, string(s.Result))
+	require.Equal(t, 1, s.Attempts)
+	require.NotNil(t, s.FinishedAt)
+}
+
+func TestExecutor_RetryableErrorsAreRetriedUpToMaxAttempts(t *testing.T) {
+	t.Parallel()
+	_, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	attempts := make(chan int, 10)
+	m.Register("fails", func(_ context.Context, j Job) (json.RawMessage, error) {
+		attempts <- j.Attempt
+		return nil, errors.New("still broken")
+	})
+
+	id := enqueueOn(t, m, EnqueueParams{Handler: "fails", Retry: &RetryPolicy{MaxAttempts: 3, InitialBackoffMS: 5, Base: 2}})
+
+	s := requireFinished(t, m, "org-1", id, OutcomeFailed)
+	require.Equal(t, 3, s.Attempts)
+	require.Equal(t, "still broken", s.Error)
+	require.Equal(t, []int{1, 2, 3}, []int{<-attempts, <-attempts, <-attempts})
+}
+
+func TestExecutor_NonRetryableErrorsFailAtOnce(t *testing.T) {
+	t.Parallel()
+	_, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	m.Register("final", func(context.Context, Job) (json.RawMessage, error) {
+		return nil, NonRetryable(errors.New("bad input"))
+	})
+
+	id := enqueueOn(t, m, EnqueueParams{Handler: "final", Retry: &RetryPolicy{MaxAttempts: 5, InitialBackoffMS: 5, Base: 2}})
+
+	s := requireFinished(t, m, "org-1", id, OutcomeFailed)
+	require.Equal(t, 1, s.Attempts)
+	require.Equal(t, "bad input", s.Error)
+}
+
+func TestExecutor_APanicIsAFailedAttempt(t *testing.T) {
+	t.Parallel()
+	_, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	m.Register("panics", func(context.Context, Job) (json.RawMessage, error) { panic("handler bug") })
+
+	id := enqueueOn(t, m, EnqueueParams{Handler: "panics"})
+
+	s := requireFinished(t, m, "org-1", id, OutcomeFailed)
+	require.Contains(t, s.Error, "panicked: handler bug")
+}
+
+func TestExecutor_InvalidJSONResultFailsTheWork(t *testing.T) {
+	t.Parallel()
+	_, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	m.Register("garbage", func(context.Context, Job) (json.RawMessage, error) { return json.RawMessage(`{oops`), nil })
+
+	id := enqueueOn(t, m, EnqueueParams{Handler: "garbage", Retry: &RetryPolicy{MaxAttempts: 3, Base: 1}})
+
+	s := requireFinished(t, m, "org-1", id, OutcomeFailed)
+	require.Equal(t, 1, s.Attempts, "not retried: the handler would return the same")
+	require.Contains(t, s.Error, "invalid JSON")
+}
+
+func TestExecutor_TimeoutCancelsTheHandlersContextAndFailsTheAttempt(t *testing.T) {
+	t.Parallel()
+	_, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	cause := make(chan error, 1)
+	m.Register("slow", func(ctx context.Context, _ Job) (json.RawMessage, error) {
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return nil, ctx.Err()
+	})
+
+	id := enqueueOn(t, m, EnqueueParams{Handler: "slow", TimeoutMS: 50})
+
+	require.ErrorIs(t, <-cause, context.DeadlineExceeded)
+	s := requireFinished(t, m, "org-1", id, OutcomeFailed)
+	require.Contains(t, s.Error, "timed out after 50ms")
+}
+
+func TestExecutor_AHandlerIgnoringItsTimeoutIsAbandonedAndTheAttemptFails(t *testing.T) {
+	t.Parallel()
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 1}})
+	release := make(chan struct{})
+	defer close(release)
+	m.Register("stuck", func(context.Context, Job) (json.RawMessage, error) {
+		<-release // ignores its context
+		return nil, nil
+	})
+
+	id := enqueueOn(t, m, EnqueueParams{Handler: "stuck", TimeoutMS: 20})
+
+	s := requireFinished(t, m, "org-1", id, OutcomeFailed)
+	require.Contains(t, s.Error, "did not return")
+	require.Eventually(t, func() bool { return slotsInUse(t, db, "default") == 0 }, testWait, testTick, "its slot is freed")
+}
+
+func TestExecutor_WorkCanceledBeforeItIsClaimedNeverRuns(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ran := false
+	h.m.Register("test_handle", func(context.Context, Job) (json.RawMessage, error) { ran = true; return nil, nil })
+	id := h.enqueue()
+	h.runMain()  // started, not claimed
+	h.cancel(id) // the cancelation is processed while no executor holds it
+	h.runMain()  // marks it canceled
+	jobs := h.m.exec.claimed(h.t)
+
+	require.Len(t, jobs, 1)
+	require.True(t, jobs[0].canceled)
+	require.False(t, ran)
+}
+
+// claimed claims started work the way the claim loop does, without running it.
+func (e *executor) claimed(t *testing.T) []claimedJob {
+	t.Helper()
+	jobs, err := e.claim(e.m.handlerNames(), 100)
+	require.NoError(t, err)
+	return jobs
+}
+
+func TestStop_LetsRunningWorkFinishWithinTheGrace(t *testing.T) {
+	t.Parallel()
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, StopGrace: 10 * time.Second})
+	started, release := make(chan struct{}), make(chan struct{})
+	m.Register("finishing", func(ctx context.Context, _ Job) (json.RawMessage, error) {
+		close(started)
+		<-release
+		return json.RawMessage(`"done"`), ctx.Err()
+	})
+	id := enqueueOn(t, m, EnqueueParams{Handler: "finishing"})
+	<-started
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- m.Stop(context.Background()) }()
+	close(release)
+
+	require.NoError(t, <-stopped)
+	other := startManager(t, db, Config{Pools: map[string]int{"default": 5}})
+	s := requireFinished(t, other, "org-1", id, OutcomeSucceeded)
+	require.JSONEq(t, `"done"`, string(s.Result))
+}
+
+func TestStop_CancelsHandlersThatOutliveTheGraceAndReportsThemForRetry(t *testing.T) {
+	t.Parallel()
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, StopGrace: 20 * time.Millisecond})
+	started, ended := make(chan uuid.UUID, 1), make(chan error, 1)
+	m.Register("long", blockingHandler(started, ended))
+	id := enqueueOn(t, m, EnqueueParams{Handler: "long", Retry: &RetryPolicy{MaxAttempts: 2, Base: 1}})
+	<-started
+
+	require.NoError(t, m.Stop(context.Background()))
+
+	require.ErrorIs(t, <-ended, errStopping)
+	require.NoError(t, m.Stop(context.Background()), "stopping twice is safe")
+	other := startManager(t, db, Config{Pools: map[string]int{"default": 5}})
+	other.Register("long", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
+	s := requireFinished(t, other, "org-1", id, OutcomeSucceeded)
+	require.Equal(t, 2, s.Attempts, "the interrupted attempt counted and was retried on the other replica")
+}

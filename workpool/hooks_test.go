@@ -1,0 +1,213 @@
+package workpool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+func TestHooks_FireExactlyOnceForSuccessFinalFailureCancelBeforeStartAndCancelWhileRunning(t *testing.T) {
+	t.Parallel()
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	hookTable(t, db)
+	m.RegisterHook("record", recordHook)
+	m.Register("ok", func(context.Context, Job) (json.RawMessage, error) { return json.RawMessage(`1`), nil })
+	m.Register("fail", func(context.Context, Job) (json.RawMessage, error) { return nil, errors.New("nope") })
+	started, ended := make(chan uuid.UUID, 1), make(chan error, 1)
+	m.Register("block", blockingHandler(started, ended))
+	ctx := context.Background()
+	enqueue := func(handler string, runAt time.Time) uuid.UUID {
+		id, err := m.Enqueue(ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: handler, RunAt: runAt,
+			Retry: &RetryPolicy{MaxAttempts: 2, InitialBackoffMS: 1, Base: 1}, OnComplete: &OnComplete{Hook: "record"}})
+		require.NoError(t, err)
+		return id
+	}
+
+	success := enqueue("ok", time.Time{})
+	failure := enqueue("fail", time.Time{})
+	beforeStart := enqueue("ok", time.Now().Add(time.Hour))
+	require.NoError(t, m.Cancel(ctx, "org-1", beforeStart))
+	whileRunning := enqueue("block", time.Time{})
+	require.Equal(t, whileRunning, <-started)
+	require.NoError(t, m.Cancel(ctx, "org-1", whileRunning))
+
+	for id, want := range map[uuid.UUID]Outcome{success: OutcomeSucceeded, failure: OutcomeFailed,
+		beforeStart: OutcomeCanceled, whileRunning: OutcomeCanceled} {
+		requireFinished(t, m, "org-1", id, want)
+		require.Eventually(t, func() bool { n, _ := hookCallsOf(t, db, id); return n > 0 }, testWait, testTick)
+		n, outcome := hookCallsOf(t, db, id)
+		require.Equal(t, 1, n, "hook calls for %s work", want)
+		require.Equal(t, string(want), outcome)
+	}
+	require.Equal(t, 2, requireFinished(t, m, "org-1", failure, OutcomeFailed).Attempts, "the failure was retried first")
+}
+
+func TestHooks_AFailingHookIsRetriedAndTheCompletionIsNotLost(t *testing.T) {
+	t.Parallel()
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	hookTable(t, db)
+	var calls atomic.Int64
+	var allow atomic.Bool
+	m.RegisterHook("flaky", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		calls.Add(1)
+		if err := recordHook(ctx, tx, c); err != nil {
+			return err
+		}
+		if !allow.Load() {
+			return errors.New("downstream unavailable") // its write above is rolled back
+		}
+		return nil
+	})
+	id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop",
+		OnComplete: &OnComplete{Hook: "flaky"}})
+	require.NoError(t, err)
+
+	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+	require.Eventually(t, func() bool { return calls.Load() >= 2 }, testWait, testTick, "the loop retries the hook")
+	var state string
+	require.NoError(t, db.QueryRow(context.Background(), `SELECT hook_state FROM workpool_work WHERE id = $1`, id).Scan(&state))
+	require.Equal(t, "retry", state)
+	n, _ := hookCallsOf(t, db, id)
+	require.Zero(t, n, "a failed call's writes do not commit")
+
+	allow.Store(true)
+
+	require.Eventually(t, func() bool {
+		err := db.QueryRow(context.Background(), `SELECT hook_state FROM workpool_work WHERE id = $1`, id).Scan(&state)
+		return err == nil && state == "done"
+	}, testWait, testTick)
+	n, _ = hookCallsOf(t, db, id)
+	require.Equal(t, 1, n)
+	require.Equal(t, OutcomeSucceeded, requireFinished(t, m, "org-1", id, OutcomeSucceeded).Outcome)
+}
+
+func TestHooks_OneFailingHookInABatchDoesNotHoldBackTheOthers(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	hookTable(t, h.db)
+	var bad uuid.UUID
+	var fail atomic.Bool
+	fail.Store(true)
+	h.m.RegisterHook("record", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		if err := recordHook(ctx, tx, c); err != nil {
+			return err
+		}
+		if c.WorkID == bad && fail.Load() {
+			return errors.New("this one fails")
+		}
+		return nil
+	})
+	var ids []uuid.UUID
+	for range 5 {
+		ids = append(ids, h.enqueue(withHook("record", `{}`)))
+	}
+	bad = ids[2]
+	h.runMain()
+	var batch []attemptResult
+	for _, id := range ids {
+		batch = append(batch, attemptResult{id: id, pool: "default", attempt: 1, succeeded: true})
+	}
+
+	require.NoError(t, pgx.BeginFunc(h.ctx, h.db, func(tx pgx.Tx) error {
+		_, err := h.m.completeTx(h.ctx, tx, batch)
+		return err
+	}))
+
+	for _, id := range ids {
+		require.Equal(t, "succeeded", *h.work(id).outcome)
+		n, _ := hookCallsOf(t, h.db, id)
+		if id == bad {
+			require.Zero(t, n)
+			require.Equal(t, "retry", *h.work(id).hook)
+		} else {
+			require.Equal(t, 1, n)
+			require.Equal(t, "done", *h.work(id).hook)
+		}
+	}
+
+	fail.Store(false)
+	h.clock.Advance(time.Minute)
+	h.runMain()
+	n, _ := hookCallsOf(t, h.db, bad)
+	require.Equal(t, 1, n)
+	require.Equal(t, "done", *h.work(bad).hook)
+}
+
+func TestHooks_APanickingHookIsRetriedLikeAFailingOne(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	var calls int
+	h.m.RegisterHook("panics", func(context.Context, pgx.Tx, Completion) error {
+		calls++
+		if calls == 1 {
+			panic("hook bug")
+		}
+		return nil
+	})
+	id := h.enqueue(withHook("panics", `{}`))
+	h.runMain()
+
+	h.complete(id, "success", 1)
+
+	require.Equal(t, "retry", *h.work(id).hook)
+	var msg string
+	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT hook_error FROM workpool_work WHERE id = $1`, id).Scan(&msg))
+	require.Contains(t, msg, "panicked")
+	h.clock.Advance(time.Minute)
+	h.runMain()
+	require.Equal(t, "done", *h.work(id).hook)
+	require.Equal(t, 2, calls)
+}
+
+func TestHooks_AHookRetryWaitsForItsBackoff(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	var calls int
+	h.m.RegisterHook("once-failing", func(context.Context, pgx.Tx, Completion) error {
+		calls++
+		if calls == 1 {
+			return errors.New("first call fails")
+		}
+		return nil
+	})
+	id := h.enqueue(withHook("once-failing", `{}`))
+	h.runMain()
+	h.complete(id, "success", 1)
+	h.runMain()        // frees the slot
+	res := h.runMain() // nothing to do: the hook retry is the next timer
+
+	require.Equal(t, 1, calls, "not retried before its backoff")
+	require.False(t, res.wakeAt.IsZero())
+	require.False(t, res.wakeAt.After(h.clock.Now().Add(time.Second)), "wakes for the retry (1 s backoff)")
+	h.clock.Advance(time.Second)
+	h.runMain()
+	require.Equal(t, 2, calls)
+	require.Equal(t, "done", *h.work(id).hook)
+}
+
+func TestHooks_RetentionKeepsWorkWhoseHookStillWaits(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.m.RegisterHook("broken", func(context.Context, pgx.Tx, Completion) error { return errors.New("always") })
+	keep := h.enqueue(withHook("broken", `{}`))
+	purge := h.enqueue()
+	h.runMain()
+	h.complete(keep, "success", 1)
+	h.complete(purge, "success", 1)
+	h.clock.Advance(DefaultWorkRetention + time.Hour)
+
+	n, err := h.l.purge(h.ctx)
+
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	_, err = h.m.Status(h.ctx, "org-1", purge)
+	require.ErrorIs(t, err, ErrNotFound)
+	require.Equal(t, StateFinished, h.status(keep).State)
+}
