@@ -581,10 +581,11 @@ func (it *iteration) outlook(ctx context.Context) (iterResult, error) {
 	if used > 0 {
 		wake = earliest(wake, ptr(l.lastRecovery.Add(l.m.cfg.RecoveryPeriod)))
 	}
-	if ready && used < int64(it.maxPar) {
-		// Ready work that could not start although slots are free: its
-		// org or key is at its cap (a completion will kick us) or its row
-		// was locked; look again shortly either way.
+	if ready && used == 0 {
+		// Ready work that did not start although nothing runs: no cap or
+		// key can hold it back, so its row was locked; look again shortly.
+		// (Work held back by its org's cap or its key while slots are in
+		// use starts when a completion kicks the loop.)
 		wake = earliest(wake, ptr(it.now.Add(100*time.Millisecond)))
 	}
 	var st RunStatus
