@@ -215,7 +215,7 @@ func scanApproval(row pgx.Row) (Approval, error) {
 	var data []byte
 	var resolvedAt *time.Time
 	var resolvedBy, note *string
-	err := row.Scan(&a.ID, &a.OrgID, &a.AgentID, &a.Scope, &a.Cost, &a.Reason, &a.State, &a.RequestedBy,
+	err := row.Scan(&a.ID, &a.OrgID, &a.AgentID, &a.Scope, &a.Cost, &a.Reason, &a.State, &a.RequestedBy, &a.Refusal,
 		&kind, &data, &a.ExpiresAt, &a.CreatedAt, &resolvedAt, &resolvedBy, &note)
 	if err != nil {
 		return Approval{}, err

@@ -106,24 +106,30 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 	br := b.s.db.SendBatch(ctx, pb)
 	replies := make([]spendReply, len(batch))
 	var failed error
-	for i, r := range batch {
-		res, decided, err := readSpend(br, r.p)
-		if err != nil && !errors.Is(err, ErrIdempotencyKeyReused) {
+	for i := range batch {
+		res, decided, err := readSpend(br)
+		if err != nil {
 			failed = err
 			break
 		}
-		replies[i] = spendReply{res, decided, err}
+		replies[i] = spendReply{res: res, decided: decided}
 	}
 	if err := br.Close(); failed == nil && err != nil {
 		failed = err
 	}
-	if failed == nil {
-		for i, r := range batch {
-			r.reply <- replies[i]
-		}
+	if failed != nil {
+		b.retryAlone(ctx, batch, failed)
 		return
 	}
-	b.retryAlone(ctx, batch, failed)
+	for i, r := range batch {
+		if !replies[i].decided {
+			// The key was used before (or earlier in this batch): its first
+			// answer is committed now.
+			res, err := b.s.answer(ctx, b.s.db, r.p)
+			replies[i] = spendReply{res: res, err: err}
+		}
+		r.reply <- replies[i]
+	}
 }
 
 // retryAlone decides each request of a failed batch on its own. Only an

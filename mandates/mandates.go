@@ -182,12 +182,15 @@ type Approval struct {
 	Reason      string
 	State       string
 	RequestedBy string
-	OnResolve   *Payload
-	ExpiresAt   time.Time
-	CreatedAt   time.Time
-	ResolvedAt  *time.Time
-	ResolvedBy  string
-	Note        string
+	// Refusal is why the spend was refused (no_mandate, revoked, expired,
+	// insufficient).
+	Refusal    string
+	OnResolve  *Payload
+	ExpiresAt  time.Time
+	CreatedAt  time.Time
+	ResolvedAt *time.Time
+	ResolvedBy string
+	Note       string
 }
 
 // Page asks for one page of a list: items after Cursor (uuid.Nil: from the

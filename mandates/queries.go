@@ -6,45 +6,41 @@ package mandates
 
 const mandateColumns = `id, org_id, agent_id, scope, budget, spent, status, valid_until, created_at, updated_at`
 
-const approvalColumns = `id, org_id, agent_id, scope, cost, reason, state, requested_by, on_resolve_kind,
+const approvalColumns = `id, org_id, agent_id, scope, cost, reason, state, requested_by, refusal, on_resolve_kind,
 	on_resolve_data, expires_at, created_at, resolved_at, resolved_by, note`
 
 const ledgerColumns = `id, mandate_id, kind, amount, reason, idempotency_key, approval_id, created_at`
 
-// qSpendClaim claims an idempotency key: it inserts an undecided answer row,
-// or (ON CONFLICT) waits for a concurrent first use to commit and inserts
-// nothing. $1 org, $2 key, $3 agent, $4 scope, $5 cost.
-const qSpendClaim = `
-INSERT INTO mandate_spends (org_id, idempotency_key, agent_id, scope, cost)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (org_id, idempotency_key) DO NOTHING`
-
-// qSpendDecide is the whole decision in one statement. It proceeds only for
-// an unkeyed spend or a key this transaction has just claimed (an undecided
-// answer row). The debit is the conditional UPDATE: the row lock serialises
-// concurrent spenders and each re-checks the condition on the latest row,
-// so the budget cannot be exceeded. Without a debit it inserts the approval
-// request. For a keyed spend it records the answer in the claimed row.
+// qSpendDecide is the whole decision in one statement. A keyed spend first
+// inserts its key (claim); when the key exists, or a concurrent first use
+// commits it while the insert waits, nothing else happens and the caller
+// reads the first answer (qSpendAnswer). The debit is the conditional
+// UPDATE: the row lock serialises concurrent spenders and each re-checks the
+// condition on the latest row, so the budget cannot be exceeded. Without a
+// debit it inserts the approval request. The claim names both possible
+// outcome rows in advance, so the answer needs no second write.
 //
 // $1 org, $2 agent, $3 scope, $4 cost, $5 reason, $6 key (empty: none),
 // $7 ledger id, $8 approval id, $9 requested_by, $10 TTL in microseconds,
 // $11 on_resolve kind, $12 on_resolve data.
 const qSpendDecide = `
-WITH claimed AS (
-    SELECT 1 FROM mandate_spends
-     WHERE $6::text <> '' AND org_id = $1 AND idempotency_key = $6 AND ok IS NULL
+WITH claim AS (
+    INSERT INTO mandate_spends (org_id, idempotency_key, agent_id, scope, cost, ledger_id, approval_id)
+    SELECT $1, $6, $2, $3, $4, $7, $8 WHERE $6::text <> ''
+    ON CONFLICT (org_id, idempotency_key) DO NOTHING
+    RETURNING 1
 ), proceed AS (
-    SELECT 1 WHERE $6::text = '' OR EXISTS (SELECT 1 FROM claimed)
+    SELECT 1 WHERE $6::text = '' OR EXISTS (SELECT 1 FROM claim)
 ), debit AS (
     UPDATE mandates SET spent = spent + $4, updated_at = now()
      WHERE org_id = $1 AND agent_id = $2 AND scope = $3
        AND status = 'active' AND (valid_until IS NULL OR valid_until > now())
-       AND spent + $4 <= budget
+       AND $4 <= budget - spent
        AND EXISTS (SELECT 1 FROM proceed)
     RETURNING id, budget - spent AS remaining
 ), ledger AS (
-    INSERT INTO mandate_ledger (id, org_id, mandate_id, kind, amount, reason, idempotency_key)
-    SELECT $7, $1, debit.id, 'debit', $4, $5, NULLIF($6::text, '') FROM debit
+    INSERT INTO mandate_ledger (id, org_id, mandate_id, kind, amount, reason, idempotency_key, remaining)
+    SELECT $7, $1, debit.id, 'debit', $4, $5, NULLIF($6::text, ''), debit.remaining FROM debit
 ), refusal AS (
     SELECT CASE WHEN m.id IS NULL THEN 'no_mandate'
                 WHEN m.status <> 'active' THEN 'revoked'
@@ -55,28 +51,24 @@ WITH claimed AS (
       LEFT JOIN mandates m ON m.org_id = $1 AND m.agent_id = $2 AND m.scope = $3
      WHERE EXISTS (SELECT 1 FROM proceed) AND NOT EXISTS (SELECT 1 FROM debit)
 ), request AS (
-    INSERT INTO mandate_approvals (id, org_id, agent_id, scope, cost, reason, requested_by,
+    INSERT INTO mandate_approvals (id, org_id, agent_id, scope, cost, reason, requested_by, refusal, remaining,
                                    on_resolve_kind, on_resolve_data, expires_at)
-    SELECT $8, $1, $2, $3, $4, $5, $9, $11, $12, now() + $10::bigint * interval '1 microsecond'
+    SELECT $8, $1, $2, $3, $4, $5, $9, why, remaining, $11, $12, now() + $10::bigint * interval '1 microsecond'
       FROM refusal
     RETURNING id
-), answer AS (
-    UPDATE mandate_spends
-       SET ok = EXISTS (SELECT 1 FROM debit),
-           remaining = COALESCE((SELECT remaining FROM debit), (SELECT remaining FROM refusal)),
-           mandate_id = (SELECT id FROM debit),
-           approval_id = (SELECT id FROM request),
-           refusal = (SELECT why FROM refusal)
-     WHERE EXISTS (SELECT 1 FROM claimed) AND org_id = $1 AND idempotency_key = $6
 )
 SELECT EXISTS (SELECT 1 FROM proceed),
        (SELECT id FROM debit), (SELECT remaining FROM debit),
        (SELECT id FROM request), (SELECT why FROM refusal), (SELECT remaining FROM refusal)`
 
-// qSpendAnswer reads the first answer for a key. $1 org, $2 key.
+// qSpendAnswer reads the first answer to a key from whichever outcome row
+// its decision wrote. $1 org, $2 key.
 const qSpendAnswer = `
-SELECT agent_id, scope, cost, ok, remaining, mandate_id, approval_id, refusal
-  FROM mandate_spends WHERE org_id = $1 AND idempotency_key = $2`
+SELECT s.agent_id, s.scope, s.cost, l.mandate_id, l.remaining, a.id, a.refusal, a.remaining
+  FROM mandate_spends s
+  LEFT JOIN mandate_ledger l ON l.id = s.ledger_id
+  LEFT JOIN mandate_approvals a ON a.id = s.approval_id
+ WHERE s.org_id = $1 AND s.idempotency_key = $2`
 
 // qRefund writes a refund's ledger row and lowers spent in one statement.
 // The mandate row is locked first so that concurrent refunds see each other
@@ -89,7 +81,7 @@ WITH m AS (
 ), l AS (
     INSERT INTO mandate_ledger (id, org_id, mandate_id, kind, amount, reason, idempotency_key)
     SELECT $4, $1, m.id, 'refund', -$5::bigint, $6, NULLIF($7::text, '') FROM m WHERE m.spent >= $5
-    ON CONFLICT (org_id, kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    ON CONFLICT (org_id, idempotency_key) WHERE kind = 'refund' AND idempotency_key IS NOT NULL DO NOTHING
     RETURNING mandate_id
 ), u AS (
     UPDATE mandates SET spent = spent - $5, updated_at = now() FROM l WHERE mandates.id = l.mandate_id

@@ -104,9 +104,9 @@ func (s *Service) SpendTx(ctx context.Context, tx pgx.Tx, p SpendParams) (SpendR
 	return res, nil
 }
 
-// spend sends claim, decision and answer read as one batch: one round trip,
-// and on the pool one implicit transaction. decided reports whether this
-// call made the decision (rather than replaying one).
+// spend decides p on q in one statement: on the pool, its own implicit
+// transaction. decided reports whether this call made the decision rather
+// than finding the first answer to its key, which takes a second read.
 func (s *Service) spend(ctx context.Context, q querier, p SpendParams) (res SpendResult, decided bool, err error) {
 	if err := p.validate(); err != nil {
 		return SpendResult{}, false, err
@@ -114,19 +114,18 @@ func (s *Service) spend(ctx context.Context, q querier, p SpendParams) (res Spen
 	b := &pgx.Batch{}
 	s.queueSpend(b, p)
 	br := q.SendBatch(ctx, b)
-	defer br.Close()
-	res, decided, err = readSpend(br, p)
-	if err != nil {
-		return SpendResult{}, false, err
+	res, decided, err = readSpend(br)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("committing spend: %w", cerr)
 	}
-	if err := br.Close(); err != nil {
-		return SpendResult{}, false, fmt.Errorf("committing spend: %w", err)
+	if err != nil || decided {
+		return res, decided, err
 	}
-	return res, decided, nil
+	res, err = s.answer(ctx, q, p)
+	return res, false, err
 }
 
-// queueSpend adds one spend's statements to b: the key claim (keyed only),
-// the decision, and the answer read (keyed only).
+// queueSpend adds p's decision to b.
 func (s *Service) queueSpend(b *pgx.Batch, p SpendParams) {
 	var kind string
 	var data []byte
@@ -136,84 +135,57 @@ func (s *Service) queueSpend(b *pgx.Batch, p SpendParams) {
 			data = nil
 		}
 	}
-	keyed := p.IdempotencyKey != ""
-	if keyed {
-		b.Queue(qSpendClaim, p.OrgID, p.IdempotencyKey, p.AgentID, p.Scope, p.Cost)
-	}
 	b.Queue(qSpendDecide, p.OrgID, p.AgentID, p.Scope, p.Cost, p.Reason, p.IdempotencyKey,
 		newID(), newID(), p.RequestedBy, s.cfg.ApprovalTTL.Microseconds(), kind, data)
-	if keyed {
-		b.Queue(qSpendAnswer, p.OrgID, p.IdempotencyKey)
-	}
 }
 
-// readSpend reads the results of the statements queueSpend added.
-// ErrIdempotencyKeyReused concerns only this spend; any other error fails
-// the transaction the statements ran in.
-func readSpend(br pgx.BatchResults, p SpendParams) (res SpendResult, decided bool, err error) {
-	keyed := p.IdempotencyKey != ""
-	if keyed {
-		if _, err := br.Exec(); err != nil {
-			return SpendResult{}, false, fmt.Errorf("claiming spend idempotency key: %w", err)
-		}
-	}
-	var proceeded bool
+// readSpend reads one decision queued by queueSpend. decided is false when
+// the key had been used: the answer is then the first one (Service.answer).
+func readSpend(br pgx.BatchResults) (res SpendResult, decided bool, err error) {
 	var mandateID, approvalID pgtype.UUID
 	var remaining, refusedRemaining *int64
 	var why *string
-	if err := br.QueryRow().Scan(&proceeded, &mandateID, &remaining, &approvalID, &why, &refusedRemaining); err != nil {
+	if err := br.QueryRow().Scan(&decided, &mandateID, &remaining, &approvalID, &why, &refusedRemaining); err != nil {
 		return SpendResult{}, false, fmt.Errorf("deciding spend: %w", err)
 	}
-	if proceeded {
-		res = SpendResult{OK: mandateID.Valid}
-		if res.OK {
-			res.MandateID, res.Remaining = mandateID.Bytes, deref(remaining)
-		} else {
-			res.ApprovalID, res.Refusal, res.Remaining = approvalID.Bytes, deref(why), deref(refusedRemaining)
-		}
+	if !decided {
+		return SpendResult{}, false, nil
 	}
-	if !keyed {
-		return res, true, nil
+	res = SpendResult{OK: mandateID.Valid}
+	if res.OK {
+		res.MandateID, res.Remaining = mandateID.Bytes, deref(remaining)
+	} else {
+		res.ApprovalID, res.Refusal, res.Remaining = approvalID.Bytes, deref(why), deref(refusedRemaining)
 	}
-	first, err := scanAnswer(br.QueryRow())
-	if err != nil {
-		return SpendResult{}, false, err
-	}
-	if proceeded {
-		return res, true, nil
-	}
-	if first.agentID != p.AgentID || first.scope != p.Scope || first.cost != p.Cost {
-		return SpendResult{}, false, ErrIdempotencyKeyReused
-	}
-	return first.result, false, nil
+	return res, true, nil
 }
 
-type storedAnswer struct {
-	agentID, scope string
-	cost           int64
-	result         SpendResult
-}
-
-func scanAnswer(row pgx.Row) (storedAnswer, error) {
-	var a storedAnswer
-	var ok *bool
-	var remaining *int64
+// answer returns the first answer to p's key, or ErrIdempotencyKeyReused
+// when the key was first used for another spend.
+func (s *Service) answer(ctx context.Context, q querier, p SpendParams) (SpendResult, error) {
+	var agentID, scope string
+	var cost int64
 	var mandateID, approvalID pgtype.UUID
-	var refusal *string
-	if err := row.Scan(&a.agentID, &a.scope, &a.cost, &ok, &remaining, &mandateID, &approvalID, &refusal); err != nil {
-		return a, fmt.Errorf("reading the first answer to the spend idempotency key: %w", err)
+	var remaining, refusedRemaining *int64
+	var why *string
+	err := q.QueryRow(ctx, qSpendAnswer, p.OrgID, p.IdempotencyKey).
+		Scan(&agentID, &scope, &cost, &mandateID, &remaining, &approvalID, &why, &refusedRemaining)
+	if err != nil {
+		return SpendResult{}, fmt.Errorf("reading the first answer to the spend idempotency key: %w", err)
 	}
-	if ok == nil {
-		return a, errors.New("reading the first answer to the spend idempotency key: still undecided")
+	if agentID != p.AgentID || scope != p.Scope || cost != p.Cost {
+		return SpendResult{}, ErrIdempotencyKeyReused
 	}
-	a.result = SpendResult{OK: *ok, Remaining: deref(remaining), Refusal: deref(refusal), Replayed: true}
-	if mandateID.Valid {
-		a.result.MandateID = mandateID.Bytes
+	res := SpendResult{Replayed: true}
+	switch {
+	case mandateID.Valid:
+		res.OK, res.MandateID, res.Remaining = true, mandateID.Bytes, deref(remaining)
+	case approvalID.Valid:
+		res.ApprovalID, res.Refusal, res.Remaining = approvalID.Bytes, deref(why), deref(refusedRemaining)
+	default:
+		return SpendResult{}, errors.New("reading the first answer to the spend idempotency key: neither outcome row exists")
 	}
-	if approvalID.Valid {
-		a.result.ApprovalID = approvalID.Bytes
-	}
-	return a, nil
+	return res, nil
 }
 
 func deref[T any](p *T) T {

@@ -27,12 +27,13 @@ CREATE TABLE mandate_ledger (
     reason          text        NOT NULL DEFAULT '',
     idempotency_key text,
     approval_id     uuid,
+    remaining       bigint,     -- for a debit: what the mandate had left after it
     created_at      timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX mandate_ledger_mandate ON mandate_ledger (org_id, mandate_id, id);
--- A key never debits (or refunds) twice, whatever the code above it does.
-CREATE UNIQUE INDEX mandate_ledger_idempotency ON mandate_ledger (org_id, kind, idempotency_key)
-    WHERE idempotency_key IS NOT NULL;
+-- A refund key never refunds twice (spend keys are held by mandate_spends).
+CREATE UNIQUE INDEX mandate_ledger_refund_key ON mandate_ledger (org_id, idempotency_key)
+    WHERE kind = 'refund' AND idempotency_key IS NOT NULL;
 -- An approval is charged at most once.
 CREATE UNIQUE INDEX mandate_ledger_approval ON mandate_ledger (approval_id) WHERE approval_id IS NOT NULL;
 
@@ -47,6 +48,8 @@ CREATE TABLE mandate_approvals (
     state           text        NOT NULL DEFAULT 'pending'
                                 CHECK (state IN ('pending', 'approved', 'denied', 'expired', 'canceled')),
     requested_by    text        NOT NULL DEFAULT '',
+    refusal         text        NOT NULL DEFAULT '', -- why the spend was refused
+    remaining       bigint      NOT NULL DEFAULT 0,  -- what the mandate had left then
     on_resolve_kind text        NOT NULL DEFAULT '',
     on_resolve_data jsonb,
     expires_at      timestamptz NOT NULL,
@@ -59,20 +62,18 @@ CREATE INDEX mandate_approvals_org_state ON mandate_approvals (org_id, state, id
 CREATE INDEX mandate_approvals_org_id ON mandate_approvals (org_id, id);
 CREATE INDEX mandate_approvals_expiry ON mandate_approvals (expires_at) WHERE state = 'pending';
 
--- The first answer to each keyed spend, per (org, key). A row with ok NULL
--- is a decision in progress; a concurrent duplicate's insert waits on it and
--- then reads the answer.
+-- Keyed spends, one per (org, key), inserted by the statement that decides
+-- the spend: a concurrent duplicate's insert waits for it and then finds
+-- the first answer through ledger_id (granted) or approval_id (refused),
+-- whichever row exists.
 CREATE TABLE mandate_spends (
     org_id          text        NOT NULL,
     idempotency_key text        NOT NULL,
     agent_id        text        NOT NULL,
     scope           text        NOT NULL,
     cost            bigint      NOT NULL,
-    ok              boolean,
-    remaining       bigint,
-    mandate_id      uuid,
-    approval_id     uuid,
-    refusal         text,
+    ledger_id       uuid        NOT NULL,
+    approval_id     uuid        NOT NULL,
     created_at      timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (org_id, idempotency_key)
 );
