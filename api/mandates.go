@@ -76,6 +76,7 @@ type mandateApprovalJSON struct {
 	Scope      string     `json:"scope"`
 	Cost       int64      `json:"cost"`
 	Reason     string     `json:"reason"`
+	Refusal    string     `json:"refusal,omitempty"`
 	State      string     `json:"state"`
 	ExpiresAt  time.Time  `json:"expires_at"`
 	CreatedAt  time.Time  `json:"created_at"`
@@ -85,7 +86,7 @@ type mandateApprovalJSON struct {
 }
 
 func mandateApprovalOut(a mandates.Approval) mandateApprovalJSON {
-	return mandateApprovalJSON{ID: a.ID, AgentID: a.AgentID, Scope: a.Scope, Cost: a.Cost, Reason: a.Reason,
+	return mandateApprovalJSON{ID: a.ID, AgentID: a.AgentID, Scope: a.Scope, Cost: a.Cost, Reason: a.Reason, Refusal: a.Refusal,
 		State: a.State, ExpiresAt: a.ExpiresAt.UTC(), CreatedAt: a.CreatedAt.UTC(), ResolvedAt: utcPtr(a.ResolvedAt),
 		ResolvedBy: a.ResolvedBy, Note: a.Note}
 }

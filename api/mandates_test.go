@@ -162,6 +162,9 @@ func TestBadMandateInputIsA400NamingTheField(t *testing.T) {
 		field             string
 	}{
 		{"POST", "/v1/mandates", admin, `{"agent_id":"a","scope":"s","budget":-1}`, "budget"},
+		{"POST", "/v1/mandates", admin, `{"agent_id":"a","scope":"s","budget":9007199254740992}`, "budget"},
+		{"POST", "/v1/mandates", admin, `{"agent_id":"a","scope":"s","budget":1e30}`, "budget"},
+		{"POST", "/v1/mandates", admin, `{"agent_id":"a\u0000","scope":"s","budget":1}`, "agent_id"},
 		{"POST", "/v1/mandates", admin, `{"agent_id":"a","scope":"s","budget":1.5}`, "budget"},
 		{"POST", "/v1/mandates", admin, `{"agent_id":"a","scope":"s","budget":"10"}`, "budget"},
 		{"POST", "/v1/mandates", admin, `{"agent_id":"a","scope":"s"}`, "budget"},
@@ -177,6 +180,8 @@ func TestBadMandateInputIsA400NamingTheField(t *testing.T) {
 		{"PATCH", "/v1/mandates/" + id, admin, `{"spent":0}`, "spent"},
 		{"POST", "/v1/mandates/spend", agent, `{"agent_id":"a","scope":"s","cost":-1}`, "cost"},
 		{"POST", "/v1/mandates/spend", agent, `{"agent_id":"a","scope":"s","cost":0.5}`, "cost"},
+		{"POST", "/v1/mandates/spend", agent, `{"agent_id":"a","scope":"s","cost":"1"}`, "cost"},
+		{"POST", "/v1/mandates/spend", agent, `{"agent_id":"a","scope":"s","cost":1,"reason":"x\u0000"}`, "reason"},
 		{"POST", "/v1/mandates/spend", agent, `{"agent_id":"a","scope":"s"}`, "cost"},
 		{"POST", "/v1/mandates/spend", agent, `{"agent_id":"a","scope":"","cost":1}`, "scope"},
 		{"POST", "/v1/mandates/spend", agent, `{"agent_id":"","scope":"s","cost":1}`, "agent_id"},
@@ -260,6 +265,7 @@ func TestSpendAnswers200WhileCoveredAnd402WithACommittedApprovalRequest(t *testi
 	require.Equal(t, "llm", a["scope"])
 	require.EqualValues(t, 3, a["cost"])
 	require.Equal(t, "again", a["reason"])
+	require.Equal(t, "insufficient", a["refusal"])
 	require.Contains(t, a, "expires_at")
 	require.NotContains(t, a, "resolved_at")
 
