@@ -25,6 +25,7 @@ import (
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/wakeup"
+	"github.com/reveille/reveille/workpool"
 )
 
 // Config configures the server. Zero values take the defaults noted.
@@ -82,6 +83,8 @@ type Services struct {
 	Mandates *mandates.Service
 	// Wakeups serves the wake-up routes (SPEC §5).
 	Wakeups *wakeup.Service
+	// Workpool serves plain work and the pool routes (SPEC §3).
+	Workpool *workpool.Manager
 }
 
 // Server is the HTTP API.
@@ -147,6 +150,7 @@ func (s *Server) routes() {
 	s.streamRoutes()
 	s.mandateRoutes()
 	s.wakeupRoutes()
+	s.workRoutes()
 }
 
 // anyRole lets every authenticated principal through.

@@ -166,7 +166,10 @@ func (m *Manager) enqueueRows(ps []EnqueueParams) (*enqueueRows, error) {
 		}
 		r.maxAttempts[i], r.bases[i] = 1, 2
 		if p.Retry != nil {
-			r.maxAttempts[i], r.backoffMS[i], r.bases[i] = int32(p.Retry.MaxAttempts), int32(p.Retry.InitialBackoffMS), p.Retry.Base
+			r.maxAttempts[i], r.backoffMS[i] = int32(p.Retry.MaxAttempts), int32(p.Retry.InitialBackoffMS)
+			if p.Retry.Base != 0 {
+				r.bases[i] = p.Retry.Base
+			}
 		}
 		r.timeouts[i] = DefaultTimeoutMS
 		if p.TimeoutMS > 0 {
@@ -239,7 +242,7 @@ func validateRetry(inv *apperr.InvalidError, prefix string, r RetryPolicy) {
 	if r.InitialBackoffMS < 0 || r.InitialBackoffMS > maxRetryBackoffMS {
 		inv.Add(prefix+"retry.initial_backoff_ms", fmt.Sprintf("must be between 0 and %d", maxRetryBackoffMS))
 	}
-	if math.IsNaN(r.Base) || r.Base < 1 || r.Base > maxRetryBase {
+	if math.IsNaN(r.Base) || r.Base != 0 && (r.Base < 1 || r.Base > maxRetryBase) {
 		inv.Add(prefix+"retry.base", fmt.Sprintf("must be between 1 and %d", maxRetryBase))
 	}
 }

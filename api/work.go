@@ -1,0 +1,247 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+
+	"github.com/reveille/reveille/workpool"
+)
+
+// wakeupPool takes work only through the mandate gate (POST /v1/wakeups).
+const wakeupPool = "wakeup"
+
+func (s *Server) workRoutes() {
+	if s.svc.Workpool == nil {
+		return
+	}
+	s.route(http.MethodPost, "/v1/pools/:pool/work", s.enqueueWork, []string{RoleAdmin}, s.idempotent())
+	s.route(http.MethodGet, "/v1/work/:id", s.getWork, []string{RoleAdmin, RoleAgent})
+	s.route(http.MethodPost, "/v1/work/:id/cancel", s.cancelWork, []string{RoleAdmin}, s.idempotent())
+	s.route(http.MethodGet, "/v1/pools", s.listPools, []string{RoleAdmin})
+	s.route(http.MethodGet, "/v1/pools/:pool", s.getPool, []string{RoleAdmin})
+	s.route(http.MethodPatch, "/v1/pools/:pool", s.patchPool, []string{RoleOperator})
+}
+
+type workIn struct {
+	Handler   string                `json:"handler"`
+	Args      json.RawMessage       `json:"args"`
+	RunAt     *string               `json:"run_at"`
+	Retry     *workpool.RetryPolicy `json:"retry"`
+	TimeoutMS *int                  `json:"timeout_ms"`
+}
+
+type workJSON struct {
+	ID               string          `json:"id"`
+	Pool             string          `json:"pool"`
+	Handler          string          `json:"handler"`
+	State            string          `json:"state"`
+	PreviousAttempts int             `json:"previous_attempts"`
+	Outcome          *string         `json:"outcome,omitempty"`
+	Result           json.RawMessage `json:"result,omitempty"`
+	Error            *string         `json:"error,omitempty"`
+	Attempts         *int            `json:"attempts,omitempty"`
+	RunAt            time.Time       `json:"run_at"`
+	CreatedAt        time.Time       `json:"created_at"`
+	FinishedAt       *time.Time      `json:"finished_at,omitempty"`
+}
+
+func workOut(st workpool.Status) workJSON {
+	out := workJSON{
+		ID: st.ID.String(), Pool: st.Pool, Handler: st.Handler, State: string(st.State), PreviousAttempts: st.PreviousAttempts,
+		RunAt: st.RunAt.UTC(), CreatedAt: st.CreatedAt.UTC(),
+	}
+	if st.State != workpool.StateFinished {
+		return out
+	}
+	outcome, attempts, finished := string(st.Outcome), st.Attempts, st.FinishedAt.UTC()
+	out.Outcome, out.Attempts, out.FinishedAt = &outcome, &attempts, &finished
+	switch st.Outcome {
+	case workpool.OutcomeSucceeded:
+		out.Result = st.Result
+		if len(out.Result) == 0 {
+			out.Result = json.RawMessage("null")
+		}
+	case workpool.OutcomeFailed:
+		out.Error = &st.Error
+	}
+	return out
+}
+
+// enqueueWork adds plain work to a pool, outside the mandate gate (hence
+// admin only, and never to the wakeup pool).
+func (s *Server) enqueueWork(c echo.Context) error {
+	var in workIn
+	if err := bind(c, &in); err != nil {
+		return err
+	}
+	pool := c.Param("pool")
+	if pool == wakeupPool {
+		return Invalid("pool", "the wakeup pool takes work only through POST /v1/wakeups")
+	}
+	p := workpool.EnqueueParams{OrgID: PrincipalFrom(c).OrgID, Pool: pool, Handler: in.Handler, Args: in.Args, Retry: in.Retry}
+	if in.RunAt != nil {
+		at, err := time.Parse(time.RFC3339Nano, *in.RunAt)
+		if err != nil {
+			return Invalid("run_at", "must be an RFC 3339 timestamp")
+		}
+		p.RunAt = at
+	}
+	if in.TimeoutMS != nil {
+		if *in.TimeoutMS < 1 {
+			return Invalid("timeout_ms", "must be a positive number of milliseconds")
+		}
+		p.TimeoutMS = *in.TimeoutMS
+	}
+	ctx := c.Request().Context()
+	id, err := s.svc.Workpool.Enqueue(ctx, p)
+	if err != nil {
+		return err
+	}
+	st, err := s.svc.Workpool.Status(ctx, p.OrgID, id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusCreated, workOut(st))
+}
+
+// workID parses the :id parameter; a malformed id names no work of the
+// caller's, so it is a 404 like any other.
+func workID(c echo.Context) (uuid.UUID, error) {
+	id, err := uuid.Parse(c.Param("id"))
+	if err != nil {
+		return uuid.Nil, workpool.ErrNotFound
+	}
+	return id, nil
+}
+
+func (s *Server) getWork(c echo.Context) error {
+	id, err := workID(c)
+	if err != nil {
+		return err
+	}
+	st, err := s.svc.Workpool.Status(c.Request().Context(), PrincipalFrom(c).OrgID, id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, workOut(st))
+}
+
+// cancelWork asks for the work to be canceled and answers with where it
+// stands now (the loop finishes the cancelation moments later).
+func (s *Server) cancelWork(c echo.Context) error {
+	id, err := workID(c)
+	if err != nil {
+		return err
+	}
+	ctx, org := c.Request().Context(), PrincipalFrom(c).OrgID
+	if _, err := s.svc.Workpool.Status(ctx, org, id); err != nil {
+		return err
+	}
+	if err := s.svc.Workpool.Cancel(ctx, org, id); err != nil {
+		return err
+	}
+	st, err := s.svc.Workpool.Status(ctx, org, id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, workOut(st))
+}
+
+type runStatusJSON struct {
+	Kind      string     `json:"kind"`
+	Saturated *bool      `json:"saturated,omitempty"`
+	At        *time.Time `json:"at,omitempty"`
+}
+
+type poolJSON struct {
+	Name                 string          `json:"name"`
+	MaxParallelism       int             `json:"max_parallelism"`
+	MaxParallelismPerOrg *int            `json:"max_parallelism_per_org"`
+	RunStatus            runStatusJSON   `json:"run_status"`
+	Running              int64           `json:"running"`
+	Pending              int64           `json:"pending"`
+	OldestPendingAgeS    float64         `json:"oldest_pending_age_s"`
+	Report               workpool.Report `json:"report"`
+}
+
+func poolOut(p workpool.PoolInfo) poolJSON {
+	out := poolJSON{
+		Name: p.Name, MaxParallelism: p.MaxParallelism, MaxParallelismPerOrg: p.MaxParallelismPerOrg,
+		RunStatus: runStatusJSON{Kind: p.RunStatus.Kind}, Running: p.Running, Pending: p.Pending,
+		OldestPendingAgeS: p.OldestPendingAge.Seconds(), Report: p.Report,
+	}
+	if p.RunStatus.Kind == "scheduled" {
+		sat := p.RunStatus.Saturated
+		out.RunStatus.Saturated = &sat
+		if p.RunStatus.At != nil {
+			at := p.RunStatus.At.UTC()
+			out.RunStatus.At = &at
+		}
+	}
+	return out
+}
+
+func (s *Server) listPools(c echo.Context) error {
+	infos, err := s.svc.Workpool.Pools(c.Request().Context(), PrincipalFrom(c).OrgID)
+	if err != nil {
+		return err
+	}
+	items := make([]poolJSON, 0, len(infos))
+	for _, p := range infos {
+		items = append(items, poolOut(p))
+	}
+	return c.JSON(http.StatusOK, map[string]any{"items": items, "next_cursor": nil})
+}
+
+func (s *Server) getPool(c echo.Context) error {
+	info, err := s.svc.Workpool.Pool(c.Request().Context(), PrincipalFrom(c).OrgID, c.Param("pool"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, poolOut(info))
+}
+
+type poolPatch struct {
+	MaxParallelism *int `json:"max_parallelism"`
+	// MaxParallelismPerOrg is tri-state: absent keeps it, null removes it.
+	MaxParallelismPerOrg json.RawMessage `json:"max_parallelism_per_org"`
+}
+
+// patchPool changes a pool's limits live (operator: the setting spans orgs).
+func (s *Server) patchPool(c echo.Context) error {
+	var in poolPatch
+	if err := bind(c, &in); err != nil {
+		return err
+	}
+	if in.MaxParallelism == nil && in.MaxParallelismPerOrg == nil {
+		return Invalid("max_parallelism", "is required")
+	}
+	var perOrg *int
+	if in.MaxParallelismPerOrg != nil && string(in.MaxParallelismPerOrg) != "null" {
+		var n int
+		if err := json.Unmarshal(in.MaxParallelismPerOrg, &n); err != nil {
+			return Invalid("max_parallelism_per_org", "must be an integer or null")
+		}
+		perOrg = &n
+	}
+	ctx, name := c.Request().Context(), c.Param("pool")
+	if in.MaxParallelism != nil {
+		if err := s.svc.Workpool.SetMaxParallelism(ctx, name, *in.MaxParallelism); err != nil {
+			return err
+		}
+	}
+	if in.MaxParallelismPerOrg != nil {
+		if err := s.svc.Workpool.SetMaxParallelismPerOrg(ctx, name, perOrg); err != nil {
+			return err
+		}
+	}
+	info, err := s.svc.Workpool.Pool(ctx, PrincipalFrom(c).OrgID, name)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, poolOut(info))
+}
