@@ -156,7 +156,7 @@ func (s *Server) listWakeups(c echo.Context) error {
 		return err
 	}
 	items, next, err := s.svc.Wakeups.List(c.Request().Context(), PrincipalFrom(c).OrgID,
-		wakeup.ListFilter{WorkflowID: c.QueryParam("workflow_id"), Status: c.QueryParam("status")}, cursor, limit)
+		wakeup.ListFilter{WorkflowID: c.QueryParam("workflow_id"), Status: c.QueryParam("status"), AgentID: PrincipalFrom(c).AgentID}, cursor, limit)
 	if err != nil {
 		return err
 	}

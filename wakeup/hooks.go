@@ -63,6 +63,12 @@ func (s *Service) onApprovalResolved(ctx context.Context, tx pgx.Tx, r mandates.
 			return nil // canceled meanwhile: nothing to run
 		}
 		_, err = s.enqueueFundedTx(ctx, tx, r.OrgID, data.WakeupID, false)
+		var inv *apperr.InvalidError
+		if errors.As(err, &inv) {
+			// The work can never run (its pool or handler is gone): the
+			// approval stands, the charge is refunded, the workflow wakes.
+			return s.failUnenqueueableTx(ctx, tx, r.OrgID, data.WakeupID, err.Error())
+		}
 		return err
 	default: // denied, expired
 		errText := "spend " + r.State
@@ -81,26 +87,37 @@ func (s *Service) onApprovalResolved(ctx context.Context, tx pgx.Tx, r mandates.
 func (s *Service) Cancel(ctx context.Context, orgID string, id uuid.UUID) (Wakeup, error) {
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var state string
-		var approvalID, workID *uuid.UUID
-		var agent, scope string
-		var cost int64
-		err := tx.QueryRow(ctx, `SELECT state, approval_id, work_id, agent_id, scope, cost FROM wakeups
-			WHERE org_id = $1 AND id = $2 FOR UPDATE`, orgID, id).Scan(&state, &approvalID, &workID, &agent, &scope, &cost)
+		var approvalID *uuid.UUID
+		err := tx.QueryRow(ctx, `SELECT state, approval_id FROM wakeups WHERE org_id = $1 AND id = $2`, orgID, id).Scan(&state, &approvalID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
 		}
+		if err != nil {
+			return fmt.Errorf("read wake-up: %w", err)
+		}
+		// An approval request is withdrawn before the intent is locked: the
+		// resolving transaction of an approval takes the two rows in that
+		// order too, so the two never deadlock. If the approval won the
+		// race, the intent is enqueued by now and its work is canceled below.
+		if state == stateAwaitingApproval {
+			if _, err := s.mandates.CancelApprovalTx(ctx, tx, orgID, *approvalID); err != nil {
+				return err
+			}
+		}
+		var agent, scope string
+		var cost int64
+		var workID *uuid.UUID
+		err = tx.QueryRow(ctx, `SELECT state, work_id, agent_id, scope, cost FROM wakeups
+			WHERE org_id = $1 AND id = $2 FOR UPDATE`, orgID, id).Scan(&state, &workID, &agent, &scope, &cost)
 		if err != nil {
 			return fmt.Errorf("lock wake-up: %w", err)
 		}
 		switch state {
 		case stateAwaitingApproval:
-			if _, err := s.mandates.CancelApprovalTx(ctx, tx, orgID, *approvalID); err != nil {
-				return err
-			}
 			_, err = s.resolveTx(ctx, tx, orgID, id, OutcomeCanceled, nil, "canceled while awaiting approval")
 			return err
 		case stateFunded:
-			if err := s.mandates.RefundTx(ctx, tx, orgID, agent, scope, cost, "wake-up canceled before its work was enqueued", "wakeup-cancel:"+id.String()); err != nil {
+			if err := s.mandates.RefundTx(ctx, tx, orgID, agent, scope, cost, "wake-up canceled before its work was enqueued", "wakeup-refund:"+id.String()); err != nil {
 				return err
 			}
 			_, err = s.resolveTx(ctx, tx, orgID, id, OutcomeCanceled, nil, "canceled before its work was enqueued")
@@ -135,6 +152,21 @@ func (s *Service) Redeliver(ctx context.Context, orgID string, id uuid.UUID) (Wa
 		return w, ErrNotUndeliverable
 	}
 	return s.Get(ctx, orgID, id)
+}
+
+// failUnenqueueableTx settles an intent whose work can never be enqueued:
+// its spend is refunded and its workflow woken with "failed".
+func (s *Service) failUnenqueueableTx(ctx context.Context, tx pgx.Tx, orgID string, id uuid.UUID, cause string) error {
+	var agent, scope string
+	var cost int64
+	if err := tx.QueryRow(ctx, `SELECT agent_id, scope, cost FROM wakeups WHERE org_id = $1 AND id = $2`, orgID, id).Scan(&agent, &scope, &cost); err != nil {
+		return fmt.Errorf("read wake-up: %w", err)
+	}
+	if err := s.mandates.RefundTx(ctx, tx, orgID, agent, scope, cost, "wake-up work could not be enqueued", "wakeup-refund:"+id.String()); err != nil {
+		return err
+	}
+	_, err := s.resolveTx(ctx, tx, orgID, id, OutcomeFailed, nil, "work could not be enqueued: "+cause)
+	return err
 }
 
 // reconcileLoop is the leader's loop: enqueue funded intents that no
@@ -212,21 +244,17 @@ func (s *Service) reconcileOne(ctx context.Context, orgID string, id uuid.UUID) 
 	cause := err.Error()
 	s.logger.Warn("funded wake-up cannot be enqueued; refunding and waking its workflow with failed", "org_id", orgID, "wakeup_id", id, "error", err)
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		var agent, scope string
-		var cost int64
-		err := tx.QueryRow(ctx, `SELECT agent_id, scope, cost FROM wakeups WHERE org_id = $1 AND id = $2 AND state = 'funded' FOR UPDATE SKIP LOCKED`,
-			orgID, id).Scan(&agent, &scope, &cost)
+		var still bool
+		err := tx.QueryRow(ctx, `SELECT true FROM wakeups WHERE org_id = $1 AND id = $2 AND state = 'funded' FOR UPDATE SKIP LOCKED`,
+			orgID, id).Scan(&still)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		if err := s.mandates.RefundTx(ctx, tx, orgID, agent, scope, cost, "wake-up work could not be enqueued", "wakeup-refund:"+id.String()); err != nil {
-			return err
-		}
-		done, err = s.resolveTx(ctx, tx, orgID, id, OutcomeFailed, nil, "work could not be enqueued: "+cause)
-		return err
+		done = true
+		return s.failUnenqueueableTx(ctx, tx, orgID, id, cause)
 	})
 	return done, err
 }

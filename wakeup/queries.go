@@ -73,6 +73,7 @@ func (s *Service) Get(ctx context.Context, orgID string, id uuid.UUID) (Wakeup, 
 // ListFilter narrows List.
 type ListFilter struct {
 	WorkflowID string
+	AgentID    string // a token bound to an agent sees only its wake-ups
 	Status     string // pending | delivered | failed
 }
 
@@ -94,8 +95,9 @@ func (s *Service) List(ctx context.Context, orgID string, f ListFilter, cursor *
 		statusCond = ` AND m.status = 'failed'`
 	}
 	rows, err := s.db.Query(ctx, selectWakeup+`
-		WHERE w.org_id = $1 AND ($2 = '' OR w.workflow_id = $2) AND ($3::uuid IS NULL OR w.id < $3)`+statusCond+`
-		ORDER BY w.id DESC LIMIT $4`, orgID, f.WorkflowID, cursor, limit+1)
+		WHERE w.org_id = $1 AND ($2 = '' OR w.workflow_id = $2) AND ($3::uuid IS NULL OR w.id < $3)
+		  AND ($5 = '' OR w.agent_id = $5)`+statusCond+`
+		ORDER BY w.id DESC LIMIT $4`, orgID, f.WorkflowID, cursor, limit+1, f.AgentID)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list wake-ups: %w", err)
 	}

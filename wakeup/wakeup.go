@@ -15,9 +15,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -215,20 +217,17 @@ func New(db *pgxpool.Pool, pool *workpool.Manager, m *mandates.Service, cfg Conf
 // validate checks a request before anything is spent.
 func (s *Service) validate(ctx context.Context, p *CreateParams) error {
 	inv := &apperr.InvalidError{}
-	if p.AgentID == "" {
-		inv.Add("agent_id", "must not be empty")
-	}
-	switch {
-	case p.WorkflowID == "":
-		inv.Add("workflow_id", "must not be empty")
-	case !strings.HasPrefix(p.WorkflowID, p.OrgID+"/") || len(p.WorkflowID) == len(p.OrgID)+1:
+	checkText(inv, "agent_id", p.AgentID, true)
+	checkText(inv, "workflow_id", p.WorkflowID, true)
+	checkText(inv, "run_id", p.RunID, false)
+	checkText(inv, "signal", p.Signal, true)
+	checkText(inv, "scope", p.Scope, true)
+	checkText(inv, "reason", p.Reason, false)
+	// The workflow's org is what precedes the first "/" of its id, as the
+	// workflow side reads it (workflows.OrgOf); an org id that itself holds
+	// a "/" can therefore name no workflow.
+	if org, rest, _ := strings.Cut(p.WorkflowID, "/"); p.WorkflowID != "" && (org != p.OrgID || rest == "") {
 		inv.Add("workflow_id", fmt.Sprintf("must start with %q: a wake-up may only signal its own org's workflows", p.OrgID+"/"))
-	}
-	if p.Signal == "" {
-		inv.Add("signal", "must not be empty")
-	}
-	if p.Scope == "" {
-		inv.Add("scope", "must not be empty")
 	}
 	if p.Cost < 0 {
 		inv.Add("cost", "must be an integer ≥ 0")
@@ -252,6 +251,22 @@ func (s *Service) validate(ctx context.Context, p *CreateParams) error {
 		}
 	}
 	return err
+}
+
+// maxText bounds the free-text fields of a wake-up.
+const maxText = 1000
+
+// checkText rejects empty required fields, over-long text, NUL bytes and
+// invalid UTF-8 (which Postgres text cannot hold).
+func checkText(inv *apperr.InvalidError, field, v string, required bool) {
+	switch {
+	case v == "" && required:
+		inv.Add(field, "must not be empty")
+	case len(v) > maxText:
+		inv.Add(field, fmt.Sprintf("must be at most %d bytes", maxText))
+	case !utf8.ValidString(v) || strings.ContainsRune(v, 0):
+		inv.Add(field, "must be valid UTF-8 without NUL characters")
+	}
 }
 
 func (s *Service) enqueueParams(orgID string, id uuid.UUID, pool string, w Work) workpool.EnqueueParams {
@@ -315,13 +330,39 @@ func (s *Service) replay(ctx context.Context, p CreateParams, id uuid.UUID) (Wak
 	if err != nil {
 		return Wakeup{}, err
 	}
-	if w.AgentID != p.AgentID || w.WorkflowID != p.WorkflowID || w.Signal != p.Signal || w.Scope != p.Scope || w.Cost != p.Cost {
+	if !sameRequest(w, p) {
 		return Wakeup{}, ErrIdempotencyKeyReused
 	}
 	if w.Approval != nil && w.Approval.State == mandates.StatePending {
 		return w, &RefusedError{Wakeup: w, ApprovalID: w.Approval.ID, Refusal: "pending approval"}
 	}
 	return w, nil
+}
+
+// sameRequest reports whether p asks for the wake-up w records.
+func sameRequest(w Wakeup, p CreateParams) bool {
+	return w.AgentID == p.AgentID && w.WorkflowID == p.WorkflowID && w.RunID == p.RunID && w.Signal == p.Signal &&
+		w.Scope == p.Scope && w.Reason == p.Reason && w.Cost == p.Cost && w.Pool == p.Pool &&
+		w.Work.Handler == p.Work.Handler && w.Work.TimeoutMS == p.Work.TimeoutMS &&
+		sameJSON(w.Work.Args, p.Work.Args) && sameJSON(mustMarshal(w.Work.Retry), mustMarshal(p.Work.Retry))
+}
+
+func sameJSON(a, b json.RawMessage) bool {
+	var x, y any
+	errA, errB := json.Unmarshal(orNull(a), &x), json.Unmarshal(orNull(b), &y)
+	return errA == nil && errB == nil && reflect.DeepEqual(x, y)
+}
+
+func orNull(b json.RawMessage) json.RawMessage {
+	if len(b) == 0 {
+		return json.RawMessage("null")
+	}
+	return b
+}
+
+func mustMarshal(v any) json.RawMessage {
+	b, _ := json.Marshal(v)
+	return b
 }
 
 // gate is transaction 1: insert the intent and decide the spend together.

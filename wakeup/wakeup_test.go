@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -209,4 +210,62 @@ func TestAnotherOrgsWakeupIsAbsent(t *testing.T) {
 	items, _, err := f.svc.List(context.Background(), "intruder", ListFilter{}, nil, 50)
 	require.NoError(t, err)
 	require.Empty(t, items)
+}
+
+func TestTextFieldsAreValidated(t *testing.T) {
+	f := newFixture(t)
+	cases := map[string]func(p *CreateParams){
+		"workflow_id": func(p *CreateParams) { p.WorkflowID = "o/wf\x00" },
+		"signal":      func(p *CreateParams) { p.Signal = string([]byte{0xff}) },
+		"reason":      func(p *CreateParams) { p.Reason = strings.Repeat("r", maxText+1) },
+		"agent_id":    func(p *CreateParams) { p.AgentID = "" },
+	}
+	for field, mutate := range cases {
+		p := params("")
+		mutate(&p)
+		_, err := f.svc.Create(context.Background(), p)
+		var inv *apperr.InvalidError
+		require.ErrorAs(t, err, &inv, field)
+		require.Equal(t, field, inv.Fields[0].Field)
+	}
+	t.Run("an org id holding a slash names no workflow", func(t *testing.T) {
+		p := params("")
+		p.OrgID, p.WorkflowID = "acme/eu", "acme/eu/wf"
+		_, err := f.svc.Create(context.Background(), p)
+		var inv *apperr.InvalidError
+		require.ErrorAs(t, err, &inv)
+		require.Equal(t, "workflow_id", inv.Fields[0].Field)
+	})
+	require.Zero(t, f.spent(t))
+}
+
+func TestReplayWithDifferentWorkIsRefused(t *testing.T) {
+	f := newFixture(t)
+	p := params("")
+	p.IdempotencyKey = "k"
+	_, err := f.svc.Create(context.Background(), p)
+	require.NoError(t, err)
+	p.Work.Args = json.RawMessage(`{"other":true}`)
+	_, err = f.svc.Create(context.Background(), p)
+	require.ErrorIs(t, err, ErrIdempotencyKeyReused)
+}
+
+func TestApprovalOfWorkThatCanNoLongerRunRefundsAndFails(t *testing.T) {
+	f := newFixture(t)
+	p := params("doomed")
+	p.Cost = 50 // over budget: refused
+	_, err := f.svc.Create(context.Background(), p)
+	var refused *RefusedError
+	require.ErrorAs(t, err, &refused)
+	_, err = f.db.Exec(context.Background(), `DELETE FROM workpool_pools WHERE name = 'doomed'`)
+	require.NoError(t, err)
+
+	a, err := f.mandates.Approve(context.Background(), "o", refused.ApprovalID, "approver", "")
+	require.NoError(t, err, "the approval stands")
+	require.Equal(t, mandates.StateApproved, a.State)
+	got, err := f.svc.Get(context.Background(), "o", refused.Wakeup.ID)
+	require.NoError(t, err)
+	require.Equal(t, OutcomeFailed, got.Outcome)
+	require.Equal(t, DeliveryQueued, got.Delivery.State)
+	require.Zero(t, f.spent(t), "the approved overrun is refunded")
 }

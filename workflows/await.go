@@ -88,7 +88,17 @@ func AwaitWake(ctx workflow.Context, signal string, timeout time.Duration) (Wake
 		if timer != nil {
 			sel.AddFuture(timer, func(workflow.Future) { timedOut = true })
 		}
+		// A canceled workflow stops waiting (also without a timeout).
+		sel.AddReceive(ctx.Done(), func(c workflow.ReceiveChannel, _ bool) { c.Receive(ctx, nil) })
 		sel.Select(ctx)
+		if got && wake.OrgID == org && (seen == nil || !seen[wake.WakeupID]) {
+			// A wake received in the same step as a cancellation is still
+			// returned: it was taken off the channel.
+			if seen != nil {
+				seen[wake.WakeupID] = true
+			}
+			return wake, nil
+		}
 		if err := ctx.Err(); err != nil {
 			return Wake{}, err
 		}
@@ -100,13 +110,8 @@ func AwaitWake(ctx workflow.Context, signal string, timeout time.Duration) (Wake
 			logger.Warn("ignoring a malformed wake signal", "signal", signal)
 		case wake.OrgID != org:
 			logger.Warn("ignoring a wake signal of another org", "signal", signal, "signal_org", wake.OrgID)
-		case seen != nil && seen[wake.WakeupID]:
-			logger.Info("ignoring a repeated wake delivery", "wakeup_id", wake.WakeupID)
 		default:
-			if seen != nil {
-				seen[wake.WakeupID] = true
-			}
-			return wake, nil
+			logger.Info("ignoring a repeated wake delivery", "wakeup_id", wake.WakeupID)
 		}
 	}
 }

@@ -94,7 +94,9 @@ type Activities struct {
 }
 
 // EnqueueWakeup creates the wake-up; its idempotency key is the workflow id
-// plus the activity id, so a retried activity never spends twice. A refusal
+// plus the activity id (and the run id, since activity ids restart with
+// every run of a reused workflow id), so a retried activity never spends
+// twice. A refusal
 // is a non-retryable RefusedErrorType error carrying the ids.
 func (a *Activities) EnqueueWakeup(ctx context.Context, in ReferenceInput) (EnqueueResult, error) {
 	info := activity.GetInfo(ctx)
@@ -102,7 +104,7 @@ func (a *Activities) EnqueueWakeup(ctx context.Context, in ReferenceInput) (Enqu
 	w, err := a.Wakeups.Create(ctx, wakeup.CreateParams{
 		OrgID: OrgOf(wfID), AgentID: in.AgentID, WorkflowID: wfID, Signal: in.Signal, Scope: in.Scope,
 		Reason: in.Reason, Cost: in.Cost, Work: in.Work, Pool: in.Pool,
-		IdempotencyKey: wfID + "/" + info.ActivityID, RequestedBy: "workflow:" + wfID,
+		IdempotencyKey: wfID + "/" + info.WorkflowExecution.RunID + "/" + info.ActivityID, RequestedBy: "workflow:" + wfID,
 	})
 	var refused *wakeup.RefusedError
 	var invalid *apperr.InvalidError
