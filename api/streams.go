@@ -252,10 +252,12 @@ func (s *Server) streamEvents(c echo.Context) error {
 		if batch.Ended {
 			buf = fmt.Appendf(buf, "event: end\ndata: {\"tail_index\": %d}\n\n", batch.TailIndex)
 		}
-		if _, err := res.Write(buf); err != nil {
-			return nil // the client left
+		if len(buf) > 0 {
+			if _, err := res.Write(buf); err != nil {
+				return nil // the client left
+			}
 		}
-		res.Flush()
+		res.Flush() // the first flush sends the headers
 		if batch.Ended {
 			return nil
 		}

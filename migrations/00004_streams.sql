@@ -9,6 +9,7 @@ CREATE TABLE streams (
     run_id      text        COLLATE "C" NOT NULL,
     name        text        COLLATE "C" NOT NULL,
     chunk_count bigint      NOT NULL DEFAULT 0 CHECK (chunk_count >= 0),
+    byte_count  bigint      NOT NULL DEFAULT 0 CHECK (byte_count >= 0),
     done        boolean     NOT NULL DEFAULT false,
     created_at  timestamptz NOT NULL DEFAULT now(),
     updated_at  timestamptz NOT NULL DEFAULT now(),
@@ -22,10 +23,13 @@ CREATE INDEX streams_closed_at ON streams (closed_at) WHERE done;
 -- Chunks are written only by the statement that bumps their stream's counter,
 -- so no foreign key is declared: its per-row check would cost appends a
 -- lookup each, for an invariant the single writing statement already keeps.
+-- byte_start (the stream's bytes before the chunk) lets a read stop at a
+-- byte budget with a plain range condition.
 CREATE TABLE stream_chunks (
     stream_id   uuid   NOT NULL,
     chunk_index bigint NOT NULL CHECK (chunk_index >= 0),
     org_id      text   NOT NULL,
+    byte_start  bigint NOT NULL CHECK (byte_start >= 0),
     data        bytea  NOT NULL,
     PRIMARY KEY (stream_id, chunk_index)
 );

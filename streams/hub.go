@@ -1,10 +1,12 @@
 package streams
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,11 +18,13 @@ import (
 
 // Hub fans the notifications of one LISTEN connection out to this process's
 // subscribers, so that a thousand live readers cost one connection, not a
-// thousand. A subscriber gets a signal, never data: it reads what is new
-// from the table. Signals coalesce in a one-slot channel, so a slow reader
-// holds up neither the writers nor the other readers. When the connection
-// fails the hub reconnects and wakes every subscriber, since notifications
-// sent meanwhile are lost; their re-read finds the chunks.
+// thousand. A notification carries no data, only the stream and its last
+// index: the subscriber reads what is new from the table. Chunks appended by
+// this very process are also handed to its subscribers directly (see
+// Subscription), which spares them that read. Signals coalesce in a
+// one-slot channel, so a slow reader holds up neither the writers nor the
+// other readers. When the connection fails the hub reconnects and wakes
+// every subscriber to re-read, since notifications sent meanwhile are lost.
 type Hub struct {
 	db      *pgxpool.Pool
 	logger  *slog.Logger
@@ -34,13 +38,17 @@ type Hub struct {
 	stopped chan struct{} // closed by Stop: subscriptions end
 	pid     uint32        // backend pid of the LISTEN connection (tests)
 
-	pingEvery time.Duration // idle time after which the connection is pinged
-	pings     atomic.Int64  // successful pings (tests)
+	pingEvery   time.Duration // idle time after which the connection is pinged
+	pingTimeout time.Duration // how long a ping may take
+	pings       atomic.Int64  // successful pings (tests)
 }
 
-// hubPingEvery is how long the LISTEN connection may stay silent before it
-// is pinged.
-const hubPingEvery = 30 * time.Second
+// How long the LISTEN connection may stay silent before it is pinged, and
+// how long the ping may take.
+const (
+	hubPingEvery   = 30 * time.Second
+	hubPingTimeout = 10 * time.Second
+)
 
 type hubState int
 
@@ -54,7 +62,8 @@ const (
 type streamKey struct{ org, run, name string }
 
 func newHub(db *pgxpool.Pool, logger *slog.Logger, m *metrics) *Hub {
-	return &Hub{db: db, logger: logger, metrics: m, subs: map[streamKey]map[*Subscription]struct{}{}, stopped: make(chan struct{}), pingEvery: hubPingEvery}
+	return &Hub{db: db, logger: logger, metrics: m, subs: map[streamKey]map[*Subscription]struct{}{}, stopped: make(chan struct{}),
+		pingEvery: hubPingEvery, pingTimeout: hubPingTimeout}
 }
 
 // Start connects and LISTENs, and returns once notifications flow; the hub
@@ -153,7 +162,7 @@ func (h *Hub) listen(ctx context.Context, conn *pgx.Conn) error {
 		case ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded):
 			return err
 		}
-		pctx, cancel := context.WithTimeout(ctx, h.pingEvery)
+		pctx, cancel := context.WithTimeout(ctx, h.pingTimeout)
 		err = conn.Ping(pctx)
 		cancel()
 		if err != nil {
@@ -188,10 +197,16 @@ func (h *Hub) reconnect(ctx context.Context) *pgx.Conn {
 	}
 }
 
-// dispatch signals the subscribers of the stream a payload names.
+// dispatch passes a notification ("a<last index>/<run>/<name>/<org>" for
+// an append, "c…" for a close) to the subscribers of its stream.
 func (h *Hub) dispatch(payload string) {
 	parts := strings.SplitN(payload, "/", 4)
-	if len(parts) != 4 {
+	var idx int64
+	var err error
+	if len(parts) == 4 && len(parts[0]) > 1 {
+		idx, err = strconv.ParseInt(parts[0][1:], 10, 64)
+	}
+	if len(parts) != 4 || len(parts[0]) < 2 || err != nil || (parts[0][0] != 'a' && parts[0][0] != 'c') {
 		h.logger.Warn("streams hub: malformed notification", "payload", payload)
 		return
 	}
@@ -199,7 +214,31 @@ func (h *Hub) dispatch(payload string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for sub := range h.subs[key] {
-		sub.signal()
+		sub.note(parts[0][0] == 'c', idx)
+	}
+}
+
+// publish hands chunks committed by this process, first at index first, to
+// its subscribers of the stream. The data is copied once, if anyone
+// listens, and shared read-only.
+func (h *Hub) publish(org, runID, name string, first int64, chunks [][]byte) {
+	key := streamKey{org: org, run: runID, name: name}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	subs := h.subs[key]
+	if len(subs) == 0 {
+		return
+	}
+	b := inboxBatch{first: first, chunks: make([]Chunk, len(chunks))}
+	for i, c := range chunks {
+		b.chunks[i] = Chunk{Index: first + int64(i), Data: bytes.Clone(c)}
+		if b.chunks[i].Data == nil {
+			b.chunks[i].Data = []byte{}
+		}
+		b.size += len(c)
+	}
+	for sub := range subs {
+		sub.deliver(b)
 	}
 }
 
@@ -208,7 +247,7 @@ func (h *Hub) wakeAll() {
 	defer h.mu.Unlock()
 	for _, subs := range h.subs {
 		for sub := range subs {
-			sub.signal()
+			sub.markStale()
 		}
 	}
 }
@@ -222,7 +261,7 @@ func (h *Hub) Subscribe(org, runID, name string) (*Subscription, error) {
 	if h.state != hubRunning {
 		return nil, ErrStopped
 	}
-	sub := &Subscription{hub: h, key: streamKey{org, runID, name}, ready: make(chan struct{}, 1)}
+	sub := &Subscription{hub: h, key: streamKey{org, runID, name}, ready: make(chan struct{}, 1), hint: -1, stale: true}
 	if h.subs[sub.key] == nil {
 		h.subs[sub.key] = map[*Subscription]struct{}{}
 	}
@@ -235,41 +274,4 @@ func (h *Hub) backendPID() uint32 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.pid
-}
-
-// Subscription is one subscriber's interest in one stream.
-type Subscription struct {
-	hub    *Hub
-	key    streamKey
-	ready  chan struct{}
-	closed sync.Once
-}
-
-// Ready receives a value when the stream may have changed since the last
-// receive; any number of changes in between coalesce into one.
-func (s *Subscription) Ready() <-chan struct{} { return s.ready }
-
-// Done is closed when the hub stops; the subscriber should end.
-func (s *Subscription) Done() <-chan struct{} { return s.hub.stopped }
-
-// Close unsubscribes. Closing twice is safe.
-func (s *Subscription) Close() {
-	s.closed.Do(func() {
-		h := s.hub
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		delete(h.subs[s.key], s)
-		if len(h.subs[s.key]) == 0 {
-			delete(h.subs, s.key)
-		}
-		h.metrics.subscribers.Dec()
-	})
-}
-
-// signal never blocks: a pending signal already covers this change.
-func (s *Subscription) signal() {
-	select {
-	case s.ready <- struct{}{}:
-	default:
-	}
 }

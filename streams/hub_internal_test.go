@@ -77,17 +77,76 @@ func TestMalformedNotificationsAreIgnored(t *testing.T) {
 	sub, err := h.Subscribe("org", "run", "out")
 	require.NoError(t, err)
 	defer sub.Close()
-	h.dispatch("no separators")
-	h.dispatch("3/run/out")
+	for _, bad := range []string{"no separators", "a3/run/out", "3/run/out/org", "x3/run/out/org", "a/run/out/org", "ax/run/out/org"} {
+		h.dispatch(bad)
+	}
 	require.Empty(t, sub.Ready())
-	h.dispatch("3/run/out/org")
+	h.dispatch("a3/run/out/org")
 	require.Len(t, sub.Ready(), 1)
-	h.dispatch("4/run/out/org/with/slashes")
+	require.True(t, sub.needsRead(0), "a new subscription reads first")
+	require.True(t, sub.needsRead(3), "index 3 was announced")
+	require.False(t, sub.needsRead(4))
+
 	sub2, err := h.Subscribe("org/with/slashes", "run", "out")
 	require.NoError(t, err)
 	defer sub2.Close()
-	h.dispatch("5/run/out/org/with/slashes")
+	h.dispatch("a5/run/out/org/with/slashes")
 	require.Len(t, sub2.Ready(), 1, "an org id may hold slashes: it comes last")
+	h.dispatch("c5/run/out/org")
+	require.True(t, sub.needsRead(99), "a close makes the subscription read")
+}
+
+// An inbox hands over published chunks in order and without gaps, drops
+// what was read, and gives way to the table when it overflows.
+func TestTheInboxHandsOverPublishedChunksInOrder(t *testing.T) {
+	m, err := newMetrics(nil)
+	require.NoError(t, err)
+	h := newHub(nil, testkit.Logger(t), m)
+	h.state = hubRunning
+	sub, err := h.Subscribe("org", "run", "out")
+	require.NoError(t, err)
+	defer sub.Close()
+	require.True(t, sub.needsRead(0))
+
+	buf := []byte("c")
+	h.publish("org", "run", "out", 3, [][]byte{[]byte("d"), []byte("e")})
+	h.publish("org", "run", "out", 0, [][]byte{[]byte("a"), []byte("b"), buf})
+	h.publish("org", "run", "out", 7, [][]byte{[]byte("h")})
+	buf[0] = 'X' // published data is a copy
+	h.publish("other", "run", "out", 5, [][]byte{[]byte("nobody listens")})
+
+	got := sub.take(0, 4)
+	require.Equal(t, []string{"a", "b", "c", "d"}, chunkData(got), "in index order, across batches, up to the limit")
+	require.Equal(t, []int64{0, 1, 2, 3}, chunkIndexes(got))
+	got = sub.take(4, 10)
+	require.Equal(t, []string{"e"}, chunkData(got), "stops at the gap before 7")
+	require.True(t, sub.pending(5), "7 was announced: the table holds 5 and 6")
+	require.True(t, sub.needsRead(5))
+	require.Equal(t, []string{"h"}, chunkData(sub.take(7, 10)), "after the read fills the gap")
+	require.False(t, sub.needsRead(8))
+	require.False(t, sub.pending(8))
+
+	for i := range inboxMaxBatches + 1 {
+		h.publish("org", "run", "out", 8+int64(i), [][]byte{[]byte("x")})
+	}
+	require.Empty(t, sub.take(8, 10), "an overflowing inbox is dropped")
+	require.True(t, sub.needsRead(8), "and the table read instead")
+}
+
+func chunkData(cs []Chunk) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = string(c.Data)
+	}
+	return out
+}
+
+func chunkIndexes(cs []Chunk) []int64 {
+	out := make([]int64, len(cs))
+	for i, c := range cs {
+		out[i] = c.Index
+	}
+	return out
 }
 
 func reconnects(t *testing.T, reg *prometheus.Registry) float64 {
@@ -130,7 +189,7 @@ func TestAHubWhosePingFailsReconnects(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	svc, err := New(db, Config{Logger: testkit.Logger(t), Registry: reg})
 	require.NoError(t, err)
-	svc.hub.pingEvery = time.Nanosecond // every wait times out, and so does every ping
+	svc.hub.pingEvery, svc.hub.pingTimeout = 10*time.Millisecond, time.Nanosecond
 	ctx := context.Background()
 	require.NoError(t, svc.Start(ctx))
 	defer func() { require.NoError(t, svc.Stop(ctx)) }()

@@ -1,34 +1,37 @@
 package streams
 
 // notifyChannel is the one channel every append and close notifies, and the
-// Hub listens on. A payload is "<last index>/<run>/<name>/<org>": run ids
-// and names hold no "/", so the org, which may, goes last. It carries no
-// chunk bytes; subscribers read those from the table.
+// Hub listens on. A payload is "a<last index>/<run>/<name>/<org>" for an
+// append, "c…" for a close: run ids and names hold no "/", so the org, which
+// may, goes last. It carries no chunk bytes; subscribers read those from
+// the table.
 const notifyChannel = "reveille_streams"
 
-// appendSQL creates the stream on first append, bumps its counter under the
-// row lock (which serialises the writers of one stream and so numbers their
-// chunks without gaps), refuses a closed stream by returning no row and
-// inserts the chunks — one statement, one round trip. With $7 it also
+// appendSQL creates the stream on first append, bumps its counters under
+// the row lock (which serialises the writers of one stream and so numbers
+// their chunks without gaps), refuses a closed stream by returning no row
+// and inserts the chunks — one statement, one round trip. With $7 it also
 // queues the notification, delivered when the caller's transaction commits.
 //
 // $1 new stream id, $2 org, $3 run, $4 name, $5 chunk count, $6 chunks,
-// $7 notify.
+// $7 notify, $8 bytes in all, $9 each chunk's offset within the append.
 const appendSQL = `
 WITH s AS (
-    INSERT INTO streams AS st (id, org_id, run_id, name, chunk_count)
-    VALUES ($1, $2, $3, $4, $5)
+    INSERT INTO streams AS st (id, org_id, run_id, name, chunk_count, byte_count)
+    VALUES ($1, $2, $3, $4, $5, $8)
     ON CONFLICT (org_id, run_id, name) DO UPDATE
-       SET chunk_count = st.chunk_count + EXCLUDED.chunk_count, updated_at = now()
+       SET chunk_count = st.chunk_count + EXCLUDED.chunk_count,
+           byte_count = st.byte_count + EXCLUDED.byte_count,
+           updated_at = now()
      WHERE NOT st.done
-    RETURNING st.id, st.chunk_count
+    RETURNING st.id, st.chunk_count, st.byte_count
 ), c AS (
-    INSERT INTO stream_chunks (stream_id, chunk_index, org_id, data)
-    SELECT s.id, s.chunk_count - $5 + t.ord - 1, $2, t.data
-      FROM s, unnest($6::bytea[]) WITH ORDINALITY AS t(data, ord)
+    INSERT INTO stream_chunks (stream_id, chunk_index, org_id, byte_start, data)
+    SELECT s.id, s.chunk_count - $5 + t.ord - 1, $2, s.byte_count - $8 + t.off, t.data
+      FROM s, unnest($6::bytea[], $9::bigint[]) WITH ORDINALITY AS t(data, off, ord)
 )
 SELECT s.chunk_count - $5,
-       CASE WHEN $7 THEN pg_notify('` + notifyChannel + `', (s.chunk_count - 1)::text || '/' || $3 || '/' || $4 || '/' || $2)::text END
+       CASE WHEN $7 THEN pg_notify('` + notifyChannel + `', 'a' || (s.chunk_count - 1)::text || '/' || $3 || '/' || $4 || '/' || $2)::text END
   FROM s`
 
 // notifySQL announces a committed append in a transaction of its own.
@@ -56,7 +59,7 @@ WITH s AS (
      WHERE NOT st.done
     RETURNING st.chunk_count
 )
-SELECT pg_notify('` + notifyChannel + `', (s.chunk_count - 1)::text || '/' || $3 || '/' || $4 || '/' || $2)::text
+SELECT pg_notify('` + notifyChannel + `', 'c' || (s.chunk_count - 1)::text || '/' || $3 || '/' || $4 || '/' || $2)::text
   FROM s`
 
 const infoSQL = `
@@ -73,21 +76,20 @@ SELECT name FROM streams
 // readSQL reads, in one snapshot, the stream's counter and state and its
 // chunks from index $4: at most $5 of them and no more than $6 bytes in all,
 // save that the first is always read (so a reader always progresses).
-// Indexes have no gaps, so the range [$4, $4 + $5) bounds the rows read
-// whatever plan the window function gets. An absent stream gives no row; a
+// Indexes have no gaps and byte_start is cumulative, so both bounds are
+// plain range conditions on the chunks. An absent stream gives no row; a
 // stream with nothing to read gives one row with a NULL chunk.
 const readSQL = `
 SELECT s.chunk_count, s.done, c.chunk_index, c.data
   FROM streams s
   LEFT JOIN LATERAL (
-      SELECT w.chunk_index, w.data FROM (
-          SELECT chunk_index, data, sum(octet_length(data)) OVER (ORDER BY chunk_index) AS upto
-            FROM stream_chunks
-           WHERE stream_id = s.id AND org_id = s.org_id
-             AND chunk_index >= $4 AND chunk_index < $4 + $5
-           ORDER BY chunk_index
-           LIMIT $5) w
-       WHERE w.upto <= $6 OR w.chunk_index = $4
+      SELECT chunk_index, data
+        FROM stream_chunks
+       WHERE stream_id = s.id AND org_id = s.org_id
+         AND chunk_index >= $4 AND chunk_index < $4 + $5
+         AND (chunk_index = $4 OR byte_start + octet_length(data) <= $6 +
+              (SELECT f.byte_start FROM stream_chunks f WHERE f.stream_id = s.id AND f.chunk_index = $4))
+       ORDER BY chunk_index
   ) c ON true
  WHERE s.org_id = $1 AND s.run_id = $2 AND s.name = $3
  ORDER BY c.chunk_index`

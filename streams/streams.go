@@ -145,15 +145,19 @@ func (s *Service) Stop(ctx context.Context) error {
 // Append appends chunks to the stream (org, runID, name), creating it on
 // first use, atomically: all chunks get consecutive indexes or none is
 // stored. A closed stream gives ErrClosed. Live tails learn of the chunks
-// once they are durable.
+// once they are durable. The chunks are not retained: the caller may reuse
+// them.
 func (s *Service) Append(ctx context.Context, org, runID, name string, chunks [][]byte) (Range, error) {
 	r, err := s.appendTo(ctx, s.db, org, runID, name, chunks, false)
 	if err != nil {
 		return r, err
 	}
-	// The chunks are committed whatever happens to the notification: its
-	// failure is logged, not returned, lest a retry append them twice.
-	payload := strconv.FormatInt(r.LastIndex, 10) + "/" + runID + "/" + name + "/" + org
+	// Committed: this process's tails may have the chunks at once; those
+	// elsewhere learn of them from the notification. The chunks stand
+	// whatever happens to it: its failure is logged, not returned, lest a
+	// retry append them twice.
+	s.hub.publish(org, runID, name, r.FirstIndex, chunks)
+	payload := "a" + strconv.FormatInt(r.LastIndex, 10) + "/" + runID + "/" + name + "/" + org
 	if _, err := s.db.Exec(ctx, notifySQL, payload); err != nil {
 		s.cfg.Logger.Warn("streams: notifying an append failed; live readers see it with the next one",
 			"run_id", runID, "name", name, "error", err.Error())
@@ -177,9 +181,14 @@ func (s *Service) appendTo(ctx context.Context, q Querier, org, runID, name stri
 		return Range{}, fmt.Errorf("new stream id: %w", err)
 	}
 	n := int64(len(chunks))
+	offsets, total := make([]int64, len(chunks)), int64(0)
+	for i, c := range chunks {
+		offsets[i] = total
+		total += int64(len(c))
+	}
 	var first int64
 	var notified *string
-	err = q.QueryRow(ctx, appendSQL, id, org, runID, name, n, chunks, notify).Scan(&first, &notified)
+	err = q.QueryRow(ctx, appendSQL, id, org, runID, name, n, chunks, notify, total, offsets).Scan(&first, &notified)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Range{}, ErrClosed
 	}

@@ -260,10 +260,7 @@ func TestAnAppendInACallersTransactionIsSeenOnlyOnCommit(t *testing.T) {
 	require.Empty(t, b.Chunks, "uncommitted chunks are invisible")
 
 	require.NoError(t, tx.Commit(ctx))
-	waitReady(t, tail)
-	b, err = tail.Next(ctx)
-	require.NoError(t, err)
-	require.Equal(t, []string{"in-tx"}, dataOf(b.Chunks))
+	require.Equal(t, []string{"in-tx"}, dataOf(await(t, tail).Chunks))
 }
 
 func dataOf(chunks []streams.Chunk) []string {
@@ -651,4 +648,23 @@ func TestAFailedNotificationNeverLosesOrDuplicatesAnAppend(t *testing.T) {
 	require.ErrorContains(t, err, "appending to stream run-1/out")
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, []string{"kept"}, dataOf(readAll(t, svc, longOrg, "run-1", "out", 10)))
+}
+
+func TestByteBoundedPagesCountBytesAcrossAppends(t *testing.T) {
+	svc, _ := newService(t, streams.Config{MaxChunk: 600, MaxRequest: 1000})
+	ctx := context.Background()
+	for _, sizes := range [][]int{{100, 300}, {600, 50}, {400}} {
+		batch := make([][]byte, len(sizes))
+		for i, n := range sizes {
+			batch[i] = make([]byte, n)
+		}
+		_, err := svc.Append(ctx, org, "run-1", "mixed", batch)
+		require.NoError(t, err)
+	}
+	for start, want := range map[int64]int{0: 3, 1: 3, 2: 2, 3: 2, 4: 1} {
+		p, err := svc.Chunks(ctx, org, "run-1", "mixed", start, 500)
+		require.NoError(t, err)
+		require.Len(t, p.Items, want, "from %d: as many chunks as fit in 1000 bytes", start)
+		require.Equal(t, start+int64(want) < 5, p.HasMore)
+	}
 }

@@ -33,7 +33,7 @@ type Batch struct {
 	More bool
 	// Ended: the stream is closed and every chunk up to TailIndex was read.
 	Ended bool
-	// TailIndex is the stream's last index when read (-1: none).
+	// TailIndex is the stream's last index as far as known (-1: none).
 	TailIndex int64
 }
 
@@ -54,17 +54,29 @@ func (s *Service) Tail(org, runID, name string, from int64) (*Tail, error) {
 	return &Tail{svc: s, org: org, run: runID, name: name, next: from, sub: sub}, nil
 }
 
-// Next reads what is stored from the tail's position without waiting.
+// Next returns what was committed from the tail's position without
+// waiting: chunks this process appended come from the subscription's inbox;
+// the table is read only when a notification (or staleness) says it holds
+// more.
 func (t *Tail) Next(ctx context.Context) (Batch, error) {
+	if got := t.sub.take(t.next, tailPage); len(got) > 0 {
+		t.next = got[len(got)-1].Index + 1
+		return Batch{Chunks: got, More: t.sub.pending(t.next), TailIndex: t.next - 1}, nil
+	}
+	if !t.sub.needsRead(t.next) {
+		return Batch{TailIndex: t.next - 1}, nil
+	}
 	page, err := t.svc.read(ctx, t.org, t.run, t.name, t.next, tailPage)
 	if err != nil {
+		t.sub.markStale() // read again next time
 		return Batch{}, err
 	}
 	t.next = page.Next
+	ended := page.Info.Done && !page.HasMore
 	return Batch{
 		Chunks:    page.Items,
-		More:      page.HasMore,
-		Ended:     page.Info.Done && !page.HasMore,
+		More:      !ended && (page.HasMore || t.sub.pending(t.next)),
+		Ended:     ended,
 		TailIndex: page.Info.TailIndex,
 	}, nil
 }

@@ -3,6 +3,7 @@ package streams_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,6 +32,21 @@ func follow(t *testing.T, tail *streams.Tail) ([]string, int64) {
 	}
 }
 
+// await waits for and returns the next non-empty batch, or the end: a
+// signal may be spurious (a change already read), so one wait is not one
+// batch.
+func await(t *testing.T, tail *streams.Tail) streams.Batch {
+	t.Helper()
+	for {
+		waitReady(t, tail)
+		b, err := tail.Next(context.Background())
+		require.NoError(t, err)
+		if len(b.Chunks) > 0 || b.Ended {
+			return b
+		}
+	}
+}
+
 func TestATailAttachedBeforeTheStreamExistsSeesEveryChunkLive(t *testing.T) {
 	svc, _ := newService(t, streams.Config{})
 	ctx := context.Background()
@@ -45,16 +61,13 @@ func TestATailAttachedBeforeTheStreamExistsSeesEveryChunkLive(t *testing.T) {
 		// Each chunk is committed only after the previous one was received:
 		// delivery is live, not a replay at the end.
 		mustAppend(t, svc, org, "run-1", "live", fmt.Sprint(i))
-		waitReady(t, tail)
-		b, err := tail.Next(ctx)
-		require.NoError(t, err)
+		b := await(t, tail)
 		require.Equal(t, []string{fmt.Sprint(i)}, dataOf(b.Chunks))
 		require.EqualValues(t, i, b.Chunks[0].Index)
 	}
 	require.NoError(t, svc.Close(ctx, org, "run-1", "live"))
-	waitReady(t, tail)
-	b, err = tail.Next(ctx)
-	require.NoError(t, err)
+	b = await(t, tail)
+	require.Empty(t, b.Chunks)
 	require.True(t, b.Ended)
 	require.EqualValues(t, 19, b.TailIndex)
 }
@@ -193,4 +206,84 @@ func TestSubscribingBeforeStartIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	_, err = svc.Tail(org, "run-1", "out", 0)
 	require.ErrorIs(t, err, streams.ErrStopped)
+}
+
+// Two services on one database stand for two replicas: a tail learns of
+// the other's appends from notifications and reads them from the table,
+// and of its own from its inbox; interleaved, every chunk arrives once, in
+// order.
+func TestATailFollowsWritersOnEveryReplicaExactlyOnceInOrder(t *testing.T) {
+	svc, db := newService(t, streams.Config{})
+	other, err := streams.New(db, streams.Config{Logger: testkit.Logger(t)})
+	require.NoError(t, err)
+	require.NoError(t, other.Start(context.Background()))
+	defer func() { require.NoError(t, other.Stop(context.Background())) }()
+
+	tail, err := svc.Tail(org, "run-1", "mixed", 0)
+	require.NoError(t, err)
+	defer tail.Close()
+	type result struct {
+		chunks []streams.Chunk
+		last   int64
+	}
+	done := make(chan result, 1)
+	go func() {
+		var all []streams.Chunk
+		for {
+			b, err := tail.Next(context.Background())
+			if err != nil {
+				t.Error(err)
+				done <- result{}
+				return
+			}
+			all = append(all, b.Chunks...)
+			if b.Ended {
+				done <- result{all, b.TailIndex}
+				return
+			}
+			if !b.More {
+				select {
+				case <-tail.Ready():
+				case <-time.After(testWait):
+					t.Error("the tail was not woken")
+					done <- result{}
+					return
+				}
+			}
+		}
+	}()
+
+	const perWriter = 60
+	var wg sync.WaitGroup
+	for w := range 6 {
+		replica := []*streams.Service{svc, other}[w%2]
+		wg.Go(func() {
+			for i := range perWriter {
+				batch := [][]byte{fmt.Appendf(nil, "%d-%d", w, i)}
+				if i%3 == 0 {
+					batch = append(batch, fmt.Appendf(nil, "%d-%d+", w, i))
+				}
+				if _, err := replica.Append(context.Background(), org, "run-1", "mixed", batch); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.NoError(t, other.Close(context.Background(), org, "run-1", "mixed"))
+
+	var got result
+	select {
+	case got = <-done:
+	case <-time.After(testWait):
+		t.Fatal("the tail did not end")
+	}
+	stored := readAll(t, svc, org, "run-1", "mixed", 500)
+	require.Len(t, got.chunks, len(stored))
+	for i, c := range got.chunks {
+		require.EqualValues(t, i, c.Index, "each index once, in order")
+		require.Equal(t, string(stored[i].Data), string(c.Data))
+	}
+	require.EqualValues(t, len(stored)-1, got.last)
 }
