@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -34,8 +35,9 @@ type DispatcherConfig struct {
 	// 100 ms and 30 s).
 	MinBackoff, MaxBackoff time.Duration
 	// Lease is how long a claimed message is hidden from other dispatchers
-	// while its signal is in flight (default 30 s); a dispatcher that dies
-	// mid-send leaves it to be retried after that.
+	// while its signal is in flight; a dispatcher that dies mid-send leaves
+	// it to be retried after that. Default: long enough for a whole batch of
+	// sends that all time out, plus 5 s (at least 30 s).
 	Lease time.Duration
 	// SendTimeout bounds one SignalWorkflow call (default 10 s).
 	SendTimeout time.Duration
@@ -50,10 +52,11 @@ func (c DispatcherConfig) withDefaults() DispatcherConfig {
 	c.NotFoundGrace = cmp.Or(c.NotFoundGrace, 60*time.Second)
 	c.MinBackoff = cmp.Or(c.MinBackoff, 100*time.Millisecond)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, 30*time.Second)
-	c.Lease = cmp.Or(c.Lease, 30*time.Second)
 	c.SendTimeout = cmp.Or(c.SendTimeout, 10*time.Second)
 	c.BatchSize = cmp.Or(c.BatchSize, 100)
 	c.Concurrency = cmp.Or(c.Concurrency, 32)
+	rounds := time.Duration((c.BatchSize + c.Concurrency - 1) / c.Concurrency)
+	c.Lease = cmp.Or(c.Lease, max(30*time.Second, rounds*c.SendTimeout+5*time.Second))
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -129,6 +132,11 @@ func (d *Dispatcher) run(ctx context.Context) {
 	}
 }
 
+// listenAndDispatch claims and sends whatever is due whenever NOTIFY says
+// so. It does not wait for one claim's signals before the next claim: a
+// message committed while earlier signals are in flight (a slow Temporal)
+// is claimed and sent at once, not after the slowest of them. At most
+// BatchSize messages are claimed and unsettled at a time.
 func (d *Dispatcher) listenAndDispatch(ctx context.Context) error {
 	conn, err := d.db.Acquire(ctx)
 	if err != nil {
@@ -140,28 +148,178 @@ func (d *Dispatcher) listenAndDispatch(ctx context.Context) error {
 		return err
 	}
 	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "UNLISTEN "+notifyChannel) }()
+	p := d.newPipeline(ctx)
+	defer p.close()
 	for {
-		n, err := d.DispatchOnce(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+		free := p.free()
+		if free > 0 {
+			n, err := p.claimAndSend(ctx, free)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				d.cfg.Logger.Error("dispatching signals failed", "error", err)
 			}
-			d.cfg.Logger.Error("dispatching signals failed", "error", err)
+			if n == free {
+				continue // more may be due right now
+			}
+		} else {
+			// Full: claim again once a settled send makes room (the
+			// notifications meanwhile wait in the connection).
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-p.room:
+			}
+			continue
 		}
-		if n == d.cfg.BatchSize {
-			continue // more may be due right now
-		}
+		p.clearRetry() // the wait computed next covers the retries settled so far
 		wait := d.untilNextDue(ctx)
 		wctx, cancel := context.WithTimeout(ctx, wait)
-		_, err = conn.Conn().WaitForNotification(wctx)
+		p.waiting(cancel)
+		_, err := conn.Conn().WaitForNotification(wctx)
+		p.waiting(nil)
 		cancel()
-		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-			if ctx.Err() != nil {
-				return nil
-			}
+		switch {
+		case err == nil, errors.Is(err, context.DeadlineExceeded):
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, context.Canceled):
+			// A settle scheduled a retry, perhaps before the wait ends.
+		default:
 			return err
 		}
 	}
+}
+
+// pipeline sends claimed messages as they are claimed and settles their
+// outcomes in batches as they come in.
+type pipeline struct {
+	d       *Dispatcher
+	sem     chan struct{} // Concurrency: signals in flight
+	results chan sent
+	room    chan struct{} // a settle made room under BatchSize
+	sends   sync.WaitGroup
+	settled chan struct{} // closed when the settler has finished
+
+	mu      sync.Mutex
+	pending int                // claimed and not yet settled
+	retry   bool               // a settle scheduled a retry since clearRetry()
+	wake    context.CancelFunc // ends the current wait for a notification
+}
+
+type sent struct {
+	m claimed
+	r sendResult
+}
+
+func (d *Dispatcher) newPipeline(ctx context.Context) *pipeline {
+	p := &pipeline{d: d, sem: make(chan struct{}, d.cfg.Concurrency), results: make(chan sent, d.cfg.BatchSize),
+		room: make(chan struct{}, 1), settled: make(chan struct{})}
+	// Outcomes are recorded even after ctx ends: the signals went out.
+	go p.settler(context.WithoutCancel(ctx))
+	return p
+}
+
+func (p *pipeline) clearRetry() {
+	p.mu.Lock()
+	p.retry = false
+	p.mu.Unlock()
+}
+
+// waiting registers the cancel of the wait about to start (nil when it
+// ended); a retry scheduled since clearRetry() ends it at once.
+func (p *pipeline) waiting(cancel context.CancelFunc) {
+	p.mu.Lock()
+	p.wake = cancel
+	retry := p.retry
+	p.mu.Unlock()
+	if retry && cancel != nil {
+		cancel()
+	}
+}
+
+func (p *pipeline) free() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.d.cfg.BatchSize - p.pending
+}
+
+// claimAndSend claims up to limit due messages and starts their sends.
+func (p *pipeline) claimAndSend(ctx context.Context, limit int) (int, error) {
+	msgs, err := p.d.claim(ctx, limit)
+	if err != nil || len(msgs) == 0 {
+		return 0, err
+	}
+	p.mu.Lock()
+	p.pending += len(msgs)
+	p.mu.Unlock()
+	for _, m := range msgs {
+		p.sends.Add(1)
+		go func() {
+			defer p.sends.Done()
+			p.sem <- struct{}{}
+			r := p.d.send(ctx, m)
+			<-p.sem
+			p.results <- sent{m: m, r: r}
+		}()
+	}
+	return len(msgs), nil
+}
+
+// settler records outcomes: whatever has arrived when it is free, in one
+// settle, so that the batches grow with the load.
+func (p *pipeline) settler(ctx context.Context) {
+	defer close(p.settled)
+	for first := range p.results {
+		batch := []sent{first}
+	more:
+		for len(batch) < p.d.cfg.BatchSize {
+			select {
+			case s, ok := <-p.results:
+				if !ok {
+					break more
+				}
+				batch = append(batch, s)
+			default:
+				break more
+			}
+		}
+		msgs, results := make([]claimed, len(batch)), make([]sendResult, len(batch))
+		for i, s := range batch {
+			msgs[i], results[i] = s.m, s.r
+		}
+		if err := p.d.settle(ctx, msgs, results); err != nil {
+			// Unsettled messages are sent again once their lease ends.
+			p.d.cfg.Logger.Error("recording signal outcomes failed", "error", err)
+		}
+		retry := slices.ContainsFunc(results, func(r sendResult) bool { return classify(r.err) != sendOK })
+		p.mu.Lock()
+		p.pending -= len(batch)
+		wake := p.wake
+		if retry {
+			// The dispatcher may be asleep until a later due time than
+			// this retry's: wake it to look again.
+			p.retry = true
+		} else {
+			wake = nil
+		}
+		p.mu.Unlock()
+		if wake != nil {
+			wake()
+		}
+		select {
+		case p.room <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// close waits for the sends in flight and the settling of their outcomes.
+func (p *pipeline) close() {
+	p.sends.Wait()
+	close(p.results)
+	<-p.settled
 }
 
 // untilNextDue is how long to sleep when no notification comes: until the
@@ -192,8 +350,9 @@ type sendResult struct {
 
 // DispatchOnce claims the due signal messages (up to BatchSize), sends them
 // concurrently and records each outcome. It returns how many it claimed.
+// (The running dispatcher does the same without waiting between claims.)
 func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
-	msgs, err := d.claim(ctx)
+	msgs, err := d.claim(ctx, d.cfg.BatchSize)
 	if err != nil || len(msgs) == 0 {
 		return 0, err
 	}
@@ -205,12 +364,7 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			sctx, cancel := context.WithTimeout(ctx, d.cfg.SendTimeout)
-			defer cancel()
-			start := time.Now()
-			err := d.signals.SignalWorkflow(sctx, m.Signal.WorkflowID, m.Signal.RunID, m.Signal.Name, m.Payload)
-			d.metrics.sendSeconds.Observe(time.Since(start).Seconds())
-			results[i] = sendResult{id: m.ID, err: err, notFoundSince: m.notFoundSince, attempts: m.Attempts}
+			results[i] = d.send(ctx, m)
 		}()
 	}
 	wg.Wait()
@@ -218,8 +372,25 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 	return len(msgs), d.settle(context.WithoutCancel(ctx), msgs, results)
 }
 
-func (d *Dispatcher) claim(ctx context.Context) ([]claimed, error) {
-	rows, err := d.db.Query(ctx, `
+// send makes one SignalWorkflow call for m.
+func (d *Dispatcher) send(ctx context.Context, m claimed) sendResult {
+	sctx, cancel := context.WithTimeout(ctx, d.cfg.SendTimeout)
+	defer cancel()
+	start := time.Now()
+	err := d.signals.SignalWorkflow(sctx, m.Signal.WorkflowID, m.Signal.RunID, m.Signal.Name, m.Payload)
+	d.metrics.sendSeconds.Observe(time.Since(start).Seconds())
+	return sendResult{id: m.ID, err: err, notFoundSince: m.notFoundSince, attempts: m.Attempts}
+}
+
+// claim leases up to limit due messages. The claim commits without waiting
+// for the WAL flush — it is on every signal's path: if a crash loses it,
+// the message is simply claimed and sent again, which at-least-once
+// delivery allows.
+func (d *Dispatcher) claim(ctx context.Context, limit int) ([]claimed, error) {
+	b := &pgx.Batch{}
+	// The batch is one implicit transaction: the setting is local to it.
+	b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+	b.Queue(`
 		WITH due AS (
 		  SELECT id FROM queue_messages
 		   WHERE status = 'pending' AND signal_workflow_id IS NOT NULL AND next_attempt_at <= now()
@@ -231,11 +402,17 @@ func (d *Dispatcher) claim(ctx context.Context) ([]claimed, error) {
 		  FROM due WHERE m.id = due.id
 		RETURNING m.id, m.org_id, m.queue, m.payload, m.idempotency_key, m.status, m.signal_workflow_id, m.signal_run_id,
 		          m.signal_name, m.attempts, coalesce(m.last_error, ''), m.next_attempt_at, m.created_at, m.updated_at,
-		          m.delivered_at, m.not_found_since`, d.cfg.BatchSize, d.cfg.Lease)
+		          m.delivered_at, m.not_found_since`, limit, d.cfg.Lease)
+	br := d.db.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("claim signal messages: %w", err)
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return nil, fmt.Errorf("claim signal messages: %w", err)
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
+	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
 		var c claimed
 		var wf, run, name *string
 		err := row.Scan(&c.ID, &c.OrgID, &c.Queue, &c.Payload, &c.IdempotencyKey, &c.Status, &wf, &run, &name,
@@ -243,11 +420,22 @@ func (d *Dispatcher) claim(ctx context.Context) ([]claimed, error) {
 		c.Signal = &Signal{WorkflowID: deref(wf), RunID: deref(run), Name: deref(name)}
 		return c, err
 	})
+	if err != nil {
+		return nil, fmt.Errorf("claim signal messages: %w", err)
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("claim signal messages: %w", err)
+	}
+	return msgs, nil
 }
 
 // settle writes every send's outcome in three set-based statements.
 func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendResult) error {
+	// Every write is guarded by the attempt count of this claim: should the
+	// lease have run out and another dispatcher re-claimed a message, only
+	// the newer claim's outcome is recorded.
 	var delivered, failedIDs, retryIDs []uuid.UUID
+	var deliveredAttempts, failedAttempts, retryAttempts []int32
 	var failedReasons, retryReasons []string
 	var retryAt []time.Time
 	var retryNotFound []*time.Time
@@ -256,11 +444,12 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 		m := msgs[i]
 		switch kind := classify(r.err); kind {
 		case sendOK:
-			delivered = append(delivered, r.id)
+			delivered, deliveredAttempts = append(delivered, r.id), append(deliveredAttempts, int32(r.attempts))
 			d.metrics.results.WithLabelValues("delivered").Inc()
 			d.metrics.deliverySeconds.Observe(now.Sub(m.CreatedAt).Seconds())
 		case sendPermanent:
 			failedIDs, failedReasons = append(failedIDs, r.id), append(failedReasons, "rejected by Temporal: "+r.err.Error())
+			failedAttempts = append(failedAttempts, int32(r.attempts))
 			d.metrics.results.WithLabelValues("failed").Inc()
 			d.cfg.Logger.Warn("signal rejected; message failed", "org_id", m.OrgID, "message_id", m.ID, "workflow_id", m.Signal.WorkflowID, "error", r.err)
 		case sendNotFound:
@@ -269,17 +458,19 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 				since = &now
 			}
 			if now.Sub(*since) >= d.cfg.NotFoundGrace {
-				failedIDs = append(failedIDs, r.id)
+				failedIDs, failedAttempts = append(failedIDs, r.id), append(failedAttempts, int32(r.attempts))
 				failedReasons = append(failedReasons, fmt.Sprintf("workflow not found for %s (grace %s): %v", now.Sub(*since).Round(time.Second), d.cfg.NotFoundGrace, r.err))
 				d.metrics.results.WithLabelValues("failed").Inc()
 				d.cfg.Logger.Warn("signal undeliverable: workflow not found past the grace period", "org_id", m.OrgID, "message_id", m.ID, "workflow_id", m.Signal.WorkflowID)
 				continue
 			}
 			retryIDs, retryReasons = append(retryIDs, r.id), append(retryReasons, "workflow not found (yet): "+r.err.Error())
+			retryAttempts = append(retryAttempts, int32(r.attempts))
 			retryAt, retryNotFound = append(retryAt, now.Add(d.backoff(r.attempts))), append(retryNotFound, since)
 			d.metrics.results.WithLabelValues("retry").Inc()
 		default:
 			retryIDs, retryReasons = append(retryIDs, r.id), append(retryReasons, r.err.Error())
+			retryAttempts = append(retryAttempts, int32(r.attempts))
 			retryAt, retryNotFound = append(retryAt, now.Add(d.backoff(r.attempts))), append(retryNotFound, nil)
 			d.metrics.results.WithLabelValues("retry").Inc()
 			d.cfg.Logger.Info("signal send failed; will retry", "org_id", m.OrgID, "message_id", m.ID, "attempts", r.attempts, "error", r.err)
@@ -287,17 +478,19 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 	}
 	batch := &pgx.Batch{}
 	if len(delivered) > 0 {
-		batch.Queue(`UPDATE queue_messages SET status = 'delivered', delivered_at = now(), last_error = NULL, updated_at = now()
-			WHERE id = ANY($1) AND status = 'pending'`, delivered)
+		batch.Queue(`UPDATE queue_messages m SET status = 'delivered', delivered_at = now(), last_error = NULL, updated_at = now()
+			FROM unnest($1::uuid[], $2::int[]) AS d(id, attempts)
+			WHERE m.id = d.id AND m.attempts = d.attempts AND m.status = 'pending'`, delivered, deliveredAttempts)
 	}
 	if len(failedIDs) > 0 {
 		batch.Queue(`UPDATE queue_messages m SET status = 'failed', last_error = f.reason, updated_at = now()
-			FROM unnest($1::uuid[], $2::text[]) AS f(id, reason) WHERE m.id = f.id AND m.status = 'pending'`, failedIDs, failedReasons)
+			FROM unnest($1::uuid[], $2::text[], $3::int[]) AS f(id, reason, attempts)
+			WHERE m.id = f.id AND m.attempts = f.attempts AND m.status = 'pending'`, failedIDs, failedReasons, failedAttempts)
 	}
 	if len(retryIDs) > 0 {
 		batch.Queue(`UPDATE queue_messages m SET next_attempt_at = r.at, last_error = r.reason, not_found_since = r.nf, updated_at = now()
-			FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::timestamptz[]) AS r(id, at, reason, nf)
-			WHERE m.id = r.id AND m.status = 'pending'`, retryIDs, retryAt, retryReasons, retryNotFound)
+			FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::timestamptz[], $5::int[]) AS r(id, at, reason, nf, attempts)
+			WHERE m.id = r.id AND m.attempts = r.attempts AND m.status = 'pending'`, retryIDs, retryAt, retryReasons, retryNotFound, retryAttempts)
 	}
 	if err := d.db.SendBatch(ctx, batch).Close(); err != nil {
 		return fmt.Errorf("record signal outcomes: %w", err)
