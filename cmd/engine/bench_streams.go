@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -38,8 +39,14 @@ type streamBench struct {
 
 // benchStreams appends chunks through the Go API, one stream per writer,
 // while one SSE reader per stream follows it over HTTP, and reports the
-// append rate and the tail latency (append commit → SSE receipt); then the
-// same rows through plain INSERTs on the same Postgres, for comparison.
+// append rate and the tail latency (append commit → SSE receipt), twice:
+// appending through the streams service that serves the readers (one
+// replica: its tails get the chunks without a table read), and through a
+// second service on the same database (another replica: every chunk reaches
+// the readers through NOTIFY and a read). Then the same rows through plain
+// INSERTs on the same Postgres, for comparison. The commit instant is when
+// the appending statement's result came back (a pgx tracer stamps it),
+// before the notification is sent.
 func benchStreams(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench streams", flag.ContinueOnError)
 	var b streamBench
@@ -79,8 +86,10 @@ func benchStreams(ctx context.Context, args []string) error {
 	// and noisy.
 	warm := b
 	warm.chunks = max(b.writers, b.chunks/10)
-	if _, err := warm.measure(ctx, env, "bench-warm-up"); err != nil {
-		return err
+	for i, w := range []*streams.Service{env.reader, env.writer} {
+		if _, err := warm.measure(ctx, env, w, fmt.Sprint("bench-warm-up-", i)); err != nil {
+			return err
+		}
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -93,10 +102,14 @@ func benchStreams(ctx context.Context, args []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	var results []streamResult
+	var local, remote []streamResult
 	var baselines []float64
 	for round := range b.rounds {
-		res, err := b.measure(ctx, env, fmt.Sprintf("bench-%d", round))
+		l, err := b.measure(ctx, env, env.reader, fmt.Sprintf("bench-%d-local", round))
+		if err != nil {
+			return err
+		}
+		r, err := b.measure(ctx, env, env.writer, fmt.Sprintf("bench-%d-remote", round))
 		if err != nil {
 			return err
 		}
@@ -104,22 +117,34 @@ func benchStreams(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("round %d: appended=%.0f chunks/s tail_p50=%.2fms tail_p99=%.2fms; plain INSERT=%.0f rows/s\n",
-			round+1, res.rate, ms(res.p50), ms(res.p99), base)
-		results, baselines = append(results, res), append(baselines, base)
+		fmt.Printf("round %d: one replica %s; two replicas %s; plain INSERT=%.0f rows/s\n", round+1, l, r, base)
+		local, remote, baselines = append(local, l), append(remote, r), append(baselines, base)
 	}
-	med := func(f func(streamResult) float64) float64 {
-		v := make([]float64, len(results))
-		for i, r := range results {
+	fmt.Printf("streams: %s (median of %d; writers=%d chunks=%d size=%d batch=%d; writers and SSE readers on one replica)\n",
+		medianResult(local), b.rounds, b.writers, b.chunks, b.size, b.batch)
+	fmt.Printf("streams: %s (median; the same, the writers on a second replica: NOTIFY, then a table read)\n", medianResult(remote))
+	fmt.Printf("baseline: plain INSERT=%.0f rows/s (median; same writers, rows and batches; no counter, no notify)\n", median(baselines))
+	return nil
+}
+
+func (r streamResult) String() string {
+	return fmt.Sprintf("appended=%.0f chunks/s tail_p50=%.2fms tail_p99=%.2fms", r.rate, ms(r.p50), ms(r.p99))
+}
+
+// medianResult takes the median of each figure on its own.
+func medianResult(rs []streamResult) streamResult {
+	pick := func(f func(streamResult) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
 			v[i] = f(r)
 		}
 		return median(v)
 	}
-	fmt.Printf("streams: appended=%.0f chunks/s tail_p50=%.2fms tail_p99=%.2fms (median of %d; writers=%d chunks=%d size=%d batch=%d)\n",
-		med(func(r streamResult) float64 { return r.rate }), med(func(r streamResult) float64 { return ms(r.p50) }),
-		med(func(r streamResult) float64 { return ms(r.p99) }), b.rounds, b.writers, b.chunks, b.size, b.batch)
-	fmt.Printf("baseline: plain INSERT=%.0f rows/s (median; same writers, rows and batches; no counter, no notify)\n", median(baselines))
-	return nil
+	return streamResult{
+		rate: pick(func(r streamResult) float64 { return r.rate }),
+		p50:  time.Duration(pick(func(r streamResult) float64 { return float64(r.p50) })),
+		p99:  time.Duration(pick(func(r streamResult) float64 { return float64(r.p99) })),
+	}
 }
 
 func median(v []float64) float64 {
@@ -169,6 +194,7 @@ func benchDatabase(ctx context.Context, dataDir string) (*pgxpool.Pool, func(), 
 		return nil, nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	cfg.MaxConns = 40
+	cfg.ConnConfig.Tracer = commitStamper{}
 	db, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		cleanup()
@@ -182,47 +208,54 @@ type streamResult struct {
 	p50, p99 time.Duration
 }
 
-// benchEnv is the streams service and an API server in front of it, with
-// an agent token of a fresh org whose data is deleted at the end.
+// benchEnv is the streams service behind an API server (the readers'
+// replica), a second service on the same database (another replica's, for
+// writers), and an agent token of a fresh org whose data is deleted at the
+// end.
 type benchEnv struct {
-	svc      *streams.Service
-	db       *pgxpool.Pool
-	base     string
-	org, tok string
-	tearDown func()
+	reader, writer *streams.Service
+	db             *pgxpool.Pool
+	base           string
+	org, tok       string
+	tearDown       func()
 }
 
 func (b streamBench) setUp(ctx context.Context, db *pgxpool.Pool) (*benchEnv, error) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := streams.New(db, streams.Config{Logger: quiet})
+	reader, err := streams.New(db, streams.Config{Logger: quiet})
 	if err != nil {
 		return nil, err
 	}
-	if err := svc.Start(ctx); err != nil {
+	// Appending needs no hub: the writers' replica is never started.
+	writer, err := streams.New(db, streams.Config{Logger: quiet})
+	if err != nil {
+		return nil, err
+	}
+	if err := reader.Start(ctx); err != nil {
 		return nil, err
 	}
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	srv, err := api.New(ctx, api.Config{Auth: api.AuthConfig{Secret: secret}, Logger: quiet, Registry: prometheus.NewRegistry()},
-		api.Services{DB: db, Streams: svc})
+		api.Services{DB: db, Streams: reader})
 	if err != nil {
-		_ = svc.Stop(context.Background())
+		_ = reader.Stop(context.Background())
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		_ = svc.Stop(context.Background())
+		_ = reader.Stop(context.Background())
 		return nil, err
 	}
 	sctx, stopServer := context.WithCancel(ctx)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(sctx, ln) }()
 
-	env := &benchEnv{svc: svc, db: db, base: "http://" + ln.Addr().String(), org: "bench-" + uuid.NewString()}
+	env := &benchEnv{reader: reader, writer: writer, db: db, base: "http://" + ln.Addr().String(), org: "bench-" + uuid.NewString()}
 	env.tearDown = func() {
 		stopServer()
 		<-served
-		_ = svc.Stop(context.Background())
+		_ = reader.Stop(context.Background())
 		env.deleteOrg()
 	}
 	env.tok, err = api.SignToken(secret, api.TokenSpec{OrgID: env.org, Sub: "bench", Roles: []string{api.RoleAgent}, TTL: time.Hour})
@@ -233,6 +266,23 @@ func (b streamBench) setUp(ctx context.Context, db *pgxpool.Pool) (*benchEnv, er
 	return env, nil
 }
 
+// commitStamper stamps, into the *time.Time a context carries, the end of
+// the first statement run with it: for an append, the moment its commit
+// was acknowledged.
+type commitStamper struct{}
+
+type stampKey struct{}
+
+func (commitStamper) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (commitStamper) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	if at, ok := ctx.Value(stampKey{}).(*time.Time); ok && at.IsZero() && data.Err == nil {
+		*at = time.Now()
+	}
+}
+
 // deleteOrg removes the bench org's streams and chunks.
 func (e *benchEnv) deleteOrg() {
 	ctx := context.Background()
@@ -240,9 +290,9 @@ func (e *benchEnv) deleteOrg() {
 	_, _ = e.db.Exec(ctx, `DELETE FROM streams WHERE org_id = $1`, e.org)
 }
 
-// measure appends b.chunks to b.writers streams of run runID, one writer
-// each, while an SSE reader per stream follows it.
-func (b streamBench) measure(ctx context.Context, env *benchEnv, runID string) (streamResult, error) {
+// measure appends b.chunks through svc to b.writers streams of run runID,
+// one writer each, while an SSE reader per stream follows it.
+func (b streamBench) measure(ctx context.Context, env *benchEnv, svc *streams.Service, runID string) (streamResult, error) {
 	per := b.perWriter()
 	commits, receipts := make([][]time.Time, b.writers), make([][]time.Time, b.writers)
 	readers := make([]*http.Response, b.writers)
@@ -277,12 +327,12 @@ func (b streamBench) measure(ctx context.Context, env *benchEnv, runID string) (
 			name := strconv.Itoa(w)
 			for i := range commits[w] {
 				n := min(b.batch, per[w]-i*b.batch)
-				if _, err := env.svc.Append(ctx, env.org, runID, name, slices.Repeat([][]byte{chunk}, n)); err != nil {
+				actx := context.WithValue(ctx, stampKey{}, &commits[w][i])
+				if _, err := svc.Append(actx, env.org, runID, name, slices.Repeat([][]byte{chunk}, n)); err != nil {
 					return err
 				}
-				commits[w][i] = time.Now()
 			}
-			return env.svc.Close(ctx, env.org, runID, name)
+			return svc.Close(ctx, env.org, runID, name)
 		})
 	}
 	if err := writersDone.Wait(); err != nil {
