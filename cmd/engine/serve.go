@@ -140,6 +140,7 @@ func (a *app) wireDomain(_ context.Context, svc *api.Services) error {
 		return fmt.Errorf("workpool: %w", err)
 	}
 	registerHandlers(pool, s)
+	svc.Workpool = pool
 	svc.Mandates = mandates.New(a.db, mandates.Config{ApprovalTTL: s.ApprovalTTL, Logger: logger, Registry: reg})
 	svc.Streams, err = streams.New(a.db, streams.Config{MaxChunk: s.StreamChunk, MaxRequest: s.StreamRequest,
 		Retention: s.StreamKeep, Logger: logger, Registry: reg})
