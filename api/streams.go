@@ -84,7 +84,9 @@ func (s *Server) appendStreamChunks(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	r, err := s.svc.Streams.Append(c.Request().Context(), PrincipalFrom(c).OrgID, runID, name, chunks)
+	// The Idempotency-Key also keys the append itself, so a retry whose
+	// first attempt committed but lost its response appends nothing.
+	r, err := s.svc.Streams.AppendWithKey(c.Request().Context(), PrincipalFrom(c).OrgID, runID, name, IdempotencyKey(c), chunks)
 	if err != nil {
 		return streamProblem(err)
 	}

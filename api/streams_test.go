@@ -427,6 +427,22 @@ func TestAnAppendRetriedWithItsIdempotencyKeyIsStoredOnce(t *testing.T) {
 	require.Equal(t, []string{"once"}, s.page(t, tok, "out", "").data(t))
 }
 
+// The response to a committed append is lost before the Idempotency-Key
+// record is kept (the replica died): the retry still appends nothing.
+func TestAnAppendWhoseResponseWasLostIsNotRepeatedByItsRetry(t *testing.T) {
+	s := newStreamServer(t, streams.Config{})
+	tok := agentToken(t, "org-a")
+	first := s.post(t, tok, "out", []byte("once"), "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusCreated, first.Status)
+	_, err := s.svc.DB.Exec(context.Background(), `DELETE FROM idempotency_keys`)
+	require.NoError(t, err)
+	again := s.post(t, tok, "out", []byte("once"), "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusCreated, again.Status)
+	require.Empty(t, again.Header.Get("Idempotent-Replayed"), "not a replay by the middleware")
+	require.JSONEq(t, string(first.Body), string(again.Body))
+	require.Equal(t, []string{"once"}, s.page(t, tok, "out", "").data(t))
+}
+
 func TestStreamRoutesAreAbsentWithoutTheStreamsService(t *testing.T) {
 	s := newTestServer(t)
 	do(t, s.Handler(), http.MethodGet, "/v1/runs/run-1/streams", agentToken(t, "org-a"), nil).requireProblem(t, http.StatusNotFound)

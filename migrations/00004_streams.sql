@@ -33,6 +33,19 @@ CREATE TABLE stream_chunks (
     data        bytea  NOT NULL,
     PRIMARY KEY (stream_id, chunk_index)
 );
+-- The Idempotency-Key of each keyed append: a retry whose first attempt
+-- committed (its response lost) gets the first attempt's indexes back and
+-- appends nothing. Kept as long as the stream.
+CREATE TABLE stream_appends (
+    stream_id   uuid   NOT NULL,
+    key         text   NOT NULL,
+    org_id      text   NOT NULL,
+    first_index bigint NOT NULL,
+    last_index  bigint NOT NULL,
+    PRIMARY KEY (stream_id, key)
+);
+
 -- +goose Down
+DROP TABLE stream_appends;
 DROP TABLE stream_chunks;
 DROP TABLE streams;

@@ -34,6 +34,40 @@ SELECT s.chunk_count - $5,
        CASE WHEN $7 THEN pg_notify('` + notifyChannel + `', 'a' || (s.chunk_count - 1)::text || '/' || $3 || '/' || $4 || '/' || $2)::text END
   FROM s`
 
+// appendKeyedSQL is appendSQL, without notifying, for an append carrying
+// an idempotency key: when the key was used on this stream already it
+// appends nothing and returns the first use's range, flagged as a replay.
+// Two concurrent first uses meet on the key's primary key: the loser fails
+// with a unique violation once the winner commits, and is run again.
+//
+// $1 new stream id, $2 org, $3 run, $4 name, $5 chunk count, $6 chunks,
+// $7 key, $8 bytes in all, $9 each chunk's offset within the append.
+const appendKeyedSQL = `
+WITH prior AS (
+    SELECT a.first_index, a.last_index
+      FROM streams p JOIN stream_appends a ON a.stream_id = p.id AND a.org_id = p.org_id
+     WHERE p.org_id = $2 AND p.run_id = $3 AND p.name = $4 AND a.key = $7
+), s AS (
+    INSERT INTO streams AS st (id, org_id, run_id, name, chunk_count, byte_count)
+    SELECT $1, $2, $3, $4, $5, $8 WHERE NOT EXISTS (SELECT 1 FROM prior)
+    ON CONFLICT (org_id, run_id, name) DO UPDATE
+       SET chunk_count = st.chunk_count + EXCLUDED.chunk_count,
+           byte_count = st.byte_count + EXCLUDED.byte_count,
+           updated_at = now()
+     WHERE NOT st.done
+    RETURNING st.id, st.chunk_count, st.byte_count
+), c AS (
+    INSERT INTO stream_chunks (stream_id, chunk_index, org_id, byte_start, data)
+    SELECT s.id, s.chunk_count - $5 + t.ord - 1, $2, s.byte_count - $8 + t.off, t.data
+      FROM s, unnest($6::bytea[], $9::bigint[]) WITH ORDINALITY AS t(data, off, ord)
+), k AS (
+    INSERT INTO stream_appends (stream_id, key, org_id, first_index, last_index)
+    SELECT s.id, $7, $2, s.chunk_count - $5, s.chunk_count - 1 FROM s
+)
+SELECT s.chunk_count - $5, s.chunk_count - 1, false FROM s
+UNION ALL
+SELECT first_index, last_index, true FROM prior`
+
 // notifySQL announces a committed append in a transaction of its own.
 // Postgres serialises the commits of notifying transactions (a lock held
 // through the commit's WAL flush), so notifying inside each durable append
@@ -102,6 +136,11 @@ SELECT id FROM streams WHERE done AND closed_at < $1 ORDER BY closed_at LIMIT $2
 const purgeChunksSQL = `
 DELETE FROM stream_chunks WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM stream_chunks WHERE stream_id = ANY ($1) LIMIT $2))`
+
+// purgeKeysSQL deletes up to $2 append keys of the streams $1.
+const purgeKeysSQL = `
+DELETE FROM stream_appends WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM stream_appends WHERE stream_id = ANY ($1) LIMIT $2))`
 
 // purgeStreamsSQL deletes the streams $1, whose chunks are gone (a closed
 // stream takes no more chunks).

@@ -58,13 +58,15 @@ func (s *Service) PurgeClosedBefore(ctx context.Context, cutoff time.Time) (int,
 }
 
 func (s *Service) purge(ctx context.Context, ids []uuid.UUID) (int, error) {
-	for {
-		tag, err := s.db.Exec(ctx, purgeChunksSQL, ids, s.cfg.PurgeBatch)
-		if err != nil {
-			return 0, fmt.Errorf("purging chunks of expired streams: %w", err)
-		}
-		if tag.RowsAffected() < int64(s.cfg.PurgeBatch) {
-			break
+	for _, q := range []struct{ what, sql string }{{"chunks", purgeChunksSQL}, {"append keys", purgeKeysSQL}} {
+		for {
+			tag, err := s.db.Exec(ctx, q.sql, ids, s.cfg.PurgeBatch)
+			if err != nil {
+				return 0, fmt.Errorf("purging %s of expired streams: %w", q.what, err)
+			}
+			if tag.RowsAffected() < int64(s.cfg.PurgeBatch) {
+				break
+			}
 		}
 	}
 	tag, err := s.db.Exec(ctx, purgeStreamsSQL, ids)

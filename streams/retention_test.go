@@ -20,6 +20,10 @@ func TestPurgeDeletesOnlyStreamsClosedBeforeTheCutoffInBatches(t *testing.T) {
 	for i := range 5 {
 		name := fmt.Sprint("old-", i)
 		mustAppend(t, svc, org, "run-1", name, "a", "b", "c", "d", "e")
+		for k := range 3 {
+			_, err := svc.AppendWithKey(ctx, org, "run-1", name, fmt.Sprint("key-", k), [][]byte{[]byte("keyed")})
+			require.NoError(t, err)
+		}
 		require.NoError(t, svc.Close(ctx, org, "run-1", name))
 	}
 	mustAppend(t, svc, otherOrg, "run-1", "old-other-org", "a", "b", "c")
@@ -44,6 +48,8 @@ func TestPurgeDeletesOnlyStreamsClosedBeforeTheCutoffInBatches(t *testing.T) {
 	var orphans int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM stream_chunks c WHERE NOT EXISTS (SELECT 1 FROM streams s WHERE s.id = c.stream_id)`).Scan(&orphans))
 	require.Zero(t, orphans, "no chunk outlives its stream")
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM stream_appends`).Scan(&orphans))
+	require.Zero(t, orphans, "nor does an append key")
 
 	n, err = svc.PurgeClosedBefore(ctx, time.Now().Add(-7*24*time.Hour))
 	require.NoError(t, err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/reveille/reveille/internal/apperr"
@@ -148,7 +149,27 @@ func (s *Service) Stop(ctx context.Context) error {
 // once they are durable. The chunks are not retained: the caller may reuse
 // them.
 func (s *Service) Append(ctx context.Context, org, runID, name string, chunks [][]byte) (Range, error) {
-	r, err := s.appendTo(ctx, s.db, org, runID, name, chunks, false)
+	return s.AppendWithKey(ctx, org, runID, name, "", chunks)
+}
+
+// AppendWithKey is Append with an idempotency key (the request's
+// Idempotency-Key; "" for none): a key already used on this stream appends
+// nothing and returns the indexes its first use got, even once the stream
+// is closed. So a retry after a lost response never appends twice.
+func (s *Service) AppendWithKey(ctx context.Context, org, runID, name, key string, chunks [][]byte) (Range, error) {
+	if err := s.checkAppend(runID, name, chunks); err != nil {
+		return Range{}, err
+	}
+	var r Range
+	var err error
+	if key == "" {
+		r, err = s.appendTo(ctx, s.db, org, runID, name, chunks, false)
+	} else {
+		var replayed bool
+		if r, replayed, err = s.appendKeyed(ctx, org, runID, name, key, chunks); replayed {
+			return r, err
+		}
+	}
 	if err != nil {
 		return r, err
 	}
@@ -169,23 +190,19 @@ func (s *Service) Append(ctx context.Context, org, runID, name string, chunks []
 // chunks become visible, and live tails learn of them, when it commits.
 // Concurrent writers of the same stream wait for that commit.
 func (s *Service) AppendTx(ctx context.Context, q Querier, org, runID, name string, chunks [][]byte) (Range, error) {
+	if err := s.checkAppend(runID, name, chunks); err != nil {
+		return Range{}, err
+	}
 	return s.appendTo(ctx, q, org, runID, name, chunks, true)
 }
 
 func (s *Service) appendTo(ctx context.Context, q Querier, org, runID, name string, chunks [][]byte, notify bool) (Range, error) {
-	if err := s.checkAppend(runID, name, chunks); err != nil {
-		return Range{}, err
-	}
 	id, err := uuid.NewV7()
 	if err != nil {
 		return Range{}, fmt.Errorf("new stream id: %w", err)
 	}
 	n := int64(len(chunks))
-	offsets, total := make([]int64, len(chunks)), int64(0)
-	for i, c := range chunks {
-		offsets[i] = total
-		total += int64(len(c))
-	}
+	offsets, total := chunkOffsets(chunks)
 	var first int64
 	var notified *string
 	err = q.QueryRow(ctx, appendSQL, id, org, runID, name, n, chunks, notify, total, offsets).Scan(&first, &notified)
@@ -197,6 +214,45 @@ func (s *Service) appendTo(ctx context.Context, q Querier, org, runID, name stri
 	}
 	s.metrics.appended(chunks)
 	return Range{FirstIndex: first, LastIndex: first + n - 1}, nil
+}
+
+// uniqueViolation is Postgres's SQLSTATE for a duplicate key.
+const uniqueViolation = "23505"
+
+// appendKeyed runs appendKeyedSQL, once more when a concurrent first use of
+// the key won the race.
+func (s *Service) appendKeyed(ctx context.Context, org, runID, name, key string, chunks [][]byte) (r Range, replayed bool, err error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Range{}, false, fmt.Errorf("new stream id: %w", err)
+	}
+	offsets, total := chunkOffsets(chunks)
+	for attempt := 0; ; attempt++ {
+		err = s.db.QueryRow(ctx, appendKeyedSQL, id, org, runID, name, int64(len(chunks)), chunks, key, total, offsets).
+			Scan(&r.FirstIndex, &r.LastIndex, &replayed)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return Range{}, false, ErrClosed
+		case errors.As(err, &pgErr) && pgErr.Code == uniqueViolation && pgErr.ConstraintName == "stream_appends_pkey" && attempt == 0:
+			continue
+		case err != nil:
+			return Range{}, false, fmt.Errorf("appending to stream %s/%s: %w", runID, name, err)
+		}
+		if !replayed {
+			s.metrics.appended(chunks)
+		}
+		return r, replayed, nil
+	}
+}
+
+func chunkOffsets(chunks [][]byte) (offsets []int64, total int64) {
+	offsets = make([]int64, len(chunks))
+	for i, c := range chunks {
+		offsets[i] = total
+		total += int64(len(c))
+	}
+	return offsets, total
 }
 
 func (s *Service) checkAppend(runID, name string, chunks [][]byte) error {

@@ -668,3 +668,51 @@ func TestByteBoundedPagesCountBytesAcrossAppends(t *testing.T) {
 		require.Equal(t, start+int64(want) < 5, p.HasMore)
 	}
 }
+
+func TestAnAppendRetriedWithItsKeyAppendsNothingAndGetsItsIndexesBack(t *testing.T) {
+	svc, _ := newService(t, streams.Config{})
+	ctx := context.Background()
+	two := [][]byte{[]byte("a"), []byte("b")}
+	r, err := svc.AppendWithKey(ctx, org, "run-1", "out", "k1", two)
+	require.NoError(t, err)
+	require.Equal(t, streams.Range{FirstIndex: 0, LastIndex: 1}, r)
+	r, err = svc.AppendWithKey(ctx, org, "run-1", "out", "k1", two)
+	require.NoError(t, err)
+	require.Equal(t, streams.Range{FirstIndex: 0, LastIndex: 1}, r, "the retry gets the first indexes")
+
+	r, err = svc.AppendWithKey(ctx, org, "run-1", "out", "k2", [][]byte{[]byte("c")})
+	require.NoError(t, err)
+	require.Equal(t, streams.Range{FirstIndex: 2, LastIndex: 2}, r)
+	r, err = svc.AppendWithKey(ctx, org, "run-1", "other", "k1", [][]byte{[]byte("x")})
+	require.NoError(t, err)
+	require.Equal(t, streams.Range{FirstIndex: 0, LastIndex: 0}, r, "keys are per stream")
+	r, err = svc.AppendWithKey(ctx, otherOrg, "run-1", "out", "k1", [][]byte{[]byte("y")})
+	require.NoError(t, err)
+	require.Equal(t, streams.Range{FirstIndex: 0, LastIndex: 0}, r, "and per org")
+
+	require.NoError(t, svc.Close(ctx, org, "run-1", "out"))
+	r, err = svc.AppendWithKey(ctx, org, "run-1", "out", "k1", two)
+	require.NoError(t, err, "a retry of an append that committed before the close still succeeds")
+	require.Equal(t, streams.Range{FirstIndex: 0, LastIndex: 1}, r)
+	_, err = svc.AppendWithKey(ctx, org, "run-1", "out", "k3", two)
+	require.ErrorIs(t, err, streams.ErrClosed)
+	require.Equal(t, []string{"a", "b", "c"}, dataOf(readAll(t, svc, org, "run-1", "out", 10)))
+}
+
+func TestConcurrentUsesOfOneKeyAppendOnce(t *testing.T) {
+	svc, _ := newService(t, streams.Config{})
+	ranges := make([]streams.Range, 8)
+	var wg sync.WaitGroup
+	for i := range ranges {
+		wg.Go(func() {
+			r, err := svc.AppendWithKey(context.Background(), org, "run-1", "out", "same", [][]byte{[]byte("once")})
+			assertNoError(t, err)
+			ranges[i] = r
+		})
+	}
+	wg.Wait()
+	for _, r := range ranges {
+		require.Equal(t, streams.Range{FirstIndex: 0, LastIndex: 0}, r)
+	}
+	require.Equal(t, []string{"once"}, dataOf(readAll(t, svc, org, "run-1", "out", 10)))
+}
