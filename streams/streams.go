@@ -2,10 +2,11 @@
 // agent runs — and serves them paged and live. A stream is (org, run, name);
 // its chunks are byte strings numbered 0, 1, 2 … without gaps however many
 // writers append at once, because each append numbers its chunks under the
-// stream row's lock in the transaction that inserts them. Readers page by
+// stream row's lock in the statement that inserts them. Readers page by
 // index, or follow a stream live through a Tail: one shared LISTEN
 // connection per process (the Hub) learns of each commit and wakes the
-// tails of that stream, which read the new chunks from the table. Closed
+// tails of that stream, which read the new chunks from the table — or, for
+// chunks this process appended, take them straight from the append. Closed
 // streams are purged after a retention period by a leader-only loop.
 package streams
 
