@@ -15,20 +15,30 @@ import (
 // spendBatcher is group commit for Spend. Concurrent Spend calls are sent
 // together as one pipeline in one implicit transaction: one round trip and
 // one WAL flush serve them all, where a durable commit per spend would make
-// the disk's flush rate the ceiling. Each caller still returns only after
-// its own decision has committed, and each decision is its own conditional
+// the commit rate the ceiling. Each caller still returns only after its own
+// decision has committed, and each decision is its own conditional
 // statement, so a batch decides exactly what the same spends would decide
 // one after another. Nothing waits to fill a batch: a batch is whatever
 // queued while the previous ones ran, so a lone spend goes at once.
+//
+// Up to maxRunning batches run at once, but never two with the same
+// mandate: they would only queue on its row lock. Spends for a mandate that
+// is in flight wait and go together in the next batch, so a hot mandate
+// gets big batches instead of a queue of small ones.
 type spendBatcher struct {
 	s          *Service
 	maxBatch   int
 	maxRunning int
 
-	mu      sync.Mutex
-	pending []*spendRequest
-	running int
+	mu       sync.Mutex
+	pending  []*spendRequest
+	running  int
+	inFlight map[mandateKey]bool
 }
+
+type mandateKey struct{ org, agent, scope string }
+
+func keyOf(p SpendParams) mandateKey { return mandateKey{p.OrgID, p.AgentID, p.Scope} }
 
 type spendRequest struct {
 	p     SpendParams
@@ -45,9 +55,16 @@ type spendReply struct {
 // caller's context governs it.
 const batchTimeout = 30 * time.Second
 
+func newSpendBatcher(s *Service, maxBatch, maxRunning int) *spendBatcher {
+	return &spendBatcher{s: s, maxBatch: maxBatch, maxRunning: maxRunning, inFlight: map[mandateKey]bool{}}
+}
+
 // do queues p and waits for its answer. When the caller gives up first the
 // spend may still be decided; its idempotency key makes a retry safe.
 func (b *spendBatcher) do(ctx context.Context, p SpendParams) (SpendResult, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return SpendResult{}, false, err
+	}
 	req := &spendRequest{p: p, reply: make(chan spendReply, 1)}
 	b.mu.Lock()
 	b.pending = append(b.pending, req)
@@ -64,26 +81,59 @@ func (b *spendBatcher) do(ctx context.Context, p SpendParams) (SpendResult, bool
 	}
 }
 
-// drain runs batches until nothing is pending, then ends.
+// drain runs batches until nothing it may take is pending, then ends. What
+// it leaves (mandates in another batch) the other batch's drainer takes
+// when it finishes.
 func (b *spendBatcher) drain() {
+	var held []mandateKey
 	for {
 		b.mu.Lock()
-		if len(b.pending) == 0 {
+		for _, k := range held {
+			delete(b.inFlight, k)
+		}
+		batch, keys := b.take()
+		if len(batch) == 0 {
 			b.running--
 			b.mu.Unlock()
 			return
 		}
-		n := min(len(b.pending), b.maxBatch)
-		batch := slices.Clone(b.pending[:n])
-		b.pending = slices.Delete(b.pending, 0, n)
+		held = keys
 		b.mu.Unlock()
 		b.run(batch)
 	}
 }
 
+// take removes from pending, in arrival order, up to maxBatch requests
+// whose mandates no running batch holds, and marks their mandates held.
+// Called with mu held.
+func (b *spendBatcher) take() ([]*spendRequest, []mandateKey) {
+	var batch []*spendRequest
+	var keys []mandateKey
+	mine := map[mandateKey]bool{}
+	rest := b.pending[:0]
+	for _, r := range b.pending {
+		k := keyOf(r.p)
+		if len(batch) < b.maxBatch && (mine[k] || !b.inFlight[k]) {
+			if !mine[k] {
+				mine[k] = true
+				keys = append(keys, k)
+			}
+			batch = append(batch, r)
+			continue
+		}
+		rest = append(rest, r)
+	}
+	clear(b.pending[len(rest):])
+	b.pending = rest
+	for _, k := range keys {
+		b.inFlight[k] = true
+	}
+	return batch, keys
+}
+
 // run decides one batch. Requests are ordered by mandate (stably: arrival
-// order within one) so that concurrent batches lock mandate rows in one
-// order. If a statement fails,
+// order within one) so that batches lock mandate rows in one order where
+// they meet (batches of other replicas). If a statement fails,
 // the batch's transaction is rolled back whole and every request in it is
 // decided again on its own.
 func (b *spendBatcher) run(batch []*spendRequest) {

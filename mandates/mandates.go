@@ -130,7 +130,7 @@ func New(db *pgxpool.Pool, cfg Config) *Service {
 	cfg = cfg.withDefaults()
 	s := &Service{db: db, cfg: cfg, logger: cfg.Logger, metrics: newMetrics(cfg.Registry), hooks: map[string]ResolveHook{}}
 	if cfg.MaxSpendBatch > 1 {
-		s.batcher = &spendBatcher{s: s, maxBatch: cfg.MaxSpendBatch, maxRunning: spendBatchers}
+		s.batcher = newSpendBatcher(s, cfg.MaxSpendBatch, spendBatchers)
 	}
 	return s
 }
@@ -236,7 +236,8 @@ type querier interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// spendBatchers is how many spend batches may run at once.
+// spendBatchers is how many spend batches may run at once (never two on
+// one mandate).
 const spendBatchers = 4
 
 func newID() uuid.UUID { return uuid.Must(uuid.NewV7()) }
