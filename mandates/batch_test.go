@@ -163,3 +163,27 @@ func histogram(t *testing.T, reg *prometheus.Registry, name string) (count uint6
 	t.Fatalf("no metric %s", name)
 	return 0, 0
 }
+
+// A batch never takes a mandate another running batch holds; that
+// mandate's spends wait and then go together.
+func TestABatchLeavesTheSpendsOfAMandateInFlightForTheNextOne(t *testing.T) {
+	b := newSpendBatcher(nil, 3, 4)
+	spend := func(agent string) *spendRequest {
+		return request(SpendParams{OrgID: "org-a", AgentID: agent, Scope: "llm", Cost: 1})
+	}
+	a1, b1, a2, c1, d1, e1 := spend("a"), spend("b"), spend("a"), spend("c"), spend("d"), spend("e")
+	b.pending = []*spendRequest{a1, b1, a2, c1, d1, e1}
+	b.inFlight[keyOf(a1.p)] = true
+
+	batch, keys := b.take()
+	require.Equal(t, []*spendRequest{b1, c1, d1}, batch, "a is held; at most three")
+	require.Len(t, keys, 3)
+	require.Equal(t, []*spendRequest{a1, a2, e1}, b.pending)
+
+	delete(b.inFlight, keyOf(a1.p))
+	batch, _ = b.take()
+	require.Equal(t, []*spendRequest{a1, a2, e1}, batch, "both of a's spends go together")
+	require.Empty(t, b.pending)
+	batch, _ = b.take()
+	require.Empty(t, batch)
+}
