@@ -68,16 +68,16 @@ SELECT s.chunk_count - $5, s.chunk_count - 1, false FROM s
 UNION ALL
 SELECT first_index, last_index, true FROM prior`
 
-// notifySQL announces a committed append in a transaction of its own.
-// Postgres serialises the commits of notifying transactions (a lock held
-// through the commit's WAL flush), so notifying inside each durable append
-// caps appends at one per flush across the whole server; this transaction
-// holds no data, so it commits without waiting for the flush (nothing is
-// lost by a crash: listeners reconnect and re-read then).
-//
-// $1 payload.
+// notifySQL announces committed appends ($1, payloads) in a transaction of
+// its own. Postgres serialises the commits of notifying transactions (a
+// lock held through the commit's WAL flush), so notifying inside each
+// durable append would cap appends at one per flush across the whole
+// server; this transaction holds no data, so it commits without waiting
+// for the flush (nothing is lost by a crash: listeners reconnect and
+// re-read then).
 const notifySQL = `
-SELECT set_config('synchronous_commit', 'off', true), pg_notify('` + notifyChannel + `', $1)::text`
+SELECT set_config('synchronous_commit', 'off', true), count(pg_notify('` + notifyChannel + `', p))
+  FROM unnest($1::text[]) AS p`
 
 // closeSQL marks the stream done, creating it empty when absent; a stream
 // already closed keeps its closed_at (retention counts from the first

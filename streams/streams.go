@@ -74,10 +74,11 @@ type Querier interface {
 // Service is the streams domain: appends, reads, the live-tail hub and
 // retention.
 type Service struct {
-	db      *pgxpool.Pool
-	cfg     Config
-	metrics *metrics
-	hub     *Hub
+	db       *pgxpool.Pool
+	cfg      Config
+	metrics  *metrics
+	hub      *Hub
+	notifier *notifier
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -97,7 +98,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{db: db, cfg: cfg, metrics: m, hub: newHub(db, cfg.Logger, m)}, nil
+	return &Service{db: db, cfg: cfg, metrics: m, hub: newHub(db, cfg.Logger, m), notifier: &notifier{db: db, logger: cfg.Logger}}, nil
 }
 
 // Config returns the effective configuration (defaults filled in).
@@ -127,9 +128,13 @@ func (s *Service) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop stops the retention loop and the hub; live tails then end. Stopping
+// Stop stops the retention loop and the hub (live tails then end) and
+// waits for the notifications of finished appends to be sent. Stopping
 // twice, or a service never started, is safe.
 func (s *Service) Stop(ctx context.Context) error {
+	if err := s.notifier.wait(ctx); err != nil {
+		return fmt.Errorf("stopping stream notifications: %w", err)
+	}
 	s.mu.Lock()
 	cancel, stopped := s.cancel, s.stopped
 	s.mu.Unlock()
@@ -175,15 +180,11 @@ func (s *Service) AppendWithKey(ctx context.Context, org, runID, name, key strin
 		return r, err
 	}
 	// Committed: this process's tails may have the chunks at once; those
-	// elsewhere learn of them from the notification. The chunks stand
-	// whatever happens to it: its failure is logged, not returned, lest a
-	// retry append them twice.
+	// elsewhere learn of them from the notification, sent right after. The
+	// chunks stand whatever happens to it: its failure is logged, never
+	// returned, lest a retry append them twice.
 	s.hub.publish(org, runID, name, r.FirstIndex, chunks)
-	payload := "a" + strconv.FormatInt(r.LastIndex, 10) + "/" + runID + "/" + name + "/" + org
-	if _, err := s.db.Exec(ctx, notifySQL, payload); err != nil {
-		s.cfg.Logger.Warn("streams: notifying an append failed; live readers see it with the next one",
-			"run_id", runID, "name", name, "error", err.Error())
-	}
+	s.notifier.add("a" + strconv.FormatInt(r.LastIndex, 10) + "/" + runID + "/" + name + "/" + org)
 	return r, nil
 }
 
