@@ -377,7 +377,7 @@ func streamProblem(err error) error {
 	case errors.As(err, &tooLarge):
 		return NewProblem(http.StatusRequestEntityTooLarge, "chunk-too-large", tooLarge.Error())
 	case errors.Is(err, streams.ErrStopped):
-		return NewProblem(http.StatusServiceUnavailable, "unavailable", "live tails are not available: the server is stopping")
+		return NewProblem(http.StatusServiceUnavailable, "unavailable", "live tails are unavailable while the server starts or stops; retry")
 	}
 	return err
 }
