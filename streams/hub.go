@@ -1,7 +1,6 @@
 package streams
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -219,26 +218,35 @@ func (h *Hub) dispatch(payload string) {
 }
 
 // publish hands chunks committed by this process, first at index first, to
-// its subscribers of the stream. The data is copied once, if anyone
-// listens, and shared read-only.
+// its subscribers of the stream. The data is copied once, outside the lock
+// and only if anyone listens, and shared read-only; an append too large
+// for an inbox only tells them to read.
 func (h *Hub) publish(org, runID, name string, first int64, chunks [][]byte) {
 	key := streamKey{org: org, run: runID, name: name}
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	subs := h.subs[key]
-	if len(subs) == 0 {
+	listened := len(h.subs[key]) > 0
+	h.mu.Unlock()
+	if !listened {
 		return
 	}
-	b := inboxBatch{first: first, chunks: make([]Chunk, len(chunks))}
-	for i, c := range chunks {
-		b.chunks[i] = Chunk{Index: first + int64(i), Data: bytes.Clone(c)}
-		if b.chunks[i].Data == nil {
-			b.chunks[i].Data = []byte{}
-		}
+	b := inboxBatch{first: first}
+	for _, c := range chunks {
 		b.size += len(c)
 	}
-	for sub := range subs {
-		sub.deliver(b)
+	if b.size <= inboxMaxBytes {
+		b.chunks = make([]Chunk, len(chunks))
+		for i, c := range chunks {
+			b.chunks[i] = Chunk{Index: first + int64(i), Data: append([]byte{}, c...)}
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for sub := range h.subs[key] {
+		if b.chunks == nil {
+			sub.note(false, first+int64(len(chunks))-1)
+		} else {
+			sub.deliver(b)
+		}
 	}
 }
 

@@ -195,3 +195,19 @@ func TestAHubWhosePingFailsReconnects(t *testing.T) {
 	defer func() { require.NoError(t, svc.Stop(ctx)) }()
 	require.Eventually(t, func() bool { return reconnects(t, reg) >= 1 }, 10*time.Second, 5*time.Millisecond)
 }
+
+func TestAnAppendTooLargeForAnInboxIsReadFromTheTable(t *testing.T) {
+	m, err := newMetrics(nil)
+	require.NoError(t, err)
+	h := newHub(nil, testkit.Logger(t), m)
+	h.state = hubRunning
+	sub, err := h.Subscribe("org", "run", "out")
+	require.NoError(t, err)
+	defer sub.Close()
+	require.True(t, sub.needsRead(0))
+	h.publish("org", "run", "out", 0, [][]byte{make([]byte, inboxMaxBytes), {1}})
+	require.Len(t, sub.Ready(), 1)
+	require.Empty(t, sub.take(0, 10))
+	require.True(t, sub.needsRead(0), "announced, to be read from the table")
+	require.False(t, sub.needsRead(2))
+}
