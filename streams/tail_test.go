@@ -287,3 +287,27 @@ func TestATailFollowsWritersOnEveryReplicaExactlyOnceInOrder(t *testing.T) {
 	}
 	require.EqualValues(t, len(stored)-1, got.last)
 }
+
+// Services started and stopped in a loop, each with a live tail and an
+// append in flight, stop promptly and leave nothing subscribed.
+func TestStartingAndStoppingRepeatedlyLeavesNothingBehind(t *testing.T) {
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	for i := range 5 {
+		reg := prometheus.NewRegistry()
+		svc, err := streams.New(db, streams.Config{Logger: testkit.Logger(t), Registry: reg, LeaderRetry: 10 * time.Millisecond})
+		require.NoError(t, err)
+		require.NoError(t, svc.Start(ctx))
+		tail, err := svc.Tail(org, "run-1", "out", 0)
+		require.NoError(t, err)
+		_, err = svc.Append(ctx, org, "run-1", "out", [][]byte{fmt.Appendf(nil, "%d", i)})
+		require.NoError(t, err)
+		require.NotEmpty(t, await(t, tail).Chunks)
+		sctx, cancel := context.WithTimeout(ctx, testWait)
+		require.NoError(t, svc.Stop(sctx))
+		cancel()
+		<-tail.Done()
+		tail.Close()
+		require.Equal(t, 0.0, metricValue(t, reg, "reveille_streams_live_subscribers"))
+	}
+}
