@@ -29,21 +29,23 @@ CREATE TABLE workpool_org_weights (
 
 -- A work item through its whole life. state:
 --   pending  waiting for run_at and a free slot
---   started  given a slot by the loop, not yet claimed by an executor
---   running  claimed by the executor claimed_by, heartbeating
+--   running  given a slot by the loop; claimed_by is the executor running
+--            it (null until one claims it), heartbeat_at its last sign of life
 --   retrying an attempt failed and will be retried; the loop sets it
 --            pending again (with backoff) once it has freed the slot
 --   finished outcome, result/error and finished_at are set; kept for the
 --            retention period, then purged
--- attempts counts finished attempts. A slot is held by every started or
--- running item and by every unprocessed completion.
+-- attempts counts finished attempts. A slot is held by every running item
+-- and by every unprocessed completion. The columns an executor updates
+-- (claimed_by, heartbeat_at) are in no index, so claims and heartbeats stay
+-- on their heap page.
 CREATE TABLE workpool_work (
     id                  uuid             PRIMARY KEY,
     org_id              text             NOT NULL,
     pool                text             NOT NULL,
     handler             text             NOT NULL,
     args                jsonb            NOT NULL,
-    state               text             NOT NULL CHECK (state IN ('pending', 'started', 'running', 'retrying', 'finished')),
+    state               text             NOT NULL CHECK (state IN ('pending', 'running', 'retrying', 'finished')),
     run_at              timestamptz      NOT NULL,
     attempts            integer          NOT NULL DEFAULT 0,
     max_attempts        integer          NOT NULL DEFAULT 1,
@@ -79,10 +81,10 @@ CREATE INDEX workpool_work_pending_keyed ON workpool_work (pool, org_id, concurr
     WHERE state = 'pending' AND concurrency_key IS NOT NULL;
 -- Slots in use, recovery and per-org/per-key caps.
 CREATE INDEX workpool_work_active ON workpool_work (pool, org_id)
-    WHERE state IN ('started', 'running');
--- Executors claim from here (SKIP LOCKED).
-CREATE INDEX workpool_work_unclaimed ON workpool_work (started_at)
-    WHERE state = 'started';
+    WHERE state = 'running';
+-- Executors claim from here (SKIP LOCKED), newest starts first.
+CREATE INDEX workpool_work_claimable ON workpool_work (started_at)
+    WHERE state = 'running';
 -- Failed attempts waiting for the loop to schedule their retry.
 CREATE INDEX workpool_work_retrying ON workpool_work (pool, org_id)
     WHERE state = 'retrying';
@@ -115,6 +117,8 @@ CREATE TABLE workpool_cancelations (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX workpool_cancelations_pool ON workpool_cancelations (pool, created_at);
+-- The loop asks whether retries wait without scanning dead rows.
+CREATE INDEX workpool_completions_retry ON workpool_completions (pool) WHERE retry;
 
 -- +goose Down
 DROP TABLE workpool_cancelations;

@@ -3,6 +3,7 @@ package workpool
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -20,6 +21,7 @@ type attemptResult struct {
 	result    json.RawMessage
 	err       string
 	retryable bool
+	hook      bool // the work has an onComplete hook (as claimed)
 }
 
 // hookCall is a finished item whose onComplete hook must run.
@@ -78,37 +80,20 @@ func hookCalls(rows []finishedRow) []hookCall {
 	return calls
 }
 
-// completeTx records a batch of attempt results in tx (one statement),
-// wakes the loops of the pools involved, and runs the hooks of the work that
-// finished. A duplicate or stale result changes nothing and runs no hook.
+// completeTx records a batch of attempt results in tx (one statement) and
+// runs the hooks of the work that finished, in the same round trip as the
+// statement when any result may need one. A duplicate or stale result
+// changes nothing and runs no hook. Waking the loops is the caller's job,
+// after commit (see wakeLoops), so that no NOTIFY lock is held across the
+// commit's flush.
 func (m *Manager) completeTx(ctx context.Context, tx pgx.Tx, results []attemptResult) ([]finishedRow, error) {
 	if len(results) == 0 {
 		return nil, nil
 	}
 	n := len(results)
-	ids, attempts := make([]uuid.UUID, n), make([]int32, n)
-	kinds, res, errs, retryable := make([]string, n), make([]*string, n), make([]string, n), make([]bool, n)
-	pools := map[string]bool{}
-	for i, r := range results {
-		ids[i], attempts[i], errs[i], retryable[i] = r.id, int32(r.attempt), r.err, r.retryable
-		kinds[i] = "failed"
-		if r.succeeded {
-			kinds[i] = "succeeded"
-			s := "null"
-			if len(r.result) > 0 {
-				s = string(r.result)
-			}
-			res[i] = &s
-		}
-		pools["k:"+r.pool+"@"+m.origin] = true
-	}
-	kicks := make([]string, 0, len(pools))
-	for p := range pools {
-		kicks = append(kicks, p)
-	}
 	b := &pgx.Batch{}
-	b.Queue(sqlComplete, ids, attempts, kinds, res, errs, retryable, m.now())
-	b.Queue(sqlNotifyEach, kicks)
+	b.Queue(sqlComplete, m.completeArgs(results)...)
+	b.Queue(sqlSavepoint) // cheap, and saves a round trip before the hooks
 	br := tx.SendBatch(ctx, b)
 	rows, err := br.Query()
 	var done []finishedRow
@@ -124,23 +109,89 @@ func (m *Manager) completeTx(ctx context.Context, tx pgx.Tx, results []attemptRe
 	if err != nil {
 		return nil, fmt.Errorf("completing %d attempts: %w", n, err)
 	}
-	if err := m.runHooks(ctx, tx, hookCalls(done), false); err != nil {
+	if err := m.runHooks(ctx, tx, hookCalls(done), false, true); err != nil {
 		return nil, err
 	}
 	return done, nil
 }
 
+// completeArgs are sqlComplete's arrays for results.
+func (m *Manager) completeArgs(results []attemptResult) []any {
+	n := len(results)
+	ids, attempts := make([]uuid.UUID, n), make([]int32, n)
+	kinds, res, errs, retryable := make([]string, n), make([]*string, n), make([]string, n), make([]bool, n)
+	for i, r := range results {
+		ids[i], attempts[i], errs[i], retryable[i] = r.id, int32(r.attempt), r.err, r.retryable
+		kinds[i] = "failed"
+		if r.succeeded {
+			kinds[i] = "succeeded"
+			s := "null"
+			if len(r.result) > 0 {
+				s = string(r.result)
+			}
+			res[i] = &s
+		}
+	}
+	return []any{ids, attempts, kinds, res, errs, retryable, m.now()}
+}
+
+// completeNoHooks records results of work without hooks in one implicit
+// transaction: one round trip.
+func (m *Manager) completeNoHooks(ctx context.Context, results []attemptResult) error {
+	rows, err := m.db.Query(ctx, sqlComplete, m.completeArgs(results)...)
+	if err != nil {
+		return fmt.Errorf("completing %d attempts: %w", len(results), err)
+	}
+	done, err := scanFinished(rows)
+	if err != nil {
+		return fmt.Errorf("completing %d attempts: %w", len(results), err)
+	}
+	if calls := hookCalls(done); len(calls) > 0 {
+		// Cannot happen: a hook is set at enqueue and reported at claim.
+		m.logger.Error("completed work with a hook outside a hook transaction", "work_id", calls[0].c.WorkID.String())
+	}
+	return nil
+}
+
+// wakeLoops tells the loops of pools that they have completions: directly
+// when this replica leads the pool, else by a NOTIFY in its own (write-free,
+// so flush-free) transaction.
+func (m *Manager) wakeLoops(ctx context.Context, pools map[string]bool) {
+	var remote []string
+	for p := range pools {
+		if l := m.loopFor(p); l != nil && l.leading.Load() {
+			l.kick(false)
+			continue
+		}
+		remote = append(remote, "k:"+p+"@"+m.origin)
+	}
+	if len(remote) == 0 {
+		return
+	}
+	if _, err := m.db.Exec(ctx, sqlNotifyEach, remote); err != nil && ctx.Err() == nil {
+		// The loop still finds the completions at its next wake-up (its
+		// recovery timer runs while slots are in use).
+		m.logger.Warn("waking pool loops failed", "error", err.Error())
+	}
+}
+
+const (
+	sqlSavepoint         = "SAVEPOINT workpool_hooks"
+	sqlRollbackSavepoint = "ROLLBACK TO SAVEPOINT workpool_hooks"
+)
+
 // runHooks calls hooks inside tx, one savepoint for the whole batch; when a
 // hook fails the batch is bisected so that every hook that can succeed
 // does, and each failing call is scheduled for a retry. The completion
 // commits either way. retrying says the calls come from the retry queue
-// (successes must then be marked done).
-func (m *Manager) runHooks(ctx context.Context, tx pgx.Tx, calls []hookCall, retrying bool) error {
+// (successes must then be marked done); open says the savepoint was just
+// set.
+func (m *Manager) runHooks(ctx context.Context, tx pgx.Tx, calls []hookCall, retrying, open bool) error {
 	if len(calls) == 0 {
 		return nil
 	}
 	failed := map[uuid.UUID]error{}
-	if err := m.hookBatch(ctx, tx, calls, failed); err != nil {
+	if err := m.hookBatch(ctx, tx, calls, failed, open); err != nil {
 		return err
 	}
 	var okIDs, badIDs []uuid.UUID
@@ -180,45 +231,54 @@ func hookResult(failed bool) string {
 	return "ok"
 }
 
-// hookBatch runs calls in one savepoint; on a failure it rolls back and
-// retries the calls before the failing one together, the failing one alone,
-// and the rest recursively. Only database errors end it early.
-func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, failed map[uuid.UUID]error) error {
+// hookBatch runs calls under one savepoint (set now unless open); on a
+// failure it rolls back to it and retries the calls before the failing one
+// together, the failing one alone, and the rest recursively. Only database
+// errors end it early. A successful batch needs no RELEASE: the commit
+// keeps its work.
+func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, failed map[uuid.UUID]error, open bool) error {
 	if len(calls) == 0 {
 		return nil
 	}
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("hook savepoint: %w", err)
+	if !open {
+		if _, err := tx.Exec(ctx, sqlSavepoint); err != nil {
+			return fmt.Errorf("hook savepoint: %w", err)
+		}
 	}
+	htx := hookTx{Tx: tx}
 	bad, herr := -1, error(nil)
 	for i, c := range calls {
-		if herr = m.callHook(ctx, sp, c); herr != nil {
+		if herr = m.callHook(ctx, htx, c); herr != nil {
 			bad = i
 			break
 		}
 	}
 	if bad < 0 {
-		if err := sp.Commit(ctx); err != nil {
-			return fmt.Errorf("hook savepoint release: %w", err)
-		}
 		return nil
 	}
-	if err := sp.Rollback(ctx); err != nil {
+	if _, err := tx.Exec(ctx, sqlRollbackSavepoint); err != nil {
 		return fmt.Errorf("hook savepoint rollback: %w", err)
 	}
 	if len(calls) == 1 {
 		failed[calls[0].c.WorkID] = herr
 		return nil
 	}
-	if err := m.hookBatch(ctx, tx, calls[:bad], failed); err != nil {
+	if err := m.hookBatch(ctx, tx, calls[:bad], failed, true); err != nil {
 		return err
 	}
-	if err := m.hookBatch(ctx, tx, calls[bad:bad+1], failed); err != nil {
+	if err := m.hookBatch(ctx, tx, calls[bad:bad+1], failed, false); err != nil {
 		return err
 	}
-	return m.hookBatch(ctx, tx, calls[bad+1:], failed)
+	return m.hookBatch(ctx, tx, calls[bad+1:], failed, false)
 }
+
+// hookTx is the transaction a hook sees: everything but ending it.
+type hookTx struct{ pgx.Tx }
+
+var errHookEndsTx = errors.New("an onComplete hook must not commit or roll back the completing transaction; return an error instead")
+
+func (hookTx) Commit(context.Context) error   { return errHookEndsTx }
+func (hookTx) Rollback(context.Context) error { return errHookEndsTx }
 
 // callHook runs one hook, turning a panic into an error.
 func (m *Manager) callHook(ctx context.Context, tx pgx.Tx, c hookCall) (err error) {

@@ -63,6 +63,7 @@ type runningJob struct {
 	id       uuid.UUID
 	pool     string
 	attempt  int
+	hook     bool
 	cancel   context.CancelCauseFunc
 	canceled atomic.Bool // the work was canceled
 	finished atomic.Bool // a result was handed to the reporter
@@ -135,10 +136,13 @@ func (e *executor) claimOnce() (n, limit int, err error) {
 	if limit <= 0 || len(names) == 0 {
 		return 0, limit, nil
 	}
+	t0 := time.Now()
 	jobs, err := e.claim(names, limit)
 	if err != nil {
 		return 0, limit, err
 	}
+	e.m.metrics.claimSeconds.Observe(time.Since(t0).Seconds())
+	e.m.metrics.claimBatch.Observe(float64(len(jobs)))
 	for _, j := range jobs {
 		e.launch(j)
 	}
@@ -149,6 +153,7 @@ type claimedJob struct {
 	Job
 	timeout  time.Duration
 	canceled bool
+	hook     bool // the work has an onComplete hook
 }
 
 // claim takes started work with SKIP LOCKED. The claim commits without
@@ -158,7 +163,11 @@ func (e *executor) claim(handlers []string, limit int) ([]claimedJob, error) {
 	b := &pgx.Batch{}
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
 	b.Queue(sqlClaim, e.id, e.m.now(), handlers, int32(limit))
-	br := e.m.db.SendBatch(e.claimCtx, b)
+	// Not canceled by Stop: a claim that committed must be read and run
+	// (Stop then drains it), not left claimed and unrun until recovery.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.claimCtx), statementTimeout)
+	defer cancel()
+	br := e.m.db.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("claiming work: %w", err)
@@ -173,7 +182,7 @@ func (e *executor) claim(handlers []string, limit int) ([]claimedJob, error) {
 			attempts  int32
 			timeoutMS int32
 		)
-		err := r.Scan(&j.ID, &j.OrgID, &j.Pool, &j.Handler, &j.Args, &attempts, &timeoutMS, &j.canceled)
+		err := r.Scan(&j.ID, &j.OrgID, &j.Pool, &j.Handler, &j.Args, &attempts, &timeoutMS, &j.canceled, &j.hook)
 		j.Attempt = int(attempts) + 1
 		j.timeout = time.Duration(timeoutMS) * time.Millisecond
 		return j, err
@@ -187,10 +196,32 @@ func (e *executor) claim(handlers []string, limit int) ([]claimedJob, error) {
 	return jobs, nil
 }
 
+// handoff says what the loop may claim for this executor while it starts
+// work: the handlers registered here, the free capacity, and the share of
+// each start (1/replicas with live executors, so that every replica's
+// executor gets work).
+func (e *executor) handoff() (handlers []string, free int, share float64) {
+	if e.claimCtx.Err() != nil || !e.started.Load() || e.crashed.Load() {
+		return nil, 0, 0
+	}
+	e.mu.Lock()
+	free = max(e.m.cfg.MaxWorkers-e.active, 0)
+	e.mu.Unlock()
+	return e.m.handlerNames(), free, 1 / float64(1+e.m.livePeers())
+}
+
+// adopt runs attempts the loop claimed for this executor.
+func (e *executor) adopt(jobs []claimedJob) {
+	e.m.metrics.claimBatch.Observe(float64(len(jobs)))
+	for _, j := range jobs {
+		e.launch(j)
+	}
+}
+
 // launch runs one attempt in its own goroutine.
 func (e *executor) launch(j claimedJob) {
 	ctx, cancel := context.WithCancelCause(e.handlerCtx)
-	rj := &runningJob{id: j.ID, pool: j.Pool, attempt: j.Attempt, cancel: cancel}
+	rj := &runningJob{id: j.ID, pool: j.Pool, attempt: j.Attempt, hook: j.hook, cancel: cancel}
 	e.mu.Lock()
 	e.jobs[j.ID] = rj
 	e.active++
@@ -262,7 +293,7 @@ func (e *executor) finish(rj *runningJob, r attemptResult) {
 		return
 	}
 	defer e.handlerWG.Done()
-	r.id, r.pool, r.attempt = rj.id, rj.pool, rj.attempt
+	r.id, r.pool, r.attempt, r.hook = rj.id, rj.pool, rj.attempt, rj.hook
 	e.mu.Lock()
 	e.active--
 	kick := e.backlog
@@ -305,6 +336,7 @@ func (e *executor) cancelJobs(ids []uuid.UUID) {
 func (e *executor) heartbeatLoop() {
 	t := time.NewTicker(e.m.cfg.HeartbeatInterval)
 	defer t.Stop()
+	e.announce()
 	for {
 		select {
 		case <-e.bgCtx.Done():
@@ -314,9 +346,18 @@ func (e *executor) heartbeatLoop() {
 		if e.crashed.Load() {
 			continue
 		}
+		e.announce()
 		if err := e.heartbeat(); err != nil && e.bgCtx.Err() == nil {
 			e.m.logger.Warn("heartbeat failed", "error", err.Error())
 		}
+	}
+}
+
+// announce tells the other replicas' loops that this executor is alive, so
+// that they share the work they start with it.
+func (e *executor) announce() {
+	if _, err := e.m.db.Exec(e.bgCtx, sqlNotify, "h:@"+e.m.origin); err != nil && e.bgCtx.Err() == nil {
+		e.m.logger.Warn("announcing the executor failed", "error", err.Error())
 	}
 }
 
@@ -435,18 +476,23 @@ func (e *executor) idleChan() <-chan struct{} {
 	return e.idle
 }
 
+// maxInflightReports bounds concurrent report transactions: with several
+// in flight, their commits share WAL flushes and a batch never waits for
+// another's round trips.
+const maxInflightReports = 2
+
 // reporter batches attempt results: a flush starts as soon as there is
-// something to report and none is in flight, so batches grow with load
+// something to report and a flush slot is free, so batches grow with load
 // while a lone result is reported at once.
 type reporter struct {
 	e        *executor
 	mu       sync.Mutex
 	pending  []attemptResult
+	closeErr error
 	wake     chan struct{}
 	closing  chan struct{}
 	closed   chan struct{}
 	flushCtx context.Context
-	closeErr error
 }
 
 func newReporter(e *executor) *reporter {
@@ -476,27 +522,55 @@ func (r *reporter) take() []attemptResult {
 }
 
 func (r *reporter) run() {
+	sem := make(chan struct{}, maxInflightReports)
+	var wg sync.WaitGroup
 	defer close(r.closed)
+	defer wg.Wait()
+	// flushAll takes a flush slot before taking a batch, so results that
+	// arrive while every slot is busy form the next, larger batch.
+	flushAll := func(ctx context.Context) {
+		for {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			batch := r.take()
+			if len(batch) == 0 {
+				<-sem
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				if err := r.flush(ctx, batch); err != nil {
+					r.mu.Lock()
+					r.closeErr = cmpErr(r.closeErr, err)
+					r.mu.Unlock()
+				}
+			}()
+		}
+	}
 	for {
 		select {
 		case <-r.e.bgCtx.Done(): // only after close, or a simulated crash
 			return
 		case <-r.wake:
+			flushAll(r.e.bgCtx)
 		case <-r.closing:
-			for batch := r.take(); len(batch) > 0; batch = r.take() {
-				if err := r.flush(r.flushCtx, batch); err != nil {
-					r.closeErr = err
-					return
-				}
-			}
+			wg.Wait()
+			flushAll(r.flushCtx)
 			return
 		}
-		for batch := r.take(); len(batch) > 0; batch = r.take() {
-			if err := r.flush(r.e.bgCtx, batch); err != nil {
-				return
-			}
-		}
 	}
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
 }
 
 // close flushes what is left (bounded by ctx) and stops the reporter.
@@ -505,6 +579,8 @@ func (r *reporter) close(ctx context.Context) error {
 	close(r.closing)
 	select {
 	case <-r.closed:
+		r.mu.Lock()
+		defer r.mu.Unlock()
 		return r.closeErr
 	case <-ctx.Done():
 		return fmt.Errorf("reporting results at stop: %w", ctx.Err())
@@ -512,18 +588,17 @@ func (r *reporter) close(ctx context.Context) error {
 }
 
 // flush commits a batch, retrying until it lands (the statement ignores
-// anything already recorded, so a retry after an unknown outcome is safe).
+// anything already recorded, so a retry after an unknown outcome is safe),
+// then wakes the loops.
 func (r *reporter) flush(ctx context.Context, batch []attemptResult) error {
 	e := r.e
+	t0 := time.Now()
 	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
 	for {
 		if e.crashed.Load() {
 			return nil
 		}
-		err := pgx.BeginFunc(ctx, e.m.db, func(tx pgx.Tx) error {
-			_, err := e.m.completeTx(ctx, tx, batch)
-			return err
-		})
+		err := r.commit(ctx, batch)
 		if err == nil {
 			break
 		}
@@ -535,15 +610,30 @@ func (r *reporter) flush(ctx context.Context, batch []attemptResult) error {
 			return ctx.Err()
 		}
 	}
+	e.m.metrics.reportSeconds.Observe(time.Since(t0).Seconds())
+	e.m.metrics.reportBatch.Observe(float64(len(batch)))
 	e.reported(batch)
 	pools := map[string]bool{}
 	for _, res := range batch {
-		if !pools[res.pool] {
-			pools[res.pool] = true
-			e.m.kickLoop(res.pool, false)
+		pools[res.pool] = true
+	}
+	e.m.wakeLoops(ctx, pools)
+	return nil
+}
+
+// commit records a batch: in one implicit transaction (one round trip)
+// when no item has a hook, else in a transaction that runs the hooks.
+func (r *reporter) commit(ctx context.Context, batch []attemptResult) error {
+	m := r.e.m
+	for _, res := range batch {
+		if res.hook {
+			return pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
+				_, err := m.completeTx(ctx, tx, batch)
+				return err
+			})
 		}
 	}
-	return nil
+	return m.completeNoHooks(ctx, batch)
 }
 
 // backoff doubles a wait up to a cap.

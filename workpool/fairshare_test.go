@@ -15,7 +15,7 @@ func withKey(key string, limit int) workOpt {
 // runningByOrg counts started work per org.
 func (h *harness) runningByOrg() map[string]int {
 	h.t.Helper()
-	rows, err := h.db.Query(h.ctx, `SELECT org_id, count(*) FROM workpool_work WHERE state IN ('started', 'running') GROUP BY org_id`)
+	rows, err := h.db.Query(h.ctx, `SELECT org_id, count(*) FROM workpool_work WHERE state = 'running' GROUP BY org_id`)
 	require.NoError(h.t, err)
 	defer rows.Close()
 	out := map[string]int{}

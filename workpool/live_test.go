@@ -18,7 +18,7 @@ import (
 func liveConfig(t *testing.T, cfg Config) Config {
 	cfg.Logger = cmp.Or(cfg.Logger, testkit.Logger(t))
 	cfg.Cooldown = cmp.Or(cfg.Cooldown, 50*time.Millisecond)
-	cfg.LeaderRetry = cmp.Or(cfg.LeaderRetry, 50*time.Millisecond)
+	cfg.LeaderRetry = cmp.Or(cfg.LeaderRetry, 200*time.Millisecond)
 	cfg.RecoveryPeriod = cmp.Or(cfg.RecoveryPeriod, 300*time.Millisecond)
 	cfg.HeartbeatTimeout = cmp.Or(cfg.HeartbeatTimeout, 2*time.Second)
 	cfg.HookRetryBackoff = cmp.Or(cfg.HookRetryBackoff, 50*time.Millisecond)
@@ -76,7 +76,7 @@ func slotsInUse(t *testing.T, db *pgxpool.Pool, pool string) int {
 	t.Helper()
 	var n int
 	require.NoError(t, db.QueryRow(context.Background(), `
-		SELECT (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state IN ('started', 'running'))
+		SELECT (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running')
 		     + (SELECT count(*) FROM workpool_completions WHERE pool = $1)`, pool).Scan(&n))
 	return n
 }

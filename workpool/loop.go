@@ -2,6 +2,7 @@ package workpool
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -23,6 +24,9 @@ const (
 	cancelationBatch = 100
 	// purgeBatch bounds one retention purge statement.
 	purgeBatch = 1000
+	// statementTimeout bounds statements whose results must be read even
+	// when the caller gives up (claims).
+	statementTimeout = 30 * time.Second
 	// notifyChunk keeps a cancel notification's id list under Postgres's
 	// 8000-byte payload limit.
 	notifyChunk = 7000
@@ -176,17 +180,108 @@ type iteration struct {
 	maxPar   int
 	perOrg   *int32
 	needSync bool // it finished work or ran hooks: commit durably
+	plain    bool // one org, no keys, no cap: start without fair share
 	cancels  []uuid.UUID
 	started  int
 }
 
-// iterate runs one iteration in one transaction: completions, then
-// cancelations, then recovery and hook retries, then starts; when it found
-// nothing to do it publishes the run status and says when to wake.
+// iterate runs one iteration: the one-statement fast path when nothing
+// but freeing slots and starting one org's plain work is due, else (or
+// when the fast path left something) the full iteration.
 func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 	t0 := time.Now()
 	l.iterations.Add(1)
 	defer func() { l.m.metrics.iteration.WithLabelValues(l.pool).Observe(time.Since(t0).Seconds()) }()
+	now := l.m.now()
+	recoveryDue := now.Sub(l.lastRecovery) >= l.m.cfg.RecoveryPeriod
+	hooksDue := !l.nextHookAt.IsZero() && !now.Before(l.nextHookAt)
+	if !recoveryDue && !hooksDue {
+		fast, done, err := l.iterateFast(ctx, now)
+		if err != nil || done {
+			return fast, err
+		}
+		res, err := l.iterateFull(ctx)
+		res.didWork = res.didWork || fast.didWork
+		return res, err
+	}
+	return l.iterateFull(ctx)
+}
+
+// iterateFast runs sqlIterateFast. done is false when the full iteration
+// must follow: it found a retry or cancelation to process, ready work that
+// needs fair share, or nothing at all (the full iteration then publishes
+// the run status).
+func (l *loop) iterateFast(ctx context.Context, now time.Time) (res iterResult, done bool, err error) {
+	var (
+		fenced, plain, retries, cancels bool
+		succeeded, failed, canceled     int64
+		notified                        int64
+		lags                            []float64
+		ids                             []uuid.UUID
+		orgs, handlers, args            []string
+		attempts, timeouts              []int32
+		hooks                           []bool
+	)
+	e := l.m.exec
+	names, free, share := e.handoff()
+	b := &pgx.Batch{}
+	// Losing this commit in a crash loses only starts (made again) and
+	// slot releases (their completions come back): nothing promised.
+	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
+	b.Queue(sqlIterateFast, l.pool, l.gen, now, completionBatch, "s:"+l.pool+"@"+l.m.origin,
+		names, int32(free), share, e.id).QueryRow(func(r pgx.Row) error {
+		return r.Scan(&fenced, &plain, &succeeded, &failed, &canceled, &lags, &retries, &cancels, &notified,
+			&ids, &orgs, &handlers, &args, &attempts, &timeouts, &hooks)
+	})
+	// Not canceled with the leadership: once sent, the statement's result
+	// must be read, or the work it handed to this executor would sit claimed
+	// and unrun until recovery. (A stale statement writes nothing anyway.)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+	defer cancel()
+	if err := l.m.db.SendBatch(sctx, b).Close(); err != nil {
+		return iterResult{}, false, fmt.Errorf("fast iteration: %w", err)
+	}
+	if !fenced {
+		return iterResult{}, false, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
+	}
+	l.gen++
+	if len(ids) > 0 {
+		jobs := make([]claimedJob, len(ids))
+		for i := range ids {
+			jobs[i] = claimedJob{Job: Job{ID: ids[i], OrgID: orgs[i], Pool: l.pool, Handler: handlers[i],
+				Args: json.RawMessage(args[i]), Attempt: int(attempts[i]) + 1},
+				timeout: time.Duration(timeouts[i]) * time.Millisecond, hook: hooks[i]}
+		}
+		e.adopt(jobs)
+	}
+	met := l.m.metrics
+	completed := succeeded + failed + canceled
+	l.report.add(completed, succeeded, failed, 0, canceled)
+	met.succeeded.WithLabelValues(l.pool).Add(float64(succeeded))
+	met.failed.WithLabelValues(l.pool).Add(float64(failed))
+	met.canceled.WithLabelValues(l.pool).Add(float64(canceled))
+	if len(lags) > 0 {
+		met.started.WithLabelValues(l.pool).Add(float64(len(lags)))
+		lag := met.startLag.WithLabelValues(l.pool)
+		for _, s := range lags {
+			lag.Observe(max(s, 0))
+		}
+		if len(lags) > len(ids) {
+			e.kick() // work for any executor, this one included
+		}
+	}
+	didWork := completed > 0 || len(lags) > 0
+	if didWork {
+		l.lastActivity = now
+		l.saturated.Store(false)
+	}
+	return iterResult{didWork: didWork, status: RunStatus{Kind: "running"}}, didWork && plain && !retries && !cancels, nil
+}
+
+// iterateFull runs one iteration in one transaction: completions, then
+// cancelations, then recovery and hook retries, then starts; when it found
+// nothing to do it publishes the run status and says when to wake.
+func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	tx, err := l.m.db.Begin(ctx)
 	if err != nil {
 		return iterResult{}, fmt.Errorf("begin iteration: %w", err)
@@ -247,6 +342,7 @@ func (it *iteration) open(ctx context.Context) ([]pendingCompletion, []uuid.UUID
 	b.Queue(sqlBump, l.pool, l.gen, it.now)
 	b.Queue(sqlTakeCompletions, l.pool, completionBatch)
 	b.Queue(sqlTakeCancelations, l.pool, cancelationBatch)
+	b.Queue(sqlCensus, l.pool, it.now)
 	br := it.tx.SendBatch(ctx, b)
 	defer br.Close()
 	var maxPar int32
@@ -276,6 +372,14 @@ func (it *iteration) open(ctx context.Context) ([]pendingCompletion, []uuid.UUID
 	if err != nil {
 		return nil, nil, fmt.Errorf("taking cancelations: %w", err)
 	}
+	var orgs int
+	var keyed bool
+	if err := br.QueryRow().Scan(&orgs, &keyed); err != nil {
+		return nil, nil, fmt.Errorf("counting orgs with ready work: %w", err)
+	}
+	// Fair share has nothing to share with one org, no keys and no cap:
+	// the plain start is then the same choice, at a fraction of the cost.
+	it.plain = orgs <= 1 && !keyed && it.perOrg == nil
 	return completions, cancels, nil
 }
 
@@ -355,7 +459,7 @@ func (it *iteration) finishCanceled(ctx context.Context, ids []uuid.UUID) (int64
 		return 0, nil
 	}
 	it.needSync = true
-	if err := it.l.m.runHooks(ctx, it.tx, hookCalls(done), false); err != nil {
+	if err := it.l.m.runHooks(ctx, it.tx, hookCalls(done), false, false); err != nil {
 		return 0, err
 	}
 	return int64(len(done)), nil
@@ -389,7 +493,7 @@ func (it *iteration) cancelations(ctx context.Context, ids []uuid.UUID) error {
 		switch m.state {
 		case "pending", "retrying":
 			idle = append(idle, m.id)
-		case "started", "running":
+		case "running":
 			running = append(running, m.id)
 		}
 	}
@@ -470,15 +574,15 @@ func (it *iteration) stale(ctx context.Context) ([]attemptResult, error) {
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (attemptResult, error) {
 		var (
-			id       uuid.UUID
-			attempts int32
-			state    string
+			id        uuid.UUID
+			attempts  int32
+			unclaimed bool
 		)
-		if err := r.Scan(&id, &attempts, &state); err != nil {
+		if err := r.Scan(&id, &attempts, &unclaimed); err != nil {
 			return attemptResult{}, err
 		}
 		msg := "the executor running this attempt stopped heartbeating"
-		if state == "started" {
+		if unclaimed {
 			msg = "no executor claimed this attempt in time"
 		}
 		return attemptResult{id: id, pool: it.l.pool, attempt: int(attempts) + 1, err: msg, retryable: true}, nil
@@ -516,7 +620,7 @@ func (it *iteration) retryHooks(ctx context.Context) (int, error) {
 	}
 	it.needSync = true
 	it.l.m.metrics.hookRetries.WithLabelValues(it.l.pool).Add(float64(len(calls)))
-	if err := it.l.m.runHooks(ctx, it.tx, calls, true); err != nil {
+	if err := it.l.m.runHooks(ctx, it.tx, calls, true, false); err != nil {
 		return 0, err
 	}
 	return len(calls), nil
@@ -525,7 +629,15 @@ func (it *iteration) retryHooks(ctx context.Context) (int, error) {
 // start fills free slots with ready work and tells the executors.
 func (it *iteration) start(ctx context.Context) error {
 	l := it.l
-	rows, err := it.tx.Query(ctx, sqlStart, l.pool, int32(it.maxPar), it.now, it.perOrg)
+	var (
+		rows pgx.Rows
+		err  error
+	)
+	if it.plain {
+		rows, err = it.tx.Query(ctx, sqlStartPlain, l.pool, int32(it.maxPar), it.now)
+	} else {
+		rows, err = it.tx.Query(ctx, sqlStart, l.pool, int32(it.maxPar), it.now, it.perOrg)
+	}
 	if err != nil {
 		return fmt.Errorf("starting work: %w", err)
 	}

@@ -17,6 +17,9 @@ type metrics struct {
 	hookRetries                                   *prometheus.CounterVec
 	iteration                                     *prometheus.HistogramVec
 	startLag                                      *prometheus.HistogramVec
+	// Executor-side batching (this replica, all pools).
+	claimBatch, reportBatch     prometheus.Histogram
+	claimSeconds, reportSeconds prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
@@ -39,11 +42,22 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 			Help:    "Delay from a work item's run_at to its start.",
 			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 60, 300}}, []string{"pool"}),
 	}
+	sizes := []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000}
+	durations := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}
+	mt.claimBatch = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "reveille_workpool_claim_batch_size",
+		Help: "Attempts claimed by one claim statement.", Buckets: sizes})
+	mt.reportBatch = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "reveille_workpool_report_batch_size",
+		Help: "Attempt results committed by one report transaction.", Buckets: sizes})
+	mt.claimSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "reveille_workpool_claim_seconds",
+		Help: "Duration of one claim.", Buckets: durations})
+	mt.reportSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "reveille_workpool_report_seconds",
+		Help: "Duration of one report transaction (hooks included).", Buckets: durations})
 	if reg == nil {
 		return mt, nil
 	}
 	for _, c := range []prometheus.Collector{mt.started, mt.succeeded, mt.failed, mt.retried, mt.canceled,
-		mt.hookCalls, mt.hookRetries, mt.iteration, mt.startLag, &depthCollector{m: m}} {
+		mt.hookCalls, mt.hookRetries, mt.iteration, mt.startLag, mt.claimBatch, mt.reportBatch, mt.claimSeconds,
+		mt.reportSeconds, &depthCollector{m: m}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("workpool metrics: %w", err)
 		}
@@ -66,7 +80,7 @@ SELECT p.name,
   (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'pending' AND w.concurrency_key IS NULL)
   + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'pending' AND w.concurrency_key IS NOT NULL)
   + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'retrying'),
-  (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state IN ('started', 'running'))
+  (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'running')
   + (SELECT count(*) FROM workpool_completions c WHERE c.pool = p.name),
   least(
     (SELECT min(run_at) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'pending' AND w.concurrency_key IS NULL),

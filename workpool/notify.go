@@ -82,6 +82,8 @@ func (l *listener) dispatch(payload string) {
 		return
 	}
 	switch kind {
+	case "h":
+		l.m.sawPeer(origin)
 	case "e":
 		l.m.kickLoop(rest, true)
 	case "k":

@@ -25,7 +25,7 @@ const sqlListPoolNames = `SELECT name FROM workpool_pools ORDER BY name`
 // sqlPoolInfo reads a pool and the caller's org's counts in it.
 const sqlPoolInfo = `
 SELECT p.name, p.max_parallelism, p.max_parallelism_per_org, p.run_kind, p.run_saturated, p.run_at,
-  (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state IN ('started', 'running')),
+  (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'running'),
   (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NULL)
   + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL)
   + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'retrying'),
@@ -98,7 +98,7 @@ WITH w AS (
   UNION ALL
   SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND created_at < $3
   UNION ALL
-  SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state IN ('started', 'running') AND created_at < $3
+  SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state = 'running' AND created_at < $3
   UNION ALL
   SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state = 'retrying' AND created_at < $3
 ), ins AS (
@@ -139,7 +139,7 @@ WITH c AS (
     claimed_by = NULL,
     heartbeat_at = NULL
   FROM c
-  WHERE w.id = c.id AND w.state IN ('started', 'running') AND w.attempts = c.attempt - 1
+  WHERE w.id = c.id AND w.state = 'running' AND w.attempts = c.attempt - 1
   RETURNING w.id, w.org_id, w.pool, w.handler, w.state, w.outcome, w.result, w.error, w.attempts,
     w.on_complete_hook, w.on_complete_context
 ), pc AS (
@@ -161,17 +161,19 @@ UPDATE workpool_work SET hook_state = 'done', hook_error = NULL, hook_next_at = 
 
 // --- executors --------------------------------------------------------------------
 
+// sqlClaim takes running work no executor holds yet. It changes no indexed
+// column, so the update stays on its heap page (HOT) and costs no index
+// writes; the newest starts are scanned first because they are the ones
+// not yet claimed.
 const sqlClaim = `
-UPDATE workpool_work w SET state = 'running', claimed_by = $1, heartbeat_at = $2
-FROM (
+UPDATE workpool_work w SET claimed_by = $1, heartbeat_at = $2
+WHERE w.id = ANY(ARRAY(
   SELECT id FROM workpool_work
-  WHERE state = 'started' AND handler = ANY($3)
-  ORDER BY started_at
+  WHERE state = 'running' AND claimed_by IS NULL AND handler = ANY($3)
+  ORDER BY started_at DESC
   LIMIT $4
-  FOR UPDATE SKIP LOCKED
-) c
-WHERE w.id = c.id
-RETURNING w.id, w.org_id, w.pool, w.handler, w.args, w.attempts, w.timeout_ms, w.canceled`
+  FOR UPDATE SKIP LOCKED))
+RETURNING w.id, w.org_id, w.pool, w.handler, w.args, w.attempts, w.timeout_ms, w.canceled, w.on_complete_hook IS NOT NULL`
 
 const sqlHeartbeat = `
 UPDATE workpool_work SET heartbeat_at = $3
@@ -229,8 +231,8 @@ RETURNING id, org_id, pool, handler, state, outcome, result, error, attempts, on
 // sqlStale finds attempts whose executor stopped heartbeating (or that no
 // executor claimed) in time.
 const sqlStale = `
-SELECT id, attempts, state FROM workpool_work
-WHERE pool = $1 AND state IN ('started', 'running') AND coalesce(heartbeat_at, started_at) < $2
+SELECT id, attempts, claimed_by IS NULL FROM workpool_work
+WHERE pool = $1 AND state = 'running' AND coalesce(heartbeat_at, started_at) < $2
 ORDER BY started_at
 LIMIT 1000
 FOR UPDATE SKIP LOCKED`
@@ -252,7 +254,7 @@ const sqlStart = `
 WITH RECURSIVE
 free AS (
   SELECT greatest($2::int
-    - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state IN ('started', 'running'))
+    - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running')
     - (SELECT count(*) FROM workpool_completions WHERE pool = $1), 0)::int AS n
 ),
 orgs(org_id) AS (
@@ -282,7 +284,7 @@ cand AS (
   FROM orgs o CROSS JOIN free f CROSS JOIN LATERAL (
     SELECT w.id, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $3
-    ORDER BY w.run_at LIMIT f.n) c
+    ORDER BY w.run_at LIMIT $2) c
   WHERE o.org_id IS NOT NULL AND f.n > 0
   UNION ALL
   SELECT c.id, k.org_id, c.run_at
@@ -290,15 +292,15 @@ cand AS (
     SELECT w.id, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = k.org_id AND w.concurrency_key = k.ckey AND w.state = 'pending' AND w.run_at <= $3
     ORDER BY w.run_at
-    LIMIT least(f.n, greatest(coalesce(k.klimit, 1) - (
+    LIMIT least($2, greatest(coalesce(k.klimit, 1) - (
       SELECT count(*) FROM workpool_work a
-      WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state IN ('started', 'running') AND a.concurrency_key = k.ckey), 0))) c
+      WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state = 'running' AND a.concurrency_key = k.ckey), 0))) c
   WHERE f.n > 0
 ),
 room AS (
   SELECT d.org_id, coalesce(wt.weight, 1) AS weight,
     CASE WHEN $4::int IS NULL THEN 2147483647
-         ELSE $4::int - (SELECT count(*) FROM workpool_work a WHERE a.pool = $1 AND a.org_id = d.org_id AND a.state IN ('started', 'running'))
+         ELSE $4::int - (SELECT count(*) FROM workpool_work a WHERE a.pool = $1 AND a.org_id = d.org_id AND a.state = 'running')
                       - (SELECT count(*) FROM workpool_completions p WHERE p.pool = $1 AND p.org_id = d.org_id) END AS room
   FROM (SELECT DISTINCT org_id FROM cand) d
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
@@ -314,9 +316,127 @@ pick AS (
     AND w.state = 'pending'
   FOR UPDATE SKIP LOCKED
 )
-UPDATE workpool_work w SET state = 'started', started_at = $3, claimed_by = NULL, heartbeat_at = NULL
-FROM pick WHERE w.id = pick.id
+UPDATE workpool_work w SET state = 'running', started_at = $3, claimed_by = NULL, heartbeat_at = NULL
+WHERE w.id = ANY(ARRAY(SELECT id FROM pick))
 RETURNING w.id, w.run_at`
+
+// sqlStartPlain is sqlStart for the common case the census found: one org
+// with ready work, no keyed work and no per-org cap. It takes the free
+// slots in the same snapshot as the start, in run_at order.
+const sqlStartPlain = `
+WITH free AS (
+  SELECT greatest($2::int
+    - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running')
+    - (SELECT count(*) FROM workpool_completions WHERE pool = $1), 0)::int AS n
+), pick AS (
+  SELECT id FROM workpool_work
+  WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $3
+  ORDER BY org_id, run_at
+  LIMIT (SELECT n FROM free)
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE workpool_work w SET state = 'running', started_at = $3, claimed_by = NULL, heartbeat_at = NULL
+WHERE w.id = ANY(ARRAY(SELECT id FROM pick))
+RETURNING w.id, w.run_at`
+
+// sqlIterateFast is a whole iteration in one statement for the common
+// case: no retry to schedule, no cancelation, and ready work of one org
+// only, without keys or a per-org cap. It fences itself like any iteration
+// (every write depends on the bump), frees the slots of finished attempts,
+// fills them from the one org's ready work in run_at order (the free count
+// taken in the statement's snapshot, corrected for the completions it
+// deletes), hands this replica's executor its share of the started work
+// (claimed in the same statement: the rest waits for the executors of other
+// replicas), and wakes the executors. What it cannot handle it leaves and
+// reports: the loop then runs the full iteration. $1 pool, $2 generation,
+// $3 now, $4 completion batch, $5 notification payload, $6 handlers
+// registered here, $7 free local capacity, $8 local share (1/replicas),
+// $9 local executor id.
+const sqlIterateFast = `
+WITH bump AS (
+  UPDATE workpool_pools SET generation = generation + 1, run_kind = 'running', run_saturated = false, run_at = NULL, updated_at = $3
+  WHERE name = $1 AND generation = $2
+  RETURNING max_parallelism, max_parallelism_per_org
+), census AS (
+  SELECT (SELECT org_id FROM workpool_work
+          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $3
+          ORDER BY org_id LIMIT 1) AS org
+), plain AS (
+  SELECT EXISTS (SELECT 1 FROM bump WHERE max_parallelism_per_org IS NULL)
+    -- (ordered probes: a generic plan would rather seq-scan for "any row")
+    AND (SELECT w.org_id FROM workpool_work w
+         WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $3
+           AND w.org_id > (SELECT org FROM census)
+         ORDER BY w.org_id LIMIT 1) IS NULL
+    AND (SELECT org_id FROM workpool_work
+         WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $3
+         ORDER BY org_id LIMIT 1) IS NULL
+    -- cancelations go first: never start what is about to be canceled
+    AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1) AS ok
+), del AS (
+  DELETE FROM workpool_completions c
+  USING (SELECT pool, id FROM workpool_completions WHERE pool = $1 AND NOT retry ORDER BY id LIMIT $4) d
+  WHERE c.pool = d.pool AND c.id = d.id AND EXISTS (SELECT 1 FROM bump)
+  RETURNING c.outcome
+), free AS (
+  SELECT CASE WHEN (SELECT ok FROM plain) THEN greatest(coalesce((SELECT max_parallelism FROM bump), 0)
+      - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running')
+      - (SELECT count(*) FROM workpool_completions WHERE pool = $1)
+      + (SELECT count(*) FROM del), 0)
+    ELSE 0 END::int AS n
+), pick AS (
+  SELECT id, handler FROM workpool_work
+  WHERE pool = $1 AND org_id = (SELECT org FROM census) AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $3
+  ORDER BY run_at
+  LIMIT (SELECT n FROM free)
+  FOR UPDATE SKIP LOCKED
+), mine AS (
+  -- this replica's executor's share, claimed here rather than by a claim
+  SELECT id FROM (SELECT id, row_number() OVER () AS rn FROM pick WHERE handler = ANY($6)) p
+  WHERE rn <= least($7::int, ceil((SELECT count(*) FROM pick) * $8::float8))
+), started AS (
+  UPDATE workpool_work w SET state = 'running', started_at = $3,
+    claimed_by = CASE WHEN w.id = ANY(ARRAY(SELECT id FROM mine)) THEN $9::uuid END,
+    heartbeat_at = CASE WHEN w.id = ANY(ARRAY(SELECT id FROM mine)) THEN $3 END
+  WHERE w.id = ANY(ARRAY(SELECT id FROM pick))
+  RETURNING w.id, w.org_id, w.handler, w.args, w.attempts, w.timeout_ms, w.on_complete_hook IS NOT NULL AS hook,
+    w.run_at, w.claimed_by IS NOT NULL AS mine
+)
+SELECT
+  EXISTS (SELECT 1 FROM bump),
+  (SELECT ok FROM plain),
+  (SELECT count(*) FROM del WHERE outcome = 'succeeded'),
+  (SELECT count(*) FROM del WHERE outcome = 'failed'),
+  (SELECT count(*) FROM del WHERE outcome = 'canceled'),
+  coalesce((SELECT array_agg(extract(epoch FROM $3::timestamptz - run_at)::float8) FROM started), '{}'),
+  EXISTS (SELECT 1 FROM workpool_completions WHERE pool = $1 AND retry),
+  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),
+  (SELECT count(*) FROM (SELECT pg_notify('` + notifyChannel + `', $5) FROM started WHERE NOT mine LIMIT 1) n),
+  coalesce((SELECT array_agg(id) FROM started WHERE mine), '{}'),
+  coalesce((SELECT array_agg(org_id) FROM started WHERE mine), '{}'),
+  coalesce((SELECT array_agg(handler) FROM started WHERE mine), '{}'),
+  coalesce((SELECT array_agg(args::text) FROM started WHERE mine), '{}'),
+  coalesce((SELECT array_agg(attempts) FROM started WHERE mine), '{}'),
+  coalesce((SELECT array_agg(timeout_ms) FROM started WHERE mine), '{}'),
+  coalesce((SELECT array_agg(hook) FROM started WHERE mine), '{}')`
+
+// sqlCensus tells an iteration whether fair share has anything to share:
+// how many orgs (up to 2) have ready plain work, and whether keyed work is
+// ready. Index probes only.
+const sqlCensus = `
+WITH first AS (
+  SELECT org_id FROM workpool_work
+  WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
+  ORDER BY org_id LIMIT 1
+)
+SELECT
+  (SELECT count(*) FROM first)
+    + (SELECT count(*) FROM (SELECT w.org_id FROM workpool_work w
+         WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $2
+           AND w.org_id > (SELECT org_id FROM first)
+         ORDER BY w.org_id LIMIT 1) x),
+  (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
+   ORDER BY org_id LIMIT 1) IS NOT NULL`
 
 // sqlOutlook tells an iteration that found nothing to do what remains: slots
 // in use, whether ready work waits, the earliest future start and the
@@ -337,7 +457,7 @@ WITH RECURSIVE orgs(org_id) AS (
   FROM orgs o WHERE o.org_id IS NOT NULL
 )
 SELECT
-  (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state IN ('started', 'running'))
+  (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running')
     + (SELECT count(*) FROM workpool_completions WHERE pool = $1),
   EXISTS (SELECT 1 FROM heads WHERE first_at <= $2)
     OR EXISTS (SELECT 1 FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2),

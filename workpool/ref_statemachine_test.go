@@ -27,7 +27,7 @@ func (h *harness) s1Enqueued() uuid.UUID { return h.enqueue() }
 func (h *harness) s2Running(opts ...workOpt) uuid.UUID {
 	id := h.enqueue(opts...)
 	h.runMain()
-	require.Equal(h.t, "started", h.work(id).state)
+	require.Equal(h.t, "running", h.work(id).state)
 	return id
 }
 
@@ -307,7 +307,7 @@ func TestRef003_CompleteWithWrongAttemptNumber_IsANoOp(t *testing.T) {
 
 	require.Empty(t, done)
 	w := h.work(id)
-	require.Equal(t, "started", w.state)
+	require.Equal(t, "running", w.state)
 	require.Equal(t, 0, w.attempts)
 	require.Nil(t, h.observe().completionOf(id))
 }
@@ -501,7 +501,7 @@ func TestRef003_StaleRetryCompletionForRunningWork_LeavesNoPendingStart(t *testi
 	require.True(t, o.isRunning(id))
 	require.False(t, o.isPending(id))
 	require.Nil(t, o.completionOf(id))
-	require.Equal(t, "started", h.work(id).state)
+	require.Equal(t, "running", h.work(id).state)
 }
 
 // BUG in the reference: a duplicate complete bumped attempts again.

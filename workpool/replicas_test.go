@@ -204,7 +204,7 @@ func TestTwoReplicas_ThousandItemsNeverExceedMaxParallelismAndEachHookFiresOnce(
 		defer wg.Done()
 		for ctx.Err() == nil {
 			var used int64
-			if err := db.QueryRow(ctx, `SELECT count(*) FROM workpool_work WHERE pool = 'default' AND state IN ('started', 'running')`).Scan(&used); err == nil && used > sampledPeak.Load() {
+			if err := db.QueryRow(ctx, `SELECT count(*) FROM workpool_work WHERE pool = 'default' AND state = 'running'`).Scan(&used); err == nil && used > sampledPeak.Load() {
 				sampledPeak.Store(used)
 			}
 		}

@@ -36,7 +36,7 @@ func (m *Manager) StatusTx(ctx context.Context, q Querier, orgID string, id uuid
 	switch state {
 	case "pending", "retrying":
 		s.State = StatePending
-	case "started", "running":
+	case "running":
 		s.State = StateRunning
 	default:
 		s.State = StateFinished

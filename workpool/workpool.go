@@ -52,6 +52,35 @@ type Manager struct {
 
 	loopsMu sync.Mutex
 	loops   map[string]*loop // pools whose elector runs on this replica
+
+	peersMu sync.Mutex
+	peers   map[string]time.Time // other replicas' executors, by origin, last heard
+}
+
+// sawPeer records another replica's executor announcing itself.
+func (m *Manager) sawPeer(origin string) {
+	if origin == "" {
+		return
+	}
+	m.peersMu.Lock()
+	defer m.peersMu.Unlock()
+	m.peers[origin] = time.Now()
+}
+
+// livePeers counts other replicas' executors heard from within the
+// heartbeat timeout.
+func (m *Manager) livePeers() int {
+	m.peersMu.Lock()
+	defer m.peersMu.Unlock()
+	n := 0
+	for origin, at := range m.peers {
+		if time.Since(at) > m.cfg.HeartbeatTimeout {
+			delete(m.peers, origin)
+			continue
+		}
+		n++
+	}
+	return n
 }
 
 // New builds a Manager and creates the configured pools that do not exist
@@ -72,6 +101,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Manager, error) {
 		handlers: map[string]Handler{},
 		hooks:    map[string]Hook{},
 		loops:    map[string]*loop{},
+		peers:    map[string]time.Time{},
 	}
 	var err error
 	if m.metrics, err = newMetrics(cfg.Registry, m); err != nil {

@@ -1,0 +1,131 @@
+package workpool
+
+// Benchmarks. testkit's server runs with fsync off; point
+// REVEILLE_TEST_DATABASE_URL at a server with durable settings for numbers
+// comparable with `engine bench pool` (docs/benchmarks.md).
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/reveille/reveille/internal/testkit"
+)
+
+func benchManager(b *testing.B, parallelism int, reg prometheus.Registerer) *Manager {
+	b.Helper()
+	db := testkit.NewPool(b)
+	m, err := New(db, Config{Pools: map[string]int{"default": parallelism}, Logger: testkit.Logger(b), Registry: reg})
+	if err != nil {
+		b.Fatal(err)
+	}
+	m.Register("noop", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
+	m.RegisterHook("noop", func(context.Context, pgx.Tx, Completion) error { return nil })
+	return m
+}
+
+func benchParams(n int) []EnqueueParams {
+	ps := make([]EnqueueParams, n)
+	for i := range ps {
+		ps[i] = EnqueueParams{OrgID: "bench", Pool: "default", Handler: "noop", Args: json.RawMessage(`{"n":` + strconv.Itoa(i) + `}`),
+			OnComplete: &OnComplete{Hook: "noop", Context: json.RawMessage(`{}`)}}
+	}
+	return ps
+}
+
+// BenchmarkEnqueue is one item per transaction.
+func BenchmarkEnqueue(b *testing.B) {
+	m := benchManager(b, 25, nil)
+	p := benchParams(1)[0]
+	ctx := context.Background()
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := m.Enqueue(ctx, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "jobs/s")
+}
+
+// BenchmarkEnqueueMany is batches of 1000 items per transaction.
+func BenchmarkEnqueueMany(b *testing.B) {
+	m := benchManager(b, 25, nil)
+	ps := benchParams(1000)
+	ctx := context.Background()
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := m.EnqueueMany(ctx, ps); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N*len(ps))/b.Elapsed().Seconds(), "jobs/s")
+}
+
+// BenchmarkBurndown enqueues 10,000 no-op items with hooks (untimed), then
+// times the pool (max_parallelism 100) working them all off until every
+// completion is committed.
+func BenchmarkBurndown(b *testing.B) {
+	const n, parallelism = 10_000, 100
+	for b.Loop() {
+		b.StopTimer()
+		reg := prometheus.NewRegistry()
+		m := benchManager(b, parallelism, reg)
+		var done atomic.Int64
+		m.Register("noop", func(context.Context, Job) (json.RawMessage, error) { done.Add(1); return nil, nil })
+		ctx := context.Background()
+		ps := benchParams(n)
+		for i := 0; i < n; i += 1000 {
+			if _, err := m.EnqueueMany(ctx, ps[i:i+1000]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		if err := m.Start(ctx); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			var finished int
+			if err := m.db.QueryRow(ctx, `SELECT count(*) FROM workpool_work WHERE state = 'finished'`).Scan(&finished); err != nil {
+				b.Fatal(err)
+			}
+			if finished == n {
+				break
+			}
+			time.Sleep(5 * time.Millisecond) // polling for the end of a benchmark, not synchronising a test
+		}
+		elapsed := time.Since(t0)
+		b.StopTimer()
+		_ = m.Stop(ctx)
+		b.ReportMetric(float64(n)/elapsed.Seconds(), "jobs/s")
+		logHistograms(b, reg)
+		b.StartTimer()
+	}
+}
+
+// logHistograms prints count and mean of the batching histograms (-v).
+func logHistograms(b *testing.B, reg *prometheus.Registry) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetType() != dto.MetricType_HISTOGRAM {
+			continue
+		}
+		for _, m := range mf.Metric {
+			h := m.GetHistogram()
+			if h.GetSampleCount() == 0 {
+				continue
+			}
+			b.Logf("%-45s count=%-6d mean=%.4g", mf.GetName(), h.GetSampleCount(), h.GetSampleSum()/float64(h.GetSampleCount()))
+		}
+	}
+}
