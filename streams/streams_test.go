@@ -43,13 +43,6 @@ func newService(t *testing.T, cfg streams.Config) (*streams.Service, *pgxpool.Po
 	return svc, db
 }
 
-func appendOne(t *testing.T, svc *streams.Service, org, run, name, data string) streams.Range {
-	t.Helper()
-	r, err := svc.Append(context.Background(), org, run, name, [][]byte{[]byte(data)})
-	require.NoError(t, err)
-	return r
-}
-
 // readAll pages through the whole stream with the given limit.
 func readAll(t *testing.T, svc *streams.Service, org, run, name string, limit int) []streams.Chunk {
 	t.Helper()
