@@ -79,11 +79,9 @@ CREATE INDEX workpool_work_pending ON workpool_work (pool, org_id, run_at)
 -- Keyed work waits per (org, key) in run_at order.
 CREATE INDEX workpool_work_pending_keyed ON workpool_work (pool, org_id, concurrency_key, run_at)
     WHERE state = 'pending' AND concurrency_key IS NOT NULL;
--- Slots in use, recovery and per-org/per-key caps.
+-- Slots in use, recovery, per-org/per-key caps, and executors' claims (the
+-- running set is small: at most the pools' limits).
 CREATE INDEX workpool_work_active ON workpool_work (pool, org_id)
-    WHERE state = 'running';
--- Executors claim from here (SKIP LOCKED), newest starts first.
-CREATE INDEX workpool_work_claimable ON workpool_work (started_at)
     WHERE state = 'running';
 -- Failed attempts waiting for the loop to schedule their retry.
 CREATE INDEX workpool_work_retrying ON workpool_work (pool, org_id)

@@ -479,7 +479,7 @@ func (e *executor) idleChan() <-chan struct{} {
 // maxInflightReports bounds concurrent report transactions: with several
 // in flight, their commits share WAL flushes and a batch never waits for
 // another's round trips.
-const maxInflightReports = 2
+const maxInflightReports = 1
 
 // reporter batches attempt results: a flush starts as soon as there is
 // something to report and a flush slot is free, so batches grow with load

@@ -168,7 +168,7 @@ func TestHooks_APanickingHookIsRetriedLikeAFailingOne(t *testing.T) {
 
 func TestHooks_AHookRetryWaitsForItsBackoff(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := newHarness(t, func(c *Config) { c.HookRetryBackoff = 10 * time.Second })
 	var calls int
 	h.m.RegisterHook("once-failing", func(context.Context, pgx.Tx, Completion) error {
 		calls++
@@ -179,14 +179,17 @@ func TestHooks_AHookRetryWaitsForItsBackoff(t *testing.T) {
 	})
 	id := h.enqueue(withHook("once-failing", `{}`))
 	h.runMain()
+	failedAt := h.clock.Now()
 	h.complete(id, "success", 1)
-	h.runMain()        // frees the slot
+	h.runMain() // frees the slot
+	h.clock.Advance(DefaultCooldown + time.Second)
+
 	res := h.runMain() // nothing to do: the hook retry is the next timer
 
 	require.Equal(t, 1, calls, "not retried before its backoff")
-	require.False(t, res.wakeAt.IsZero())
-	require.False(t, res.wakeAt.After(h.clock.Now().Add(time.Second)), "wakes for the retry (1 s backoff)")
-	h.clock.Advance(time.Second)
+	require.Equal(t, "scheduled", h.observe().runStatus.Kind)
+	require.True(t, res.wakeAt.Equal(failedAt.Add(10*time.Second)), "wakes for the retry: %v", res.wakeAt.Sub(failedAt))
+	h.clock.Advance(res.wakeAt.Sub(h.clock.Now()))
 	h.runMain()
 	require.Equal(t, 2, calls)
 	require.Equal(t, "done", *h.work(id).hook)

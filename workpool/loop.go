@@ -169,6 +169,7 @@ type iterResult struct {
 	didWork bool
 	wakeAt  time.Time
 	status  RunStatus
+	clean   bool // (fast path) nothing it could not handle was waiting
 }
 
 // iteration is one iteration's transaction and what it found.
@@ -199,6 +200,12 @@ func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 		fast, done, err := l.iterateFast(ctx, now)
 		if err != nil || done {
 			return fast, err
+		}
+		if !fast.didWork && fast.clean && now.Sub(l.lastActivity) < l.m.cfg.Cooldown {
+			// Nothing new (a kick whose completions an earlier iteration
+			// took): still "running" through the cooldown, so there is no
+			// status to publish; wake at its end to decide one.
+			return iterResult{status: RunStatus{Kind: "running"}, wakeAt: l.lastActivity.Add(l.m.cfg.Cooldown)}, nil
 		}
 		res, err := l.iterateFull(ctx)
 		res.didWork = res.didWork || fast.didWork
@@ -275,7 +282,8 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (res iterResult, 
 		l.lastActivity = now
 		l.saturated.Store(false)
 	}
-	return iterResult{didWork: didWork, status: RunStatus{Kind: "running"}}, didWork && plain && !retries && !cancels, nil
+	clean := plain && !retries && !cancels
+	return iterResult{didWork: didWork, clean: clean, status: RunStatus{Kind: "running"}}, didWork && clean, nil
 }
 
 // iterateFull runs one iteration in one transaction: completions, then

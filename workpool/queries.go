@@ -161,16 +161,15 @@ UPDATE workpool_work SET hook_state = 'done', hook_error = NULL, hook_next_at = 
 
 // --- executors --------------------------------------------------------------------
 
-// sqlClaim takes running work no executor holds yet. It changes no indexed
-// column, so the update stays on its heap page (HOT) and costs no index
-// writes; the newest starts are scanned first because they are the ones
-// not yet claimed.
+// sqlClaim takes running work no executor holds yet, from the small
+// running set. It changes no indexed column, so the update stays on its
+// heap page (HOT) and costs no index writes.
 const sqlClaim = `
 UPDATE workpool_work w SET claimed_by = $1, heartbeat_at = $2
 WHERE w.id = ANY(ARRAY(
   SELECT id FROM workpool_work
   WHERE state = 'running' AND claimed_by IS NULL AND handler = ANY($3)
-  ORDER BY started_at DESC
+  ORDER BY started_at
   LIMIT $4
   FOR UPDATE SKIP LOCKED))
 RETURNING w.id, w.org_id, w.pool, w.handler, w.args, w.attempts, w.timeout_ms, w.canceled, w.on_complete_hook IS NOT NULL`
