@@ -111,7 +111,9 @@ func watch(ctx context.Context, conn *pgx.Conn, retry time.Duration) error {
 		case !errors.Is(err, context.DeadlineExceeded):
 			return err
 		}
-		pctx, pcancel := context.WithTimeout(ctx, retry)
+		// A slow answer on a loaded machine is not a dead connection: the
+		// ping gets at least 5 s, however short the retry.
+		pctx, pcancel := context.WithTimeout(ctx, max(retry, 5*time.Second))
 		err = conn.Ping(pctx)
 		pcancel()
 		if ctx.Err() != nil {
