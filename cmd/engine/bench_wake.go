@@ -56,12 +56,16 @@ const (
 	// phase signals workflows that never exist, and those should give up
 	// soon instead of keeping the dispatcher busy for a minute.
 	wakeBenchGrace = 2 * time.Second
+	// wakeBenchLease is the dispatcher's claim lease (its default), given
+	// explicitly because the stages read the claim instant back from it:
+	// a claim sets next_attempt_at = now() + lease.
+	wakeBenchLease = 30 * time.Second
 )
 
 // wakeBench is one run's parameters.
 type wakeBench struct {
 	n, concurrency, restN, rounds int
-	keep                          bool
+	keep, together                bool
 	settle                        time.Duration
 	cpuProfile                    string
 }
@@ -69,16 +73,17 @@ type wakeBench struct {
 // benchWake measures the wake latency — from the work handler's return to
 // the parked workflow's receipt of the signal, observed as run.Get
 // returning — beside a bare SignalWorkflow to the same parked workflow
-// (SignalWorkflow call → run.Get returning) at the same concurrency, in
-// alternating rounds in one process; then the REST enqueue rate of
-// POST /v1/wakeups.
+// (SignalWorkflow call → run.Get returning) at the same concurrency, both
+// sides at the same time in one process (or in alternating rounds); then
+// the REST enqueue rate of POST /v1/wakeups.
 func benchWake(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench wake", flag.ContinueOnError)
 	var b wakeBench
 	fs.IntVar(&b.n, "n", 1000, "measured wakes (and as many bare signals)")
 	fs.IntVar(&b.concurrency, "concurrency", 50, "workflows in flight at once, for both the wake and the bare-signal runs")
 	fs.IntVar(&b.restN, "rest-n", 2000, "POST /v1/wakeups requests for the REST enqueue rate (0 skips it)")
-	fs.IntVar(&b.rounds, "rounds", 2, "rounds the n are split over, each a bare-signal run and a wake run, which goes first alternating; the machine is shared and noisy")
+	fs.BoolVar(&b.together, "together", true, "run the bare-signal and the wake side at the same time, each at --concurrency, so that a drift in the (shared) machine's load hits both alike; false: one after the other, in --rounds")
+	fs.IntVar(&b.rounds, "rounds", 2, "with --together=false: rounds the n are split over, each a bare-signal run and a wake run, which goes first alternating")
 	fs.BoolVar(&b.keep, "keep", false, "keep the temporary directories of the local Postgres and Temporal (their paths are printed)")
 	fs.DurationVar(&b.settle, "settle", 100*time.Millisecond, "pause between a workflow parking and its trigger, on both sides, so that neither lands on the tail of Temporal's work for the parking task")
 	fs.StringVar(&b.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured rounds to this file")
@@ -107,6 +112,9 @@ Flags:
 	}
 	if b.n < 1 || b.concurrency < 1 || b.restN < 0 || b.rounds < 1 || b.rounds > b.n {
 		return errors.New("need n ≥ 1, concurrency ≥ 1, rest-n ≥ 0, 1 ≤ rounds ≤ n")
+	}
+	if b.together {
+		b.rounds = 1
 	}
 	env, err := b.setUp(ctx)
 	if env != nil {
@@ -147,6 +155,24 @@ func (b wakeBench) run(ctx context.Context, env *wakeEnv) error {
 		if r < b.n%b.rounds {
 			n++
 		}
+		if b.together {
+			var s, w []wakeSample
+			g, gctx := errgroup.WithContext(ctx)
+			g.Go(func() (err error) {
+				s, err = env.measure(gctx, "signal", from, n, b.concurrency, b.settle, env.bareSignal)
+				return err
+			})
+			g.Go(func() (err error) {
+				w, err = env.measure(gctx, "wake", from, n, b.concurrency, b.settle, env.wake)
+				return err
+			})
+			if err := g.Wait(); err != nil {
+				return err
+			}
+			sig, wake = append(sig, s...), append(wake, w...)
+			from += n
+			continue
+		}
 		// Alternate which side goes first, so that a drift in the
 		// machine's load favours neither.
 		for j := range 2 {
@@ -175,14 +201,22 @@ func (b wakeBench) run(ctx context.Context, env *wakeEnv) error {
 	fmt.Printf("wake: n=%d p50=%sms p99=%sms max=%sms\n", len(wt), wakeMS(wakePct(wt, 50)), wakeMS(wakePct(wt, 99)), wakeMS(slices.Max(wt)))
 	r50 := float64(wakePct(wt, 50)) / float64(wakePct(st, 50))
 	r99 := float64(wakePct(wt, 99)) / float64(wakePct(st, 99))
-	fmt.Printf("wake/signal: p50=%.2fx p99=%.2fx (bar: ≤1.20x, ≤1.50x; concurrency %d, %d rounds)\n", r50, r99, b.concurrency, b.rounds)
+	how := fmt.Sprintf("%d rounds one after the other", b.rounds)
+	if b.together {
+		how = "both sides at the same time"
+	}
+	fmt.Printf("wake/signal: p50=%.2fx p99=%.2fx (bar: ≤1.20x, ≤1.50x; concurrency %d each, %s)\n", r50, r99, b.concurrency, how)
+	if len(st) < b.n || len(wt) < b.n {
+		fmt.Printf("  never parked, not measured: signal %d, wake %d\n", b.n-len(st), b.n-len(wt))
+	}
 	fmt.Printf("  signal stages p50/p99: send %sms, sent→receipt %sms\n",
 		wakeStage(sig, func(s wakeSample) time.Duration { return s.send }),
 		wakeStage(sig, func(s wakeSample) time.Duration { return s.sent - s.send }))
-	fmt.Printf("  wake stages p50/p99: handler→send %sms (handler→hook tx %sms, hook tx→send %sms), send %sms, sent→receipt %sms\n",
+	fmt.Printf("  wake stages p50/p99: handler→send %sms (handler→hook tx %sms, hook tx→claim %sms, claim→send %sms), send %sms, sent→receipt %sms\n",
 		wakeStage(wake, func(s wakeSample) time.Duration { return s.toSend }),
 		wakeStage(wake, func(s wakeSample) time.Duration { return s.toHook }),
-		wakeStage(wake, func(s wakeSample) time.Duration { return s.toSend - s.toHook }),
+		wakeStage(wake, func(s wakeSample) time.Duration { return s.toClaim - s.toHook }),
+		wakeStage(wake, func(s wakeSample) time.Duration { return s.toSend - s.toClaim }),
 		wakeStage(wake, func(s wakeSample) time.Duration { return s.send }),
 		wakeStage(wake, func(s wakeSample) time.Duration { return s.sent - s.send }))
 
@@ -204,9 +238,11 @@ func (b wakeBench) run(ctx context.Context, env *wakeEnv) error {
 // duration, sent (as an offset from the start of send) the workflow's
 // completion seen by the client; toHook (wake only) is the part of toSend
 // until the transaction that ran the wakeup hook began (its queue message's
-// created_at: now() is the transaction's start).
+// created_at: now() is the transaction's start), toClaim until the
+// dispatcher's claim of the message began.
 type wakeSample struct {
-	total, toHook, toSend, send, sent time.Duration
+	total, toHook, toClaim, toSend, send, sent time.Duration
+	skipped                                    bool // never parked: not measured
 }
 
 // wakeEnv is the wired engine the benchmark drives, and what it must stop.
@@ -328,7 +364,7 @@ func (e *wakeEnv) wire(ctx context.Context, s settings, concurrency int, budget 
 	e.pool.Register(wakeBenchHandler, e.benchHandler)
 	e.mandates = mandates.New(e.db, mandates.Config{ApprovalTTL: s.ApprovalTTL, Logger: e.logger, Registry: reg})
 	e.wakeups = wakeup.New(e.db, e.pool, e.mandates, wakeup.Config{Logger: e.logger, Registry: reg})
-	e.dispatcher = queue.NewDispatcher(e.db, wakeTimedSignaler{e}, queue.DispatcherConfig{NotFoundGrace: wakeBenchGrace, Logger: e.logger, Registry: reg})
+	e.dispatcher = queue.NewDispatcher(e.db, wakeTimedSignaler{e}, queue.DispatcherConfig{NotFoundGrace: wakeBenchGrace, Lease: wakeBenchLease, Logger: e.logger, Registry: reg})
 	for _, c := range []component{e.pool, e.mandates, e.wakeups, e.dispatcher} {
 		if err := c.Start(context.WithoutCancel(ctx)); err != nil {
 			return fmt.Errorf("start: %w", err)
@@ -478,20 +514,22 @@ func (e *wakeEnv) measure(ctx context.Context, kind string, from, n, concurrency
 				WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_TERMINATE_EXISTING,
 			}, wakeBenchWorkflow, wakeBenchAwait)
 			if err != nil {
-				return fmt.Errorf("start %s: %w", id, err)
+				if gctx.Err() != nil {
+					return gctx.Err()
+				}
+				samples[i].skipped = e.skip(id, "", fmt.Errorf("start: %w", err))
+				return nil
 			}
 			if err := e.waitParked(gctx, id, run.GetRunID()); err != nil {
-				return fmt.Errorf("%s never parked: %w", id, err)
-			}
-			if settle > 0 {
-				select {
-				case <-gctx.Done():
+				if gctx.Err() != nil {
 					return gctx.Err()
-				case <-time.After(settle):
 				}
+				samples[i].skipped = e.skip(id, run.GetRunID(), fmt.Errorf("never parked: %w", err))
+				return nil
 			}
-			// Wait for the result from before the trigger, so the receipt
-			// is seen as soon as the client can see it.
+			// Wait for the result from well before the trigger (the
+			// settle), so the receipt is seen as soon as the client can see
+			// it and the Get's own first read is not on the measured path.
 			type receipt struct {
 				at   time.Time
 				wake workflows.Wake
@@ -504,6 +542,13 @@ func (e *wakeEnv) measure(ctx context.Context, kind string, from, n, concurrency
 				r.at = time.Now()
 				done <- r
 			}()
+			if settle > 0 {
+				select {
+				case <-gctx.Done():
+					return gctx.Err()
+				case <-time.After(settle):
+				}
+			}
 			start, err := trigger(gctx, id, run)
 			if err != nil {
 				return err // the group's cancel ends the Get
@@ -535,34 +580,63 @@ func (e *wakeEnv) measure(ctx context.Context, kind string, from, n, concurrency
 			return nil, err
 		}
 	}
-	return samples, ctx.Err()
+	measured := slices.DeleteFunc(samples, func(s wakeSample) bool { return s.skipped })
+	if skipped := n - len(measured); skipped > n/20 {
+		return nil, fmt.Errorf("%d of %d %s workflows never parked: Temporal is overloaded", skipped, n, kind)
+	}
+	return measured, ctx.Err()
 }
 
-// hookStarts fills toHook from the wake signals' queue messages, whose
-// created_at is the start of the transaction that completed the work and
-// ran the wakeup hook (the clocks are the same machine's); since skips the
-// messages of earlier runs against a shared database.
+// skip reports a workflow that could not be parked — Temporal being slow
+// or overloaded before anything was measured — and terminates it; the item
+// counts on neither side.
+func (e *wakeEnv) skip(id, runID string, cause error) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	state := ""
+	if runID != "" {
+		if d, err := e.tc.DescribeWorkflowExecution(ctx, id, runID); err == nil {
+			state = fmt.Sprintf(" (status %s, %d history events, pending workflow task: %v)",
+				d.GetWorkflowExecutionInfo().GetStatus(), d.GetWorkflowExecutionInfo().GetHistoryLength(), d.GetPendingWorkflowTask())
+		}
+		_ = e.tc.TerminateWorkflow(ctx, id, runID, "bench wake: never parked")
+	}
+	fmt.Fprintf(os.Stderr, "bench wake: skipping %s: %v%s\n", id, cause, state)
+	return true
+}
+
+// hookStarts fills toHook and toClaim from the wake signals' queue
+// messages: created_at is the start of the transaction that completed the
+// work and ran the wakeup hook, next_attempt_at − lease the start of the
+// claim (the clocks are the same machine's); since skips the messages of
+// earlier runs against a shared database.
 func (e *wakeEnv) hookStarts(ctx context.Context, kind string, from int, since time.Time, samples []wakeSample) error {
 	ids := make([]string, len(samples))
 	for i := range samples {
 		ids[i] = fmt.Sprintf("%s/%s-%d", wakeBenchOrg, kind, from+i)
 	}
-	rows, err := e.db.Query(ctx, `SELECT signal_workflow_id, created_at FROM queue_messages
+	rows, err := e.db.Query(ctx, `SELECT signal_workflow_id, created_at, next_attempt_at FROM queue_messages
 		WHERE org_id = $1 AND queue = $2 AND signal_workflow_id = ANY($3) AND created_at >= $4`, wakeBenchOrg, wakeup.Queue, ids, since)
 	if err != nil {
 		return fmt.Errorf("reading the wake signals' messages: %w", err)
 	}
-	created := map[string]time.Time{}
+	type stamps struct{ created, claimed time.Time }
+	msgs := map[string]stamps{}
 	var id string
-	var at time.Time
-	_, err = pgx.ForEachRow(rows, []any{&id, &at}, func() error { created[id] = at; return nil })
+	var created, next time.Time
+	_, err = pgx.ForEachRow(rows, []any{&id, &created, &next}, func() error {
+		// Delivered at the first attempt (as here), next_attempt_at is
+		// still the one the claim set.
+		msgs[id] = stamps{created: created, claimed: next.Add(-wakeBenchLease)}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("reading the wake signals' messages: %w", err)
 	}
 	for i := range samples {
-		if at, ok := created[ids[i]]; ok {
+		if m, ok := msgs[ids[i]]; ok {
 			ret, _ := e.returned.get(ids[i])
-			samples[i].toHook = at.Sub(ret)
+			samples[i].toHook, samples[i].toClaim = m.created.Sub(ret), m.claimed.Sub(ret)
 		}
 	}
 	return nil
