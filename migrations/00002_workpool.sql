@@ -36,9 +36,10 @@ CREATE TABLE workpool_org_weights (
 --   finished outcome, result/error and finished_at are set; kept for the
 --            retention period, then purged
 -- attempts counts finished attempts. A slot is held by every running item
--- and by every unprocessed completion. The columns an executor updates
--- (claimed_by, heartbeat_at) are in no index, so claims and heartbeats stay
--- on their heap page.
+-- whose slot is not released and by every unprocessed completion. The
+-- columns an executor updates while the attempt runs (claimed_by,
+-- heartbeat_at, slot_released) are in no index, so those updates stay on
+-- their heap page.
 CREATE TABLE workpool_work (
     id                  uuid             PRIMARY KEY,
     org_id              text             NOT NULL,
@@ -60,6 +61,9 @@ CREATE TABLE workpool_work (
     started_at          timestamptz,
     claimed_by          uuid,
     heartbeat_at        timestamptz,
+    -- The attempt's handler returned and its slot was handed back (through
+    -- a pending completion) before its result was durably recorded.
+    slot_released       boolean          NOT NULL DEFAULT false,
     outcome             text             CHECK (outcome IN ('succeeded', 'failed', 'canceled')),
     result              jsonb,
     error               text,

@@ -24,6 +24,17 @@ type attemptResult struct {
 	hook      bool // the work has an onComplete hook (as claimed)
 }
 
+// pgUUIDs converts ids for array parameters: as [16]byte pgx encodes them
+// directly, where uuid.UUID would go element by element through
+// driver.Valuer (a measurable share of a report's CPU).
+func pgUUIDs(ids []uuid.UUID) [][16]byte {
+	out := make([][16]byte, len(ids))
+	for i, id := range ids {
+		out[i] = id
+	}
+	return out
+}
+
 // hookCall is a finished item whose onComplete hook must run.
 type hookCall struct {
 	c        Completion
@@ -132,7 +143,28 @@ func (m *Manager) completeArgs(results []attemptResult) []any {
 			res[i] = &s
 		}
 	}
-	return []any{ids, attempts, kinds, res, errs, retryable, m.now()}
+	return []any{pgUUIDs(ids), attempts, kinds, res, errs, retryable, m.now()}
+}
+
+// releaseSlots runs sqlRelease for results in one round trip, without
+// waiting for the WAL flush.
+func (m *Manager) releaseSlots(ctx context.Context, results []attemptResult) error {
+	n := len(results)
+	ids, attempts, kinds, retryable := make([]uuid.UUID, n), make([]int32, n), make([]string, n), make([]bool, n)
+	for i, r := range results {
+		ids[i], attempts[i], retryable[i] = r.id, int32(r.attempt), r.retryable
+		kinds[i] = "failed"
+		if r.succeeded {
+			kinds[i] = "succeeded"
+		}
+	}
+	b := &pgx.Batch{}
+	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
+	b.Queue(sqlRelease, pgUUIDs(ids), attempts, kinds, retryable, m.now())
+	if err := m.db.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("releasing %d slots: %w", n, err)
+	}
+	return nil
 }
 
 // completeNoHooks records results of work without hooks in one implicit
@@ -212,12 +244,12 @@ func (m *Manager) runHooks(ctx context.Context, tx pgx.Tx, calls []hookCall, ret
 			"org_id", c.c.OrgID, "attempt", c.attempts+1, "error", herr.Error())
 	}
 	if len(badIDs) > 0 {
-		if _, err := tx.Exec(ctx, sqlHookFailed, badIDs, nextAts, msgs); err != nil {
+		if _, err := tx.Exec(ctx, sqlHookFailed, pgUUIDs(badIDs), nextAts, msgs); err != nil {
 			return fmt.Errorf("scheduling hook retries: %w", err)
 		}
 	}
 	if retrying && len(okIDs) > 0 {
-		if _, err := tx.Exec(ctx, sqlHookDone, okIDs); err != nil {
+		if _, err := tx.Exec(ctx, sqlHookDone, pgUUIDs(okIDs)); err != nil {
 			return fmt.Errorf("recording hook calls: %w", err)
 		}
 	}

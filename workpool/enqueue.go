@@ -65,7 +65,7 @@ func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueuePara
 		return nil, err
 	}
 	b := &pgx.Batch{}
-	b.Queue(sqlEnqueue, rows.ids, rows.orgs, rows.pools, rows.handlers, rows.args, rows.runAts, rows.maxAttempts,
+	b.Queue(sqlEnqueue, pgUUIDs(rows.ids), rows.orgs, rows.pools, rows.handlers, rows.args, rows.runAts, rows.maxAttempts,
 		rows.backoffMS, rows.bases, rows.timeouts, rows.hooks, rows.hookContexts, rows.keys, rows.keyLimits,
 		int32(len(rows.poolSet)), m.now())
 	kicks := make([]string, 0, len(rows.poolSet))

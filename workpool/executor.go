@@ -64,6 +64,7 @@ type runningJob struct {
 	pool     string
 	attempt  int
 	hook     bool
+	loop     *loop // the local loop that claimed it, which can free its slot itself
 	cancel   context.CancelCauseFunc
 	canceled atomic.Bool // the work was canceled
 	finished atomic.Bool // a result was handed to the reporter
@@ -153,7 +154,8 @@ type claimedJob struct {
 	Job
 	timeout  time.Duration
 	canceled bool
-	hook     bool // the work has an onComplete hook
+	hook     bool  // the work has an onComplete hook
+	loop     *loop // the local loop that claimed it for this executor, if any
 }
 
 // claim takes started work with SKIP LOCKED. The claim commits without
@@ -162,7 +164,7 @@ type claimedJob struct {
 func (e *executor) claim(handlers []string, limit int) ([]claimedJob, error) {
 	b := &pgx.Batch{}
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
-	b.Queue(sqlClaim, e.id, e.m.now(), handlers, int32(limit))
+	b.Queue(sqlClaim, [16]byte(e.id), e.m.now(), handlers, int32(limit))
 	// Not canceled by Stop: a claim that committed must be read and run
 	// (Stop then drains it), not left claimed and unrun until recovery.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.claimCtx), statementTimeout)
@@ -211,9 +213,10 @@ func (e *executor) handoff() (handlers []string, free int, share float64) {
 }
 
 // adopt runs attempts the loop claimed for this executor.
-func (e *executor) adopt(jobs []claimedJob) {
+func (e *executor) adopt(l *loop, jobs []claimedJob) {
 	e.m.metrics.claimBatch.Observe(float64(len(jobs)))
 	for _, j := range jobs {
+		j.loop = l
 		e.launch(j)
 	}
 }
@@ -221,7 +224,7 @@ func (e *executor) adopt(jobs []claimedJob) {
 // launch runs one attempt in its own goroutine.
 func (e *executor) launch(j claimedJob) {
 	ctx, cancel := context.WithCancelCause(e.handlerCtx)
-	rj := &runningJob{id: j.ID, pool: j.Pool, attempt: j.Attempt, hook: j.hook, cancel: cancel}
+	rj := &runningJob{id: j.ID, pool: j.Pool, attempt: j.Attempt, hook: j.hook, loop: j.loop, cancel: cancel}
 	e.mu.Lock()
 	e.jobs[j.ID] = rj
 	e.active++
@@ -306,6 +309,13 @@ func (e *executor) finish(rj *runningJob, r attemptResult) {
 	if kick {
 		e.kick()
 	}
+	// The local loop that claimed the attempt frees its slot in its next
+	// iteration (no round trip of its own); otherwise the release stage
+	// does, through a pending completion.
+	if rj.loop != nil && rj.loop.release(r) {
+		e.rep.finish.add(r)
+		return
+	}
 	e.rep.add(r)
 }
 
@@ -374,7 +384,7 @@ func (e *executor) heartbeat() error {
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := e.m.db.Query(e.bgCtx, sqlHeartbeat, ids, e.id, e.m.now())
+	rows, err := e.m.db.Query(e.bgCtx, sqlHeartbeat, pgUUIDs(ids), [16]byte(e.id), e.m.now())
 	if err != nil {
 		return fmt.Errorf("heartbeating %d attempts: %w", len(ids), err)
 	}
@@ -476,16 +486,117 @@ func (e *executor) idleChan() <-chan struct{} {
 	return e.idle
 }
 
-// maxInflightReports bounds concurrent report transactions: with several
-// in flight, their commits share WAL flushes and a batch never waits for
-// another's round trips.
-const maxInflightReports = 1
-
-// reporter batches attempt results: a flush starts as soon as there is
-// something to report and a flush slot is free, so batches grow with load
-// while a lone result is reported at once.
+// reporter batches attempt results through two stages, each with one
+// transaction in flight so that results arriving meanwhile form the next,
+// larger batch (a lone result goes at once):
+//
+//   - release (one round trip, no WAL flush wait) hands back the slots of
+//     attempts that will not be retried, so the loop can fill them while
+//     their results are still being recorded;
+//   - finish records the results durably and runs the hooks, in the same
+//     transaction; only then does the executor forget the attempts.
 type reporter struct {
+	e       *executor
+	release *stage
+	finish  *stage
+}
+
+func newReporter(e *executor) *reporter {
+	r := &reporter{e: e}
+	r.finish = newStage(e, r.finishBatch)
+	r.release = newStage(e, r.releaseBatch)
+	return r
+}
+
+func (r *reporter) add(res attemptResult) { r.release.add(res) }
+
+func (r *reporter) run() {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); r.finish.run() }()
+	r.release.run()
+	wg.Wait()
+}
+
+// close flushes both stages (bounded by ctx) and stops them.
+func (r *reporter) close(ctx context.Context) error {
+	if err := r.release.close(ctx); err != nil {
+		return err
+	}
+	return r.finish.close(ctx)
+}
+
+// releaseBatch hands back the slots, then passes the batch on.
+func (r *reporter) releaseBatch(ctx context.Context, batch []attemptResult) error {
+	m := r.e.m
+	if err := retrying(ctx, r.e, "releasing slots", len(batch), func() error { return m.releaseSlots(ctx, batch) }); err != nil {
+		return err
+	}
+	r.finish.addAll(batch)
+	m.wakeLoops(ctx, poolsOf(batch))
+	return nil
+}
+
+// finishBatch records the results and runs the hooks.
+func (r *reporter) finishBatch(ctx context.Context, batch []attemptResult) error {
+	e := r.e
+	t0 := time.Now()
+	err := retrying(ctx, e, "reporting results", len(batch), func() error {
+		for _, res := range batch {
+			if res.hook {
+				return e.m.completeWithHooks(ctx, batch)
+			}
+		}
+		return e.m.completeNoHooks(ctx, batch)
+	})
+	if err != nil {
+		return err
+	}
+	e.m.metrics.reportSeconds.Observe(time.Since(t0).Seconds())
+	e.m.metrics.reportBatch.Observe(float64(len(batch)))
+	e.reported(batch)
+	// Retried attempts kept their slots until now: their completions are new.
+	e.m.wakeLoops(ctx, poolsOf(batch))
+	return nil
+}
+
+func poolsOf(batch []attemptResult) map[string]bool {
+	pools := map[string]bool{}
+	for _, res := range batch {
+		pools[res.pool] = true
+	}
+	return pools
+}
+
+// retrying runs f until it succeeds (every statement it runs ignores what
+// is already recorded, so a retry after an unknown outcome is safe), unless
+// ctx ends or the executor crashed (tests).
+func retrying(ctx context.Context, e *executor, what string, n int, f func() error) error {
+	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
+	for {
+		if e.crashed.Load() {
+			return errCrashed
+		}
+		err := f()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		e.m.logger.Warn(what+" failed; retrying", "count", n, "error", err.Error())
+		if !sleepCtx(ctx, backoff.next()) {
+			return ctx.Err()
+		}
+	}
+}
+
+var errCrashed = errors.New("executor crashed (test)")
+
+// stage is one batching step of the reporter.
+type stage struct {
 	e        *executor
+	do       func(ctx context.Context, batch []attemptResult) error
 	mu       sync.Mutex
 	pending  []attemptResult
 	closeErr error
@@ -495,145 +606,75 @@ type reporter struct {
 	flushCtx context.Context
 }
 
-func newReporter(e *executor) *reporter {
-	return &reporter{e: e, wake: make(chan struct{}, 1), closing: make(chan struct{}), closed: make(chan struct{})}
+func newStage(e *executor, do func(context.Context, []attemptResult) error) *stage {
+	return &stage{e: e, do: do, wake: make(chan struct{}, 1), closing: make(chan struct{}), closed: make(chan struct{})}
 }
 
-func (r *reporter) add(res attemptResult) {
-	r.mu.Lock()
-	r.pending = append(r.pending, res)
-	r.mu.Unlock()
+func (s *stage) add(res attemptResult) { s.addAll([]attemptResult{res}) }
+
+func (s *stage) addAll(rs []attemptResult) {
+	s.mu.Lock()
+	s.pending = append(s.pending, rs...)
+	s.mu.Unlock()
 	select {
-	case r.wake <- struct{}{}:
+	case s.wake <- struct{}{}:
 	default:
 	}
 }
 
-func (r *reporter) take() []attemptResult {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := min(len(r.pending), reportBatch)
-	batch := append([]attemptResult(nil), r.pending[:n]...)
-	r.pending = r.pending[n:]
-	if len(r.pending) == 0 {
-		r.pending = nil
+func (s *stage) take() []attemptResult {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := min(len(s.pending), reportBatch)
+	batch := append([]attemptResult(nil), s.pending[:n]...)
+	s.pending = s.pending[n:]
+	if len(s.pending) == 0 {
+		s.pending = nil
 	}
 	return batch
 }
 
-func (r *reporter) run() {
-	sem := make(chan struct{}, maxInflightReports)
-	var wg sync.WaitGroup
-	defer close(r.closed)
-	defer wg.Wait()
-	// flushAll takes a flush slot before taking a batch, so results that
-	// arrive while every slot is busy form the next, larger batch.
-	flushAll := func(ctx context.Context) {
-		for {
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				return
+func (s *stage) run() {
+	defer close(s.closed)
+	drain := func(ctx context.Context) error {
+		for batch := s.take(); len(batch) > 0; batch = s.take() {
+			if err := s.do(ctx, batch); err != nil {
+				return err
 			}
-			batch := r.take()
-			if len(batch) == 0 {
-				<-sem
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				if err := r.flush(ctx, batch); err != nil {
-					r.mu.Lock()
-					r.closeErr = cmpErr(r.closeErr, err)
-					r.mu.Unlock()
-				}
-			}()
 		}
+		return nil
 	}
 	for {
 		select {
-		case <-r.e.bgCtx.Done(): // only after close, or a simulated crash
+		case <-s.e.bgCtx.Done(): // only after close, or a simulated crash
 			return
-		case <-r.wake:
-			flushAll(r.e.bgCtx)
-		case <-r.closing:
-			wg.Wait()
-			flushAll(r.flushCtx)
+		case <-s.wake:
+			if drain(s.e.bgCtx) != nil {
+				return
+			}
+		case <-s.closing:
+			if err := drain(s.flushCtx); err != nil && !errors.Is(err, errCrashed) {
+				s.mu.Lock()
+				s.closeErr = err
+				s.mu.Unlock()
+			}
 			return
 		}
 	}
 }
 
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
-}
-
-// close flushes what is left (bounded by ctx) and stops the reporter.
-func (r *reporter) close(ctx context.Context) error {
-	r.flushCtx = ctx
-	close(r.closing)
+// close flushes what is left (bounded by ctx) and stops the stage.
+func (s *stage) close(ctx context.Context) error {
+	s.flushCtx = ctx
+	close(s.closing)
 	select {
-	case <-r.closed:
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		return r.closeErr
+	case <-s.closed:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.closeErr
 	case <-ctx.Done():
 		return fmt.Errorf("reporting results at stop: %w", ctx.Err())
 	}
-}
-
-// flush commits a batch, retrying until it lands (the statement ignores
-// anything already recorded, so a retry after an unknown outcome is safe),
-// then wakes the loops.
-func (r *reporter) flush(ctx context.Context, batch []attemptResult) error {
-	e := r.e
-	t0 := time.Now()
-	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
-	for {
-		if e.crashed.Load() {
-			return nil
-		}
-		err := r.commit(ctx, batch)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return err
-		}
-		e.m.logger.Warn("reporting results failed; retrying", "count", len(batch), "error", err.Error())
-		if !sleepCtx(ctx, backoff.next()) {
-			return ctx.Err()
-		}
-	}
-	e.m.metrics.reportSeconds.Observe(time.Since(t0).Seconds())
-	e.m.metrics.reportBatch.Observe(float64(len(batch)))
-	e.reported(batch)
-	pools := map[string]bool{}
-	for _, res := range batch {
-		pools[res.pool] = true
-	}
-	e.m.wakeLoops(ctx, pools)
-	return nil
-}
-
-// commit records a batch: in one implicit transaction (one round trip)
-// when no item has a hook, else in a transaction that runs the hooks.
-func (r *reporter) commit(ctx context.Context, batch []attemptResult) error {
-	m := r.e.m
-	for _, res := range batch {
-		if res.hook {
-			return pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
-				_, err := m.completeTx(ctx, tx, batch)
-				return err
-			})
-		}
-	}
-	return m.completeNoHooks(ctx, batch)
 }
 
 // backoff doubles a wait up to a cap.

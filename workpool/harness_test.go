@@ -206,7 +206,7 @@ func (h *harness) observe() observation {
 		return out
 	}
 	o.pending = ids(`SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'pending' ORDER BY run_at`)
-	o.running = ids(`SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'running'
+	o.running = ids(`SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'running' AND NOT slot_released
 		UNION SELECT work_id FROM workpool_completions WHERE pool = 'default'`)
 	o.pendingCancelation = ids(`SELECT work_id FROM workpool_cancelations WHERE pool = 'default'`)
 	rows, err := h.db.Query(h.ctx, `SELECT work_id, attempt, outcome, retry FROM workpool_completions WHERE pool = 'default' ORDER BY id`)

@@ -51,6 +51,33 @@ type loop struct {
 	nextHookAt   time.Time
 
 	report loopReport
+
+	relMu    sync.Mutex
+	releases []attemptResult // returned handlers of attempts this loop claimed
+}
+
+// release queues the slot of an attempt this loop claimed for the local
+// executor, to be freed by the next fast iteration in its own statement. It
+// refuses (and the executor's release stage takes over) when this replica
+// no longer leads the pool. A release that never happens is harmless: the
+// result's record then leaves a pending completion that frees the slot.
+func (l *loop) release(r attemptResult) bool {
+	if !l.leading.Load() {
+		return false
+	}
+	l.relMu.Lock()
+	l.releases = append(l.releases, r)
+	l.relMu.Unlock()
+	l.kick(false)
+	return true
+}
+
+func (l *loop) takeReleases() []attemptResult {
+	l.relMu.Lock()
+	defer l.relMu.Unlock()
+	rs := l.releases
+	l.releases = nil
+	return rs
 }
 
 // loopReport counts what the loop processed (the reference's report); the
@@ -231,12 +258,22 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (res iterResult, 
 	)
 	e := l.m.exec
 	names, free, share := e.handoff()
+	rels := l.takeReleases()
+	n := len(rels)
+	relIDs, relAttempts, relKinds, relRetryable := make([][16]byte, n), make([]int32, n), make([]string, n), make([]bool, n)
+	for i, r := range rels {
+		relIDs[i], relAttempts[i], relRetryable[i] = r.id, int32(r.attempt), r.retryable
+		relKinds[i] = "failed"
+		if r.succeeded {
+			relKinds[i] = "succeeded"
+		}
+	}
 	b := &pgx.Batch{}
 	// Losing this commit in a crash loses only starts (made again) and
 	// slot releases (their completions come back): nothing promised.
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
 	b.Queue(sqlIterateFast, l.pool, l.gen, now, completionBatch, "s:"+l.pool+"@"+l.m.origin,
-		names, int32(free), share, e.id).QueryRow(func(r pgx.Row) error {
+		names, int32(free), share, [16]byte(e.id), relIDs, relAttempts, relKinds, relRetryable).QueryRow(func(r pgx.Row) error {
 		return r.Scan(&fenced, &plain, &succeeded, &failed, &canceled, &lags, &retries, &cancels, &notified,
 			&ids, &orgs, &handlers, &args, &attempts, &timeouts, &hooks)
 	})
@@ -259,7 +296,7 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (res iterResult, 
 				Args: json.RawMessage(args[i]), Attempt: int(attempts[i]) + 1},
 				timeout: time.Duration(timeouts[i]) * time.Millisecond, hook: hooks[i]}
 		}
-		e.adopt(jobs)
+		e.adopt(l, jobs)
 	}
 	met := l.m.metrics
 	completed := succeeded + failed + canceled
@@ -424,7 +461,7 @@ func (it *iteration) completions(ctx context.Context, cs []pendingCompletion) er
 	}
 	var retried int64
 	if len(ids) > 0 {
-		rows, err := it.tx.Query(ctx, sqlRetry, ids, attempts, it.now)
+		rows, err := it.tx.Query(ctx, sqlRetry, pgUUIDs(ids), attempts, it.now)
 		if err != nil {
 			return fmt.Errorf("scheduling retries: %w", err)
 		}
@@ -455,7 +492,7 @@ func (it *iteration) completions(ctx context.Context, cs []pendingCompletion) er
 // finishCanceled finishes canceled work that is not running, runs its
 // hooks, and returns how many finished.
 func (it *iteration) finishCanceled(ctx context.Context, ids []uuid.UUID) (int64, error) {
-	rows, err := it.tx.Query(ctx, sqlFinishCanceled, ids, it.now)
+	rows, err := it.tx.Query(ctx, sqlFinishCanceled, pgUUIDs(ids), it.now)
 	if err != nil {
 		return 0, fmt.Errorf("finishing canceled work: %w", err)
 	}
@@ -480,7 +517,7 @@ func (it *iteration) cancelations(ctx context.Context, ids []uuid.UUID) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := it.tx.Query(ctx, sqlMarkCanceled, ids)
+	rows, err := it.tx.Query(ctx, sqlMarkCanceled, pgUUIDs(ids))
 	if err != nil {
 		return fmt.Errorf("marking work canceled: %w", err)
 	}

@@ -138,16 +138,42 @@ WITH c AS (
                       WHEN w.on_complete_hook IS NOT NULL THEN 'done' END,
     claimed_by = NULL,
     heartbeat_at = NULL
+    -- slot_released is left as it is, so that RETURNING reports the value
+    -- of the row version this update applied to: a release committed while
+    -- this statement waited for the row is seen
   FROM c
   WHERE w.id = c.id AND w.state = 'running' AND w.attempts = c.attempt - 1
   RETURNING w.id, w.org_id, w.pool, w.handler, w.state, w.outcome, w.result, w.error, w.attempts,
-    w.on_complete_hook, w.on_complete_context
+    w.on_complete_hook, w.on_complete_context, w.slot_released
 ), pc AS (
+  -- a released slot already went back (sqlRelease, or the loop itself)
   INSERT INTO workpool_completions (pool, work_id, org_id, attempt, outcome, retry, created_at)
-  SELECT pool, id, org_id, attempts, coalesce(outcome, 'failed'), state = 'retrying', $7 FROM upd
+  SELECT pool, id, org_id, attempts, coalesce(outcome, 'failed'), state = 'retrying', $7
+  FROM upd WHERE NOT slot_released
 )
 SELECT id, org_id, pool, handler, state, outcome, result, error, attempts, on_complete_hook, on_complete_context
 FROM upd`
+
+// sqlRelease hands back the slots of attempts whose handlers returned and
+// that will not be retried, before their results are durably recorded: a
+// pending completion frees the slot as soon as the loop sees it. It commits
+// without waiting for the WAL flush: if a crash loses it, the attempt still
+// holds its slot and is recovered like any other. sqlComplete then records
+// the result (and runs the hooks) durably. The arrays are sqlComplete's
+// first ones: id, attempt, kind, retryable.
+const sqlRelease = `
+WITH c AS (
+  SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::bool[]) AS c(id, attempt, kind, retryable)
+), upd AS (
+  UPDATE workpool_work w SET slot_released = true
+  FROM c
+  WHERE w.id = c.id AND w.state = 'running' AND NOT w.slot_released AND w.attempts = c.attempt - 1
+    AND NOT (NOT w.canceled AND c.kind <> 'succeeded' AND c.retryable AND w.attempts + 1 < w.max_attempts)
+  RETURNING w.id, w.org_id, w.pool, w.attempts,
+    CASE WHEN w.canceled THEN 'canceled' WHEN c.kind = 'succeeded' THEN 'succeeded' ELSE 'failed' END AS outcome
+)
+INSERT INTO workpool_completions (pool, work_id, org_id, attempt, outcome, retry, created_at)
+SELECT pool, id, org_id, attempts + 1, outcome, false, $5 FROM upd`
 
 // sqlHookFailed schedules failed hook calls for a retry.
 const sqlHookFailed = `
@@ -253,7 +279,7 @@ const sqlStart = `
 WITH RECURSIVE
 free AS (
   SELECT greatest($2::int
-    - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running')
+    - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running' AND NOT slot_released)
     - (SELECT count(*) FROM workpool_completions WHERE pool = $1), 0)::int AS n
 ),
 orgs(org_id) AS (
@@ -293,13 +319,13 @@ cand AS (
     ORDER BY w.run_at
     LIMIT least($2, greatest(coalesce(k.klimit, 1) - (
       SELECT count(*) FROM workpool_work a
-      WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state = 'running' AND a.concurrency_key = k.ckey), 0))) c
+      WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state = 'running' AND NOT a.slot_released AND a.concurrency_key = k.ckey), 0))) c
   WHERE f.n > 0
 ),
 room AS (
   SELECT d.org_id, coalesce(wt.weight, 1) AS weight,
     CASE WHEN $4::int IS NULL THEN 2147483647
-         ELSE $4::int - (SELECT count(*) FROM workpool_work a WHERE a.pool = $1 AND a.org_id = d.org_id AND a.state = 'running')
+         ELSE $4::int - (SELECT count(*) FROM workpool_work a WHERE a.pool = $1 AND a.org_id = d.org_id AND a.state = 'running' AND NOT a.slot_released)
                       - (SELECT count(*) FROM workpool_completions p WHERE p.pool = $1 AND p.org_id = d.org_id) END AS room
   FROM (SELECT DISTINCT org_id FROM cand) d
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
@@ -315,7 +341,7 @@ pick AS (
     AND w.state = 'pending'
   FOR UPDATE SKIP LOCKED
 )
-UPDATE workpool_work w SET state = 'running', started_at = $3, claimed_by = NULL, heartbeat_at = NULL
+UPDATE workpool_work w SET state = 'running', started_at = $3, claimed_by = NULL, heartbeat_at = NULL, slot_released = false
 WHERE w.id = ANY(ARRAY(SELECT id FROM pick))
 RETURNING w.id, w.run_at`
 
@@ -325,7 +351,7 @@ RETURNING w.id, w.run_at`
 const sqlStartPlain = `
 WITH free AS (
   SELECT greatest($2::int
-    - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running')
+    - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running' AND NOT slot_released)
     - (SELECT count(*) FROM workpool_completions WHERE pool = $1), 0)::int AS n
 ), pick AS (
   SELECT id FROM workpool_work
@@ -334,7 +360,7 @@ WITH free AS (
   LIMIT (SELECT n FROM free)
   FOR UPDATE SKIP LOCKED
 )
-UPDATE workpool_work w SET state = 'running', started_at = $3, claimed_by = NULL, heartbeat_at = NULL
+UPDATE workpool_work w SET state = 'running', started_at = $3, claimed_by = NULL, heartbeat_at = NULL, slot_released = false
 WHERE w.id = ANY(ARRAY(SELECT id FROM pick))
 RETURNING w.id, w.run_at`
 
@@ -350,7 +376,8 @@ RETURNING w.id, w.run_at`
 // reports: the loop then runs the full iteration. $1 pool, $2 generation,
 // $3 now, $4 completion batch, $5 notification payload, $6 handlers
 // registered here, $7 free local capacity, $8 local share (1/replicas),
-// $9 local executor id.
+// $9 local executor id, $10–$13 results of attempts it claimed earlier
+// whose handlers returned (id, attempt, kind, retryable).
 const sqlIterateFast = `
 WITH bump AS (
   UPDATE workpool_pools SET generation = generation + 1, run_kind = 'running', run_saturated = false, run_at = NULL, updated_at = $3
@@ -377,11 +404,25 @@ WITH bump AS (
   USING (SELECT pool, id FROM workpool_completions WHERE pool = $1 AND NOT retry ORDER BY id LIMIT $4) d
   WHERE c.pool = d.pool AND c.id = d.id AND EXISTS (SELECT 1 FROM bump)
   RETURNING c.outcome
+), relrows AS (
+  -- attempts this replica's executor finished, whose slots this loop frees
+  -- itself (as sqlRelease would); rows being recorded right now are left to
+  -- their record's pending completion
+  SELECT w.id FROM workpool_work w
+  WHERE w.id = ANY($10) AND w.pool = $1 AND w.state = 'running' AND NOT w.slot_released
+  FOR UPDATE SKIP LOCKED
+), rel AS (
+  UPDATE workpool_work w SET slot_released = true
+  FROM unnest($10::uuid[], $11::int[], $12::text[], $13::bool[]) AS c(id, attempt, kind, retryable)
+  WHERE w.id = c.id AND w.id IN (SELECT id FROM relrows) AND w.attempts = c.attempt - 1
+    AND NOT (NOT w.canceled AND c.kind <> 'succeeded' AND c.retryable AND w.attempts + 1 < w.max_attempts)
+    AND EXISTS (SELECT 1 FROM bump)
+  RETURNING CASE WHEN w.canceled THEN 'canceled' WHEN c.kind = 'succeeded' THEN 'succeeded' ELSE 'failed' END AS outcome
 ), free AS (
   SELECT CASE WHEN (SELECT ok FROM plain) THEN greatest(coalesce((SELECT max_parallelism FROM bump), 0)
-      - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running')
+      - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running' AND NOT slot_released)
       - (SELECT count(*) FROM workpool_completions WHERE pool = $1)
-      + (SELECT count(*) FROM del), 0)
+      + (SELECT count(*) FROM del) + (SELECT count(*) FROM rel), 0)
     ELSE 0 END::int AS n
 ), pick AS (
   SELECT id, handler FROM workpool_work
@@ -394,7 +435,7 @@ WITH bump AS (
   SELECT id FROM (SELECT id, row_number() OVER () AS rn FROM pick WHERE handler = ANY($6)) p
   WHERE rn <= least($7::int, ceil((SELECT count(*) FROM pick) * $8::float8))
 ), started AS (
-  UPDATE workpool_work w SET state = 'running', started_at = $3,
+  UPDATE workpool_work w SET state = 'running', started_at = $3, slot_released = false,
     claimed_by = CASE WHEN w.id = ANY(ARRAY(SELECT id FROM mine)) THEN $9::uuid END,
     heartbeat_at = CASE WHEN w.id = ANY(ARRAY(SELECT id FROM mine)) THEN $3 END
   WHERE w.id = ANY(ARRAY(SELECT id FROM pick))
@@ -404,9 +445,9 @@ WITH bump AS (
 SELECT
   EXISTS (SELECT 1 FROM bump),
   (SELECT ok FROM plain),
-  (SELECT count(*) FROM del WHERE outcome = 'succeeded'),
-  (SELECT count(*) FROM del WHERE outcome = 'failed'),
-  (SELECT count(*) FROM del WHERE outcome = 'canceled'),
+  (SELECT count(*) FROM del WHERE outcome = 'succeeded') + (SELECT count(*) FROM rel WHERE outcome = 'succeeded'),
+  (SELECT count(*) FROM del WHERE outcome = 'failed') + (SELECT count(*) FROM rel WHERE outcome = 'failed'),
+  (SELECT count(*) FROM del WHERE outcome = 'canceled') + (SELECT count(*) FROM rel WHERE outcome = 'canceled'),
   coalesce((SELECT array_agg(extract(epoch FROM $3::timestamptz - run_at)::float8) FROM started), '{}'),
   EXISTS (SELECT 1 FROM workpool_completions WHERE pool = $1 AND retry),
   EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),
@@ -456,7 +497,7 @@ WITH RECURSIVE orgs(org_id) AS (
   FROM orgs o WHERE o.org_id IS NOT NULL
 )
 SELECT
-  (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running')
+  (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running' AND NOT slot_released)
     + (SELECT count(*) FROM workpool_completions WHERE pool = $1),
   EXISTS (SELECT 1 FROM heads WHERE first_at <= $2)
     OR EXISTS (SELECT 1 FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2),

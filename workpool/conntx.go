@@ -1,0 +1,131 @@
+package workpool
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// connTx is a transaction opened by a BEGIN sent in the same pipeline as
+// its first statements, which pgx.Tx cannot do: it saves the report its
+// BEGIN round trip. It is what the hooks see (through hookTx); nested
+// Begin makes savepoints.
+type connTx struct {
+	conn  *pgx.Conn
+	depth int
+}
+
+var _ pgx.Tx = (*connTx)(nil)
+
+// Begin opens a savepoint.
+func (t *connTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	sp := &connTx{conn: t.conn, depth: t.depth + 1}
+	if _, err := t.conn.Exec(ctx, "SAVEPOINT "+sp.name()); err != nil {
+		return nil, err
+	}
+	return sp, nil
+}
+
+func (t *connTx) name() string { return "workpool_sp_" + strconv.Itoa(t.depth) }
+
+// Commit releases a savepoint, or commits the transaction itself.
+func (t *connTx) Commit(ctx context.Context) error {
+	sql := "COMMIT"
+	if t.depth > 0 {
+		sql = "RELEASE SAVEPOINT " + t.name()
+	}
+	_, err := t.conn.Exec(ctx, sql)
+	return err
+}
+
+// Rollback rolls back to a savepoint, or the transaction itself.
+func (t *connTx) Rollback(ctx context.Context) error {
+	sql := "ROLLBACK"
+	if t.depth > 0 {
+		sql = "ROLLBACK TO SAVEPOINT " + t.name()
+	}
+	_, err := t.conn.Exec(ctx, sql)
+	return err
+}
+
+func (t *connTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	return t.conn.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *connTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return t.conn.SendBatch(ctx, b)
+}
+
+// LargeObjects is not offered to hooks.
+func (t *connTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
+
+func (t *connTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	return t.conn.Prepare(ctx, name, sql)
+}
+
+func (t *connTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.conn.Exec(ctx, sql, args...)
+}
+
+func (t *connTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.conn.Query(ctx, sql, args...)
+}
+
+func (t *connTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return t.conn.QueryRow(ctx, sql, args...)
+}
+
+func (t *connTx) Conn() *pgx.Conn { return t.conn }
+
+// completeWithHooks records results and runs their hooks in one
+// transaction whose BEGIN travels with the statement: two round trips in
+// all (statement, commit) when every hook succeeds.
+func (m *Manager) completeWithHooks(ctx context.Context, results []attemptResult) (err error) {
+	c, err := m.db.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("completing %d attempts: %w", len(results), err)
+	}
+	defer c.Release()
+	conn := c.Conn()
+	defer func() {
+		if err != nil && conn.PgConn().TxStatus() != 'I' {
+			// Best effort: a broken connection is closed by the pool.
+			if _, rerr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
+				_ = conn.Close(context.WithoutCancel(ctx))
+			}
+		}
+	}()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(sqlComplete, m.completeArgs(results)...)
+	b.Queue(sqlSavepoint)
+	br := conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	var done []finishedRow
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			done, err = scanFinished(rows)
+		}
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("completing %d attempts: %w", len(results), err)
+	}
+	tx := &connTx{conn: conn}
+	if err = m.runHooks(ctx, tx, hookCalls(done), false, true); err != nil {
+		return err
+	}
+	if err = tx.Commit(ctx); err != nil {
+		return fmt.Errorf("committing %d completions: %w", len(results), err)
+	}
+	return nil
+}
