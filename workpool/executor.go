@@ -310,10 +310,10 @@ func (e *executor) finish(rj *runningJob, r attemptResult) {
 		e.kick()
 	}
 	// The local loop that claimed the attempt frees its slot in its next
-	// iteration (no round trip of its own); otherwise the release stage
-	// does, through a pending completion.
+	// iteration (no round trip of its own) and then passes the result on to
+	// be recorded; otherwise the release stage frees it, through a pending
+	// completion.
 	if rj.loop != nil && rj.loop.release(r) {
-		e.rep.finish.add(r)
 		return
 	}
 	e.rep.add(r)
@@ -392,15 +392,16 @@ func (e *executor) heartbeat() error {
 	var canceled []uuid.UUID
 	for rows.Next() {
 		var (
-			id uuid.UUID
-			c  bool
+			id      uuid.UUID
+			c, mine bool
+			n       int64
 		)
-		if err := rows.Scan(&id, &c); err != nil {
+		if err := rows.Scan(&id, &c, &mine, &n); err != nil {
 			rows.Close()
 			return fmt.Errorf("heartbeating: %w", err)
 		}
-		alive[id] = true
-		if c {
+		alive[id] = mine
+		if c && mine {
 			canceled = append(canceled, id)
 		}
 	}

@@ -137,7 +137,12 @@ func (l *loop) lead(ctx context.Context) {
 		return
 	}
 	l.leading.Store(true)
-	defer l.leading.Store(false)
+	defer func() {
+		l.leading.Store(false)
+		// Returned attempts this term did not get to: recorded without a
+		// release, they free their slots through pending completions.
+		l.m.exec.rep.finish.addAll(l.takeReleases())
+	}()
 	log.Info("leading the pool's loop", "generation", l.gen)
 	maint, stopMaint := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -282,7 +287,12 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (res iterResult, 
 	// and unrun until recovery. (A stale statement writes nothing anyway.)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
 	defer cancel()
-	if err := l.m.db.SendBatch(sctx, b).Close(); err != nil {
+	err = l.m.db.SendBatch(sctx, b).Close()
+	// The results go to be recorded only now, so that recording them never
+	// holds the rows this statement releases (its row locks would make the
+	// release skip them). Recording reads whether the slot was released.
+	e.rep.finish.addAll(rels)
+	if err != nil {
 		return iterResult{}, false, fmt.Errorf("fast iteration: %w", err)
 	}
 	if !fenced {

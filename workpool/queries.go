@@ -200,10 +200,21 @@ WHERE w.id = ANY(ARRAY(
   FOR UPDATE SKIP LOCKED))
 RETURNING w.id, w.org_id, w.pool, w.handler, w.args, w.attempts, w.timeout_ms, w.canceled, w.on_complete_hook IS NOT NULL`
 
+// sqlHeartbeat refreshes this executor's attempts, skipping rows another
+// transaction holds (an attempt being recorded right now: waiting for it
+// could deadlock with the recording, which locks its batch in another
+// order; the next heartbeat comes well within the timeout), and reports
+// for every attempt whether it is still this executor's and whether it was
+// canceled.
 const sqlHeartbeat = `
-UPDATE workpool_work SET heartbeat_at = $3
-WHERE id = ANY($1) AND claimed_by = $2 AND state = 'running'
-RETURNING id, canceled`
+WITH hb AS (
+  UPDATE workpool_work SET heartbeat_at = $3
+  WHERE id IN (SELECT id FROM workpool_work WHERE id = ANY($1) AND claimed_by = $2 AND state = 'running'
+               FOR UPDATE SKIP LOCKED)
+  RETURNING id
+)
+SELECT w.id, w.canceled, w.state = 'running' AND w.claimed_by = $2 AS mine, (SELECT count(*) FROM hb)
+FROM workpool_work w WHERE w.id = ANY($1)`
 
 // --- the main loop -------------------------------------------------------------------
 
