@@ -65,7 +65,7 @@ const (
 // wakeBench is one run's parameters.
 type wakeBench struct {
 	n, concurrency, restN, rounds int
-	keep, together                bool
+	keep, together, restHold      bool
 	settle                        time.Duration
 	cpuProfile                    string
 }
@@ -84,6 +84,7 @@ func benchWake(ctx context.Context, args []string) error {
 	fs.IntVar(&b.restN, "rest-n", 2000, "POST /v1/wakeups requests for the REST enqueue rate (0 skips it)")
 	fs.BoolVar(&b.together, "together", true, "run the bare-signal and the wake side at the same time, each at --concurrency, so that a drift in the (shared) machine's load hits both alike; false: one after the other, in --rounds")
 	fs.IntVar(&b.rounds, "rounds", 2, "with --together=false: rounds the n are split over, each a bare-signal run and a wake run, which goes first alternating")
+	fs.BoolVar(&b.restHold, "rest-hold", true, "hold the REST wake-ups' work until their requests are all answered: their signals go to workflows that never exist and are retried until the NotFound grace ends, several sends each, load that production (one send per wake-up) does not have")
 	fs.BoolVar(&b.keep, "keep", false, "keep the temporary directories of the local Postgres and Temporal (their paths are printed)")
 	fs.DurationVar(&b.settle, "settle", 100*time.Millisecond, "pause between a workflow parking and its trigger, on both sides, so that neither lands on the tail of Temporal's work for the parking task")
 	fs.StringVar(&b.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured rounds to this file")
@@ -221,7 +222,7 @@ func (b wakeBench) run(ctx context.Context, env *wakeEnv) error {
 		wakeStage(wake, func(s wakeSample) time.Duration { return s.sent - s.send }))
 
 	if b.restN > 0 {
-		rest, err := env.restEnqueue(ctx, b.restN, b.concurrency)
+		rest, err := env.restEnqueue(ctx, b.restN, b.concurrency, b.restHold)
 		if err != nil {
 			return fmt.Errorf("rest enqueue: %w", err)
 		}
@@ -267,6 +268,8 @@ type wakeEnv struct {
 	apiDone    chan struct{}
 	started    []component // in start order
 
+	restHold chan struct{} // closed when the REST wake-ups' work may finish
+
 	returned *wakeStamps // handler return, by args key (the workflow id)
 	sends    *wakeStamps // dispatcher's SignalWorkflow call, by workflow id
 	sentAt   *wakeStamps // …and its successful return
@@ -287,7 +290,7 @@ func (b wakeBench) setUp(ctx context.Context) (*wakeEnv, error) {
 	}
 	env := &wakeEnv{
 		keep: b.keep, logger: newLogger(level), taskQueue: "bench-wake-" + uuid.NewString(),
-		agent:    "bench-agent-" + uuid.NewString()[:8],
+		agent: "bench-agent-" + uuid.NewString()[:8], restHold: make(chan struct{}),
 		returned: newWakeStamps(), sends: newWakeStamps(), sentAt: newWakeStamps(),
 	}
 	if s.DatabaseURL == "" || s.TemporalAddr == "" {
@@ -461,12 +464,21 @@ func benchAwaitWake(ctx workflow.Context, timeout time.Duration) (workflows.Wake
 }
 
 // benchHandler is the work every bench wake-up runs: it notes when it
-// returns (the start of the measured wake) and returns at once.
-func (e *wakeEnv) benchHandler(_ context.Context, j workpool.Job) (json.RawMessage, error) {
+// returns (the start of the measured wake) and returns at once — or, for
+// the REST phase's wake-ups ("hold"), once that phase is over.
+func (e *wakeEnv) benchHandler(ctx context.Context, j workpool.Job) (json.RawMessage, error) {
 	var args struct {
-		Key string `json:"key"`
+		Key  string `json:"key"`
+		Hold bool   `json:"hold"`
 	}
 	_ = json.Unmarshal(j.Args, &args)
+	if args.Hold {
+		select {
+		case <-e.restHold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	if args.Key != "" {
 		e.returned.set(args.Key, time.Now())
 	}
@@ -694,8 +706,10 @@ type wakeRestResult struct {
 
 // restEnqueue posts n wake-ups over HTTP from concurrency clients, each for
 // its own (never started) workflow and with its own Idempotency-Key, as an
-// agent would; it reports the wall time of the n and each request's.
-func (e *wakeEnv) restEnqueue(ctx context.Context, n, concurrency int) (wakeRestResult, error) {
+// agent would; it reports the wall time of the n and each request's. With
+// hold, their work waits until the last answer.
+func (e *wakeEnv) restEnqueue(ctx context.Context, n, concurrency int, hold bool) (wakeRestResult, error) {
+	defer close(e.restHold)
 	tok, err := api.SignToken(e.secret, api.TokenSpec{OrgID: wakeBenchOrg, Sub: "bench", AgentID: e.agent, Roles: []string{api.RoleAgent}, TTL: time.Hour})
 	if err != nil {
 		return wakeRestResult{}, err
@@ -709,7 +723,7 @@ func (e *wakeEnv) restEnqueue(ctx context.Context, n, concurrency int) (wakeRest
 		wf := fmt.Sprintf("%s/rest-%s-%d", wakeBenchOrg, tag, i)
 		body, _ := json.Marshal(map[string]any{
 			"agent_id": e.agent, "workflow_id": wf, "signal": wakeBenchSignal, "scope": wakeBenchScope,
-			"reason": "bench rest", "cost": 1, "work": map[string]any{"handler": wakeBenchHandler, "args": map[string]any{}},
+			"reason": "bench rest", "cost": 1, "work": map[string]any{"handler": wakeBenchHandler, "args": map[string]any{"hold": hold}},
 		})
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.apiURL+"/v1/wakeups", bytes.NewReader(body))
 		if err != nil {
