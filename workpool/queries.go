@@ -441,17 +441,27 @@ WITH bump AS (
   ORDER BY run_at
   LIMIT (SELECT n FROM free)
   FOR UPDATE SKIP LOCKED
-), mine AS (
-  -- this replica's executor's share, claimed here rather than by a claim
-  SELECT id FROM (SELECT id, row_number() OVER () AS rn FROM pick WHERE handler = ANY($6)) p
-  WHERE rn <= least($7::int, ceil((SELECT count(*) FROM pick) * $8::float8))
+), split AS (
+  -- this replica's executor's share, claimed here rather than by a claim:
+  -- picked work of the handlers registered here, up to the share
+  SELECT id, coalesce(handler = ANY($6), false)
+    AND row_number() OVER (PARTITION BY coalesce(handler = ANY($6), false))
+        <= least($7::int, ceil((SELECT count(*) FROM pick) * $8::float8)) AS mine
+  FROM pick
+), started_here AS (
+  -- (two updates over disjoint rows, each by its id array: no per-row
+  -- search of one set in the other, which grows with the square of a batch)
+  UPDATE workpool_work w SET state = 'running', started_at = $3, slot_released = false, claimed_by = $9::uuid, heartbeat_at = $3
+  WHERE w.id = ANY(ARRAY(SELECT id FROM split WHERE mine))
+  RETURNING w.id, w.org_id, w.handler, w.args, w.attempts, w.timeout_ms, w.on_complete_hook IS NOT NULL AS hook, w.run_at
+), started_elsewhere AS (
+  UPDATE workpool_work w SET state = 'running', started_at = $3, slot_released = false, claimed_by = NULL, heartbeat_at = NULL
+  WHERE w.id = ANY(ARRAY(SELECT id FROM split WHERE NOT mine))
+  RETURNING w.id, w.run_at
 ), started AS (
-  UPDATE workpool_work w SET state = 'running', started_at = $3, slot_released = false,
-    claimed_by = CASE WHEN w.id = ANY(ARRAY(SELECT id FROM mine)) THEN $9::uuid END,
-    heartbeat_at = CASE WHEN w.id = ANY(ARRAY(SELECT id FROM mine)) THEN $3 END
-  WHERE w.id = ANY(ARRAY(SELECT id FROM pick))
-  RETURNING w.id, w.org_id, w.handler, w.args, w.attempts, w.timeout_ms, w.on_complete_hook IS NOT NULL AS hook,
-    w.run_at, w.claimed_by IS NOT NULL AS mine
+  SELECT id, org_id, handler, args, attempts, timeout_ms, hook, run_at, true AS mine FROM started_here
+  UNION ALL
+  SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, run_at, false FROM started_elsewhere
 )
 SELECT
   EXISTS (SELECT 1 FROM bump),
