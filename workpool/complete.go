@@ -98,18 +98,33 @@ func hookCalls(rows []finishedRow) []hookCall {
 // after commit (see wakeLoops), so that no NOTIFY lock is held across the
 // commit's flush.
 func (m *Manager) completeTx(ctx context.Context, tx pgx.Tx, results []attemptResult) ([]finishedRow, error) {
+	return m.completeIn(ctx, tx, results, false)
+}
+
+// completeIn is completeTx; with begin, the batch opens tx's transaction
+// itself (a connTx not yet begun), which saves a round trip.
+func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptResult, begin bool) ([]finishedRow, error) {
 	if len(results) == 0 {
 		return nil, nil
 	}
 	n := len(results)
 	b := &pgx.Batch{}
+	if begin {
+		b.Queue("BEGIN")
+	}
 	b.Queue(sqlComplete, m.completeArgs(results)...)
 	b.Queue(sqlSavepoint) // cheap, and saves a round trip before the hooks
 	br := tx.SendBatch(ctx, b)
-	rows, err := br.Query()
+	var err error
+	if begin {
+		_, err = br.Exec()
+	}
 	var done []finishedRow
 	if err == nil {
-		done, err = scanFinished(rows)
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			done, err = scanFinished(rows)
+		}
 	}
 	if err == nil {
 		_, err = br.Exec()
@@ -146,11 +161,11 @@ func (m *Manager) completeArgs(results []attemptResult) []any {
 	return []any{pgUUIDs(ids), attempts, kinds, res, errs, retryable, m.now()}
 }
 
-// releaseSlots runs sqlRelease for results in one round trip, without
-// waiting for the WAL flush.
-func (m *Manager) releaseSlots(ctx context.Context, results []attemptResult) error {
+// releaseArgs are sqlRelease's arrays (the first ones of sqlComplete) for
+// results: id, attempt, kind, retryable.
+func releaseArgs(results []attemptResult) (ids [][16]byte, attempts []int32, kinds []string, retryable []bool) {
 	n := len(results)
-	ids, attempts, kinds, retryable := make([]uuid.UUID, n), make([]int32, n), make([]string, n), make([]bool, n)
+	ids, attempts, kinds, retryable = make([][16]byte, n), make([]int32, n), make([]string, n), make([]bool, n)
 	for i, r := range results {
 		ids[i], attempts[i], retryable[i] = r.id, int32(r.attempt), r.retryable
 		kinds[i] = "failed"
@@ -158,11 +173,18 @@ func (m *Manager) releaseSlots(ctx context.Context, results []attemptResult) err
 			kinds[i] = "succeeded"
 		}
 	}
+	return ids, attempts, kinds, retryable
+}
+
+// releaseSlots runs sqlRelease for results in one round trip, without
+// waiting for the WAL flush.
+func (m *Manager) releaseSlots(ctx context.Context, results []attemptResult) error {
+	ids, attempts, kinds, retryable := releaseArgs(results)
 	b := &pgx.Batch{}
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
-	b.Queue(sqlRelease, pgUUIDs(ids), attempts, kinds, retryable, m.now())
+	b.Queue(sqlRelease, ids, attempts, kinds, retryable, m.now())
 	if err := m.db.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("releasing %d slots: %w", n, err)
+		return fmt.Errorf("releasing %d slots: %w", len(results), err)
 	}
 	return nil
 }

@@ -98,30 +98,8 @@ func (m *Manager) completeWithHooks(ctx context.Context, results []attemptResult
 			}
 		}
 	}()
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(sqlComplete, m.completeArgs(results)...)
-	b.Queue(sqlSavepoint)
-	br := conn.SendBatch(ctx, b)
-	_, err = br.Exec()
-	var done []finishedRow
-	if err == nil {
-		var rows pgx.Rows
-		if rows, err = br.Query(); err == nil {
-			done, err = scanFinished(rows)
-		}
-	}
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("completing %d attempts: %w", len(results), err)
-	}
 	tx := &connTx{conn: conn}
-	if err = m.runHooks(ctx, tx, hookCalls(done), false, true); err != nil {
+	if _, err = m.completeIn(ctx, tx, results, true); err != nil {
 		return err
 	}
 	if err = tx.Commit(ctx); err != nil {

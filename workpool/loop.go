@@ -264,15 +264,7 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (res iterResult, 
 	e := l.m.exec
 	names, free, share := e.handoff()
 	rels := l.takeReleases()
-	n := len(rels)
-	relIDs, relAttempts, relKinds, relRetryable := make([][16]byte, n), make([]int32, n), make([]string, n), make([]bool, n)
-	for i, r := range rels {
-		relIDs[i], relAttempts[i], relRetryable[i] = r.id, int32(r.attempt), r.retryable
-		relKinds[i] = "failed"
-		if r.succeeded {
-			relKinds[i] = "succeeded"
-		}
-	}
+	relIDs, relAttempts, relKinds, relRetryable := releaseArgs(rels)
 	b := &pgx.Batch{}
 	// Losing this commit in a crash loses only starts (made again) and
 	// slot releases (their completions come back): nothing promised.
