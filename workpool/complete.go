@@ -1,10 +1,12 @@
 package workpool
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -143,6 +145,7 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 
 // completeArgs are sqlComplete's arrays for results.
 func (m *Manager) completeArgs(results []attemptResult) []any {
+	results = byID(results)
 	n := len(results)
 	ids, attempts := make([]uuid.UUID, n), make([]int32, n)
 	kinds, res, errs, retryable := make([]string, n), make([]*string, n), make([]string, n), make([]bool, n)
@@ -161,9 +164,25 @@ func (m *Manager) completeArgs(results []attemptResult) []any {
 	return []any{pgUUIDs(ids), attempts, kinds, res, errs, retryable, m.now()}
 }
 
+// byID returns results sorted by work id (a sorted copy): statements that
+// update a batch of work rows, and may wait for their locks, then take
+// them in the order of the primary key, as the loop's do, rather than
+// deadlock with them.
+func byID(results []attemptResult) []attemptResult {
+	if slices.IsSortedFunc(results, compareByID) {
+		return results
+	}
+	sorted := slices.Clone(results)
+	slices.SortFunc(sorted, compareByID)
+	return sorted
+}
+
+func compareByID(a, b attemptResult) int { return bytes.Compare(a.id[:], b.id[:]) }
+
 // releaseArgs are sqlRelease's arrays (the first ones of sqlComplete) for
 // results: id, attempt, kind, retryable.
 func releaseArgs(results []attemptResult) (ids [][16]byte, attempts []int32, kinds []string, retryable []bool) {
+	results = byID(results)
 	n := len(results)
 	ids, attempts, kinds, retryable = make([][16]byte, n), make([]int32, n), make([]string, n), make([]bool, n)
 	for i, r := range results {
@@ -347,6 +366,10 @@ func (m *Manager) callHook(ctx context.Context, tx pgx.Tx, c hookCall) (err erro
 	}()
 	if err := h(ctx, tx, c.c); err != nil {
 		return fmt.Errorf("hook %q: %w", c.hook, err)
+	}
+	if tx.Conn().PgConn().TxStatus() == 'E' {
+		// It swallowed a database error: the transaction can only roll back.
+		return fmt.Errorf("hook %q returned no error but left the transaction failed (a database error was ignored)", c.hook)
 	}
 	return nil
 }

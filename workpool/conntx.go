@@ -31,13 +31,18 @@ func (t *connTx) Begin(ctx context.Context) (pgx.Tx, error) {
 
 func (t *connTx) name() string { return "workpool_sp_" + strconv.Itoa(t.depth) }
 
-// Commit releases a savepoint, or commits the transaction itself.
+// Commit releases a savepoint, or commits the transaction itself. Like
+// pgx's own, it reports a COMMIT that rolled back (the transaction had
+// failed) as pgx.ErrTxCommitRollback.
 func (t *connTx) Commit(ctx context.Context) error {
-	sql := "COMMIT"
 	if t.depth > 0 {
-		sql = "RELEASE SAVEPOINT " + t.name()
+		_, err := t.conn.Exec(ctx, "RELEASE SAVEPOINT "+t.name())
+		return err
 	}
-	_, err := t.conn.Exec(ctx, sql)
+	tag, err := t.conn.Exec(ctx, "COMMIT")
+	if err == nil && tag.String() == "ROLLBACK" {
+		return pgx.ErrTxCommitRollback
+	}
 	return err
 }
 

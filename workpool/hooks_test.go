@@ -88,6 +88,38 @@ func TestHooks_AFailingHookIsRetriedAndTheCompletionIsNotLost(t *testing.T) {
 	require.Equal(t, OutcomeSucceeded, requireFinished(t, m, "org-1", id, OutcomeSucceeded).Outcome)
 }
 
+// A hook that ignores a database error leaves the transaction failed: that
+// is a failed hook call (retried), never a completion silently rolled back.
+func TestHooks_AHookThatSwallowsADatabaseErrorFailsAndIsRetried(t *testing.T) {
+	t.Parallel()
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	hookTable(t, db)
+	var calls atomic.Int64
+	m.RegisterHook("swallow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		if calls.Add(1) == 1 {
+			_, _ = tx.Exec(ctx, `SELECT 1/0`) // the error is dropped
+			return nil
+		}
+		return recordHook(ctx, tx, c)
+	})
+	id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop",
+		OnComplete: &OnComplete{Hook: "swallow"}})
+	require.NoError(t, err)
+
+	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+	require.Eventually(t, func() bool {
+		var state string
+		err := db.QueryRow(context.Background(), `SELECT hook_state FROM workpool_work WHERE id = $1`, id).Scan(&state)
+		return err == nil && state == "done"
+	}, testWait, testTick, "the retried call succeeds")
+	var hookErr *string
+	var hookAttempts int
+	require.NoError(t, db.QueryRow(context.Background(), `SELECT hook_error, hook_attempts FROM workpool_work WHERE id = $1`, id).Scan(&hookErr, &hookAttempts))
+	require.Equal(t, 1, hookAttempts, "the first call counted as failed")
+	n, _ := hookCallsOf(t, db, id)
+	require.Equal(t, 1, n)
+}
+
 func TestHooks_OneFailingHookInABatchDoesNotHoldBackTheOthers(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)

@@ -62,14 +62,27 @@ type loop struct {
 // no longer leads the pool. A release that never happens is harmless: the
 // result's record then leaves a pending completion that frees the slot.
 func (l *loop) release(r attemptResult) bool {
+	// Checked under relMu, which the end of a term also takes to stop
+	// accepting releases: a result queued here is never left behind.
+	l.relMu.Lock()
 	if !l.leading.Load() {
+		l.relMu.Unlock()
 		return false
 	}
-	l.relMu.Lock()
 	l.releases = append(l.releases, r)
 	l.relMu.Unlock()
 	l.kick(false)
 	return true
+}
+
+// stopReleases ends the term's releases and returns those not taken.
+func (l *loop) stopReleases() []attemptResult {
+	l.relMu.Lock()
+	defer l.relMu.Unlock()
+	l.leading.Store(false)
+	rs := l.releases
+	l.releases = nil
+	return rs
 }
 
 func (l *loop) takeReleases() []attemptResult {
@@ -138,10 +151,9 @@ func (l *loop) lead(ctx context.Context) {
 	}
 	l.leading.Store(true)
 	defer func() {
-		l.leading.Store(false)
 		// Returned attempts this term did not get to: recorded without a
 		// release, they free their slots through pending completions.
-		l.m.exec.rep.finish.addAll(l.takeReleases())
+		l.m.exec.rep.finish.addAll(l.stopReleases())
 	}()
 	log.Info("leading the pool's loop", "generation", l.gen)
 	maint, stopMaint := context.WithCancel(ctx)

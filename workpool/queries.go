@@ -146,10 +146,14 @@ WITH c AS (
   RETURNING w.id, w.org_id, w.pool, w.handler, w.state, w.outcome, w.result, w.error, w.attempts,
     w.on_complete_hook, w.on_complete_context, w.slot_released
 ), pc AS (
-  -- a released slot already went back (sqlRelease, or the loop itself)
+  -- a released slot already went back (sqlRelease, or the loop itself);
+  -- a retry needs its completion all the same, as only the loop schedules
+  -- retries (an attempt released as final can still be recorded as a
+  -- retryable failure, by recovery when its result was lost): it holds one
+  -- slot more until the loop takes it, the safe direction
   INSERT INTO workpool_completions (pool, work_id, org_id, attempt, outcome, retry, created_at)
   SELECT pool, id, org_id, attempts, coalesce(outcome, 'failed'), state = 'retrying', $7
-  FROM upd WHERE NOT slot_released
+  FROM upd WHERE NOT slot_released OR state = 'retrying'
 )
 SELECT id, org_id, pool, handler, state, outcome, result, error, attempts, on_complete_hook, on_complete_context
 FROM upd`

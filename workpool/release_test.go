@@ -105,6 +105,45 @@ func TestRelease_AnAttemptReleasedButNeverRecordedIsRecovered(t *testing.T) {
 	require.Equal(t, []uuid.UUID{next}, h.observe().running, "the slot count is back to the one running item")
 }
 
+// An attempt released as final whose result is then lost (its executor
+// died before recording it) is recovered as a retryable failure: with
+// attempts left it is retried, not left waiting for a retry nobody
+// schedules.
+func TestRelease_AReleasedAttemptRecoveredAsARetryableFailureIsRetried(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(1))
+	id := h.enqueue(withRetry(3, 0, 2))
+	h.runMain()
+	h.claimAll()
+	h.release(id, "success", 1)
+	h.pastRecovery()
+
+	h.runMain() // recovery: the attempt's result is lost with its executor
+	h.runMain() // its retry is scheduled, and started
+
+	var state string
+	var attempts int
+	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT state, attempts FROM workpool_work WHERE id = $1`, id).Scan(&state, &attempts))
+	require.Equal(t, "running", state, "retried")
+	require.Equal(t, 1, attempts)
+	require.Equal(t, []uuid.UUID{id}, h.observe().running, "holding its slot again")
+	require.Zero(t, h.completions(id))
+}
+
+// Once a term ends, the loop takes no more releases (the executor's
+// release stage frees those slots) and hands back every one it queued.
+func TestRelease_AtTheEndOfATermQueuedReleasesAreHandedBackAndNewOnesRefused(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.l.leading.Store(true)
+	queued := attemptResult{id: newID(), pool: "default", attempt: 1, succeeded: true}
+	require.True(t, h.l.release(queued))
+
+	require.Equal(t, []attemptResult{queued}, h.l.stopReleases())
+	require.False(t, h.l.release(attemptResult{id: newID(), pool: "default", attempt: 1}))
+	require.Empty(t, h.l.takeReleases())
+}
+
 func TestRelease_ExecutorsReleaseBeforeRecording(t *testing.T) {
 	t.Parallel()
 	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 1}})
