@@ -132,6 +132,14 @@ func (s *Subscription) note(closed bool, last int64) {
 	s.signal()
 }
 
+// stored records that the table holds chunks up to index last (a read
+// saw it), so that the next Next reads on instead of waiting.
+func (s *Subscription) stored(last int64) {
+	s.mu.Lock()
+	s.hint = max(s.hint, last)
+	s.mu.Unlock()
+}
+
 func (s *Subscription) markStale() {
 	s.mu.Lock()
 	s.stale = true

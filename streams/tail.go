@@ -72,6 +72,9 @@ func (t *Tail) Next(ctx context.Context) (Batch, error) {
 		return Batch{}, err
 	}
 	t.next = page.Next
+	// A page bounds the read: what it left is stored already, and the next
+	// Next must read it rather than wait for a notification.
+	t.sub.stored(page.Info.TailIndex)
 	ended := page.Info.Done && !page.HasMore
 	return Batch{
 		Chunks:    page.Items,

@@ -109,20 +109,41 @@ func TestATailOfAClosedEmptyStreamEndsAtOnce(t *testing.T) {
 
 func TestATailReadsLongBacklogsInBoundedBatches(t *testing.T) {
 	svc, _ := newService(t, streams.Config{})
-	chunks := make([][]byte, 600)
+	// A reader that follows the writes to the end: once it saw the close,
+	// every notification of this stream has been handled, and a tail opened
+	// afterwards has only the table to go by.
+	probe, err := svc.Tail(org, "run-1", "out", 0)
+	require.NoError(t, err)
+	defer probe.Close()
+	chunks := make([][]byte, 1000)
 	for i := range chunks {
 		chunks[i] = fmt.Appendf(nil, "%d", i)
 	}
-	_, err := svc.Append(context.Background(), org, "run-1", "out", chunks)
+	_, err = svc.Append(context.Background(), org, "run-1", "out", chunks)
 	require.NoError(t, err)
+	require.NoError(t, svc.Close(context.Background(), org, "run-1", "out"))
+	follow(t, probe)
+
 	tail, err := svc.Tail(org, "run-1", "out", 0)
 	require.NoError(t, err)
 	defer tail.Close()
-	b, err := tail.Next(context.Background())
-	require.NoError(t, err)
-	require.Less(t, len(b.Chunks), 600)
-	require.True(t, b.More, "the rest is stored already")
-	require.EqualValues(t, len(b.Chunks), tail.Position())
+	var got []string
+	for pages := 0; ; pages++ {
+		b, err := tail.Next(context.Background())
+		require.NoError(t, err)
+		require.True(t, len(b.Chunks) > 0 || b.Ended, "a stored backlog is read page after page without waiting (page %d)", pages)
+		require.Less(t, len(b.Chunks), 1000, "bounded")
+		got = append(got, dataOf(b.Chunks)...)
+		if b.Ended {
+			require.EqualValues(t, 999, b.TailIndex)
+			break
+		}
+		require.True(t, b.More, "the rest is stored already")
+	}
+	require.Len(t, got, 1000)
+	for i, d := range got {
+		require.Equal(t, fmt.Sprint(i), d)
+	}
 }
 
 func TestASlowSubscriberBlocksNeitherWritersNorOtherReaders(t *testing.T) {
