@@ -336,6 +336,11 @@ func (s *Server) resolveMandateApproval(resolve func(ctx context.Context, orgID 
 			return err
 		}
 		p := PrincipalFrom(c)
+		if p.Sub == "" {
+			// Without an identity the rule that a requester may not resolve
+			// its own request cannot be kept.
+			return NewProblem(http.StatusForbidden, "forbidden", "a token without a sub claim cannot approve or deny requests")
+		}
 		a, err := resolve(c.Request().Context(), p.OrgID, id, p.Sub, in.Note)
 		if err != nil {
 			return err

@@ -415,6 +415,24 @@ func TestApproversResolveOverrunsButNotTheirOwn(t *testing.T) {
 	require.Empty(t, do(t, h, http.MethodGet, "/v1/mandate-approvals?status=pending", bob, nil).JSON(t)["items"])
 }
 
+func TestATokenWithoutSubCannotResolveRequests(t *testing.T) {
+	s, _ := newMandateServer(t)
+	h, admin := s.Handler(), token(t, "org-a", "admin")
+	createMandate(t, h, admin, "agent-1", "llm", 0)
+	anonymous := subToken(t, "org-a", "", "", RoleAgent, RoleApprover)
+	p := do(t, h, http.MethodPost, "/v1/mandates/spend", anonymous, `{"agent_id":"agent-1","scope":"llm","cost":4}`).requireProblem(t, http.StatusPaymentRequired)
+	id := p["approval_id"].(string)
+
+	for _, action := range []string{"approve", "deny"} {
+		do(t, h, http.MethodPost, "/v1/mandate-approvals/"+id+"/"+action, anonymous, `{}`).requireProblem(t, http.StatusForbidden)
+	}
+	bob := subToken(t, "org-a", "bob", "", RoleApprover)
+	a := do(t, h, http.MethodGet, "/v1/mandate-approvals/"+id, bob, nil).JSON(t)
+	require.Equal(t, "pending", a["state"], "nothing resolved")
+	r := do(t, h, http.MethodPost, "/v1/mandate-approvals/"+id+"/approve", bob, `{}`)
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+}
+
 func TestAnotherOrgsMandateAndRequestAreNotFound(t *testing.T) {
 	s, svc := newMandateServer(t)
 	h := s.Handler()

@@ -323,8 +323,8 @@ func streamIndex(field, raw string) (int64, error) {
 		return 0, nil
 	}
 	n, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || n < 0 {
-		return 0, Invalid(field, "must be a chunk index: an integer ≥ 0")
+	if err != nil || n < 0 || n > streams.MaxIndex {
+		return 0, Invalid(field, fmt.Sprintf("must be a chunk index: an integer from 0 to %d", int64(streams.MaxIndex)))
 	}
 	return n, nil
 }

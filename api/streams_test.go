@@ -202,14 +202,16 @@ func TestBadPagingParametersAre400NamingThem(t *testing.T) {
 	s := newStreamServer(t, streams.Config{})
 	tok := agentToken(t, "org-a")
 	for query, field := range map[string]string{
-		"cursor=abc":             "cursor",
-		"cursor=-1":              "cursor",
-		"start_index=x":          "start_index",
-		"start_index=-2":         "start_index",
-		"cursor=1&start_index=1": "start_index",
-		"limit=0":                "limit",
-		"limit=501":              "limit",
-		"limit=ten":              "limit",
+		"cursor=abc":                      "cursor",
+		"cursor=-1":                       "cursor",
+		"start_index=x":                   "start_index",
+		"start_index=-2":                  "start_index",
+		"start_index=9223372036854775807": "start_index",
+		"start_index=9007199254740992":    "start_index",
+		"cursor=1&start_index=1":          "start_index",
+		"limit=0":                         "limit",
+		"limit=501":                       "limit",
+		"limit=ten":                       "limit",
 	} {
 		r := do(t, s.Handler(), http.MethodGet, streamBase+"out/chunks?"+query, tok, nil)
 		r.requireProblem(t, http.StatusBadRequest, field)
@@ -618,6 +620,7 @@ func TestBadSSEPositionsAre400(t *testing.T) {
 	tok := agentToken(t, "org-a")
 	do(t, s.Handler(), http.MethodGet, streamBase+"out/sse", tok, nil, "Last-Event-ID", "abc").requireProblem(t, http.StatusBadRequest, "Last-Event-ID")
 	do(t, s.Handler(), http.MethodGet, streamBase+"out/sse", tok, nil, "Last-Event-ID", "-1").requireProblem(t, http.StatusBadRequest, "Last-Event-ID")
+	do(t, s.Handler(), http.MethodGet, streamBase+"out/sse", tok, nil, "Last-Event-ID", "9223372036854775807").requireProblem(t, http.StatusBadRequest, "Last-Event-ID")
 	do(t, s.Handler(), http.MethodGet, streamBase+"out/sse?start_index=-1", tok, nil).requireProblem(t, http.StatusBadRequest, "start_index")
 }
 

@@ -347,14 +347,19 @@ func (s *Service) ListNames(ctx context.Context, org, runID, cursor string, limi
 	return page, nil
 }
 
+// MaxIndex is the largest chunk index a read may start from: 2^53−1, the
+// largest integer every JSON client reads exactly (and far from overflow
+// when a page's bounds are added to it).
+const MaxIndex = 1<<53 - 1
+
 // Chunks reads up to limit chunks from index start (fewer when they would
 // exceed MaxRequest bytes in all; never none while one is stored there).
 func (s *Service) Chunks(ctx context.Context, org, runID, name string, start int64, limit int) (Page, error) {
 	if err := validateKey(runID, name); err != nil {
 		return Page{}, err
 	}
-	if start < 0 {
-		return Page{}, apperr.Invalid("start_index", "must not be negative")
+	if start < 0 || start > MaxIndex {
+		return Page{}, apperr.Invalid("start_index", fmt.Sprintf("must be a chunk index from 0 to %d", MaxIndex))
 	}
 	if limit < 1 {
 		return Page{}, apperr.Invalid("limit", "must be at least 1")

@@ -3,6 +3,7 @@ package streams_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -469,6 +470,12 @@ func TestBadPagingArgumentsAreRefused(t *testing.T) {
 	requireInvalid(t, "limit", err)
 	_, err = svc.Tail(org, "run-1", "out", -1)
 	requireInvalid(t, "start_index", err)
+	_, err = svc.Chunks(ctx, org, "run-1", "out", math.MaxInt64, 10)
+	requireInvalid(t, "start_index", err)
+	_, err = svc.Tail(org, "run-1", "out", streams.MaxIndex+1)
+	requireInvalid(t, "start_index", err)
+	_, err = svc.Chunks(ctx, org, "run-1", "out", streams.MaxIndex, 500)
+	require.NoError(t, err, "the largest index is a valid (empty) read")
 }
 
 func TestOversizeChunksAndAppendsAreRefusedWhole(t *testing.T) {

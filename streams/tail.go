@@ -2,6 +2,7 @@ package streams
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/reveille/reveille/internal/apperr"
 )
@@ -44,8 +45,8 @@ func (s *Service) Tail(org, runID, name string, from int64) (*Tail, error) {
 	if err := validateKey(runID, name); err != nil {
 		return nil, err
 	}
-	if from < 0 {
-		return nil, apperr.Invalid("start_index", "must not be negative")
+	if from < 0 || from > MaxIndex {
+		return nil, apperr.Invalid("start_index", fmt.Sprintf("must be a chunk index from 0 to %d", MaxIndex))
 	}
 	sub, err := s.hub.Subscribe(org, runID, name)
 	if err != nil {
