@@ -62,6 +62,19 @@ func OrgOf(workflowID string) string {
 // already seen (see WithWakeDedupe). A timeout > 0 bounds the wait:
 // ErrTimeout then. A malformed signal is skipped and logged.
 func AwaitWake(ctx workflow.Context, signal string, timeout time.Duration) (Wake, error) {
+	return awaitWake(ctx, signal, "", timeout)
+}
+
+// AwaitWakeFor is AwaitWake for one wake-up: wakes of other wake-ups on the
+// same signal (an earlier run's, another caller's) are skipped. Use it when
+// the workflow knows the id it waits for, as after creating the wake-up.
+func AwaitWakeFor(ctx workflow.Context, signal, wakeupID string, timeout time.Duration) (Wake, error) {
+	return awaitWake(ctx, signal, wakeupID, timeout)
+}
+
+// awaitWake waits for a wake of the workflow's org, not seen before, and of
+// wakeupID when that is set.
+func awaitWake(ctx workflow.Context, signal, wakeupID string, timeout time.Duration) (Wake, error) {
 	logger := workflow.GetLogger(ctx)
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
 	seen, _ := ctx.Value(seenKey{}).(seenWakes)
@@ -91,7 +104,7 @@ func AwaitWake(ctx workflow.Context, signal string, timeout time.Duration) (Wake
 		// A canceled workflow stops waiting (also without a timeout).
 		sel.AddReceive(ctx.Done(), func(c workflow.ReceiveChannel, _ bool) { c.Receive(ctx, nil) })
 		sel.Select(ctx)
-		if got && wake.OrgID == org && (seen == nil || !seen[wake.WakeupID]) {
+		if got && wake.OrgID == org && (wakeupID == "" || wake.WakeupID == wakeupID) && (seen == nil || !seen[wake.WakeupID]) {
 			// A wake received in the same step as a cancellation is still
 			// returned: it was taken off the channel.
 			if seen != nil {
@@ -110,6 +123,8 @@ func AwaitWake(ctx workflow.Context, signal string, timeout time.Duration) (Wake
 			logger.Warn("ignoring a malformed wake signal", "signal", signal)
 		case wake.OrgID != org:
 			logger.Warn("ignoring a wake signal of another org", "signal", signal, "signal_org", wake.OrgID)
+		case wakeupID != "" && wake.WakeupID != wakeupID:
+			logger.Info("ignoring the wake of another wake-up", "signal", signal, "wakeup_id", wake.WakeupID, "awaiting", wakeupID)
 		default:
 			logger.Info("ignoring a repeated wake delivery", "wakeup_id", wake.WakeupID)
 		}

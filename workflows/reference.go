@@ -82,7 +82,7 @@ func ReferenceWorkflow(ctx workflow.Context, in ReferenceInput) (ReferenceResult
 	default:
 		return res, err
 	}
-	wake, err := AwaitWake(ctx, in.Signal, in.Timeout)
+	wake, err := AwaitWakeFor(ctx, in.Signal, res.WakeupID, in.Timeout)
 	res.Wake = wake
 	return res, err
 }
@@ -102,7 +102,9 @@ func (a *Activities) EnqueueWakeup(ctx context.Context, in ReferenceInput) (Enqu
 	info := activity.GetInfo(ctx)
 	wfID := info.WorkflowExecution.ID
 	w, err := a.Wakeups.Create(ctx, wakeup.CreateParams{
-		OrgID: OrgOf(wfID), AgentID: in.AgentID, WorkflowID: wfID, Signal: in.Signal, Scope: in.Scope,
+		// The signal goes to this run: a later run of a reused workflow id
+		// never receives this one's wake.
+		OrgID: OrgOf(wfID), AgentID: in.AgentID, WorkflowID: wfID, RunID: info.WorkflowExecution.RunID, Signal: in.Signal, Scope: in.Scope,
 		Reason: in.Reason, Cost: in.Cost, Work: in.Work, Pool: in.Pool,
 		IdempotencyKey: wfID + "/" + info.WorkflowExecution.RunID + "/" + info.ActivityID, RequestedBy: "workflow:" + wfID,
 	})
