@@ -431,11 +431,13 @@ func (d *Dispatcher) claim(ctx context.Context, limit int) ([]claimed, error) {
 
 // settle writes every send's outcome in three set-based statements.
 func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendResult) error {
-	// Every write is guarded by the attempt count of this claim: should the
-	// lease have run out and another dispatcher re-claimed a message, only
-	// the newer claim's outcome is recorded.
+	// Failures and retries are guarded by the attempt count of this claim:
+	// should the lease have run out and another dispatcher re-claimed a
+	// message, only the newer claim's failure is recorded. A delivery is
+	// not: it happened, whichever claim made it (the newer claim's send may
+	// only find the workflow gone, woken by this one).
 	var delivered, failedIDs, retryIDs []uuid.UUID
-	var deliveredAttempts, failedAttempts, retryAttempts []int32
+	var failedAttempts, retryAttempts []int32
 	var failedReasons, retryReasons []string
 	var retryAt []time.Time
 	var retryNotFound []*time.Time
@@ -444,7 +446,7 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 		m := msgs[i]
 		switch kind := classify(r.err); kind {
 		case sendOK:
-			delivered, deliveredAttempts = append(delivered, r.id), append(deliveredAttempts, int32(r.attempts))
+			delivered = append(delivered, r.id)
 			d.metrics.results.WithLabelValues("delivered").Inc()
 			d.metrics.deliverySeconds.Observe(now.Sub(m.CreatedAt).Seconds())
 		case sendPermanent:
@@ -479,8 +481,7 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 	batch := &pgx.Batch{}
 	if len(delivered) > 0 {
 		batch.Queue(`UPDATE queue_messages m SET status = 'delivered', delivered_at = now(), last_error = NULL, updated_at = now()
-			FROM unnest($1::uuid[], $2::int[]) AS d(id, attempts)
-			WHERE m.id = d.id AND m.attempts = d.attempts AND m.status = 'pending'`, delivered, deliveredAttempts)
+			WHERE m.id = ANY($1) AND m.status = 'pending'`, delivered)
 	}
 	if len(failedIDs) > 0 {
 		batch.Queue(`UPDATE queue_messages m SET status = 'failed', last_error = f.reason, updated_at = now()

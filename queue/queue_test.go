@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 
 	"github.com/google/uuid"
@@ -107,4 +108,47 @@ func TestBackoffGrowsAndIsCapped(t *testing.T) {
 	for range 20 {
 		require.LessOrEqual(t, d.backoff(50), d.cfg.MaxBackoff*5/4)
 	}
+}
+
+// A send that reached Temporal counts even when its lease ran out and
+// another dispatcher re-claimed the message meanwhile; a stale failure
+// does not.
+func TestADeliveryCountsWhicheverClaimMadeItAndAStaleFailureDoesNot(t *testing.T) {
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	d := NewDispatcher(db, nil, DispatcherConfig{})
+	enqueue := func(key string) Message {
+		m, _, err := Enqueue(ctx, db, EnqueueParams{OrgID: "o", Queue: "q", IdempotencyKey: key, Signal: &Signal{WorkflowID: "o/wf", Name: "wake"}})
+		require.NoError(t, err)
+		return m
+	}
+	reclaim := func() []claimed {
+		_, err := db.Exec(ctx, `UPDATE queue_messages SET next_attempt_at = now() WHERE status = 'pending'`)
+		require.NoError(t, err)
+		msgs, err := d.claim(ctx, 10)
+		require.NoError(t, err)
+		return msgs
+	}
+	delivered, failed := enqueue("a"), enqueue("b")
+	first := reclaim()  // attempt 1: its lease runs out
+	second := reclaim() // attempt 2, by another dispatcher
+	require.Len(t, first, 2)
+	require.Len(t, second, 2)
+	results := make([]sendResult, len(first))
+	for i, m := range first {
+		results[i] = sendResult{id: m.ID, attempts: m.Attempts}
+		if m.ID == failed.ID {
+			results[i].err = errors.New("connection reset")
+		}
+	}
+
+	require.NoError(t, d.settle(ctx, first, results))
+
+	got, err := Get(ctx, db, "o", delivered.ID)
+	require.NoError(t, err)
+	require.Equal(t, StatusDelivered, got.Status)
+	got, err = Get(ctx, db, "o", failed.ID)
+	require.NoError(t, err)
+	require.Equal(t, StatusPending, got.Status, "the newer claim decides")
+	require.Empty(t, got.LastError)
 }
