@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -32,7 +33,8 @@ func IdempotencyKey(c echo.Context) string { return c.Request().Header.Get("Idem
 
 // idempotencyStore keeps first responses per (org, route, key).
 type idempotencyStore struct {
-	db *pgxpool.Pool
+	db     *pgxpool.Pool
+	logger *slog.Logger
 }
 
 // middleware replays the first response to a repeated (org, route, key),
@@ -64,7 +66,7 @@ func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 				return err
 			}
 			if claimed {
-				return s.runFirst(c, next, org, route, key)
+				return s.runFirst(c, next, org, route, key, rec.claimedAt)
 			}
 			if !bytes.Equal(rec.hash, sum[:]) {
 				return NewProblem(http.StatusUnprocessableEntity, "idempotency-key-reused",
@@ -92,25 +94,30 @@ type idempotencyRecord struct {
 	status      int
 	contentType string
 	body        []byte
+	claimedAt   time.Time // of the claim this request made (its fence)
 }
 
 // claim inserts an in-flight record for the key, or takes over one that is
-// expired or abandoned; otherwise it returns the existing record.
+// expired or abandoned; otherwise it returns the existing record. A claim's
+// created_at fences it: a request whose abandoned claim was taken over
+// writes nothing when it finally ends.
 func (s *idempotencyStore) claim(ctx context.Context, org, route, key string, hash []byte) (idempotencyRecord, bool, error) {
-	tag, err := s.db.Exec(ctx, `
+	var claimedAt time.Time
+	err := s.db.QueryRow(ctx, `
 		INSERT INTO idempotency_keys (org_id, route, key, request_hash)
 		VALUES ($1, $2, $3, $4)
 		ON CONFLICT (org_id, route, key) DO UPDATE
 		   SET request_hash = EXCLUDED.request_hash, created_at = now(),
 		       status_code = NULL, content_type = NULL, response_body = NULL, completed_at = NULL
 		 WHERE idempotency_keys.created_at < now() - $5::interval
-		    OR (idempotency_keys.completed_at IS NULL AND idempotency_keys.created_at < now() - $6::interval)`,
-		org, route, key, hash, idempotencyRetention, idempotencyAbandoned)
-	if err != nil {
+		    OR (idempotency_keys.completed_at IS NULL AND idempotency_keys.created_at < now() - $6::interval)
+		RETURNING created_at`,
+		org, route, key, hash, idempotencyRetention, idempotencyAbandoned).Scan(&claimedAt)
+	switch {
+	case err == nil:
+		return idempotencyRecord{claimedAt: claimedAt}, true, nil
+	case !errors.Is(err, pgx.ErrNoRows):
 		return idempotencyRecord{}, false, err
-	}
-	if tag.RowsAffected() == 1 {
-		return idempotencyRecord{}, true, nil
 	}
 	var rec idempotencyRecord
 	var status *int32
@@ -136,7 +143,7 @@ func (s *idempotencyStore) claim(ctx context.Context, org, route, key string, ha
 
 // runFirst runs the handler for the request that claimed the key and keeps
 // its response.
-func (s *idempotencyStore) runFirst(c echo.Context, next echo.HandlerFunc, org, route, key string) error {
+func (s *idempotencyStore) runFirst(c echo.Context, next echo.HandlerFunc, org, route, key string, claimedAt time.Time) error {
 	rec := &recorder{ResponseWriter: c.Response().Writer}
 	c.Response().Writer = rec
 	err := next(c)
@@ -148,13 +155,18 @@ func (s *idempotencyStore) runFirst(c echo.Context, next echo.HandlerFunc, org, 
 	defer cancel()
 	status := c.Response().Status
 	if status >= 500 || !c.Response().Committed {
-		_, _ = s.db.Exec(ctx, `DELETE FROM idempotency_keys WHERE org_id = $1 AND route = $2 AND key = $3`, org, route, key)
+		_, _ = s.db.Exec(ctx, `DELETE FROM idempotency_keys WHERE org_id = $1 AND route = $2 AND key = $3 AND created_at = $4`,
+			org, route, key, claimedAt)
 		return nil
 	}
-	_, dbErr := s.db.Exec(ctx, `
+	tag, dbErr := s.db.Exec(ctx, `
 		UPDATE idempotency_keys SET status_code = $4, content_type = $5, response_body = $6, completed_at = now()
-		 WHERE org_id = $1 AND route = $2 AND key = $3`,
-		org, route, key, status, c.Response().Header().Get(echo.HeaderContentType), rec.buf.Bytes())
+		 WHERE org_id = $1 AND route = $2 AND key = $3 AND created_at = $7`,
+		org, route, key, status, c.Response().Header().Get(echo.HeaderContentType), rec.buf.Bytes(), claimedAt)
+	if dbErr == nil && tag.RowsAffected() == 0 {
+		s.logger.Warn("a request outlived its Idempotency-Key claim, which another request took over; its response is not kept",
+			"org_id", org, "route", route, "idempotency_key", key)
+	}
 	return dbErr
 }
 

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -92,4 +93,43 @@ func TestConcurrentDuplicatesRunTheHandlerOnce(t *testing.T) {
 		require.Equal(t, http.StatusCreated, r.Status, string(r.Body))
 		require.JSONEq(t, string(results[0].Body), string(r.Body))
 	}
+}
+
+// A request that outlives its claim (abandoned after two minutes, then
+// taken over by a retry) keeps nothing when it ends: the retry's response
+// is the one replayed.
+func TestARequestWhoseClaimWasTakenOverDoesNotOverwriteTheNewOne(t *testing.T) {
+	s := newTestServer(t)
+	var runs atomic.Int64
+	gate := make(chan struct{})
+	s.Echo().POST("/v1/test/slow", func(c echo.Context) error {
+		var in struct {
+			Name string `json:"name"`
+		}
+		if err := bind(c, &in); err != nil {
+			return err
+		}
+		n := runs.Add(1)
+		if in.Name == "slow" {
+			<-gate
+		}
+		return c.JSON(http.StatusCreated, map[string]any{"name": in.Name, "run": n})
+	}, s.auth.middleware, s.idempotent())
+	tok := token(t, "org-a", "admin")
+	slow := make(chan response, 1)
+	go func() {
+		slow <- do(t, s.Handler(), "POST", "/v1/test/slow", tok, `{"name":"slow"}`, "Idempotency-Key", "k")
+	}()
+	require.Eventually(t, func() bool { return runs.Load() == 1 }, testWait, pollEvery)
+	_, err := s.svc.DB.Exec(context.Background(), `UPDATE idempotency_keys SET created_at = created_at - interval '3 minutes' WHERE key = 'k'`)
+	require.NoError(t, err)
+
+	retry := do(t, s.Handler(), "POST", "/v1/test/slow", tok, `{"name":"fast"}`, "Idempotency-Key", "k")
+	require.Equal(t, http.StatusCreated, retry.Status, "the abandoned claim is taken over")
+	close(gate)
+	require.Equal(t, http.StatusCreated, (<-slow).Status)
+
+	again := do(t, s.Handler(), "POST", "/v1/test/slow", tok, `{"name":"fast"}`, "Idempotency-Key", "k")
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	require.JSONEq(t, string(retry.Body), string(again.Body), "the retry's response, not the slow one's")
 }

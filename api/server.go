@@ -111,7 +111,7 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, svc: svc, logger: cfg.Logger, auth: auth,
-		idem:       &idempotencyStore{db: svc.DB},
+		idem:       &idempotencyStore{db: svc.DB, logger: cfg.Logger},
 		bodyLimits: map[string]int64{},
 		metrics:    newHTTPMetrics(cfg.Registry),
 	}
