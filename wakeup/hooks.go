@@ -87,8 +87,8 @@ func (s *Service) onApprovalResolved(ctx context.Context, tx pgx.Tx, r mandates.
 func (s *Service) Cancel(ctx context.Context, orgID string, id uuid.UUID) (Wakeup, error) {
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var state string
-		var approvalID *uuid.UUID
-		err := tx.QueryRow(ctx, `SELECT state, approval_id FROM wakeups WHERE org_id = $1 AND id = $2`, orgID, id).Scan(&state, &approvalID)
+		var approvalID, enqueuedWork *uuid.UUID
+		err := tx.QueryRow(ctx, `SELECT state, approval_id, work_id FROM wakeups WHERE org_id = $1 AND id = $2`, orgID, id).Scan(&state, &approvalID, &enqueuedWork)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
 		}
@@ -103,6 +103,14 @@ func (s *Service) Cancel(ctx context.Context, orgID string, id uuid.UUID) (Wakeu
 			if _, err := s.mandates.CancelApprovalTx(ctx, tx, orgID, *approvalID); err != nil {
 				return err
 			}
+		}
+		if state == stateEnqueued && enqueuedWork != nil {
+			// Only the work's hook moves it on from here, and canceling
+			// finished work is a no-op: no lock on the wake-up, which the
+			// hook takes inside the pool's transaction (after the pool's
+			// cancelation row: the other order would let two cancels and
+			// the loop deadlock).
+			return s.pool.CancelTx(ctx, tx, orgID, *enqueuedWork)
 		}
 		var agent, scope string
 		var cost int64

@@ -407,7 +407,7 @@ func (s *Service) gate(ctx context.Context, p CreateParams) (id uuid.UUID, exist
 		}
 		if !res.OK {
 			refusal = res.Refusal
-			_, err = tx.Exec(ctx, `UPDATE wakeups SET state = 'awaiting_approval', approval_id = $2 WHERE id = $1`, id, res.ApprovalID)
+			_, err = tx.Exec(ctx, `UPDATE wakeups SET state = 'awaiting_approval', approval_id = $2 WHERE id = $1 AND org_id = $3`, id, res.ApprovalID, p.OrgID)
 			return err
 		}
 		return nil
