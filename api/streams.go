@@ -292,6 +292,9 @@ func (s *Server) awaitStream(c echo.Context, tail *streams.Tail, keepAlive *time
 				return false
 			}
 			c.Response().Flush()
+			// A notification lost between a writer's commit and its NOTIFY
+			// stalls this reader at most until here.
+			tail.Recheck()
 		}
 	}
 }

@@ -520,6 +520,7 @@ func (r *sseReader) read() {
 // next returns the next event, skipping keep-alive comments.
 func (r *sseReader) next(t *testing.T) sseEvent {
 	t.Helper()
+	deadline := time.After(testWait) // keep-alives do not extend it
 	for {
 		select {
 		case ev, ok := <-r.events:
@@ -527,7 +528,7 @@ func (r *sseReader) next(t *testing.T) sseEvent {
 			if ev.Comment == "" {
 				return ev
 			}
-		case <-time.After(testWait):
+		case <-deadline:
 			t.Fatal("no event")
 		}
 	}
@@ -613,6 +614,28 @@ func TestAnIdleSSEStreamSendsKeepAliveComments(t *testing.T) {
 	case <-time.After(testWait):
 		t.Fatal("no keep-alive")
 	}
+}
+
+// A chunk whose notification was lost (its writer died between commit and
+// NOTIFY: here it is written without one) reaches an idle reader by the
+// next keep-alive.
+func TestAnSSEReaderCatchesUpOnAChunkWhoseNotificationWasLost(t *testing.T) {
+	s := newStreamServer(t, streams.Config{KeepAlive: 20 * time.Millisecond})
+	tok := agentToken(t, "org-a")
+	require.Equal(t, http.StatusCreated, s.postJSON(t, tok, "out", []byte("c0")).Status)
+	sse := openSSE(t, s, tok, "out")
+	require.Equal(t, sseEvent{ID: "0", Data: b64("c0")}, sse.next(t))
+
+	_, err := s.svc.DB.Exec(context.Background(), `
+		WITH st AS (
+		  UPDATE streams SET chunk_count = chunk_count + 1, byte_count = byte_count + 2
+		  WHERE org_id = 'org-a' AND run_id = 'run-1' AND name = 'out'
+		  RETURNING id, chunk_count - 1 AS idx, byte_count - 2 AS start)
+		INSERT INTO stream_chunks (stream_id, chunk_index, org_id, byte_start, data)
+		SELECT id, idx, 'org-a', start, 'c1'::bytea FROM st`)
+	require.NoError(t, err)
+
+	require.Equal(t, sseEvent{ID: "1", Data: b64("c1")}, sse.next(t))
 }
 
 func TestBadSSEPositionsAre400(t *testing.T) {

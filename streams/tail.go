@@ -85,6 +85,13 @@ func (t *Tail) Next(ctx context.Context) (Batch, error) {
 	}, nil
 }
 
+// Recheck makes the next Next read the table even without a notification.
+// Notifications are sent after the commit and can be lost (the writer
+// crashed in between); an idle reader that rechecks now and then (the SSE
+// handler does at every keep-alive) bounds how long such a loss can stall
+// it.
+func (t *Tail) Recheck() { t.sub.markStale() }
+
 // Position is the next index the tail will read.
 func (t *Tail) Position() int64 { return t.next }
 

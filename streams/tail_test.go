@@ -332,3 +332,31 @@ func TestStartingAndStoppingRepeatedlyLeavesNothingBehind(t *testing.T) {
 		require.Equal(t, 0.0, metricValue(t, reg, "reveille_streams_live_subscribers"))
 	}
 }
+
+// A chunk committed without a notification (its writer died before the
+// NOTIFY) is not seen by a tail waiting for one, but is by its next Recheck.
+func TestATailThatMissedANotificationCatchesUpOnRecheck(t *testing.T) {
+	svc, db := newService(t, streams.Config{})
+	mustAppend(t, svc, org, "run-1", "out", "c0")
+	tail, err := svc.Tail(org, "run-1", "out", 0)
+	require.NoError(t, err)
+	defer tail.Close()
+	first, err := tail.Next(context.Background()) // a new tail reads the table
+	require.NoError(t, err)
+	require.Equal(t, []string{"c0"}, dataOf(first.Chunks))
+	_, err = db.Exec(context.Background(), `
+		WITH st AS (
+		  UPDATE streams SET chunk_count = chunk_count + 1, byte_count = byte_count + 2
+		  WHERE org_id = $1 AND run_id = 'run-1' AND name = 'out'
+		  RETURNING id, chunk_count - 1 AS idx, byte_count - 2 AS start)
+		INSERT INTO stream_chunks (stream_id, chunk_index, org_id, byte_start, data)
+		SELECT id, idx, $1, start, 'c1'::bytea FROM st`, org)
+	require.NoError(t, err)
+	b, err := tail.Next(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, b.Chunks, "nothing announced it")
+
+	tail.Recheck()
+
+	require.Equal(t, []string{"c1"}, dataOf(await(t, tail).Chunks))
+}
