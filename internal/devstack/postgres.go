@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ErrNoPostgres is returned when no PostgreSQL server binaries can be found.
@@ -122,7 +123,8 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	if port, pid, ok := livePostmaster(clusterDir); ok {
 		p.port, p.reused = port, true
 		if err := p.waitReady(ctx, 10*time.Second); err != nil {
-			return nil, fmt.Errorf("postmaster in %s (port %d) is alive but does not answer", clusterDir, port)
+			return nil, fmt.Errorf("postmaster %d in %s (port %d) is alive but does not answer (%w); if no postgres runs for this directory, remove %s",
+				pid, clusterDir, port, err, filepath.Join(clusterDir, "postmaster.pid"))
 		}
 		// A postmaster whose starter was killed is adopted: this process
 		// stops it on exit. One whose starter still runs is left to it.
@@ -177,7 +179,8 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	go func() { _ = cmd.Wait(); logFile.Close(); close(p.done) }()
 	if err := p.waitReady(ctx, 60*time.Second); err != nil {
 		_ = p.Stop(context.Background())
-		return nil, fmt.Errorf("postgres did not become ready (see %s): %w", filepath.Join(clusterDir, "server.log"), err)
+		return nil, fmt.Errorf("postgres did not become ready (see %s; if this directory's first initdb was interrupted, remove %s to create the cluster again): %w",
+			filepath.Join(clusterDir, "server.log"), clusterDir, err)
 	}
 	logger.Info("postgres started", "dir", clusterDir, "port", port)
 	return p, nil
@@ -198,6 +201,10 @@ func (p *Postgres) EnsureDatabase(ctx context.Context, name string) error {
 		return nil
 	}
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P04" {
+			return nil // another process created it meanwhile
+		}
 		return fmt.Errorf("create database %s: %w", name, err)
 	}
 	return nil
@@ -271,6 +278,10 @@ func (p *Postgres) waitReady(ctx context.Context, limit time.Duration) error {
 
 func (p *Postgres) run(ctx context.Context, runAs *syscall.Credential, name string, args ...string) error {
 	cmd := exec.CommandContext(ctx, name, args...)
+	// On Ctrl-C initdb gets SIGINT (and removes what it made) rather than
+	// SIGKILL, which would leave a half-made cluster behind.
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 10 * time.Second
 	if runAs != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: runAs}
 		cmd.Dir = "/"
