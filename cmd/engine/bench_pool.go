@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"runtime/pprof"
 	"sync/atomic"
 	"time"
 
@@ -17,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/reveille/reveille/internal/devstack"
 	"github.com/reveille/reveille/migrations"
 	"github.com/reveille/reveille/workpool"
 )
@@ -49,7 +47,7 @@ func benchPool(ctx context.Context, args []string) error {
 	if *n < 1 || *parallelism < 1 || *parallelism > workpool.MaxParallelismLimit || *batch < 1 {
 		return errors.New("need n ≥ 1, 1 ≤ parallelism ≤ 10000, batch ≥ 1")
 	}
-	db, stop, err := poolBenchDatabase(ctx, *dataDir, *parallelism)
+	db, stop, err := benchDatabase(ctx, *dataDir, func(c *pgxpool.Config) { c.MaxConns = int32(min(max(*parallelism/10, 16), 64)) })
 	if err != nil {
 		return err
 	}
@@ -99,17 +97,11 @@ func benchPool(ctx context.Context, args []string) error {
 	}
 	enqueue := time.Since(t0)
 
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	t1 := time.Now()
 	if err := m.Start(ctx); err != nil {
 		return err
@@ -171,50 +163,4 @@ func poolBenchReset(ctx context.Context, db *pgxpool.Pool) error {
 		return fmt.Errorf("vacuuming: %w", err)
 	}
 	return nil
-}
-
-// poolBenchDatabase connects to DATABASE_URL, or starts a local Postgres
-// with its default (durable) settings.
-func poolBenchDatabase(ctx context.Context, dataDir string, parallelism int) (*pgxpool.Pool, func(), error) {
-	dsn := os.Getenv("DATABASE_URL")
-	cleanup := func() {}
-	if dsn == "" {
-		dir := dataDir
-		if dir == "" {
-			tmp, err := os.MkdirTemp("", "reveille-bench-*")
-			if err != nil {
-				return nil, nil, err
-			}
-			dir = tmp
-		}
-		pg, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{DataDir: dir})
-		if err != nil {
-			return nil, nil, fmt.Errorf("local Postgres: %w", err)
-		}
-		if err := pg.EnsureDatabase(ctx, "reveille"); err != nil {
-			_ = pg.Stop(context.Background())
-			return nil, nil, err
-		}
-		dsn = pg.URL("reveille")
-		fmt.Fprintf(os.Stderr, "pool: local Postgres at %s\n", dsn)
-		cleanup = func() {
-			_ = pg.Stop(context.Background())
-			if dataDir == "" {
-				_ = os.RemoveAll(pg.ClusterDir())
-				_ = os.RemoveAll(dir)
-			}
-		}
-	}
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		cleanup()
-		return nil, nil, fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	cfg.MaxConns = int32(min(max(parallelism/10, 16), 64))
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		cleanup()
-		return nil, nil, err
-	}
-	return db, func() { db.Close(); cleanup() }, nil
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/reveille/reveille/internal/devstack"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/migrations"
 )
@@ -51,7 +50,7 @@ func benchSpend(ctx context.Context, args []string) error {
 	if b.clients < 1 || b.mandates < 1 || b.n < b.mandates || b.batch < 1 {
 		return errors.New("need clients ≥ 1, mandates ≥ 1, n ≥ mandates, batch ≥ 1")
 	}
-	db, stop, err := spendBenchDatabase(ctx, *dataDir, b.clients)
+	db, stop, err := benchDatabase(ctx, *dataDir, func(c *pgxpool.Config) { c.MaxConns = int32(max(b.clients+4, 8)) })
 	if err != nil {
 		return err
 	}
@@ -151,49 +150,4 @@ func (b spendBench) deleteOrg(db *pgxpool.Pool, org string) {
 	for _, table := range []string{"mandate_ledger", "mandate_spends", "mandate_approvals", "mandates"} {
 		_, _ = db.Exec(ctx, "DELETE FROM "+table+" WHERE org_id = $1", org)
 	}
-}
-
-// spendBenchDatabase connects to DATABASE_URL, or starts a local Postgres
-// with its durable defaults (fsync and synchronous commit on).
-func spendBenchDatabase(ctx context.Context, dataDir string, clients int) (*pgxpool.Pool, func(), error) {
-	dsn := os.Getenv("DATABASE_URL")
-	cleanup := func() {}
-	if dsn == "" {
-		dir := dataDir
-		if dir == "" {
-			tmp, err := os.MkdirTemp("", "reveille-bench-*")
-			if err != nil {
-				return nil, nil, err
-			}
-			dir = tmp
-		}
-		pg, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{DataDir: dir})
-		if err != nil {
-			return nil, nil, fmt.Errorf("local Postgres: %w", err)
-		}
-		if err := pg.EnsureDatabase(ctx, "reveille"); err != nil {
-			_ = pg.Stop(context.Background())
-			return nil, nil, err
-		}
-		dsn = pg.URL("reveille")
-		cleanup = func() {
-			_ = pg.Stop(context.Background())
-			if dataDir == "" {
-				_ = os.RemoveAll(pg.ClusterDir())
-				_ = os.RemoveAll(dir)
-			}
-		}
-	}
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		cleanup()
-		return nil, nil, fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	cfg.MaxConns = int32(max(clients+4, 8))
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		cleanup()
-		return nil, nil, err
-	}
-	return db, func() { db.Close(); cleanup() }, nil
 }

@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,7 +24,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/reveille/reveille/api"
-	"github.com/reveille/reveille/internal/devstack"
 	"github.com/reveille/reveille/migrations"
 	"github.com/reveille/reveille/streams"
 )
@@ -67,7 +65,10 @@ func benchStreams(ctx context.Context, args []string) error {
 	if b.writers < 1 || b.chunks < b.writers || b.size < 1 || b.batch < 1 || b.rounds < 1 {
 		return errors.New("need writers ≥ 1, chunks ≥ writers, size ≥ 1, batch ≥ 1, rounds ≥ 1")
 	}
-	db, stop, err := benchDatabase(ctx, *dataDir)
+	db, stop, err := benchDatabase(ctx, *dataDir, func(c *pgxpool.Config) {
+		c.MaxConns = 40
+		c.ConnConfig.Tracer = commitStamper{}
+	})
 	if err != nil {
 		return err
 	}
@@ -91,17 +92,11 @@ func benchStreams(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	var local, remote []streamResult
 	var baselines []float64
 	for round := range b.rounds {
@@ -156,52 +151,6 @@ func median(v []float64) float64 {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// benchDatabase connects to DATABASE_URL, or starts a local Postgres with
-// its durable defaults (fsync and synchronous commit on).
-func benchDatabase(ctx context.Context, dataDir string) (*pgxpool.Pool, func(), error) {
-	dsn := os.Getenv("DATABASE_URL")
-	cleanup := func() {}
-	if dsn == "" {
-		dir := dataDir
-		if dir == "" {
-			tmp, err := os.MkdirTemp("", "reveille-bench-*")
-			if err != nil {
-				return nil, nil, err
-			}
-			dir = tmp
-		}
-		pg, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{DataDir: dir})
-		if err != nil {
-			return nil, nil, fmt.Errorf("local Postgres: %w", err)
-		}
-		if err := pg.EnsureDatabase(ctx, "reveille"); err != nil {
-			_ = pg.Stop(context.Background())
-			return nil, nil, err
-		}
-		dsn = pg.URL("reveille")
-		cleanup = func() {
-			_ = pg.Stop(context.Background())
-			if dataDir == "" {
-				_ = os.RemoveAll(pg.ClusterDir())
-				_ = os.RemoveAll(dir)
-			}
-		}
-	}
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		cleanup()
-		return nil, nil, fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	cfg.MaxConns = 40
-	cfg.ConnConfig.Tracer = commitStamper{}
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		cleanup()
-		return nil, nil, err
-	}
-	return db, func() { db.Close(); cleanup() }, nil
-}
 
 type streamResult struct {
 	rate     float64

@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -138,17 +137,11 @@ func (b wakeBench) run(ctx context.Context, env *wakeEnv) error {
 		return fmt.Errorf("warm-up (wake): %w", err)
 	}
 
-	if b.cpuProfile != "" {
-		f, err := os.Create(b.cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(b.cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	var sig, wake []wakeSample
 	from := 0
 	for r := range b.rounds {
@@ -193,9 +186,7 @@ func (b wakeBench) run(ctx context.Context, env *wakeEnv) error {
 		}
 		from += n
 	}
-	if b.cpuProfile != "" {
-		pprof.StopCPUProfile()
-	}
+	stopProfile()
 
 	st, wt := wakeTotals(sig), wakeTotals(wake)
 	fmt.Printf("signal: n=%d p50=%sms p99=%sms max=%sms\n", len(st), wakeMS(wakePct(st, 50)), wakeMS(wakePct(st, 99)), wakeMS(slices.Max(st)))
