@@ -29,6 +29,7 @@ import (
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/workflows/signals"
 	"github.com/reveille/reveille/workpool"
 )
 
@@ -46,10 +47,10 @@ const (
 
 // Outcomes a workflow is woken with.
 const (
-	OutcomeSucceeded = "succeeded"
-	OutcomeFailed    = "failed"
-	OutcomeCanceled  = "canceled"
-	OutcomeDenied    = "denied"
+	OutcomeSucceeded = signals.OutcomeSucceeded
+	OutcomeFailed    = signals.OutcomeFailed
+	OutcomeCanceled  = signals.OutcomeCanceled
+	OutcomeDenied    = signals.OutcomeDenied
 )
 
 // Public statuses (SPEC §5): pending until Temporal accepts the signal.
@@ -161,15 +162,9 @@ type Wakeup struct {
 	UpdatedAt  time.Time
 }
 
-// Wake is the signal payload a workflow receives (SPEC §5); the workflows
-// package re-exports it for workflow authors.
-type Wake struct {
-	OrgID    string          `json:"org_id"`
-	WakeupID string          `json:"wakeup_id"`
-	Outcome  string          `json:"outcome"`
-	Result   json.RawMessage `json:"result,omitempty"`
-	Error    string          `json:"error,omitempty"`
-}
+// Wake is the signal payload a workflow receives (SPEC §5), shared with
+// the workflow side through the leaf package signals.
+type Wake = signals.Wake
 
 // Config configures the service. Zero values take the defaults noted.
 type Config struct {
@@ -224,7 +219,7 @@ func (s *Service) validate(ctx context.Context, p *CreateParams) error {
 	checkText(inv, "scope", p.Scope, true)
 	checkText(inv, "reason", p.Reason, false)
 	// The workflow's org is what precedes the first "/" of its id, as the
-	// workflow side reads it (workflows.OrgOf); an org id that itself holds
+	// workflow side reads it (signals.OrgOf); an org id that itself holds
 	// a "/" can therefore name no workflow.
 	if org, rest, _ := strings.Cut(p.WorkflowID, "/"); p.WorkflowID != "" && (org != p.OrgID || rest == "") {
 		inv.Add("workflow_id", fmt.Sprintf("must start with %q: a wake-up may only signal its own org's workflows", p.OrgID+"/"))

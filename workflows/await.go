@@ -1,33 +1,35 @@
-// Package workflows is the Temporal side of Reveille: AwaitWake parks a
-// workflow until its wake-up resolves; the reference workflow and its
-// activities show the whole round trip (enqueue a wake-up, await the wake);
-// NewWorker registers them on the task queue the engine runs.
+// Package workflows is the Temporal side of Reveille that an agent's own
+// worker imports: AwaitWake parks a workflow until its wake-up resolves,
+// AwaitApproval until a tool call is approved or denied. It links the
+// Temporal SDK and the leaf package signals only — no database driver, no
+// HTTP server, no metrics — so that importing it costs a worker nothing
+// else. The engine's reference workflow, whose activities call the service
+// in process, lives in the subpackage reference.
 package workflows
 
 import (
 	"encoding/json"
 	"errors"
-	"strings"
 	"time"
 
 	"go.temporal.io/sdk/workflow"
 
-	"github.com/reveille/reveille/wakeup"
+	"github.com/reveille/reveille/workflows/signals"
 )
 
 // TaskQueue is the task queue of the engine's worker.
-const TaskQueue = "reveille"
+const TaskQueue = signals.TaskQueue
 
 // Wake is the payload of a wake signal:
 // {org_id, wakeup_id, outcome: succeeded|failed|canceled|denied, result?, error?}.
-type Wake = wakeup.Wake
+type Wake = signals.Wake
 
 // Outcomes a Wake carries.
 const (
-	OutcomeSucceeded = wakeup.OutcomeSucceeded
-	OutcomeFailed    = wakeup.OutcomeFailed
-	OutcomeCanceled  = wakeup.OutcomeCanceled
-	OutcomeDenied    = wakeup.OutcomeDenied
+	OutcomeSucceeded = signals.OutcomeSucceeded
+	OutcomeFailed    = signals.OutcomeFailed
+	OutcomeCanceled  = signals.OutcomeCanceled
+	OutcomeDenied    = signals.OutcomeDenied
 )
 
 // ErrTimeout is returned by AwaitWake when no wake came in time.
@@ -35,13 +37,15 @@ var ErrTimeout = errors.New("workflows: timed out waiting for the wake signal")
 
 type seenKey struct{}
 
-// seenWakes remembers the wake-up ids a workflow has already been woken for.
+// seenWakes remembers the wake-up ids (and "approval:"+approval ids) a
+// workflow has already been woken for.
 type seenWakes map[string]bool
 
-// WithWakeDedupe returns a context in which successive AwaitWake calls
-// ignore repeated deliveries of wake-ups already returned (delivery is
-// at-least-once). Call it once at the top of a workflow that awaits more
-// than one wake; it is deterministic because it is rebuilt on replay.
+// WithWakeDedupe returns a context in which successive AwaitWake and
+// AwaitApproval calls ignore repeated deliveries of wake-ups and decisions
+// already returned (delivery is at-least-once). Call it once at the top of
+// a workflow that awaits more than one signal; it is deterministic because
+// it is rebuilt on replay.
 func WithWakeDedupe(ctx workflow.Context) workflow.Context {
 	if _, ok := ctx.Value(seenKey{}).(seenWakes); ok {
 		return ctx
@@ -51,10 +55,7 @@ func WithWakeDedupe(ctx workflow.Context) workflow.Context {
 
 // OrgOf returns the org a workflow id belongs to: the part before the first
 // "/" (Reveille only signals workflows named "<org_id>/…").
-func OrgOf(workflowID string) string {
-	org, _, _ := strings.Cut(workflowID, "/")
-	return org
-}
+func OrgOf(workflowID string) string { return signals.OrgOf(workflowID) }
 
 // AwaitWake parks the workflow on the signal channel named signal until a
 // wake arrives, and returns it. It ignores signals whose org_id is not the
@@ -75,28 +76,51 @@ func AwaitWakeFor(ctx workflow.Context, signal, wakeupID string, timeout time.Du
 // awaitWake waits for a wake of the workflow's org, not seen before, and of
 // wakeupID when that is set.
 func awaitWake(ctx workflow.Context, signal, wakeupID string, timeout time.Duration) (Wake, error) {
-	logger := workflow.GetLogger(ctx)
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
 	seen, _ := ctx.Value(seenKey{}).(seenWakes)
+	return awaitSignal(ctx, signal, timeout, ErrTimeout, decodeWake, func(w Wake) string {
+		switch {
+		case w.OrgID != org:
+			return "ignoring a wake signal of another org"
+		case wakeupID != "" && w.WakeupID != wakeupID:
+			return "ignoring the wake of another wake-up"
+		case seen != nil && seen[w.WakeupID]:
+			return "ignoring a repeated wake delivery"
+		}
+		if seen != nil {
+			seen[w.WakeupID] = true
+		}
+		return ""
+	})
+}
+
+// awaitSignal is the one waiting loop behind AwaitWake and AwaitApproval:
+// it receives signals on the channel named signal until decode reads one
+// and skip (which may record it as seen) has no reason to skip it, the
+// timeout (when > 0) fires (timeoutErr), or the workflow is canceled. Skipped
+// and malformed signals are logged and consumed.
+func awaitSignal[T any](ctx workflow.Context, signal string, timeout time.Duration, timeoutErr error,
+	decode func(json.RawMessage) (T, bool), skip func(T) string) (T, error) {
+	logger := workflow.GetLogger(ctx)
 	ch := workflow.GetSignalChannel(ctx, signal)
 
+	var zero T
 	var timedOut bool
-	var timerCancel workflow.CancelFunc
 	var timer workflow.Future
 	if timeout > 0 {
-		var tctx workflow.Context
-		tctx, timerCancel = workflow.WithCancel(ctx)
+		tctx, timerCancel := workflow.WithCancel(ctx)
 		timer = workflow.NewTimer(tctx, timeout)
 		defer timerCancel()
 	}
 	for {
-		var wake Wake
-		var got bool
+		var v T
+		var got, received bool
 		sel := workflow.NewSelector(ctx)
 		sel.AddReceive(ch, func(c workflow.ReceiveChannel, _ bool) {
 			var raw json.RawMessage
 			c.Receive(ctx, &raw)
-			wake, got = decodeWake(raw)
+			received = true
+			v, got = decode(raw)
 		})
 		if timer != nil {
 			sel.AddFuture(timer, func(workflow.Future) { timedOut = true })
@@ -104,29 +128,22 @@ func awaitWake(ctx workflow.Context, signal, wakeupID string, timeout time.Durat
 		// A canceled workflow stops waiting (also without a timeout).
 		sel.AddReceive(ctx.Done(), func(c workflow.ReceiveChannel, _ bool) { c.Receive(ctx, nil) })
 		sel.Select(ctx)
-		if got && wake.OrgID == org && (wakeupID == "" || wake.WakeupID == wakeupID) && (seen == nil || !seen[wake.WakeupID]) {
-			// A wake received in the same step as a cancellation is still
-			// returned: it was taken off the channel.
-			if seen != nil {
-				seen[wake.WakeupID] = true
+		if got {
+			why := skip(v)
+			if why == "" {
+				// A signal received in the same step as a cancellation is
+				// still returned: it was taken off the channel.
+				return v, nil
 			}
-			return wake, nil
+			logger.Info(why, "signal", signal)
+		} else if received {
+			logger.Warn("ignoring a malformed signal", "signal", signal)
 		}
 		if err := ctx.Err(); err != nil {
-			return Wake{}, err
+			return zero, err
 		}
 		if timedOut {
-			return Wake{}, ErrTimeout
-		}
-		switch {
-		case !got:
-			logger.Warn("ignoring a malformed wake signal", "signal", signal)
-		case wake.OrgID != org:
-			logger.Warn("ignoring a wake signal of another org", "signal", signal, "signal_org", wake.OrgID)
-		case wakeupID != "" && wake.WakeupID != wakeupID:
-			logger.Info("ignoring the wake of another wake-up", "signal", signal, "wakeup_id", wake.WakeupID, "awaiting", wakeupID)
-		default:
-			logger.Info("ignoring a repeated wake delivery", "wakeup_id", wake.WakeupID)
+			return zero, timeoutErr
 		}
 	}
 }

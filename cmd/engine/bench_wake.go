@@ -37,6 +37,7 @@ import (
 	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/wakeup"
 	"github.com/reveille/reveille/workflows"
+	"github.com/reveille/reveille/workflows/reference"
 	"github.com/reveille/reveille/workpool"
 )
 
@@ -375,7 +376,7 @@ func (e *wakeEnv) wire(ctx context.Context, s settings, concurrency int, budget 
 		fmt.Fprintf(os.Stderr, "bench wake: raised pool %q max_parallelism from %d to %d\n", wakeup.DefaultPool, p.MaxParallelism, concurrency)
 	}
 
-	e.worker = workflows.NewWorker(e.tc, e.taskQueue, e.wakeups)
+	e.worker = reference.NewWorker(e.tc, e.taskQueue, e.wakeups)
 	e.worker.RegisterWorkflowWithOptions(benchAwaitWake, workflow.RegisterOptions{Name: wakeBenchWorkflow})
 	if err := e.worker.Start(); err != nil {
 		return fmt.Errorf("temporal worker: %w", err)

@@ -24,6 +24,7 @@ import (
 	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/wakeup"
 	"github.com/reveille/reveille/workflows"
+	"github.com/reveille/reveille/workflows/reference"
 	"github.com/reveille/reveille/workpool"
 )
 
@@ -194,14 +195,14 @@ func (d *demo) run(ctx context.Context, c demoCase) error {
 	defer cancel()
 	d.target.reset()
 	wf := devOrg + "/demo-" + strings.ReplaceAll(strings.Fields(c.name)[0], ",", "") + "-" + uuid.NewString()[:8]
-	in := workflows.ReferenceInput{AgentID: demoAgent, Signal: "wake", Scope: demoScope, Reason: "demo: " + c.name, Cost: c.cost,
+	in := reference.Input{AgentID: demoAgent, Signal: "wake", Scope: demoScope, Reason: "demo: " + c.name, Cost: c.cost,
 		Work: wakeup.Work{Handler: "http", Args: mustJSON(map[string]any{"url": d.target.url + c.path})}, Timeout: time.Minute}
 	if c.retry {
 		in.Work.Retry = &workpoolRetry
 	}
 	start := time.Now()
 	events := []event{{start, "workflow started  " + wf}}
-	run, err := d.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: wf, TaskQueue: workflows.TaskQueue}, workflows.ReferenceWorkflow, in)
+	run, err := d.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: wf, TaskQueue: workflows.TaskQueue}, reference.WorkflowName, in)
 	if err != nil {
 		return fmt.Errorf("start the reference workflow: %w", err)
 	}
@@ -242,7 +243,7 @@ func (d *demo) run(ctx context.Context, c demoCase) error {
 		}
 		events = append(events, event{canceledAt, "POST /v1/wakeups/{id}/cancel"})
 	}
-	var res workflows.ReferenceResult
+	var res reference.Result
 	if err := run.Get(ctx, &res); err != nil {
 		return fmt.Errorf("reference workflow: %w", err)
 	}

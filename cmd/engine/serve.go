@@ -23,6 +23,7 @@ import (
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/wakeup"
 	"github.com/reveille/reveille/workflows"
+	"github.com/reveille/reveille/workflows/reference"
 	"github.com/reveille/reveille/workpool"
 )
 
@@ -158,7 +159,7 @@ func (a *app) wireDomain(_ context.Context, svc *api.Services) error {
 		lifecycle("signal dispatcher", dispatcher, logger),
 	)
 	if s.Worker {
-		w := workflows.NewWorker(a.temporal, workflows.TaskQueue, svc.Wakeups)
+		w := reference.NewWorker(a.temporal, workflows.TaskQueue, svc.Wakeups)
 		a.starters = append(a.starters, func(ctx context.Context) error {
 			// The worker keeps retrying while Temporal is down; Start fails
 			// only on a registration error.
@@ -296,7 +297,7 @@ func (t temporalLogger) Error(msg string, kv ...any) {
 		t.l.Warn(msg, kv...)
 		return
 	}
-	if strings.Contains(fmt.Sprint(kv...), workflows.RefusedErrorType) {
+	if strings.Contains(fmt.Sprint(kv...), reference.RefusedErrorType) {
 		t.l.Info(msg, kv...)
 		return
 	}

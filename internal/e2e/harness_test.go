@@ -28,6 +28,7 @@ import (
 	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/wakeup"
 	"github.com/reveille/reveille/workflows"
+	"github.com/reveille/reveille/workflows/reference"
 	"github.com/reveille/reveille/workpool"
 )
 
@@ -111,7 +112,7 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 		SendTimeout: 2 * time.Second, Logger: logger, Registry: reg,
 	})
 
-	w := workflows.NewWorker(s.tc, s.taskQueue, s.wakeups)
+	w := reference.NewWorker(s.tc, s.taskQueue, s.wakeups)
 	w.RegisterWorkflowWithOptions(awaitWakes, workflow.RegisterOptions{Name: "awaitWakes"})
 	require.NoError(t, w.Start())
 	t.Cleanup(w.Stop)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/workflows"
+	"github.com/reveille/reveille/workflows/reference"
 )
 
 func TestParkedWorkflowIsWokenWithTheHandlersResult(t *testing.T) {
@@ -276,10 +277,10 @@ func TestAwaitWakeReportsATimeout(t *testing.T) {
 func TestReferenceWorkflowRoundTrip(t *testing.T) {
 	s := newStack(t)
 	s.fund(10)
-	in := workflows.ReferenceInput{AgentID: agent, Signal: "wake", Scope: scope, Reason: "demo", Cost: 2,
+	in := reference.Input{AgentID: agent, Signal: "wake", Scope: scope, Reason: "demo", Cost: 2,
 		Work: wakeupWork("echo", `{"hello":"world"}`), Timeout: wait}
-	var res workflows.ReferenceResult
-	run, err := s.tc.ExecuteWorkflow(context.Background(), clientOptions(s, s.workflowID()), workflows.ReferenceWorkflow, in)
+	var res reference.Result
+	run, err := s.tc.ExecuteWorkflow(context.Background(), clientOptions(s, s.workflowID()), reference.WorkflowName, in)
 	require.NoError(t, err)
 	require.NoError(t, run.Get(context.Background(), &res))
 	require.False(t, res.Refused)
@@ -290,7 +291,7 @@ func TestReferenceWorkflowRoundTrip(t *testing.T) {
 
 	t.Run("a refusal waits for the approval's wake", func(t *testing.T) {
 		in.Cost = 100
-		run, err := s.tc.ExecuteWorkflow(context.Background(), clientOptions(s, s.workflowID()), workflows.ReferenceWorkflow, in)
+		run, err := s.tc.ExecuteWorkflow(context.Background(), clientOptions(s, s.workflowID()), reference.WorkflowName, in)
 		require.NoError(t, err)
 		var approval string
 		require.True(t, assertEventually(func() bool {
@@ -303,7 +304,7 @@ func TestReferenceWorkflowRoundTrip(t *testing.T) {
 		}))
 		r := s.call(http.MethodPost, "/v1/mandate-approvals/"+approval+"/deny", token(t, org, "approver"), nil)
 		require.Equal(t, http.StatusOK, r.status, string(r.raw))
-		var res workflows.ReferenceResult
+		var res reference.Result
 		require.NoError(t, run.Get(context.Background(), &res))
 		require.True(t, res.Refused)
 		require.Equal(t, approval, res.ApprovalID)

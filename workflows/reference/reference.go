@@ -1,4 +1,8 @@
-package workflows
+// Package reference is the engine's reference workflow and the worker that
+// runs it: its activities call the services in process (no HTTP, no
+// token), so it links what the engine links. An agent's own worker imports
+// the parent package workflows instead.
+package reference
 
 import (
 	"context"
@@ -13,7 +17,12 @@ import (
 
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/wakeup"
+	"github.com/reveille/reveille/workflows"
 )
+
+// WorkflowName is the reference workflow's registered type name; start it
+// by this name.
+const WorkflowName = "ReferenceWorkflow"
 
 // RefusedErrorType is the ApplicationError type of a wake-up whose spend was
 // refused; its details are an EnqueueResult naming the approval request.
@@ -23,8 +32,8 @@ const RefusedErrorType = "WakeupRefused"
 // service rejected as malformed (not retried).
 const InvalidErrorType = "WakeupInvalid"
 
-// ReferenceInput is the reference workflow's input: one wake-up to run.
-type ReferenceInput struct {
+// Input is the reference workflow's input: one wake-up to run.
+type Input struct {
 	AgentID string      `json:"agent_id"`
 	Signal  string      `json:"signal"`
 	Scope   string      `json:"scope"`
@@ -42,22 +51,22 @@ type EnqueueResult struct {
 	ApprovalID string `json:"approval_id,omitempty"`
 }
 
-// ReferenceResult is how the reference workflow ended.
-type ReferenceResult struct {
+// Result is how the reference workflow ended.
+type Result struct {
 	WakeupID   string `json:"wakeup_id"`
 	ApprovalID string `json:"approval_id,omitempty"`
 	// Refused is true when the spend was refused and the workflow waited for
 	// a human's answer.
-	Refused bool `json:"refused"`
-	Wake    Wake `json:"wake"`
+	Refused bool           `json:"refused"`
+	Wake    workflows.Wake `json:"wake"`
 }
 
-// ReferenceWorkflow enqueues a wake-up through an activity, parks until the
+// Workflow enqueues a wake-up through an activity, parks until the
 // wake arrives and returns it. A refused spend is not retried: the workflow
 // then waits for the approval request's resolution, which wakes it too (the
 // work's outcome after an approval, "denied" after a denial or expiry).
-func ReferenceWorkflow(ctx workflow.Context, in ReferenceInput) (ReferenceResult, error) {
-	ctx = WithWakeDedupe(ctx)
+func Workflow(ctx workflow.Context, in Input) (Result, error) {
+	ctx = workflows.WithWakeDedupe(ctx)
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		StartToCloseTimeout: 30 * time.Second,
 		RetryPolicy: &temporal.RetryPolicy{
@@ -65,7 +74,7 @@ func ReferenceWorkflow(ctx workflow.Context, in ReferenceInput) (ReferenceResult
 			NonRetryableErrorTypes: []string{RefusedErrorType, InvalidErrorType},
 		},
 	})
-	var res ReferenceResult
+	var res Result
 	var enq EnqueueResult
 	var acts *Activities
 	err := workflow.ExecuteActivity(actx, acts.EnqueueWakeup, in).Get(ctx, &enq)
@@ -82,7 +91,7 @@ func ReferenceWorkflow(ctx workflow.Context, in ReferenceInput) (ReferenceResult
 	default:
 		return res, err
 	}
-	wake, err := AwaitWakeFor(ctx, in.Signal, res.WakeupID, in.Timeout)
+	wake, err := workflows.AwaitWakeFor(ctx, in.Signal, res.WakeupID, in.Timeout)
 	res.Wake = wake
 	return res, err
 }
@@ -98,13 +107,13 @@ type Activities struct {
 // every run of a reused workflow id), so a retried activity never spends
 // twice. A refusal
 // is a non-retryable RefusedErrorType error carrying the ids.
-func (a *Activities) EnqueueWakeup(ctx context.Context, in ReferenceInput) (EnqueueResult, error) {
+func (a *Activities) EnqueueWakeup(ctx context.Context, in Input) (EnqueueResult, error) {
 	info := activity.GetInfo(ctx)
 	wfID := info.WorkflowExecution.ID
 	w, err := a.Wakeups.Create(ctx, wakeup.CreateParams{
 		// The signal goes to this run: a later run of a reused workflow id
 		// never receives this one's wake.
-		OrgID: OrgOf(wfID), AgentID: in.AgentID, WorkflowID: wfID, RunID: info.WorkflowExecution.RunID, Signal: in.Signal, Scope: in.Scope,
+		OrgID: workflows.OrgOf(wfID), AgentID: in.AgentID, WorkflowID: wfID, RunID: info.WorkflowExecution.RunID, Signal: in.Signal, Scope: in.Scope,
 		Reason: in.Reason, Cost: in.Cost, Work: in.Work, Pool: in.Pool,
 		IdempotencyKey: wfID + "/" + info.WorkflowExecution.RunID + "/" + info.ActivityID, RequestedBy: "workflow:" + wfID,
 	})
@@ -122,12 +131,12 @@ func (a *Activities) EnqueueWakeup(ctx context.Context, in ReferenceInput) (Enqu
 	return EnqueueResult{WakeupID: w.ID.String()}, nil
 }
 
-// NewWorker returns a worker on taskQueue (the engine uses TaskQueue) with
-// the reference workflow and its activities registered; the caller starts
-// and stops it.
+// NewWorker returns a worker on taskQueue (the engine uses
+// workflows.TaskQueue) with the reference workflow and its activities
+// registered; the caller starts and stops it.
 func NewWorker(c client.Client, taskQueue string, wakeups *wakeup.Service) worker.Worker {
 	w := worker.New(c, taskQueue, worker.Options{})
-	w.RegisterWorkflow(ReferenceWorkflow)
+	w.RegisterWorkflowWithOptions(Workflow, workflow.RegisterOptions{Name: WorkflowName})
 	w.RegisterActivity(&Activities{Wakeups: wakeups})
 	return w
 }

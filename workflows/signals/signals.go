@@ -1,0 +1,68 @@
+// Package signals is the contract between Reveille and the Temporal
+// workflows it wakes: the task queue, the signal names, and the payloads
+// with their outcome and decision vocabularies. It is a leaf (the standard
+// library only), so that the service and a workflow author's worker share
+// it without either linking the other's dependencies.
+package signals
+
+import (
+	"encoding/json"
+	"strings"
+)
+
+// TaskQueue is the task queue of the engine's own Temporal worker.
+const TaskQueue = "reveille"
+
+// ApprovalSignal is the signal name a tool approval's decision is sent
+// under when its request names none.
+const ApprovalSignal = "approval"
+
+// Outcomes a Wake carries (SPEC §5).
+const (
+	OutcomeSucceeded = "succeeded"
+	OutcomeFailed    = "failed"
+	OutcomeCanceled  = "canceled"
+	OutcomeDenied    = "denied"
+)
+
+// Wake is the payload of a wake-up's signal:
+// {org_id, wakeup_id, outcome: succeeded|failed|canceled|denied, result?, error?}.
+type Wake struct {
+	OrgID    string          `json:"org_id"`
+	WakeupID string          `json:"wakeup_id"`
+	Outcome  string          `json:"outcome"`
+	Result   json.RawMessage `json:"result,omitempty"`
+	Error    string          `json:"error,omitempty"`
+}
+
+// Decisions a tool approval's Decision carries (SPEC §7). An expired
+// request is denied, with ReasonExpired.
+const (
+	DecisionApproved = "approved"
+	DecisionDenied   = "denied"
+)
+
+// ReasonExpired is the Decision.Reason of a request nobody answered in time.
+const ReasonExpired = "expired"
+
+// Decision is the payload of a tool approval's signal:
+// {org_id, approval_id, tool_name, decision: approved|denied, reason?}.
+type Decision struct {
+	OrgID      string `json:"org_id"`
+	ApprovalID string `json:"approval_id"`
+	ToolName   string `json:"tool_name"`
+	Decision   string `json:"decision"`
+	// Reason is "expired" for an expired request, else the approver's note
+	// (if any).
+	Reason string `json:"reason,omitempty"`
+}
+
+// Approved reports whether the tool call may go ahead.
+func (d Decision) Approved() bool { return d.Decision == DecisionApproved }
+
+// OrgOf returns the org a workflow id belongs to: the part before the first
+// "/" (Reveille only signals workflows named "<org_id>/…").
+func OrgOf(workflowID string) string {
+	org, _, _ := strings.Cut(workflowID, "/")
+	return org
+}
