@@ -1,0 +1,400 @@
+package approvals
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/queue"
+	"github.com/reveille/reveille/workflows/signals"
+)
+
+// The two axes (reference 004): the decision answers this call only; the
+// policy, when given, decides future calls.
+func TestADecisionAnswersThisCallAndUpdatePolicySetsTheNextOnesIndependently(t *testing.T) {
+	for _, decision := range []string{DecisionApproved, DecisionDenied} {
+		for _, update := range []string{"", PolicyAlways, PolicyOnce, PolicyNever} {
+			t.Run(fmt.Sprintf("%s with update_policy %q", decision, update), func(t *testing.T) {
+				s, _ := newTestService(t)
+				first := request(t, s, "shell", `{"cmd":"ls"}`)
+				require.Equal(t, DecisionPending, first.Decision)
+
+				res, err := respond(s, RespondParams{ToolName: "shell", Decision: decision, UpdatePolicy: update})
+				require.NoError(t, err)
+				require.Equal(t, []uuid.UUID{first.Approval.ID}, res.Resolved)
+				if update == "" {
+					require.Nil(t, res.Policy, "no policy was set")
+				} else {
+					require.Equal(t, update, *res.Policy)
+				}
+
+				a, err := s.Get(context.Background(), org, first.Approval.ID, "")
+				require.NoError(t, err)
+				require.Equal(t, decision, a.Status, "the decision answers this call")
+				require.Equal(t, SourceHuman, a.Source)
+				require.Equal(t, "alice", a.ResolvedBy)
+
+				// The next call follows the policy, not the decision.
+				next := request(t, s, "shell", `{"cmd":"ls"}`)
+				wantNext := map[string]string{"": DecisionPending, PolicyOnce: DecisionPending, PolicyAlways: DecisionApproved, PolicyNever: DecisionDenied}[update]
+				require.Equal(t, wantNext, next.Decision)
+
+				var updated any
+				if update != "" {
+					updated = update
+				}
+				resolvedEvent := namedEvent{EventResolved, map[string]any{"approval_id": first.Approval.ID.String(), "tool_name": "shell",
+					"decision": decision, "source": SourceHuman, "updated_policy": updated}}
+				want := []namedEvent{
+					{EventRequested, map[string]any{"approval_id": first.Approval.ID.String(), "tool_name": "shell", "input": map[string]any{"cmd": "ls"}}},
+					resolvedEvent,
+				}
+				if decision == DecisionDenied {
+					want = append(want, namedEvent{EventDenied, map[string]any{"approval_id": first.Approval.ID.String(), "tool_name": "shell"}})
+				}
+				evs := eventsOf(t, s, sess)
+				require.Equal(t, want, evs[:len(want)])
+				if wantNext == DecisionPending {
+					require.Equal(t, EventRequested, evs[len(want)].Name)
+				} else {
+					require.Equal(t, namedEvent{EventResolved, map[string]any{"approval_id": next.Approval.ID.String(), "tool_name": "shell",
+						"decision": wantNext, "source": SourcePolicy}}, evs[len(want)])
+				}
+				require.Len(t, evs, len(want)+1)
+			})
+		}
+	}
+}
+
+func TestPoliciesDecideWithoutAHumanAndTheSpecificBeatsTheGeneral(t *testing.T) {
+	cases := []struct {
+		name     string
+		policies [][2]string // approval, match ("" unconditional)
+		input    string
+		want     string
+	}{
+		{name: "no policy asks", want: DecisionPending},
+		{name: "always approves", policies: [][2]string{{PolicyAlways, ""}}, want: DecisionApproved},
+		{name: "never denies", policies: [][2]string{{PolicyNever, ""}}, want: DecisionDenied},
+		{name: "once asks", policies: [][2]string{{PolicyOnce, ""}}, want: DecisionPending},
+		{name: "a matching conditional policy decides", policies: [][2]string{{PolicyAlways, `{"repo":"acme/docs"}`}},
+			input: `{"repo":"acme/docs","branch":"main"}`, want: DecisionApproved},
+		{name: "a non-matching conditional policy does not", policies: [][2]string{{PolicyAlways, `{"repo":"acme/docs"}`}},
+			input: `{"repo":"acme/prod"}`, want: DecisionPending},
+		{name: "a call without input matches no conditional policy", policies: [][2]string{{PolicyAlways, `{"repo":"acme/docs"}`}},
+			want: DecisionPending},
+		{name: "a non-matching conditional policy leaves it to the unconditional one",
+			policies: [][2]string{{PolicyNever, `{"repo":"acme/prod"}`}, {PolicyAlways, ""}}, input: `{"repo":"acme/docs"}`, want: DecisionApproved},
+		{name: "a matching conditional once beats an unconditional always",
+			policies: [][2]string{{PolicyAlways, ""}, {PolicyOnce, `{"repo":"acme/prod"}`}}, input: `{"repo":"acme/prod"}`, want: DecisionPending},
+		{name: "a matching conditional always beats an unconditional never",
+			policies: [][2]string{{PolicyNever, ""}, {PolicyAlways, `{"repo":"acme/docs"}`}}, input: `{"repo":"acme/docs"}`, want: DecisionApproved},
+		{name: "a matching never beats a matching always",
+			policies: [][2]string{{PolicyAlways, `{"repo":"acme/docs"}`}, {PolicyNever, `{"branch":"main"}`}},
+			input: `{"repo":"acme/docs","branch":"main"}`, want: DecisionDenied},
+		{name: "a matching once beats a matching always",
+			policies: [][2]string{{PolicyAlways, `{"repo":"acme/docs"}`}, {PolicyOnce, `{"branch":"main"}`}},
+			input: `{"repo":"acme/docs","branch":"main"}`, want: DecisionPending},
+		{name: "containment is deep", policies: [][2]string{{PolicyAlways, `{"opts":{"dry_run":true}}`}},
+			input: `{"opts":{"dry_run":true,"v":2}}`, want: DecisionApproved},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, db := newTestService(t)
+			for _, p := range tc.policies {
+				setPolicy(t, s, "git", p[0], p[1])
+			}
+			res := request(t, s, "git", tc.input)
+			require.Equal(t, tc.want, res.Decision)
+			pending := count(t, db, `SELECT count(*) FROM tool_approvals WHERE status = 'pending'`)
+			if tc.want == DecisionPending {
+				require.Equal(t, 1, pending)
+				require.Empty(t, res.Source)
+				return
+			}
+			require.Zero(t, pending, "a policy's decision leaves no pending request")
+			require.Equal(t, SourcePolicy, res.Source)
+			require.NotNil(t, res.Policy)
+			require.Equal(t, map[string]string{DecisionApproved: PolicyAlways, DecisionDenied: PolicyNever}[tc.want], res.Policy.Approval)
+			require.Equal(t, SourcePolicy, res.Approval.Source)
+		})
+	}
+}
+
+func TestAPolicyIsOnePerToolAndMatchAndCanBeDeleted(t *testing.T) {
+	s, _ := newTestService(t)
+	ctx := context.Background()
+	a := setPolicy(t, s, "git", PolicyAlways, `{"repo":"acme/docs","branch":"main"}`)
+	b := setPolicy(t, s, "git", PolicyNever, `{"branch": "main",  "repo":"acme/docs"}`) // the same match, spelled otherwise
+	require.Equal(t, a.ID, b.ID)
+	require.Equal(t, PolicyNever, b.Approval)
+	setPolicy(t, s, "git", PolicyOnce, "")
+	list, next, err := s.ListPolicies(ctx, org, agent, Page{})
+	require.NoError(t, err)
+	require.Nil(t, next)
+	require.Len(t, list, 2)
+
+	require.NoError(t, s.DeletePolicy(ctx, org, agent, "git", json.RawMessage(`{"repo":"acme/docs","branch":"main"}`)))
+	require.ErrorIs(t, s.DeletePolicy(ctx, org, agent, "git", json.RawMessage(`{"repo":"acme/docs","branch":"main"}`)), ErrPolicyNotFound)
+	require.NoError(t, s.DeletePolicy(ctx, org, agent, "git", nil))
+	require.ErrorIs(t, s.DeletePolicy(ctx, org, agent, "git", nil), ErrPolicyNotFound)
+	require.ErrorIs(t, s.DeletePolicy(ctx, "org-b", agent, "git", nil), ErrPolicyNotFound)
+}
+
+func TestSessionEventsAreNumberedWithoutGapsUnderConcurrentCallsAndAnswers(t *testing.T) {
+	s, _ := newTestService(t)
+	request(t, s, "warm-up", "") // the session exists, so an answer may precede its call
+	const n = 16
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*n)
+	for i := range n {
+		wg.Add(2)
+		tool := fmt.Sprintf("tool-%d", i)
+		go func() {
+			defer wg.Done()
+			_, err := s.Request(context.Background(), RequestParams{OrgID: org, SessionID: sess, AgentID: agent, ToolName: tool, RequestedBy: "agent-runtime"})
+			errs <- err
+		}()
+		go func() {
+			defer wg.Done()
+			// The answer may come before its call: then it only sets a policy.
+			_, err := respond(s, RespondParams{ToolName: tool, Decision: DecisionDenied, UpdatePolicy: PolicyOnce})
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	evs := eventsOf(t, s, sess) // asserts seq = 1…N
+	require.GreaterOrEqual(t, len(evs), n, "every call has its event")
+	seen := map[string]bool{}
+	for _, e := range evs {
+		if e.Name == EventRequested {
+			id := e.Payload["approval_id"].(string)
+			require.False(t, seen[id], "no duplicates")
+			seen[id] = true
+		}
+	}
+	require.Len(t, seen, n+1)
+}
+
+func TestASessionIsBoundToItsFirstAgentAndAnotherOrgsIsAbsent(t *testing.T) {
+	s, _ := newTestService(t)
+	request(t, s, "shell", "")
+	_, err := s.Request(context.Background(), RequestParams{OrgID: org, SessionID: sess, AgentID: "agent-2", ToolName: "shell"})
+	require.ErrorIs(t, err, ErrSessionAgent)
+	require.ErrorIs(t, err, apperr.ErrConflict)
+
+	// The same session id in another org is another session.
+	_, err = s.Request(context.Background(), RequestParams{OrgID: "org-b", SessionID: sess, AgentID: "agent-2", ToolName: "shell"})
+	require.NoError(t, err)
+	_, _, err = s.Events(context.Background(), "org-c", sess, "", 0, 0)
+	require.ErrorIs(t, err, ErrSessionNotFound)
+	_, _, err = s.Events(context.Background(), org, sess, "agent-2", 0, 0)
+	require.ErrorIs(t, err, ErrSessionNotFound, "another agent's session is absent to a bound reader")
+	_, err = s.Respond(context.Background(), RespondParams{OrgID: "org-c", SessionID: sess, ToolName: "shell", Decision: DecisionApproved, ResolvedBy: "alice"})
+	require.ErrorIs(t, err, ErrSessionNotFound)
+}
+
+func TestAnswersAreCompareAndSetAndNeverByTheRequester(t *testing.T) {
+	s, db := newTestService(t)
+	mine := request(t, s, "shell", "", func(p *RequestParams) { p.RequestedBy = "alice" })
+	theirs := request(t, s, "shell", "", func(p *RequestParams) { p.RequestedBy = "bob" })
+
+	_, err := respond(s, RespondParams{ToolName: "shell", Decision: DecisionApproved, ResolvedBy: "alice"})
+	require.ErrorIs(t, err, ErrSelfApproval, "by tool name: all or nothing")
+	require.Equal(t, 2, count(t, db, `SELECT count(*) FROM tool_approvals WHERE status = 'pending'`))
+	_, err = respond(s, RespondParams{ApprovalID: mine.Approval.ID, Decision: DecisionApproved, ResolvedBy: "alice"})
+	require.ErrorIs(t, err, ErrSelfApproval)
+	_, err = s.Respond(context.Background(), RespondParams{OrgID: org, SessionID: sess, ApprovalID: theirs.Approval.ID, Decision: DecisionApproved})
+	require.ErrorIs(t, err, ErrNoResolver)
+
+	res, err := respond(s, RespondParams{ApprovalID: theirs.Approval.ID, Decision: DecisionApproved, ResolvedBy: "alice"})
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{theirs.Approval.ID}, res.Resolved)
+	_, err = respond(s, RespondParams{ApprovalID: theirs.Approval.ID, Decision: DecisionDenied, ResolvedBy: "carol"})
+	require.ErrorIs(t, err, ErrAlreadyResolved, "a second answer")
+
+	_, err = respond(s, RespondParams{ApprovalID: mine.Approval.ID, Decision: DecisionDenied, ResolvedBy: "carol"})
+	require.NoError(t, err)
+	_, err = respond(s, RespondParams{ToolName: "shell", Decision: DecisionDenied, ResolvedBy: "carol"})
+	require.ErrorIs(t, err, ErrNothingPending)
+	res, err = respond(s, RespondParams{ToolName: "shell", Decision: DecisionDenied, UpdatePolicy: PolicyNever, ResolvedBy: "carol"})
+	require.NoError(t, err, "nothing pending but a policy to set")
+	require.Empty(t, res.Resolved)
+	require.Equal(t, PolicyNever, *res.Policy)
+
+	_, err = respond(s, RespondParams{ApprovalID: uuid.Must(uuid.NewV7()), Decision: DecisionDenied, ResolvedBy: "carol"})
+	require.ErrorIs(t, err, ErrNotFound)
+}
+
+func TestAnAnswerQueuesTheDecisionSignalForTheWorkflowThatAsked(t *testing.T) {
+	s, db := newTestService(t)
+	res := request(t, s, "shell", "", func(p *RequestParams) { p.WorkflowID = org + "/wf-1"; p.RunID = "run-1" })
+	require.Equal(t, &Delivery{State: DeliveryWaiting}, res.Approval.Delivery)
+	require.Equal(t, signals.ApprovalSignal, res.Approval.Signal, "the default signal")
+	_, err := respond(s, RespondParams{ToolName: "shell", Decision: DecisionDenied, Note: "not today"})
+	require.NoError(t, err)
+
+	msg, err := queue.GetByKey(context.Background(), db, org, Queue, res.Approval.ID.String())
+	require.NoError(t, err)
+	require.Equal(t, &queue.Signal{WorkflowID: org + "/wf-1", RunID: "run-1", Name: signals.ApprovalSignal}, msg.Signal)
+	var d signals.Decision
+	require.NoError(t, json.Unmarshal(msg.Payload, &d))
+	require.Equal(t, signals.Decision{OrgID: org, ApprovalID: res.Approval.ID.String(), ToolName: "shell", Decision: DecisionDenied, Reason: "not today"}, d)
+	a, err := s.Get(context.Background(), org, res.Approval.ID, "")
+	require.NoError(t, err)
+	require.Equal(t, DeliveryQueued, a.Delivery.State)
+
+	// A policy's decision is the caller's answer: nothing to signal.
+	setPolicy(t, s, "ls", PolicyAlways, "")
+	res = request(t, s, "ls", "", func(p *RequestParams) { p.WorkflowID = org + "/wf-1" })
+	require.Nil(t, res.Approval.Delivery)
+	require.Zero(t, count(t, db, `SELECT count(*) FROM queue_messages WHERE idempotency_key = $1`, res.Approval.ID.String()))
+}
+
+func TestExpiredRequestsAreDeniedByTheSweeperWithEventsAndSignal(t *testing.T) {
+	s, db := newTestService(t)
+	ten := MinExpiresIn
+	res := request(t, s, "shell", "", func(p *RequestParams) { p.WorkflowID = org + "/wf-1"; p.ExpiresIn = &ten })
+	n, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n, "not yet expired")
+
+	_, err = db.Exec(context.Background(), `UPDATE tool_approvals SET expires_at = now() - interval '1 second' WHERE id = $1`, res.Approval.ID)
+	require.NoError(t, err)
+	_, err = respond(s, RespondParams{ApprovalID: res.Approval.ID, Decision: DecisionApproved})
+	require.ErrorIs(t, err, ErrAlreadyResolved, "too late to answer")
+	_, err = respond(s, RespondParams{ToolName: "shell", Decision: DecisionApproved})
+	require.ErrorIs(t, err, ErrNothingPending, "an expired call is not answered by tool name")
+
+	n, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	a, err := s.Get(context.Background(), org, res.Approval.ID, "")
+	require.NoError(t, err)
+	require.Equal(t, StatusExpired, a.Status)
+	require.Equal(t, SourceExpired, a.Source)
+	require.Equal(t, DecisionDenied, a.Decision())
+
+	evs := eventsOf(t, s, sess)
+	require.Equal(t, []string{EventRequested, EventResolved, EventDenied}, names(evs))
+	require.Equal(t, map[string]any{"approval_id": idStr(a.ID), "tool_name": "shell", "decision": DecisionDenied, "source": SourceExpired,
+		"reason": "expired", "updated_policy": nil}, evs[1].Payload)
+	msg, err := queue.GetByKey(context.Background(), db, org, Queue, a.ID.String())
+	require.NoError(t, err)
+	var d signals.Decision
+	require.NoError(t, json.Unmarshal(msg.Payload, &d))
+	require.Equal(t, signals.Decision{OrgID: org, ApprovalID: a.ID.String(), ToolName: "shell", Decision: DecisionDenied, Reason: signals.ReasonExpired}, d)
+
+	n, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n, "expired once")
+}
+
+func TestTheSweeperRunsOnItsLeader(t *testing.T) {
+	s, db := newTestService(t, Config{SweepInterval: 10 * time.Millisecond, LeaderRetry: 10 * time.Millisecond})
+	res := request(t, s, "shell", "")
+	_, err := db.Exec(context.Background(), `UPDATE tool_approvals SET expires_at = now() WHERE id = $1`, res.Approval.ID)
+	require.NoError(t, err)
+	require.NoError(t, s.Start(context.Background()))
+	defer func() { require.NoError(t, s.Stop(context.Background())); require.NoError(t, s.Stop(context.Background())) }()
+	require.Eventually(t, func() bool {
+		a, err := s.Get(context.Background(), org, res.Approval.ID, "")
+		return err == nil && a.Status == StatusExpired
+	}, 10*time.Second, 5*time.Millisecond)
+}
+
+func TestARetriedRequestWithItsKeyReturnsTheSameApproval(t *testing.T) {
+	s, db := newTestService(t)
+	key := func(p *RequestParams) { p.IdempotencyKey = "k1" }
+	first := request(t, s, "shell", `{"a":1}`, key)
+	again := request(t, s, "shell", `{ "a": 1 }`, key)
+	require.Equal(t, first.Approval.ID, again.Approval.ID)
+	require.Equal(t, DecisionPending, again.Decision)
+	require.Equal(t, 1, count(t, db, `SELECT count(*) FROM tool_approvals`))
+	require.Len(t, eventsOf(t, s, sess), 1, "a replay appends nothing")
+
+	_, err := s.Request(context.Background(), RequestParams{OrgID: org, SessionID: sess, AgentID: agent, ToolName: "other", IdempotencyKey: "k1"})
+	require.ErrorIs(t, err, ErrIdempotencyKeyReused)
+}
+
+func TestBadInputNamesTheFieldAndWritesNothing(t *testing.T) {
+	s, db := newTestService(t)
+	big := `{"x":"` + string(make([]byte, 0)) + fmt.Sprintf("%0*d", MaxInput, 0) + `"}`
+	seven := 8 * 24 * time.Hour
+	nine := 9 * time.Second
+	requests := []struct {
+		field  string
+		mutate func(*RequestParams)
+	}{
+		{"tool_name", func(p *RequestParams) { p.ToolName = "" }},
+		{"tool_name", func(p *RequestParams) { p.ToolName = string(make([]byte, MaxToolName+1)) }},
+		{"tool_name", func(p *RequestParams) { p.ToolName = "a\nb" }},
+		{"session_id", func(p *RequestParams) { p.SessionID = "" }},
+		{"agent_id", func(p *RequestParams) { p.AgentID = "" }},
+		{"input", func(p *RequestParams) { p.Input = json.RawMessage(big) }},
+		{"workflow_id", func(p *RequestParams) { p.WorkflowID = "org-b/wf" }},
+		{"workflow_id", func(p *RequestParams) { p.WorkflowID = org + "/" }},
+		{"run_id", func(p *RequestParams) { p.RunID = "r1" }},
+		{"expires_in_s", func(p *RequestParams) { p.ExpiresIn = &seven }},
+		{"expires_in_s", func(p *RequestParams) { p.ExpiresIn = &nine }},
+	}
+	for _, tc := range requests {
+		p := RequestParams{OrgID: org, SessionID: sess, AgentID: agent, ToolName: "shell"}
+		tc.mutate(&p)
+		_, err := s.Request(context.Background(), p)
+		requireInvalid(t, err, tc.field)
+	}
+	policies := []struct {
+		field string
+		p     PolicyParams
+	}{
+		{"approval", PolicyParams{AgentID: agent, ToolName: "shell", Approval: "sometimes"}},
+		{"approval", PolicyParams{AgentID: agent, ToolName: "shell"}},
+		{"match", PolicyParams{AgentID: agent, ToolName: "shell", Approval: PolicyAlways, Match: json.RawMessage(`["a"]`)}},
+		{"match", PolicyParams{AgentID: agent, ToolName: "shell", Approval: PolicyAlways, Match: json.RawMessage(`{}`)}},
+		{"tool_name", PolicyParams{AgentID: agent, Approval: PolicyAlways}},
+	}
+	for _, tc := range policies {
+		_, err := s.PutPolicy(context.Background(), org, tc.p)
+		requireInvalid(t, err, tc.field)
+	}
+	responds := []struct {
+		field string
+		p     RespondParams
+	}{
+		{"decision", RespondParams{ToolName: "shell", Decision: "maybe"}},
+		{"update_policy", RespondParams{ToolName: "shell", Decision: DecisionApproved, UpdatePolicy: "sometimes"}},
+		{"tool_name", RespondParams{Decision: DecisionApproved}},
+		{"approval_id", RespondParams{ToolName: "shell", ApprovalID: uuid.Must(uuid.NewV7()), Decision: DecisionApproved}},
+	}
+	for _, tc := range responds {
+		_, err := respond(s, tc.p)
+		requireInvalid(t, err, tc.field)
+	}
+	for _, table := range []string{"approval_sessions", "session_events", "tool_policies", "tool_approvals"} {
+		require.Zero(t, count(t, db, `SELECT count(*) FROM `+table), table)
+	}
+}
+
+func requireInvalid(t *testing.T, err error, field string) {
+	t.Helper()
+	var inv *apperr.InvalidError
+	require.True(t, errors.As(err, &inv), "want invalid %s, got %v", field, err)
+	var fields []string
+	for _, f := range inv.Fields {
+		fields = append(fields, f.Field)
+	}
+	require.Contains(t, fields, field)
+}

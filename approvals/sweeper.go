@@ -1,0 +1,155 @@
+package approvals
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/reveille/reveille/internal/leader"
+	"github.com/reveille/reveille/workflows/signals"
+)
+
+// sweepBatch bounds one scan for expired requests.
+const sweepBatch = 100
+
+// Start runs the expiry sweeper on whichever replica holds its leadership
+// (internal/leader); the others stand by. It returns at once.
+func (s *Service) Start(ctx context.Context) error {
+	s.runMu.Lock()
+	defer s.runMu.Unlock()
+	if s.stop != nil {
+		return errors.New("approvals: already started")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	s.stop, s.stopped = cancel, done
+	el := &leader.Elector{DB: s.db, Name: "approvals.sweeper", Retry: s.cfg.LeaderRetry, Logger: s.logger}
+	go func() {
+		defer close(done)
+		el.Run(ctx, s.sweepLoop)
+	}()
+	return nil
+}
+
+// Stop stops the sweeper and waits for it (until ctx ends). Stopping twice,
+// or without Start, is safe.
+func (s *Service) Stop(ctx context.Context) error {
+	s.runMu.Lock()
+	cancel, done := s.stop, s.stopped
+	s.runMu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stopping the approvals sweeper: %w", ctx.Err())
+	}
+}
+
+// sweepLoop sweeps at once and then every SweepInterval while leader.
+func (s *Service) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Warn("sweeping expired tool approvals failed", "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Sweep expires every pending request past its expires_at, each in its own
+// transaction — denied with reason "expired": the session's events and the
+// workflow's signal as for a human's denial — and returns how many it
+// expired. The sweeper calls it; tests and tools may too.
+func (s *Service) Sweep(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		due, err := s.expiredApprovals(ctx)
+		if err != nil {
+			return total, err
+		}
+		failed := 0
+		for _, d := range due {
+			ok, err := s.expire(ctx, d)
+			if err != nil {
+				if ctx.Err() != nil {
+					return total, ctx.Err()
+				}
+				failed++
+				s.logger.Error("expiring tool approval failed", "org_id", d.orgID, "approval_id", d.id.String(), "error", err.Error())
+				continue
+			}
+			if ok {
+				total++
+			}
+		}
+		if len(due) < sweepBatch || failed == len(due) {
+			return total, nil
+		}
+	}
+}
+
+type dueApproval struct {
+	orgID, sessionID string
+	id               uuid.UUID
+}
+
+func (s *Service) expiredApprovals(ctx context.Context) ([]dueApproval, error) {
+	rows, err := s.db.Query(ctx, qExpiredApprovals, sweepBatch)
+	if err != nil {
+		return nil, fmt.Errorf("scanning for expired tool approvals: %w", err)
+	}
+	due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (dueApproval, error) {
+		var d dueApproval
+		return d, r.Scan(&d.orgID, &d.sessionID, &d.id)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scanning for expired tool approvals: %w", err)
+	}
+	return due, nil
+}
+
+// expire resolves one request as expired; one resolved meanwhile (by a
+// human or another sweeper) is skipped (false).
+func (s *Service) expire(ctx context.Context, d dueApproval) (bool, error) {
+	var r resolved
+	var done bool
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		var agent string
+		if err := tx.QueryRow(ctx, qLockSession, d.orgID, d.sessionID).Scan(&agent); err != nil {
+			return fmt.Errorf("locking session: %w", err)
+		}
+		err := tx.QueryRow(ctx, qExpire, d.orgID, d.id).Scan(&r.tool, &r.workflowID, &r.runID, &r.signal, &r.createdAt, &r.resolvedAt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("expiring tool approval: %w", err)
+		}
+		done = true
+		if err := queueDecision(ctx, tx, d.orgID, d.id, r, DecisionDenied, signals.ReasonExpired); err != nil {
+			return err
+		}
+		return appendEvents(ctx, tx, d.orgID, d.sessionID,
+			newEvent{EventResolved, map[string]any{"approval_id": d.id, "tool_name": r.tool, "decision": DecisionDenied,
+				"source": SourceExpired, "reason": signals.ReasonExpired, "updated_policy": nil}},
+			newEvent{EventDenied, map[string]any{"approval_id": d.id, "tool_name": r.tool, "reason": signals.ReasonExpired}})
+	})
+	if err != nil || !done {
+		return false, err
+	}
+	s.metrics.resolved(SourceExpired, DecisionDenied, r.resolvedAt.Sub(r.createdAt))
+	return true, nil
+}

@@ -1,0 +1,118 @@
+package approvals
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/reveille/reveille/internal/apperr"
+)
+
+// checkText rejects empty required fields, text over max bytes, NUL bytes
+// and invalid UTF-8 (which Postgres text cannot hold).
+func checkText(inv *apperr.InvalidError, field, v string, max int, required bool) {
+	switch {
+	case v == "" && required:
+		inv.Add(field, "must not be empty")
+	case len(v) > max:
+		inv.Add(field, fmt.Sprintf("must be at most %d bytes", max))
+	case !utf8.ValidString(v) || strings.ContainsRune(v, 0):
+		inv.Add(field, "must be valid UTF-8 without NUL characters")
+	}
+}
+
+// checkToolName also rejects control characters: a tool name is a path
+// segment of the policy routes and a label people read.
+func checkToolName(inv *apperr.InvalidError, field, v string) {
+	n := len(inv.Fields)
+	checkText(inv, field, v, MaxToolName, true)
+	if len(inv.Fields) == n && strings.IndexFunc(v, unicode.IsControl) >= 0 {
+		inv.Add(field, "must not hold control characters")
+	}
+}
+
+// checkPolicy accepts always, once and never (and "" when optional).
+func checkPolicy(inv *apperr.InvalidError, field, v string, required bool) {
+	switch v {
+	case PolicyAlways, PolicyOnce, PolicyNever:
+	case "":
+		if required {
+			inv.Add(field, "is required: always, once or never")
+		}
+	default:
+		inv.Add(field, "must be always, once or never")
+	}
+}
+
+// checkWorkflow checks a request's Temporal target: the workflow id must be
+// the org's ("<org_id>/…", read by the workflow side as signals.OrgOf), and
+// run_id and signal need a workflow id.
+func checkWorkflow(inv *apperr.InvalidError, orgID, workflowID, runID, signal string) {
+	checkText(inv, "workflow_id", workflowID, MaxText, false)
+	checkText(inv, "run_id", runID, MaxText, false)
+	checkText(inv, "signal", signal, MaxText, false)
+	if workflowID == "" {
+		if runID != "" {
+			inv.Add("run_id", "needs workflow_id")
+		}
+		if signal != "" {
+			inv.Add("signal", "needs workflow_id")
+		}
+		return
+	}
+	if org, rest, _ := strings.Cut(workflowID, "/"); org != orgID || rest == "" {
+		inv.Add("workflow_id", fmt.Sprintf("must start with %q: a tool call may only signal its own org's workflows", orgID+"/"))
+	}
+}
+
+// normalizeInput returns the input to store: nil for none (absent or
+// null), else the JSON as given, bounded by MaxInput.
+func normalizeInput(inv *apperr.InvalidError, input json.RawMessage) json.RawMessage {
+	trimmed := bytes.TrimSpace(input)
+	if len(trimmed) == 0 || string(trimmed) == "null" {
+		return nil
+	}
+	if len(trimmed) > MaxInput {
+		inv.Add("input", fmt.Sprintf("must be at most %d bytes of JSON", MaxInput))
+		return nil
+	}
+	if !json.Valid(trimmed) {
+		inv.Add("input", "must be JSON")
+		return nil
+	}
+	if bytes.Contains(trimmed, []byte(`\u0000`)) {
+		inv.Add("input", "must not hold NUL characters") // jsonb cannot
+		return nil
+	}
+	return trimmed
+}
+
+// normalizeMatch returns a policy's match: nil for none, else a non-empty
+// JSON object bounded by MaxMatch.
+func normalizeMatch(inv *apperr.InvalidError, match json.RawMessage) json.RawMessage {
+	trimmed := bytes.TrimSpace(match)
+	if len(trimmed) == 0 || string(trimmed) == "null" {
+		return nil
+	}
+	if len(trimmed) > MaxMatch {
+		inv.Add("match", fmt.Sprintf("must be at most %d bytes of JSON", MaxMatch))
+		return nil
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(trimmed, &obj); err != nil || obj == nil {
+		inv.Add("match", "must be a JSON object (the keys and values the call's input must contain)")
+		return nil
+	}
+	if len(obj) == 0 {
+		inv.Add("match", "must name at least one key (omit match for the unconditional policy)")
+		return nil
+	}
+	if bytes.Contains(trimmed, []byte(`\u0000`)) {
+		inv.Add("match", "must not hold NUL characters")
+		return nil
+	}
+	return trimmed
+}
