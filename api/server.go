@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/reveille/reveille/approvals"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/wakeup"
@@ -85,6 +86,8 @@ type Services struct {
 	Wakeups *wakeup.Service
 	// Workpool serves plain work and the pool routes (SPEC §3).
 	Workpool *workpool.Manager
+	// Approvals serves sessions, tool calls and tool policies (SPEC §7).
+	Approvals *approvals.Service
 }
 
 // Server is the HTTP API.
@@ -151,6 +154,7 @@ func (s *Server) routes() {
 	s.mandateRoutes()
 	s.wakeupRoutes()
 	s.workRoutes()
+	s.approvalRoutes()
 }
 
 // anyRole lets every authenticated principal through.

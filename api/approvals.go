@@ -1,0 +1,390 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+
+	"github.com/reveille/reveille/approvals"
+)
+
+// approvalRoutes serves tool approvals (SPEC §7): sessions and their
+// events, tool-call requests (agent), answers and the inbox (approver),
+// standing policies (admin; approvers read them).
+func (s *Server) approvalRoutes() {
+	if s.svc.Approvals == nil {
+		return
+	}
+	agent, approver, admin := []string{RoleAgent}, []string{RoleApprover}, []string{RoleAdmin}
+	s.route(http.MethodPost, "/v1/sessions/:session_id/tool-calls", s.requestToolCall, agent, s.idempotent())
+	s.route(http.MethodPost, "/v1/sessions/:session_id/tool-approvals", s.respondToolCalls, approver, s.idempotent())
+	s.route(http.MethodGet, "/v1/sessions/:session_id/events", s.sessionEvents, []string{RoleAgent, RoleApprover})
+	s.route(http.MethodGet, "/v1/tool-approvals", s.listToolApprovals, approver)
+	s.route(http.MethodGet, "/v1/tool-approvals/:id", s.getToolApproval, []string{RoleAgent, RoleApprover})
+	s.route(http.MethodGet, "/v1/agents/:agent_id/tool-policies", s.listToolPolicies, []string{RoleAdmin, RoleApprover})
+	s.route(http.MethodPut, "/v1/agents/:agent_id/tool-policies/:tool_name", s.putToolPolicy, admin)
+	s.route(http.MethodDelete, "/v1/agents/:agent_id/tool-policies/:tool_name", s.deleteToolPolicy, admin)
+}
+
+type toolPolicyJSON struct {
+	ToolName  string    `json:"tool_name"`
+	Approval  string    `json:"approval"`
+	Match     rawJSON   `json:"match"`
+	UpdatedAt time.Time `json:"updated_at"`
+	UpdatedBy string    `json:"updated_by"`
+}
+
+func toolPolicyOut(p approvals.Policy) toolPolicyJSON {
+	out := toolPolicyJSON{ToolName: p.ToolName, Approval: p.Approval, Match: rawJSON("null"), UpdatedAt: p.UpdatedAt.UTC(), UpdatedBy: p.UpdatedBy}
+	if len(p.Match) > 0 {
+		out.Match = rawJSON(p.Match)
+	}
+	return out
+}
+
+type deliveryJSON struct {
+	State     string `json:"state"`
+	Attempts  int    `json:"attempts"`
+	LastError string `json:"last_error,omitempty"`
+}
+
+type toolApprovalJSON struct {
+	ID          uuid.UUID     `json:"id"`
+	SessionID   string        `json:"session_id"`
+	AgentID     string        `json:"agent_id"`
+	ToolName    string        `json:"tool_name"`
+	Input       rawJSON       `json:"input"`
+	Status      string        `json:"status"`
+	Source      *string       `json:"source"`
+	RequestedBy string        `json:"requested_by"`
+	ResolvedBy  *string       `json:"resolved_by"`
+	Note        *string       `json:"note"`
+	WorkflowID  *string       `json:"workflow_id"`
+	RunID       *string       `json:"run_id"`
+	Signal      *string       `json:"signal"`
+	Delivery    *deliveryJSON `json:"delivery"`
+	CreatedAt   time.Time     `json:"created_at"`
+	ExpiresAt   time.Time     `json:"expires_at"`
+	ResolvedAt  *time.Time    `json:"resolved_at"`
+}
+
+func toolApprovalOut(a approvals.ToolApproval) toolApprovalJSON {
+	out := toolApprovalJSON{ID: a.ID, SessionID: a.SessionID, AgentID: a.AgentID, ToolName: a.ToolName, Input: rawJSON("null"),
+		Status: a.Status, Source: strOrNil(a.Source), RequestedBy: a.RequestedBy, ResolvedBy: strOrNil(a.ResolvedBy),
+		Note: strOrNil(a.Note), WorkflowID: strOrNil(a.WorkflowID), RunID: strOrNil(a.RunID), Signal: strOrNil(a.Signal),
+		CreatedAt: a.CreatedAt.UTC(), ExpiresAt: a.ExpiresAt.UTC(), ResolvedAt: utcPtr(a.ResolvedAt)}
+	if len(a.Input) > 0 {
+		out.Input = rawJSON(a.Input)
+	}
+	if a.Delivery != nil {
+		out.Delivery = &deliveryJSON{State: a.Delivery.State, Attempts: a.Delivery.Attempts, LastError: a.Delivery.LastError}
+	}
+	return out
+}
+
+type sessionEventJSON struct {
+	Seq       int64     `json:"seq"`
+	Name      string    `json:"name"`
+	Payload   rawJSON   `json:"payload"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func strOrNil(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// pathParam returns a path parameter unescaped (echo routes on the escaped
+// path when the URL has one, and its parameters are then still escaped).
+func pathParam(c echo.Context, name string) (string, error) {
+	v := c.Param(name)
+	if c.Request().URL.RawPath != "" {
+		var err error
+		if v, err = url.PathUnescape(v); err != nil {
+			return "", Invalid(name, "is not a valid escaped path segment")
+		}
+	}
+	return v, nil
+}
+
+// boundAgentCannotResolve refuses answers and standing policies to a token
+// bound to an agent: an agent never approves its own (or another agent's)
+// tool calls, now or in advance.
+func boundAgentCannotResolve(c echo.Context) error {
+	if PrincipalFrom(c).AgentID != "" {
+		return NewProblem(http.StatusForbidden, "forbidden", "a token bound to an agent cannot approve, deny or set standing approvals for tool calls")
+	}
+	return nil
+}
+
+func (s *Server) requestToolCall(c echo.Context) error {
+	sessionID, err := pathParam(c, "session_id")
+	if err != nil {
+		return err
+	}
+	var in struct {
+		AgentID    string          `json:"agent_id"`
+		ToolName   string          `json:"tool_name"`
+		Input      json.RawMessage `json:"input"`
+		WorkflowID string          `json:"workflow_id"`
+		RunID      string          `json:"run_id"`
+		Signal     string          `json:"signal"`
+		ExpiresInS *int64          `json:"expires_in_s"`
+	}
+	if err := bind(c, &in); err != nil {
+		return err
+	}
+	if in.AgentID != "" {
+		if err := checkAgent(c, "agent_id", in.AgentID); err != nil {
+			return err
+		}
+	}
+	p := PrincipalFrom(c)
+	params := approvals.RequestParams{OrgID: p.OrgID, SessionID: sessionID, AgentID: in.AgentID, ToolName: in.ToolName, Input: in.Input,
+		WorkflowID: in.WorkflowID, RunID: in.RunID, Signal: in.Signal, IdempotencyKey: IdempotencyKey(c), RequestedBy: p.Sub}
+	if in.ExpiresInS != nil {
+		secs := min(max(*in.ExpiresInS, -1), int64(approvals.MaxExpiresIn/time.Second)+1) // no overflow; the range check names the field
+		d := time.Duration(secs) * time.Second
+		params.ExpiresIn = &d
+	}
+	res, err := s.svc.Approvals.Request(c.Request().Context(), params)
+	if err != nil {
+		return idempotencyKeyReused(err, approvals.ErrIdempotencyKeyReused)
+	}
+	out := map[string]any{"decision": res.Decision, "approval_id": res.Approval.ID}
+	if res.Decision == approvals.DecisionPending {
+		out["expires_at"] = res.Approval.ExpiresAt.UTC()
+		return c.JSON(http.StatusOK, out)
+	}
+	out["source"] = res.Source
+	out["policy"] = nil
+	if res.Policy != nil {
+		out["policy"] = toolPolicyOut(*res.Policy)
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+func (s *Server) respondToolCalls(c echo.Context) error {
+	sessionID, err := pathParam(c, "session_id")
+	if err != nil {
+		return err
+	}
+	var in struct {
+		ToolName     string `json:"tool_name"`
+		ApprovalID   string `json:"approval_id"`
+		Decision     string `json:"decision"`
+		UpdatePolicy string `json:"update_policy"`
+		Note         string `json:"note"`
+	}
+	if err := bind(c, &in); err != nil {
+		return err
+	}
+	if err := boundAgentCannotResolve(c); err != nil {
+		return err
+	}
+	p := PrincipalFrom(c)
+	if p.Sub == "" {
+		// Without an identity the rule that a requester may not resolve its
+		// own request cannot be kept.
+		return NewProblem(http.StatusForbidden, "forbidden", "a token without a sub claim cannot approve or deny tool calls")
+	}
+	params := approvals.RespondParams{OrgID: p.OrgID, SessionID: sessionID, ToolName: in.ToolName, Decision: in.Decision,
+		UpdatePolicy: in.UpdatePolicy, Note: in.Note, ResolvedBy: p.Sub}
+	if in.ApprovalID != "" {
+		id, err := uuid.Parse(in.ApprovalID)
+		if err != nil {
+			return Invalid("approval_id", "must be a tool approval's id (a UUID)")
+		}
+		params.ApprovalID = id
+	}
+	res, err := s.svc.Approvals.Respond(c.Request().Context(), params)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, map[string]any{"resolved": res.Resolved, "policy": res.Policy})
+}
+
+func (s *Server) sessionEvents(c echo.Context) error {
+	sessionID, err := pathParam(c, "session_id")
+	if err != nil {
+		return err
+	}
+	after, limit, err := eventsPage(c)
+	if err != nil {
+		return err
+	}
+	p := PrincipalFrom(c)
+	events, next, err := s.svc.Approvals.Events(c.Request().Context(), p.OrgID, sessionID, p.AgentID, after, limit)
+	if err != nil {
+		return err
+	}
+	out := struct {
+		Items      []sessionEventJSON `json:"items"`
+		NextCursor *string            `json:"next_cursor"`
+	}{Items: make([]sessionEventJSON, 0, len(events))}
+	for _, e := range events {
+		out.Items = append(out.Items, sessionEventJSON{Seq: e.Seq, Name: e.Name, Payload: rawJSON(e.Payload), CreatedAt: e.CreatedAt.UTC()})
+	}
+	if next != nil {
+		n := strconv.FormatInt(*next, 10)
+		out.NextCursor = &n
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// eventsPage reads ?after=&limit= (after exclusive; cursor, the list
+// convention's name, is accepted for after).
+func eventsPage(c echo.Context) (int64, int, error) {
+	limit := 50
+	if raw := c.QueryParam("limit"); raw != "" {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 1 || n > approvals.MaxLimit {
+			return 0, 0, Invalid("limit", "must be an integer from 1 to 500")
+		}
+		limit = n
+	}
+	field, raw := "after", c.QueryParam("after")
+	if raw == "" {
+		field, raw = "cursor", c.QueryParam("cursor")
+	}
+	var after int64
+	if raw != "" {
+		n, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil || n < 0 {
+			return 0, 0, Invalid(field, "must be a seq (an integer ≥ 0)")
+		}
+		after = n
+	}
+	return after, limit, nil
+}
+
+func (s *Server) listToolApprovals(c echo.Context) error {
+	page, err := mandatePage(c)
+	if err != nil {
+		return err
+	}
+	p := PrincipalFrom(c)
+	f := approvals.ListFilter{Status: c.QueryParam("status"), AgentID: c.QueryParam("agent_id"), SessionID: c.QueryParam("session_id")}
+	if p.AgentID != "" {
+		if f.AgentID != "" {
+			if err := checkAgent(c, "agent_id", f.AgentID); err != nil {
+				return err
+			}
+		}
+		f.AgentID = p.AgentID
+	}
+	items, next, err := s.svc.Approvals.List(c.Request().Context(), p.OrgID, f, approvals.Page{Cursor: page.Cursor, Limit: page.Limit})
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, newMandateList(items, next, toolApprovalOut))
+}
+
+func (s *Server) getToolApproval(c echo.Context) error {
+	id, err := pathID(c, approvals.ErrNotFound)
+	if err != nil {
+		return err
+	}
+	p := PrincipalFrom(c)
+	a, err := s.svc.Approvals.Get(c.Request().Context(), p.OrgID, id, p.AgentID)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, toolApprovalOut(a))
+}
+
+// policyAgent reads the :agent_id of the policy routes; a bound token
+// names only its own agent.
+func policyAgent(c echo.Context) (string, error) {
+	agentID, err := pathParam(c, "agent_id")
+	if err != nil {
+		return "", err
+	}
+	return agentID, checkAgent(c, "agent_id", agentID)
+}
+
+func (s *Server) listToolPolicies(c echo.Context) error {
+	agentID, err := policyAgent(c)
+	if err != nil {
+		return err
+	}
+	page, err := mandatePage(c)
+	if err != nil {
+		return err
+	}
+	items, next, err := s.svc.Approvals.ListPolicies(c.Request().Context(), PrincipalFrom(c).OrgID, agentID, approvals.Page{Cursor: page.Cursor, Limit: page.Limit})
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, newMandateList(items, next, toolPolicyOut))
+}
+
+func (s *Server) putToolPolicy(c echo.Context) error {
+	if err := boundAgentCannotResolve(c); err != nil {
+		return err
+	}
+	agentID, err := policyAgent(c)
+	if err != nil {
+		return err
+	}
+	tool, err := pathParam(c, "tool_name")
+	if err != nil {
+		return err
+	}
+	var in struct {
+		Approval string          `json:"approval"`
+		Match    json.RawMessage `json:"match"`
+	}
+	if err := bind(c, &in); err != nil {
+		return err
+	}
+	p := PrincipalFrom(c)
+	pol, err := s.svc.Approvals.PutPolicy(c.Request().Context(), p.OrgID, approvals.PolicyParams{
+		AgentID: agentID, ToolName: tool, Approval: in.Approval, Match: in.Match, UpdatedBy: p.Sub})
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, toolPolicyOut(pol))
+}
+
+func (s *Server) deleteToolPolicy(c echo.Context) error {
+	if err := boundAgentCannotResolve(c); err != nil {
+		return err
+	}
+	agentID, err := policyAgent(c)
+	if err != nil {
+		return err
+	}
+	tool, err := pathParam(c, "tool_name")
+	if err != nil {
+		return err
+	}
+	var match json.RawMessage
+	if raw := c.QueryParam("match"); raw != "" {
+		if !json.Valid([]byte(raw)) {
+			return Invalid("match", "must be URL-encoded JSON: the match object of the policy to delete")
+		}
+		match = json.RawMessage(raw)
+	}
+	if err := s.svc.Approvals.DeletePolicy(c.Request().Context(), PrincipalFrom(c).OrgID, agentID, tool, match); err != nil {
+		return err
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+// idempotencyKeyReused maps a domain's key-reuse error to 422, as the
+// idempotency layer answers a reused key.
+func idempotencyKeyReused(err, reused error) error {
+	if errors.Is(err, reused) {
+		return NewProblem(http.StatusUnprocessableEntity, "idempotency-key-reused", err.Error())
+	}
+	return err
+}
