@@ -376,7 +376,7 @@ func (e *wakeEnv) wire(ctx context.Context, s settings, concurrency int, budget 
 		fmt.Fprintf(os.Stderr, "bench wake: raised pool %q max_parallelism from %d to %d\n", wakeup.DefaultPool, p.MaxParallelism, concurrency)
 	}
 
-	e.worker = reference.NewWorker(e.tc, e.taskQueue, e.wakeups)
+	e.worker = reference.NewWorker(e.tc, e.taskQueue, e.wakeups, nil) // the bench runs no tool step
 	e.worker.RegisterWorkflowWithOptions(benchAwaitWake, workflow.RegisterOptions{Name: wakeBenchWorkflow})
 	if err := e.worker.Start(); err != nil {
 		return fmt.Errorf("temporal worker: %w", err)

@@ -34,6 +34,7 @@ type settings struct {
 	WorkRetention  time.Duration // REVEILLE_WORK_RETENTION
 	HTTPAllowed    []string      // REVEILLE_HTTP_ALLOWED_HOSTS
 	ApprovalTTL    time.Duration // REVEILLE_APPROVAL_TTL
+	ToolTTL        time.Duration // REVEILLE_TOOL_APPROVAL_TTL
 	NotFoundGrace  time.Duration // REVEILLE_SIGNAL_NOTFOUND_GRACE
 	StreamChunk    int64         // REVEILLE_STREAM_MAX_CHUNK
 	StreamRequest  int64         // REVEILLE_STREAM_MAX_REQUEST
@@ -69,6 +70,7 @@ func envConfig() (settings, error) {
 	s.HeartbeatLimit = envDuration("REVEILLE_HEARTBEAT_TIMEOUT", 30*time.Second, &errs)
 	s.WorkRetention = envDuration("REVEILLE_WORK_RETENTION", 24*time.Hour, &errs)
 	s.ApprovalTTL = envDuration("REVEILLE_APPROVAL_TTL", 24*time.Hour, &errs)
+	s.ToolTTL = envDuration("REVEILLE_TOOL_APPROVAL_TTL", time.Hour, &errs)
 	s.NotFoundGrace = envDuration("REVEILLE_SIGNAL_NOTFOUND_GRACE", 60*time.Second, &errs)
 	s.StreamKeep = envDuration("REVEILLE_STREAM_RETENTION", 7*24*time.Hour, &errs)
 	s.Worker = envBool("REVEILLE_WORKER", false, &errs)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -84,6 +85,8 @@ func runDemo(ctx context.Context, args []string) error {
 		{name: "failure", path: "/fail", cost: 1, retry: true},
 		{name: "cancel", path: "/slow", cost: 1, cancel: true},
 		{name: "refused, then approved", path: "/ok", cost: 1_000_000, approve: true},
+		{name: "tool call approved by a human", path: "/ok", cost: 1, tool: "approved"},
+		{name: "tool call denied by a human", path: "/ok", cost: 1, tool: "denied"},
 	} {
 		if err := d.run(ctx, c); err != nil {
 			return fmt.Errorf("%s: %w", c.name, err)
@@ -136,6 +139,9 @@ type demoCase struct {
 	name, path             string
 	cost                   int64
 	retry, cancel, approve bool
+	// tool, when set, gives the workflow a tool call that a human answers
+	// with this decision (approved or denied) through the REST endpoint.
+	tool string
 }
 
 type demo struct {
@@ -200,6 +206,9 @@ func (d *demo) run(ctx context.Context, c demoCase) error {
 	if c.retry {
 		in.Work.Retry = &workpoolRetry
 	}
+	if c.tool != "" {
+		in.Tool = &reference.ToolStep{ToolName: "deploy", Input: mustJSON(map[string]any{"env": "staging"}), Timeout: time.Minute}
+	}
 	start := time.Now()
 	events := []event{{start, "workflow started  " + wf}}
 	run, err := d.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: wf, TaskQueue: workflows.TaskQueue}, reference.WorkflowName, in)
@@ -207,9 +216,18 @@ func (d *demo) run(ctx context.Context, c demoCase) error {
 		return fmt.Errorf("start the reference workflow: %w", err)
 	}
 	agentTok := d.token("demo-agent-runtime", api.RoleAgent, api.RoleAdmin)
-	wakeupID, err := d.awaitWakeup(ctx, wf, agentTok)
-	if err != nil {
-		return err
+	if c.tool != "" {
+		evs, err := d.answerToolCall(ctx, wf, c.tool)
+		if err != nil {
+			return err
+		}
+		events = append(events, evs...)
+	}
+	var wakeupID string
+	if c.tool != "denied" {
+		if wakeupID, err = d.awaitWakeup(ctx, wf, agentTok); err != nil {
+			return err
+		}
 	}
 	switch {
 	case c.approve:
@@ -249,13 +267,13 @@ func (d *demo) run(ctx context.Context, c demoCase) error {
 	}
 	doneAt := time.Now()
 	events = append(events, d.target.events()...)
-	events = append(events, d.historyEvents(ctx, wf, run.GetRunID())...)
-	if _, w, err := d.call(ctx, http.MethodGet, "/v1/wakeups/"+wakeupID, agentTok, nil); err == nil && w != nil {
+	events = append(events, d.historyEvents(ctx, wf, run.GetRunID(), c.tool != "")...)
+	if _, w, err := d.call(ctx, http.MethodGet, "/v1/wakeups/"+wakeupID, agentTok, nil); wakeupID != "" && err == nil && w != nil {
 		if created := parseTime(w["created_at"]); !c.approve && !created.IsZero() {
 			events = append(events, event{created, "wake-up enqueued  " + wakeupID + fmt.Sprintf(" (mandate debited %d)", c.cost)})
 		}
 	}
-	detail := "outcome=" + res.Wake.Outcome
+	detail := "outcome=" + res.Outcome
 	if len(res.Wake.Result) > 0 {
 		detail += " result=" + truncate(string(res.Wake.Result), 80)
 	}
@@ -290,10 +308,44 @@ func (d *demo) awaitWakeup(ctx context.Context, wf, tok string) (string, error) 
 	}
 }
 
+// answerToolCall waits for the workflow's pending tool call in the inbox
+// and answers it as a human would, through POST
+// /v1/sessions/{session_id}/tool-approvals (the session is the workflow id).
+func (d *demo) answerToolCall(ctx context.Context, wf, decision string) ([]event, error) {
+	approver := d.token("demo-approver", api.RoleApprover)
+	var approval map[string]any
+	for approval == nil {
+		status, body, err := d.call(ctx, http.MethodGet, "/v1/tool-approvals?status=pending&session_id="+url.QueryEscape(wf), approver, nil)
+		if err == nil && status == http.StatusOK {
+			if items, _ := body["items"].([]any); len(items) > 0 {
+				approval = items[0].(map[string]any)
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("the workflow's tool call never appeared in the inbox (is the engine's Temporal worker running?): %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	events := []event{{parseTime(approval["created_at"]), fmt.Sprintf("tool call %q pending → approval %v in the inbox (no policy decided)", approval["tool_name"], approval["id"])}}
+	time.Sleep(300 * time.Millisecond) // a human takes a moment
+	answeredAt := time.Now()
+	status, body, err := d.call(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(wf)+"/tool-approvals", approver,
+		map[string]any{"approval_id": approval["id"], "decision": decision, "note": "answered by engine demo"})
+	if err != nil || status != http.StatusOK {
+		return nil, fmt.Errorf("answer the tool call: %d %v %v", status, body, err)
+	}
+	events = append(events, event{answeredAt, "POST /v1/sessions/{id}/tool-approvals  decision=" + decision + " → signal queued in the same transaction"})
+	return events, nil
+}
+
 // historyEvents reads the moments the workflow parked and woke from its
-// Temporal history.
-func (d *demo) historyEvents(ctx context.Context, wf, runID string) []event {
+// Temporal history; withTool: its first activity asked for a tool call and
+// its first signal carried the decision.
+func (d *demo) historyEvents(ctx context.Context, wf, runID string, withTool bool) []event {
 	var out []event
+	toolAsked, toolAnswered := !withTool, !withTool
 	it := d.tc.GetWorkflowHistory(ctx, wf, runID, false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
 	for it.HasNext() {
 		e, err := it.Next()
@@ -303,10 +355,20 @@ func (d *demo) historyEvents(ctx context.Context, wf, runID string) []event {
 		at := e.GetEventTime().AsTime()
 		switch e.GetEventType() {
 		case enums.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+			if !toolAsked {
+				toolAsked = true
+				out = append(out, event{at, `tool call requested → workflow parked on signal "approval" (AwaitApproval)`})
+				continue
+			}
 			out = append(out, event{at, `workflow parked on signal "wake" (AwaitWake)`})
 		case enums.EVENT_TYPE_ACTIVITY_TASK_FAILED:
 			out = append(out, event{at, `enqueue activity refused (non-retryable) → workflow parks on "wake"`})
 		case enums.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+			if !toolAnswered {
+				toolAnswered = true
+				out = append(out, event{at, "approval signal received: workflow woke with the decision"})
+				continue
+			}
 			out = append(out, event{at, "signal received: workflow woke"})
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/reveille/reveille/api"
+	"github.com/reveille/reveille/approvals"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/migrations"
 	"github.com/reveille/reveille/queue"
@@ -149,6 +150,7 @@ func (a *app) wireDomain(_ context.Context, svc *api.Services) error {
 		return fmt.Errorf("streams: %w", err)
 	}
 	svc.Wakeups = wakeup.New(a.db, pool, svc.Mandates, wakeup.Config{Logger: logger, Registry: reg})
+	svc.Approvals = approvals.New(a.db, approvals.Config{TTL: s.ToolTTL, Logger: logger, Registry: reg})
 	dispatcher := queue.NewDispatcher(a.db, a.temporal, queue.DispatcherConfig{NotFoundGrace: s.NotFoundGrace, Logger: logger, Registry: reg})
 
 	a.starters = append(a.starters,
@@ -156,10 +158,11 @@ func (a *app) wireDomain(_ context.Context, svc *api.Services) error {
 		lifecycle("mandates", svc.Mandates, logger),
 		lifecycle("streams", svc.Streams, logger),
 		lifecycle("wakeup", svc.Wakeups, logger),
+		lifecycle("approvals", svc.Approvals, logger),
 		lifecycle("signal dispatcher", dispatcher, logger),
 	)
 	if s.Worker {
-		w := reference.NewWorker(a.temporal, workflows.TaskQueue, svc.Wakeups)
+		w := reference.NewWorker(a.temporal, workflows.TaskQueue, svc.Wakeups, svc.Approvals)
 		a.starters = append(a.starters, func(ctx context.Context) error {
 			// The worker keeps retrying while Temporal is down; Start fails
 			// only on a registration error.
@@ -276,6 +279,7 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_WORK_RETENTION       how long finished work records are kept (default 24h)
   REVEILLE_HTTP_ALLOWED_HOSTS   hosts the built-in http handler may call (comma list; empty = none)
   REVEILLE_APPROVAL_TTL         how long a spending approval request stays pending (default 24h)
+  REVEILLE_TOOL_APPROVAL_TTL    how long a tool call waits for a human before it is denied as expired (default 1h)
   REVEILLE_SIGNAL_NOTFOUND_GRACE how long a signal to an absent workflow is retried (default 60s)
   REVEILLE_STREAM_MAX_CHUNK     largest stream chunk in bytes (default 1048576)
   REVEILLE_STREAM_MAX_REQUEST   largest stream append request in bytes (default 8388608)

@@ -23,6 +23,7 @@ import (
 	"go.temporal.io/server/temporaltest"
 
 	"github.com/reveille/reveille/api"
+	"github.com/reveille/reveille/approvals"
 	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/queue"
@@ -62,6 +63,7 @@ type stack struct {
 	pool       *workpool.Manager
 	mandates   *mandates.Service
 	wakeups    *wakeup.Service
+	approvals  *approvals.Service
 	dispatcher *queue.Dispatcher
 	http       *httptest.Server
 	proxy      *tcpProxy
@@ -101,6 +103,7 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 		ReconcileInterval: 100 * time.Millisecond, ReconcileAfter: 200 * time.Millisecond,
 		BeforeEnqueue: o.beforeEnqueue, Logger: logger, Registry: reg,
 	})
+	s.approvals = approvals.New(s.db, approvals.Config{SweepInterval: 50 * time.Millisecond, LeaderRetry: 200 * time.Millisecond, Logger: logger, Registry: reg})
 
 	s.proxy = newTCPProxy(t, temporalServer.GetFrontendHostPort())
 	s.engineTC, err = client.NewLazyClient(client.Options{HostPort: s.proxy.Addr(), Namespace: temporalServer.GetDefaultNamespace(), Logger: quietTemporalLogger{}})
@@ -112,15 +115,16 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 		SendTimeout: 2 * time.Second, Logger: logger, Registry: reg,
 	})
 
-	w := reference.NewWorker(s.tc, s.taskQueue, s.wakeups)
+	w := reference.NewWorker(s.tc, s.taskQueue, s.wakeups, s.approvals)
 	w.RegisterWorkflowWithOptions(awaitWakes, workflow.RegisterOptions{Name: "awaitWakes"})
+	w.RegisterWorkflowWithOptions(awaitApprovals, workflow.RegisterOptions{Name: "awaitApprovals"})
 	require.NoError(t, w.Start())
 	t.Cleanup(w.Stop)
 
 	for _, c := range []interface {
 		Start(context.Context) error
 		Stop(context.Context) error
-	}{s.pool, s.mandates, s.wakeups, s.dispatcher} {
+	}{s.pool, s.mandates, s.wakeups, s.approvals, s.dispatcher} {
 		require.NoError(t, c.Start(ctx))
 		t.Cleanup(func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -130,7 +134,7 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 	}
 
 	srv, err := api.New(ctx, api.Config{Auth: api.AuthConfig{Secret: secret}, Logger: logger, Registry: reg}, api.Services{
-		DB: s.db, Mandates: s.mandates, Wakeups: s.wakeups,
+		DB: s.db, Mandates: s.mandates, Wakeups: s.wakeups, Approvals: s.approvals,
 		Ready: []api.ReadinessCheck{{Name: "temporal", Check: func(ctx context.Context) error {
 			_, err := s.engineTC.CheckHealth(ctx, &client.CheckHealthRequest{})
 			return err
