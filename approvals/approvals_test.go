@@ -327,6 +327,9 @@ func TestARetriedRequestWithItsKeyReturnsTheSameApproval(t *testing.T) {
 
 	_, err := s.Request(context.Background(), RequestParams{OrgID: org, SessionID: sess, AgentID: agent, ToolName: "other", IdempotencyKey: "k1"})
 	require.ErrorIs(t, err, ErrIdempotencyKeyReused)
+	_, err = s.Request(context.Background(), RequestParams{OrgID: org, SessionID: "s-new", AgentID: agent, ToolName: "shell", IdempotencyKey: "k1"})
+	require.ErrorIs(t, err, ErrIdempotencyKeyReused)
+	require.Equal(t, 1, count(t, db, `SELECT count(*) FROM approval_sessions`), "a reused key binds no session")
 }
 
 func TestBadInputNamesTheFieldAndWritesNothing(t *testing.T) {

@@ -91,7 +91,10 @@ func (s *Service) Request(ctx context.Context, p RequestParams) (RequestResult, 
 		}
 		if tag.RowsAffected() == 0 {
 			replay = true
-			return tx.QueryRow(ctx, qApprovalByKey, p.OrgID, p.IdempotencyKey).Scan(&id)
+			if err := tx.QueryRow(ctx, qApprovalByKey, p.OrgID, p.IdempotencyKey).Scan(&id); err != nil {
+				return fmt.Errorf("reading the key's first tool call: %w", err)
+			}
+			return errReplay // a replay writes nothing, not even a new session
 		}
 		var ev newEvent
 		if status == StatusPending {
@@ -101,7 +104,7 @@ func (s *Service) Request(ctx context.Context, p RequestParams) (RequestResult, 
 		}
 		return appendEvents(ctx, tx, p.OrgID, p.SessionID, ev)
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, errReplay) {
 		return RequestResult{}, err
 	}
 	a, err := s.Get(ctx, p.OrgID, id, "")
@@ -118,6 +121,9 @@ func (s *Service) Request(ctx context.Context, p RequestParams) (RequestResult, 
 	s.metrics.requested()
 	return RequestResult{Decision: DecisionPending, Approval: a}, nil
 }
+
+// errReplay rolls back the transaction of a request whose key was used.
+var errReplay = errors.New("approvals: idempotency key replay")
 
 // replay answers a repeated idempotency key with the first request's
 // approval, as it stands now.
