@@ -30,7 +30,6 @@ import (
 )
 
 const (
-	demoAgent = "demo-agent"
 	demoScope = "demo"
 )
 
@@ -76,7 +75,9 @@ func runDemo(ctx context.Context, args []string) error {
 
 	target := newDemoTarget()
 	defer target.Close()
-	d := &demo{api: strings.TrimRight(*apiURL, "/"), tc: tc, target: target, secret: []byte(secret)}
+	// A fresh agent per run: the refused-then-approved case overruns its
+	// mandate, which would refuse the spends of every later case and run.
+	d := &demo{api: strings.TrimRight(*apiURL, "/"), tc: tc, target: target, secret: []byte(secret), agent: "demo-agent-" + uuid.NewString()[:8]}
 	if err := d.ensureMandate(ctx); err != nil {
 		return err
 	}
@@ -84,9 +85,9 @@ func runDemo(ctx context.Context, args []string) error {
 		{name: "success", path: "/ok", cost: 1},
 		{name: "failure", path: "/fail", cost: 1, retry: true},
 		{name: "cancel", path: "/slow", cost: 1, cancel: true},
-		{name: "refused, then approved", path: "/ok", cost: 1_000_000, approve: true},
 		{name: "tool call approved by a human", path: "/ok", cost: 1, tool: "approved"},
 		{name: "tool call denied by a human", path: "/ok", cost: 1, tool: "denied"},
+		{name: "refused, then approved", path: "/ok", cost: 1_000_000, approve: true},
 	} {
 		if err := d.run(ctx, c); err != nil {
 			return fmt.Errorf("%s: %w", c.name, err)
@@ -145,6 +146,7 @@ type demoCase struct {
 }
 
 type demo struct {
+	agent  string
 	api    string
 	tc     client.Client
 	target *demoTarget
@@ -186,7 +188,7 @@ func (d *demo) call(ctx context.Context, method, path, tok string, body any) (in
 // ensureMandate gives the demo agent a budget of 1000 (a refusal needs more).
 func (d *demo) ensureMandate(ctx context.Context) error {
 	status, body, err := d.call(ctx, http.MethodPost, "/v1/mandates", d.token("demo-admin", api.RoleAdmin),
-		map[string]any{"agent_id": demoAgent, "scope": demoScope, "budget": 1000})
+		map[string]any{"agent_id": d.agent, "scope": demoScope, "budget": 1000})
 	if err != nil {
 		return err
 	}
@@ -201,7 +203,7 @@ func (d *demo) run(ctx context.Context, c demoCase) error {
 	defer cancel()
 	d.target.reset()
 	wf := devOrg + "/demo-" + strings.ReplaceAll(strings.Fields(c.name)[0], ",", "") + "-" + uuid.NewString()[:8]
-	in := reference.Input{AgentID: demoAgent, Signal: "wake", Scope: demoScope, Reason: "demo: " + c.name, Cost: c.cost,
+	in := reference.Input{AgentID: d.agent, Signal: "wake", Scope: demoScope, Reason: "demo: " + c.name, Cost: c.cost,
 		Work: wakeup.Work{Handler: "http", Args: mustJSON(map[string]any{"url": d.target.url + c.path})}, Timeout: time.Minute}
 	if c.retry {
 		in.Work.Retry = &workpoolRetry
