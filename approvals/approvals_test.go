@@ -99,10 +99,10 @@ func TestPoliciesDecideWithoutAHumanAndTheSpecificBeatsTheGeneral(t *testing.T) 
 			policies: [][2]string{{PolicyNever, ""}, {PolicyAlways, `{"repo":"acme/docs"}`}}, input: `{"repo":"acme/docs"}`, want: DecisionApproved},
 		{name: "a matching never beats a matching always",
 			policies: [][2]string{{PolicyAlways, `{"repo":"acme/docs"}`}, {PolicyNever, `{"branch":"main"}`}},
-			input: `{"repo":"acme/docs","branch":"main"}`, want: DecisionDenied},
+			input:    `{"repo":"acme/docs","branch":"main"}`, want: DecisionDenied},
 		{name: "a matching once beats a matching always",
 			policies: [][2]string{{PolicyAlways, `{"repo":"acme/docs"}`}, {PolicyOnce, `{"branch":"main"}`}},
-			input: `{"repo":"acme/docs","branch":"main"}`, want: DecisionPending},
+			input:    `{"repo":"acme/docs","branch":"main"}`, want: DecisionPending},
 		{name: "containment is deep", policies: [][2]string{{PolicyAlways, `{"opts":{"dry_run":true}}`}},
 			input: `{"opts":{"dry_run":true,"v":2}}`, want: DecisionApproved},
 	}
@@ -308,7 +308,10 @@ func TestTheSweeperRunsOnItsLeader(t *testing.T) {
 	_, err := db.Exec(context.Background(), `UPDATE tool_approvals SET expires_at = now() WHERE id = $1`, res.Approval.ID)
 	require.NoError(t, err)
 	require.NoError(t, s.Start(context.Background()))
-	defer func() { require.NoError(t, s.Stop(context.Background())); require.NoError(t, s.Stop(context.Background())) }()
+	defer func() {
+		require.NoError(t, s.Stop(context.Background()))
+		require.NoError(t, s.Stop(context.Background()))
+	}()
 	require.Eventually(t, func() bool {
 		a, err := s.Get(context.Background(), org, res.Approval.ID, "")
 		return err == nil && a.Status == StatusExpired
