@@ -22,6 +22,17 @@ const (
 	maxKeyLimit       = 10_000
 )
 
+// MaxRetryDelay bounds the wait before any retry, whatever the policy:
+// initial_backoff_ms·base^(attempt−1) grows past it (and past what a float
+// can hold) long before max_attempts runs out.
+const MaxRetryDelay = 24 * time.Hour
+
+// The SQL spellings of the delay's bounds (sqlRetryDelayMS).
+const (
+	maxRetryDelayMS  = "86400000" // MaxRetryDelay in ms
+	retryExponentCap = "20"       // e^20·0.5 > 86,400,000
+)
+
 // Enqueue adds one work item in its own transaction and wakes its pool's
 // loop. Bad input is an *apperr.InvalidError naming the field ("pool",
 // "handler", "retry.max_attempts", …).

@@ -245,11 +245,28 @@ USING (SELECT work_id FROM workpool_cancelations WHERE pool = $1 ORDER BY create
 WHERE c.work_id = d.work_id
 RETURNING c.work_id`
 
-// sqlRetry sets failed attempts pending again after
-// initial_backoff_ms·base^(attempts−1)·U[0.5, 1.5), unless canceled.
+// sqlRetryDelayMS is the wait before the next attempt of w in
+// milliseconds: initial_backoff_ms·backoff_base^(attempts−1)·U[0.5, 1.5),
+// at most MaxRetryDelay. The power is taken as exp(n·ln base) with the
+// exponent clamped at retryExponentCap, so that no policy the validation
+// admits (base ≤ 100, attempts ≤ 1000: 100^999 is far past float8) can
+// overflow and fail the iteration that schedules it — which would stall the
+// whole pool, every org's work with it. e^20·0.5 exceeds 24 h in ms, so the
+// clamp never shortens a delay below the cap (for initial_backoff_ms ≥ 1),
+// and 86,400,000·e^20·1.5 is far inside float8. The greatest() guards keep
+// rows written around the validation (a negative base or attempt count)
+// from raising an error here too.
+const sqlRetryDelayMS = `least(greatest(w.initial_backoff_ms, 0)
+    * exp(least((greatest(w.attempts, 1) - 1) * ln(greatest(w.backoff_base, 1)), ` + retryExponentCap + `))
+    * (0.5 + random()), ` + maxRetryDelayMS + `)`
+
+// sqlRetryRunAt is when w's next attempt may start ($3: now).
+const sqlRetryRunAt = `$3::timestamptz + make_interval(secs => ` + sqlRetryDelayMS + ` / 1000.0)`
+
+// sqlRetry sets failed attempts pending again after sqlRetryDelayMS,
+// unless canceled.
 const sqlRetry = `
-UPDATE workpool_work w SET state = 'pending',
-  run_at = $3::timestamptz + make_interval(secs => w.initial_backoff_ms * power(w.backoff_base, w.attempts - 1) * (0.5 + random()) / 1000.0)
+UPDATE workpool_work w SET state = 'pending', run_at = ` + sqlRetryRunAt + `
 FROM unnest($1::uuid[], $2::int[]) AS c(id, attempt)
 WHERE w.id = c.id AND w.state = 'retrying' AND w.attempts = c.attempt AND NOT w.canceled
 RETURNING w.id`

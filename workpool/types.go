@@ -106,8 +106,8 @@ const (
 
 // RetryPolicy says how often failed work is attempted: MaxAttempts counts
 // every attempt, the first included; the wait before attempt n+1 is
-// InitialBackoffMS·Base^(n−1), scaled by a random factor in [0.5, 1.5). A zero
-// Base means 2.
+// InitialBackoffMS·Base^(n−1), scaled by a random factor in [0.5, 1.5), and
+// never more than MaxRetryDelay (24 h). A zero Base means 2.
 type RetryPolicy struct {
 	MaxAttempts      int     `json:"max_attempts"`
 	InitialBackoffMS int     `json:"initial_backoff_ms"`
