@@ -229,15 +229,10 @@ func (s *Server) patchPool(c echo.Context) error {
 		perOrg = &n
 	}
 	ctx, name := c.Request().Context(), c.Param("pool")
-	if in.MaxParallelism != nil {
-		if err := s.svc.Workpool.SetMaxParallelism(ctx, name, *in.MaxParallelism); err != nil {
-			return err
-		}
-	}
-	if in.MaxParallelismPerOrg != nil {
-		if err := s.svc.Workpool.SetMaxParallelismPerOrg(ctx, name, perOrg); err != nil {
-			return err
-		}
+	err := s.svc.Workpool.UpdatePool(ctx, name, workpool.PoolUpdate{MaxParallelism: in.MaxParallelism,
+		SetMaxParallelismPerOrg: in.MaxParallelismPerOrg != nil, MaxParallelismPerOrg: perOrg})
+	if err != nil {
+		return err
 	}
 	info, err := s.svc.Workpool.Pool(ctx, PrincipalFrom(c).OrgID, name)
 	if err != nil {

@@ -255,3 +255,23 @@ func TestPoolsPatchChangesTheLimitForOperatorsOnly(t *testing.T) {
 	p := do(t, s.Handler(), http.MethodGet, "/v1/pools/default", token(t, "org-a", "admin"), nil).JSON(t)
 	require.EqualValues(t, 3, p["max_parallelism"])
 }
+
+// A PATCH applies all its fields or none: a valid max_parallelism next to
+// an invalid max_parallelism_per_org changes nothing.
+func TestPoolPatchWithOneInvalidFieldChangesNothing(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t))
+	operator := token(t, "ops-org", "operator")
+	before := do(t, s.Handler(), http.MethodGet, "/v1/pools/default", token(t, "org-a", "admin"), nil).JSON(t)
+
+	for _, body := range []map[string]any{
+		{"max_parallelism": 7, "max_parallelism_per_org": 0},
+		{"max_parallelism": 7, "max_parallelism_per_org": 10001},
+	} {
+		do(t, s.Handler(), http.MethodPatch, "/v1/pools/default", operator, body).
+			requireProblem(t, http.StatusBadRequest, "max_parallelism_per_org")
+	}
+
+	after := do(t, s.Handler(), http.MethodGet, "/v1/pools/default", token(t, "org-a", "admin"), nil).JSON(t)
+	require.Equal(t, before["max_parallelism"], after["max_parallelism"])
+	require.Equal(t, before["max_parallelism_per_org"], after["max_parallelism_per_org"])
+}

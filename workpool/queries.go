@@ -43,11 +43,12 @@ CROSS JOIN LATERAL (
 WHERE p.name = ANY($1)
 ORDER BY p.name`
 
-const sqlSetMaxParallelism = `
-UPDATE workpool_pools SET max_parallelism = $2, updated_at = now() WHERE name = $1`
-
-const sqlSetMaxParallelismPerOrg = `
-UPDATE workpool_pools SET max_parallelism_per_org = $2, updated_at = now() WHERE name = $1`
+// sqlUpdatePool changes the settings given: $2 max_parallelism (null:
+// keep), $3 whether $4 replaces max_parallelism_per_org.
+const sqlUpdatePool = `
+UPDATE workpool_pools SET max_parallelism = coalesce($2, max_parallelism),
+  max_parallelism_per_org = CASE WHEN $3 THEN $4 ELSE max_parallelism_per_org END, updated_at = now()
+WHERE name = $1`
 
 const sqlSetOrgWeight = `
 INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ($1, $2, $3)
