@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"time"
 
@@ -82,7 +83,10 @@ func (s *Server) enqueueWork(c echo.Context) error {
 	if pool == wakeupPool {
 		return Invalid("pool", "the wakeup pool takes work only through POST /v1/wakeups")
 	}
-	p := workpool.EnqueueParams{OrgID: PrincipalFrom(c).OrgID, Pool: pool, Handler: in.Handler, Args: in.Args, Retry: in.Retry}
+	// The key goes to the pool too: a retry whose first attempt committed
+	// but answered 5xx (which the HTTP layer does not keep) enqueues once.
+	p := workpool.EnqueueParams{OrgID: PrincipalFrom(c).OrgID, Pool: pool, Handler: in.Handler, Args: in.Args, Retry: in.Retry,
+		IdempotencyKey: IdempotencyKey(c)}
 	if in.RunAt != nil {
 		at, err := time.Parse(time.RFC3339Nano, *in.RunAt)
 		if err != nil {
@@ -98,10 +102,19 @@ func (s *Server) enqueueWork(c echo.Context) error {
 	}
 	ctx := c.Request().Context()
 	id, err := s.svc.Workpool.Enqueue(ctx, p)
+	if errors.Is(err, workpool.ErrIdempotencyKeyReused) {
+		return NewProblem(http.StatusUnprocessableEntity, "idempotency-key-reused", err.Error())
+	}
 	if err != nil {
 		return err
 	}
 	st, err := s.svc.Workpool.Status(ctx, p.OrgID, id)
+	if workpool.IsNotFound(err) {
+		// Only a replayed key's work can be gone: it finished and its
+		// record was purged while the key is still kept.
+		return NewProblem(http.StatusConflict, "idempotency-key-used",
+			"this Idempotency-Key enqueued work "+id.String()+", which has finished and is no longer kept").With("work_id", id)
+	}
 	if err != nil {
 		return err
 	}

@@ -275,3 +275,32 @@ func TestPoolPatchWithOneInvalidFieldChangesNothing(t *testing.T) {
 	require.Equal(t, before["max_parallelism"], after["max_parallelism"])
 	require.Equal(t, before["max_parallelism_per_org"], after["max_parallelism_per_org"])
 }
+
+// The HTTP layer keeps no record of a 5xx answer, so a retry after a 5xx
+// that followed the commit reaches the pool again: the pool's own key
+// makes it return the first work. (The record is deleted here as the HTTP
+// layer deletes it after a 5xx.)
+func TestWorkEnqueueWithAKeyEnqueuesOnceWhenTheHTTPRecordIsGone(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t))
+	admin := token(t, "org-a", "admin")
+	body := map[string]any{"handler": "echo", "args": map[string]any{"n": 1}}
+	forgetHTTPRecord := func() {
+		_, err := s.svc.DB.Exec(context.Background(), `DELETE FROM idempotency_keys`)
+		require.NoError(t, err)
+	}
+
+	first := do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", admin, body, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusCreated, first.Status, string(first.Body))
+	forgetHTTPRecord()
+	again := do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", admin, body, "Idempotency-Key", "k1")
+
+	require.Equal(t, http.StatusCreated, again.Status, string(again.Body))
+	require.Equal(t, first.JSON(t)["id"], again.JSON(t)["id"])
+	require.Equal(t, 1, workCount(t, s))
+
+	forgetHTTPRecord()
+	other := map[string]any{"handler": "echo", "args": map[string]any{"n": 2}}
+	do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", admin, other, "Idempotency-Key", "k1").
+		requireProblem(t, http.StatusUnprocessableEntity)
+	require.Equal(t, 1, workCount(t, s))
+}

@@ -27,6 +27,11 @@ const (
 	DefaultStopGrace         = 10 * time.Second
 	DefaultMaxWorkers        = 10_000
 
+	// IdempotencyRetention is the least time an enqueue's idempotency key
+	// is kept (longer when REVEILLE_WORK_RETENTION is longer, so that a
+	// repeat finds the work while its record exists).
+	IdempotencyRetention = 24 * time.Hour
+
 	// MaxParallelismLimit bounds a pool's max_parallelism.
 	MaxParallelismLimit = 10_000
 	// maxArgsBytes bounds a work item's args (and a handler's result).

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -75,10 +77,21 @@ func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueuePara
 	if err != nil {
 		return nil, err
 	}
+	fresh := len(ps)
+	var replay []bool
+	if rows.replay != nil {
+		if fresh, err = m.claimKeys(ctx, tx, rows); err != nil {
+			return nil, err
+		}
+		if fresh == 0 {
+			return rows.ids, nil
+		}
+		replay = rows.replay
+	}
 	b := &pgx.Batch{}
 	b.Queue(sqlEnqueue, pgUUIDs(rows.ids), rows.orgs, rows.pools, rows.handlers, rows.args, rows.runAts, rows.maxAttempts,
 		rows.backoffMS, rows.bases, rows.timeouts, rows.hooks, rows.hookContexts, rows.keys, rows.keyLimits,
-		int32(len(rows.poolSet)), m.now())
+		int32(len(rows.poolSet)), m.now(), replay)
 	kicks := make([]string, 0, len(rows.poolSet))
 	for p := range rows.poolSet {
 		kicks = append(kicks, "e:"+p)
@@ -95,7 +108,7 @@ func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueuePara
 	if err != nil {
 		return nil, fmt.Errorf("enqueueing %d work items: %w", len(ps), err)
 	}
-	if tag.RowsAffected() != int64(len(ps)) {
+	if tag.RowsAffected() != int64(fresh) {
 		return nil, m.unknownPools(ctx, tx, ps)
 	}
 	return rows.ids, nil
@@ -147,6 +160,11 @@ type enqueueRows struct {
 	keys         []*string
 	keyLimits    []*int32
 	poolSet      map[string]bool
+	// Idempotency keys (nil unless some item has one): a replayed item
+	// takes the first enqueue's id and is not inserted.
+	idemKeys []*string
+	hashes   [][]byte
+	replay   []bool
 }
 
 func (m *Manager) enqueueRows(ps []EnqueueParams) (*enqueueRows, error) {
@@ -203,7 +221,35 @@ func (m *Manager) enqueueRows(ps []EnqueueParams) (*enqueueRows, error) {
 	if err := inv.OrNil(); err != nil {
 		return nil, err
 	}
+	// (fingerprints need valid items)
+	r.addIdempotencyKeys(inv, ps)
+	if err := inv.OrNil(); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// addIdempotencyKeys fills the key columns of a batch in which some item
+// has a key; a key repeated within the batch is refused (it could name
+// only one of the items).
+func (r *enqueueRows) addIdempotencyKeys(inv *apperr.InvalidError, ps []EnqueueParams) {
+	first := map[idemKey]int{}
+	for i, p := range ps {
+		if p.IdempotencyKey == "" {
+			continue
+		}
+		if r.idemKeys == nil {
+			r.idemKeys, r.hashes, r.replay = make([]*string, len(ps)), make([][]byte, len(ps)), make([]bool, len(ps))
+		}
+		k := idemKey{p.OrgID, p.Pool, p.IdempotencyKey}
+		if j, dup := first[k]; dup {
+			inv.Add(itemField(i, "idempotency_key"), fmt.Sprintf("repeats the key of item %d", j))
+			continue
+		}
+		first[k] = i
+		key := p.IdempotencyKey
+		r.idemKeys[i], r.hashes[i] = &key, requestHash(p)
+	}
 }
 
 // validate checks one item; fields are named as in the REST body.
@@ -238,6 +284,12 @@ func (m *Manager) validate(inv *apperr.InvalidError, prefix string, p EnqueuePar
 		if len(p.OnComplete.Context) > 0 && !json.Valid(p.OnComplete.Context) {
 			inv.Add(prefix+"on_complete.context", "must be valid JSON")
 		}
+	}
+	switch k := p.IdempotencyKey; {
+	case len(k) > maxIdempotencyKey:
+		inv.Add(prefix+"idempotency_key", fmt.Sprintf("must be at most %d bytes", maxIdempotencyKey))
+	case !utf8.ValidString(k) || strings.ContainsRune(k, 0):
+		inv.Add(prefix+"idempotency_key", "must be valid UTF-8 without NUL characters")
 	}
 	if p.KeyLimit < 0 || p.KeyLimit > maxKeyLimit {
 		inv.Add(prefix+"key_limit", fmt.Sprintf("must be between 1 and %d", maxKeyLimit))

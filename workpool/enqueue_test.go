@@ -49,6 +49,7 @@ func TestEnqueue_RejectsBadInputNamingTheFieldAndWritesNothing(t *testing.T) {
 		"on_complete.hook":         func(p *EnqueueParams) { p.OnComplete = &OnComplete{Hook: "unknown"} },
 		"on_complete.context":      func(p *EnqueueParams) { p.OnComplete = &OnComplete{Hook: "known", Context: json.RawMessage(`[`)} },
 		"key_limit":                func(p *EnqueueParams) { p.KeyLimit = 2 },
+		"idempotency_key":          func(p *EnqueueParams) { p.IdempotencyKey = strings.Repeat("k", maxIdempotencyKey+1) },
 	}
 	for field, mutate := range cases {
 		p := valid

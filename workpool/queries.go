@@ -63,16 +63,39 @@ const sqlNotifyEach = `SELECT pg_notify('` + notifyChannel + `', p) FROM unnest(
 // --- enqueue, status, cancel -------------------------------------------------
 
 // sqlEnqueue inserts a batch only if every pool it names exists ($15 is the
-// number of distinct pools), so an unknown pool writes nothing.
+// number of distinct pools), so an unknown pool writes nothing. Items
+// flagged in $17 (replays of an idempotency key; null: none) are skipped.
 const sqlEnqueue = `
 INSERT INTO workpool_work (id, org_id, pool, handler, args, state, run_at, max_attempts, initial_backoff_ms,
   backoff_base, timeout_ms, on_complete_hook, on_complete_context, concurrency_key, key_limit, created_at)
 SELECT u.id, u.org_id, u.pool, u.handler, u.args::jsonb, 'pending', u.run_at, u.max_attempts, u.backoff_ms,
   u.base, u.timeout_ms, u.hook, u.hook_context::jsonb, u.ckey, u.klimit, $16
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[], $7::int[], $8::int[],
-  $9::float8[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[])
-  AS u(id, org_id, pool, handler, args, run_at, max_attempts, backoff_ms, base, timeout_ms, hook, hook_context, ckey, klimit)
-WHERE (SELECT count(*) FROM workpool_pools WHERE name = ANY($3)) = $15`
+  $9::float8[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[], $17::bool[])
+  AS u(id, org_id, pool, handler, args, run_at, max_attempts, backoff_ms, base, timeout_ms, hook, hook_context, ckey, klimit, replay)
+WHERE u.replay IS NOT TRUE AND (SELECT count(*) FROM workpool_pools WHERE name = ANY($3)) = $15`
+
+// sqlClaimKeys records idempotency keys and returns those it inserted. A
+// key another transaction is inserting makes this one wait for its
+// outcome, so two concurrent enqueues with one key enqueue once.
+const sqlClaimKeys = `
+INSERT INTO workpool_idempotency_keys (org_id, pool, key, request_hash, work_id, created_at)
+SELECT k.org_id, k.pool, k.key, k.hash, k.work_id, $6
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::uuid[]) AS k(org_id, pool, key, hash, work_id)
+ON CONFLICT (org_id, pool, key) DO NOTHING
+RETURNING org_id, pool, key`
+
+const sqlReadKeys = `
+SELECT k.org_id, k.pool, k.key, k.request_hash, k.work_id
+FROM workpool_idempotency_keys k
+JOIN unnest($1::text[], $2::text[], $3::text[]) AS u(org_id, pool, key)
+  ON k.org_id = u.org_id AND k.pool = u.pool AND k.key = u.key`
+
+// sqlPurgeKeys deletes a pool's idempotency keys past retention, a
+// bounded batch at a time (a system chore across the pool's orgs).
+const sqlPurgeKeys = `
+DELETE FROM workpool_idempotency_keys WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM workpool_idempotency_keys WHERE pool = $1 AND created_at < $2 LIMIT $3))`
 
 const sqlKnownPools = `SELECT name FROM workpool_pools WHERE name = ANY($1)`
 

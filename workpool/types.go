@@ -21,6 +21,10 @@ var ErrNotFound = fmt.Errorf("work %w", apperr.ErrNotFound)
 // ErrPoolNotFound is returned by the pool admin calls for an unknown pool.
 var ErrPoolNotFound = fmt.Errorf("pool %w", apperr.ErrNotFound)
 
+// ErrIdempotencyKeyReused is returned when an enqueue repeats an
+// idempotency key that named a different request.
+var ErrIdempotencyKeyReused = fmt.Errorf("%w: this idempotency key was used for a different work request", apperr.ErrConflict)
+
 // errGenerationMismatch means another main loop iteration ran since this
 // loop's last one: this loop is stale and must write nothing.
 var errGenerationMismatch = errors.New("generation mismatch")
@@ -140,6 +144,12 @@ type EnqueueParams struct {
 	// same key to KeyLimit (default 1: serial, in run_at order).
 	ConcurrencyKey string
 	KeyLimit       int
+	// IdempotencyKey, when set, makes the enqueue happen at most once per
+	// (org, pool, key) for at least IdempotencyRetention, even when the
+	// work record is purged sooner: a repeat of the same request returns
+	// the first one's work id and enqueues nothing; a different request
+	// under the key is ErrIdempotencyKeyReused. At most 255 bytes.
+	IdempotencyKey string
 }
 
 // State is the coarse state of a work item as callers see it.
