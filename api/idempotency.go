@@ -39,8 +39,8 @@ type idempotencyStore struct {
 
 // middleware replays the first response to a repeated (org, route, key),
 // makes concurrent duplicates wait for the first, and answers 422 when the
-// same key comes with a different body. Server errors are not kept, so a
-// retry after a 5xx runs again.
+// same key comes with a different body. Server errors and 429s are not
+// kept, so a retry after either runs again.
 func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		key := IdempotencyKey(c)
@@ -154,7 +154,8 @@ func (s *idempotencyStore) runFirst(c echo.Context, next echo.HandlerFunc, org, 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 10*time.Second)
 	defer cancel()
 	status := c.Response().Status
-	if status >= 500 || !c.Response().Committed {
+	// A 429 says "retry later": replaying it would refuse the retry it asks for.
+	if status >= 500 || status == http.StatusTooManyRequests || !c.Response().Committed {
 		_, _ = s.db.Exec(ctx, `DELETE FROM idempotency_keys WHERE org_id = $1 AND route = $2 AND key = $3 AND created_at = $4`,
 			org, route, key, claimedAt)
 		return nil

@@ -271,9 +271,12 @@ func checkText(inv *apperr.InvalidError, field, v string, required bool) {
 
 func (s *Service) enqueueParams(orgID string, id uuid.UUID, pool string, w Work) workpool.EnqueueParams {
 	hookCtx, _ := json.Marshal(hookContext{OrgID: orgID, WakeupID: id})
+	// The pool's cap on pending work was checked at the gate, before the
+	// spend: the work of a funded intent is owed, so its enqueue (here, in
+	// the approval's transaction or by the reconciler) is never refused.
 	return workpool.EnqueueParams{
 		OrgID: orgID, Pool: pool, Handler: w.Handler, Args: w.Args, Retry: w.Retry, TimeoutMS: w.TimeoutMS,
-		OnComplete: &workpool.OnComplete{Hook: HookName, Context: hookCtx},
+		OnComplete: &workpool.OnComplete{Hook: HookName, Context: hookCtx}, BypassPendingCap: true,
 	}
 }
 
@@ -287,8 +290,9 @@ type resolveData struct {
 }
 
 // Create runs the wake-up protocol: validate; transaction 1, the gate (the
-// spend and the intent commit together, funded or awaiting approval);
-// transaction 2, the enqueue. A refusal returns *RefusedError after its
+// spend and the intent commit together, funded or awaiting approval; an
+// org at its pending-work cap in the pool is refused there, before the
+// spend, with workpool.ErrTooManyPending); transaction 2, the enqueue. A refusal returns *RefusedError after its
 // commit. A failure after the gate leaves a funded intent that the
 // reconciler enqueues, so the caller may treat Create as done once the gate
 // committed.
@@ -395,6 +399,11 @@ func (s *Service) gate(ctx context.Context, p CreateParams) (id uuid.UUID, exist
 		if tag.RowsAffected() == 0 {
 			existing = true
 			return tx.QueryRow(ctx, `SELECT id FROM wakeups WHERE org_id = $1 AND idempotency_key = $2`, p.OrgID, p.IdempotencyKey).Scan(&id)
+		}
+		// An org at its cap of pending work in the pool is refused before
+		// anything is spent: the intent rolls back with this transaction.
+		if err := s.pool.CheckPending(ctx, tx, p.OrgID, p.Pool); err != nil {
+			return err
 		}
 		data, _ := json.Marshal(resolveData{WakeupID: id})
 		res, err := s.mandates.SpendTx(ctx, tx, mandates.SpendParams{

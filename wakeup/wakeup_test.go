@@ -34,11 +34,16 @@ type fixture struct {
 	crash    bool
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { return newFixtureCapped(t, 0) }
+
+// newFixtureCapped caps each org's pending work per pool at maxPending
+// (0: the default).
+func newFixtureCapped(t *testing.T, maxPending int) *fixture {
 	t.Helper()
 	f := &fixture{db: testkit.NewPool(t)}
 	var err error
-	f.pool, err = workpool.New(f.db, workpool.Config{Pools: map[string]int{"wakeup": 5, "doomed": 5}, Logger: testkit.Logger(t)})
+	f.pool, err = workpool.New(f.db, workpool.Config{Pools: map[string]int{"wakeup": 5, "doomed": 5}, Logger: testkit.Logger(t),
+		MaxPendingPerOrg: maxPending})
 	require.NoError(t, err)
 	require.NoError(t, f.pool.Start(context.Background())) // creates the pools
 	require.NoError(t, f.pool.Stop(context.Background()))
@@ -268,4 +273,56 @@ func TestApprovalOfWorkThatCanNoLongerRunRefundsAndFails(t *testing.T) {
 	require.Equal(t, OutcomeFailed, got.Outcome)
 	require.Equal(t, DeliveryQueued, got.Delivery.State)
 	require.Zero(t, f.spent(t), "the approved overrun is refunded")
+}
+
+func (f *fixture) wakeupCount(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, f.db.QueryRow(context.Background(), `SELECT count(*) FROM wakeups`).Scan(&n))
+	return n
+}
+
+// An org at its cap of pending work in the pool is refused at the gate,
+// before the spend: no money moves, no intent or approval request is left.
+func TestAnOrgAtItsPendingCapIsRefusedBeforeAnythingIsSpent(t *testing.T) {
+	f := newFixtureCapped(t, 2)
+	for range 2 {
+		_, err := f.svc.Create(context.Background(), params(""))
+		require.NoError(t, err)
+	}
+
+	over := params("")
+	over.Cost = 50 // would be refused by the mandate too: no approval request either
+	for _, p := range []CreateParams{params(""), over} {
+		_, err := f.svc.Create(context.Background(), p)
+		require.ErrorIs(t, err, workpool.ErrTooManyPending)
+	}
+
+	require.EqualValues(t, 6, f.spent(t), "nothing spent for the refused ones")
+	require.Equal(t, 2, f.wakeupCount(t), "no intent left behind")
+	var approvals int
+	require.NoError(t, f.db.QueryRow(context.Background(), `SELECT count(*) FROM mandate_approvals`).Scan(&approvals))
+	require.Zero(t, approvals)
+}
+
+// Work already paid for is owed: a funded intent whose enqueue comes after
+// the org reached its cap (the reconciler, an approval) is enqueued all
+// the same, never left funded and debited without its wake-up.
+func TestAFundedIntentIsEnqueuedEvenWhenItsOrgHasSinceReachedTheCap(t *testing.T) {
+	f := newFixtureCapped(t, 1)
+	f.crash = true
+	stranded, err := f.svc.Create(context.Background(), params(""))
+	require.Error(t, err)
+	f.crash = false
+	_, err = f.svc.Create(context.Background(), params(""))
+	require.NoError(t, err, "the stranded intent's work is not enqueued yet")
+	_, err = f.svc.Create(context.Background(), params(""))
+	require.ErrorIs(t, err, workpool.ErrTooManyPending, "the org is at its cap now")
+
+	n, err := f.svc.Reconcile(context.Background())
+
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, "enqueued", f.state(t, stranded.ID))
+	require.EqualValues(t, 6, f.spent(t))
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/reveille/reveille/internal/apperr"
 )
@@ -88,23 +89,44 @@ func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueuePara
 		}
 		replay = rows.replay
 	}
+	// One round trip: count the items toward their orgs' caps, insert them
+	// unless a count went past its cap, wake the loops.
+	groups := m.pendingGroups(ps, rows)
 	b := &pgx.Batch{}
-	b.Queue(sqlEnqueue, pgUUIDs(rows.ids), rows.orgs, rows.pools, rows.handlers, rows.args, rows.runAts, rows.maxAttempts,
+	var counts []pendingCount
+	if groups != nil {
+		b.Queue(sqlAddPending, groups.pools, groups.orgs, groups.counts, m.now()).Query(func(rs pgx.Rows) error {
+			var err error
+			counts, err = scanPendingCounts(rs)
+			return err
+		})
+	} else {
+		groups = &pendingGroups{}
+	}
+	enqueueArgs := []any{pgUUIDs(rows.ids), rows.orgs, rows.pools, rows.handlers, rows.args, rows.runAts, rows.maxAttempts,
 		rows.backoffMS, rows.bases, rows.timeouts, rows.hooks, rows.hookContexts, rows.keys, rows.keyLimits,
-		int32(len(rows.poolSet)), m.now(), replay)
+		int32(len(rows.poolSet)), m.now(), replay, groups.checkPools, groups.checkOrgs, int64(m.cfg.MaxPendingPerOrg)}
+	var inserted int64
+	b.Queue(sqlEnqueue, enqueueArgs...).Exec(func(tag pgconn.CommandTag) error {
+		inserted = tag.RowsAffected()
+		return nil
+	})
 	kicks := make([]string, 0, len(rows.poolSet))
 	for p := range rows.poolSet {
 		kicks = append(kicks, "e:"+p)
 	}
 	b.Queue(sqlNotifyEach, kicks)
-	br := tx.SendBatch(ctx, b)
-	tag, err := br.Exec()
-	if err == nil {
-		_, err = br.Exec()
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("enqueueing %d work items: %w", len(ps), err)
 	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
+	if inserted == int64(fresh) {
+		return rows.ids, nil
 	}
+	// Nothing was inserted: a count past its cap, or an unknown pool.
+	if err := m.admitOverCap(ctx, tx, groups, counts); err != nil {
+		return nil, err
+	}
+	tag, err := tx.Exec(ctx, sqlEnqueue, enqueueArgs...)
 	if err != nil {
 		return nil, fmt.Errorf("enqueueing %d work items: %w", len(ps), err)
 	}

@@ -63,8 +63,10 @@ const sqlNotifyEach = `SELECT pg_notify('` + notifyChannel + `', p) FROM unnest(
 // --- enqueue, status, cancel -------------------------------------------------
 
 // sqlEnqueue inserts a batch only if every pool it names exists ($15 is the
-// number of distinct pools), so an unknown pool writes nothing. Items
-// flagged in $17 (replays of an idempotency key; null: none) are skipped.
+// number of distinct pools), so an unknown pool writes nothing, and only if
+// none of the (pool, org) pairs in $18, $19 has a pending count past the
+// cap $20 (sqlAddPending ran before it). Items flagged in $17 (replays of
+// an idempotency key; null: none) are skipped.
 const sqlEnqueue = `
 INSERT INTO workpool_work (id, org_id, pool, handler, args, state, run_at, max_attempts, initial_backoff_ms,
   backoff_base, timeout_ms, on_complete_hook, on_complete_context, concurrency_key, key_limit, created_at)
@@ -73,7 +75,11 @@ SELECT u.id, u.org_id, u.pool, u.handler, u.args::jsonb, 'pending', u.run_at, u.
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[], $7::int[], $8::int[],
   $9::float8[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[], $17::bool[])
   AS u(id, org_id, pool, handler, args, run_at, max_attempts, backoff_ms, base, timeout_ms, hook, hook_context, ckey, klimit, replay)
-WHERE u.replay IS NOT TRUE AND (SELECT count(*) FROM workpool_pools WHERE name = ANY($3)) = $15`
+WHERE u.replay IS NOT TRUE AND (SELECT count(*) FROM workpool_pools WHERE name = ANY($3)) = $15
+  AND NOT EXISTS (
+    SELECT 1 FROM workpool_org_pending c JOIN unnest($18::text[], $19::text[]) AS g(pool, org_id)
+      ON c.pool = g.pool AND c.org_id = g.org_id
+    WHERE c.pending > $20)`
 
 // sqlClaimKeys records idempotency keys and returns those it inserted. A
 // key another transaction is inserting makes this one wait for its
@@ -595,3 +601,43 @@ WITH RECURSIVE orgs(org_id) AS (
   LIMIT $3
 )
 DELETE FROM workpool_work WHERE id IN (SELECT id FROM victims)`
+
+// --- the pending cap (pending.go) -----------------------------------------------
+
+// sqlAddPending adds a batch's fresh items to their orgs' pending counts,
+// in the order given (sorted, so that batches lock the rows in one order),
+// and returns the new counts. The row lock serialises an org's enqueues
+// into a pool until they commit. A new row starts from the batch: the
+// migration counted what existed, and the leader's refresh repairs a row
+// created while work was already pending.
+const sqlAddPending = `
+INSERT INTO workpool_org_pending (pool, org_id, pending, counted_at)
+SELECT g.pool, g.org_id, g.n, $4
+FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS g(pool, org_id, n, i)
+ORDER BY g.i
+ON CONFLICT (pool, org_id) DO UPDATE SET pending = workpool_org_pending.pending + excluded.pending
+RETURNING pool, org_id, pending, counted_at`
+
+// sqlCountPending counts an org's unfinished work in a pool through the
+// partial indexes, each part bounded by $3, and returns at most $3.
+const sqlCountPending = `
+SELECT least(
+  (SELECT count(*) FROM (SELECT 1 FROM workpool_work
+     WHERE pool = $1 AND org_id = $2 AND state = 'pending' AND concurrency_key IS NULL LIMIT $3) a)
+  + (SELECT count(*) FROM (SELECT 1 FROM workpool_work
+     WHERE pool = $1 AND org_id = $2 AND state = 'pending' AND concurrency_key IS NOT NULL LIMIT $3) b)
+  + (SELECT count(*) FROM (SELECT 1 FROM workpool_work WHERE pool = $1 AND org_id = $2 AND state = 'running' LIMIT $3) c)
+  + (SELECT count(*) FROM (SELECT 1 FROM workpool_work WHERE pool = $1 AND org_id = $2 AND state = 'retrying' LIMIT $3) d),
+  $3)`
+
+const sqlSetPending = `
+UPDATE workpool_org_pending SET pending = $3, counted_at = $4 WHERE pool = $1 AND org_id = $2`
+
+const sqlReadPending = `SELECT pending, counted_at FROM workpool_org_pending WHERE pool = $1 AND org_id = $2`
+
+const sqlLockPending = `SELECT 1 FROM workpool_org_pending WHERE pool = $1 AND org_id = $2 FOR UPDATE`
+
+// sqlStalePending lists a pool's orgs whose counts are older than $2 (a
+// system chore across the pool's orgs).
+const sqlStalePending = `
+SELECT org_id FROM workpool_org_pending WHERE pool = $1 AND counted_at < $2 ORDER BY counted_at LIMIT $3`

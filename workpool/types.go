@@ -150,6 +150,10 @@ type EnqueueParams struct {
 	// the first one's work id and enqueues nothing; a different request
 	// under the key is ErrIdempotencyKeyReused. At most 255 bytes.
 	IdempotencyKey string
+	// BypassPendingCap counts the item toward its org's pending cap but
+	// never refuses it: for work already owed, such as a wake-up whose
+	// spend committed (its caller checked the cap with CheckPending first).
+	BypassPendingCap bool
 }
 
 // State is the coarse state of a work item as callers see it.

@@ -273,6 +273,7 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_RECOVERY_PERIOD      how often running work is checked for dead executors (default 10s)
   REVEILLE_HEARTBEAT_TIMEOUT    heartbeat age after which running work is recovered (default 30s)
   REVEILLE_WORK_RETENTION       how long finished work records are kept (default 24h)
+  REVEILLE_ORG_MAX_PENDING      unfinished work items one org may have in one pool (default 100000; 0 = no cap)
   REVEILLE_HTTP_ALLOWED_HOSTS   hosts the built-in http handler may call (comma list; empty = none)
   REVEILLE_APPROVAL_TTL         how long a spending approval request stays pending (default 24h)
   REVEILLE_SIGNAL_NOTFOUND_GRACE how long a signal to an absent workflow is retried (default 60s)
