@@ -94,20 +94,32 @@ func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueuePara
 	groups := m.pendingGroups(ps, rows)
 	b := &pgx.Batch{}
 	var counts []pendingCount
-	if groups != nil {
-		b.Queue(sqlAddPending, groups.pools, groups.orgs, groups.counts, m.now()).Query(func(rs pgx.Rows) error {
-			var err error
-			counts, err = scanPendingCounts(rs)
-			return err
-		})
-	} else {
-		groups = &pendingGroups{}
+	scanCounts := func(rs pgx.Rows) error {
+		var err error
+		counts, err = scanPendingCounts(rs)
+		return err
 	}
-	enqueueArgs := []any{pgUUIDs(rows.ids), rows.orgs, rows.pools, rows.handlers, rows.args, rows.runAts, rows.maxAttempts,
-		rows.backoffMS, rows.bases, rows.timeouts, rows.hooks, rows.hookContexts, rows.keys, rows.keyLimits,
-		int32(len(rows.poolSet)), m.now(), replay, groups.checkPools, groups.checkOrgs, int64(m.cfg.MaxPendingPerOrg)}
+	enqueueSQL, enqueueArgs := sqlEnqueue, []any{pgUUIDs(rows.ids), rows.orgs, rows.pools, rows.handlers, rows.args,
+		rows.runAts, rows.maxAttempts, rows.backoffMS, rows.bases, rows.timeouts, rows.hooks, rows.hookContexts, rows.keys,
+		rows.keyLimits, int32(len(rows.poolSet)), m.now(), replay}
+	switch {
+	case groups == nil: // the cap is off: probe for no pair (no pool is named "")
+		groups = &pendingGroups{}
+		enqueueArgs = append(enqueueArgs, "", "", int64(0))
+	case len(groups.pools) == 1:
+		b.Queue(sqlAddPendingOne, groups.pools[0], groups.orgs[0], groups.counts[0], m.now()).Query(scanCounts)
+		pool, org := "", ""
+		if groups.checked[0] {
+			pool, org = groups.pools[0], groups.orgs[0]
+		}
+		enqueueArgs = append(enqueueArgs, pool, org, int64(m.cfg.MaxPendingPerOrg))
+	default:
+		b.Queue(sqlAddPending, groups.pools, groups.orgs, groups.counts, m.now()).Query(scanCounts)
+		enqueueSQL = sqlEnqueueGroups
+		enqueueArgs = append(enqueueArgs, groups.checkPools, groups.checkOrgs, int64(m.cfg.MaxPendingPerOrg), groups.checkKeys)
+	}
 	var inserted int64
-	b.Queue(sqlEnqueue, enqueueArgs...).Exec(func(tag pgconn.CommandTag) error {
+	b.Queue(enqueueSQL, enqueueArgs...).Exec(func(tag pgconn.CommandTag) error {
 		inserted = tag.RowsAffected()
 		return nil
 	})
@@ -126,7 +138,7 @@ func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueuePara
 	if err := m.admitOverCap(ctx, tx, groups, counts); err != nil {
 		return nil, err
 	}
-	tag, err := tx.Exec(ctx, sqlEnqueue, enqueueArgs...)
+	tag, err := tx.Exec(ctx, enqueueSQL, enqueueArgs...)
 	if err != nil {
 		return nil, fmt.Errorf("enqueueing %d work items: %w", len(ps), err)
 	}

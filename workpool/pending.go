@@ -75,9 +75,10 @@ func (r *recountLog) due(pool, org string, countedAt, now time.Time) bool {
 type pendingGroups struct {
 	pools, orgs []string
 	counts      []int64
-	// The groups the cap applies to (some item is not BypassPendingCap).
-	checkPools, checkOrgs []string
-	checked               []bool
+	// The groups the cap applies to (some item is not BypassPendingCap),
+	// also as "pool/org".
+	checkPools, checkOrgs, checkKeys []string
+	checked                          []bool
 }
 
 func (g *pendingGroups) index(pool, org string) int {
@@ -118,6 +119,7 @@ func (m *Manager) pendingGroups(ps []EnqueueParams, r *enqueueRows) *pendingGrou
 		g.checked = append(g.checked, checked[k])
 		if checked[k] {
 			g.checkPools, g.checkOrgs = append(g.checkPools, k.pool), append(g.checkOrgs, k.org)
+			g.checkKeys = append(g.checkKeys, k.pool+"/"+k.org)
 		}
 	}
 	return g

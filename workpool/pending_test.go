@@ -187,3 +187,19 @@ func TestPendingCap_ARefusedEnqueueKeepsNoIdempotencyKey(t *testing.T) {
 	require.NotEqual(t, first, id)
 	require.Equal(t, 2, h.workCount())
 }
+
+// A batch over several pools and orgs is held to the caps of its own
+// (pool, org) pairs only, not to every pool × org combination.
+func TestPendingCap_ABatchIsHeldToTheCapsOfItsOwnPairsOnly(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxPending(1), withPools(map[string]int{"default": 10, "other": 10}))
+	require.NoError(t, h.tryEnqueue(withOrg("org-2"))) // org-2 is at its cap in default
+
+	_, err := h.m.EnqueueMany(h.ctx, []EnqueueParams{
+		{OrgID: "org-1", Pool: "default", Handler: "test_handle"},
+		{OrgID: "org-2", Pool: "other", Handler: "test_handle"},
+	})
+
+	require.NoError(t, err)
+	require.Equal(t, 3, h.workCount())
+}

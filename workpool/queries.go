@@ -64,10 +64,20 @@ const sqlNotifyEach = `SELECT pg_notify('` + notifyChannel + `', p) FROM unnest(
 
 // sqlEnqueue inserts a batch only if every pool it names exists ($15 is the
 // number of distinct pools), so an unknown pool writes nothing, and only if
-// none of the (pool, org) pairs in $18, $19 has a pending count past the
-// cap $20 (sqlAddPending ran before it). Items flagged in $17 (replays of
-// an idempotency key; null: none) are skipped.
-const sqlEnqueue = `
+// no (pool, org) pair the cap applies to has a pending count past the cap
+// $20 (sqlAddPending ran before it): sqlEnqueue tests one pair ($18 pool,
+// $19 org; "": none), sqlEnqueueGroups several ($18 pools, $19 orgs, $21
+// the pairs as "pool/org": a pool name holds no "/"). Items flagged in $17
+// (replays of an idempotency key; null: none) are skipped. The cap's test
+// is one uncorrelated probe by scalar parameters in the common case: with
+// array parameters, or a join with the batch, the plan cache re-planned
+// the statement at every call, which doubled an enqueue's cost.
+const sqlEnqueue = sqlEnqueueHead + `c.pool = $18 AND c.org_id = $19 AND c.pending > $20)`
+
+const sqlEnqueueGroups = sqlEnqueueHead + `c.pool = ANY($18) AND c.org_id = ANY($19) AND c.pool || '/' || c.org_id = ANY($21)
+  AND c.pending > $20)`
+
+const sqlEnqueueHead = `
 INSERT INTO workpool_work (id, org_id, pool, handler, args, state, run_at, max_attempts, initial_backoff_ms,
   backoff_base, timeout_ms, on_complete_hook, on_complete_context, concurrency_key, key_limit, created_at)
 SELECT u.id, u.org_id, u.pool, u.handler, u.args::jsonb, 'pending', u.run_at, u.max_attempts, u.backoff_ms,
@@ -76,10 +86,7 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::time
   $9::float8[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[], $17::bool[])
   AS u(id, org_id, pool, handler, args, run_at, max_attempts, backoff_ms, base, timeout_ms, hook, hook_context, ckey, klimit, replay)
 WHERE u.replay IS NOT TRUE AND (SELECT count(*) FROM workpool_pools WHERE name = ANY($3)) = $15
-  AND NOT EXISTS (
-    SELECT 1 FROM workpool_org_pending c JOIN unnest($18::text[], $19::text[]) AS g(pool, org_id)
-      ON c.pool = g.pool AND c.org_id = g.org_id
-    WHERE c.pending > $20)`
+  AND NOT EXISTS (SELECT 1 FROM workpool_org_pending c WHERE `
 
 // sqlClaimKeys records idempotency keys and returns those it inserted. A
 // key another transaction is inserting makes this one wait for its
@@ -604,12 +611,19 @@ DELETE FROM workpool_work WHERE id IN (SELECT id FROM victims)`
 
 // --- the pending cap (pending.go) -----------------------------------------------
 
-// sqlAddPending adds a batch's fresh items to their orgs' pending counts,
-// in the order given (sorted, so that batches lock the rows in one order),
-// and returns the new counts. The row lock serialises an org's enqueues
+// sqlAddPendingOne adds a batch's fresh items to their org's pending count
+// in one pool (the common case; scalar parameters keep the plan cached) and
+// returns the new count; sqlAddPending does it for several (pool, org)
+// pairs, in the order given (sorted, so that batches lock the rows in one
+// order). The row lock serialises an org's enqueues
 // into a pool until they commit. A new row starts from the batch: the
 // migration counted what existed, and the leader's refresh repairs a row
 // created while work was already pending.
+const sqlAddPendingOne = `
+INSERT INTO workpool_org_pending (pool, org_id, pending, counted_at) VALUES ($1, $2, $3, $4)
+ON CONFLICT (pool, org_id) DO UPDATE SET pending = workpool_org_pending.pending + excluded.pending
+RETURNING pool, org_id, pending, counted_at`
+
 const sqlAddPending = `
 INSERT INTO workpool_org_pending (pool, org_id, pending, counted_at)
 SELECT g.pool, g.org_id, g.n, $4
