@@ -292,10 +292,10 @@ type resolveData struct {
 // Create runs the wake-up protocol: validate; transaction 1, the gate (the
 // spend and the intent commit together, funded or awaiting approval; an
 // org at its pending-work cap in the pool is refused there, before the
-// spend, with workpool.ErrTooManyPending); transaction 2, the enqueue. A refusal returns *RefusedError after its
-// commit. A failure after the gate leaves a funded intent that the
-// reconciler enqueues, so the caller may treat Create as done once the gate
-// committed.
+// spend, with workpool.ErrTooManyPending); transaction 2, the enqueue. A
+// refusal returns *RefusedError after its commit. A failure after the gate
+// leaves a funded intent that the reconciler enqueues, so the caller may
+// treat Create as done once the gate committed.
 func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 	if err := s.validate(ctx, &p); err != nil {
 		return Wakeup{}, err
