@@ -61,8 +61,11 @@ func TestWorkEnqueueRunsAndReportsTheResult(t *testing.T) {
 	s := newTestServer(t, withWorkpool(t))
 	admin := token(t, "org-a", "admin")
 
+	// run_at a second ahead: the answer reads the item after the commit,
+	// when a running loop may already have started work due at once.
 	r := do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", admin, map[string]any{
 		"handler": "echo", "args": map[string]any{"k": "v"}, "retry": map[string]any{"max_attempts": 2}, "timeout_ms": 5000,
+		"run_at": time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano),
 	})
 
 	require.Equal(t, http.StatusCreated, r.Status, string(r.Body))
