@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -92,34 +93,33 @@ func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueuePara
 	// One round trip: count the items toward their orgs' caps, insert them
 	// unless a count went past its cap, wake the loops.
 	groups := m.pendingGroups(ps, rows)
+	args := []any{pgUUIDs(rows.ids), rows.orgs, rows.pools, rows.handlers, rows.args, rows.runAts, rows.maxAttempts,
+		rows.backoffMS, rows.bases, rows.timeouts, rows.hooks, rows.hookContexts, rows.keys, rows.keyLimits,
+		int32(len(rows.poolSet)), m.now(), replay}
+	limit := int64(m.cfg.MaxPendingPerOrg)
 	b := &pgx.Batch{}
-	var counts []pendingCount
-	scanCounts := func(rs pgx.Rows) error {
-		var err error
-		counts, err = scanPendingCounts(rs)
-		return err
-	}
-	enqueueSQL, enqueueArgs := sqlEnqueue, []any{pgUUIDs(rows.ids), rows.orgs, rows.pools, rows.handlers, rows.args,
-		rows.runAts, rows.maxAttempts, rows.backoffMS, rows.bases, rows.timeouts, rows.hooks, rows.hookContexts, rows.keys,
-		rows.keyLimits, int32(len(rows.poolSet)), m.now(), replay}
+	var first, again *pgx.QueuedQuery // the insert, and its second try after an exact count
 	switch {
 	case groups == nil: // the cap is off: probe for no pair (no pool is named "")
 		groups = &pendingGroups{}
-		enqueueArgs = append(enqueueArgs, "", "", int64(0))
+		first = &pgx.QueuedQuery{SQL: sqlEnqueue, Arguments: append(args, "", "", int64(0))}
 	case len(groups.pools) == 1:
-		b.Queue(sqlAddPendingOne, groups.pools[0], groups.orgs[0], groups.counts[0], m.now()).Query(scanCounts)
-		pool, org := "", ""
-		if groups.checked[0] {
-			pool, org = groups.pools[0], groups.orgs[0]
+		pool, org, n, checked := groups.pools[0], groups.orgs[0], groups.counts[0], groups.checked[0]
+		first = &pgx.QueuedQuery{SQL: sqlEnqueueCounted, Arguments: append(slices.Clip(args), pool, org, limit, n, checked)}
+		if !checked {
+			pool, org = "", ""
 		}
-		enqueueArgs = append(enqueueArgs, pool, org, int64(m.cfg.MaxPendingPerOrg))
+		again = &pgx.QueuedQuery{SQL: sqlEnqueue, Arguments: append(slices.Clip(args), pool, org, limit)}
 	default:
-		b.Queue(sqlAddPending, groups.pools, groups.orgs, groups.counts, m.now()).Query(scanCounts)
-		enqueueSQL = sqlEnqueueGroups
-		enqueueArgs = append(enqueueArgs, groups.checkPools, groups.checkOrgs, int64(m.cfg.MaxPendingPerOrg), groups.checkKeys)
+		b.Queue(sqlAddPending, groups.pools, groups.orgs, groups.counts, m.now())
+		first = &pgx.QueuedQuery{SQL: sqlEnqueueGroups,
+			Arguments: append(args, groups.checkPools, groups.checkOrgs, limit, groups.checkKeys)}
+	}
+	if again == nil {
+		again = first
 	}
 	var inserted int64
-	b.Queue(enqueueSQL, enqueueArgs...).Exec(func(tag pgconn.CommandTag) error {
+	b.Queue(first.SQL, first.Arguments...).Exec(func(tag pgconn.CommandTag) error {
 		inserted = tag.RowsAffected()
 		return nil
 	})
@@ -135,10 +135,10 @@ func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueuePara
 		return rows.ids, nil
 	}
 	// Nothing was inserted: a count past its cap, or an unknown pool.
-	if err := m.admitOverCap(ctx, tx, groups, counts); err != nil {
+	if err := m.admitOverCap(ctx, tx, groups); err != nil {
 		return nil, err
 	}
-	tag, err := tx.Exec(ctx, enqueueSQL, enqueueArgs...)
+	tag, err := tx.Exec(ctx, again.SQL, again.Arguments...)
 	if err != nil {
 		return nil, fmt.Errorf("enqueueing %d work items: %w", len(ps), err)
 	}

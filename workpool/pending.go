@@ -31,9 +31,9 @@ const (
 	pendingRefreshBatch = 100
 )
 
-// Pending counts (workpool_org_pending) are an upper bound of an org's
-// unfinished work in a pool, clamped at cap+1: the exact count taken at
-// counted_at plus what was enqueued since. Finishing work does not lower
+// Pending counts (workpool_org_pending) bound an org's unfinished work in
+// a pool from above, or at least reach cap+1 (an exact count stops there):
+// the count taken at counted_at plus what was enqueued since. Finishing work does not lower
 // it (a row every completion updated would serialise an org's completions
 // with its enqueues, and hold up the loop behind an enqueuing transaction),
 // so an enqueue that finds the bound past the cap counts again before it
@@ -125,26 +125,34 @@ func (m *Manager) pendingGroups(ps []EnqueueParams, r *enqueueRows) *pendingGrou
 	return g
 }
 
-// pendingCount is a count as sqlAddPending returns it.
+// pendingCount is a pair's row of workpool_org_pending.
 type pendingCount struct {
 	pool, org string
 	pending   int64
 	countedAt time.Time
 }
 
-func scanPendingCounts(rows pgx.Rows) ([]pendingCount, error) {
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (pendingCount, error) {
+// admitOverCap decides the groups whose bound went past the cap, after an
+// insert that inserted nothing: each is counted again (unless counted
+// within pendingRecountAfter) and refused if it really is over. tx holds
+// the counts' row locks (the insert raised them), so the count sees every
+// enqueue of the org that committed and none is in flight.
+func (m *Manager) admitOverCap(ctx context.Context, tx pgx.Tx, g *pendingGroups) error {
+	if len(g.checkPools) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, sqlReadPendingPairs, g.checkPools, g.checkOrgs)
+	if err != nil {
+		return fmt.Errorf("reading pending counts: %w", err)
+	}
+	counts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pendingCount, error) {
 		var c pendingCount
 		err := r.Scan(&c.pool, &c.org, &c.pending, &c.countedAt)
 		return c, err
 	})
-}
-
-// admitOverCap decides the groups whose bound went past the cap: each is
-// counted again (unless counted within pendingRecountAfter) and refused if
-// it really is over. tx holds the counts' row locks, so the count sees
-// every enqueue of the org that committed and none is in flight.
-func (m *Manager) admitOverCap(ctx context.Context, tx pgx.Tx, g *pendingGroups, counts []pendingCount) error {
+	if err != nil {
+		return fmt.Errorf("reading pending counts: %w", err)
+	}
 	limit := int64(m.cfg.MaxPendingPerOrg)
 	now := m.now()
 	for _, c := range counts {

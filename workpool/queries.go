@@ -62,22 +62,42 @@ const sqlNotifyEach = `SELECT pg_notify('` + notifyChannel + `', p) FROM unnest(
 
 // --- enqueue, status, cancel -------------------------------------------------
 
-// sqlEnqueue inserts a batch only if every pool it names exists ($15 is the
-// number of distinct pools), so an unknown pool writes nothing, and only if
-// no (pool, org) pair the cap applies to has a pending count past the cap
-// $20 (sqlAddPending ran before it): sqlEnqueue tests one pair ($18 pool,
-// $19 org; "": none), sqlEnqueueGroups several ($18 pools, $19 orgs, $21
-// the pairs as "pool/org": a pool name holds no "/"). Items flagged in $17
-// (replays of an idempotency key; null: none) are skipped. The cap's test
-// is one uncorrelated probe by scalar parameters in the common case: with
-// array parameters, or a join with the batch, the plan cache re-planned
-// the statement at every call, which doubled an enqueue's cost.
-const sqlEnqueue = sqlEnqueueHead + `c.pool = $18 AND c.org_id = $19 AND c.pending > $20)`
+// The enqueue statements insert a batch only if every pool it names exists
+// ($15 is the number of distinct pools), so an unknown pool writes nothing,
+// and only if no (pool, org) pair the cap applies to has a pending count
+// past the cap $20. Items flagged in $17 (replays of an idempotency key;
+// null: none) are skipped.
+//
+//   - sqlEnqueueCounted, for a batch of one pair ($18 pool, $19 org, the
+//     common case), first adds its $21 items to the pair's pending count
+//     in the same statement; $22 false (every item BypassPendingCap) skips
+//     the test.
+//   - sqlEnqueueGroups tests several pairs, whose counts sqlAddPending
+//     raised before it ($18 pools, $19 orgs, $21 the pairs as "pool/org":
+//     a pool name holds no "/").
+//   - sqlEnqueue tests one pair ($18, $19; "" for none) without counting:
+//     the cap off, or the second try after an exact count.
+//
+// The cap's test takes scalar parameters in the common case and is one
+// uncorrelated probe otherwise: with array parameters, or a join with the
+// batch, the plan cache re-planned the statement at every call, which
+// doubled an enqueue's cost.
+const sqlEnqueueCounted = `
+WITH counted AS (
+  INSERT INTO workpool_org_pending (pool, org_id, pending, counted_at) VALUES ($18, $19, $21, $16)
+  ON CONFLICT (pool, org_id) DO UPDATE SET pending = workpool_org_pending.pending + excluded.pending
+  RETURNING pending
+)` + sqlEnqueueInsert + `
+  AND (NOT $22::bool OR (SELECT pending FROM counted) <= $20)`
 
-const sqlEnqueueGroups = sqlEnqueueHead + `c.pool = ANY($18) AND c.org_id = ANY($19) AND c.pool || '/' || c.org_id = ANY($21)
-  AND c.pending > $20)`
+const sqlEnqueueGroups = sqlEnqueueInsert + `
+  AND NOT EXISTS (SELECT 1 FROM workpool_org_pending c
+    WHERE c.pool = ANY($18) AND c.org_id = ANY($19) AND c.pool || '/' || c.org_id = ANY($21) AND c.pending > $20)`
 
-const sqlEnqueueHead = `
+const sqlEnqueue = sqlEnqueueInsert + `
+  AND NOT EXISTS (SELECT 1 FROM workpool_org_pending c WHERE c.pool = $18 AND c.org_id = $19 AND c.pending > $20)`
+
+const sqlEnqueueInsert = `
 INSERT INTO workpool_work (id, org_id, pool, handler, args, state, run_at, max_attempts, initial_backoff_ms,
   backoff_base, timeout_ms, on_complete_hook, on_complete_context, concurrency_key, key_limit, created_at)
 SELECT u.id, u.org_id, u.pool, u.handler, u.args::jsonb, 'pending', u.run_at, u.max_attempts, u.backoff_ms,
@@ -85,8 +105,7 @@ SELECT u.id, u.org_id, u.pool, u.handler, u.args::jsonb, 'pending', u.run_at, u.
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[], $7::int[], $8::int[],
   $9::float8[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[], $17::bool[])
   AS u(id, org_id, pool, handler, args, run_at, max_attempts, backoff_ms, base, timeout_ms, hook, hook_context, ckey, klimit, replay)
-WHERE u.replay IS NOT TRUE AND (SELECT count(*) FROM workpool_pools WHERE name = ANY($3)) = $15
-  AND NOT EXISTS (SELECT 1 FROM workpool_org_pending c WHERE `
+WHERE u.replay IS NOT TRUE AND (SELECT count(*) FROM workpool_pools WHERE name = ANY($3)) = $15`
 
 // sqlClaimKeys records idempotency keys and returns those it inserted. A
 // key another transaction is inserting makes this one wait for its
@@ -611,26 +630,23 @@ DELETE FROM workpool_work WHERE id IN (SELECT id FROM victims)`
 
 // --- the pending cap (pending.go) -----------------------------------------------
 
-// sqlAddPendingOne adds a batch's fresh items to their org's pending count
-// in one pool (the common case; scalar parameters keep the plan cached) and
-// returns the new count; sqlAddPending does it for several (pool, org)
-// pairs, in the order given (sorted, so that batches lock the rows in one
-// order). The row lock serialises an org's enqueues
-// into a pool until they commit. A new row starts from the batch: the
-// migration counted what existed, and the leader's refresh repairs a row
-// created while work was already pending.
-const sqlAddPendingOne = `
-INSERT INTO workpool_org_pending (pool, org_id, pending, counted_at) VALUES ($1, $2, $3, $4)
-ON CONFLICT (pool, org_id) DO UPDATE SET pending = workpool_org_pending.pending + excluded.pending
-RETURNING pool, org_id, pending, counted_at`
-
+// sqlAddPending adds a batch's fresh items to their orgs' pending counts
+// for several (pool, org) pairs, in the order given (sorted, so that
+// batches lock the rows in one order); sqlEnqueueCounted does the same for
+// one. The row lock serialises an org's enqueues into a pool until they
+// commit. A new row starts from the batch: the migration counted what
+// existed, and the leader's refresh repairs a row created while work was
+// already pending.
 const sqlAddPending = `
 INSERT INTO workpool_org_pending (pool, org_id, pending, counted_at)
 SELECT g.pool, g.org_id, g.n, $4
 FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS g(pool, org_id, n, i)
 ORDER BY g.i
-ON CONFLICT (pool, org_id) DO UPDATE SET pending = workpool_org_pending.pending + excluded.pending
-RETURNING pool, org_id, pending, counted_at`
+ON CONFLICT (pool, org_id) DO UPDATE SET pending = workpool_org_pending.pending + excluded.pending`
+
+// sqlReadPendingPairs reads the counts of pairs this transaction holds.
+const sqlReadPendingPairs = `
+SELECT pool, org_id, pending, counted_at FROM workpool_org_pending WHERE pool = ANY($1) AND org_id = ANY($2)`
 
 // sqlCountPending counts an org's unfinished work in a pool through the
 // partial indexes, each part bounded by $3, and returns at most $3.
