@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"strings"
 
@@ -54,6 +55,10 @@ func readError(err error) error {
 	var he *echo.HTTPError
 	if errors.As(err, &he) {
 		return he
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		return NewProblem(http.StatusRequestTimeout, "request-timeout", "the request body was not sent within the server's read timeout")
 	}
 	return NewProblem(http.StatusBadRequest, "unreadable-body", "could not read the request body")
 }

@@ -6,6 +6,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,7 +44,24 @@ type Config struct {
 	Registry *prometheus.Registry
 	// ShutdownTimeout bounds the graceful drain on stop (default 15 s).
 	ShutdownTimeout time.Duration
+	// ReadHeaderTimeout bounds reading a request's headers (default 10 s), so
+	// a client that sends them a byte at a time is disconnected.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading a whole request, body included (default
+	// 60 s). It does not bound an SSE response: net/http lifts the read
+	// deadline once the request is read. There is no write timeout, for SSE.
+	ReadTimeout time.Duration
+	// IdleTimeout bounds how long a kept-alive connection waits for its
+	// next request (default 120 s).
+	IdleTimeout time.Duration
 }
+
+// Defaults of Config's HTTP server timeouts.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 60 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+)
 
 func (c Config) withDefaults() Config {
 	if c.Addr == "" {
@@ -61,6 +79,9 @@ func (c Config) withDefaults() Config {
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 15 * time.Second
 	}
+	c.ReadHeaderTimeout = cmp.Or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	c.ReadTimeout = cmp.Or(c.ReadTimeout, DefaultReadTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
 	return c
 }
 
@@ -260,7 +281,13 @@ func (s *Server) Run(ctx context.Context) error {
 
 // Serve is Run on an existing listener.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: s.echo, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
+	// No WriteTimeout: SSE responses are written for as long as the client
+	// reads them (keep-alives prove it is there); a WriteTimeout would end
+	// them unless each lifted it (http.ResponseController).
+	srv := &http.Server{
+		Handler: s.echo, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout, IdleTimeout: s.cfg.IdleTimeout,
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
 	go s.purgeLoop(ctx)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/reveille/reveille/api"
 )
 
 // settings is every knob of serve/dev: flags where the issue names one,
@@ -28,6 +30,9 @@ type settings struct {
 	JWTAudience    string        // REVEILLE_JWT_AUDIENCE
 	OperatorOrgs   []string      // REVEILLE_OPERATOR_ORGS
 	MaxBody        int64         // REVEILLE_MAX_BODY
+	HeaderTimeout  time.Duration // REVEILLE_READ_HEADER_TIMEOUT
+	ReadTimeout    time.Duration // REVEILLE_READ_TIMEOUT
+	IdleTimeout    time.Duration // REVEILLE_IDLE_TIMEOUT
 	Pools          string        // REVEILLE_POOLS
 	RecoveryPeriod time.Duration // REVEILLE_RECOVERY_PERIOD
 	HeartbeatLimit time.Duration // REVEILLE_HEARTBEAT_TIMEOUT
@@ -63,6 +68,9 @@ func envConfig() (settings, error) {
 		LogLevel:     envOr("REVEILLE_LOG_LEVEL", "info"),
 	}
 	s.MaxBody = envInt("REVEILLE_MAX_BODY", 1<<20, &errs)
+	s.HeaderTimeout = envDuration("REVEILLE_READ_HEADER_TIMEOUT", api.DefaultReadHeaderTimeout, &errs)
+	s.ReadTimeout = envDuration("REVEILLE_READ_TIMEOUT", api.DefaultReadTimeout, &errs)
+	s.IdleTimeout = envDuration("REVEILLE_IDLE_TIMEOUT", api.DefaultIdleTimeout, &errs)
 	s.StreamChunk = envInt("REVEILLE_STREAM_MAX_CHUNK", 1<<20, &errs)
 	s.StreamRequest = envInt("REVEILLE_STREAM_MAX_REQUEST", 8<<20, &errs)
 	s.RecoveryPeriod = envDuration("REVEILLE_RECOVERY_PERIOD", 10*time.Second, &errs)

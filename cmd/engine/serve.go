@@ -118,6 +118,7 @@ func newApp(ctx context.Context, s settings, logger *slog.Logger) (*app, error) 
 	}
 	a.api, err = api.New(ctx, api.Config{
 		Addr: s.Addr, MaxBody: s.MaxBody, Logger: logger, Registry: a.registry,
+		ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout, IdleTimeout: s.IdleTimeout,
 		Auth: api.AuthConfig{Secret: []byte(s.JWTSecret), JWKSURL: s.JWKSURL, Issuer: s.JWTIssuer, Audience: s.JWTAudience, OperatorOrgs: s.OperatorOrgs},
 	}, svc)
 	if err != nil {
@@ -269,6 +270,9 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_JWT_AUDIENCE         required aud, when set
   REVEILLE_OPERATOR_ORGS        orgs whose operator role counts (comma list)
   REVEILLE_MAX_BODY             request body limit in bytes (default 1048576)
+  REVEILLE_READ_HEADER_TIMEOUT  time a client has to send a request's headers (default 10s)
+  REVEILLE_READ_TIMEOUT         time a client has to send a whole request, body included (default 60s)
+  REVEILLE_IDLE_TIMEOUT         how long an idle kept-alive connection stays open (default 120s)
   REVEILLE_POOLS                pools created at start if missing (default default=25,wakeup=25)
   REVEILLE_RECOVERY_PERIOD      how often running work is checked for dead executors (default 10s)
   REVEILLE_HEARTBEAT_TIMEOUT    heartbeat age after which running work is recovered (default 30s)
