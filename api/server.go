@@ -234,7 +234,7 @@ func (s *Server) limitBody(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		req := c.Request()
 		if req.ContentLength > limit {
-			return NewProblem(http.StatusRequestEntityTooLarge, "body-too-large", "request body exceeds "+strconv.FormatInt(limit, 10)+" bytes")
+			return tooLargeProblem("body-too-large", "body", "request body exceeds "+strconv.FormatInt(limit, 10)+" bytes")
 		}
 		req.Body = http.MaxBytesReader(c.Response(), req.Body, limit)
 		return next(c)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/reveille/reveille/api"
+	"github.com/reveille/reveille/streams"
 )
 
 // settings is every knob of serve/dev: flags where the issue names one,
@@ -42,6 +43,7 @@ type settings struct {
 	NotFoundGrace  time.Duration // REVEILLE_SIGNAL_NOTFOUND_GRACE
 	StreamChunk    int64         // REVEILLE_STREAM_MAX_CHUNK
 	StreamRequest  int64         // REVEILLE_STREAM_MAX_REQUEST
+	StreamChunks   int           // REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST
 	StreamKeep     time.Duration // REVEILLE_STREAM_RETENTION
 	Worker         bool          // --worker / REVEILLE_WORKER: run the Temporal worker (on in dev)
 	LogLevel       string        // REVEILLE_LOG_LEVEL
@@ -73,6 +75,7 @@ func envConfig() (settings, error) {
 	s.IdleTimeout = envDuration("REVEILLE_IDLE_TIMEOUT", api.DefaultIdleTimeout, &errs)
 	s.StreamChunk = envInt("REVEILLE_STREAM_MAX_CHUNK", 1<<20, &errs)
 	s.StreamRequest = envInt("REVEILLE_STREAM_MAX_REQUEST", 8<<20, &errs)
+	s.StreamChunks = int(envInt("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST", streams.DefaultMaxChunks, &errs))
 	s.RecoveryPeriod = envDuration("REVEILLE_RECOVERY_PERIOD", 10*time.Second, &errs)
 	s.HeartbeatLimit = envDuration("REVEILLE_HEARTBEAT_TIMEOUT", 30*time.Second, &errs)
 	s.WorkRetention = envDuration("REVEILLE_WORK_RETENTION", 24*time.Hour, &errs)

@@ -144,7 +144,7 @@ func (a *app) wireDomain(_ context.Context, svc *api.Services) error {
 	svc.Workpool = pool
 	svc.Mandates = mandates.New(a.db, mandates.Config{ApprovalTTL: s.ApprovalTTL, Logger: logger, Registry: reg})
 	svc.Streams, err = streams.New(a.db, streams.Config{MaxChunk: s.StreamChunk, MaxRequest: s.StreamRequest,
-		Retention: s.StreamKeep, Logger: logger, Registry: reg})
+		MaxChunksPerRequest: s.StreamChunks, Retention: s.StreamKeep, Logger: logger, Registry: reg})
 	if err != nil {
 		return fmt.Errorf("streams: %w", err)
 	}
@@ -282,6 +282,7 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_SIGNAL_NOTFOUND_GRACE how long a signal to an absent workflow is retried (default 60s)
   REVEILLE_STREAM_MAX_CHUNK     largest stream chunk in bytes (default 1048576)
   REVEILLE_STREAM_MAX_REQUEST   largest stream append request in bytes (default 8388608)
+  REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST most chunks in one JSON stream append (default 1000)
   REVEILLE_STREAM_RETENTION     how long closed streams are kept (default 168h)
   REVEILLE_WORKER               run the reference workflow's Temporal worker (default false; dev: true)
   REVEILLE_LOG_LEVEL            debug, info, warn or error (default info)
