@@ -178,7 +178,8 @@ func (s *Server) routes() {
 var anyRole []string
 
 // route registers an authenticated route that needs one of roles (anyRole:
-// none in particular), with extra middleware such as s.idempotent().
+// none in particular), with extra middleware such as s.idempotent(). Its
+// path and query parameters must be text (checkParams).
 // Routes are registered one by one, not through an echo group with
 // middleware, because such a group answers 404 instead of 405 for a known
 // path with the wrong method.
@@ -187,6 +188,7 @@ func (s *Server) route(method, path string, h echo.HandlerFunc, roles []string, 
 	if len(roles) > 0 {
 		chain = append(chain, requireRole(roles...))
 	}
+	chain = append(chain, checkParams)
 	s.echo.Add(method, path, h, append(chain, mw...)...)
 }
 
