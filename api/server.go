@@ -54,6 +54,12 @@ type Config struct {
 	// IdleTimeout bounds how long a kept-alive connection waits for its
 	// next request (default 120 s).
 	IdleTimeout time.Duration
+	// OrgRate is each org's request rate limit on /v1 routes, in requests
+	// per second on this replica (default 0: no limit; `engine serve` sets
+	// REVEILLE_ORG_RATE, default 10,000). Over it is 429 with Retry-After.
+	OrgRate float64
+	// OrgBurst is the bucket size of OrgRate (default twice OrgRate).
+	OrgBurst int
 }
 
 // Defaults of Config's HTTP server timeouts.
@@ -118,6 +124,7 @@ type Server struct {
 	idem       *idempotencyStore
 	bodyLimits map[string]int64 // route pattern → limit, where not cfg.MaxBody
 	metrics    *httpMetrics
+	limiter    *orgLimiter // nil: no rate limit
 }
 
 // New builds the server and its routes.
@@ -135,6 +142,7 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 		idem:       &idempotencyStore{db: svc.DB, logger: cfg.Logger},
 		bodyLimits: map[string]int64{},
 		metrics:    newHTTPMetrics(cfg.Registry),
+		limiter:    newOrgLimiter(cfg.OrgRate, cfg.OrgBurst),
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -179,12 +187,16 @@ var anyRole []string
 
 // route registers an authenticated route that needs one of roles (anyRole:
 // none in particular), with extra middleware such as s.idempotent(). Its
-// path and query parameters must be text (checkParams).
+// requests count against the org's rate limit, and its path and query
+// parameters must be text (checkParams).
 // Routes are registered one by one, not through an echo group with
 // middleware, because such a group answers 404 instead of 405 for a known
 // path with the wrong method.
 func (s *Server) route(method, path string, h echo.HandlerFunc, roles []string, mw ...echo.MiddlewareFunc) {
 	chain := []echo.MiddlewareFunc{s.auth.middleware}
+	if s.limiter != nil {
+		chain = append(chain, s.rateLimit)
+	}
 	if len(roles) > 0 {
 		chain = append(chain, requireRole(roles...))
 	}

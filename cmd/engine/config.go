@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -34,6 +35,7 @@ type settings struct {
 	HeaderTimeout  time.Duration // REVEILLE_READ_HEADER_TIMEOUT
 	ReadTimeout    time.Duration // REVEILLE_READ_TIMEOUT
 	IdleTimeout    time.Duration // REVEILLE_IDLE_TIMEOUT
+	OrgRate        float64       // REVEILLE_ORG_RATE
 	Pools          string        // REVEILLE_POOLS
 	RecoveryPeriod time.Duration // REVEILLE_RECOVERY_PERIOD
 	HeartbeatLimit time.Duration // REVEILLE_HEARTBEAT_TIMEOUT
@@ -73,6 +75,7 @@ func envConfig() (settings, error) {
 	s.HeaderTimeout = envDuration("REVEILLE_READ_HEADER_TIMEOUT", api.DefaultReadHeaderTimeout, &errs)
 	s.ReadTimeout = envDuration("REVEILLE_READ_TIMEOUT", api.DefaultReadTimeout, &errs)
 	s.IdleTimeout = envDuration("REVEILLE_IDLE_TIMEOUT", api.DefaultIdleTimeout, &errs)
+	s.OrgRate = envRate("REVEILLE_ORG_RATE", 10_000, &errs)
 	s.StreamChunk = envInt("REVEILLE_STREAM_MAX_CHUNK", 1<<20, &errs)
 	s.StreamRequest = envInt("REVEILLE_STREAM_MAX_REQUEST", 8<<20, &errs)
 	s.StreamChunks = int(envInt("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST", streams.DefaultMaxChunks, &errs))
@@ -125,6 +128,20 @@ func envInt(name string, def int64, errs *[]error) int64 {
 		return def
 	}
 	return n
+}
+
+// envRate reads a rate per second: a number ≥ 0, where 0 means no limit.
+func envRate(name string, def float64, errs *[]error) float64 {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	r, err := strconv.ParseFloat(v, 64)
+	if err != nil || r < 0 || math.IsInf(r, 0) || math.IsNaN(r) {
+		*errs = append(*errs, fmt.Errorf("%s=%q: want a number of requests per second, 0 for no limit", name, v))
+		return def
+	}
+	return r
 }
 
 func envDuration(name string, def time.Duration, errs *[]error) time.Duration {

@@ -118,7 +118,7 @@ func newApp(ctx context.Context, s settings, logger *slog.Logger) (*app, error) 
 	}
 	a.api, err = api.New(ctx, api.Config{
 		Addr: s.Addr, MaxBody: s.MaxBody, Logger: logger, Registry: a.registry,
-		ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout, IdleTimeout: s.IdleTimeout,
+		ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout, IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate,
 		Auth: api.AuthConfig{Secret: []byte(s.JWTSecret), JWKSURL: s.JWKSURL, Issuer: s.JWTIssuer, Audience: s.JWTAudience, OperatorOrgs: s.OperatorOrgs},
 	}, svc)
 	if err != nil {
@@ -273,6 +273,7 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_READ_HEADER_TIMEOUT  time a client has to send a request's headers (default 10s)
   REVEILLE_READ_TIMEOUT         time a client has to send a whole request, body included (default 60s)
   REVEILLE_IDLE_TIMEOUT         how long an idle kept-alive connection stays open (default 120s)
+  REVEILLE_ORG_RATE             requests per second per org on this replica, bursts of twice that (default 10000; 0 = no limit)
   REVEILLE_POOLS                pools created at start if missing (default default=25,wakeup=25)
   REVEILLE_RECOVERY_PERIOD      how often running work is checked for dead executors (default 10s)
   REVEILLE_HEARTBEAT_TIMEOUT    heartbeat age after which running work is recovered (default 30s)
