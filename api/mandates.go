@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
@@ -157,28 +156,12 @@ func parseValidUntil(raw string) (*time.Time, error) {
 }
 
 func (s *Server) createMandate(c echo.Context) error {
-	var in struct {
-		AgentID    string  `json:"agent_id"`
-		Scope      string  `json:"scope"`
-		Budget     *int64  `json:"budget"`
-		ValidUntil *string `json:"valid_until"`
-	}
-	if err := bind(c, &in); err != nil {
+	p, err := bindBody(c, decodeMandateCreate)
+	if err != nil {
 		return err
 	}
-	if in.Budget == nil {
-		return Invalid("budget", "is required (an integer ≥ 0)")
-	}
-	if err := checkAgent(c, "agent_id", in.AgentID); err != nil {
+	if err := checkAgent(c, "agent_id", p.AgentID); err != nil {
 		return err
-	}
-	p := mandates.CreateParams{AgentID: in.AgentID, Scope: in.Scope, Budget: *in.Budget}
-	if in.ValidUntil != nil {
-		t, err := parseValidUntil(*in.ValidUntil)
-		if err != nil {
-			return err
-		}
-		p.ValidUntil = t
 	}
 	m, err := s.svc.Mandates.Create(c.Request().Context(), PrincipalFrom(c).OrgID, p)
 	if err != nil {
@@ -217,26 +200,9 @@ func (s *Server) patchMandate(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	var in struct {
-		Budget     *int64          `json:"budget"`
-		Status     *string         `json:"status"`
-		ValidUntil json.RawMessage `json:"valid_until"` // absent: keep; null: clear
-	}
-	if err := bind(c, &in); err != nil {
+	p, err := bindBody(c, decodeMandatePatch)
+	if err != nil {
 		return err
-	}
-	p := mandates.PatchParams{Budget: in.Budget, Status: in.Status}
-	if in.ValidUntil != nil {
-		p.SetValidUntil = true
-		if string(in.ValidUntil) != "null" {
-			var raw string
-			if err := json.Unmarshal(in.ValidUntil, &raw); err != nil {
-				return Invalid("valid_until", "must be an RFC 3339 timestamp or null")
-			}
-			if p.ValidUntil, err = parseValidUntil(raw); err != nil {
-				return err
-			}
-		}
 	}
 	m, err := s.svc.Mandates.Patch(c.Request().Context(), PrincipalFrom(c).OrgID, id, p)
 	if err != nil {
@@ -262,17 +228,9 @@ func (s *Server) mandateLedger(c echo.Context) error {
 }
 
 func (s *Server) spendMandate(c echo.Context) error {
-	var in struct {
-		AgentID string `json:"agent_id"`
-		Scope   string `json:"scope"`
-		Cost    *int64 `json:"cost"`
-		Reason  string `json:"reason"`
-	}
-	if err := bind(c, &in); err != nil {
+	in, err := bindBody(c, decodeSpend)
+	if err != nil {
 		return err
-	}
-	if in.Cost == nil {
-		return Invalid("cost", "is required (an integer ≥ 0)")
 	}
 	if err := checkAgent(c, "agent_id", in.AgentID); err != nil {
 		return err
@@ -329,10 +287,8 @@ func (s *Server) resolveMandateApproval(resolve func(ctx context.Context, orgID 
 		if err != nil {
 			return err
 		}
-		var in struct {
-			Note string `json:"note"`
-		}
-		if err := bind(c, &in); err != nil {
+		in, err := bindBody(c, decodeApprovalResolve)
+		if err != nil {
 			return err
 		}
 		p := PrincipalFrom(c)

@@ -90,15 +90,9 @@ type rawArgs []byte
 func (r *rawArgs) UnmarshalJSON(b []byte) error { *r = append((*r)[:0], b...); return nil }
 
 func (s *Server) createWakeup(c echo.Context) error {
-	var in wakeupRequest
-	if err := bind(c, &in); err != nil {
+	in, err := bindBody(c, decodeWakeup)
+	if err != nil {
 		return err
-	}
-	if in.Cost == nil {
-		return Invalid("cost", "is required (an integer ≥ 0)")
-	}
-	if in.Work == nil {
-		return Invalid("work", "is required: {handler, args, retry?, timeout_ms?}")
 	}
 	if err := checkAgent(c, "agent_id", in.AgentID); err != nil {
 		return err

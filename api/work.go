@@ -74,28 +74,15 @@ func workOut(st workpool.Status) workJSON {
 // enqueueWork adds plain work to a pool, outside the mandate gate (hence
 // admin only, and never to the wakeup pool).
 func (s *Server) enqueueWork(c echo.Context) error {
-	var in workIn
-	if err := bind(c, &in); err != nil {
+	p, err := bindBody(c, decodeWorkEnqueue)
+	if err != nil {
 		return err
 	}
 	pool := c.Param("pool")
 	if pool == wakeupPool {
 		return Invalid("pool", "the wakeup pool takes work only through POST /v1/wakeups")
 	}
-	p := workpool.EnqueueParams{OrgID: PrincipalFrom(c).OrgID, Pool: pool, Handler: in.Handler, Args: in.Args, Retry: in.Retry}
-	if in.RunAt != nil {
-		at, err := time.Parse(time.RFC3339Nano, *in.RunAt)
-		if err != nil {
-			return Invalid("run_at", "must be an RFC 3339 timestamp")
-		}
-		p.RunAt = at
-	}
-	if in.TimeoutMS != nil {
-		if *in.TimeoutMS < 1 {
-			return Invalid("timeout_ms", "must be a positive number of milliseconds")
-		}
-		p.TimeoutMS = *in.TimeoutMS
-	}
+	p.OrgID, p.Pool = PrincipalFrom(c).OrgID, pool
 	ctx := c.Request().Context()
 	id, err := s.svc.Workpool.Enqueue(ctx, p)
 	if err != nil {
@@ -213,20 +200,9 @@ type poolPatch struct {
 
 // patchPool changes a pool's limits live (operator: the setting spans orgs).
 func (s *Server) patchPool(c echo.Context) error {
-	var in poolPatch
-	if err := bind(c, &in); err != nil {
+	in, err := bindBody(c, decodePoolPatch)
+	if err != nil {
 		return err
-	}
-	if in.MaxParallelism == nil && in.MaxParallelismPerOrg == nil {
-		return Invalid("max_parallelism", "is required")
-	}
-	var perOrg *int
-	if in.MaxParallelismPerOrg != nil && string(in.MaxParallelismPerOrg) != "null" {
-		var n int
-		if err := json.Unmarshal(in.MaxParallelismPerOrg, &n); err != nil {
-			return Invalid("max_parallelism_per_org", "must be an integer or null")
-		}
-		perOrg = &n
 	}
 	ctx, name := c.Request().Context(), c.Param("pool")
 	if in.MaxParallelism != nil {
@@ -234,8 +210,8 @@ func (s *Server) patchPool(c echo.Context) error {
 			return err
 		}
 	}
-	if in.MaxParallelismPerOrg != nil {
-		if err := s.svc.Workpool.SetMaxParallelismPerOrg(ctx, name, perOrg); err != nil {
+	if in.SetPerOrg {
+		if err := s.svc.Workpool.SetMaxParallelismPerOrg(ctx, name, in.PerOrg); err != nil {
 			return err
 		}
 	}
