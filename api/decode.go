@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -174,7 +175,11 @@ func jsonProblem(err error) error {
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return invalidJSON("malformed JSON: unexpected end of input")
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		quoted := strings.TrimPrefix(err.Error(), "json: unknown field ")
+		name, uerr := strconv.Unquote(quoted)
+		if uerr != nil || name == "" {
+			return Invalid("body", "has an unknown field "+quoted)
+		}
 		return Invalid(name, "unknown field")
 	}
 	var maxErr *http.MaxBytesError
