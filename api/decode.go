@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"mime"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -62,9 +60,9 @@ func readJSONBody(c echo.Context) ([]byte, error) {
 }
 
 // decodeJSON is bind without the request: strict decoding of body into dst.
-// The body must be UTF-8 (RFC 8259) and no string in it may hold NUL:
-// Postgres text and jsonb can store neither, and a field kept as raw JSON
-// (args) would otherwise reach the database unchecked.
+// The body must be UTF-8 (RFC 8259) and hold nothing Postgres cannot store
+// (unstorableJSON): a field kept as raw JSON (args) would otherwise reach
+// the database unchecked.
 func decodeJSON(body []byte, dst any) error {
 	if !utf8.Valid(body) {
 		return invalidJSON(fmt.Sprintf("the body is not UTF-8 (byte %d)", invalidUTF8At(body)))
@@ -77,8 +75,8 @@ func decodeJSON(body []byte, dst any) error {
 	if dec.More() {
 		return invalidJSON("the body holds more than one JSON value")
 	}
-	if field, ok := nulField(body); ok {
-		return Invalid(field, "must not hold a NUL character (\\u0000)")
+	if field, detail, found := unstorableJSON(body); found {
+		return Invalid(field, detail)
 	}
 	return nil
 }
@@ -100,48 +98,6 @@ func invalidUTF8At(b []byte) int {
 		i += size
 	}
 	return len(b)
-}
-
-// nulField finds the first JSON string (key or value) in a valid JSON body
-// that holds NUL, and names it by its path ("work.args.k", "chunks[2]").
-func nulField(body []byte) (string, bool) {
-	if !bytes.Contains(body, []byte(`\u0000`)) {
-		return "", false // the only way to write NUL in JSON; the common case costs one scan
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var v any
-	if dec.Decode(&v) != nil {
-		return "", false
-	}
-	return nulPath(v, "")
-}
-
-func nulPath(v any, path string) (string, bool) {
-	switch v := v.(type) {
-	case string:
-		return path, strings.ContainsRune(v, 0)
-	case []any:
-		for i, e := range v {
-			if p, ok := nulPath(e, fmt.Sprintf("%s[%d]", path, i)); ok {
-				return p, true
-			}
-		}
-	case map[string]any:
-		for _, k := range slices.Sorted(maps.Keys(v)) {
-			p := k
-			if path != "" {
-				p = path + "." + k
-			}
-			if strings.ContainsRune(k, 0) {
-				return p, true
-			}
-			if p, ok := nulPath(v[k], p); ok {
-				return p, true
-			}
-		}
-	}
-	return "", false
 }
 
 func readError(err error) error {

@@ -45,9 +45,10 @@ func TestEveryErrorIsProblemJSON(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
 }
 
-// Postgres text and jsonb hold neither NUL nor invalid UTF-8: such bodies
-// are 400s naming the field (they were 500s, or silently altered), and
-// nothing is stored.
+// Postgres text and jsonb hold neither NUL nor invalid UTF-8, jsonb no
+// unpaired surrogate escapes and no number out of numeric's range: such
+// bodies are 400s naming the field (they were 500s, or silently altered),
+// and nothing is stored.
 func TestBodyTextPostgresCannotStoreIs400NamingTheField(t *testing.T) {
 	s := newTestServer(t, withMandates(t), withWakeups(t), withWorkpool(t))
 	admin, agent := token(t, "org-a", RoleAdmin), token(t, "org-a", RoleAgent)
@@ -61,6 +62,9 @@ func TestBodyTextPostgresCannotStoreIs400NamingTheField(t *testing.T) {
 		{"/v1/pools/default/work", admin, `{"handler": "echo", "args": {"k": "a\u0000b"}}`, "args.k"},
 		{"/v1/pools/default/work", admin, `{"handler": "echo", "args": [1, {"k": ["\u0000"]}]}`, "args[1].k[0]"},
 		{"/v1/pools/default/work", admin, `{"handler": "echo", "args": "\u0000"}`, "args"},
+		{"/v1/pools/default/work", admin, `{"handler": "echo", "args": {"s": "\ud800"}}`, "args.s"},
+		{"/v1/pools/default/work", admin, `{"handler": "echo", "args": {"n": 1e131072}}`, "args.n"},
+		{"/v1/pools/default/work", admin, `{"handler": "echo", "args": {"n": 1e-16384}}`, "args.n"},
 		{"/v1/pools/default/work", admin, "{\"handler\": \"echo\", \"args\": {\"k\": \"a\xffb\"}}", "body"},
 		{"/v1/wakeups", agent, wakeup("default", `{"k": "\u0000"}`), "work.args.k"},
 		{"/v1/wakeups", agent, wakeup(`a\u0000`, `{}`), "pool"},
