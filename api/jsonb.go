@@ -60,12 +60,15 @@ func storableJSON(b []byte) bool {
 // stringEnd returns the index just past the string lexeme starting at b[i].
 func stringEnd(b []byte, i int) int {
 	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			j++
-		case '"':
+		k := bytes.IndexAny(b[j:], `"\`)
+		if k < 0 {
+			break
+		}
+		j += k
+		if b[j] == '"' {
 			return j + 1
 		}
+		j++ // the escaped character
 	}
 	return len(b)
 }
@@ -80,6 +83,9 @@ func numberEnd(b []byte, i int) int {
 
 // stringLexemeProblem checks a string lexeme's \u escapes.
 func stringLexemeProblem(s []byte) (string, bool) {
+	if bytes.IndexByte(s, '\\') < 0 {
+		return "", true
+	}
 	for i := 0; i < len(s); i++ {
 		if s[i] != '\\' {
 			continue
