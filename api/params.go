@@ -12,9 +12,9 @@ import (
 	"github.com/reveille/reveille/internal/apperr"
 )
 
-// checkParams refuses a request whose path parameters, or query parameter
-// names or values, are not UTF-8 text without NUL: a 400 naming the
-// parameter. Postgres text can hold neither, so such a value used to reach
+// checkParams refuses a request whose path parameters, query parameter
+// names or values, or Idempotency-Key are not UTF-8 text without NUL: a
+// 400 naming the parameter. Postgres text can hold neither, so such a value used to reach
 // a query and fail it (500); and no object can be named by one.
 func checkParams(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
@@ -23,6 +23,11 @@ func checkParams(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		if err := queryParamsProblem(c.Request().URL.RawQuery); err != nil {
 			return err
+		}
+		// The one header stored as text (net/http refuses NUL in headers,
+		// not bytes that are not UTF-8).
+		if !isText(IdempotencyKey(c)) {
+			return paramProblem("header", "Idempotency-Key", "must be UTF-8 text without NUL characters")
 		}
 		return next(c)
 	}

@@ -72,3 +72,11 @@ func TestNULOrInvalidUTF8InAnyParameterIs400NamingIt(t *testing.T) {
 	}
 	require.Greater(t, routes, 20, "every service's routes are registered")
 }
+
+func TestAnIdempotencyKeyThatIsNotUTF8Is400NamingIt(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t))
+	r := do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", token(t, "org-a", RoleAdmin), `{"handler": "echo"}`,
+		"Idempotency-Key", "key-\xff")
+	r.requireProblem(t, http.StatusBadRequest, "Idempotency-Key")
+	require.Zero(t, workCount(t, s))
+}
