@@ -354,7 +354,9 @@ func (e *wakeEnv) wire(ctx context.Context, s settings, concurrency int, budget 
 	if e.pool, err = workpool.New(e.db, poolCfg); err != nil {
 		return fmt.Errorf("workpool: %w", err)
 	}
-	registerHandlers(e.pool, s)
+	if err := registerHandlers(e.pool, s, reg); err != nil {
+		return err
+	}
 	e.pool.Register(wakeBenchHandler, e.benchHandler)
 	e.mandates = mandates.New(e.db, mandates.Config{ApprovalTTL: s.ApprovalTTL, Logger: e.logger, Registry: reg})
 	e.wakeups = wakeup.New(e.db, e.pool, e.mandates, wakeup.Config{Logger: e.logger, Registry: reg})

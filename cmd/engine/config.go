@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/reveille/reveille/workpool/httpwork"
 )
 
 // settings is every knob of serve/dev: flags where the issue names one,
@@ -33,6 +35,7 @@ type settings struct {
 	HeartbeatLimit time.Duration // REVEILLE_HEARTBEAT_TIMEOUT
 	WorkRetention  time.Duration // REVEILLE_WORK_RETENTION
 	HTTPAllowed    []string      // REVEILLE_HTTP_ALLOWED_HOSTS
+	HTTPNets       []string      // REVEILLE_HTTP_ALLOWED_NETS
 	ApprovalTTL    time.Duration // REVEILLE_APPROVAL_TTL
 	NotFoundGrace  time.Duration // REVEILLE_SIGNAL_NOTFOUND_GRACE
 	StreamChunk    int64         // REVEILLE_STREAM_MAX_CHUNK
@@ -60,6 +63,7 @@ func envConfig() (settings, error) {
 		OperatorOrgs: list(os.Getenv("REVEILLE_OPERATOR_ORGS")),
 		Pools:        envOr("REVEILLE_POOLS", "default=25,wakeup=25"),
 		HTTPAllowed:  list(os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS")),
+		HTTPNets:     list(os.Getenv("REVEILLE_HTTP_ALLOWED_NETS")),
 		LogLevel:     envOr("REVEILLE_LOG_LEVEL", "info"),
 	}
 	s.MaxBody = envInt("REVEILLE_MAX_BODY", 1<<20, &errs)
@@ -72,6 +76,12 @@ func envConfig() (settings, error) {
 	s.NotFoundGrace = envDuration("REVEILLE_SIGNAL_NOTFOUND_GRACE", 60*time.Second, &errs)
 	s.StreamKeep = envDuration("REVEILLE_STREAM_RETENTION", 7*24*time.Hour, &errs)
 	s.Worker = envBool("REVEILLE_WORKER", false, &errs)
+	if _, err := httpwork.ParseAllowList(s.HTTPAllowed); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := httpwork.ParseNets(s.HTTPNets); err != nil {
+		errs = append(errs, err)
+	}
 	return s, errors.Join(errs...)
 }
 

@@ -109,7 +109,7 @@ func startDemoEngine(ctx context.Context, s *settings) (string, error) {
 	}
 	s.Addr = ln.Addr().String()
 	ln.Close()
-	s.OperatorOrgs, s.HTTPAllowed, s.Worker = []string{devOrg}, []string{"localhost", "127.0.0.1"}, true
+	s.OperatorOrgs, s.HTTPAllowed, s.Worker = []string{devOrg}, devHTTPAllowed, true
 	st, err := startStack(ctx, s, "", newLogger("error"))
 	if err != nil {
 		return "", err

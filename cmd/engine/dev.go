@@ -36,7 +36,7 @@ func runDev(ctx context.Context, args []string) error {
 		s.OperatorOrgs = []string{devOrg}
 	}
 	if os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS") == "" {
-		s.HTTPAllowed = []string{"localhost", "127.0.0.1"}
+		s.HTTPAllowed = devHTTPAllowed
 	}
 	s.Worker = true
 

@@ -139,7 +139,9 @@ func (a *app) wireDomain(_ context.Context, svc *api.Services) error {
 	if err != nil {
 		return fmt.Errorf("workpool: %w", err)
 	}
-	registerHandlers(pool, s)
+	if err := registerHandlers(pool, s, reg); err != nil {
+		return err
+	}
 	svc.Workpool = pool
 	svc.Mandates = mandates.New(a.db, mandates.Config{ApprovalTTL: s.ApprovalTTL, Logger: logger, Registry: reg})
 	svc.Streams, err = streams.New(a.db, streams.Config{MaxChunk: s.StreamChunk, MaxRequest: s.StreamRequest,
@@ -273,7 +275,9 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_RECOVERY_PERIOD      how often running work is checked for dead executors (default 10s)
   REVEILLE_HEARTBEAT_TIMEOUT    heartbeat age after which running work is recovered (default 30s)
   REVEILLE_WORK_RETENTION       how long finished work records are kept (default 24h)
-  REVEILLE_HTTP_ALLOWED_HOSTS   hosts the built-in http handler may call (comma list; empty = none)
+  REVEILLE_HTTP_ALLOWED_HOSTS   host, host:port or host:* the built-in http handler may call (comma list;
+                                a bare host means ports 80 and 443; IPv6 as [::1]:*; empty = none)
+  REVEILLE_HTTP_ALLOWED_NETS    CIDRs of loopback/private/link-local addresses it may connect to (comma list)
   REVEILLE_APPROVAL_TTL         how long a spending approval request stays pending (default 24h)
   REVEILLE_SIGNAL_NOTFOUND_GRACE how long a signal to an absent workflow is retried (default 60s)
   REVEILLE_STREAM_MAX_CHUNK     largest stream chunk in bytes (default 1048576)
