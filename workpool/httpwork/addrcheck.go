@@ -115,6 +115,13 @@ type netRules struct {
 // checkAddr returns a *RefusedError if ap is in a special range that neither
 // REVEILLE_HTTP_ALLOWED_NETS nor an address entry of the allow-list admits.
 func (r *netRules) checkAddr(ap netip.AddrPort) error {
+	if refusal := r.refusal(ap); refusal != nil {
+		return refusal
+	}
+	return nil
+}
+
+func (r *netRules) refusal(ap netip.AddrPort) *RefusedError {
 	a := ap.Addr().Unmap().WithZone("")
 	s, special := classify(a)
 	if !special {
@@ -183,9 +190,7 @@ func (d *guardedDialer) DialContext(ctx context.Context, network, address string
 		// Checked here too so a refusal does not depend on whether the
 		// machine could open a socket of the address's family; Control
 		// then checks what is actually connected to.
-		if err := d.rules.checkAddr(ap); err != nil {
-			var r *RefusedError
-			errors.As(err, &r)
+		if r := d.rules.refusal(ap); r != nil {
 			firstRefusal = cmp.Or(firstRefusal, r)
 			continue
 		}

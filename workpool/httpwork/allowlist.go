@@ -210,6 +210,13 @@ func validName(h string) bool {
 // port an entry allows. An IP-address host matches an address entry of the
 // same address in any notation (127.0.0.1 and [::ffff:127.0.0.1] are one).
 func (l *AllowList) CheckURL(u *url.URL) error {
+	if r := l.check(u); r != nil {
+		return r
+	}
+	return nil
+}
+
+func (l *AllowList) check(u *url.URL) *RefusedError {
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return refused("url", "url %q: want an absolute http(s) URL", u.Redacted())
 	}

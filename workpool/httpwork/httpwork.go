@@ -133,9 +133,7 @@ func New(cfg Config) (workpool.Handler, error) {
 			ExpectContinueTimeout: time.Second,
 		},
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
-			if err := list.CheckURL(req.URL); err != nil {
-				var r *RefusedError
-				errors.As(err, &r)
+			if r := list.check(req.URL); r != nil {
 				return refused(r.Reason, "redirect to %s refused: %s", req.URL.Redacted(), strings.TrimPrefix(r.Error(), "http: "))
 			}
 			if len(via) >= 10 {
