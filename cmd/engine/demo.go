@@ -110,7 +110,7 @@ func startDemoEngine(ctx context.Context, s *settings) (string, error) {
 	s.Addr = ln.Addr().String()
 	ln.Close()
 	s.OperatorOrgs, s.HTTPAllowed, s.Worker = []string{devOrg}, devHTTPAllowed, true
-	st, err := startStack(ctx, s, "", newLogger("error"))
+	st, err := startStack(ctx, s, "", "demo", newLogger("error"))
 	if err != nil {
 		return "", err
 	}
