@@ -393,7 +393,7 @@ func (e *wakeEnv) wire(ctx context.Context, s settings, concurrency int, budget 
 	if _, err := rand.Read(e.secret); err != nil {
 		return err
 	}
-	srv, err := api.New(ctx, api.Config{Addr: "127.0.0.1:0", Logger: e.logger, Registry: reg, Auth: api.AuthConfig{Secret: e.secret}},
+	srv, err := api.New(ctx, api.Config{Addr: "127.0.0.1:0", Logger: e.logger, Registry: reg, Auth: api.AuthConfig{Secrets: [][]byte{e.secret}}},
 		api.Services{DB: e.db, Mandates: e.mandates, Wakeups: e.wakeups})
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/workpool/httpwork"
 )
 
@@ -24,7 +25,7 @@ type settings struct {
 	DatabaseURL    string        // DATABASE_URL
 	TemporalAddr   string        // TEMPORAL_ADDRESS
 	Namespace      string        // TEMPORAL_NAMESPACE
-	JWTSecret      string        // REVEILLE_JWT_SECRET
+	JWTSecrets     []string      // REVEILLE_JWT_SECRET: comma list; the first signs, all verify
 	JWKSURL        string        // REVEILLE_JWKS_URL
 	JWTIssuer      string        // REVEILLE_JWT_ISSUER
 	JWTAudience    string        // REVEILLE_JWT_AUDIENCE
@@ -56,7 +57,7 @@ func envConfig() (settings, error) {
 		DatabaseURL:  os.Getenv("DATABASE_URL"),
 		TemporalAddr: os.Getenv("TEMPORAL_ADDRESS"),
 		Namespace:    envOr("TEMPORAL_NAMESPACE", "default"),
-		JWTSecret:    os.Getenv("REVEILLE_JWT_SECRET"),
+		JWTSecrets:   list(os.Getenv("REVEILLE_JWT_SECRET")),
 		JWKSURL:      os.Getenv("REVEILLE_JWKS_URL"),
 		JWTIssuer:    os.Getenv("REVEILLE_JWT_ISSUER"),
 		JWTAudience:  os.Getenv("REVEILLE_JWT_AUDIENCE"),
@@ -94,6 +95,24 @@ func (s *settings) bindFlags(fs *flag.FlagSet, dev bool) {
 	} else {
 		fs.BoolVar(&s.Worker, "worker", s.Worker, "also run the Temporal worker of the reference workflow (REVEILLE_WORKER)")
 	}
+}
+
+// authConfig is the API's token verification.
+func (s settings) authConfig() api.AuthConfig {
+	cfg := api.AuthConfig{JWKSURL: s.JWKSURL, Issuer: s.JWTIssuer, Audience: s.JWTAudience, OperatorOrgs: s.OperatorOrgs}
+	for _, secret := range s.JWTSecrets {
+		cfg.Secrets = append(cfg.Secrets, []byte(secret))
+	}
+	return cfg
+}
+
+// signingSecret is the secret that signs tokens: the first of
+// REVEILLE_JWT_SECRET's list ("" when there is none).
+func (s settings) signingSecret() string {
+	if len(s.JWTSecrets) == 0 {
+		return ""
+	}
+	return s.JWTSecrets[0]
 }
 
 func envOr(name, def string) string {

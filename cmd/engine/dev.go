@@ -48,17 +48,22 @@ func runDev(ctx context.Context, args []string) error {
 	defer stack.stop()
 
 	secretPath := "(REVEILLE_JWT_SECRET)"
-	if s.JWTSecret == "" && s.JWKSURL == "" {
-		if s.JWTSecret, secretPath, err = devSecret(s.DataDir); err != nil {
+	if len(s.JWTSecrets) == 0 && s.JWKSURL == "" {
+		secret, path, err := devSecret(s.DataDir)
+		if err != nil {
 			return err
 		}
+		s.JWTSecrets, secretPath = []string{secret}, path
+	}
+	if err := s.authConfig().Validate(); err != nil {
+		return err
 	}
 	return serve(ctx, s, logger, func() {
 		if s.JWKSURL != "" {
 			printDevInfo(s, secretPath, "(JWKS configured: bring your own token)")
 			return
 		}
-		tok, err := api.SignToken([]byte(s.JWTSecret), api.TokenSpec{OrgID: devOrg, Sub: "dev-user", Roles: api.AllRoles,
+		tok, err := api.SignToken([]byte(s.signingSecret()), api.TokenSpec{OrgID: devOrg, Sub: "dev-user", Roles: api.AllRoles,
 			TTL: 24 * time.Hour, Issuer: s.JWTIssuer, Audience: s.JWTAudience})
 		if err != nil {
 			tok = "(could not sign: " + err.Error() + ")"

@@ -43,8 +43,8 @@ func runServe(ctx context.Context, args []string) error {
 	if s.TemporalAddr == "" {
 		s.TemporalAddr = "127.0.0.1:7233"
 	}
-	if s.JWTSecret == "" && s.JWKSURL == "" {
-		return errors.New("set REVEILLE_JWT_SECRET (HS256, at least 32 bytes) or REVEILLE_JWKS_URL")
+	if err := s.authConfig().Validate(); err != nil {
+		return err
 	}
 	return serve(ctx, s, newLogger(s.LogLevel), nil)
 }
@@ -118,7 +118,7 @@ func newApp(ctx context.Context, s settings, logger *slog.Logger) (*app, error) 
 	}
 	a.api, err = api.New(ctx, api.Config{
 		Addr: s.Addr, MaxBody: s.MaxBody, Logger: logger, Registry: a.registry,
-		Auth: api.AuthConfig{Secret: []byte(s.JWTSecret), JWKSURL: s.JWKSURL, Issuer: s.JWTIssuer, Audience: s.JWTAudience, OperatorOrgs: s.OperatorOrgs},
+		Auth: s.authConfig(),
 	}, svc)
 	if err != nil {
 		a.close()
@@ -265,10 +265,10 @@ func flagUsage(fs *flag.FlagSet, synopsis, env string) {
 const serveEnvHelp = `  DATABASE_URL                  Postgres connection string (required for serve)
   TEMPORAL_ADDRESS              Temporal frontend host:port (serve default 127.0.0.1:7233)
   TEMPORAL_NAMESPACE            Temporal namespace for signals (default "default")
-  REVEILLE_JWT_SECRET           HS256 secret, at least 32 bytes
+  REVEILLE_JWT_SECRET           HS256 secrets, each at least 32 bytes (comma list: the first signs, all verify)
   REVEILLE_JWKS_URL             JWKS URL for RS256/ES256/EdDSA tokens (instead of the secret)
-  REVEILLE_JWT_ISSUER           required iss, when set
-  REVEILLE_JWT_AUDIENCE         required aud, when set
+  REVEILLE_JWT_ISSUER           required iss (required with REVEILLE_JWKS_URL; else checked when set)
+  REVEILLE_JWT_AUDIENCE         required aud (required with REVEILLE_JWKS_URL; else checked when set)
   REVEILLE_OPERATOR_ORGS        orgs whose operator role counts (comma list)
   REVEILLE_MAX_BODY             request body limit in bytes (default 1048576)
   REVEILLE_POOLS                pools created at start if missing (default default=25,wakeup=25)
