@@ -88,10 +88,16 @@ type ListFilter struct {
 // List returns the org's wake-ups, newest first, after cursor (exclusive);
 // next is the cursor of the following page, nil at the end.
 func (s *Service) List(ctx context.Context, orgID string, f ListFilter, cursor *uuid.UUID, limit int) (items []Wakeup, next *uuid.UUID, err error) {
+	inv := &apperr.InvalidError{}
+	checkText(inv, "workflow_id", f.WorkflowID, false)
+	checkText(inv, "agent_id", f.AgentID, false)
 	switch f.Status {
 	case "", StatusPending, StatusDelivered, StatusFailed:
 	default:
-		return nil, nil, apperr.Invalid("status", "must be pending, delivered or failed")
+		inv.Add("status", "must be pending, delivered or failed")
+	}
+	if err := inv.OrNil(); err != nil {
+		return nil, nil, err
 	}
 	var statusCond string
 	switch f.Status {

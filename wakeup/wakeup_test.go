@@ -252,6 +252,20 @@ func TestAnotherAgentsWakeupAndItsWorkAreAbsentToALookupNarrowedToAnAgent(t *tes
 	require.Equal(t, w.ID, got.ID)
 }
 
+func TestListRejectsBadFiltersNamingTheField(t *testing.T) {
+	f := newFixture(t)
+	for field, filter := range map[string]ListFilter{
+		"agent_id":    {AgentID: "a\x00"},
+		"workflow_id": {WorkflowID: "o/\xff"},
+		"status":      {Status: "bogus"},
+	} {
+		_, _, err := f.svc.List(context.Background(), "o", filter, nil, 50)
+		var inv *apperr.InvalidError
+		require.ErrorAs(t, err, &inv, field)
+		require.Equal(t, field, inv.Fields[0].Field)
+	}
+}
+
 func TestTextFieldsAreValidated(t *testing.T) {
 	f := newFixture(t)
 	cases := map[string]func(p *CreateParams){
