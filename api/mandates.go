@@ -20,16 +20,17 @@ func (s *Server) mandateRoutes() {
 		return
 	}
 	admin, agent, approver := []string{RoleAdmin}, []string{RoleAgent}, []string{RoleApprover}
+	notAnAgent := refuseBoundTokens("approvers are people, not agents; an agent never resolves an approval request")
 	s.route(http.MethodPost, "/v1/mandates", s.createMandate, admin, s.idempotent())
 	s.route(http.MethodGet, "/v1/mandates", s.listMandates, admin)
-	s.route(http.MethodPost, "/v1/mandates/spend", s.spendMandate, agent, s.idempotent())
+	s.route(http.MethodPost, "/v1/mandates/spend", s.spendMandate, agent, requireSub("spend"), s.idempotent())
 	s.route(http.MethodGet, "/v1/mandates/:id", s.getMandate, admin)
 	s.route(http.MethodPatch, "/v1/mandates/:id", s.patchMandate, admin)
 	s.route(http.MethodGet, "/v1/mandates/:id/ledger", s.mandateLedger, admin)
 	s.route(http.MethodGet, "/v1/mandate-approvals", s.listMandateApprovals, approver)
 	s.route(http.MethodGet, "/v1/mandate-approvals/:id", s.getMandateApproval, approver)
-	s.route(http.MethodPost, "/v1/mandate-approvals/:id/approve", s.resolveMandateApproval(s.svc.Mandates.Approve), approver, s.idempotent())
-	s.route(http.MethodPost, "/v1/mandate-approvals/:id/deny", s.resolveMandateApproval(s.svc.Mandates.Deny), approver, s.idempotent())
+	s.route(http.MethodPost, "/v1/mandate-approvals/:id/approve", s.resolveMandateApproval(s.svc.Mandates.Approve), approver, notAnAgent, s.idempotent())
+	s.route(http.MethodPost, "/v1/mandate-approvals/:id/deny", s.resolveMandateApproval(s.svc.Mandates.Deny), approver, notAnAgent, s.idempotent())
 }
 
 type mandateJSON struct {
@@ -175,7 +176,11 @@ func (s *Server) listMandates(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	f := mandates.MandateFilter{AgentID: c.QueryParam("agent_id"), Scope: c.QueryParam("scope")}
+	agent, err := agentFilter(c, "agent_id")
+	if err != nil {
+		return err
+	}
+	f := mandates.MandateFilter{AgentID: agent, Scope: c.QueryParam("scope")}
 	items, next, err := s.svc.Mandates.List(c.Request().Context(), PrincipalFrom(c).OrgID, f, page)
 	if err != nil {
 		return err
@@ -188,7 +193,8 @@ func (s *Server) getMandate(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	m, err := s.svc.Mandates.Get(c.Request().Context(), PrincipalFrom(c).OrgID, id)
+	p := PrincipalFrom(c)
+	m, err := s.svc.Mandates.Get(c.Request().Context(), p.OrgID, p.AgentID, id)
 	if err != nil {
 		return err
 	}
@@ -204,7 +210,8 @@ func (s *Server) patchMandate(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	m, err := s.svc.Mandates.Patch(c.Request().Context(), PrincipalFrom(c).OrgID, id, p)
+	who := PrincipalFrom(c)
+	m, err := s.svc.Mandates.Patch(c.Request().Context(), who.OrgID, who.AgentID, id, p)
 	if err != nil {
 		return err
 	}
@@ -220,7 +227,8 @@ func (s *Server) mandateLedger(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	items, next, err := s.svc.Mandates.Ledger(c.Request().Context(), PrincipalFrom(c).OrgID, id, page)
+	p := PrincipalFrom(c)
+	items, next, err := s.svc.Mandates.Ledger(c.Request().Context(), p.OrgID, p.AgentID, id, page)
 	if err != nil {
 		return err
 	}
@@ -259,7 +267,11 @@ func (s *Server) listMandateApprovals(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	f := mandates.ApprovalFilter{State: c.QueryParam("status"), AgentID: c.QueryParam("agent_id")}
+	agent, err := agentFilter(c, "agent_id")
+	if err != nil {
+		return err
+	}
+	f := mandates.ApprovalFilter{State: c.QueryParam("status"), AgentID: agent}
 	items, next, err := s.svc.Mandates.ListApprovals(c.Request().Context(), PrincipalFrom(c).OrgID, f, page)
 	if err != nil {
 		return err
@@ -272,7 +284,8 @@ func (s *Server) getMandateApproval(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	a, err := s.svc.Mandates.GetApproval(c.Request().Context(), PrincipalFrom(c).OrgID, id)
+	p := PrincipalFrom(c)
+	a, err := s.svc.Mandates.GetApproval(c.Request().Context(), p.OrgID, p.AgentID, id)
 	if err != nil {
 		return err
 	}

@@ -18,12 +18,13 @@ func (s *Server) workRoutes() {
 	if s.svc.Workpool == nil {
 		return
 	}
-	s.route(http.MethodPost, "/v1/pools/:pool/work", s.enqueueWork, []string{RoleAdmin}, s.idempotent())
+	orgWide := refuseBoundTokens("plain work and pools belong to the org, not to an agent (an agent asks for work through POST /v1/wakeups)")
+	s.route(http.MethodPost, "/v1/pools/:pool/work", s.enqueueWork, []string{RoleAdmin}, orgWide, s.idempotent())
 	s.route(http.MethodGet, "/v1/work/:id", s.getWork, []string{RoleAdmin, RoleAgent})
 	s.route(http.MethodPost, "/v1/work/:id/cancel", s.cancelWork, []string{RoleAdmin}, s.idempotent())
-	s.route(http.MethodGet, "/v1/pools", s.listPools, []string{RoleAdmin})
-	s.route(http.MethodGet, "/v1/pools/:pool", s.getPool, []string{RoleAdmin})
-	s.route(http.MethodPatch, "/v1/pools/:pool", s.patchPool, []string{RoleOperator})
+	s.route(http.MethodGet, "/v1/pools", s.listPools, []string{RoleAdmin}, orgWide)
+	s.route(http.MethodGet, "/v1/pools/:pool", s.getPool, []string{RoleAdmin}, orgWide)
+	s.route(http.MethodPatch, "/v1/pools/:pool", s.patchPool, []string{RoleOperator}, orgWide)
 }
 
 type workIn struct {
@@ -110,7 +111,7 @@ func (s *Server) getWork(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	st, err := s.svc.Workpool.Status(c.Request().Context(), PrincipalFrom(c).OrgID, id)
+	st, err := s.workStatus(c.Request().Context(), PrincipalFrom(c), id)
 	if err != nil {
 		return err
 	}
@@ -125,7 +126,7 @@ func (s *Server) cancelWork(c echo.Context) error {
 		return err
 	}
 	ctx, org := c.Request().Context(), PrincipalFrom(c).OrgID
-	if _, err := s.svc.Workpool.Status(ctx, org, id); err != nil {
+	if _, err := s.workStatus(ctx, PrincipalFrom(c), id); err != nil {
 		return err
 	}
 	if err := s.svc.Workpool.Cancel(ctx, org, id); err != nil {

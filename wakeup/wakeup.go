@@ -303,7 +303,7 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 	if existing {
 		return s.replay(ctx, p, id)
 	}
-	w, err := s.Get(ctx, p.OrgID, id)
+	w, err := s.Get(ctx, p.OrgID, AnyAgent, id)
 	if err != nil {
 		return Wakeup{}, err
 	}
@@ -320,13 +320,13 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 	if _, err := s.enqueueFunded(ctx, p.OrgID, id); err != nil {
 		s.logger.Warn("enqueue after the gate failed; the reconciler will retry", "org_id", p.OrgID, "wakeup_id", id, "error", err)
 	}
-	return s.Get(ctx, p.OrgID, id)
+	return s.Get(ctx, p.OrgID, AnyAgent, id)
 }
 
 // replay answers a repeated idempotency key with the first request's
 // wake-up (a refusal again as *RefusedError).
 func (s *Service) replay(ctx context.Context, p CreateParams, id uuid.UUID) (Wakeup, error) {
-	w, err := s.Get(ctx, p.OrgID, id)
+	w, err := s.Get(ctx, p.OrgID, AnyAgent, id)
 	if err != nil {
 		return Wakeup{}, err
 	}

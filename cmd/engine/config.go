@@ -15,6 +15,7 @@ import (
 
 	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/streams"
+	"github.com/reveille/reveille/workpool/httpwork"
 )
 
 // settings is every knob of serve/dev: flags where the issue names one,
@@ -26,7 +27,7 @@ type settings struct {
 	DatabaseURL    string        // DATABASE_URL
 	TemporalAddr   string        // TEMPORAL_ADDRESS
 	Namespace      string        // TEMPORAL_NAMESPACE
-	JWTSecret      string        // REVEILLE_JWT_SECRET
+	JWTSecrets     []string      // REVEILLE_JWT_SECRET: comma list; the first signs, all verify
 	JWKSURL        string        // REVEILLE_JWKS_URL
 	JWTIssuer      string        // REVEILLE_JWT_ISSUER
 	JWTAudience    string        // REVEILLE_JWT_AUDIENCE
@@ -41,6 +42,7 @@ type settings struct {
 	HeartbeatLimit time.Duration // REVEILLE_HEARTBEAT_TIMEOUT
 	WorkRetention  time.Duration // REVEILLE_WORK_RETENTION
 	HTTPAllowed    []string      // REVEILLE_HTTP_ALLOWED_HOSTS
+	HTTPNets       []string      // REVEILLE_HTTP_ALLOWED_NETS
 	ApprovalTTL    time.Duration // REVEILLE_APPROVAL_TTL
 	NotFoundGrace  time.Duration // REVEILLE_SIGNAL_NOTFOUND_GRACE
 	StreamChunk    int64         // REVEILLE_STREAM_MAX_CHUNK
@@ -62,13 +64,14 @@ func envConfig() (settings, error) {
 		DatabaseURL:  os.Getenv("DATABASE_URL"),
 		TemporalAddr: os.Getenv("TEMPORAL_ADDRESS"),
 		Namespace:    envOr("TEMPORAL_NAMESPACE", "default"),
-		JWTSecret:    os.Getenv("REVEILLE_JWT_SECRET"),
+		JWTSecrets:   list(os.Getenv("REVEILLE_JWT_SECRET")),
 		JWKSURL:      os.Getenv("REVEILLE_JWKS_URL"),
 		JWTIssuer:    os.Getenv("REVEILLE_JWT_ISSUER"),
 		JWTAudience:  os.Getenv("REVEILLE_JWT_AUDIENCE"),
 		OperatorOrgs: list(os.Getenv("REVEILLE_OPERATOR_ORGS")),
 		Pools:        envOr("REVEILLE_POOLS", "default=25,wakeup=25"),
 		HTTPAllowed:  list(os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS")),
+		HTTPNets:     list(os.Getenv("REVEILLE_HTTP_ALLOWED_NETS")),
 		LogLevel:     envOr("REVEILLE_LOG_LEVEL", "info"),
 	}
 	s.MaxBody = envInt("REVEILLE_MAX_BODY", 1<<20, &errs)
@@ -86,6 +89,12 @@ func envConfig() (settings, error) {
 	s.NotFoundGrace = envDuration("REVEILLE_SIGNAL_NOTFOUND_GRACE", 60*time.Second, &errs)
 	s.StreamKeep = envDuration("REVEILLE_STREAM_RETENTION", 7*24*time.Hour, &errs)
 	s.Worker = envBool("REVEILLE_WORKER", false, &errs)
+	if _, err := httpwork.ParseAllowList(s.HTTPAllowed); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := httpwork.ParseNets(s.HTTPNets); err != nil {
+		errs = append(errs, err)
+	}
 	return s, errors.Join(errs...)
 }
 
@@ -98,6 +107,24 @@ func (s *settings) bindFlags(fs *flag.FlagSet, dev bool) {
 	} else {
 		fs.BoolVar(&s.Worker, "worker", s.Worker, "also run the Temporal worker of the reference workflow (REVEILLE_WORKER)")
 	}
+}
+
+// authConfig is the API's token verification.
+func (s settings) authConfig() api.AuthConfig {
+	cfg := api.AuthConfig{JWKSURL: s.JWKSURL, Issuer: s.JWTIssuer, Audience: s.JWTAudience, OperatorOrgs: s.OperatorOrgs}
+	for _, secret := range s.JWTSecrets {
+		cfg.Secrets = append(cfg.Secrets, []byte(secret))
+	}
+	return cfg
+}
+
+// signingSecret is the secret that signs tokens: the first of
+// REVEILLE_JWT_SECRET's list ("" when there is none).
+func (s settings) signingSecret() string {
+	if len(s.JWTSecrets) == 0 {
+		return ""
+	}
+	return s.JWTSecrets[0]
 }
 
 func envOr(name, def string) string {
