@@ -45,15 +45,35 @@ func TestAnotherAgentsIdempotencyKeyReplaysNothingToABoundToken(t *testing.T) {
 		require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
 		require.JSONEq(t, string(first.Body), string(again.Body))
 	})
-	t.Run("the key with another agent's own request is a reused key, not the first answer", func(t *testing.T) {
-		// Domain keys (the spend's, the wake-up's) are per org: the second
-		// use is refused as a different request; nothing of the first leaks.
-		r := do(t, h, http.MethodPost, "/v1/mandates/spend", a2, `{"agent_id":"agent-a2","scope":"llm","cost":5}`, "Idempotency-Key", "k-spend")
-		r.requireProblem(t, http.StatusUnprocessableEntity)
-		require.NotContains(t, string(r.Body), "remaining")
+	t.Run("the key with the agent's own request acts as if it were new", func(t *testing.T) {
+		// Domain keys (the spend's, the wake-up's) are per (org, agent, key):
+		// another agent's key is fresh to this agent, so the answer is the
+		// one it would get without the key — nothing of the first leaks, not
+		// even that the key exists.
+		createMandate(t, h, token(t, "org-a", "admin"), "agent-a2", "llm", 100)
+		// Keys agent-a1 used and agent-a2 never did (a2's own earlier use of
+		// a key with another body would rightly be its own 422).
+		require.Equal(t, http.StatusOK, do(t, h, http.MethodPost, "/v1/mandates/spend", a1, spendA1, "Idempotency-Key", "k-spend-2").Status)
+		wakeOfA1 := do(t, h, http.MethodPost, "/v1/wakeups", a1, wakeA1, "Idempotency-Key", "k-wake-2")
+		require.Equal(t, http.StatusCreated, wakeOfA1.Status, "body: %s", wakeOfA1.Body)
+		spendA2 := `{"agent_id":"agent-a2","scope":"llm","cost":5}`
+		r := do(t, h, http.MethodPost, "/v1/mandates/spend", a2, spendA2, "Idempotency-Key", "k-spend-2")
+		require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+		require.Equal(t, true, r.JSON(t)["ok"])
+		require.EqualValues(t, 95, r.JSON(t)["remaining"])
+		require.Empty(t, r.Header.Get("Idempotent-Replayed"))
+
+		wakeA2 := map[string]any{"agent_id": "agent-a2", "workflow_id": "org-a/wf2", "signal": "wake", "scope": "llm", "cost": 1,
+			"work": map[string]any{"handler": "echo"}}
+		w := do(t, h, http.MethodPost, "/v1/wakeups", a2, wakeA2, "Idempotency-Key", "k-wake-2")
+		require.Equal(t, http.StatusCreated, w.Status, "body: %s", w.Body)
+		require.NotEqual(t, wakeOfA1.JSON(t)["id"], w.JSON(t)["id"], "a wake-up of its own, not agent-a1's")
+		own := do(t, h, http.MethodGet, "/v1/wakeups/"+w.JSON(t)["id"].(string), a2, nil)
+		require.Equal(t, http.StatusOK, own.Status, "body: %s", own.Body)
+		require.Equal(t, "agent-a2", own.JSON(t)["agent_id"])
 	})
 	m := do(t, h, http.MethodGet, "/v1/mandates?agent_id=agent-a1", token(t, "org-a", "admin"), nil).JSON(t)["items"].([]any)[0].(map[string]any)
-	require.EqualValues(t, 6, m["spent"], "one spend and one wake-up of agent-a1, nothing else")
+	require.EqualValues(t, 12, m["spent"], "two spends and two wake-ups of agent-a1, nothing else")
 }
 
 // Work has an agent only through the wake-up that enqueued it: plain work,

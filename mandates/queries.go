@@ -27,7 +27,7 @@ const qSpendDecide = `
 WITH claim AS (
     INSERT INTO mandate_spends (org_id, idempotency_key, agent_id, scope, cost, ledger_id, approval_id)
     SELECT $1, $6, $2, $3, $4, $7, $8 WHERE $6::text <> ''
-    ON CONFLICT (org_id, idempotency_key) DO NOTHING
+    ON CONFLICT (org_id, agent_id, idempotency_key) DO NOTHING
     RETURNING 1
 ), proceed AS (
     SELECT 1 WHERE $6::text = '' OR EXISTS (SELECT 1 FROM claim)
@@ -61,14 +61,14 @@ SELECT EXISTS (SELECT 1 FROM proceed),
        (SELECT id FROM debit), (SELECT remaining FROM debit),
        (SELECT id FROM request), (SELECT why FROM refusal), (SELECT remaining FROM refusal)`
 
-// qSpendAnswer reads the first answer to a key from whichever outcome row
-// its decision wrote. $1 org, $2 key.
+// qSpendAnswer reads the first answer to an agent's key from whichever
+// outcome row its decision wrote. $1 org, $2 key, $3 agent.
 const qSpendAnswer = `
 SELECT s.agent_id, s.scope, s.cost, l.mandate_id, l.remaining, a.id, a.refusal, a.remaining
   FROM mandate_spends s
   LEFT JOIN mandate_ledger l ON l.id = s.ledger_id
   LEFT JOIN mandate_approvals a ON a.id = s.approval_id
- WHERE s.org_id = $1 AND s.idempotency_key = $2`
+ WHERE s.org_id = $1 AND s.idempotency_key = $2 AND s.agent_id = $3`
 
 // qRefund writes a refund's ledger row and lowers spent in one statement.
 // The mandate row is locked first so that concurrent refunds see each other
