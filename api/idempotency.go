@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,7 +32,24 @@ const (
 // absent). Handlers pass it to their domain call as its own idempotency key.
 func IdempotencyKey(c echo.Context) string { return c.Request().Header.Get("Idempotency-Key") }
 
-// idempotencyStore keeps first responses per (org, route, key).
+// idempotencyScope is the route part of a key's scope. A token bound to an
+// agent has a scope of its own: the replay runs before the handler, so an
+// org-wide scope would hand one agent the response to another agent's
+// request (its data, or a success the handler would refuse it) for the
+// price of knowing the key; in its own scope a bound token gets what it
+// would get without the key. Routes start with a method, so the "agent"
+// prefix cannot collide with an unbound scope, and the quoted id ends
+// unambiguously.
+func idempotencyScope(c echo.Context) string {
+	route := c.Request().Method + " " + c.Request().URL.Path
+	if agent := PrincipalFrom(c).AgentID; agent != "" {
+		return "agent " + strconv.Quote(agent) + " " + route
+	}
+	return route
+}
+
+// idempotencyStore keeps first responses per (org, route, key), the route
+// scoped by agent for bound tokens (idempotencyScope).
 type idempotencyStore struct {
 	db     *pgxpool.Pool
 	logger *slog.Logger
@@ -56,7 +74,7 @@ func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		c.Request().Body = io.NopCloser(bytes.NewReader(body))
 		sum := sha256.Sum256(body)
-		org, route := PrincipalFrom(c).OrgID, c.Request().Method+" "+c.Request().URL.Path
+		org, route := PrincipalFrom(c).OrgID, idempotencyScope(c)
 		ctx := c.Request().Context()
 
 		deadline := time.Now().Add(idempotencyWait)

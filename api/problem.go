@@ -125,7 +125,7 @@ func echoProblem(he *echo.HTTPError) *Problem {
 	case http.StatusMethodNotAllowed:
 		return NewProblem(he.Code, "method-not-allowed", "method not allowed on this route")
 	case http.StatusRequestEntityTooLarge:
-		return NewProblem(he.Code, "body-too-large", "request body exceeds the limit")
+		return tooLargeProblem("body-too-large", "body", "request body exceeds the limit")
 	case http.StatusUnsupportedMediaType:
 		return NewProblem(he.Code, "unsupported-media-type", detail)
 	}

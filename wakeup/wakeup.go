@@ -117,7 +117,7 @@ type CreateParams struct {
 	Cost       int64
 	Work       Work
 	Pool       string // default DefaultPool
-	// IdempotencyKey makes Create act at most once per (org, key): a repeat
+	// IdempotencyKey makes Create act at most once per (org, agent, key): a repeat
 	// returns the same wake-up (one spend, one work item).
 	IdempotencyKey string
 	// RequestedBy is the caller's token sub (it may not approve its own overrun).
@@ -307,7 +307,7 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 	if existing {
 		return s.replay(ctx, p, id)
 	}
-	w, err := s.Get(ctx, p.OrgID, id)
+	w, err := s.Get(ctx, p.OrgID, AnyAgent, id)
 	if err != nil {
 		return Wakeup{}, err
 	}
@@ -324,13 +324,13 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 	if _, err := s.enqueueFunded(ctx, p.OrgID, id); err != nil {
 		s.logger.Warn("enqueue after the gate failed; the reconciler will retry", "org_id", p.OrgID, "wakeup_id", id, "error", err)
 	}
-	return s.Get(ctx, p.OrgID, id)
+	return s.Get(ctx, p.OrgID, AnyAgent, id)
 }
 
 // replay answers a repeated idempotency key with the first request's
 // wake-up (a refusal again as *RefusedError).
 func (s *Service) replay(ctx context.Context, p CreateParams, id uuid.UUID) (Wakeup, error) {
-	w, err := s.Get(ctx, p.OrgID, id)
+	w, err := s.Get(ctx, p.OrgID, AnyAgent, id)
 	if err != nil {
 		return Wakeup{}, err
 	}
@@ -391,14 +391,14 @@ func (s *Service) gate(ctx context.Context, p CreateParams) (id uuid.UUID, exist
 		tag, err := tx.Exec(ctx, `
 			INSERT INTO wakeups (id, org_id, agent_id, workflow_id, run_id, signal, scope, reason, cost, pool, work, state, idempotency_key, created_by)
 			VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, 'funded', $12, $13)
-			ON CONFLICT (org_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING`,
+			ON CONFLICT (org_id, agent_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING`,
 			id, p.OrgID, p.AgentID, p.WorkflowID, p.RunID, p.Signal, p.Scope, p.Reason, p.Cost, p.Pool, work, key, p.RequestedBy)
 		if err != nil {
 			return fmt.Errorf("insert wake-up: %w", err)
 		}
 		if tag.RowsAffected() == 0 {
 			existing = true
-			return tx.QueryRow(ctx, `SELECT id FROM wakeups WHERE org_id = $1 AND idempotency_key = $2`, p.OrgID, p.IdempotencyKey).Scan(&id)
+			return tx.QueryRow(ctx, `SELECT id FROM wakeups WHERE org_id = $1 AND agent_id = $2 AND idempotency_key = $3`, p.OrgID, p.AgentID, p.IdempotencyKey).Scan(&id)
 		}
 		// An org at its cap of pending work in the pool is refused before
 		// anything is spent: the intent rolls back with this transaction.

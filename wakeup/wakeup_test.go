@@ -120,7 +120,7 @@ func TestFundedIntentWhosePoolIsGoneIsRefundedAndWokenWithFailed(t *testing.T) {
 	n, err := f.svc.Reconcile(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	got, err := f.svc.Get(context.Background(), "o", w.ID)
+	got, err := f.svc.Get(context.Background(), "o", AnyAgent, w.ID)
 	require.NoError(t, err)
 	require.Equal(t, OutcomeFailed, got.Outcome)
 	require.Contains(t, got.Error, "could not be enqueued")
@@ -132,7 +132,7 @@ func TestCancelOfAFundedIntentRefundsAndQueuesCanceled(t *testing.T) {
 	f := newFixture(t)
 	f.crash = true
 	w, _ := f.svc.Create(context.Background(), params(""))
-	got, err := f.svc.Cancel(context.Background(), "o", w.ID)
+	got, err := f.svc.Cancel(context.Background(), "o", AnyAgent, w.ID)
 	require.NoError(t, err)
 	require.Equal(t, OutcomeCanceled, got.Outcome)
 	require.Zero(t, f.spent(t))
@@ -140,7 +140,7 @@ func TestCancelOfAFundedIntentRefundsAndQueuesCanceled(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "a canceled intent is not enqueued")
 
-	again, err := f.svc.Cancel(context.Background(), "o", w.ID)
+	again, err := f.svc.Cancel(context.Background(), "o", AnyAgent, w.ID)
 	require.NoError(t, err)
 	require.Equal(t, OutcomeCanceled, again.Outcome, "cancel of a settled wake-up is a no-op")
 	require.Zero(t, f.spent(t), "and refunds nothing twice")
@@ -159,7 +159,7 @@ func TestTheHookResolvesOnceAndQueuesOneSignal(t *testing.T) {
 		})
 		require.NoError(t, err)
 	}
-	got, err := f.svc.Get(ctx, "o", w.ID)
+	got, err := f.svc.Get(ctx, "o", AnyAgent, w.ID)
 	require.NoError(t, err)
 	require.Equal(t, OutcomeSucceeded, got.Outcome, "the first outcome stands")
 	msg, err := queue.GetByKey(ctx, f.db, "o", Queue, w.ID.String())
@@ -206,15 +206,69 @@ func TestAnotherOrgsWakeupIsAbsent(t *testing.T) {
 	f := newFixture(t)
 	w, err := f.svc.Create(context.Background(), params(""))
 	require.NoError(t, err)
-	_, err = f.svc.Get(context.Background(), "intruder", w.ID)
+	_, err = f.svc.Get(context.Background(), "intruder", AnyAgent, w.ID)
 	require.ErrorIs(t, err, apperr.ErrNotFound)
-	_, err = f.svc.Cancel(context.Background(), "intruder", w.ID)
+	_, err = f.svc.Cancel(context.Background(), "intruder", AnyAgent, w.ID)
 	require.ErrorIs(t, err, apperr.ErrNotFound)
-	_, err = f.svc.Redeliver(context.Background(), "intruder", w.ID)
+	_, err = f.svc.Redeliver(context.Background(), "intruder", AnyAgent, w.ID)
 	require.ErrorIs(t, err, apperr.ErrNotFound)
 	items, _, err := f.svc.List(context.Background(), "intruder", ListFilter{}, nil, 50)
 	require.NoError(t, err)
 	require.Empty(t, items)
+}
+
+// A lookup narrowed to one agent treats another agent's wake-up, and the
+// work it enqueued, as absent: the same errors as an absent id.
+func TestAnotherAgentsWakeupAndItsWorkAreAbsentToALookupNarrowedToAnAgent(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	w, err := f.svc.Create(ctx, params("")) // agent "a"
+	require.NoError(t, err)
+	plain, err := f.pool.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "wakeup", Handler: "echo"})
+	require.NoError(t, err)
+
+	_, err = f.svc.Get(ctx, "o", "b", w.ID)
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = f.svc.Cancel(ctx, "o", "b", w.ID)
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = f.svc.Redeliver(ctx, "o", "b", w.ID)
+	require.ErrorIs(t, err, ErrNotFound)
+	items, _, err := f.svc.List(ctx, "o", ListFilter{AgentID: "b"}, nil, 50)
+	require.NoError(t, err)
+	require.Empty(t, items)
+	for name, id := range map[string]uuid.UUID{"another agent's": *w.WorkID, "plain": plain, "absent": uuid.Must(uuid.NewV7())} {
+		_, err = f.svc.WorkStatus(ctx, "o", "b", id)
+		require.ErrorIs(t, err, workpool.ErrNotFound, name)
+	}
+	_, err = f.svc.WorkStatus(ctx, "intruder", "a", *w.WorkID)
+	require.ErrorIs(t, err, workpool.ErrNotFound, "another org's")
+	require.Equal(t, "enqueued", f.state(t, w.ID), "the other agent's cancel did nothing")
+
+	own, err := f.svc.Get(ctx, "o", "a", w.ID)
+	require.NoError(t, err)
+	require.Equal(t, w.ID, own.ID)
+	st, err := f.svc.WorkStatus(ctx, "o", "a", *w.WorkID)
+	require.NoError(t, err)
+	require.Equal(t, *w.WorkID, st.ID)
+	_, err = f.svc.WorkStatus(ctx, "o", AnyAgent, plain)
+	require.NoError(t, err, "a caller bound to no agent sees plain work")
+	got, err := f.svc.Cancel(ctx, "o", "a", w.ID)
+	require.NoError(t, err)
+	require.Equal(t, w.ID, got.ID)
+}
+
+func TestListRejectsBadFiltersNamingTheField(t *testing.T) {
+	f := newFixture(t)
+	for field, filter := range map[string]ListFilter{
+		"agent_id":    {AgentID: "a\x00"},
+		"workflow_id": {WorkflowID: "o/\xff"},
+		"status":      {Status: "bogus"},
+	} {
+		_, _, err := f.svc.List(context.Background(), "o", filter, nil, 50)
+		var inv *apperr.InvalidError
+		require.ErrorAs(t, err, &inv, field)
+		require.Equal(t, field, inv.Fields[0].Field)
+	}
 }
 
 func TestTextFieldsAreValidated(t *testing.T) {
@@ -268,7 +322,7 @@ func TestApprovalOfWorkThatCanNoLongerRunRefundsAndFails(t *testing.T) {
 	a, err := f.mandates.Approve(context.Background(), "o", refused.ApprovalID, "approver", "")
 	require.NoError(t, err, "the approval stands")
 	require.Equal(t, mandates.StateApproved, a.State)
-	got, err := f.svc.Get(context.Background(), "o", refused.Wakeup.ID)
+	got, err := f.svc.Get(context.Background(), "o", AnyAgent, refused.Wakeup.ID)
 	require.NoError(t, err)
 	require.Equal(t, OutcomeFailed, got.Outcome)
 	require.Equal(t, DeliveryQueued, got.Delivery.State)
