@@ -24,7 +24,7 @@ var testSecret = []byte("test-secret-test-secret-test-secret-0123")
 // newTestServer builds a server on a fresh database with HS256 auth.
 func newTestServer(t *testing.T, mutate ...func(*Config, *Services)) *Server {
 	t.Helper()
-	cfg := Config{Auth: AuthConfig{Secret: testSecret, OperatorOrgs: []string{"ops-org"}}, Registry: prometheus.NewRegistry(),
+	cfg := Config{Auth: AuthConfig{Secrets: [][]byte{testSecret}, OperatorOrgs: []string{"ops-org"}}, Registry: prometheus.NewRegistry(),
 		Logger: testkit.Logger(t)}
 	svc := Services{DB: testkit.NewPool(t)}
 	for _, m := range mutate {

@@ -25,18 +25,58 @@ const (
 // AllRoles lists every role, in a stable order.
 var AllRoles = []string{RoleAdmin, RoleAgent, RoleApprover, RoleOperator}
 
-// AuthConfig says how bearer tokens are verified. Exactly one of Secret and
-// JWKSURL must be set.
+// AuthConfig says how bearer tokens are verified: with Secrets or with
+// JWKSURL, not both.
 type AuthConfig struct {
-	// Secret is the HS256 key (at least 32 bytes).
-	Secret []byte
-	// JWKSURL serves the public keys for RS256, ES256 and EdDSA tokens.
+	// Secrets are the HS256 keys, each at least 32 bytes
+	// (REVEILLE_JWT_SECRET, comma-separated). A token signed with any of them
+	// verifies, so a secret is rotated without downtime: add the new one
+	// second, then move it first (it signs from then on), then drop the old
+	// one once the tokens it signed have expired.
+	Secrets [][]byte
+	// JWKSURL serves the public keys for RS256, ES256 and EdDSA tokens. It
+	// needs Issuer and Audience: an identity provider signs tokens for other
+	// services with the same keys, and only iss and aud tell ours apart.
 	JWKSURL string
-	// Issuer and Audience, when set, must match the token's iss and aud.
+	// Issuer and Audience must match the token's iss and aud (with Secrets:
+	// when set).
 	Issuer   string
 	Audience string
 	// OperatorOrgs are the orgs whose operator role counts.
 	OperatorOrgs []string
+}
+
+// minSecret is the shortest HS256 key accepted: HMAC-SHA256's block of
+// strength, so that a secret cannot be guessed offline from one token.
+const minSecret = 32
+
+// Validate reports a configuration that cannot verify tokens safely.
+func (c AuthConfig) Validate() error {
+	switch {
+	case len(c.Secrets) > 0 && c.JWKSURL != "":
+		return errors.New("auth: set either REVEILLE_JWT_SECRET or REVEILLE_JWKS_URL, not both")
+	case len(c.Secrets) > 0:
+		for i, secret := range c.Secrets {
+			if len(secret) < minSecret {
+				return fmt.Errorf("auth: REVEILLE_JWT_SECRET must be at least %d bytes: secret %d of %d has %d", minSecret, i+1, len(c.Secrets), len(secret))
+			}
+		}
+	case c.JWKSURL != "":
+		var missing []string
+		if c.Issuer == "" {
+			missing = append(missing, "REVEILLE_JWT_ISSUER")
+		}
+		if c.Audience == "" {
+			missing = append(missing, "REVEILLE_JWT_AUDIENCE")
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("auth: REVEILLE_JWKS_URL needs %s: an identity provider's keys sign tokens for other services too, "+
+				"and only the issuer and audience keep those out", strings.Join(missing, " and "))
+		}
+	default:
+		return errors.New("auth: no token verification configured: set REVEILLE_JWT_SECRET (HS256, ≥32 bytes) or REVEILLE_JWKS_URL")
+	}
+	return nil
 }
 
 // Principal is who a request acts for, taken from its verified token.
@@ -81,6 +121,9 @@ type authenticator struct {
 }
 
 func newAuthenticator(ctx context.Context, cfg AuthConfig) (*authenticator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	opts := []jwt.ParserOption{jwt.WithExpirationRequired(), jwt.WithLeeway(5 * time.Second)}
 	if cfg.Issuer != "" {
 		opts = append(opts, jwt.WithIssuer(cfg.Issuer))
@@ -89,17 +132,14 @@ func newAuthenticator(ctx context.Context, cfg AuthConfig) (*authenticator, erro
 		opts = append(opts, jwt.WithAudience(cfg.Audience))
 	}
 	a := &authenticator{operatorOrgs: cfg.OperatorOrgs}
-	switch {
-	case len(cfg.Secret) > 0 && cfg.JWKSURL != "":
-		return nil, errors.New("auth: set either REVEILLE_JWT_SECRET or REVEILLE_JWKS_URL, not both")
-	case len(cfg.Secret) > 0:
-		if len(cfg.Secret) < 32 {
-			return nil, errors.New("auth: REVEILLE_JWT_SECRET must be at least 32 bytes")
+	if len(cfg.Secrets) > 0 {
+		keys := jwt.VerificationKeySet{}
+		for _, secret := range cfg.Secrets {
+			keys.Keys = append(keys.Keys, secret)
 		}
-		secret := cfg.Secret
 		opts = append(opts, jwt.WithValidMethods([]string{"HS256"}))
-		a.keyfunc = func(*jwt.Token) (any, error) { return secret, nil }
-	case cfg.JWKSURL != "":
+		a.keyfunc = func(*jwt.Token) (any, error) { return keys, nil }
+	} else {
 		noErr := true
 		kf, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{cfg.JWKSURL}, keyfunc.Override{NoErrorReturnFirstHTTPReq: &noErr})
 		if err != nil {
@@ -107,8 +147,6 @@ func newAuthenticator(ctx context.Context, cfg AuthConfig) (*authenticator, erro
 		}
 		opts = append(opts, jwt.WithValidMethods([]string{"RS256", "ES256", "EdDSA"}))
 		a.keyfunc = kf.Keyfunc
-	default:
-		return nil, errors.New("auth: no token verification configured: set REVEILLE_JWT_SECRET (HS256, ≥32 bytes) or REVEILLE_JWKS_URL")
 	}
 	a.parser = jwt.NewParser(opts...)
 	return a, nil

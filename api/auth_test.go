@@ -83,24 +83,91 @@ func TestHS256TokenIsRejectedWhenOnlyJWKSIsConfigured(t *testing.T) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
 	jwks := jwksServer(t, &key.PublicKey)
-	s := newTestServer(t, func(c *Config, _ *Services) { c.Auth = AuthConfig{JWKSURL: jwks} })
+	s := newTestServer(t, func(c *Config, _ *Services) {
+		c.Auth = AuthConfig{JWKSURL: jwks, Issuer: "https://idp", Audience: "reveille"}
+	})
+	claims := with(validClaims(), "iss", "https://idp", "aud", "reveille")
 
-	es := jwt.NewWithClaims(jwt.SigningMethodES256, validClaims())
-	es.Header["kid"] = "k1"
-	good, err := es.SignedString(key)
-	require.NoError(t, err)
-	r := do(t, s.Handler(), http.MethodGet, "/v1/whoami", good, nil)
+	r := do(t, s.Handler(), http.MethodGet, "/v1/whoami", signES(t, key, claims), nil)
 	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
 
 	// Algorithm confusion: an HS256 token "signed" with the public key bytes.
 	pub, err := key.PublicKey.Bytes() // bytes an attacker could know
 	require.NoError(t, err)
-	hs := jwt.NewWithClaims(jwt.SigningMethodHS256, validClaims())
+	hs := jwt.NewWithClaims(jwt.SigningMethodHS256, claims)
 	hs.Header["kid"] = "k1"
 	forged, err := hs.SignedString(pub)
 	require.NoError(t, err)
 	do(t, s.Handler(), http.MethodGet, "/v1/whoami", forged, nil).requireProblem(t, http.StatusUnauthorized)
-	do(t, s.Handler(), http.MethodGet, "/v1/whoami", unsigned(t, validClaims()), nil).requireProblem(t, http.StatusUnauthorized)
+	do(t, s.Handler(), http.MethodGet, "/v1/whoami", unsigned(t, claims), nil).requireProblem(t, http.StatusUnauthorized)
+}
+
+func signES(t *testing.T, key *ecdsa.PrivateKey, claims jwt.MapClaims) string {
+	t.Helper()
+	es := jwt.NewWithClaims(jwt.SigningMethodES256, claims)
+	es.Header["kid"] = "k1"
+	tok, err := es.SignedString(key)
+	require.NoError(t, err)
+	return tok
+}
+
+// The identity provider's keys sign tokens for its other services too:
+// only our issuer and audience get in.
+func TestJWKSAcceptsOnlyTokensForItsIssuerAndAudience(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	jwks := jwksServer(t, &key.PublicKey)
+	s := newTestServer(t, func(c *Config, _ *Services) {
+		c.Auth = AuthConfig{JWKSURL: jwks, Issuer: "https://idp", Audience: "reveille"}
+	})
+	ours := with(validClaims(), "iss", "https://idp", "aud", "reveille")
+	for name, claims := range map[string]jwt.MapClaims{
+		"another service's audience": with(ours, "aud", "billing"),
+		"no audience":                with(ours, "aud", nil),
+		"another issuer":             with(ours, "iss", "https://other-idp"),
+		"no issuer":                  with(ours, "iss", nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			do(t, s.Handler(), http.MethodGet, "/v1/whoami", signES(t, key, claims), nil).requireProblem(t, http.StatusUnauthorized)
+		})
+	}
+	r := do(t, s.Handler(), http.MethodGet, "/v1/whoami", signES(t, key, with(ours, "aud", []string{"billing", "reveille"})), nil)
+	require.Equal(t, http.StatusOK, r.Status, "a token for several audiences, ours among them: %s", r.Body)
+}
+
+func TestJWKSWithoutIssuerOrAudienceIsRefused(t *testing.T) {
+	for _, cfg := range []AuthConfig{
+		{JWKSURL: "http://127.0.0.1:1/jwks"},
+		{JWKSURL: "http://127.0.0.1:1/jwks", Issuer: "https://idp"},
+		{JWKSURL: "http://127.0.0.1:1/jwks", Audience: "reveille"},
+	} {
+		_, err := newAuthenticator(context.Background(), cfg)
+		require.ErrorContains(t, err, "REVEILLE_JWKS_URL needs")
+		if cfg.Issuer == "" {
+			require.ErrorContains(t, err, "REVEILLE_JWT_ISSUER")
+		}
+		if cfg.Audience == "" {
+			require.ErrorContains(t, err, "REVEILLE_JWT_AUDIENCE")
+		}
+	}
+}
+
+// Rotation: while two secrets are configured, tokens signed with either
+// verify; once the old one is dropped, its tokens do not.
+func TestEverySecretVerifiesSoASecretRotatesWithoutDowntime(t *testing.T) {
+	oldSecret, newSecret := testSecret, []byte("the-new-secret-the-new-secret-0123456789")
+	signedWith := func(secret []byte) string { return signHS(t, secret, validClaims()) }
+	both := newTestServer(t, func(c *Config, _ *Services) { c.Auth.Secrets = [][]byte{newSecret, oldSecret} })
+	for name, tok := range map[string]string{"old": signedWith(oldSecret), "new": signedWith(newSecret)} {
+		r := do(t, both.Handler(), http.MethodGet, "/v1/whoami", tok, nil)
+		require.Equal(t, http.StatusOK, r.Status, "%s secret: %s", name, r.Body)
+	}
+	do(t, both.Handler(), http.MethodGet, "/v1/whoami", signedWith([]byte("neither-secret-neither-secret-0123456789")), nil).
+		requireProblem(t, http.StatusUnauthorized)
+
+	rotated := newTestServer(t, func(c *Config, _ *Services) { c.Auth.Secrets = [][]byte{newSecret} })
+	require.Equal(t, http.StatusOK, do(t, rotated.Handler(), http.MethodGet, "/v1/whoami", signedWith(newSecret), nil).Status)
+	do(t, rotated.Handler(), http.MethodGet, "/v1/whoami", signedWith(oldSecret), nil).requireProblem(t, http.StatusUnauthorized)
 }
 
 func jwksServer(t *testing.T, pub *ecdsa.PublicKey) string {
@@ -155,8 +222,10 @@ func TestAuthConfigIsValidated(t *testing.T) {
 	ctx := context.Background()
 	_, err := newAuthenticator(ctx, AuthConfig{})
 	require.ErrorContains(t, err, "REVEILLE_JWT_SECRET")
-	_, err = newAuthenticator(ctx, AuthConfig{Secret: []byte("short")})
+	_, err = newAuthenticator(ctx, AuthConfig{Secrets: [][]byte{[]byte("short")}})
 	require.ErrorContains(t, err, "32 bytes")
-	_, err = newAuthenticator(ctx, AuthConfig{Secret: testSecret, JWKSURL: "http://x"})
+	_, err = newAuthenticator(ctx, AuthConfig{Secrets: [][]byte{testSecret, []byte("short")}})
+	require.ErrorContains(t, err, "secret 2 of 2 has 5", "every secret, not only the first, is long enough")
+	_, err = newAuthenticator(ctx, AuthConfig{Secrets: [][]byte{testSecret}, JWKSURL: "http://x"})
 	require.ErrorContains(t, err, "not both")
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,7 +32,24 @@ const (
 // absent). Handlers pass it to their domain call as its own idempotency key.
 func IdempotencyKey(c echo.Context) string { return c.Request().Header.Get("Idempotency-Key") }
 
-// idempotencyStore keeps first responses per (org, route, key).
+// idempotencyScope is the route part of a key's scope. A token bound to an
+// agent has a scope of its own: the replay runs before the handler, so an
+// org-wide scope would hand one agent the response to another agent's
+// request (its data, or a success the handler would refuse it) for the
+// price of knowing the key; in its own scope a bound token gets what it
+// would get without the key. Routes start with a method, so the "agent"
+// prefix cannot collide with an unbound scope, and the quoted id ends
+// unambiguously.
+func idempotencyScope(c echo.Context) string {
+	route := c.Request().Method + " " + c.Request().URL.Path
+	if agent := PrincipalFrom(c).AgentID; agent != "" {
+		return "agent " + strconv.Quote(agent) + " " + route
+	}
+	return route
+}
+
+// idempotencyStore keeps first responses per (org, route, key), the route
+// scoped by agent for bound tokens (idempotencyScope).
 type idempotencyStore struct {
 	db     *pgxpool.Pool
 	logger *slog.Logger
@@ -39,8 +57,8 @@ type idempotencyStore struct {
 
 // middleware replays the first response to a repeated (org, route, key),
 // makes concurrent duplicates wait for the first, and answers 422 when the
-// same key comes with a different body. Server errors are not kept, so a
-// retry after a 5xx runs again.
+// same key comes with a different body. Server errors and 429s are not
+// kept, so a retry after either runs again.
 func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		key := IdempotencyKey(c)
@@ -56,7 +74,7 @@ func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		c.Request().Body = io.NopCloser(bytes.NewReader(body))
 		sum := sha256.Sum256(body)
-		org, route := PrincipalFrom(c).OrgID, c.Request().Method+" "+c.Request().URL.Path
+		org, route := PrincipalFrom(c).OrgID, idempotencyScope(c)
 		ctx := c.Request().Context()
 
 		deadline := time.Now().Add(idempotencyWait)
@@ -154,7 +172,8 @@ func (s *idempotencyStore) runFirst(c echo.Context, next echo.HandlerFunc, org, 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 10*time.Second)
 	defer cancel()
 	status := c.Response().Status
-	if status >= 500 || !c.Response().Committed {
+	// A 429 says "retry later": replaying it would refuse the retry it asks for.
+	if status >= 500 || status == http.StatusTooManyRequests || !c.Response().Committed {
 		_, _ = s.db.Exec(ctx, `DELETE FROM idempotency_keys WHERE org_id = $1 AND route = $2 AND key = $3 AND created_at = $4`,
 			org, route, key, claimedAt)
 		return nil

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
@@ -21,16 +20,17 @@ func (s *Server) mandateRoutes() {
 		return
 	}
 	admin, agent, approver := []string{RoleAdmin}, []string{RoleAgent}, []string{RoleApprover}
+	notAnAgent := refuseBoundTokens("approvers are people, not agents; an agent never resolves an approval request")
 	s.route(http.MethodPost, "/v1/mandates", s.createMandate, admin, s.idempotent())
 	s.route(http.MethodGet, "/v1/mandates", s.listMandates, admin)
-	s.route(http.MethodPost, "/v1/mandates/spend", s.spendMandate, agent, s.idempotent())
+	s.route(http.MethodPost, "/v1/mandates/spend", s.spendMandate, agent, requireSub("spend"), s.idempotent())
 	s.route(http.MethodGet, "/v1/mandates/:id", s.getMandate, admin)
 	s.route(http.MethodPatch, "/v1/mandates/:id", s.patchMandate, admin)
 	s.route(http.MethodGet, "/v1/mandates/:id/ledger", s.mandateLedger, admin)
 	s.route(http.MethodGet, "/v1/mandate-approvals", s.listMandateApprovals, approver)
 	s.route(http.MethodGet, "/v1/mandate-approvals/:id", s.getMandateApproval, approver)
-	s.route(http.MethodPost, "/v1/mandate-approvals/:id/approve", s.resolveMandateApproval(s.svc.Mandates.Approve), approver, s.idempotent())
-	s.route(http.MethodPost, "/v1/mandate-approvals/:id/deny", s.resolveMandateApproval(s.svc.Mandates.Deny), approver, s.idempotent())
+	s.route(http.MethodPost, "/v1/mandate-approvals/:id/approve", s.resolveMandateApproval(s.svc.Mandates.Approve), approver, notAnAgent, s.idempotent())
+	s.route(http.MethodPost, "/v1/mandate-approvals/:id/deny", s.resolveMandateApproval(s.svc.Mandates.Deny), approver, notAnAgent, s.idempotent())
 }
 
 type mandateJSON struct {
@@ -157,28 +157,12 @@ func parseValidUntil(raw string) (*time.Time, error) {
 }
 
 func (s *Server) createMandate(c echo.Context) error {
-	var in struct {
-		AgentID    string  `json:"agent_id"`
-		Scope      string  `json:"scope"`
-		Budget     *int64  `json:"budget"`
-		ValidUntil *string `json:"valid_until"`
-	}
-	if err := bind(c, &in); err != nil {
+	p, err := bindBody(c, decodeMandateCreate)
+	if err != nil {
 		return err
 	}
-	if in.Budget == nil {
-		return Invalid("budget", "is required (an integer ≥ 0)")
-	}
-	if err := checkAgent(c, "agent_id", in.AgentID); err != nil {
+	if err := checkAgent(c, "agent_id", p.AgentID); err != nil {
 		return err
-	}
-	p := mandates.CreateParams{AgentID: in.AgentID, Scope: in.Scope, Budget: *in.Budget}
-	if in.ValidUntil != nil {
-		t, err := parseValidUntil(*in.ValidUntil)
-		if err != nil {
-			return err
-		}
-		p.ValidUntil = t
 	}
 	m, err := s.svc.Mandates.Create(c.Request().Context(), PrincipalFrom(c).OrgID, p)
 	if err != nil {
@@ -192,7 +176,11 @@ func (s *Server) listMandates(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	f := mandates.MandateFilter{AgentID: c.QueryParam("agent_id"), Scope: c.QueryParam("scope")}
+	agent, err := agentFilter(c, "agent_id")
+	if err != nil {
+		return err
+	}
+	f := mandates.MandateFilter{AgentID: agent, Scope: c.QueryParam("scope")}
 	items, next, err := s.svc.Mandates.List(c.Request().Context(), PrincipalFrom(c).OrgID, f, page)
 	if err != nil {
 		return err
@@ -205,7 +193,8 @@ func (s *Server) getMandate(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	m, err := s.svc.Mandates.Get(c.Request().Context(), PrincipalFrom(c).OrgID, id)
+	p := PrincipalFrom(c)
+	m, err := s.svc.Mandates.Get(c.Request().Context(), p.OrgID, p.AgentID, id)
 	if err != nil {
 		return err
 	}
@@ -217,28 +206,12 @@ func (s *Server) patchMandate(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	var in struct {
-		Budget     *int64          `json:"budget"`
-		Status     *string         `json:"status"`
-		ValidUntil json.RawMessage `json:"valid_until"` // absent: keep; null: clear
-	}
-	if err := bind(c, &in); err != nil {
+	p, err := bindBody(c, decodeMandatePatch)
+	if err != nil {
 		return err
 	}
-	p := mandates.PatchParams{Budget: in.Budget, Status: in.Status}
-	if in.ValidUntil != nil {
-		p.SetValidUntil = true
-		if string(in.ValidUntil) != "null" {
-			var raw string
-			if err := json.Unmarshal(in.ValidUntil, &raw); err != nil {
-				return Invalid("valid_until", "must be an RFC 3339 timestamp or null")
-			}
-			if p.ValidUntil, err = parseValidUntil(raw); err != nil {
-				return err
-			}
-		}
-	}
-	m, err := s.svc.Mandates.Patch(c.Request().Context(), PrincipalFrom(c).OrgID, id, p)
+	who := PrincipalFrom(c)
+	m, err := s.svc.Mandates.Patch(c.Request().Context(), who.OrgID, who.AgentID, id, p)
 	if err != nil {
 		return err
 	}
@@ -254,7 +227,8 @@ func (s *Server) mandateLedger(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	items, next, err := s.svc.Mandates.Ledger(c.Request().Context(), PrincipalFrom(c).OrgID, id, page)
+	p := PrincipalFrom(c)
+	items, next, err := s.svc.Mandates.Ledger(c.Request().Context(), p.OrgID, p.AgentID, id, page)
 	if err != nil {
 		return err
 	}
@@ -262,17 +236,9 @@ func (s *Server) mandateLedger(c echo.Context) error {
 }
 
 func (s *Server) spendMandate(c echo.Context) error {
-	var in struct {
-		AgentID string `json:"agent_id"`
-		Scope   string `json:"scope"`
-		Cost    *int64 `json:"cost"`
-		Reason  string `json:"reason"`
-	}
-	if err := bind(c, &in); err != nil {
+	in, err := bindBody(c, decodeSpend)
+	if err != nil {
 		return err
-	}
-	if in.Cost == nil {
-		return Invalid("cost", "is required (an integer ≥ 0)")
 	}
 	if err := checkAgent(c, "agent_id", in.AgentID); err != nil {
 		return err
@@ -301,7 +267,11 @@ func (s *Server) listMandateApprovals(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	f := mandates.ApprovalFilter{State: c.QueryParam("status"), AgentID: c.QueryParam("agent_id")}
+	agent, err := agentFilter(c, "agent_id")
+	if err != nil {
+		return err
+	}
+	f := mandates.ApprovalFilter{State: c.QueryParam("status"), AgentID: agent}
 	items, next, err := s.svc.Mandates.ListApprovals(c.Request().Context(), PrincipalFrom(c).OrgID, f, page)
 	if err != nil {
 		return err
@@ -314,7 +284,8 @@ func (s *Server) getMandateApproval(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	a, err := s.svc.Mandates.GetApproval(c.Request().Context(), PrincipalFrom(c).OrgID, id)
+	p := PrincipalFrom(c)
+	a, err := s.svc.Mandates.GetApproval(c.Request().Context(), p.OrgID, p.AgentID, id)
 	if err != nil {
 		return err
 	}
@@ -329,10 +300,8 @@ func (s *Server) resolveMandateApproval(resolve func(ctx context.Context, orgID 
 		if err != nil {
 			return err
 		}
-		var in struct {
-			Note string `json:"note"`
-		}
-		if err := bind(c, &in); err != nil {
+		in, err := bindBody(c, decodeApprovalResolve)
+		if err != nil {
 			return err
 		}
 		p := PrincipalFrom(c)

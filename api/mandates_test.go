@@ -416,12 +416,14 @@ func TestApproversResolveOverrunsButNotTheirOwn(t *testing.T) {
 }
 
 func TestATokenWithoutSubCannotResolveRequests(t *testing.T) {
-	s, _ := newMandateServer(t)
+	s, svc := newMandateServer(t)
 	h, admin := s.Handler(), token(t, "org-a", "admin")
 	createMandate(t, h, admin, "agent-1", "llm", 0)
 	anonymous := subToken(t, "org-a", "", "", RoleAgent, RoleApprover)
-	p := do(t, h, http.MethodPost, "/v1/mandates/spend", anonymous, `{"agent_id":"agent-1","scope":"llm","cost":4}`).requireProblem(t, http.StatusPaymentRequired)
-	id := p["approval_id"].(string)
+	// A request with no requester (asked in-process, not over HTTP).
+	res, err := svc.Spend(context.Background(), mandates.SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 4})
+	require.NoError(t, err)
+	id := res.ApprovalID.String()
 
 	for _, action := range []string{"approve", "deny"} {
 		do(t, h, http.MethodPost, "/v1/mandate-approvals/"+id+"/"+action, anonymous, `{}`).requireProblem(t, http.StatusForbidden)
@@ -431,6 +433,30 @@ func TestATokenWithoutSubCannotResolveRequests(t *testing.T) {
 	require.Equal(t, "pending", a["state"], "nothing resolved")
 	r := do(t, h, http.MethodPost, "/v1/mandate-approvals/"+id+"/approve", bob, `{}`)
 	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+}
+
+// sub is required to ask for money: without it nobody could tell the
+// requester from an approver.
+func TestATokenWithoutSubCannotSpendOrAskForAWakeup(t *testing.T) {
+	s := newTestServer(t, withMandates(t), withWakeups(t))
+	h := s.Handler()
+	createMandate(t, h, token(t, "org-a", "admin"), "agent-1", "llm", 100)
+	for _, tok := range []string{subToken(t, "org-a", "", "", RoleAgent), subToken(t, "org-a", "", "agent-1", RoleAgent)} {
+		p := do(t, h, http.MethodPost, "/v1/mandates/spend", tok, `{"agent_id":"agent-1","scope":"llm","cost":4}`,
+			"Idempotency-Key", "k").requireProblem(t, http.StatusForbidden)
+		require.Contains(t, p["detail"], "without a sub claim")
+		p = do(t, h, http.MethodPost, "/v1/wakeups", tok, map[string]any{
+			"agent_id": "agent-1", "workflow_id": "org-a/wf", "signal": "wake", "scope": "llm", "cost": 4, "work": map[string]any{"handler": "echo"},
+		}).requireProblem(t, http.StatusForbidden)
+		require.Contains(t, p["detail"], "without a sub claim")
+	}
+	var spent, wakeups int
+	require.NoError(t, s.svc.DB.QueryRow(context.Background(), `SELECT (SELECT spent FROM mandates), (SELECT count(*) FROM wakeups)`).Scan(&spent, &wakeups))
+	require.Zero(t, spent, "nothing spent")
+	require.Zero(t, wakeups, "no wake-up recorded")
+
+	r := do(t, h, http.MethodPost, "/v1/mandates/spend", subToken(t, "org-a", "wf", "", RoleAgent), `{"agent_id":"agent-1","scope":"llm","cost":4}`)
+	require.Equal(t, http.StatusOK, r.Status, "with a sub the same spend goes through: %s", r.Body)
 }
 
 func TestAnotherOrgsMandateAndRequestAreNotFound(t *testing.T) {
@@ -457,7 +483,7 @@ func TestAnotherOrgsMandateAndRequestAreNotFound(t *testing.T) {
 		do(t, h, tc.method, tc.path, tc.tok, tc.body).requireProblem(t, http.StatusNotFound)
 	}
 	require.Empty(t, do(t, h, http.MethodGet, "/v1/mandate-approvals", approver, nil).JSON(t)["items"])
-	a, err := svc.GetApproval(context.Background(), "org-a", res.ApprovalID)
+	a, err := svc.GetApproval(context.Background(), "org-a", mandates.AnyAgent, res.ApprovalID)
 	require.NoError(t, err)
 	require.Equal(t, mandates.StatePending, a.State)
 	m := do(t, h, http.MethodGet, "/v1/mandates/"+id, token(t, "org-a", "admin"), nil).JSON(t)

@@ -9,8 +9,9 @@ import (
 )
 
 type httpMetrics struct {
-	requests *prometheus.CounterVec
-	duration *prometheus.HistogramVec
+	requests    *prometheus.CounterVec
+	duration    *prometheus.HistogramVec
+	rateLimited *prometheus.CounterVec
 }
 
 func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
@@ -22,8 +23,13 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 			Name: "reveille_http_request_duration_seconds", Help: "HTTP request latency by method and route pattern.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10},
 		}, []string{"method", "route"}),
+		// By route, not by org: org ids are not a bounded label set (the
+		// access log line of each 429 names the org).
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "reveille_http_rate_limited_total", Help: "Requests refused with 429 by the per-org rate limit, by route pattern.",
+		}, []string{"route"}),
 	}
-	reg.MustRegister(m.requests, m.duration)
+	reg.MustRegister(m.requests, m.duration, m.rateLimited)
 	return m
 }
 

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/workpool"
 )
 
 // ProblemTypeBase prefixes every problem type URI.
@@ -25,6 +27,8 @@ type Problem struct {
 	Instance   string              `json:"instance,omitempty"`
 	Errors     []apperr.FieldError `json:"errors,omitempty"`
 	Extensions map[string]any      `json:"-"`
+	// retryAfter, when set, is sent as the Retry-After header (seconds).
+	retryAfter int
 }
 
 func (p *Problem) Error() string { return fmt.Sprintf("%d %s: %s", p.Status, p.Title, p.Detail) }
@@ -74,6 +78,13 @@ func invalidFields(fields []apperr.FieldError) *Problem {
 	return p
 }
 
+// pendingRetryAfterSeconds is the Retry-After of a refusal for too much
+// pending work: room comes back only as the org's work in the pool
+// finishes, and the pool counts a refused org again at most once a second,
+// so an earlier retry would mostly be refused again; a few seconds is still
+// short next to how long a queue that deep takes to drain.
+const pendingRetryAfterSeconds = 5
+
 // problemFor maps any error a handler returns to a problem.
 func problemFor(err error) *Problem {
 	var p *Problem
@@ -89,6 +100,10 @@ func problemFor(err error) *Problem {
 		return echoProblem(he)
 	}
 	switch {
+	case errors.Is(err, workpool.ErrTooManyPending):
+		p := NewProblem(http.StatusTooManyRequests, "too-many-pending", err.Error())
+		p.retryAfter = pendingRetryAfterSeconds
+		return p
 	case errors.Is(err, apperr.ErrNotFound):
 		return NewProblem(http.StatusNotFound, "not-found", err.Error())
 	case errors.Is(err, apperr.ErrConflict):
@@ -110,7 +125,7 @@ func echoProblem(he *echo.HTTPError) *Problem {
 	case http.StatusMethodNotAllowed:
 		return NewProblem(he.Code, "method-not-allowed", "method not allowed on this route")
 	case http.StatusRequestEntityTooLarge:
-		return NewProblem(he.Code, "body-too-large", "request body exceeds the limit")
+		return tooLargeProblem("body-too-large", "body", "request body exceeds the limit")
 	case http.StatusUnsupportedMediaType:
 		return NewProblem(he.Code, "unsupported-media-type", detail)
 	}
@@ -135,6 +150,9 @@ func writeProblem(c echo.Context, p *Problem) {
 	body, err := json.Marshal(p)
 	if err != nil {
 		body = []byte(`{"type":"` + ProblemTypeBase + `internal","title":"Internal Server Error","status":500}`)
+	}
+	if p.retryAfter > 0 {
+		c.Response().Header().Set("Retry-After", strconv.Itoa(p.retryAfter))
 	}
 	if c.Request().Method == http.MethodHead {
 		_ = c.NoContent(p.Status)

@@ -6,6 +6,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -44,7 +45,30 @@ type Config struct {
 	Registry *prometheus.Registry
 	// ShutdownTimeout bounds the graceful drain on stop (default 15 s).
 	ShutdownTimeout time.Duration
+	// ReadHeaderTimeout bounds reading a request's headers (default 10 s), so
+	// a client that sends them a byte at a time is disconnected.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading a whole request, body included (default
+	// 60 s). It does not bound an SSE response: net/http lifts the read
+	// deadline once the request is read. There is no write timeout, for SSE.
+	ReadTimeout time.Duration
+	// IdleTimeout bounds how long a kept-alive connection waits for its
+	// next request (default 120 s).
+	IdleTimeout time.Duration
+	// OrgRate is each org's request rate limit on /v1 routes, in requests
+	// per second on this replica (default 0: no limit; `engine serve` sets
+	// REVEILLE_ORG_RATE, default 10,000). Over it is 429 with Retry-After.
+	OrgRate float64
+	// OrgBurst is the bucket size of OrgRate (default twice OrgRate).
+	OrgBurst int
 }
+
+// Defaults of Config's HTTP server timeouts.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 60 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+)
 
 func (c Config) withDefaults() Config {
 	if c.Addr == "" {
@@ -62,6 +86,9 @@ func (c Config) withDefaults() Config {
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 15 * time.Second
 	}
+	c.ReadHeaderTimeout = cmp.Or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	c.ReadTimeout = cmp.Or(c.ReadTimeout, DefaultReadTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
 	return c
 }
 
@@ -100,6 +127,7 @@ type Server struct {
 	idem       *idempotencyStore
 	bodyLimits map[string]int64 // route pattern → limit, where not cfg.MaxBody
 	metrics    *httpMetrics
+	limiter    *orgLimiter // nil: no rate limit
 }
 
 // New builds the server and its routes.
@@ -117,6 +145,7 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 		idem:       &idempotencyStore{db: svc.DB, logger: cfg.Logger},
 		bodyLimits: map[string]int64{},
 		metrics:    newHTTPMetrics(cfg.Registry),
+		limiter:    newOrgLimiter(cfg.OrgRate, cfg.OrgBurst),
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -161,15 +190,21 @@ func (s *Server) routes() {
 var anyRole []string
 
 // route registers an authenticated route that needs one of roles (anyRole:
-// none in particular), with extra middleware such as s.idempotent().
+// none in particular), with extra middleware such as s.idempotent(). Its
+// requests count against the org's rate limit, and its path and query
+// parameters must be text (checkParams).
 // Routes are registered one by one, not through an echo group with
 // middleware, because such a group answers 404 instead of 405 for a known
 // path with the wrong method.
 func (s *Server) route(method, path string, h echo.HandlerFunc, roles []string, mw ...echo.MiddlewareFunc) {
 	chain := []echo.MiddlewareFunc{s.auth.middleware}
+	if s.limiter != nil {
+		chain = append(chain, s.rateLimit)
+	}
 	if len(roles) > 0 {
 		chain = append(chain, requireRole(roles...))
 	}
+	chain = append(chain, checkParams)
 	s.echo.Add(method, path, h, append(chain, mw...)...)
 }
 
@@ -217,7 +252,7 @@ func (s *Server) limitBody(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		req := c.Request()
 		if req.ContentLength > limit {
-			return NewProblem(http.StatusRequestEntityTooLarge, "body-too-large", "request body exceeds "+strconv.FormatInt(limit, 10)+" bytes")
+			return tooLargeProblem("body-too-large", "body", "request body exceeds "+strconv.FormatInt(limit, 10)+" bytes")
 		}
 		req.Body = http.MaxBytesReader(c.Response(), req.Body, limit)
 		return next(c)
@@ -264,7 +299,13 @@ func (s *Server) Run(ctx context.Context) error {
 
 // Serve is Run on an existing listener.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: s.echo, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
+	// No WriteTimeout: SSE responses are written for as long as the client
+	// reads them (keep-alives prove it is there); a WriteTimeout would end
+	// them unless each lifted it (http.ResponseController).
+	srv := &http.Server{
+		Handler: s.echo, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout, IdleTimeout: s.cfg.IdleTimeout,
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
 	go s.purgeLoop(ctx)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/streams"
 )
 
@@ -76,7 +77,7 @@ func (s *Server) appendStreamChunks(c echo.Context) error {
 	case echo.MIMEOctetStream:
 		chunks, err = s.octetChunk(c)
 	case echo.MIMEApplicationJSON:
-		chunks, err = jsonChunks(c)
+		chunks, err = s.jsonChunks(c)
 	default:
 		return NewProblem(http.StatusUnsupportedMediaType, "unsupported-media-type",
 			"send one chunk as application/octet-stream or many as application/json {chunks: [{data_base64}]}")
@@ -101,18 +102,31 @@ func (s *Server) octetChunk(c echo.Context) ([][]byte, error) {
 		return nil, readError(err)
 	}
 	if int64(len(body)) > limit {
-		return nil, NewProblem(http.StatusRequestEntityTooLarge, "chunk-too-large", fmt.Sprintf("a chunk may hold at most %d bytes", limit))
+		return nil, tooLargeProblem("chunk-too-large", "body", fmt.Sprintf("a chunk may hold at most %d bytes", limit))
 	}
 	return [][]byte{body}, nil
 }
 
-func jsonChunks(c echo.Context) ([][]byte, error) {
+func (s *Server) jsonChunks(c echo.Context) ([][]byte, error) {
+	body, err := readJSONBody(c)
+	if err != nil {
+		return nil, err
+	}
+	return decodeStreamChunks(body, s.svc.Streams.Config().MaxChunksPerRequest)
+}
+
+// decodeStreamChunks decodes a JSON append {chunks: [{data_base64}]} of 1 to
+// maxChunks chunks. The count is checked before any chunk is decoded.
+func decodeStreamChunks(body []byte, maxChunks int) ([][]byte, error) {
 	var in streamAppendIn
-	if err := bind(c, &in); err != nil {
+	if err := decodeJSON(body, &in); err != nil {
 		return nil, err
 	}
 	if len(in.Chunks) == 0 {
 		return nil, Invalid("chunks", "must hold at least one chunk")
+	}
+	if len(in.Chunks) > maxChunks {
+		return nil, streamProblem(&streams.TooManyChunksError{Limit: maxChunks})
 	}
 	chunks := make([][]byte, len(in.Chunks))
 	for i, ch := range in.Chunks {
@@ -376,11 +390,21 @@ func streamPathParam(c echo.Context, param string) (string, error) {
 // streamProblem maps the streams errors that are not apperr kinds.
 func streamProblem(err error) error {
 	var tooLarge *streams.TooLargeError
+	var tooMany *streams.TooManyChunksError
 	switch {
 	case errors.As(err, &tooLarge):
-		return NewProblem(http.StatusRequestEntityTooLarge, "chunk-too-large", tooLarge.Error())
+		return tooLargeProblem("chunk-too-large", tooLarge.What, tooLarge.Error())
+	case errors.As(err, &tooMany):
+		return tooLargeProblem("too-many-chunks", "chunks", tooMany.Error())
 	case errors.Is(err, streams.ErrStopped):
 		return NewProblem(http.StatusServiceUnavailable, "unavailable", "live tails are unavailable while the server starts or stops; retry")
 	}
 	return err
+}
+
+// tooLargeProblem is a 413 naming the field over its limit.
+func tooLargeProblem(kind, field, detail string) *Problem {
+	p := NewProblem(http.StatusRequestEntityTooLarge, kind, detail)
+	p.Errors = []apperr.FieldError{{Field: field, Detail: detail}}
+	return p
 }

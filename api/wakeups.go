@@ -17,7 +17,7 @@ func (s *Server) wakeupRoutes() {
 	if s.svc.Wakeups == nil {
 		return
 	}
-	s.route(http.MethodPost, "/v1/wakeups", s.createWakeup, []string{RoleAgent}, s.idempotent())
+	s.route(http.MethodPost, "/v1/wakeups", s.createWakeup, []string{RoleAgent}, requireSub("ask for a wake-up (it spends)"), s.idempotent())
 	s.route(http.MethodGet, "/v1/wakeups", s.listWakeups, []string{RoleAgent, RoleAdmin})
 	s.route(http.MethodGet, "/v1/wakeups/:id", s.getWakeup, []string{RoleAgent, RoleAdmin})
 	s.route(http.MethodPost, "/v1/wakeups/:id/cancel", s.cancelWakeup, []string{RoleAgent})
@@ -90,15 +90,9 @@ type rawArgs []byte
 func (r *rawArgs) UnmarshalJSON(b []byte) error { *r = append((*r)[:0], b...); return nil }
 
 func (s *Server) createWakeup(c echo.Context) error {
-	var in wakeupRequest
-	if err := bind(c, &in); err != nil {
+	in, err := bindBody(c, decodeWakeup)
+	if err != nil {
 		return err
-	}
-	if in.Cost == nil {
-		return Invalid("cost", "is required (an integer ≥ 0)")
-	}
-	if in.Work == nil {
-		return Invalid("work", "is required: {handler, args, retry?, timeout_ms?}")
 	}
 	if err := checkAgent(c, "agent_id", in.AgentID); err != nil {
 		return err
@@ -128,26 +122,19 @@ func (s *Server) createWakeup(c echo.Context) error {
 	return c.JSON(http.StatusCreated, map[string]any{"id": w.ID.String(), "status": wakeup.StatusPending, "outcome": nil})
 }
 
+// getWakeup answers with the :id wake-up; to a token bound to an agent,
+// another agent's is absent.
 func (s *Server) getWakeup(c echo.Context) error {
-	w, err := s.visibleWakeup(c)
+	id, err := pathID(c, wakeup.ErrNotFound)
+	if err != nil {
+		return err
+	}
+	p := PrincipalFrom(c)
+	w, err := s.svc.Wakeups.Get(c.Request().Context(), p.OrgID, p.AgentID, id)
 	if err != nil {
 		return err
 	}
 	return c.JSON(http.StatusOK, wakeupOut(w))
-}
-
-// visibleWakeup loads the :id wake-up; a token bound to an agent may only
-// touch that agent's wake-ups.
-func (s *Server) visibleWakeup(c echo.Context) (wakeup.Wakeup, error) {
-	id, err := pathID(c, wakeup.ErrNotFound)
-	if err != nil {
-		return wakeup.Wakeup{}, err
-	}
-	w, err := s.svc.Wakeups.Get(c.Request().Context(), PrincipalFrom(c).OrgID, id)
-	if err != nil {
-		return wakeup.Wakeup{}, err
-	}
-	return w, checkAgent(c, "agent_id", w.AgentID)
 }
 
 func (s *Server) listWakeups(c echo.Context) error {
@@ -155,8 +142,12 @@ func (s *Server) listWakeups(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	agent, err := agentFilter(c, "agent_id")
+	if err != nil {
+		return err
+	}
 	items, next, err := s.svc.Wakeups.List(c.Request().Context(), PrincipalFrom(c).OrgID,
-		wakeup.ListFilter{WorkflowID: c.QueryParam("workflow_id"), Status: c.QueryParam("status"), AgentID: PrincipalFrom(c).AgentID}, cursor, limit)
+		wakeup.ListFilter{WorkflowID: c.QueryParam("workflow_id"), Status: c.QueryParam("status"), AgentID: agent}, cursor, limit)
 	if err != nil {
 		return err
 	}
@@ -175,11 +166,12 @@ func (s *Server) listWakeups(c echo.Context) error {
 }
 
 func (s *Server) cancelWakeup(c echo.Context) error {
-	w, err := s.visibleWakeup(c)
+	id, err := pathID(c, wakeup.ErrNotFound)
 	if err != nil {
 		return err
 	}
-	w, err = s.svc.Wakeups.Cancel(c.Request().Context(), w.OrgID, w.ID)
+	p := PrincipalFrom(c)
+	w, err := s.svc.Wakeups.Cancel(c.Request().Context(), p.OrgID, p.AgentID, id)
 	if err != nil {
 		return err
 	}
@@ -187,11 +179,12 @@ func (s *Server) cancelWakeup(c echo.Context) error {
 }
 
 func (s *Server) redeliverWakeup(c echo.Context) error {
-	w, err := s.visibleWakeup(c)
+	id, err := pathID(c, wakeup.ErrNotFound)
 	if err != nil {
 		return err
 	}
-	w, err = s.svc.Wakeups.Redeliver(c.Request().Context(), w.OrgID, w.ID)
+	p := PrincipalFrom(c)
+	w, err := s.svc.Wakeups.Redeliver(c.Request().Context(), p.OrgID, p.AgentID, id)
 	if err != nil {
 		return err
 	}

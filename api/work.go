@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"time"
 
@@ -18,12 +19,13 @@ func (s *Server) workRoutes() {
 	if s.svc.Workpool == nil {
 		return
 	}
-	s.route(http.MethodPost, "/v1/pools/:pool/work", s.enqueueWork, []string{RoleAdmin}, s.idempotent())
+	orgWide := refuseBoundTokens("plain work and pools belong to the org, not to an agent (an agent asks for work through POST /v1/wakeups)")
+	s.route(http.MethodPost, "/v1/pools/:pool/work", s.enqueueWork, []string{RoleAdmin}, orgWide, s.idempotent())
 	s.route(http.MethodGet, "/v1/work/:id", s.getWork, []string{RoleAdmin, RoleAgent})
 	s.route(http.MethodPost, "/v1/work/:id/cancel", s.cancelWork, []string{RoleAdmin}, s.idempotent())
-	s.route(http.MethodGet, "/v1/pools", s.listPools, []string{RoleAdmin})
-	s.route(http.MethodGet, "/v1/pools/:pool", s.getPool, []string{RoleAdmin})
-	s.route(http.MethodPatch, "/v1/pools/:pool", s.patchPool, []string{RoleOperator})
+	s.route(http.MethodGet, "/v1/pools", s.listPools, []string{RoleAdmin}, orgWide)
+	s.route(http.MethodGet, "/v1/pools/:pool", s.getPool, []string{RoleAdmin}, orgWide)
+	s.route(http.MethodPatch, "/v1/pools/:pool", s.patchPool, []string{RoleOperator}, orgWide)
 }
 
 type workIn struct {
@@ -74,34 +76,32 @@ func workOut(st workpool.Status) workJSON {
 // enqueueWork adds plain work to a pool, outside the mandate gate (hence
 // admin only, and never to the wakeup pool).
 func (s *Server) enqueueWork(c echo.Context) error {
-	var in workIn
-	if err := bind(c, &in); err != nil {
+	p, err := bindBody(c, decodeWorkEnqueue)
+	if err != nil {
 		return err
 	}
 	pool := c.Param("pool")
 	if pool == wakeupPool {
 		return Invalid("pool", "the wakeup pool takes work only through POST /v1/wakeups")
 	}
-	p := workpool.EnqueueParams{OrgID: PrincipalFrom(c).OrgID, Pool: pool, Handler: in.Handler, Args: in.Args, Retry: in.Retry}
-	if in.RunAt != nil {
-		at, err := time.Parse(time.RFC3339Nano, *in.RunAt)
-		if err != nil {
-			return Invalid("run_at", "must be an RFC 3339 timestamp")
-		}
-		p.RunAt = at
-	}
-	if in.TimeoutMS != nil {
-		if *in.TimeoutMS < 1 {
-			return Invalid("timeout_ms", "must be a positive number of milliseconds")
-		}
-		p.TimeoutMS = *in.TimeoutMS
-	}
+	// The key goes to the pool too: a retry whose first attempt committed
+	// but answered 5xx (which the HTTP layer does not keep) enqueues once.
+	p.OrgID, p.Pool, p.IdempotencyKey = PrincipalFrom(c).OrgID, pool, IdempotencyKey(c)
 	ctx := c.Request().Context()
 	id, err := s.svc.Workpool.Enqueue(ctx, p)
+	if errors.Is(err, workpool.ErrIdempotencyKeyReused) {
+		return NewProblem(http.StatusUnprocessableEntity, "idempotency-key-reused", err.Error())
+	}
 	if err != nil {
 		return err
 	}
 	st, err := s.svc.Workpool.Status(ctx, p.OrgID, id)
+	if workpool.IsNotFound(err) {
+		// Only a replayed key's work can be gone: it finished and its
+		// record was purged while the key is still kept.
+		return NewProblem(http.StatusConflict, "idempotency-key-used",
+			"this Idempotency-Key enqueued work "+id.String()+", which has finished and is no longer kept").With("work_id", id)
+	}
 	if err != nil {
 		return err
 	}
@@ -123,7 +123,7 @@ func (s *Server) getWork(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	st, err := s.svc.Workpool.Status(c.Request().Context(), PrincipalFrom(c).OrgID, id)
+	st, err := s.workStatus(c.Request().Context(), PrincipalFrom(c), id)
 	if err != nil {
 		return err
 	}
@@ -138,7 +138,7 @@ func (s *Server) cancelWork(c echo.Context) error {
 		return err
 	}
 	ctx, org := c.Request().Context(), PrincipalFrom(c).OrgID
-	if _, err := s.svc.Workpool.Status(ctx, org, id); err != nil {
+	if _, err := s.workStatus(ctx, PrincipalFrom(c), id); err != nil {
 		return err
 	}
 	if err := s.svc.Workpool.Cancel(ctx, org, id); err != nil {
@@ -213,31 +213,15 @@ type poolPatch struct {
 
 // patchPool changes a pool's limits live (operator: the setting spans orgs).
 func (s *Server) patchPool(c echo.Context) error {
-	var in poolPatch
-	if err := bind(c, &in); err != nil {
+	in, err := bindBody(c, decodePoolPatch)
+	if err != nil {
 		return err
 	}
-	if in.MaxParallelism == nil && in.MaxParallelismPerOrg == nil {
-		return Invalid("max_parallelism", "is required")
-	}
-	var perOrg *int
-	if in.MaxParallelismPerOrg != nil && string(in.MaxParallelismPerOrg) != "null" {
-		var n int
-		if err := json.Unmarshal(in.MaxParallelismPerOrg, &n); err != nil {
-			return Invalid("max_parallelism_per_org", "must be an integer or null")
-		}
-		perOrg = &n
-	}
 	ctx, name := c.Request().Context(), c.Param("pool")
-	if in.MaxParallelism != nil {
-		if err := s.svc.Workpool.SetMaxParallelism(ctx, name, *in.MaxParallelism); err != nil {
-			return err
-		}
-	}
-	if in.MaxParallelismPerOrg != nil {
-		if err := s.svc.Workpool.SetMaxParallelismPerOrg(ctx, name, perOrg); err != nil {
-			return err
-		}
+	err = s.svc.Workpool.UpdatePool(ctx, name, workpool.PoolUpdate{MaxParallelism: in.MaxParallelism,
+		SetMaxParallelismPerOrg: in.SetPerOrg, MaxParallelismPerOrg: in.PerOrg})
+	if err != nil {
+		return err
 	}
 	info, err := s.svc.Workpool.Pool(ctx, PrincipalFrom(c).OrgID, name)
 	if err != nil {

@@ -61,8 +61,11 @@ func TestWorkEnqueueRunsAndReportsTheResult(t *testing.T) {
 	s := newTestServer(t, withWorkpool(t))
 	admin := token(t, "org-a", "admin")
 
+	// run_at a second ahead: the answer reads the item after the commit,
+	// when a running loop may already have started work due at once.
 	r := do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", admin, map[string]any{
 		"handler": "echo", "args": map[string]any{"k": "v"}, "retry": map[string]any{"max_attempts": 2}, "timeout_ms": 5000,
+		"run_at": time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano),
 	})
 
 	require.Equal(t, http.StatusCreated, r.Status, string(r.Body))
@@ -254,4 +257,53 @@ func TestPoolsPatchChangesTheLimitForOperatorsOnly(t *testing.T) {
 	do(t, s.Handler(), http.MethodPatch, "/v1/pools/default", token(t, "org-a", "operator"), map[string]any{"max_parallelism": 9}).requireProblem(t, http.StatusForbidden)
 	p := do(t, s.Handler(), http.MethodGet, "/v1/pools/default", token(t, "org-a", "admin"), nil).JSON(t)
 	require.EqualValues(t, 3, p["max_parallelism"])
+}
+
+// A PATCH applies all its fields or none: a valid max_parallelism next to
+// an invalid max_parallelism_per_org changes nothing.
+func TestPoolPatchWithOneInvalidFieldChangesNothing(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t))
+	operator := token(t, "ops-org", "operator")
+	before := do(t, s.Handler(), http.MethodGet, "/v1/pools/default", token(t, "org-a", "admin"), nil).JSON(t)
+
+	for _, body := range []map[string]any{
+		{"max_parallelism": 7, "max_parallelism_per_org": 0},
+		{"max_parallelism": 7, "max_parallelism_per_org": 10001},
+	} {
+		do(t, s.Handler(), http.MethodPatch, "/v1/pools/default", operator, body).
+			requireProblem(t, http.StatusBadRequest, "max_parallelism_per_org")
+	}
+
+	after := do(t, s.Handler(), http.MethodGet, "/v1/pools/default", token(t, "org-a", "admin"), nil).JSON(t)
+	require.Equal(t, before["max_parallelism"], after["max_parallelism"])
+	require.Equal(t, before["max_parallelism_per_org"], after["max_parallelism_per_org"])
+}
+
+// The HTTP layer keeps no record of a 5xx answer, so a retry after a 5xx
+// that followed the commit reaches the pool again: the pool's own key
+// makes it return the first work. (The record is deleted here as the HTTP
+// layer deletes it after a 5xx.)
+func TestWorkEnqueueWithAKeyEnqueuesOnceWhenTheHTTPRecordIsGone(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t))
+	admin := token(t, "org-a", "admin")
+	body := map[string]any{"handler": "echo", "args": map[string]any{"n": 1}}
+	forgetHTTPRecord := func() {
+		_, err := s.svc.DB.Exec(context.Background(), `DELETE FROM idempotency_keys`)
+		require.NoError(t, err)
+	}
+
+	first := do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", admin, body, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusCreated, first.Status, string(first.Body))
+	forgetHTTPRecord()
+	again := do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", admin, body, "Idempotency-Key", "k1")
+
+	require.Equal(t, http.StatusCreated, again.Status, string(again.Body))
+	require.Equal(t, first.JSON(t)["id"], again.JSON(t)["id"])
+	require.Equal(t, 1, workCount(t, s))
+
+	forgetHTTPRecord()
+	other := map[string]any{"handler": "echo", "args": map[string]any{"n": 2}}
+	do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", admin, other, "Idempotency-Key", "k1").
+		requireProblem(t, http.StatusUnprocessableEntity)
+	require.Equal(t, 1, workCount(t, s))
 }

@@ -166,9 +166,10 @@ func (s *Service) CancelApprovalTx(ctx context.Context, tx pgx.Tx, orgID string,
 	return true, nil
 }
 
-// GetApproval returns one request.
-func (s *Service) GetApproval(ctx context.Context, orgID string, id uuid.UUID) (Approval, error) {
-	a, err := scanApproval(s.db.QueryRow(ctx, qGetApproval, orgID, id))
+// GetApproval returns one request. agentID narrows it to that agent's
+// requests as in Get.
+func (s *Service) GetApproval(ctx context.Context, orgID, agentID string, id uuid.UUID) (Approval, error) {
+	a, err := scanApproval(s.db.QueryRow(ctx, qGetApproval, orgID, id, agentID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Approval{}, ErrApprovalNotFound
 	}

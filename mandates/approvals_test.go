@@ -112,7 +112,7 @@ func TestApprovingChargesTheOverrunAndCallsTheHookOnceInTheResolvingTransaction(
 	got := mustGet(t, s, "org-a", m)
 	require.EqualValues(t, 5, got.Spent, "spent passes the budget, visibly")
 	require.EqualValues(t, 0, got.Remaining())
-	entries, _, err := s.Ledger(ctx, "org-a", m.ID, Page{})
+	entries, _, err := s.Ledger(ctx, "org-a", AnyAgent, m.ID, Page{})
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
 	require.Equal(t, KindApprovedOverrun, entries[0].Kind)
@@ -185,7 +185,7 @@ func TestAFailingHookRollsTheResolutionBack(t *testing.T) {
 
 	_, err := s.Approve(ctx, "org-a", id, "human", "")
 	require.ErrorIs(t, err, rec.fail)
-	a, err := s.GetApproval(ctx, "org-a", id)
+	a, err := s.GetApproval(ctx, "org-a", AnyAgent, id)
 	require.NoError(t, err)
 	require.Equal(t, StatePending, a.State)
 	require.EqualValues(t, 0, mustGet(t, s, "org-a", m).Spent, "the charge rolled back too")
@@ -204,7 +204,7 @@ func TestAPayloadKindWithoutAHookCannotBeResolved(t *testing.T) {
 	id := refuse(t, s, "org-a", "llm", 5, "")
 	_, err := s.Deny(ctx, "org-a", id, "human", "")
 	require.ErrorIs(t, err, ErrNoHook)
-	a, err := s.GetApproval(ctx, "org-a", id)
+	a, err := s.GetApproval(ctx, "org-a", AnyAgent, id)
 	require.NoError(t, err)
 	require.Equal(t, StatePending, a.State)
 }
@@ -240,7 +240,7 @@ func TestAnotherOrgsRequestIsNotFound(t *testing.T) {
 	ctx := context.Background()
 	newRecorder(t, s, db, "test")
 	id := refuse(t, s, "org-a", "llm", 5, "")
-	_, err := s.GetApproval(ctx, "org-b", id)
+	_, err := s.GetApproval(ctx, "org-b", AnyAgent, id)
 	require.ErrorIs(t, err, ErrApprovalNotFound)
 	_, err = s.Approve(ctx, "org-b", id, "human", "")
 	require.ErrorIs(t, err, ErrApprovalNotFound)
@@ -249,9 +249,22 @@ func TestAnotherOrgsRequestIsNotFound(t *testing.T) {
 	require.ErrorIs(t, err, ErrApprovalNotFound)
 	_, err = s.Approve(ctx, "org-a", uuid.New(), "human", "")
 	require.ErrorIs(t, err, ErrApprovalNotFound)
-	a, err := s.GetApproval(ctx, "org-a", id)
+	a, err := s.GetApproval(ctx, "org-a", AnyAgent, id)
 	require.NoError(t, err)
 	require.Equal(t, StatePending, a.State)
+}
+
+func TestAnotherAgentsRequestIsNotFoundByALookupNarrowedToAnAgent(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	newRecorder(t, s, db, "test")
+	id := refuse(t, s, "org-a", "llm", 5, "") // agent-1's
+
+	_, err := s.GetApproval(ctx, "org-a", "agent-2", id)
+	require.ErrorIs(t, err, ErrApprovalNotFound)
+	a, err := s.GetApproval(ctx, "org-a", "agent-1", id)
+	require.NoError(t, err)
+	require.Equal(t, "agent-1", a.AgentID)
 }
 
 func TestConcurrentResolutionsResolveOnce(t *testing.T) {
@@ -286,7 +299,7 @@ func TestConcurrentResolutionsResolveOnce(t *testing.T) {
 	require.Equal(t, 1, won)
 	require.Len(t, rec.snapshot(), 1)
 	require.Len(t, hookRows(t, db, id), 1)
-	a, err := s.GetApproval(ctx, "org-a", id)
+	a, err := s.GetApproval(ctx, "org-a", AnyAgent, id)
 	require.NoError(t, err)
 	var charges int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM mandate_ledger WHERE approval_id = $1`, id).Scan(&charges))
@@ -317,7 +330,7 @@ func TestACanceledRequestCallsNoHookAndCannotBeResolved(t *testing.T) {
 	require.False(t, cancel("org-b"), "another org's request is not canceled")
 	require.True(t, cancel("org-a"))
 	require.False(t, cancel("org-a"), "only a pending request cancels")
-	a, err := s.GetApproval(ctx, "org-a", id)
+	a, err := s.GetApproval(ctx, "org-a", AnyAgent, id)
 	require.NoError(t, err)
 	require.Equal(t, StateCanceled, a.State)
 	require.Empty(t, rec.snapshot())
@@ -335,7 +348,7 @@ func TestResolvingAnOverdueRequestExpiresItInstead(t *testing.T) {
 
 	_, err := s.Approve(ctx, "org-a", id, "human", "")
 	require.ErrorIs(t, err, ErrAlreadyResolved)
-	a, err := s.GetApproval(ctx, "org-a", id)
+	a, err := s.GetApproval(ctx, "org-a", AnyAgent, id)
 	require.NoError(t, err)
 	require.Equal(t, StateExpired, a.State)
 	calls := rec.snapshot()
@@ -353,7 +366,7 @@ func makeOverdue(t *testing.T, db *pgxpool.Pool, id uuid.UUID) {
 func TestApprovalRequestsExpireAfterTheConfiguredTTL(t *testing.T) {
 	s, _ := newTestService(t, Config{ApprovalTTL: 90 * time.Minute})
 	id := refuse(t, s, "org-a", "llm", 5, "")
-	a, err := s.GetApproval(context.Background(), "org-a", id)
+	a, err := s.GetApproval(context.Background(), "org-a", AnyAgent, id)
 	require.NoError(t, err)
 	require.Equal(t, 90*time.Minute, a.ExpiresAt.Sub(a.CreatedAt).Round(time.Second))
 }

@@ -41,9 +41,11 @@ func (s *Service) Create(ctx context.Context, orgID string, p CreateParams) (Man
 	return m, nil
 }
 
-// Get returns one mandate.
-func (s *Service) Get(ctx context.Context, orgID string, id uuid.UUID) (Mandate, error) {
-	return s.getBy(ctx, qGetMandate, orgID, id)
+// Get returns one mandate. agentID narrows it to that agent's mandates (a
+// caller bound to one agent): another agent's is ErrNotFound, as another
+// org's is; AnyAgent matches every agent of the org.
+func (s *Service) Get(ctx context.Context, orgID, agentID string, id uuid.UUID) (Mandate, error) {
+	return s.getBy(ctx, qGetMandate, orgID, id, agentID)
 }
 
 // Find returns the mandate of (org, agent, scope).
@@ -100,7 +102,8 @@ type PatchParams struct {
 
 // Patch changes budget, status or valid_until. Lowering the budget below
 // spent is allowed: the mandate then refuses until it is raised again.
-func (s *Service) Patch(ctx context.Context, orgID string, id uuid.UUID, p PatchParams) (Mandate, error) {
+// agentID narrows it as in Get.
+func (s *Service) Patch(ctx context.Context, orgID, agentID string, id uuid.UUID, p PatchParams) (Mandate, error) {
 	inv := &apperr.InvalidError{}
 	if p.Budget != nil {
 		checkAmount(inv, "budget", *p.Budget)
@@ -111,7 +114,7 @@ func (s *Service) Patch(ctx context.Context, orgID string, id uuid.UUID, p Patch
 	if err := inv.OrNil(); err != nil {
 		return Mandate{}, err
 	}
-	m, err := scanMandate(s.db.QueryRow(ctx, qPatchMandate, orgID, id, p.Budget, p.Status, p.SetValidUntil, p.ValidUntil))
+	m, err := scanMandate(s.db.QueryRow(ctx, qPatchMandate, orgID, id, p.Budget, p.Status, p.SetValidUntil, p.ValidUntil, agentID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Mandate{}, ErrNotFound
 	}
@@ -123,9 +126,9 @@ func (s *Service) Patch(ctx context.Context, orgID string, id uuid.UUID, p Patch
 
 // Ledger returns a page of a mandate's ledger in id (time) order, and the
 // cursor of the next page (nil at the end). ErrNotFound for an absent
-// mandate.
-func (s *Service) Ledger(ctx context.Context, orgID string, mandateID uuid.UUID, p Page) ([]LedgerEntry, *uuid.UUID, error) {
-	if _, err := s.Get(ctx, orgID, mandateID); err != nil {
+// mandate; agentID narrows it as in Get.
+func (s *Service) Ledger(ctx context.Context, orgID, agentID string, mandateID uuid.UUID, p Page) ([]LedgerEntry, *uuid.UUID, error) {
+	if _, err := s.Get(ctx, orgID, agentID, mandateID); err != nil {
 		return nil, nil, err
 	}
 	rows, err := s.db.Query(ctx, qLedger, orgID, mandateID, p.cursor(), p.limit()+1)

@@ -55,7 +55,7 @@ func TestCreateAndPatchRejectBadInputNamingTheField(t *testing.T) {
 		"budget": {Budget: ptr[int64](-5)},
 		"status": {Status: ptr("paused")},
 	} {
-		_, err := s.Patch(ctx, "org-a", m.ID, p)
+		_, err := s.Patch(ctx, "org-a", AnyAgent, m.ID, p)
 		var inv *apperr.InvalidError
 		require.ErrorAs(t, err, &inv, field)
 		require.Equal(t, field, inv.Fields[0].Field)
@@ -70,13 +70,13 @@ func TestPatchChangesOnlyTheGivenFields(t *testing.T) {
 	m, err := s.Create(ctx, "org-a", CreateParams{AgentID: "agent-1", Scope: "llm", Budget: 7, ValidUntil: &until})
 	require.NoError(t, err)
 
-	p, err := s.Patch(ctx, "org-a", m.ID, PatchParams{Budget: ptr[int64](9)})
+	p, err := s.Patch(ctx, "org-a", AnyAgent, m.ID, PatchParams{Budget: ptr[int64](9)})
 	require.NoError(t, err)
 	require.EqualValues(t, 9, p.Budget)
 	require.Equal(t, StatusActive, p.Status)
 	require.NotNil(t, p.ValidUntil)
 
-	p, err = s.Patch(ctx, "org-a", m.ID, PatchParams{Status: ptr(StatusRevoked), SetValidUntil: true})
+	p, err = s.Patch(ctx, "org-a", AnyAgent, m.ID, PatchParams{Status: ptr(StatusRevoked), SetValidUntil: true})
 	require.NoError(t, err)
 	require.EqualValues(t, 9, p.Budget)
 	require.Equal(t, StatusRevoked, p.Status)
@@ -88,15 +88,38 @@ func TestAnotherOrgsMandateIsNotFound(t *testing.T) {
 	s, _ := newTestService(t)
 	ctx := context.Background()
 	m := mustCreate(t, s, "org-a", "agent-1", "llm", 7)
-	_, err := s.Get(ctx, "org-b", m.ID)
+	_, err := s.Get(ctx, "org-b", AnyAgent, m.ID)
 	require.ErrorIs(t, err, ErrNotFound)
-	_, err = s.Patch(ctx, "org-b", m.ID, PatchParams{Budget: ptr[int64](100)})
+	_, err = s.Patch(ctx, "org-b", AnyAgent, m.ID, PatchParams{Budget: ptr[int64](100)})
 	require.ErrorIs(t, err, ErrNotFound)
-	_, _, err = s.Ledger(ctx, "org-b", m.ID, Page{})
+	_, _, err = s.Ledger(ctx, "org-b", AnyAgent, m.ID, Page{})
 	require.ErrorIs(t, err, ErrNotFound)
 	_, err = s.Find(ctx, "org-b", "agent-1", "llm")
 	require.ErrorIs(t, err, ErrNotFound)
 	require.EqualValues(t, 7, mustGet(t, s, "org-a", m).Budget)
+}
+
+// A lookup narrowed to one agent finds another agent's mandate no more
+// than another org's: the same ErrNotFound, and nothing changed.
+func TestAnotherAgentsMandateIsNotFoundByALookupNarrowedToAnAgent(t *testing.T) {
+	s, _ := newTestService(t)
+	ctx := context.Background()
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 7)
+
+	_, err := s.Get(ctx, "org-a", "agent-2", m.ID)
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = s.Patch(ctx, "org-a", "agent-2", m.ID, PatchParams{Budget: ptr[int64](100)})
+	require.ErrorIs(t, err, ErrNotFound)
+	_, _, err = s.Ledger(ctx, "org-a", "agent-2", m.ID, Page{})
+	require.ErrorIs(t, err, ErrNotFound)
+
+	own, err := s.Get(ctx, "org-a", "agent-1", m.ID)
+	require.NoError(t, err)
+	require.EqualValues(t, 7, own.Budget, "the other agent's patch changed nothing")
+	_, err = s.Patch(ctx, "org-a", "agent-1", m.ID, PatchParams{Budget: ptr[int64](8)})
+	require.NoError(t, err)
+	_, _, err = s.Ledger(ctx, "org-a", "agent-1", m.ID, Page{})
+	require.NoError(t, err)
 }
 
 func TestListFiltersByAgentAndScopeAndPages(t *testing.T) {
@@ -143,10 +166,10 @@ func TestTheLedgerPagesInTimeOrder(t *testing.T) {
 		_, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: int64(i + 1), Reason: "r"})
 		require.NoError(t, err)
 	}
-	first, next, err := s.Ledger(ctx, "org-a", m.ID, Page{Limit: 3})
+	first, next, err := s.Ledger(ctx, "org-a", AnyAgent, m.ID, Page{Limit: 3})
 	require.NoError(t, err)
 	require.NotNil(t, next)
-	rest, end, err := s.Ledger(ctx, "org-a", m.ID, Page{Cursor: *next, Limit: 3})
+	rest, end, err := s.Ledger(ctx, "org-a", AnyAgent, m.ID, Page{Cursor: *next, Limit: 3})
 	require.NoError(t, err)
 	require.Nil(t, end)
 	var amounts []int64

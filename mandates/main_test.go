@@ -41,7 +41,7 @@ func mustCreate(t *testing.T, s *Service, org, agent, scope string, budget int64
 
 func mustGet(t *testing.T, s *Service, org string, m Mandate) Mandate {
 	t.Helper()
-	got, err := s.Get(context.Background(), org, m.ID)
+	got, err := s.Get(context.Background(), org, AnyAgent, m.ID)
 	require.NoError(t, err)
 	return got
 }

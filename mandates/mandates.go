@@ -59,6 +59,10 @@ const (
 	RefusalInsufficient = "insufficient"
 )
 
+// AnyAgent, as the agentID of a lookup, matches every agent of the org (a
+// caller not bound to one agent).
+const AnyAgent = ""
+
 // Errors. Each wraps an apperr kind, which the HTTP layer maps to a status.
 var (
 	// ErrNotFound: no such mandate for this org (another org's is absent too).

@@ -27,7 +27,7 @@ const qSpendDecide = `
 WITH claim AS (
     INSERT INTO mandate_spends (org_id, idempotency_key, agent_id, scope, cost, ledger_id, approval_id)
     SELECT $1, $6, $2, $3, $4, $7, $8 WHERE $6::text <> ''
-    ON CONFLICT (org_id, idempotency_key) DO NOTHING
+    ON CONFLICT (org_id, agent_id, idempotency_key) DO NOTHING
     RETURNING 1
 ), proceed AS (
     SELECT 1 WHERE $6::text = '' OR EXISTS (SELECT 1 FROM claim)
@@ -61,14 +61,14 @@ SELECT EXISTS (SELECT 1 FROM proceed),
        (SELECT id FROM debit), (SELECT remaining FROM debit),
        (SELECT id FROM request), (SELECT why FROM refusal), (SELECT remaining FROM refusal)`
 
-// qSpendAnswer reads the first answer to a key from whichever outcome row
-// its decision wrote. $1 org, $2 key.
+// qSpendAnswer reads the first answer to an agent's key from whichever
+// outcome row its decision wrote. $1 org, $2 key, $3 agent.
 const qSpendAnswer = `
 SELECT s.agent_id, s.scope, s.cost, l.mandate_id, l.remaining, a.id, a.refusal, a.remaining
   FROM mandate_spends s
   LEFT JOIN mandate_ledger l ON l.id = s.ledger_id
   LEFT JOIN mandate_approvals a ON a.id = s.approval_id
- WHERE s.org_id = $1 AND s.idempotency_key = $2`
+ WHERE s.org_id = $1 AND s.idempotency_key = $2 AND s.agent_id = $3`
 
 // qRefund writes a refund's ledger row and lowers spent in one statement.
 // The mandate row is locked first so that concurrent refunds see each other
@@ -134,7 +134,11 @@ SELECT org_id, id FROM mandate_approvals
  WHERE state = 'pending' AND expires_at <= now()
  ORDER BY expires_at LIMIT $1`
 
-const qGetApproval = `SELECT ` + approvalColumns + ` FROM mandate_approvals WHERE org_id = $1 AND id = $2`
+// qGetApproval: $1 org, $2 id, $3 agent (empty: any). The agent is in the
+// WHERE clause so that another agent's request is absent exactly as another
+// org's is.
+const qGetApproval = `SELECT ` + approvalColumns + ` FROM mandate_approvals
+ WHERE org_id = $1 AND id = $2 AND ($3::text = '' OR agent_id = $3)`
 
 // qListApprovals: $1 org, $2 state (empty: any), $3 agent (empty: any), $4 cursor, $5 limit.
 const qListApprovals = `
@@ -150,7 +154,9 @@ VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (org_id, agent_id, scope) DO NOTHING
 RETURNING ` + mandateColumns
 
-const qGetMandate = `SELECT ` + mandateColumns + ` FROM mandates WHERE org_id = $1 AND id = $2`
+// qGetMandate: $1 org, $2 id, $3 agent (empty: any), as qGetApproval.
+const qGetMandate = `SELECT ` + mandateColumns + ` FROM mandates
+ WHERE org_id = $1 AND id = $2 AND ($3::text = '' OR agent_id = $3)`
 
 // qFindMandate: $1 org, $2 agent, $3 scope.
 const qFindMandate = `SELECT ` + mandateColumns + ` FROM mandates WHERE org_id = $1 AND agent_id = $2 AND scope = $3`
@@ -163,12 +169,13 @@ SELECT ` + mandateColumns + ` FROM mandates
  ORDER BY id LIMIT $5`
 
 // qPatchMandate changes only the fields given. $1 org, $2 id, $3 budget
-// (NULL keep), $4 status (NULL keep), $5 set valid_until, $6 valid_until.
+// (NULL keep), $4 status (NULL keep), $5 set valid_until, $6 valid_until,
+// $7 agent (empty: any).
 const qPatchMandate = `
 UPDATE mandates
    SET budget = COALESCE($3, budget), status = COALESCE($4, status),
        valid_until = CASE WHEN $5::boolean THEN $6 ELSE valid_until END, updated_at = now()
- WHERE org_id = $1 AND id = $2
+ WHERE org_id = $1 AND id = $2 AND ($7::text = '' OR agent_id = $7)
 RETURNING ` + mandateColumns
 
 // qLedger: $1 org, $2 mandate, $3 cursor, $4 limit.

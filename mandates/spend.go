@@ -23,7 +23,7 @@ type SpendParams struct {
 	Cost   int64
 	Reason string
 	// IdempotencyKey, when set, makes the spend happen at most once per
-	// (org, key): a repeat returns the first answer. Callers that reuse one
+	// (org, agent, key): a repeat returns the first answer. Callers that reuse one
 	// client key across operations should prefix it with their own name.
 	IdempotencyKey string
 	// RequestedBy is the principal (token sub) asking; it may not resolve the
@@ -168,7 +168,7 @@ func (s *Service) answer(ctx context.Context, q querier, p SpendParams) (SpendRe
 	var mandateID, approvalID pgtype.UUID
 	var remaining, refusedRemaining *int64
 	var why *string
-	err := q.QueryRow(ctx, qSpendAnswer, p.OrgID, p.IdempotencyKey).
+	err := q.QueryRow(ctx, qSpendAnswer, p.OrgID, p.IdempotencyKey, p.AgentID).
 		Scan(&agentID, &scope, &cost, &mandateID, &remaining, &approvalID, &why, &refusedRemaining)
 	if err != nil {
 		return SpendResult{}, fmt.Errorf("reading the first answer to the spend idempotency key: %w", err)

@@ -34,7 +34,7 @@ func TestSweepExpiresOnlyOverdueRequestsCallingEachHookOnce(t *testing.T) {
 		require.Equal(t, "test", c.r.Payload.Kind)
 	}
 	require.Equal(t, map[uuid.UUID]string{overdue[0]: StateExpired, overdue[1]: StateExpired}, got)
-	a, err := s.GetApproval(ctx, "org-a", current)
+	a, err := s.GetApproval(ctx, "org-a", AnyAgent, current)
 	require.NoError(t, err)
 	require.Equal(t, StatePending, a.State)
 	require.EqualValues(t, 0, mustGet(t, s, "org-a", m).Spent, "expiry charges nothing")
@@ -55,7 +55,7 @@ func TestSweepLeavesARequestWhoseHookFailsPendingForTheNextSweep(t *testing.T) {
 	n, err := s.Sweep(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n)
-	a, err := s.GetApproval(ctx, "org-a", id)
+	a, err := s.GetApproval(ctx, "org-a", AnyAgent, id)
 	require.NoError(t, err)
 	require.Equal(t, StatePending, a.State)
 
@@ -82,7 +82,7 @@ func TestTheLeaderSweepsOverdueRequestsOnItsOwn(t *testing.T) {
 		require.NoError(t, r.Start(ctx))
 	}
 	require.Eventually(t, func() bool {
-		a, err := replicas[0].GetApproval(ctx, "org-a", id)
+		a, err := replicas[0].GetApproval(ctx, "org-a", AnyAgent, id)
 		return err == nil && a.State == StateExpired
 	}, testWait, pollEvery)
 	for _, r := range replicas {

@@ -20,6 +20,10 @@ type Config struct {
 	// REVEILLE_STREAM_MAX_REQUEST). It also bounds the bytes one page or one
 	// live-tail read holds in memory.
 	MaxRequest int64
+	// MaxChunksPerRequest is the most chunks one append may hold (default
+	// 1000; REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST): each is a row, and one
+	// append is one transaction.
+	MaxChunksPerRequest int
 	// Retention is how long a closed stream is kept before it is purged
 	// (default 7 days; REVEILLE_STREAM_RETENTION).
 	Retention time.Duration
@@ -44,6 +48,7 @@ type Config struct {
 const (
 	DefaultMaxChunk      = 1 << 20
 	DefaultMaxRequest    = 8 << 20
+	DefaultMaxChunks     = 1000
 	DefaultRetention     = 7 * 24 * time.Hour
 	DefaultKeepAlive     = 15 * time.Second
 	DefaultPurgeInterval = time.Minute
@@ -54,6 +59,7 @@ const (
 func (c Config) WithDefaults() Config {
 	c.MaxChunk = cmp.Or(c.MaxChunk, DefaultMaxChunk)
 	c.MaxRequest = cmp.Or(c.MaxRequest, DefaultMaxRequest)
+	c.MaxChunksPerRequest = cmp.Or(c.MaxChunksPerRequest, DefaultMaxChunks)
 	c.Retention = cmp.Or(c.Retention, DefaultRetention)
 	c.KeepAlive = cmp.Or(c.KeepAlive, DefaultKeepAlive)
 	c.PurgeInterval = cmp.Or(c.PurgeInterval, DefaultPurgeInterval)
@@ -67,7 +73,7 @@ func (c Config) WithDefaults() Config {
 
 func (c Config) validate() error {
 	var errs []error
-	if c.MaxChunk < 0 || c.MaxRequest < 0 || c.Retention < 0 || c.KeepAlive < 0 || c.PurgeInterval < 0 || c.PurgeBatch < 0 || c.LeaderRetry < 0 {
+	if c.MaxChunk < 0 || c.MaxRequest < 0 || c.MaxChunksPerRequest < 0 || c.Retention < 0 || c.KeepAlive < 0 || c.PurgeInterval < 0 || c.PurgeBatch < 0 || c.LeaderRetry < 0 {
 		errs = append(errs, errors.New("limits and durations must not be negative"))
 	}
 	if c.MaxChunk > c.MaxRequest && c.MaxRequest > 0 {
@@ -77,8 +83,9 @@ func (c Config) validate() error {
 }
 
 // ConfigFromEnv reads REVEILLE_STREAM_MAX_CHUNK and REVEILLE_STREAM_MAX_REQUEST
-// (bytes) and REVEILLE_STREAM_RETENTION (a Go duration such as "168h") through
-// getenv (os.Getenv); unset variables leave the defaults.
+// (bytes), REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST and REVEILLE_STREAM_RETENTION
+// (a Go duration such as "168h") through getenv (os.Getenv); unset variables
+// leave the defaults.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	var c Config
 	var errs []error
@@ -93,6 +100,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			}
 			*v.dst = n
 		}
+	}
+	if raw := getenv("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST"); raw != "" {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n <= 0 {
+			errs = append(errs, fmt.Errorf("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST=%q: want a positive number of chunks", raw))
+		}
+		c.MaxChunksPerRequest = n
 	}
 	if raw := getenv("REVEILLE_STREAM_RETENTION"); raw != "" {
 		d, err := time.ParseDuration(raw)

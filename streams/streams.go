@@ -264,6 +264,9 @@ func (s *Service) checkAppend(runID, name string, chunks [][]byte) error {
 	if len(chunks) == 0 {
 		return apperr.Invalid("chunks", "must hold at least one chunk")
 	}
+	if len(chunks) > s.cfg.MaxChunksPerRequest {
+		return &TooManyChunksError{Limit: s.cfg.MaxChunksPerRequest}
+	}
 	var total int64
 	for i, c := range chunks {
 		if int64(len(c)) > s.cfg.MaxChunk {
@@ -285,6 +288,16 @@ type TooLargeError struct {
 
 func (e *TooLargeError) Error() string {
 	return fmt.Sprintf("%s exceeds the limit of %d bytes", e.What, e.Limit)
+}
+
+// TooManyChunksError reports an append of more than MaxChunksPerRequest
+// chunks.
+type TooManyChunksError struct {
+	Limit int
+}
+
+func (e *TooManyChunksError) Error() string {
+	return fmt.Sprintf("chunks exceeds the limit of %d chunks per append", e.Limit)
 }
 
 // Close marks the stream done, creating it empty when absent. Closing a

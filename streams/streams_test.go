@@ -497,6 +497,36 @@ func TestOversizeChunksAndAppendsAreRefusedWhole(t *testing.T) {
 	require.Equal(t, streams.Info{TailIndex: -1}, info, "nothing was written")
 }
 
+func TestAnAppendOfMoreChunksThanTheLimitIsRefusedWhole(t *testing.T) {
+	svc, _ := newService(t, streams.Config{MaxChunksPerRequest: 3})
+	ctx := context.Background()
+	chunks := func(n int) [][]byte {
+		out := make([][]byte, n)
+		for i := range out {
+			out[i] = []byte{byte(i)}
+		}
+		return out
+	}
+	r, err := svc.Append(ctx, org, "run-1", "at", chunks(3))
+	require.NoError(t, err, "exactly the limit is fine")
+	require.Equal(t, streams.Range{FirstIndex: 0, LastIndex: 2}, r)
+
+	for name, append := range map[string]func() error{
+		"plain": func() error { _, err := svc.Append(ctx, org, "run-1", "over", chunks(4)); return err },
+		"keyed": func() error {
+			_, err := svc.AppendWithKey(ctx, org, "run-1", "over", "key-1", chunks(4))
+			return err
+		},
+	} {
+		var tooMany *streams.TooManyChunksError
+		require.ErrorAs(t, append(), &tooMany, name)
+		require.Equal(t, 3, tooMany.Limit)
+	}
+	info, err := svc.Info(ctx, org, "run-1", "over")
+	require.NoError(t, err)
+	require.Equal(t, streams.Info{TailIndex: -1}, info, "nothing was written")
+}
+
 func TestAnEmptyAppendIsInvalid(t *testing.T) {
 	svc, _ := newService(t, streams.Config{})
 	_, err := svc.Append(context.Background(), org, "run-1", "out", nil)
@@ -555,14 +585,17 @@ func TestConfigDefaultsAndEnvironment(t *testing.T) {
 	d := streams.Config{}.WithDefaults()
 	require.EqualValues(t, 1<<20, d.MaxChunk)
 	require.EqualValues(t, 8<<20, d.MaxRequest)
+	require.Equal(t, 1000, d.MaxChunksPerRequest)
 	require.Equal(t, 7*24*time.Hour, d.Retention)
 	require.Equal(t, 15*time.Second, d.KeepAlive)
 
-	env := map[string]string{"REVEILLE_STREAM_MAX_CHUNK": "2048", "REVEILLE_STREAM_MAX_REQUEST": "4096", "REVEILLE_STREAM_RETENTION": "48h"}
+	env := map[string]string{"REVEILLE_STREAM_MAX_CHUNK": "2048", "REVEILLE_STREAM_MAX_REQUEST": "4096", "REVEILLE_STREAM_RETENTION": "48h",
+		"REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST": "20"}
 	c, err := streams.ConfigFromEnv(func(k string) string { return env[k] })
 	require.NoError(t, err)
 	require.EqualValues(t, 2048, c.MaxChunk)
 	require.EqualValues(t, 4096, c.MaxRequest)
+	require.Equal(t, 20, c.MaxChunksPerRequest)
 	require.Equal(t, 48*time.Hour, c.Retention)
 
 	c, err = streams.ConfigFromEnv(func(string) string { return "" })
@@ -570,9 +603,10 @@ func TestConfigDefaultsAndEnvironment(t *testing.T) {
 	require.Equal(t, streams.Config{}, c, "unset variables keep the defaults")
 
 	for k, v := range map[string]string{
-		"REVEILLE_STREAM_MAX_CHUNK":   "lots",
-		"REVEILLE_STREAM_MAX_REQUEST": "-1",
-		"REVEILLE_STREAM_RETENTION":   "7 days",
+		"REVEILLE_STREAM_MAX_CHUNK":              "lots",
+		"REVEILLE_STREAM_MAX_REQUEST":            "-1",
+		"REVEILLE_STREAM_RETENTION":              "7 days",
+		"REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST": "0",
 	} {
 		_, err := streams.ConfigFromEnv(func(name string) string {
 			if name == k {

@@ -83,12 +83,14 @@ func (s *Service) onApprovalResolved(ctx context.Context, tx pgx.Tx, r mandates.
 // Cancel cancels a wake-up: its work (the pool then finishes it as
 // canceled and the hook wakes the workflow), or its pending approval
 // request, or — between the two transactions — the funded intent, whose
-// spend is refunded. A settled wake-up is left alone.
-func (s *Service) Cancel(ctx context.Context, orgID string, id uuid.UUID) (Wakeup, error) {
+// spend is refunded. A settled wake-up is left alone. agentID narrows it to
+// that agent's wake-ups as in Get.
+func (s *Service) Cancel(ctx context.Context, orgID, agentID string, id uuid.UUID) (Wakeup, error) {
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var state string
 		var approvalID, enqueuedWork *uuid.UUID
-		err := tx.QueryRow(ctx, `SELECT state, approval_id, work_id FROM wakeups WHERE org_id = $1 AND id = $2`, orgID, id).Scan(&state, &approvalID, &enqueuedWork)
+		err := tx.QueryRow(ctx, `SELECT state, approval_id, work_id FROM wakeups WHERE org_id = $1 AND id = $2 AND ($3 = '' OR agent_id = $3)`,
+			orgID, id, agentID).Scan(&state, &approvalID, &enqueuedWork)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
 		}
@@ -138,12 +140,13 @@ func (s *Service) Cancel(ctx context.Context, orgID string, id uuid.UUID) (Wakeu
 	if err != nil {
 		return Wakeup{}, err
 	}
-	return s.Get(ctx, orgID, id)
+	return s.Get(ctx, orgID, AnyAgent, id)
 }
 
-// Redeliver re-queues an undeliverable wake signal.
-func (s *Service) Redeliver(ctx context.Context, orgID string, id uuid.UUID) (Wakeup, error) {
-	w, err := s.Get(ctx, orgID, id)
+// Redeliver re-queues an undeliverable wake signal. agentID narrows it to
+// that agent's wake-ups as in Get.
+func (s *Service) Redeliver(ctx context.Context, orgID, agentID string, id uuid.UUID) (Wakeup, error) {
+	w, err := s.Get(ctx, orgID, agentID, id)
 	if err != nil {
 		return Wakeup{}, err
 	}
@@ -159,7 +162,7 @@ func (s *Service) Redeliver(ctx context.Context, orgID string, id uuid.UUID) (Wa
 	} else if !ok {
 		return w, ErrNotUndeliverable
 	}
-	return s.Get(ctx, orgID, id)
+	return s.Get(ctx, orgID, AnyAgent, id)
 }
 
 // failUnenqueueableTx settles an intent whose work can never be enqueued:

@@ -10,6 +10,7 @@ import (
 
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/queue"
+	"github.com/reveille/reveille/workpool"
 )
 
 // selectWakeup reads a wake-up with its approval state and its signal's
@@ -58,9 +59,16 @@ func deref(s *string) string {
 	return *s
 }
 
-// Get returns the org's wake-up (ErrNotFound for another org's).
-func (s *Service) Get(ctx context.Context, orgID string, id uuid.UUID) (Wakeup, error) {
-	w, err := scanWakeup(s.db.QueryRow(ctx, selectWakeup+` WHERE w.org_id = $1 AND w.id = $2`, orgID, id))
+// AnyAgent, as the agentID of a lookup, matches every agent of the org (a
+// caller not bound to one agent).
+const AnyAgent = ""
+
+// Get returns the org's wake-up (ErrNotFound for another org's). agentID
+// narrows it to that agent's wake-ups (a caller bound to one agent): another
+// agent's is ErrNotFound too; AnyAgent matches every agent.
+func (s *Service) Get(ctx context.Context, orgID, agentID string, id uuid.UUID) (Wakeup, error) {
+	w, err := scanWakeup(s.db.QueryRow(ctx, selectWakeup+` WHERE w.org_id = $1 AND w.id = $2 AND ($3 = '' OR w.agent_id = $3)`,
+		orgID, id, agentID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Wakeup{}, ErrNotFound
 	}
@@ -73,17 +81,23 @@ func (s *Service) Get(ctx context.Context, orgID string, id uuid.UUID) (Wakeup, 
 // ListFilter narrows List.
 type ListFilter struct {
 	WorkflowID string
-	AgentID    string // a token bound to an agent sees only its wake-ups
+	AgentID    string // empty: every agent's
 	Status     string // pending | delivered | failed
 }
 
 // List returns the org's wake-ups, newest first, after cursor (exclusive);
 // next is the cursor of the following page, nil at the end.
 func (s *Service) List(ctx context.Context, orgID string, f ListFilter, cursor *uuid.UUID, limit int) (items []Wakeup, next *uuid.UUID, err error) {
+	inv := &apperr.InvalidError{}
+	checkText(inv, "workflow_id", f.WorkflowID, false)
+	checkText(inv, "agent_id", f.AgentID, false)
 	switch f.Status {
 	case "", StatusPending, StatusDelivered, StatusFailed:
 	default:
-		return nil, nil, apperr.Invalid("status", "must be pending, delivered or failed")
+		inv.Add("status", "must be pending, delivered or failed")
+	}
+	if err := inv.OrNil(); err != nil {
+		return nil, nil, err
 	}
 	var statusCond string
 	switch f.Status {
@@ -111,4 +125,34 @@ func (s *Service) List(ctx context.Context, orgID string, f ListFilter, cursor *
 		next = &last
 	}
 	return items, next, nil
+}
+
+// qAgentWork reports whether work $2 of org $1 was enqueued by a wake-up of
+// agent $3. The work names its wake-up in its onComplete context
+// (hookContext), so both rows are read by primary key; plain work, absent
+// work and another agent's or org's match nothing alike. The CASE keeps the
+// uuid cast away from another hook's context.
+const qAgentWork = `
+SELECT EXISTS (
+  SELECT 1 FROM workpool_work w
+    JOIN wakeups k ON k.org_id = w.org_id AND k.work_id = w.id
+   WHERE w.org_id = $1 AND w.id = $2 AND k.agent_id = $3
+     AND k.id = CASE WHEN w.on_complete_hook = '` + HookName + `' THEN (w.on_complete_context->>'wakeup_id')::uuid END)`
+
+// WorkStatus is workpool's Status of work a wake-up enqueued, narrowed to
+// agentID's wake-ups: work has an agent only through the wake-up that
+// enqueued it, so plain work, and another agent's, is workpool.ErrNotFound
+// as absent work is. AnyAgent is plain Status.
+func (s *Service) WorkStatus(ctx context.Context, orgID, agentID string, workID uuid.UUID) (workpool.Status, error) {
+	if agentID == AnyAgent {
+		return s.pool.Status(ctx, orgID, workID)
+	}
+	var owned bool
+	if err := s.db.QueryRow(ctx, qAgentWork, orgID, workID, agentID).Scan(&owned); err != nil {
+		return workpool.Status{}, fmt.Errorf("read work %s of agent: %w", workID, err)
+	}
+	if !owned {
+		return workpool.Status{}, workpool.ErrNotFound
+	}
+	return s.pool.Status(ctx, orgID, workID)
 }

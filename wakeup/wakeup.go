@@ -118,7 +118,7 @@ type CreateParams struct {
 	Cost       int64
 	Work       Work
 	Pool       string // default DefaultPool
-	// IdempotencyKey makes Create act at most once per (org, key): a repeat
+	// IdempotencyKey makes Create act at most once per (org, agent, key): a repeat
 	// returns the same wake-up (one spend, one work item).
 	IdempotencyKey string
 	// RequestedBy is the caller's token sub (it may not approve its own overrun).
@@ -266,9 +266,12 @@ func checkText(inv *apperr.InvalidError, field, v string, required bool) {
 
 func (s *Service) enqueueParams(orgID string, id uuid.UUID, pool string, w Work) workpool.EnqueueParams {
 	hookCtx, _ := json.Marshal(hookContext{OrgID: orgID, WakeupID: id})
+	// The pool's cap on pending work was checked at the gate, before the
+	// spend: the work of a funded intent is owed, so its enqueue (here, in
+	// the approval's transaction or by the reconciler) is never refused.
 	return workpool.EnqueueParams{
 		OrgID: orgID, Pool: pool, Handler: w.Handler, Args: w.Args, Retry: w.Retry, TimeoutMS: w.TimeoutMS,
-		OnComplete: &workpool.OnComplete{Hook: HookName, Context: hookCtx},
+		OnComplete: &workpool.OnComplete{Hook: HookName, Context: hookCtx}, BypassPendingCap: true,
 	}
 }
 
@@ -282,11 +285,12 @@ type resolveData struct {
 }
 
 // Create runs the wake-up protocol: validate; transaction 1, the gate (the
-// spend and the intent commit together, funded or awaiting approval);
-// transaction 2, the enqueue. A refusal returns *RefusedError after its
-// commit. A failure after the gate leaves a funded intent that the
-// reconciler enqueues, so the caller may treat Create as done once the gate
-// committed.
+// spend and the intent commit together, funded or awaiting approval; an
+// org at its pending-work cap in the pool is refused there, before the
+// spend, with workpool.ErrTooManyPending); transaction 2, the enqueue. A
+// refusal returns *RefusedError after its commit. A failure after the gate
+// leaves a funded intent that the reconciler enqueues, so the caller may
+// treat Create as done once the gate committed.
 func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 	if err := s.validate(ctx, &p); err != nil {
 		return Wakeup{}, err
@@ -298,7 +302,7 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 	if existing {
 		return s.replay(ctx, p, id)
 	}
-	w, err := s.Get(ctx, p.OrgID, id)
+	w, err := s.Get(ctx, p.OrgID, AnyAgent, id)
 	if err != nil {
 		return Wakeup{}, err
 	}
@@ -315,13 +319,13 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 	if _, err := s.enqueueFunded(ctx, p.OrgID, id); err != nil {
 		s.logger.Warn("enqueue after the gate failed; the reconciler will retry", "org_id", p.OrgID, "wakeup_id", id, "error", err)
 	}
-	return s.Get(ctx, p.OrgID, id)
+	return s.Get(ctx, p.OrgID, AnyAgent, id)
 }
 
 // replay answers a repeated idempotency key with the first request's
 // wake-up (a refusal again as *RefusedError).
 func (s *Service) replay(ctx context.Context, p CreateParams, id uuid.UUID) (Wakeup, error) {
-	w, err := s.Get(ctx, p.OrgID, id)
+	w, err := s.Get(ctx, p.OrgID, AnyAgent, id)
 	if err != nil {
 		return Wakeup{}, err
 	}
@@ -382,14 +386,19 @@ func (s *Service) gate(ctx context.Context, p CreateParams) (id uuid.UUID, exist
 		tag, err := tx.Exec(ctx, `
 			INSERT INTO wakeups (id, org_id, agent_id, workflow_id, run_id, signal, scope, reason, cost, pool, work, state, idempotency_key, created_by)
 			VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, 'funded', $12, $13)
-			ON CONFLICT (org_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING`,
+			ON CONFLICT (org_id, agent_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING`,
 			id, p.OrgID, p.AgentID, p.WorkflowID, p.RunID, p.Signal, p.Scope, p.Reason, p.Cost, p.Pool, work, key, p.RequestedBy)
 		if err != nil {
 			return fmt.Errorf("insert wake-up: %w", err)
 		}
 		if tag.RowsAffected() == 0 {
 			existing = true
-			return tx.QueryRow(ctx, `SELECT id FROM wakeups WHERE org_id = $1 AND idempotency_key = $2`, p.OrgID, p.IdempotencyKey).Scan(&id)
+			return tx.QueryRow(ctx, `SELECT id FROM wakeups WHERE org_id = $1 AND agent_id = $2 AND idempotency_key = $3`, p.OrgID, p.AgentID, p.IdempotencyKey).Scan(&id)
+		}
+		// An org at its cap of pending work in the pool is refused before
+		// anything is spent: the intent rolls back with this transaction.
+		if err := s.pool.CheckPending(ctx, tx, p.OrgID, p.Pool); err != nil {
+			return err
 		}
 		data, _ := json.Marshal(resolveData{WakeupID: id})
 		res, err := s.mandates.SpendTx(ctx, tx, mandates.SpendParams{

@@ -34,11 +34,16 @@ type fixture struct {
 	crash    bool
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { return newFixtureCapped(t, 0) }
+
+// newFixtureCapped caps each org's pending work per pool at maxPending
+// (0: the default).
+func newFixtureCapped(t *testing.T, maxPending int) *fixture {
 	t.Helper()
 	f := &fixture{db: testkit.NewPool(t)}
 	var err error
-	f.pool, err = workpool.New(f.db, workpool.Config{Pools: map[string]int{"wakeup": 5, "doomed": 5}, Logger: testkit.Logger(t)})
+	f.pool, err = workpool.New(f.db, workpool.Config{Pools: map[string]int{"wakeup": 5, "doomed": 5}, Logger: testkit.Logger(t),
+		MaxPendingPerOrg: maxPending})
 	require.NoError(t, err)
 	require.NoError(t, f.pool.Start(context.Background())) // creates the pools
 	require.NoError(t, f.pool.Stop(context.Background()))
@@ -115,7 +120,7 @@ func TestFundedIntentWhosePoolIsGoneIsRefundedAndWokenWithFailed(t *testing.T) {
 	n, err := f.svc.Reconcile(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	got, err := f.svc.Get(context.Background(), "o", w.ID)
+	got, err := f.svc.Get(context.Background(), "o", AnyAgent, w.ID)
 	require.NoError(t, err)
 	require.Equal(t, OutcomeFailed, got.Outcome)
 	require.Contains(t, got.Error, "could not be enqueued")
@@ -127,7 +132,7 @@ func TestCancelOfAFundedIntentRefundsAndQueuesCanceled(t *testing.T) {
 	f := newFixture(t)
 	f.crash = true
 	w, _ := f.svc.Create(context.Background(), params(""))
-	got, err := f.svc.Cancel(context.Background(), "o", w.ID)
+	got, err := f.svc.Cancel(context.Background(), "o", AnyAgent, w.ID)
 	require.NoError(t, err)
 	require.Equal(t, OutcomeCanceled, got.Outcome)
 	require.Zero(t, f.spent(t))
@@ -135,7 +140,7 @@ func TestCancelOfAFundedIntentRefundsAndQueuesCanceled(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "a canceled intent is not enqueued")
 
-	again, err := f.svc.Cancel(context.Background(), "o", w.ID)
+	again, err := f.svc.Cancel(context.Background(), "o", AnyAgent, w.ID)
 	require.NoError(t, err)
 	require.Equal(t, OutcomeCanceled, again.Outcome, "cancel of a settled wake-up is a no-op")
 	require.Zero(t, f.spent(t), "and refunds nothing twice")
@@ -154,7 +159,7 @@ func TestTheHookResolvesOnceAndQueuesOneSignal(t *testing.T) {
 		})
 		require.NoError(t, err)
 	}
-	got, err := f.svc.Get(ctx, "o", w.ID)
+	got, err := f.svc.Get(ctx, "o", AnyAgent, w.ID)
 	require.NoError(t, err)
 	require.Equal(t, OutcomeSucceeded, got.Outcome, "the first outcome stands")
 	msg, err := queue.GetByKey(ctx, f.db, "o", Queue, w.ID.String())
@@ -201,15 +206,69 @@ func TestAnotherOrgsWakeupIsAbsent(t *testing.T) {
 	f := newFixture(t)
 	w, err := f.svc.Create(context.Background(), params(""))
 	require.NoError(t, err)
-	_, err = f.svc.Get(context.Background(), "intruder", w.ID)
+	_, err = f.svc.Get(context.Background(), "intruder", AnyAgent, w.ID)
 	require.ErrorIs(t, err, apperr.ErrNotFound)
-	_, err = f.svc.Cancel(context.Background(), "intruder", w.ID)
+	_, err = f.svc.Cancel(context.Background(), "intruder", AnyAgent, w.ID)
 	require.ErrorIs(t, err, apperr.ErrNotFound)
-	_, err = f.svc.Redeliver(context.Background(), "intruder", w.ID)
+	_, err = f.svc.Redeliver(context.Background(), "intruder", AnyAgent, w.ID)
 	require.ErrorIs(t, err, apperr.ErrNotFound)
 	items, _, err := f.svc.List(context.Background(), "intruder", ListFilter{}, nil, 50)
 	require.NoError(t, err)
 	require.Empty(t, items)
+}
+
+// A lookup narrowed to one agent treats another agent's wake-up, and the
+// work it enqueued, as absent: the same errors as an absent id.
+func TestAnotherAgentsWakeupAndItsWorkAreAbsentToALookupNarrowedToAnAgent(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	w, err := f.svc.Create(ctx, params("")) // agent "a"
+	require.NoError(t, err)
+	plain, err := f.pool.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "wakeup", Handler: "echo"})
+	require.NoError(t, err)
+
+	_, err = f.svc.Get(ctx, "o", "b", w.ID)
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = f.svc.Cancel(ctx, "o", "b", w.ID)
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = f.svc.Redeliver(ctx, "o", "b", w.ID)
+	require.ErrorIs(t, err, ErrNotFound)
+	items, _, err := f.svc.List(ctx, "o", ListFilter{AgentID: "b"}, nil, 50)
+	require.NoError(t, err)
+	require.Empty(t, items)
+	for name, id := range map[string]uuid.UUID{"another agent's": *w.WorkID, "plain": plain, "absent": uuid.Must(uuid.NewV7())} {
+		_, err = f.svc.WorkStatus(ctx, "o", "b", id)
+		require.ErrorIs(t, err, workpool.ErrNotFound, name)
+	}
+	_, err = f.svc.WorkStatus(ctx, "intruder", "a", *w.WorkID)
+	require.ErrorIs(t, err, workpool.ErrNotFound, "another org's")
+	require.Equal(t, "enqueued", f.state(t, w.ID), "the other agent's cancel did nothing")
+
+	own, err := f.svc.Get(ctx, "o", "a", w.ID)
+	require.NoError(t, err)
+	require.Equal(t, w.ID, own.ID)
+	st, err := f.svc.WorkStatus(ctx, "o", "a", *w.WorkID)
+	require.NoError(t, err)
+	require.Equal(t, *w.WorkID, st.ID)
+	_, err = f.svc.WorkStatus(ctx, "o", AnyAgent, plain)
+	require.NoError(t, err, "a caller bound to no agent sees plain work")
+	got, err := f.svc.Cancel(ctx, "o", "a", w.ID)
+	require.NoError(t, err)
+	require.Equal(t, w.ID, got.ID)
+}
+
+func TestListRejectsBadFiltersNamingTheField(t *testing.T) {
+	f := newFixture(t)
+	for field, filter := range map[string]ListFilter{
+		"agent_id":    {AgentID: "a\x00"},
+		"workflow_id": {WorkflowID: "o/\xff"},
+		"status":      {Status: "bogus"},
+	} {
+		_, _, err := f.svc.List(context.Background(), "o", filter, nil, 50)
+		var inv *apperr.InvalidError
+		require.ErrorAs(t, err, &inv, field)
+		require.Equal(t, field, inv.Fields[0].Field)
+	}
 }
 
 func TestTextFieldsAreValidated(t *testing.T) {
@@ -263,9 +322,61 @@ func TestApprovalOfWorkThatCanNoLongerRunRefundsAndFails(t *testing.T) {
 	a, err := f.mandates.Approve(context.Background(), "o", refused.ApprovalID, "approver", "")
 	require.NoError(t, err, "the approval stands")
 	require.Equal(t, mandates.StateApproved, a.State)
-	got, err := f.svc.Get(context.Background(), "o", refused.Wakeup.ID)
+	got, err := f.svc.Get(context.Background(), "o", AnyAgent, refused.Wakeup.ID)
 	require.NoError(t, err)
 	require.Equal(t, OutcomeFailed, got.Outcome)
 	require.Equal(t, DeliveryQueued, got.Delivery.State)
 	require.Zero(t, f.spent(t), "the approved overrun is refunded")
+}
+
+func (f *fixture) wakeupCount(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, f.db.QueryRow(context.Background(), `SELECT count(*) FROM wakeups`).Scan(&n))
+	return n
+}
+
+// An org at its cap of pending work in the pool is refused at the gate,
+// before the spend: no money moves, no intent or approval request is left.
+func TestAnOrgAtItsPendingCapIsRefusedBeforeAnythingIsSpent(t *testing.T) {
+	f := newFixtureCapped(t, 2)
+	for range 2 {
+		_, err := f.svc.Create(context.Background(), params(""))
+		require.NoError(t, err)
+	}
+
+	over := params("")
+	over.Cost = 50 // would be refused by the mandate too: no approval request either
+	for _, p := range []CreateParams{params(""), over} {
+		_, err := f.svc.Create(context.Background(), p)
+		require.ErrorIs(t, err, workpool.ErrTooManyPending)
+	}
+
+	require.EqualValues(t, 6, f.spent(t), "nothing spent for the refused ones")
+	require.Equal(t, 2, f.wakeupCount(t), "no intent left behind")
+	var approvals int
+	require.NoError(t, f.db.QueryRow(context.Background(), `SELECT count(*) FROM mandate_approvals`).Scan(&approvals))
+	require.Zero(t, approvals)
+}
+
+// Work already paid for is owed: a funded intent whose enqueue comes after
+// the org reached its cap (the reconciler, an approval) is enqueued all
+// the same, never left funded and debited without its wake-up.
+func TestAFundedIntentIsEnqueuedEvenWhenItsOrgHasSinceReachedTheCap(t *testing.T) {
+	f := newFixtureCapped(t, 1)
+	f.crash = true
+	stranded, err := f.svc.Create(context.Background(), params(""))
+	require.Error(t, err)
+	f.crash = false
+	_, err = f.svc.Create(context.Background(), params(""))
+	require.NoError(t, err, "the stranded intent's work is not enqueued yet")
+	_, err = f.svc.Create(context.Background(), params(""))
+	require.ErrorIs(t, err, workpool.ErrTooManyPending, "the org is at its cap now")
+
+	n, err := f.svc.Reconcile(context.Background())
+
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, "enqueued", f.state(t, stranded.ID))
+	require.EqualValues(t, 6, f.spent(t))
 }

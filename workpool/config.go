@@ -27,6 +27,16 @@ const (
 	DefaultStopGrace         = 10 * time.Second
 	DefaultMaxWorkers        = 10_000
 
+	// DefaultMaxPendingPerOrg caps an org's unfinished work in one pool.
+	DefaultMaxPendingPerOrg = 100_000
+	// NoPendingLimit as Config.MaxPendingPerOrg turns the cap off.
+	NoPendingLimit = -1
+
+	// IdempotencyRetention is the least time an enqueue's idempotency key
+	// is kept (longer when REVEILLE_WORK_RETENTION is longer, so that a
+	// repeat finds the work while its record exists).
+	IdempotencyRetention = 24 * time.Hour
+
 	// MaxParallelismLimit bounds a pool's max_parallelism.
 	MaxParallelismLimit = 10_000
 	// maxArgsBytes bounds a work item's args (and a handler's result).
@@ -70,6 +80,11 @@ type Config struct {
 	// MaxWorkers bounds the handlers this replica runs at once, across
 	// pools (default 10,000).
 	MaxWorkers int
+	// MaxPendingPerOrg caps the unfinished work (pending, running or
+	// retrying) one org may have in one pool: an enqueue past it is
+	// ErrTooManyPending (REVEILLE_ORG_MAX_PENDING, default 100,000;
+	// NoPendingLimit turns it off, as REVEILLE_ORG_MAX_PENDING=0 does).
+	MaxPendingPerOrg int
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Registry receives the metrics (default: none registered).
@@ -93,6 +108,7 @@ func (c Config) withDefaults() Config {
 	c.LeaderRetry = cmp.Or(c.LeaderRetry, DefaultLeaderRetry)
 	c.StopGrace = cmp.Or(c.StopGrace, DefaultStopGrace)
 	c.MaxWorkers = cmp.Or(c.MaxWorkers, DefaultMaxWorkers)
+	c.MaxPendingPerOrg = cmp.Or(c.MaxPendingPerOrg, DefaultMaxPendingPerOrg)
 	c.HookRetryBackoff = cmp.Or(c.HookRetryBackoff, time.Second)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -120,6 +136,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("workpool: heartbeat interval %s must be shorter than the heartbeat timeout %s", c.HeartbeatInterval, c.HeartbeatTimeout)
 	case c.MaxWorkers < 0:
 		return errors.New("workpool: MaxWorkers must not be negative")
+	case c.MaxPendingPerOrg < NoPendingLimit:
+		return errors.New("workpool: MaxPendingPerOrg must be positive, or NoPendingLimit")
 	}
 	return nil
 }
@@ -162,7 +180,8 @@ func ParsePools(s string) (map[string]int, error) {
 }
 
 // ConfigFromEnv reads REVEILLE_POOLS, REVEILLE_RECOVERY_PERIOD,
-// REVEILLE_HEARTBEAT_TIMEOUT and REVEILLE_WORK_RETENTION (Go durations) with
+// REVEILLE_HEARTBEAT_TIMEOUT and REVEILLE_WORK_RETENTION (Go durations) and
+// REVEILLE_ORG_MAX_PENDING (an integer ≥ 0; 0 turns the cap off) with
 // getenv; unset variables keep their defaults.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	var c Config
@@ -172,6 +191,16 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			return c, fmt.Errorf("REVEILLE_POOLS: %w", err)
 		}
 		c.Pools = pools
+	}
+	if v := getenv("REVEILLE_ORG_MAX_PENDING"); v != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 0 {
+			return c, fmt.Errorf("REVEILLE_ORG_MAX_PENDING: %q is not an integer ≥ 0 (0 turns the cap off)", v)
+		}
+		c.MaxPendingPerOrg = n
+		if n == 0 {
+			c.MaxPendingPerOrg = NoPendingLimit
+		}
 	}
 	for _, d := range []struct {
 		name string

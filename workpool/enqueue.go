@@ -5,11 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/reveille/reveille/internal/apperr"
 )
@@ -20,6 +24,17 @@ const (
 	maxRetryBackoffMS = 24 * 3600 * 1000
 	maxRetryBase      = 100
 	maxKeyLimit       = 10_000
+)
+
+// MaxRetryDelay bounds the wait before any retry, whatever the policy:
+// initial_backoff_ms·base^(attempt−1) grows past it (and past what a float
+// can hold) long before max_attempts runs out.
+const MaxRetryDelay = 24 * time.Hour
+
+// The SQL spellings of the delay's bounds (sqlRetryDelayMS).
+const (
+	maxRetryDelayMS  = "86400000" // MaxRetryDelay in ms
+	retryExponentCap = "20"       // e^20·0.5 > 86,400,000
 )
 
 // Enqueue adds one work item in its own transaction and wakes its pool's
@@ -64,27 +79,70 @@ func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueuePara
 	if err != nil {
 		return nil, err
 	}
-	b := &pgx.Batch{}
-	b.Queue(sqlEnqueue, pgUUIDs(rows.ids), rows.orgs, rows.pools, rows.handlers, rows.args, rows.runAts, rows.maxAttempts,
+	fresh := len(ps)
+	var replay []bool
+	if rows.replay != nil {
+		if fresh, err = m.claimKeys(ctx, tx, rows); err != nil {
+			return nil, err
+		}
+		if fresh == 0 {
+			return rows.ids, nil
+		}
+		replay = rows.replay
+	}
+	// One round trip: count the items toward their orgs' caps, insert them
+	// unless a count went past its cap, wake the loops.
+	groups := m.pendingGroups(ps, rows)
+	args := []any{pgUUIDs(rows.ids), rows.orgs, rows.pools, rows.handlers, rows.args, rows.runAts, rows.maxAttempts,
 		rows.backoffMS, rows.bases, rows.timeouts, rows.hooks, rows.hookContexts, rows.keys, rows.keyLimits,
-		int32(len(rows.poolSet)), m.now())
+		int32(len(rows.poolSet)), m.now(), replay}
+	limit := int64(m.cfg.MaxPendingPerOrg)
+	b := &pgx.Batch{}
+	var first, again *pgx.QueuedQuery // the insert, and its second try after an exact count
+	switch {
+	case groups == nil: // the cap is off: probe for no pair (no pool is named "")
+		groups = &pendingGroups{}
+		first = &pgx.QueuedQuery{SQL: sqlEnqueue, Arguments: append(args, "", "", int64(0))}
+	case len(groups.pools) == 1:
+		pool, org, n, checked := groups.pools[0], groups.orgs[0], groups.counts[0], groups.checked[0]
+		first = &pgx.QueuedQuery{SQL: sqlEnqueueCounted, Arguments: append(slices.Clip(args), pool, org, limit, n, checked)}
+		if !checked {
+			pool, org = "", ""
+		}
+		again = &pgx.QueuedQuery{SQL: sqlEnqueue, Arguments: append(slices.Clip(args), pool, org, limit)}
+	default:
+		b.Queue(sqlAddPending, groups.pools, groups.orgs, groups.counts, m.now())
+		first = &pgx.QueuedQuery{SQL: sqlEnqueueGroups,
+			Arguments: append(args, groups.checkPools, groups.checkOrgs, limit, groups.checkKeys)}
+	}
+	if again == nil {
+		again = first
+	}
+	var inserted int64
+	b.Queue(first.SQL, first.Arguments...).Exec(func(tag pgconn.CommandTag) error {
+		inserted = tag.RowsAffected()
+		return nil
+	})
 	kicks := make([]string, 0, len(rows.poolSet))
 	for p := range rows.poolSet {
 		kicks = append(kicks, "e:"+p)
 	}
 	b.Queue(sqlNotifyEach, kicks)
-	br := tx.SendBatch(ctx, b)
-	tag, err := br.Exec()
-	if err == nil {
-		_, err = br.Exec()
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("enqueueing %d work items: %w", len(ps), err)
 	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
+	if inserted == int64(fresh) {
+		return rows.ids, nil
 	}
+	// Nothing was inserted: a count past its cap, or an unknown pool.
+	if err := m.admitOverCap(ctx, tx, groups); err != nil {
+		return nil, err
+	}
+	tag, err := tx.Exec(ctx, again.SQL, again.Arguments...)
 	if err != nil {
 		return nil, fmt.Errorf("enqueueing %d work items: %w", len(ps), err)
 	}
-	if tag.RowsAffected() != int64(len(ps)) {
+	if tag.RowsAffected() != int64(fresh) {
 		return nil, m.unknownPools(ctx, tx, ps)
 	}
 	return rows.ids, nil
@@ -136,6 +194,11 @@ type enqueueRows struct {
 	keys         []*string
 	keyLimits    []*int32
 	poolSet      map[string]bool
+	// Idempotency keys (nil unless some item has one): a replayed item
+	// takes the first enqueue's id and is not inserted.
+	idemKeys []*string
+	hashes   [][]byte
+	replay   []bool
 }
 
 func (m *Manager) enqueueRows(ps []EnqueueParams) (*enqueueRows, error) {
@@ -192,7 +255,35 @@ func (m *Manager) enqueueRows(ps []EnqueueParams) (*enqueueRows, error) {
 	if err := inv.OrNil(); err != nil {
 		return nil, err
 	}
+	// (fingerprints need valid items)
+	r.addIdempotencyKeys(inv, ps)
+	if err := inv.OrNil(); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// addIdempotencyKeys fills the key columns of a batch in which some item
+// has a key; a key repeated within the batch is refused (it could name
+// only one of the items).
+func (r *enqueueRows) addIdempotencyKeys(inv *apperr.InvalidError, ps []EnqueueParams) {
+	first := map[idemKey]int{}
+	for i, p := range ps {
+		if p.IdempotencyKey == "" {
+			continue
+		}
+		if r.idemKeys == nil {
+			r.idemKeys, r.hashes, r.replay = make([]*string, len(ps)), make([][]byte, len(ps)), make([]bool, len(ps))
+		}
+		k := idemKey{p.OrgID, p.Pool, p.IdempotencyKey}
+		if j, dup := first[k]; dup {
+			inv.Add(itemField(i, "idempotency_key"), fmt.Sprintf("repeats the key of item %d", j))
+			continue
+		}
+		first[k] = i
+		key := p.IdempotencyKey
+		r.idemKeys[i], r.hashes[i] = &key, requestHash(p)
+	}
 }
 
 // validate checks one item; fields are named as in the REST body.
@@ -227,6 +318,12 @@ func (m *Manager) validate(inv *apperr.InvalidError, prefix string, p EnqueuePar
 		if len(p.OnComplete.Context) > 0 && !json.Valid(p.OnComplete.Context) {
 			inv.Add(prefix+"on_complete.context", "must be valid JSON")
 		}
+	}
+	switch k := p.IdempotencyKey; {
+	case len(k) > maxIdempotencyKey:
+		inv.Add(prefix+"idempotency_key", fmt.Sprintf("must be at most %d bytes", maxIdempotencyKey))
+	case !utf8.ValidString(k) || strings.ContainsRune(k, 0):
+		inv.Add(prefix+"idempotency_key", "must be valid UTF-8 without NUL characters")
 	}
 	if p.KeyLimit < 0 || p.KeyLimit > maxKeyLimit {
 		inv.Add(prefix+"key_limit", fmt.Sprintf("must be between 1 and %d", maxKeyLimit))

@@ -49,6 +49,7 @@ func TestEnqueue_RejectsBadInputNamingTheFieldAndWritesNothing(t *testing.T) {
 		"on_complete.hook":         func(p *EnqueueParams) { p.OnComplete = &OnComplete{Hook: "unknown"} },
 		"on_complete.context":      func(p *EnqueueParams) { p.OnComplete = &OnComplete{Hook: "known", Context: json.RawMessage(`[`)} },
 		"key_limit":                func(p *EnqueueParams) { p.KeyLimit = 2 },
+		"idempotency_key":          func(p *EnqueueParams) { p.IdempotencyKey = strings.Repeat("k", maxIdempotencyKey+1) },
 	}
 	for field, mutate := range cases {
 		p := valid
@@ -242,6 +243,23 @@ func TestConfigFromEnv_ReadsTheDocumentedVariables(t *testing.T) {
 	require.ErrorContains(t, err, "REVEILLE_RECOVERY_PERIOD")
 }
 
+func TestConfigFromEnv_ReadsTheOrgPendingCap(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		value string
+		want  int
+	}{{"", 0}, {"5", 5}, {"100000", 100_000}, {"0", NoPendingLimit}} {
+		cfg, err := ConfigFromEnv(func(k string) string { return map[string]string{"REVEILLE_ORG_MAX_PENDING": tc.value}[k] })
+		require.NoError(t, err, tc.value)
+		require.Equal(t, tc.want, cfg.MaxPendingPerOrg, tc.value)
+	}
+	require.Equal(t, DefaultMaxPendingPerOrg, Config{}.withDefaults().MaxPendingPerOrg)
+	for _, bad := range []string{"-1", "many", "1.5"} {
+		_, err := ConfigFromEnv(func(k string) string { return map[string]string{"REVEILLE_ORG_MAX_PENDING": bad}[k] })
+		require.ErrorContains(t, err, "REVEILLE_ORG_MAX_PENDING", bad)
+	}
+}
+
 func TestNew_CreatesMissingPoolsAndKeepsExistingSettings(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, withMaxParallelism(7))
@@ -274,4 +292,56 @@ func TestNew_RejectsBadConfig(t *testing.T) {
 		_, err := New(h.db, cfg)
 		require.Error(t, err, "%+v", cfg)
 	}
+}
+
+func TestUpdatePool_AnInvalidFieldLeavesThePoolUnchanged(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		u       PoolUpdate
+		invalid []string
+	}{
+		{"valid limit, per-org cap 0", PoolUpdate{MaxParallelism: ptr(9), SetMaxParallelismPerOrg: true, MaxParallelismPerOrg: ptr(0)},
+			[]string{"max_parallelism_per_org"}},
+		{"valid limit, per-org cap too high", PoolUpdate{MaxParallelism: ptr(9), SetMaxParallelismPerOrg: true, MaxParallelismPerOrg: ptr(MaxParallelismLimit + 1)},
+			[]string{"max_parallelism_per_org"}},
+		{"invalid limit, valid per-org cap", PoolUpdate{MaxParallelism: ptr(0), SetMaxParallelismPerOrg: true, MaxParallelismPerOrg: ptr(2)},
+			[]string{"max_parallelism"}},
+		{"both invalid: both named", PoolUpdate{MaxParallelism: ptr(-1), SetMaxParallelismPerOrg: true, MaxParallelismPerOrg: ptr(-1)},
+			[]string{"max_parallelism", "max_parallelism_per_org"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(7))
+			require.NoError(t, h.m.SetMaxParallelismPerOrg(h.ctx, "default", ptr(3)))
+
+			err := h.m.UpdatePool(h.ctx, "default", tc.u)
+
+			for _, f := range tc.invalid {
+				requireInvalid(t, err, f)
+			}
+			info, err := h.m.Pool(h.ctx, "org-1", "default")
+			require.NoError(t, err)
+			require.Equal(t, 7, info.MaxParallelism)
+			require.Equal(t, ptr(3), info.MaxParallelismPerOrg)
+		})
+	}
+}
+
+func TestUpdatePool_AppliesEveryFieldTogether(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(7))
+
+	require.NoError(t, h.m.UpdatePool(h.ctx, "default", PoolUpdate{MaxParallelism: ptr(9), SetMaxParallelismPerOrg: true, MaxParallelismPerOrg: ptr(2)}))
+	info, err := h.m.Pool(h.ctx, "org-1", "default")
+	require.NoError(t, err)
+	require.Equal(t, 9, info.MaxParallelism)
+	require.Equal(t, ptr(2), info.MaxParallelismPerOrg)
+
+	require.NoError(t, h.m.UpdatePool(h.ctx, "default", PoolUpdate{SetMaxParallelismPerOrg: true}))
+	info, err = h.m.Pool(h.ctx, "org-1", "default")
+	require.NoError(t, err)
+	require.Equal(t, 9, info.MaxParallelism, "an unset field keeps its value")
+	require.Nil(t, info.MaxParallelismPerOrg, "a nil per-org cap removes it")
+	require.ErrorIs(t, h.m.UpdatePool(h.ctx, "missing", PoolUpdate{MaxParallelism: ptr(3)}), ErrPoolNotFound)
 }

@@ -280,12 +280,14 @@ func (e *executor) classify(ctx context.Context, rj *runningJob, j claimedJob, r
 		return attemptResult{err: fmt.Sprintf("handler result exceeds %d bytes", maxArgsBytes)}
 	case err == nil:
 		return attemptResult{succeeded: true, result: res}
-	case errors.Is(cause, context.DeadlineExceeded) && ctx.Err() != nil:
-		return attemptResult{err: fmt.Sprintf("attempt timed out after %s: %v", j.timeout, err), retryable: true}
 	case errors.Is(cause, errStopping):
 		return attemptResult{err: "interrupted: the executor stopped: " + err.Error(), retryable: true}
 	case IsNonRetryable(err):
+		// The handler's own verdict wins over a timeout that passed while it
+		// worked: it knows a retry would fail the same way.
 		return attemptResult{err: err.Error()}
+	case errors.Is(cause, context.DeadlineExceeded) && ctx.Err() != nil:
+		return attemptResult{err: fmt.Sprintf("attempt timed out after %s: %v", j.timeout, err), retryable: true}
 	}
 	return attemptResult{err: err.Error(), retryable: true}
 }

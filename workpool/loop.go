@@ -801,6 +801,12 @@ func (l *loop) maintain(ctx context.Context) {
 			if _, err := l.purge(ctx); err != nil && ctx.Err() == nil {
 				l.m.logger.Warn("purging finished work failed", "pool", l.pool, "error", err.Error())
 			}
+			if _, err := l.purgeKeys(ctx); err != nil && ctx.Err() == nil {
+				l.m.logger.Warn("purging idempotency keys failed", "pool", l.pool, "error", err.Error())
+			}
+			if err := l.refreshPending(ctx); err != nil && ctx.Err() == nil {
+				l.m.logger.Warn("refreshing pending counts failed", "pool", l.pool, "error", err.Error())
+			}
 		case <-report.C:
 			l.logReport()
 		}

@@ -15,8 +15,11 @@ type metrics struct {
 	started, succeeded, failed, retried, canceled *prometheus.CounterVec
 	hookCalls                                     *prometheus.CounterVec
 	hookRetries                                   *prometheus.CounterVec
-	iteration                                     *prometheus.HistogramVec
-	startLag                                      *prometheus.HistogramVec
+	// refused is labelled by pool only: an org label would let tenants
+	// grow the series without bound.
+	refused   *prometheus.CounterVec
+	iteration *prometheus.HistogramVec
+	startLag  *prometheus.HistogramVec
 	// Executor-side batching (this replica, all pools).
 	claimBatch, reportBatch     prometheus.Histogram
 	claimSeconds, reportSeconds prometheus.Histogram
@@ -35,6 +38,8 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 		hookCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "reveille_workpool_hook_calls_total",
 			Help: "onComplete hook calls by result (ok, failed)."}, []string{"pool", "result"}),
 		hookRetries: counter("hook_retries_total", "Retried onComplete hook calls."),
+		refused: counter("enqueue_refused_total",
+			"Work items refused at enqueue because their org reached its cap of unfinished work in the pool (REVEILLE_ORG_MAX_PENDING)."),
 		iteration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "reveille_workpool_loop_iteration_seconds",
 			Help:    "Duration of one main loop iteration.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}}, []string{"pool"}),
@@ -56,7 +61,7 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 		return mt, nil
 	}
 	for _, c := range []prometheus.Collector{mt.started, mt.succeeded, mt.failed, mt.retried, mt.canceled,
-		mt.hookCalls, mt.hookRetries, mt.iteration, mt.startLag, mt.claimBatch, mt.reportBatch, mt.claimSeconds,
+		mt.hookCalls, mt.hookRetries, mt.refused, mt.iteration, mt.startLag, mt.claimBatch, mt.reportBatch, mt.claimSeconds,
 		mt.reportSeconds, &depthCollector{m: m}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("workpool metrics: %w", err)

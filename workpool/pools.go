@@ -101,34 +101,46 @@ func (m *Manager) poolInfos(ctx context.Context, orgID string, names []string) (
 	return out, nil
 }
 
-// SetMaxParallelism changes a pool's limit live; every replica's loop reads
-// it on its next iteration, and the leader is woken so that a raised limit
-// starts waiting work at once. Lowering it never stops running work: the
-// loop starts nothing until the running count is under the new limit.
-func (m *Manager) SetMaxParallelism(ctx context.Context, pool string, n int) error {
-	if n < 1 || n > MaxParallelismLimit {
-		return apperr.Invalid("max_parallelism", fmt.Sprintf("must be between 1 and %d", MaxParallelismLimit))
-	}
-	return m.updatePool(ctx, pool, sqlSetMaxParallelism, int32(n))
+// PoolUpdate is a change to some of a pool's settings; fields left unset
+// keep their values.
+type PoolUpdate struct {
+	// MaxParallelism, when set, is the pool's new limit (1–10,000). Every
+	// replica's loop reads it on its next iteration. Lowering it never stops
+	// running work: the loop starts nothing until the running count is
+	// under the new limit.
+	MaxParallelism *int
+	// SetMaxParallelismPerOrg says that MaxParallelismPerOrg replaces the
+	// cap on the slots one org may hold (nil removes the cap).
+	SetMaxParallelismPerOrg bool
+	MaxParallelismPerOrg    *int
 }
 
-// SetMaxParallelismPerOrg caps how many slots one org may hold in a pool
-// (nil removes the cap).
-func (m *Manager) SetMaxParallelismPerOrg(ctx context.Context, pool string, n *int) error {
-	var v *int32
-	if n != nil {
-		if *n < 1 || *n > MaxParallelismLimit {
-			return apperr.Invalid("max_parallelism_per_org", fmt.Sprintf("must be between 1 and %d", MaxParallelismLimit))
+// UpdatePool applies u whole or not at all: every field is validated first
+// (an *apperr.InvalidError names each bad one), then all are written by one
+// statement, and the pool's leader is woken so that a raised limit starts
+// waiting work at once. ErrPoolNotFound if the pool does not exist.
+func (m *Manager) UpdatePool(ctx context.Context, pool string, u PoolUpdate) error {
+	inv := &apperr.InvalidError{}
+	var maxPar, perOrg *int32
+	if u.MaxParallelism != nil {
+		if n := *u.MaxParallelism; n < 1 || n > MaxParallelismLimit {
+			inv.Add("max_parallelism", fmt.Sprintf("must be between 1 and %d", MaxParallelismLimit))
+		} else {
+			maxPar = ptr(int32(n))
 		}
-		x := int32(*n)
-		v = &x
 	}
-	return m.updatePool(ctx, pool, sqlSetMaxParallelismPerOrg, v)
-}
-
-func (m *Manager) updatePool(ctx context.Context, pool, sql string, value any) error {
+	if u.SetMaxParallelismPerOrg && u.MaxParallelismPerOrg != nil {
+		if n := *u.MaxParallelismPerOrg; n < 1 || n > MaxParallelismLimit {
+			inv.Add("max_parallelism_per_org", fmt.Sprintf("must be between 1 and %d, or null for no cap", MaxParallelismLimit))
+		} else {
+			perOrg = ptr(int32(n))
+		}
+	}
+	if err := inv.OrNil(); err != nil {
+		return err
+	}
 	return pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, sql, pool, value)
+		tag, err := tx.Exec(ctx, sqlUpdatePool, pool, maxPar, u.SetMaxParallelismPerOrg, perOrg)
 		if err != nil {
 			return fmt.Errorf("updating pool %s: %w", pool, err)
 		}
@@ -140,6 +152,17 @@ func (m *Manager) updatePool(ctx context.Context, pool, sql string, value any) e
 		}
 		return nil
 	})
+}
+
+// SetMaxParallelism changes a pool's limit live (UpdatePool).
+func (m *Manager) SetMaxParallelism(ctx context.Context, pool string, n int) error {
+	return m.UpdatePool(ctx, pool, PoolUpdate{MaxParallelism: &n})
+}
+
+// SetMaxParallelismPerOrg caps how many slots one org may hold in a pool
+// (nil removes the cap; UpdatePool).
+func (m *Manager) SetMaxParallelismPerOrg(ctx context.Context, pool string, n *int) error {
+	return m.UpdatePool(ctx, pool, PoolUpdate{SetMaxParallelismPerOrg: true, MaxParallelismPerOrg: n})
 }
 
 // SetOrgWeight gives orgID weight w (1–100) in pool's fair share; w = 1

@@ -43,11 +43,12 @@ CROSS JOIN LATERAL (
 WHERE p.name = ANY($1)
 ORDER BY p.name`
 
-const sqlSetMaxParallelism = `
-UPDATE workpool_pools SET max_parallelism = $2, updated_at = now() WHERE name = $1`
-
-const sqlSetMaxParallelismPerOrg = `
-UPDATE workpool_pools SET max_parallelism_per_org = $2, updated_at = now() WHERE name = $1`
+// sqlUpdatePool changes the settings given: $2 max_parallelism (null:
+// keep), $3 whether $4 replaces max_parallelism_per_org.
+const sqlUpdatePool = `
+UPDATE workpool_pools SET max_parallelism = coalesce($2, max_parallelism),
+  max_parallelism_per_org = CASE WHEN $3 THEN $4 ELSE max_parallelism_per_org END, updated_at = now()
+WHERE name = $1`
 
 const sqlSetOrgWeight = `
 INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ($1, $2, $3)
@@ -61,17 +62,72 @@ const sqlNotifyEach = `SELECT pg_notify('` + notifyChannel + `', p) FROM unnest(
 
 // --- enqueue, status, cancel -------------------------------------------------
 
-// sqlEnqueue inserts a batch only if every pool it names exists ($15 is the
-// number of distinct pools), so an unknown pool writes nothing.
-const sqlEnqueue = `
+// The enqueue statements insert a batch only if every pool it names exists
+// ($15 is the number of distinct pools), so an unknown pool writes nothing,
+// and only if no (pool, org) pair the cap applies to has a pending count
+// past the cap $20. Items flagged in $17 (replays of an idempotency key;
+// null: none) are skipped.
+//
+//   - sqlEnqueueCounted, for a batch of one pair ($18 pool, $19 org, the
+//     common case), first adds its $21 items to the pair's pending count
+//     in the same statement; $22 false (every item BypassPendingCap) skips
+//     the test.
+//   - sqlEnqueueGroups tests several pairs, whose counts sqlAddPending
+//     raised before it ($18 pools, $19 orgs, $21 the pairs as "pool/org":
+//     a pool name holds no "/").
+//   - sqlEnqueue tests one pair ($18, $19; "" for none) without counting:
+//     the cap off, or the second try after an exact count.
+//
+// The cap's test takes scalar parameters in the common case and is one
+// uncorrelated probe otherwise: with array parameters, or a join with the
+// batch, the plan cache re-planned the statement at every call, which
+// doubled an enqueue's cost.
+const sqlEnqueueCounted = `
+WITH counted AS (
+  INSERT INTO workpool_org_pending (pool, org_id, pending, counted_at) VALUES ($18, $19, $21, $16)
+  ON CONFLICT (pool, org_id) DO UPDATE SET pending = workpool_org_pending.pending + excluded.pending
+  RETURNING pending
+)` + sqlEnqueueInsert + `
+  AND (NOT $22::bool OR (SELECT pending FROM counted) <= $20)`
+
+const sqlEnqueueGroups = sqlEnqueueInsert + `
+  AND NOT EXISTS (SELECT 1 FROM workpool_org_pending c
+    WHERE c.pool = ANY($18) AND c.org_id = ANY($19) AND c.pool || '/' || c.org_id = ANY($21) AND c.pending > $20)`
+
+const sqlEnqueue = sqlEnqueueInsert + `
+  AND NOT EXISTS (SELECT 1 FROM workpool_org_pending c WHERE c.pool = $18 AND c.org_id = $19 AND c.pending > $20)`
+
+const sqlEnqueueInsert = `
 INSERT INTO workpool_work (id, org_id, pool, handler, args, state, run_at, max_attempts, initial_backoff_ms,
   backoff_base, timeout_ms, on_complete_hook, on_complete_context, concurrency_key, key_limit, created_at)
 SELECT u.id, u.org_id, u.pool, u.handler, u.args::jsonb, 'pending', u.run_at, u.max_attempts, u.backoff_ms,
   u.base, u.timeout_ms, u.hook, u.hook_context::jsonb, u.ckey, u.klimit, $16
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[], $7::int[], $8::int[],
-  $9::float8[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[])
-  AS u(id, org_id, pool, handler, args, run_at, max_attempts, backoff_ms, base, timeout_ms, hook, hook_context, ckey, klimit)
-WHERE (SELECT count(*) FROM workpool_pools WHERE name = ANY($3)) = $15`
+  $9::float8[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[], $17::bool[])
+  AS u(id, org_id, pool, handler, args, run_at, max_attempts, backoff_ms, base, timeout_ms, hook, hook_context, ckey, klimit, replay)
+WHERE u.replay IS NOT TRUE AND (SELECT count(*) FROM workpool_pools WHERE name = ANY($3)) = $15`
+
+// sqlClaimKeys records idempotency keys and returns those it inserted. A
+// key another transaction is inserting makes this one wait for its
+// outcome, so two concurrent enqueues with one key enqueue once.
+const sqlClaimKeys = `
+INSERT INTO workpool_idempotency_keys (org_id, pool, key, request_hash, work_id, created_at)
+SELECT k.org_id, k.pool, k.key, k.hash, k.work_id, $6
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::uuid[]) AS k(org_id, pool, key, hash, work_id)
+ON CONFLICT (org_id, pool, key) DO NOTHING
+RETURNING org_id, pool, key`
+
+const sqlReadKeys = `
+SELECT k.org_id, k.pool, k.key, k.request_hash, k.work_id
+FROM workpool_idempotency_keys k
+JOIN unnest($1::text[], $2::text[], $3::text[]) AS u(org_id, pool, key)
+  ON k.org_id = u.org_id AND k.pool = u.pool AND k.key = u.key`
+
+// sqlPurgeKeys deletes a pool's idempotency keys past retention, a
+// bounded batch at a time (a system chore across the pool's orgs).
+const sqlPurgeKeys = `
+DELETE FROM workpool_idempotency_keys WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM workpool_idempotency_keys WHERE pool = $1 AND created_at < $2 LIMIT $3))`
 
 const sqlKnownPools = `SELECT name FROM workpool_pools WHERE name = ANY($1)`
 
@@ -245,11 +301,28 @@ USING (SELECT work_id FROM workpool_cancelations WHERE pool = $1 ORDER BY create
 WHERE c.work_id = d.work_id
 RETURNING c.work_id`
 
-// sqlRetry sets failed attempts pending again after
-// initial_backoff_ms·base^(attempts−1)·U[0.5, 1.5), unless canceled.
+// sqlRetryDelayMS is the wait before the next attempt of w in
+// milliseconds: initial_backoff_ms·backoff_base^(attempts−1)·U[0.5, 1.5),
+// at most MaxRetryDelay. The power is taken as exp(n·ln base) with the
+// exponent clamped at retryExponentCap, so that no policy the validation
+// admits (base ≤ 100, attempts ≤ 1000: 100^999 is far past float8) can
+// overflow and fail the iteration that schedules it — which would stall the
+// whole pool, every org's work with it. e^20·0.5 exceeds 24 h in ms, so the
+// clamp never shortens a delay below the cap (for initial_backoff_ms ≥ 1),
+// and 86,400,000·e^20·1.5 is far inside float8. The greatest() guards keep
+// rows written around the validation (a negative base or attempt count)
+// from raising an error here too.
+const sqlRetryDelayMS = `least(greatest(w.initial_backoff_ms, 0)
+    * exp(least((greatest(w.attempts, 1) - 1) * ln(greatest(w.backoff_base, 1)), ` + retryExponentCap + `))
+    * (0.5 + random()), ` + maxRetryDelayMS + `)`
+
+// sqlRetryRunAt is when w's next attempt may start ($3: now).
+const sqlRetryRunAt = `$3::timestamptz + make_interval(secs => ` + sqlRetryDelayMS + ` / 1000.0)`
+
+// sqlRetry sets failed attempts pending again after sqlRetryDelayMS,
+// unless canceled.
 const sqlRetry = `
-UPDATE workpool_work w SET state = 'pending',
-  run_at = $3::timestamptz + make_interval(secs => w.initial_backoff_ms * power(w.backoff_base, w.attempts - 1) * (0.5 + random()) / 1000.0)
+UPDATE workpool_work w SET state = 'pending', run_at = ` + sqlRetryRunAt + `
 FROM unnest($1::uuid[], $2::int[]) AS c(id, attempt)
 WHERE w.id = c.id AND w.state = 'retrying' AND w.attempts = c.attempt AND NOT w.canceled
 RETURNING w.id`
@@ -554,3 +627,47 @@ WITH RECURSIVE orgs(org_id) AS (
   LIMIT $3
 )
 DELETE FROM workpool_work WHERE id IN (SELECT id FROM victims)`
+
+// --- the pending cap (pending.go) -----------------------------------------------
+
+// sqlAddPending adds a batch's fresh items to their orgs' pending counts
+// for several (pool, org) pairs, in the order given (sorted, so that
+// batches lock the rows in one order); sqlEnqueueCounted does the same for
+// one. The row lock serialises an org's enqueues into a pool until they
+// commit. A new row starts from the batch: the migration counted what
+// existed, and the leader's refresh repairs a row created while work was
+// already pending.
+const sqlAddPending = `
+INSERT INTO workpool_org_pending (pool, org_id, pending, counted_at)
+SELECT g.pool, g.org_id, g.n, $4
+FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS g(pool, org_id, n, i)
+ORDER BY g.i
+ON CONFLICT (pool, org_id) DO UPDATE SET pending = workpool_org_pending.pending + excluded.pending`
+
+// sqlReadPendingPairs reads the counts of pairs this transaction holds.
+const sqlReadPendingPairs = `
+SELECT pool, org_id, pending, counted_at FROM workpool_org_pending WHERE pool = ANY($1) AND org_id = ANY($2)`
+
+// sqlCountPending counts an org's unfinished work in a pool through the
+// partial indexes, each part bounded by $3, and returns at most $3.
+const sqlCountPending = `
+SELECT least(
+  (SELECT count(*) FROM (SELECT 1 FROM workpool_work
+     WHERE pool = $1 AND org_id = $2 AND state = 'pending' AND concurrency_key IS NULL LIMIT $3) a)
+  + (SELECT count(*) FROM (SELECT 1 FROM workpool_work
+     WHERE pool = $1 AND org_id = $2 AND state = 'pending' AND concurrency_key IS NOT NULL LIMIT $3) b)
+  + (SELECT count(*) FROM (SELECT 1 FROM workpool_work WHERE pool = $1 AND org_id = $2 AND state = 'running' LIMIT $3) c)
+  + (SELECT count(*) FROM (SELECT 1 FROM workpool_work WHERE pool = $1 AND org_id = $2 AND state = 'retrying' LIMIT $3) d),
+  $3)`
+
+const sqlSetPending = `
+UPDATE workpool_org_pending SET pending = $3, counted_at = $4 WHERE pool = $1 AND org_id = $2`
+
+const sqlReadPending = `SELECT pending, counted_at FROM workpool_org_pending WHERE pool = $1 AND org_id = $2`
+
+const sqlLockPending = `SELECT 1 FROM workpool_org_pending WHERE pool = $1 AND org_id = $2 FOR UPDATE`
+
+// sqlStalePending lists a pool's orgs whose counts are older than $2 (a
+// system chore across the pool's orgs).
+const sqlStalePending = `
+SELECT org_id FROM workpool_org_pending WHERE pool = $1 AND counted_at < $2 ORDER BY counted_at LIMIT $3`

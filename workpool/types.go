@@ -21,6 +21,10 @@ var ErrNotFound = fmt.Errorf("work %w", apperr.ErrNotFound)
 // ErrPoolNotFound is returned by the pool admin calls for an unknown pool.
 var ErrPoolNotFound = fmt.Errorf("pool %w", apperr.ErrNotFound)
 
+// ErrIdempotencyKeyReused is returned when an enqueue repeats an
+// idempotency key that named a different request.
+var ErrIdempotencyKeyReused = fmt.Errorf("%w: this idempotency key was used for a different work request", apperr.ErrConflict)
+
 // errGenerationMismatch means another main loop iteration ran since this
 // loop's last one: this loop is stale and must write nothing.
 var errGenerationMismatch = errors.New("generation mismatch")
@@ -106,8 +110,8 @@ const (
 
 // RetryPolicy says how often failed work is attempted: MaxAttempts counts
 // every attempt, the first included; the wait before attempt n+1 is
-// InitialBackoffMS·Base^(n−1), scaled by a random factor in [0.5, 1.5). A zero
-// Base means 2.
+// InitialBackoffMS·Base^(n−1), scaled by a random factor in [0.5, 1.5), and
+// never more than MaxRetryDelay (24 h). A zero Base means 2.
 type RetryPolicy struct {
 	MaxAttempts      int     `json:"max_attempts"`
 	InitialBackoffMS int     `json:"initial_backoff_ms"`
@@ -140,6 +144,16 @@ type EnqueueParams struct {
 	// same key to KeyLimit (default 1: serial, in run_at order).
 	ConcurrencyKey string
 	KeyLimit       int
+	// IdempotencyKey, when set, makes the enqueue happen at most once per
+	// (org, pool, key) for at least IdempotencyRetention, even when the
+	// work record is purged sooner: a repeat of the same request returns
+	// the first one's work id and enqueues nothing; a different request
+	// under the key is ErrIdempotencyKeyReused. At most 255 bytes.
+	IdempotencyKey string
+	// BypassPendingCap counts the item toward its org's pending cap but
+	// never refuses it: for work already owed, such as a wake-up whose
+	// spend committed (its caller checked the cap with CheckPending first).
+	BypassPendingCap bool
 }
 
 // State is the coarse state of a work item as callers see it.

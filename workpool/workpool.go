@@ -55,6 +55,8 @@ type Manager struct {
 
 	peersMu sync.Mutex
 	peers   map[string]time.Time // other replicas' executors, by origin, last heard
+
+	recounts recountLog // orgs this replica counted over their pending caps
 }
 
 // sawPeer records another replica's executor announcing itself.

@@ -62,6 +62,9 @@ func benchPool(ctx context.Context, args []string) error {
 	m, err := workpool.New(db, workpool.Config{
 		Pools:  map[string]int{benchPoolName: *parallelism},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		// The one bench org enqueues all n items before the pool starts:
+		// the cap is counted as in production but never reached.
+		MaxPendingPerOrg: max(*n, workpool.DefaultMaxPendingPerOrg),
 	})
 	if err != nil {
 		return err
@@ -154,6 +157,7 @@ func poolBenchReset(ctx context.Context, db *pgxpool.Pool) error {
 		`DELETE FROM workpool_completions WHERE pool = 'bench'`,
 		`DELETE FROM workpool_cancelations WHERE pool = 'bench'`,
 		`DELETE FROM workpool_work WHERE pool = 'bench'`,
+		`DELETE FROM workpool_org_pending WHERE pool = 'bench'`,
 	} {
 		if _, err := db.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("resetting the bench pool: %w", err)

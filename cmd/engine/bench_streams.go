@@ -185,7 +185,7 @@ func (b streamBench) setUp(ctx context.Context, db *pgxpool.Pool) (*benchEnv, er
 	}
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
-	srv, err := api.New(ctx, api.Config{Auth: api.AuthConfig{Secret: secret}, Logger: quiet, Registry: prometheus.NewRegistry()},
+	srv, err := api.New(ctx, api.Config{Auth: api.AuthConfig{Secrets: [][]byte{secret}}, Logger: quiet, Registry: prometheus.NewRegistry()},
 		api.Services{DB: db, Streams: reader})
 	if err != nil {
 		_ = reader.Stop(context.Background())

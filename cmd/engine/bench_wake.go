@@ -355,7 +355,9 @@ func (e *wakeEnv) wire(ctx context.Context, s settings, concurrency int, budget 
 	if e.pool, err = workpool.New(e.db, poolCfg); err != nil {
 		return fmt.Errorf("workpool: %w", err)
 	}
-	registerHandlers(e.pool, s)
+	if err := registerHandlers(e.pool, s, reg); err != nil {
+		return err
+	}
 	e.pool.Register(wakeBenchHandler, e.benchHandler)
 	e.mandates = mandates.New(e.db, mandates.Config{ApprovalTTL: s.ApprovalTTL, Logger: e.logger, Registry: reg})
 	e.wakeups = wakeup.New(e.db, e.pool, e.mandates, wakeup.Config{Logger: e.logger, Registry: reg})
@@ -392,7 +394,7 @@ func (e *wakeEnv) wire(ctx context.Context, s settings, concurrency int, budget 
 	if _, err := rand.Read(e.secret); err != nil {
 		return err
 	}
-	srv, err := api.New(ctx, api.Config{Addr: "127.0.0.1:0", Logger: e.logger, Registry: reg, Auth: api.AuthConfig{Secret: e.secret}},
+	srv, err := api.New(ctx, api.Config{Addr: "127.0.0.1:0", Logger: e.logger, Registry: reg, Auth: api.AuthConfig{Secrets: [][]byte{e.secret}}},
 		api.Services{DB: e.db, Mandates: e.mandates, Wakeups: e.wakeups})
 	if err != nil {
 		return err

@@ -6,11 +6,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/reveille/reveille/api"
+	"github.com/reveille/reveille/streams"
+	"github.com/reveille/reveille/workpool/httpwork"
 )
 
 // settings is every knob of serve/dev: flags where the issue names one,
@@ -22,22 +27,28 @@ type settings struct {
 	DatabaseURL    string        // DATABASE_URL
 	TemporalAddr   string        // TEMPORAL_ADDRESS
 	Namespace      string        // TEMPORAL_NAMESPACE
-	JWTSecret      string        // REVEILLE_JWT_SECRET
+	JWTSecrets     []string      // REVEILLE_JWT_SECRET: comma list; the first signs, all verify
 	JWKSURL        string        // REVEILLE_JWKS_URL
 	JWTIssuer      string        // REVEILLE_JWT_ISSUER
 	JWTAudience    string        // REVEILLE_JWT_AUDIENCE
 	OperatorOrgs   []string      // REVEILLE_OPERATOR_ORGS
 	MaxBody        int64         // REVEILLE_MAX_BODY
+	HeaderTimeout  time.Duration // REVEILLE_READ_HEADER_TIMEOUT
+	ReadTimeout    time.Duration // REVEILLE_READ_TIMEOUT
+	IdleTimeout    time.Duration // REVEILLE_IDLE_TIMEOUT
+	OrgRate        float64       // REVEILLE_ORG_RATE
 	Pools          string        // REVEILLE_POOLS
 	RecoveryPeriod time.Duration // REVEILLE_RECOVERY_PERIOD
 	HeartbeatLimit time.Duration // REVEILLE_HEARTBEAT_TIMEOUT
 	WorkRetention  time.Duration // REVEILLE_WORK_RETENTION
 	HTTPAllowed    []string      // REVEILLE_HTTP_ALLOWED_HOSTS
+	HTTPNets       []string      // REVEILLE_HTTP_ALLOWED_NETS
 	ApprovalTTL    time.Duration // REVEILLE_APPROVAL_TTL
 	ToolTTL        time.Duration // REVEILLE_TOOL_APPROVAL_TTL
 	NotFoundGrace  time.Duration // REVEILLE_SIGNAL_NOTFOUND_GRACE
 	StreamChunk    int64         // REVEILLE_STREAM_MAX_CHUNK
 	StreamRequest  int64         // REVEILLE_STREAM_MAX_REQUEST
+	StreamChunks   int           // REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST
 	StreamKeep     time.Duration // REVEILLE_STREAM_RETENTION
 	Worker         bool          // --worker / REVEILLE_WORKER: run the Temporal worker (on in dev)
 	LogLevel       string        // REVEILLE_LOG_LEVEL
@@ -54,18 +65,24 @@ func envConfig() (settings, error) {
 		DatabaseURL:  os.Getenv("DATABASE_URL"),
 		TemporalAddr: os.Getenv("TEMPORAL_ADDRESS"),
 		Namespace:    envOr("TEMPORAL_NAMESPACE", "default"),
-		JWTSecret:    os.Getenv("REVEILLE_JWT_SECRET"),
+		JWTSecrets:   list(os.Getenv("REVEILLE_JWT_SECRET")),
 		JWKSURL:      os.Getenv("REVEILLE_JWKS_URL"),
 		JWTIssuer:    os.Getenv("REVEILLE_JWT_ISSUER"),
 		JWTAudience:  os.Getenv("REVEILLE_JWT_AUDIENCE"),
 		OperatorOrgs: list(os.Getenv("REVEILLE_OPERATOR_ORGS")),
 		Pools:        envOr("REVEILLE_POOLS", "default=25,wakeup=25"),
 		HTTPAllowed:  list(os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS")),
+		HTTPNets:     list(os.Getenv("REVEILLE_HTTP_ALLOWED_NETS")),
 		LogLevel:     envOr("REVEILLE_LOG_LEVEL", "info"),
 	}
 	s.MaxBody = envInt("REVEILLE_MAX_BODY", 1<<20, &errs)
+	s.HeaderTimeout = envDuration("REVEILLE_READ_HEADER_TIMEOUT", api.DefaultReadHeaderTimeout, &errs)
+	s.ReadTimeout = envDuration("REVEILLE_READ_TIMEOUT", api.DefaultReadTimeout, &errs)
+	s.IdleTimeout = envDuration("REVEILLE_IDLE_TIMEOUT", api.DefaultIdleTimeout, &errs)
+	s.OrgRate = envRate("REVEILLE_ORG_RATE", 10_000, &errs)
 	s.StreamChunk = envInt("REVEILLE_STREAM_MAX_CHUNK", 1<<20, &errs)
 	s.StreamRequest = envInt("REVEILLE_STREAM_MAX_REQUEST", 8<<20, &errs)
+	s.StreamChunks = int(envInt("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST", streams.DefaultMaxChunks, &errs))
 	s.RecoveryPeriod = envDuration("REVEILLE_RECOVERY_PERIOD", 10*time.Second, &errs)
 	s.HeartbeatLimit = envDuration("REVEILLE_HEARTBEAT_TIMEOUT", 30*time.Second, &errs)
 	s.WorkRetention = envDuration("REVEILLE_WORK_RETENTION", 24*time.Hour, &errs)
@@ -74,6 +91,12 @@ func envConfig() (settings, error) {
 	s.NotFoundGrace = envDuration("REVEILLE_SIGNAL_NOTFOUND_GRACE", 60*time.Second, &errs)
 	s.StreamKeep = envDuration("REVEILLE_STREAM_RETENTION", 7*24*time.Hour, &errs)
 	s.Worker = envBool("REVEILLE_WORKER", false, &errs)
+	if _, err := httpwork.ParseAllowList(s.HTTPAllowed); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := httpwork.ParseNets(s.HTTPNets); err != nil {
+		errs = append(errs, err)
+	}
 	return s, errors.Join(errs...)
 }
 
@@ -86,6 +109,24 @@ func (s *settings) bindFlags(fs *flag.FlagSet, dev bool) {
 	} else {
 		fs.BoolVar(&s.Worker, "worker", s.Worker, "also run the Temporal worker of the reference workflow (REVEILLE_WORKER)")
 	}
+}
+
+// authConfig is the API's token verification.
+func (s settings) authConfig() api.AuthConfig {
+	cfg := api.AuthConfig{JWKSURL: s.JWKSURL, Issuer: s.JWTIssuer, Audience: s.JWTAudience, OperatorOrgs: s.OperatorOrgs}
+	for _, secret := range s.JWTSecrets {
+		cfg.Secrets = append(cfg.Secrets, []byte(secret))
+	}
+	return cfg
+}
+
+// signingSecret is the secret that signs tokens: the first of
+// REVEILLE_JWT_SECRET's list ("" when there is none).
+func (s settings) signingSecret() string {
+	if len(s.JWTSecrets) == 0 {
+		return ""
+	}
+	return s.JWTSecrets[0]
 }
 
 func envOr(name, def string) string {
@@ -116,6 +157,20 @@ func envInt(name string, def int64, errs *[]error) int64 {
 		return def
 	}
 	return n
+}
+
+// envRate reads a rate per second: a number ≥ 0, where 0 means no limit.
+func envRate(name string, def float64, errs *[]error) float64 {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	r, err := strconv.ParseFloat(v, 64)
+	if err != nil || r < 0 || math.IsInf(r, 0) || math.IsNaN(r) {
+		*errs = append(*errs, fmt.Errorf("%s=%q: want a number of requests per second, 0 for no limit", name, v))
+		return def
+	}
+	return r
 }
 
 func envDuration(name string, def time.Duration, errs *[]error) time.Duration {

@@ -58,7 +58,7 @@ func runDemo(ctx context.Context, args []string) error {
 	} else if s.TemporalAddr == "" {
 		s.TemporalAddr = "127.0.0.1:7233"
 	}
-	secret := os.Getenv("REVEILLE_JWT_SECRET")
+	secret := s.signingSecret()
 	if secret == "" {
 		if b, err := os.ReadFile(filepath.Join(s.DataDir, "jwt-secret")); err == nil {
 			secret = strings.TrimSpace(string(b))
@@ -114,16 +114,18 @@ func startDemoEngine(ctx context.Context, s *settings) (string, error) {
 	}
 	s.Addr = ln.Addr().String()
 	ln.Close()
-	s.OperatorOrgs, s.HTTPAllowed, s.Worker = []string{devOrg}, []string{"localhost", "127.0.0.1"}, true
-	st, err := startStack(ctx, s, "", newLogger("error"))
+	s.OperatorOrgs, s.HTTPAllowed, s.Worker = []string{devOrg}, devHTTPAllowed, true
+	st, err := startStack(ctx, s, "", "demo", newLogger("error"))
 	if err != nil {
 		return "", err
 	}
 	go func() { <-ctx.Done(); st.stop() }()
-	if s.JWTSecret == "" {
-		if s.JWTSecret, _, err = devSecret(s.DataDir); err != nil {
+	if len(s.JWTSecrets) == 0 {
+		secret, _, err := devSecret(s.DataDir)
+		if err != nil {
 			return "", err
 		}
+		s.JWTSecrets = []string{secret}
 	}
 	ready := make(chan error, 1)
 	go func() {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -36,28 +37,33 @@ func runDev(ctx context.Context, args []string) error {
 		s.OperatorOrgs = []string{devOrg}
 	}
 	if os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS") == "" {
-		s.HTTPAllowed = []string{"localhost", "127.0.0.1"}
+		s.HTTPAllowed = devHTTPAllowed
 	}
 	s.Worker = true
 
-	stack, err := startStack(ctx, &s, "", logger)
+	stack, err := startStack(ctx, &s, "", "dev", logger)
 	if err != nil {
 		return err
 	}
 	defer stack.stop()
 
 	secretPath := "(REVEILLE_JWT_SECRET)"
-	if s.JWTSecret == "" && s.JWKSURL == "" {
-		if s.JWTSecret, secretPath, err = devSecret(s.DataDir); err != nil {
+	if len(s.JWTSecrets) == 0 && s.JWKSURL == "" {
+		secret, path, err := devSecret(s.DataDir)
+		if err != nil {
 			return err
 		}
+		s.JWTSecrets, secretPath = []string{secret}, path
+	}
+	if err := s.authConfig().Validate(); err != nil {
+		return err
 	}
 	return serve(ctx, s, logger, func() {
 		if s.JWKSURL != "" {
 			printDevInfo(s, secretPath, "(JWKS configured: bring your own token)")
 			return
 		}
-		tok, err := api.SignToken([]byte(s.JWTSecret), api.TokenSpec{OrgID: devOrg, Sub: "dev-user", Roles: api.AllRoles,
+		tok, err := api.SignToken([]byte(s.signingSecret()), api.TokenSpec{OrgID: devOrg, Sub: "dev-user", Roles: api.AllRoles,
 			TTL: 24 * time.Hour, Issuer: s.JWTIssuer, Audience: s.JWTAudience})
 		if err != nil {
 			tok = "(could not sign: " + err.Error() + ")"
@@ -68,6 +74,7 @@ func runDev(ctx context.Context, args []string) error {
 
 // stack is the local infrastructure dev and devstack start.
 type stack struct {
+	lock     *devstack.DataDirLock
 	pg       *devstack.Postgres
 	temporal *devtemporal.Server
 }
@@ -79,18 +86,35 @@ func (st *stack) stop() {
 	if st.pg != nil {
 		_ = st.pg.Stop(context.Background())
 	}
+	_ = st.lock.Release()
 }
 
 // startStack starts what s lacks: Postgres when DATABASE_URL is unset,
 // Temporal when TEMPORAL_ADDRESS is unset (only = "postgres"/"temporal"
-// restricts it to one), and fills s with their addresses.
-func startStack(ctx context.Context, s *settings, only string, logger interface {
+// restricts it to one), and fills s with their addresses. It holds the data
+// dir's lock until stop, so a second process (command names it) fails at
+// once instead of running a second Temporal on the SQLite file or stopping
+// the first one's Postgres when it exits.
+func startStack(ctx context.Context, s *settings, only, command string, logger interface {
 	Info(string, ...any)
 }) (*stack, error) {
 	st := &stack{}
-	if s.DatabaseURL == "" && only != "temporal" {
+	startsPostgres := s.DatabaseURL == "" && only != "temporal"
+	startsTemporal := s.TemporalAddr == "" && only != "postgres"
+	if startsPostgres || startsTemporal {
+		lock, err := devstack.LockDataDir(s.DataDir, "engine "+command)
+		if errors.Is(err, devstack.ErrDataDirInUse) {
+			return nil, fmt.Errorf("%w; stop it or use --data-dir", err)
+		}
+		if err != nil {
+			return nil, err
+		}
+		st.lock = lock
+	}
+	if startsPostgres {
 		pg, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{DataDir: s.DataDir})
 		if err != nil {
+			st.stop()
 			return nil, fmt.Errorf("local Postgres: %w", err)
 		}
 		st.pg = pg
@@ -101,7 +125,7 @@ func startStack(ctx context.Context, s *settings, only string, logger interface 
 		s.DatabaseURL = pg.URL("reveille")
 		logger.Info("postgres ready", "url", s.DatabaseURL, "reused", pg.Reused())
 	}
-	if s.TemporalAddr == "" && only != "postgres" {
+	if startsTemporal {
 		t, err := devtemporal.Start(ctx, devtemporal.Options{
 			DataDir: filepath.Join(s.DataDir, "temporal"), Port: s.TemporalPort, Namespace: s.Namespace,
 		})
@@ -162,7 +186,7 @@ func runDevstack(ctx context.Context, args []string) error {
 	}
 	// devstack starts its own parts whatever the environment says.
 	s.DatabaseURL, s.TemporalAddr = "", ""
-	st, err := startStack(ctx, &s, *only, newLogger(s.LogLevel))
+	st, err := startStack(ctx, &s, *only, "devstack", newLogger(s.LogLevel))
 	if err != nil {
 		return err
 	}

@@ -45,8 +45,8 @@ func runServe(ctx context.Context, args []string) error {
 	if s.TemporalAddr == "" {
 		s.TemporalAddr = "127.0.0.1:7233"
 	}
-	if s.JWTSecret == "" && s.JWKSURL == "" {
-		return errors.New("set REVEILLE_JWT_SECRET (HS256, at least 32 bytes) or REVEILLE_JWKS_URL")
+	if err := s.authConfig().Validate(); err != nil {
+		return err
 	}
 	return serve(ctx, s, newLogger(s.LogLevel), nil)
 }
@@ -120,7 +120,8 @@ func newApp(ctx context.Context, s settings, logger *slog.Logger) (*app, error) 
 	}
 	a.api, err = api.New(ctx, api.Config{
 		Addr: s.Addr, MaxBody: s.MaxBody, Logger: logger, Registry: a.registry,
-		Auth: api.AuthConfig{Secret: []byte(s.JWTSecret), JWKSURL: s.JWKSURL, Issuer: s.JWTIssuer, Audience: s.JWTAudience, OperatorOrgs: s.OperatorOrgs},
+		ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout, IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate,
+		Auth: s.authConfig(),
 	}, svc)
 	if err != nil {
 		a.close()
@@ -141,11 +142,13 @@ func (a *app) wireDomain(_ context.Context, svc *api.Services) error {
 	if err != nil {
 		return fmt.Errorf("workpool: %w", err)
 	}
-	registerHandlers(pool, s)
+	if err := registerHandlers(pool, s, reg); err != nil {
+		return err
+	}
 	svc.Workpool = pool
 	svc.Mandates = mandates.New(a.db, mandates.Config{ApprovalTTL: s.ApprovalTTL, Logger: logger, Registry: reg})
 	svc.Streams, err = streams.New(a.db, streams.Config{MaxChunk: s.StreamChunk, MaxRequest: s.StreamRequest,
-		Retention: s.StreamKeep, Logger: logger, Registry: reg})
+		MaxChunksPerRequest: s.StreamChunks, Retention: s.StreamKeep, Logger: logger, Registry: reg})
 	if err != nil {
 		return fmt.Errorf("streams: %w", err)
 	}
@@ -267,22 +270,30 @@ func flagUsage(fs *flag.FlagSet, synopsis, env string) {
 const serveEnvHelp = `  DATABASE_URL                  Postgres connection string (required for serve)
   TEMPORAL_ADDRESS              Temporal frontend host:port (serve default 127.0.0.1:7233)
   TEMPORAL_NAMESPACE            Temporal namespace for signals (default "default")
-  REVEILLE_JWT_SECRET           HS256 secret, at least 32 bytes
+  REVEILLE_JWT_SECRET           HS256 secrets, each at least 32 bytes (comma list: the first signs, all verify)
   REVEILLE_JWKS_URL             JWKS URL for RS256/ES256/EdDSA tokens (instead of the secret)
-  REVEILLE_JWT_ISSUER           required iss, when set
-  REVEILLE_JWT_AUDIENCE         required aud, when set
+  REVEILLE_JWT_ISSUER           required iss (required with REVEILLE_JWKS_URL; else checked when set)
+  REVEILLE_JWT_AUDIENCE         required aud (required with REVEILLE_JWKS_URL; else checked when set)
   REVEILLE_OPERATOR_ORGS        orgs whose operator role counts (comma list)
   REVEILLE_MAX_BODY             request body limit in bytes (default 1048576)
+  REVEILLE_READ_HEADER_TIMEOUT  time a client has to send a request's headers (default 10s)
+  REVEILLE_READ_TIMEOUT         time a client has to send a whole request, body included (default 60s)
+  REVEILLE_IDLE_TIMEOUT         how long an idle kept-alive connection stays open (default 120s)
+  REVEILLE_ORG_RATE             requests per second per org on this replica, bursts of twice that (default 10000; 0 = no limit)
   REVEILLE_POOLS                pools created at start if missing (default default=25,wakeup=25)
   REVEILLE_RECOVERY_PERIOD      how often running work is checked for dead executors (default 10s)
   REVEILLE_HEARTBEAT_TIMEOUT    heartbeat age after which running work is recovered (default 30s)
   REVEILLE_WORK_RETENTION       how long finished work records are kept (default 24h)
-  REVEILLE_HTTP_ALLOWED_HOSTS   hosts the built-in http handler may call (comma list; empty = none)
+  REVEILLE_ORG_MAX_PENDING      unfinished work items one org may have in one pool (default 100000; 0 = no cap)
+  REVEILLE_HTTP_ALLOWED_HOSTS   host, host:port or host:* the built-in http handler may call (comma list;
+                                a bare host means ports 80 and 443; IPv6 as [::1]:*; empty = none)
+  REVEILLE_HTTP_ALLOWED_NETS    CIDRs of loopback/private/link-local addresses it may connect to (comma list)
   REVEILLE_APPROVAL_TTL         how long a spending approval request stays pending (default 24h)
   REVEILLE_TOOL_APPROVAL_TTL    how long a tool call waits for a human before it is denied as expired (default 1h)
   REVEILLE_SIGNAL_NOTFOUND_GRACE how long a signal to an absent workflow is retried (default 60s)
   REVEILLE_STREAM_MAX_CHUNK     largest stream chunk in bytes (default 1048576)
   REVEILLE_STREAM_MAX_REQUEST   largest stream append request in bytes (default 8388608)
+  REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST most chunks in one JSON stream append (default 1000)
   REVEILLE_STREAM_RETENTION     how long closed streams are kept (default 168h)
   REVEILLE_WORKER               run the reference workflow's Temporal worker (default false; dev: true)
   REVEILLE_LOG_LEVEL            debug, info, warn or error (default info)

@@ -23,7 +23,7 @@ func runToken(_ context.Context, args []string) error {
 	dataDir := fs.String("data-dir", envOr("REVEILLE_DATA_DIR", "./.reveille"), "data dir holding the dev secret (used when REVEILLE_JWT_SECRET is unset)")
 	fs.Usage = func() {
 		flagUsage(fs, "engine token --org ORG [--roles admin,agent,approver] [--sub S] [--agent A] [--ttl 24h] [--data-dir D]",
-			"  REVEILLE_JWT_SECRET  signs the token; else the dev secret in the data dir\n")
+			"  REVEILLE_JWT_SECRET  signs the token (its first secret when it lists several); else the dev secret in the data dir\n")
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -42,7 +42,9 @@ func runToken(_ context.Context, args []string) error {
 		}
 		rs = append(rs, r)
 	}
-	secret := os.Getenv("REVEILLE_JWT_SECRET")
+	// The first of REVEILLE_JWT_SECRET's secrets signs; the others only
+	// verify (they are on their way in or out).
+	secret := settings{JWTSecrets: list(os.Getenv("REVEILLE_JWT_SECRET"))}.signingSecret()
 	if secret == "" {
 		b, err := os.ReadFile(filepath.Join(*dataDir, "jwt-secret"))
 		if err != nil {

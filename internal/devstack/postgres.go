@@ -2,7 +2,8 @@
 // developer's machine or in a test process: a local PostgreSQL cluster run
 // from the machine's server binaries. The embedded Temporal dev server lives
 // in the subpackage devtemporal, so that code needing only Postgres does not
-// link the Temporal server.
+// link the Temporal server. A data directory is used by one process at a
+// time (LockDataDir); RemoveAbandoned clears those of processes that died.
 package devstack
 
 import (
@@ -19,6 +20,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,6 +46,10 @@ type PostgresOptions struct {
 	Settings map[string]string
 	// Logger receives progress lines; nil discards them.
 	Logger *slog.Logger
+	// DieWithParent stops a server this call starts when this process dies,
+	// however it dies (Linux only): for disposable clusters such as tests'.
+	// Off, a server outlives a killed process and the next run reuses it.
+	DieWithParent bool
 }
 
 // Postgres is a running (or reused) local cluster.
@@ -128,7 +134,7 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 		}
 		// A postmaster whose starter was killed is adopted: this process
 		// stops it on exit. One whose starter still runs is left to it.
-		if !processAlive(readPID(p.ownerFile)) {
+		if processGone(readPID(p.ownerFile)) {
 			p.adoptedPID = pid
 			p.writeOwner()
 		}
@@ -165,18 +171,19 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	if runAs != nil {
 		cmd.SysProcAttr.Credential = runAs
 	}
+	if opts.DieWithParent {
+		dieWithParent(cmd.SysProcAttr)
+	}
 	logFile, err := os.OpenFile(filepath.Join(clusterDir, "server.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open server log: %w", err)
 	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("start postgres: %w", err)
+	if err := startServer(cmd, logFile, p); err != nil {
+		return nil, err
 	}
-	p.cmd, p.port, p.done = cmd, port, make(chan struct{})
+	p.port = port
 	p.writeOwner()
-	go func() { _ = cmd.Wait(); logFile.Close(); close(p.done) }()
 	if err := p.waitReady(ctx, 60*time.Second); err != nil {
 		_ = p.Stop(context.Background())
 		return nil, fmt.Errorf("postgres did not become ready (see %s; if this directory's first initdb was interrupted, remove %s to create the cluster again): %w",
@@ -184,6 +191,31 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	}
 	logger.Info("postgres started", "dir", clusterDir, "port", port)
 	return p, nil
+}
+
+// startServer starts cmd and waits on it in a goroutine locked to the OS
+// thread that started it. The parent-death signal (DieWithParent) fires
+// when that thread exits, not the process; started from any thread, the
+// server would be stopped the day some goroutine locks that thread and
+// exits without unlocking it, for the runtime then ends the thread.
+func startServer(cmd *exec.Cmd, logFile *os.File, p *Postgres) error {
+	started := make(chan error)
+	p.done = make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			logFile.Close()
+			started <- fmt.Errorf("start postgres: %w", err)
+			return
+		}
+		p.cmd = cmd
+		started <- nil
+		_ = cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	return <-started
 }
 
 // EnsureDatabase creates database name if it does not exist.
@@ -333,8 +365,7 @@ func clusterDirFor(dataDir string, runAs *syscall.Credential) (string, error) {
 		}
 		return dir, os.Chown(dir, int(runAs.Uid), int(runAs.Gid))
 	}
-	sum := sha256.Sum256([]byte(abs))
-	dir = filepath.Join(os.TempDir(), "reveille-pg-"+hex.EncodeToString(sum[:8]))
+	dir = tempClusterDir(abs)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
@@ -344,6 +375,13 @@ func clusterDirFor(dataDir string, runAs *syscall.Credential) (string, error) {
 	// Leave a pointer so a human finds the cluster.
 	_ = os.WriteFile(filepath.Join(abs, "postgres.location"), []byte(dir+"\n"), 0o644)
 	return dir, nil
+}
+
+// tempClusterDir is where clusterDirFor puts the cluster of the data dir abs
+// when the server user cannot reach abs.
+func tempClusterDir(abs string) string {
+	sum := sha256.Sum256([]byte(abs))
+	return filepath.Join(os.TempDir(), "reveille-pg-"+hex.EncodeToString(sum[:8]))
 }
 
 // reachable reports whether uid/gid can traverse every directory down to dir.
@@ -387,7 +425,7 @@ func (p *Postgres) stopAdopted(ctx context.Context) error {
 		return nil // already gone
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for processAlive(pid) {
+	for !processGone(pid) {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			return errors.New("adopted postgres did not stop in time; killed")
@@ -420,6 +458,22 @@ func processAlive(pid int) bool {
 	return err == nil || errors.Is(err, syscall.EPERM)
 }
 
+// processGone reports whether pid has exited: no such process, or a zombie
+// (an orphan whose reaper has not collected it yet; in a container whose
+// first process does not reap, never).
+func processGone(pid int) bool {
+	if !processAlive(pid) {
+		return true
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// "pid (comm) S …": the state follows the last ')'; comm may hold any byte.
+	_, rest, ok := strings.Cut(string(b[strings.LastIndexByte(string(b), ')')+1:]), " ")
+	return ok && strings.HasPrefix(rest, "Z")
+}
+
 // livePostmaster reads postmaster.pid and reports the port and pid of a
 // live server.
 func livePostmaster(clusterDir string) (port, pid int, ok bool) {
@@ -441,7 +495,7 @@ func livePostmaster(clusterDir string) (port, pid int, ok bool) {
 		return 0, 0, false
 	}
 	port, err = strconv.Atoi(strings.TrimSpace(lines[3]))
-	if err != nil || !processAlive(pid) {
+	if err != nil || processGone(pid) {
 		return 0, 0, false
 	}
 	return port, pid, true

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,10 +44,10 @@ func TestStartStopAndReuseFromPrivateTempDir(t *testing.T) {
 	require.Equal(t, 42, queryInt(t, pg.URL("reveille"), "SELECT v FROM kept"))
 
 	// A postmaster whose starter died (a killed `engine dev`) is adopted:
-	// the next run stops it on exit.
-	dead := exec.Command("true")
-	require.NoError(t, dead.Run())
-	require.NoError(t, os.WriteFile(filepath.Join(pg.ClusterDir(), "reveille.owner"), []byte(strconv.Itoa(dead.Process.Pid)), 0o644))
+	// the next run stops it on exit. The starter may not have been reaped
+	// yet: a zombie is dead too.
+	dead := zombie(t)
+	require.NoError(t, os.WriteFile(filepath.Join(pg.ClusterDir(), "reveille.owner"), []byte(strconv.Itoa(dead)), 0o644))
 	adopter, err := StartPostgres(ctx, PostgresOptions{DataDir: dataDir})
 	require.NoError(t, err)
 	require.True(t, adopter.Reused())
@@ -64,6 +65,48 @@ func TestStartStopAndReuseFromPrivateTempDir(t *testing.T) {
 	t.Cleanup(func() { _ = third.Stop(context.Background()) })
 	require.False(t, third.Reused())
 	require.Equal(t, 42, queryInt(t, third.URL("reveille"), "SELECT v FROM kept"))
+}
+
+func TestProcessGoneCountsZombiesAsGone(t *testing.T) {
+	reaped := exec.Command("true")
+	require.NoError(t, reaped.Run())
+	live := exec.Command("sleep", "300")
+	require.NoError(t, live.Start())
+	t.Cleanup(func() { _ = live.Process.Kill(); _ = live.Wait() })
+	cases := []struct {
+		name string
+		pid  int
+		gone bool
+	}{
+		{"no pid", 0, true},
+		{"exited and reaped", reaped.Process.Pid, true},
+		{"exited, not reaped yet", zombie(t), true},
+		{"running", live.Process.Pid, false},
+		{"this process", os.Getpid(), false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.gone, processGone(tc.pid))
+		})
+	}
+}
+
+// zombie is the pid of a child that has exited and that nothing has
+// waited for yet (it is reaped at the end of the test).
+func zombie(t *testing.T) int {
+	t.Helper()
+	if _, err := os.Stat("/proc/self"); err != nil {
+		t.Skip("telling a zombie needs /proc")
+	}
+	cmd := exec.Command("true")
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Wait() })
+	stat := "/proc/" + strconv.Itoa(cmd.Process.Pid) + "/stat"
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(stat)
+		return err == nil && strings.Contains(string(b), ") Z ")
+	}, 10*time.Second, 5*time.Millisecond)
+	return cmd.Process.Pid
 }
 
 func TestMissingDataDirIsAnError(t *testing.T) {

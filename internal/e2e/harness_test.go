@@ -133,7 +133,7 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 		})
 	}
 
-	srv, err := api.New(ctx, api.Config{Auth: api.AuthConfig{Secret: secret}, Logger: logger, Registry: reg}, api.Services{
+	srv, err := api.New(ctx, api.Config{Auth: api.AuthConfig{Secrets: [][]byte{secret}}, Logger: logger, Registry: reg}, api.Services{
 		DB: s.db, Mandates: s.mandates, Wakeups: s.wakeups, Approvals: s.approvals,
 		Ready: []api.ReadinessCheck{{Name: "temporal", Check: func(ctx context.Context) error {
 			_, err := s.engineTC.CheckHealth(ctx, &client.CheckHealthRequest{})

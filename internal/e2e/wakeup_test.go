@@ -245,21 +245,24 @@ func TestSignalToAGoneWorkflowIsUndeliverableUntilRedelivered(t *testing.T) {
 	require.Equal(t, http.StatusConflict, r.status, "a delivered signal is not redelivered")
 }
 
-func TestAwaitWakeIgnoresDuplicatesAndOtherOrgs(t *testing.T) {
+func TestAwaitWakeIgnoresDuplicatesOtherOrgsAndMalformedSignals(t *testing.T) {
 	s := newStack(t)
 	wf := s.workflowID()
 	run := s.park(wf, "wake", 2, 0)
 	ctx := context.Background()
 	first := workflows.Wake{OrgID: org, WakeupID: "w1", Outcome: "succeeded"}
-	for _, sig := range []workflows.Wake{
+	// The wake that completes the workflow is sent last: a signal sent after
+	// it would race the workflow's completion and fail with "workflow
+	// execution already completed" whenever the worker wins.
+	for _, sig := range []any{
 		first,
 		first, // a repeated delivery
-		{OrgID: otherOrg, WakeupID: "w-evil", Outcome: "succeeded"},
-		{OrgID: org, WakeupID: "w2", Outcome: "failed", Error: "x"},
+		workflows.Wake{OrgID: otherOrg, WakeupID: "w-evil", Outcome: "succeeded"},
+		"not a wake",
+		workflows.Wake{OrgID: org, WakeupID: "w2", Outcome: "failed", Error: "x"},
 	} {
 		require.NoError(t, s.tc.SignalWorkflow(ctx, wf, "", "wake", sig))
 	}
-	require.NoError(t, s.tc.SignalWorkflow(ctx, wf, "", "wake", "not a wake"))
 	wakes := s.wakesOf(run)
 	require.Equal(t, []string{"w1", "w2"}, []string{wakes[0].WakeupID, wakes[1].WakeupID})
 }

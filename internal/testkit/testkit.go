@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -27,11 +28,16 @@ import (
 )
 
 var (
-	serverMu  sync.Mutex
-	serverURL string
-	server    *devstack.Postgres
-	serverDir string
+	serverMu   sync.Mutex
+	serverURL  string
+	server     *devstack.Postgres
+	serverDir  string
+	serverLock *devstack.DataDirLock
 )
+
+// testDirPattern names the temporary data dir of each test process's
+// cluster, under os.TempDir().
+const testDirPattern = "reveille-test-*"
 
 // Main runs a test binary with a PostgreSQL server: the one named by
 // REVEILLE_TEST_DATABASE_URL if set, else a fresh cluster started from the
@@ -58,25 +64,51 @@ func startServer() error {
 		serverURL = u
 		return nil
 	}
-	dir, err := os.MkdirTemp("", "reveille-test-*")
+	reapAbandoned()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", testDirPattern)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	// Held until the directory is gone: while it is, no other test
+	// process's reapAbandoned touches the directory.
+	lock, err := devstack.LockDataDir(dir, filepath.Base(os.Args[0]))
+	if err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
 	pg, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{
 		DataDir: dir,
 		Settings: map[string]string{
 			"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
 			"max_connections": "500", "shared_buffers": "64MB",
 		},
+		DieWithParent: true,
 	})
 	if err != nil {
-		os.RemoveAll(dir)
+		_ = devstack.RemoveDataDir(ctx, dir)
+		_ = lock.Release()
 		return err
 	}
-	server, serverDir, serverURL = pg, dir, pg.URL("postgres")
+	server, serverDir, serverURL, serverLock = pg, dir, pg.URL("postgres"), lock
 	return nil
+}
+
+// reapAbandoned removes the clusters of test processes that died before
+// their cleanup ran (an interrupted or timed-out go test): their servers
+// die with them (DieWithParent) where the OS allows, their directories
+// stay until this.
+func reapAbandoned() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	removed, err := devstack.RemoveAbandoned(ctx, filepath.Join(os.TempDir(), testDirPattern))
+	for _, r := range removed {
+		fmt.Fprintf(os.Stderr, "testkit: removed %s, left by a test process that died (%s)\n", r.Dir, r.Holder)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testkit:", err)
+	}
 }
 
 func stopServer() {
@@ -86,6 +118,7 @@ func stopServer() {
 		_ = server.Stop(context.Background())
 		_ = os.RemoveAll(server.ClusterDir())
 		_ = os.RemoveAll(serverDir)
+		_ = serverLock.Release()
 		server = nil
 	}
 }

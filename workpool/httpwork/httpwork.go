@@ -1,7 +1,14 @@
 // Package httpwork is the workpool's built-in "http" handler: work that is
-// one HTTP request to an allow-listed host. Its result is the response
-// ({status, headers, body}); 2xx succeeds, 408, 429, 5xx and network
+// one HTTP request to an allow-listed host and port. Its result is the
+// response ({status, headers, body}); 2xx succeeds, 408, 429, 5xx and network
 // errors are retried per the work's policy, any other status fails for good.
+//
+// Requests are a tenant's way into the service's network, so two checks
+// stand between a URL and a connection: the allow-list (host and port of the
+// URL and of every redirect) and the dial check (the address actually
+// connected to, after DNS, must not be loopback, private, link-local, ...
+// unless REVEILLE_HTTP_ALLOWED_NETS or an address entry admits it). A
+// refusal fails the work for good (*RefusedError).
 package httpwork
 
 import (
@@ -11,11 +18,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/reveille/reveille/workpool"
 )
@@ -28,12 +37,23 @@ const MaxResponseBytes = 1 << 20
 
 // Config configures the handler.
 type Config struct {
-	// AllowedHosts are the hosts (names or IPs, without port) requests may
-	// go to (REVEILLE_HTTP_ALLOWED_HOSTS). Empty allows none.
+	// AllowedHosts are the hosts requests and redirects may go to
+	// (REVEILLE_HTTP_ALLOWED_HOSTS): `host` (ports 80 and 443), `host:port`
+	// or `host:*`; IPv6 in brackets. Empty allows none.
 	AllowedHosts []string
+	// AllowedNets are CIDRs (REVEILLE_HTTP_ALLOWED_NETS) whose loopback,
+	// private, link-local, CGNAT, unspecified, multicast or reserved
+	// addresses requests may connect to. Empty: only the addresses listed
+	// in AllowedHosts.
+	AllowedNets []string
 	// Timeout bounds one request (default 30 s; the work's timeout_ms also
 	// applies through the handler's context).
 	Timeout time.Duration
+	// Lookup resolves host names (default: the system resolver). Tests
+	// replace it to make a name resolve to a chosen address.
+	Lookup LookupFunc
+	// Registry receives the refusal counter (default: none registered).
+	Registry prometheus.Registerer
 }
 
 // Args are the work's arguments.
@@ -65,23 +85,56 @@ func (e *StatusError) Error() string {
 }
 
 // Register registers the handler on m.
-func Register(m *workpool.Manager, cfg Config) { m.Register(Name, New(cfg)) }
+func Register(m *workpool.Manager, cfg Config) error {
+	h, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	m.Register(Name, h)
+	return nil
+}
 
-// New returns the handler.
-func New(cfg Config) workpool.Handler {
+// New returns the handler, or an error naming every invalid entry of the
+// allow-list and the allowed nets.
+func New(cfg Config) (workpool.Handler, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
 	}
-	allowed := make([]string, 0, len(cfg.AllowedHosts))
-	for _, h := range cfg.AllowedHosts {
-		allowed = append(allowed, strings.ToLower(strings.TrimSpace(h)))
+	if cfg.Lookup == nil {
+		cfg.Lookup = systemLookup
 	}
-	isAllowed := func(u *url.URL) bool { return slices.Contains(allowed, strings.ToLower(u.Hostname())) }
+	list, listErr := ParseAllowList(cfg.AllowedHosts)
+	nets, netsErr := ParseNets(cfg.AllowedNets)
+	if err := errors.Join(listErr, netsErr); err != nil {
+		return nil, err
+	}
+	refusals := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "reveille_http_work_refused_total",
+		Help: "http work requests refused by the network rules, by reason (host, port, url or the address class)."},
+		[]string{"reason"})
+	if cfg.Registry != nil {
+		if err := cfg.Registry.Register(refusals); err != nil {
+			return nil, fmt.Errorf("httpwork metrics: %w", err)
+		}
+	}
+	rules := &netRules{nets: nets, list: list}
+	dialer := &guardedDialer{rules: rules, lookup: cfg.Lookup,
+		dialer: &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: rules.control}}
 	client := &http.Client{
 		Timeout: cfg.Timeout,
+		Transport: &http.Transport{
+			// No proxy: a proxy would connect on the request's behalf,
+			// past the dial check.
+			Proxy:                 nil,
+			DialContext:           dialer.DialContext,
+			ForceAttemptHTTP2:     true,
+			MaxIdleConns:          100,
+			IdleConnTimeout:       90 * time.Second,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ExpectContinueTimeout: time.Second,
+		},
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
-			if !isAllowed(req.URL) {
-				return workpool.NonRetryable(fmt.Errorf("redirect to %s refused: host not in REVEILLE_HTTP_ALLOWED_HOSTS", req.URL.Host))
+			if r := list.check(req.URL); r != nil {
+				return refused(r.Reason, "redirect to %s refused: %s", req.URL.Redacted(), strings.TrimPrefix(r.Error(), "http: "))
 			}
 			if len(via) >= 10 {
 				return workpool.NonRetryable(errors.New("stopped after 10 redirects"))
@@ -98,11 +151,19 @@ func New(cfg Config) workpool.Handler {
 		if err != nil {
 			return nil, workpool.NonRetryable(err)
 		}
-		if !isAllowed(req.URL) {
-			return nil, workpool.NonRetryable(fmt.Errorf("host %q is not in REVEILLE_HTTP_ALLOWED_HOSTS", req.URL.Hostname()))
+		if err = list.CheckURL(req.URL); err == nil {
+			var out json.RawMessage
+			if out, err = do(client, req); err == nil {
+				return out, nil
+			}
 		}
-		return do(client, req)
-	}
+		var r *RefusedError
+		if errors.As(err, &r) {
+			refusals.WithLabelValues(r.Reason).Inc()
+			return nil, workpool.NonRetryable(r)
+		}
+		return nil, err
+	}, nil
 }
 
 func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
@@ -140,6 +201,9 @@ func do(client *http.Client, req *http.Request) (json.RawMessage, error) {
 		var ue *url.Error
 		if errors.As(err, &ue) && workpool.IsNonRetryable(ue.Err) {
 			return nil, ue.Err
+		}
+		if r := (*RefusedError)(nil); errors.As(err, &r) {
+			return nil, r
 		}
 		return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL.Redacted(), err) // network: retryable
 	}

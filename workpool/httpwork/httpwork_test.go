@@ -61,7 +61,8 @@ func TestHTTPHandler(t *testing.T) {
 		http.Redirect(w, r, srv.URL+"/json", http.StatusFound)
 	})
 
-	h := New(Config{AllowedHosts: []string{"127.0.0.1"}, Timeout: 5 * time.Second})
+	h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}, Timeout: 5 * time.Second})
+	require.NoError(t, err)
 	ctx := context.Background()
 
 	t.Run("2xx JSON body is returned as JSON", func(t *testing.T) {
@@ -128,7 +129,9 @@ func TestHTTPHandler(t *testing.T) {
 		})
 	}
 	t.Run("no allowed hosts allows nothing", func(t *testing.T) {
-		_, err := run(t, New(Config{}), ctx, Args{URL: srv.URL + "/json"})
+		none, err := New(Config{})
+		require.NoError(t, err)
+		_, err = run(t, none, ctx, Args{URL: srv.URL + "/json"})
 		require.True(t, workpool.IsNonRetryable(err))
 	})
 }
@@ -149,7 +152,7 @@ func TestServerErrorThenSuccessIsRetriedInThePool(t *testing.T) {
 	db := testkit.NewPool(t)
 	m, err := workpool.New(db, workpool.Config{Pools: map[string]int{"default": 2}, Logger: testkit.Logger(t)})
 	require.NoError(t, err)
-	Register(m, Config{AllowedHosts: []string{"127.0.0.1"}})
+	require.NoError(t, Register(m, Config{AllowedHosts: []string{"127.0.0.1:*"}}))
 	ctx := context.Background()
 	require.NoError(t, m.Start(ctx))
 	defer m.Stop(ctx)

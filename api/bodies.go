@@ -1,0 +1,172 @@
+package api
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/workpool"
+)
+
+// The JSON request bodies' decoders. Each decodes and validates what it can
+// without the request or the database (the caller's agent binding and the
+// domain's rules come after), so that the handlers and the fuzz targets
+// (FuzzDecodeBodies) run the same code. Every error is a 4xx problem
+// naming the field.
+
+type mandateCreateIn struct {
+	AgentID    string  `json:"agent_id"`
+	Scope      string  `json:"scope"`
+	Budget     *int64  `json:"budget"`
+	ValidUntil *string `json:"valid_until"`
+}
+
+// decodeMandateCreate decodes POST /v1/mandates.
+func decodeMandateCreate(body []byte) (mandates.CreateParams, error) {
+	var in mandateCreateIn
+	if err := decodeJSON(body, &in); err != nil {
+		return mandates.CreateParams{}, err
+	}
+	if in.Budget == nil {
+		return mandates.CreateParams{}, Invalid("budget", "is required (an integer ≥ 0)")
+	}
+	p := mandates.CreateParams{AgentID: in.AgentID, Scope: in.Scope, Budget: *in.Budget}
+	if in.ValidUntil != nil {
+		t, err := parseValidUntil(*in.ValidUntil)
+		if err != nil {
+			return mandates.CreateParams{}, err
+		}
+		p.ValidUntil = t
+	}
+	return p, nil
+}
+
+type mandatePatchIn struct {
+	Budget     *int64          `json:"budget"`
+	Status     *string         `json:"status"`
+	ValidUntil json.RawMessage `json:"valid_until"` // absent: keep; null: clear
+}
+
+// decodeMandatePatch decodes PATCH /v1/mandates/{id}.
+func decodeMandatePatch(body []byte) (mandates.PatchParams, error) {
+	var in mandatePatchIn
+	if err := decodeJSON(body, &in); err != nil {
+		return mandates.PatchParams{}, err
+	}
+	p := mandates.PatchParams{Budget: in.Budget, Status: in.Status}
+	if in.ValidUntil != nil {
+		p.SetValidUntil = true
+		if string(in.ValidUntil) != "null" {
+			var raw string
+			if err := json.Unmarshal(in.ValidUntil, &raw); err != nil {
+				return mandates.PatchParams{}, Invalid("valid_until", "must be an RFC 3339 timestamp or null")
+			}
+			var err error
+			if p.ValidUntil, err = parseValidUntil(raw); err != nil {
+				return mandates.PatchParams{}, err
+			}
+		}
+	}
+	return p, nil
+}
+
+// spendIn is a POST /v1/mandates/spend body; Cost is never nil once decoded.
+type spendIn struct {
+	AgentID string `json:"agent_id"`
+	Scope   string `json:"scope"`
+	Cost    *int64 `json:"cost"`
+	Reason  string `json:"reason"`
+}
+
+// decodeSpend decodes POST /v1/mandates/spend.
+func decodeSpend(body []byte) (spendIn, error) {
+	var in spendIn
+	if err := decodeJSON(body, &in); err != nil {
+		return spendIn{}, err
+	}
+	if in.Cost == nil {
+		return spendIn{}, Invalid("cost", "is required (an integer ≥ 0)")
+	}
+	return in, nil
+}
+
+type approvalResolveIn struct {
+	Note string `json:"note"`
+}
+
+// decodeApprovalResolve decodes POST /v1/mandate-approvals/{id}/approve
+// and /deny (an empty body is no note).
+func decodeApprovalResolve(body []byte) (approvalResolveIn, error) {
+	var in approvalResolveIn
+	err := decodeJSON(body, &in)
+	return in, err
+}
+
+// decodeWakeup decodes POST /v1/wakeups; Cost and Work are never nil once
+// decoded.
+func decodeWakeup(body []byte) (wakeupRequest, error) {
+	var in wakeupRequest
+	if err := decodeJSON(body, &in); err != nil {
+		return wakeupRequest{}, err
+	}
+	if in.Cost == nil {
+		return wakeupRequest{}, Invalid("cost", "is required (an integer ≥ 0)")
+	}
+	if in.Work == nil {
+		return wakeupRequest{}, Invalid("work", "is required: {handler, args, retry?, timeout_ms?}")
+	}
+	return in, nil
+}
+
+// decodeWorkEnqueue decodes POST /v1/pools/{pool}/work into the params the
+// body sets (not OrgID, Pool).
+func decodeWorkEnqueue(body []byte) (workpool.EnqueueParams, error) {
+	var in workIn
+	if err := decodeJSON(body, &in); err != nil {
+		return workpool.EnqueueParams{}, err
+	}
+	p := workpool.EnqueueParams{Handler: in.Handler, Args: in.Args, Retry: in.Retry}
+	if in.RunAt != nil {
+		at, err := time.Parse(time.RFC3339Nano, *in.RunAt)
+		if err != nil {
+			return workpool.EnqueueParams{}, Invalid("run_at", "must be an RFC 3339 timestamp")
+		}
+		p.RunAt = at
+	}
+	if in.TimeoutMS != nil {
+		if *in.TimeoutMS < 1 {
+			return workpool.EnqueueParams{}, Invalid("timeout_ms", "must be a positive number of milliseconds")
+		}
+		p.TimeoutMS = *in.TimeoutMS
+	}
+	return p, nil
+}
+
+// poolChange is a decoded PATCH /v1/pools/{pool}: at least one field set.
+type poolChange struct {
+	MaxParallelism *int
+	// SetPerOrg is true when max_parallelism_per_org was given; PerOrg is
+	// its value, nil for null (no per-org limit).
+	SetPerOrg bool
+	PerOrg    *int
+}
+
+// decodePoolPatch decodes PATCH /v1/pools/{pool}.
+func decodePoolPatch(body []byte) (poolChange, error) {
+	var in poolPatch
+	if err := decodeJSON(body, &in); err != nil {
+		return poolChange{}, err
+	}
+	if in.MaxParallelism == nil && in.MaxParallelismPerOrg == nil {
+		return poolChange{}, Invalid("max_parallelism", "is required")
+	}
+	ch := poolChange{MaxParallelism: in.MaxParallelism, SetPerOrg: in.MaxParallelismPerOrg != nil}
+	if ch.SetPerOrg && string(in.MaxParallelismPerOrg) != "null" {
+		var n int
+		if err := json.Unmarshal(in.MaxParallelismPerOrg, &n); err != nil {
+			return poolChange{}, Invalid("max_parallelism_per_org", "must be an integer or null")
+		}
+		ch.PerOrg = &n
+	}
+	return ch, nil
+}

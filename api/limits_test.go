@@ -1,0 +1,138 @@
+package api
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/streams"
+)
+
+// sendBody posts body as is; chunked leaves out Content-Length, so that the
+// limit is met while the body is read rather than up front.
+func sendBody(t *testing.T, h http.Handler, path, tok, contentType string, body []byte, chunked bool) response {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
+	if chunked {
+		req.ContentLength = -1
+	}
+	req.Header.Set("Content-Type", contentType)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return response{Status: rec.Code, Header: rec.Header(), Body: rec.Body.Bytes()}
+}
+
+// chunksBody is a JSON append of chunks, padded with trailing whitespace to
+// size bytes (0: no padding).
+func chunksBody(t *testing.T, size int, chunks ...[]byte) []byte {
+	t.Helper()
+	list := make([]map[string]string, len(chunks))
+	for i, c := range chunks {
+		list[i] = map[string]string{"data_base64": base64.StdEncoding.EncodeToString(c)}
+	}
+	return padJSON(t, map[string]any{"chunks": list}, size)
+}
+
+func padJSON(t *testing.T, v any, size int) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	if size == 0 {
+		return b
+	}
+	require.LessOrEqual(t, len(b), size, "the body fits the size asked for")
+	return append(b, bytes.Repeat([]byte(" "), size-len(b))...)
+}
+
+func manyChunks(n int) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = []byte{byte(i)}
+	}
+	return out
+}
+
+// Each limit lets a request exactly at it through and refuses one unit more
+// with a 413 naming the field, storing nothing of the refused request.
+func TestRequestsAtALimitPassAndOneMoreIs413StoringNothing(t *testing.T) {
+	const maxChunk, maxRequest, maxBody = 1024, 4096, 256
+	small := newStreamServer(t, streams.Config{MaxChunk: maxChunk, MaxRequest: maxRequest})
+	defaults := newStreamServer(t, streams.Config{})
+	mandateServer := newTestServer(t, withMandates(t), func(c *Config, _ *Services) { c.MaxBody = maxBody })
+	agent, admin := agentToken(t, "org-a"), token(t, "org-a", RoleAdmin)
+	const octet, jsonType = "application/octet-stream", "application/json"
+
+	streamTail := func(s streamServer, name string) func(t *testing.T) any {
+		return func(t *testing.T) any { return s.info(t, agent, name)["tail_index"] }
+	}
+	mandateCount := func(t *testing.T) any {
+		r := do(t, mandateServer.Handler(), http.MethodGet, "/v1/mandates", admin, nil)
+		require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+		return len(r.JSON(t)["items"].([]any))
+	}
+	mandateBody := func(agent string, size int) []byte {
+		return padJSON(t, map[string]any{"agent_id": agent, "scope": "llm", "budget": 1}, size)
+	}
+	cases := []struct {
+		name     string
+		h        http.Handler
+		path     string
+		tok      string
+		ct       string
+		chunked  bool
+		at, over []byte
+		field    string                 // what the 413 names
+		state    func(t *testing.T) any // unchanged by the refused request
+	}{
+		{
+			name: "REVEILLE_STREAM_MAX_CHUNK, raw chunk", h: small.Handler(), path: streamBase + "raw/chunks", tok: agent, ct: octet,
+			at: make([]byte, maxChunk), over: make([]byte, maxChunk+1), field: "body", state: streamTail(small, "raw"),
+		},
+		{
+			name: "REVEILLE_STREAM_MAX_CHUNK, JSON chunk", h: small.Handler(), path: streamBase + "json/chunks", tok: agent, ct: jsonType,
+			at:    chunksBody(t, 0, []byte("ok"), make([]byte, maxChunk)),
+			over:  chunksBody(t, 0, []byte("ok"), make([]byte, maxChunk+1)),
+			field: "chunks[1]", state: streamTail(small, "json"),
+		},
+		{
+			name: "REVEILLE_STREAM_MAX_REQUEST", h: small.Handler(), path: streamBase + "request/chunks", tok: agent, ct: jsonType,
+			at:    chunksBody(t, maxRequest, make([]byte, maxChunk), make([]byte, maxChunk)),
+			over:  chunksBody(t, maxRequest+1, make([]byte, maxChunk), make([]byte, maxChunk)),
+			field: "body", state: streamTail(small, "request"),
+		},
+		{
+			name: "REVEILLE_STREAM_MAX_REQUEST, no Content-Length", h: small.Handler(), path: streamBase + "chunked/chunks", tok: agent, ct: jsonType,
+			chunked: true,
+			at:      chunksBody(t, maxRequest, make([]byte, maxChunk), make([]byte, maxChunk)),
+			over:    chunksBody(t, maxRequest+1, make([]byte, maxChunk), make([]byte, maxChunk)),
+			field:   "body", state: streamTail(small, "chunked"),
+		},
+		{
+			name: "REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST (default 1000)", h: defaults.Handler(), path: streamBase + "many/chunks", tok: agent, ct: jsonType,
+			at: chunksBody(t, 0, manyChunks(1000)...), over: chunksBody(t, 0, manyChunks(1001)...), field: "chunks", state: streamTail(defaults, "many"),
+		},
+		{
+			name: "REVEILLE_MAX_BODY", h: mandateServer.Handler(), path: "/v1/mandates", tok: admin, ct: jsonType,
+			at: mandateBody("at", maxBody), over: mandateBody("over", maxBody+1), field: "body", state: mandateCount,
+		},
+		{
+			name: "REVEILLE_MAX_BODY, no Content-Length", h: mandateServer.Handler(), path: "/v1/mandates", tok: admin, ct: jsonType, chunked: true,
+			at: mandateBody("at-chunked", maxBody), over: mandateBody("over-chunked", maxBody+1), field: "body", state: mandateCount,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := sendBody(t, tc.h, tc.path, tc.tok, tc.ct, tc.at, tc.chunked)
+			require.Equal(t, http.StatusCreated, r.Status, "exactly at the limit passes; body: %s", r.Body)
+			before := tc.state(t)
+			sendBody(t, tc.h, tc.path, tc.tok, tc.ct, tc.over, tc.chunked).requireProblem(t, http.StatusRequestEntityTooLarge, tc.field)
+			require.Equal(t, before, tc.state(t), "the refused request stored nothing")
+		})
+	}
+}

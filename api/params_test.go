@@ -1,0 +1,82 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/streams"
+)
+
+// Every /v1 route, with each of its path parameters and with a query
+// parameter (value or name) that is not UTF-8 text without NUL, is a 400
+// naming the parameter. Postgres rejects such text, which made some of
+// these 500s.
+func TestNULOrInvalidUTF8InAnyParameterIs400NamingIt(t *testing.T) {
+	s := newTestServer(t, withStreams(t, streams.Config{}), withMandates(t), withWakeups(t), withWorkpool(t))
+	tok := token(t, "ops-org", AllRoles...)
+	bad := []struct {
+		name, escaped, decoded string // decoded: as the problem names it
+	}{
+		{"NUL", "a%00b", "a\x00b"},
+		{"invalid UTF-8, escaped as the server would not", "a%ffb", "a\uFFFDb"},
+		{"invalid UTF-8, escaped as the server would", "a%FFb", "a\uFFFDb"},
+		{"overlong UTF-8", "%C0%AF", "\uFFFD"},
+	}
+	// get bounds each request, so that without the check the SSE route fails
+	// instead of streaming forever.
+	get := func(t *testing.T, method, path string) response {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), testWait)
+		defer cancel()
+		req := httptest.NewRequestWithContext(ctx, method, path, nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		return response{Status: rec.Code, Header: rec.Header(), Body: rec.Body.Bytes()}
+	}
+	routes := 0
+	for _, rt := range s.Echo().Routes() {
+		if !strings.HasPrefix(rt.Path, "/v1/") {
+			continue
+		}
+		routes++
+		params := echoParam.FindAllStringSubmatch(rt.Path, -1)
+		// path fills every parameter with a valid value but the one named.
+		path := func(param, value string) string {
+			return echoParam.ReplaceAllStringFunc(rt.Path, func(m string) string {
+				if m[1:] == param {
+					return value
+				}
+				return "x"
+			})
+		}
+		for _, b := range bad {
+			for _, p := range params {
+				t.Run(rt.Method+" "+rt.Path+" "+p[1]+" "+b.name, func(t *testing.T) {
+					get(t, rt.Method, path(p[1], b.escaped)).requireProblem(t, http.StatusBadRequest, p[1])
+				})
+			}
+			t.Run(rt.Method+" "+rt.Path+" query "+b.name, func(t *testing.T) {
+				get(t, rt.Method, path("", "")+"?limit=5&after="+b.escaped).requireProblem(t, http.StatusBadRequest, "after")
+				get(t, rt.Method, path("", "")+"?"+b.escaped+"=1").requireProblem(t, http.StatusBadRequest, b.decoded)
+			})
+		}
+		t.Run(rt.Method+" "+rt.Path+" malformed query escape", func(t *testing.T) {
+			get(t, rt.Method, path("", "")+"?after=%zz").requireProblem(t, http.StatusBadRequest, "after")
+		})
+	}
+	require.Greater(t, routes, 20, "every service's routes are registered")
+}
+
+func TestAnIdempotencyKeyThatIsNotUTF8Is400NamingIt(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t))
+	r := do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", token(t, "org-a", RoleAdmin), `{"handler": "echo"}`,
+		"Idempotency-Key", "key-\xff")
+	r.requireProblem(t, http.StatusBadRequest, "Idempotency-Key")
+	require.Zero(t, workCount(t, s))
+}

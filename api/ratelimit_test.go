@@ -1,0 +1,141 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/streams"
+)
+
+func withOrgRate(perSecond float64) func(*Config, *Services) {
+	return func(c *Config, _ *Services) { c.OrgRate = perSecond }
+}
+
+// freezeClock stops the server's rate limiter clock at a fixed instant and
+// returns a function that moves it forward.
+func freezeClock(s *Server) (advance func(time.Duration)) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	s.limiter.now = func() time.Time { return now }
+	return func(d time.Duration) { now = now.Add(d) }
+}
+
+func TestAnOrgOverItsRateGets429WithRetryAfterWhileAnotherOrgIsServed(t *testing.T) {
+	s := newTestServer(t, withOrgRate(1)) // bursts of 2
+	advance := freezeClock(s)
+	orgA, orgB := token(t, "org-a"), token(t, "org-b")
+	whoami := func(tok string) response { return do(t, s.Handler(), http.MethodGet, "/v1/whoami", tok, nil) }
+
+	require.Equal(t, http.StatusOK, whoami(orgA).Status)
+	require.Equal(t, http.StatusOK, whoami(orgA).Status)
+	r := whoami(orgA)
+	p := r.requireProblem(t, http.StatusTooManyRequests)
+	require.Equal(t, ProblemTypeBase+"rate-limited", p["type"])
+	require.Equal(t, "1", r.Header.Get("Retry-After"))
+	require.Equal(t, 1.0, rateLimitedCount(t, s, "/v1/whoami"))
+
+	require.Equal(t, http.StatusOK, whoami(orgB).Status, "another org has its own bucket")
+	require.Equal(t, http.StatusOK, whoami(orgB).Status)
+
+	advance(time.Second)
+	require.Equal(t, http.StatusOK, whoami(orgA).Status, "a second later the org has a token again")
+	require.Equal(t, http.StatusTooManyRequests, whoami(orgA).Status, "and only one")
+
+	require.Equal(t, http.StatusOK, do(t, s.Handler(), http.MethodGet, "/healthz", "", nil).Status, "routes outside /v1 are not limited")
+	do(t, s.Handler(), http.MethodGet, "/v1/whoami", "", nil).requireProblem(t, http.StatusUnauthorized)
+}
+
+func TestRetryAfterIsTheWaitForATokenInWholeSecondsAtLeastOne(t *testing.T) {
+	cases := []struct {
+		rate       float64
+		retryAfter string
+	}{
+		{rate: 1, retryAfter: "1"},
+		{rate: 0.4, retryAfter: "3"},  // a token every 2.5 s
+		{rate: 1000, retryAfter: "1"}, // a token every ms
+		{rate: 1.0 / 3600, retryAfter: "3600"},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprint(tc.rate), func(t *testing.T) {
+			s := newTestServer(t, withOrgRate(tc.rate), func(c *Config, _ *Services) { c.OrgBurst = 1 })
+			freezeClock(s)
+			tok := token(t, "org-a")
+			require.Equal(t, http.StatusOK, do(t, s.Handler(), http.MethodGet, "/v1/whoami", tok, nil).Status)
+			r := do(t, s.Handler(), http.MethodGet, "/v1/whoami", tok, nil)
+			r.requireProblem(t, http.StatusTooManyRequests)
+			require.Equal(t, tc.retryAfter, r.Header.Get("Retry-After"))
+		})
+	}
+}
+
+func TestOrgRateZeroTurnsTheLimitOff(t *testing.T) {
+	s := newTestServer(t, withOrgRate(0))
+	require.Nil(t, s.limiter)
+	tok := token(t, "org-a")
+	for range 100 {
+		require.Equal(t, http.StatusOK, do(t, s.Handler(), http.MethodGet, "/v1/whoami", tok, nil).Status)
+	}
+}
+
+// An SSE connection takes one token when it opens, however many events it
+// carries.
+func TestAnSSEConnectionCountsOnceAgainstTheRate(t *testing.T) {
+	s := newTestServer(t, withStreams(t, streams.Config{KeepAlive: 10 * time.Millisecond}), withOrgRate(1)) // bursts of 2
+	freezeClock(s)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	tok := agentToken(t, "org-a")
+
+	sse := openSSEURL(t, srv.URL+streamBase+"out/sse", tok)
+	for i := range 5 {
+		// Written past the HTTP layer, so that only the SSE connection
+		// spends the org's tokens.
+		_, err := s.svc.Streams.Append(context.Background(), "org-a", "run-1", "out", [][]byte{fmt.Appendf(nil, "c%d", i)})
+		require.NoError(t, err)
+		require.Equal(t, sseEvent{ID: fmt.Sprint(i), Data: b64(fmt.Sprintf("c%d", i))}, sse.next(t))
+	}
+	require.Equal(t, http.StatusOK, do(t, s.Handler(), http.MethodGet, "/v1/whoami", tok, nil).Status, "the second token is left")
+	do(t, s.Handler(), http.MethodGet, "/v1/whoami", tok, nil).requireProblem(t, http.StatusTooManyRequests)
+}
+
+func TestIdleOrgBucketsAreDroppedOnceFullAgain(t *testing.T) {
+	l := newOrgLimiter(1, 2) // full again 2 s after its last use
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	l.now = func() time.Time { return now }
+	for i := range 1000 {
+		require.Zero(t, l.take(fmt.Sprint("org-", i)))
+	}
+	require.Equal(t, 1000, l.size())
+
+	now = now.Add(limiterSweepEvery)
+	require.Zero(t, l.take("org-0"))
+	require.Zero(t, l.take("org-0"))
+	require.Equal(t, 1, l.size(), "only the org just seen is kept")
+	require.Positive(t, l.take("org-0"), "and its bucket is not reset by the sweep")
+
+	now = now.Add(limiterSweepEvery)
+	require.Zero(t, l.take("org-1"))
+	require.Equal(t, 1, l.size())
+}
+
+func rateLimitedCount(t *testing.T, s *Server, route string) float64 {
+	t.Helper()
+	families, err := s.cfg.Registry.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != "reveille_http_rate_limited_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if m.GetLabel()[0].GetValue() == route {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}

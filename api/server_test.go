@@ -1,0 +1,150 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/streams"
+)
+
+// Short server timeouts, so that the tests see them expire.
+const (
+	shortHeaderTimeout = 100 * time.Millisecond
+	shortReadTimeout   = 300 * time.Millisecond
+	shortIdleTimeout   = 300 * time.Millisecond
+)
+
+func withShortTimeouts(c *Config, _ *Services) {
+	c.ReadHeaderTimeout, c.ReadTimeout, c.IdleTimeout = shortHeaderTimeout, shortReadTimeout, shortIdleTimeout
+}
+
+// serveOn runs s on a real listener (the timeouts live in http.Server) and
+// returns its address.
+func serveOn(t *testing.T, s *Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return ln.Addr().String()
+}
+
+// dribble writes first, then rest one byte at a time, pausing between
+// bytes, until it is done, a write fails or stop is closed: a slowloris.
+func dribble(conn net.Conn, first, rest string, stop <-chan struct{}) {
+	if _, err := io.WriteString(conn, first); err != nil {
+		return
+	}
+	for i := range len(rest) {
+		select {
+		case <-stop:
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+		if _, err := io.WriteString(conn, rest[i:i+1]); err != nil {
+			return
+		}
+	}
+}
+
+// requireDisconnected reads conn until the server closes it (EOF or a
+// reset), failing if it is still open after testWait; it returns what was
+// read.
+func requireDisconnected(t *testing.T, conn net.Conn) string {
+	t.Helper()
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(testWait)))
+	var got strings.Builder
+	_, err := io.Copy(&got, conn)
+	require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "the server kept the connection open; read so far: %q", got.String())
+	return got.String()
+}
+
+func TestSlowClientsAreDisconnected(t *testing.T) {
+	s := newTestServer(t, withStreams(t, streams.Config{}), withShortTimeouts)
+	addr := serveOn(t, s)
+	tok := agentToken(t, "org-a")
+	// Each slow part takes 100 × 10 ms, far over its timeout.
+	slow := strings.Repeat("x", 100)
+	cases := []struct {
+		name        string
+		first, rest string
+		response    string // the status line the server answers with, if any
+	}{
+		{
+			name:  "headers sent slowly",
+			first: "GET /healthz HTTP/1.1\r\nHost: test\r\n", rest: "X-Slow: " + slow + "\r\n\r\n",
+		},
+		{
+			name: "body sent slowly",
+			first: "POST " + streamBase + "slow/chunks HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer " + tok +
+				"\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\n",
+			rest:     slow,
+			response: "HTTP/1.1 408 Request Timeout",
+		},
+		{
+			name:     "idle after a request",
+			first:    "GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n",
+			response: "HTTP/1.1 200 OK",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", addr)
+			require.NoError(t, err)
+			defer conn.Close()
+			stop := make(chan struct{})
+			defer close(stop)
+			go dribble(conn, tc.first, tc.rest, stop)
+			got := requireDisconnected(t, conn)
+			if tc.response == "" {
+				require.Empty(t, got, "no response to a request never fully sent")
+			} else if got != "" { // a reset may beat the response to the client
+				status, _, _ := strings.Cut(got, "\r\n")
+				require.Equal(t, tc.response, status)
+			}
+		})
+	}
+	require.Equal(t, map[string]any{"tail_index": -1.0, "done": false},
+		do(t, s.Handler(), http.MethodGet, streamBase+"slow", tok, nil).JSON(t), "the slow append stored nothing")
+}
+
+// An SSE response outlives the read and idle timeouts while keep-alives
+// flow, and still delivers chunks afterwards.
+func TestAnSSEStreamOutlivesTheServerTimeouts(t *testing.T) {
+	const keepAlive = 20 * time.Millisecond
+	s := newTestServer(t, withStreams(t, streams.Config{KeepAlive: keepAlive}), withShortTimeouts)
+	url := "http://" + serveOn(t, s)
+	tok := agentToken(t, "org-a")
+	sse := openSSEURL(t, url+streamBase+"out/sse", tok)
+
+	// A ticker never delivers its nth tick before n periods have passed, so
+	// these keep-alives span more than twice the read and idle timeouts.
+	keepAlives := 2*int(max(shortReadTimeout, shortIdleTimeout)/keepAlive) + 1
+	deadline := time.After(testWait)
+	for range keepAlives {
+		select {
+		case ev, ok := <-sse.events:
+			require.True(t, ok, "the event stream ended")
+			require.Equal(t, sseEvent{Comment: "keep-alive"}, ev)
+		case <-deadline:
+			t.Fatal("keep-alives stopped")
+		}
+	}
+	r := do(t, s.Handler(), http.MethodPost, streamBase+"out/chunks", tok, []byte("late"), "Content-Type", "application/octet-stream")
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	require.Equal(t, sseEvent{ID: "0", Data: b64("late")}, sse.next(t))
+}

@@ -1,0 +1,266 @@
+package workpool
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrTooManyPending is returned when an enqueue would take an org past its
+// cap of unfinished work in a pool (Config.MaxPendingPerOrg); the error
+// that wraps it names the org, the pool and the cap. Nothing is enqueued.
+// Retry once some of the org's work there has finished.
+var ErrTooManyPending = errors.New("too much pending work")
+
+const (
+	// pendingRecountAfter is how stale the count of an org over its cap
+	// must be before an enqueue counts again, so that an org hammering a
+	// full pool costs one count a second, not one per request.
+	pendingRecountAfter = time.Second
+	// pendingRefreshAfter is how stale a count gets before the pool's
+	// leader counts again (pendingRefreshBatch orgs per purge tick): it
+	// keeps the bound close and repairs one that drifted low, e.g. counts
+	// not kept while the cap was off.
+	pendingRefreshAfter = time.Minute
+	pendingRefreshBatch = 100
+)
+
+// Pending counts (workpool_org_pending) bound an org's unfinished work in
+// a pool from above, or at least reach cap+1 (an exact count stops there):
+// the count taken at counted_at plus what was enqueued since. Finishing work does not lower
+// it (a row every completion updated would serialise an org's completions
+// with its enqueues, and hold up the loop behind an enqueuing transaction),
+// so an enqueue that finds the bound past the cap counts again before it
+// refuses.
+
+// recountLog remembers when this replica last counted an org over its cap.
+// The count a refused enqueue takes rolls back with it, so counted_at
+// alone cannot keep an org hammering a full pool to one count a second.
+type recountLog struct {
+	mu   sync.Mutex
+	last map[[2]string]time.Time
+}
+
+// due reports whether (pool, org) may be counted at now, given the count
+// stored at countedAt, and if so records the count.
+func (r *recountLog) due(pool, org string, countedAt, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := [2]string{pool, org}
+	if now.Sub(countedAt) < pendingRecountAfter || now.Sub(r.last[k]) < pendingRecountAfter {
+		return false
+	}
+	if r.last == nil {
+		r.last = map[[2]string]time.Time{}
+	}
+	if len(r.last) >= 10_000 { // orgs over their caps at once: forget the stale ones
+		for k, at := range r.last {
+			if now.Sub(at) >= pendingRecountAfter {
+				delete(r.last, k)
+			}
+		}
+	}
+	r.last[k] = now
+	return true
+}
+
+// pendingGroups are a batch's fresh items per (pool, org), sorted, so that
+// every batch locks the counts in one order.
+type pendingGroups struct {
+	pools, orgs []string
+	counts      []int64
+	// The groups the cap applies to (some item is not BypassPendingCap),
+	// also as "pool/org".
+	checkPools, checkOrgs, checkKeys []string
+	checked                          []bool
+}
+
+func (g *pendingGroups) index(pool, org string) int {
+	for i := range g.pools {
+		if g.pools[i] == pool && g.orgs[i] == org {
+			return i
+		}
+	}
+	return -1
+}
+
+func (m *Manager) capOn() bool { return m.cfg.MaxPendingPerOrg != NoPendingLimit }
+
+// pendingGroups returns nil when the cap is off.
+func (m *Manager) pendingGroups(ps []EnqueueParams, r *enqueueRows) *pendingGroups {
+	if !m.capOn() {
+		return nil
+	}
+	type key struct{ pool, org string }
+	counts := map[key]int64{}
+	checked := map[key]bool{}
+	for i, p := range ps {
+		if r.replay != nil && r.replay[i] {
+			continue
+		}
+		k := key{p.Pool, p.OrgID}
+		counts[k]++
+		checked[k] = checked[k] || !p.BypassPendingCap
+	}
+	keys := make([]key, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b key) int { return cmp.Or(cmp.Compare(a.pool, b.pool), cmp.Compare(a.org, b.org)) })
+	g := &pendingGroups{}
+	for _, k := range keys {
+		g.pools, g.orgs, g.counts = append(g.pools, k.pool), append(g.orgs, k.org), append(g.counts, counts[k])
+		g.checked = append(g.checked, checked[k])
+		if checked[k] {
+			g.checkPools, g.checkOrgs = append(g.checkPools, k.pool), append(g.checkOrgs, k.org)
+			g.checkKeys = append(g.checkKeys, k.pool+"/"+k.org)
+		}
+	}
+	return g
+}
+
+// pendingCount is a pair's row of workpool_org_pending.
+type pendingCount struct {
+	pool, org string
+	pending   int64
+	countedAt time.Time
+}
+
+// admitOverCap decides the groups whose bound went past the cap, after an
+// insert that inserted nothing: each is counted again (unless counted
+// within pendingRecountAfter) and refused if it really is over. tx holds
+// the counts' row locks (the insert raised them), so the count sees every
+// enqueue of the org that committed and none is in flight.
+func (m *Manager) admitOverCap(ctx context.Context, tx pgx.Tx, g *pendingGroups) error {
+	if len(g.checkPools) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, sqlReadPendingPairs, g.checkPools, g.checkOrgs)
+	if err != nil {
+		return fmt.Errorf("reading pending counts: %w", err)
+	}
+	counts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pendingCount, error) {
+		var c pendingCount
+		err := r.Scan(&c.pool, &c.org, &c.pending, &c.countedAt)
+		return c, err
+	})
+	if err != nil {
+		return fmt.Errorf("reading pending counts: %w", err)
+	}
+	limit := int64(m.cfg.MaxPendingPerOrg)
+	now := m.now()
+	for _, c := range counts {
+		i := g.index(c.pool, c.org)
+		if i < 0 || !g.checked[i] || c.pending <= limit {
+			continue
+		}
+		if !m.recounts.due(c.pool, c.org, c.countedAt, now) {
+			return m.refuse(c.pool, c.org, g.counts[i])
+		}
+		exact, err := m.countPending(ctx, tx, c.pool, c.org)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlSetPending, c.pool, c.org, exact+g.counts[i], now); err != nil {
+			return fmt.Errorf("updating the pending count of %s in %s: %w", c.org, c.pool, err)
+		}
+		if exact+g.counts[i] > limit {
+			return m.refuse(c.pool, c.org, g.counts[i])
+		}
+	}
+	return nil
+}
+
+// countPending counts an org's unfinished work in a pool, up to cap+1
+// (enough to decide).
+func (m *Manager) countPending(ctx context.Context, q Querier, pool, org string) (int64, error) {
+	var n int64
+	if err := q.QueryRow(ctx, sqlCountPending, pool, org, int64(m.cfg.MaxPendingPerOrg)+1).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting the pending work of %s in %s: %w", org, pool, err)
+	}
+	return n, nil
+}
+
+// refuse counts a refusal of items and says why.
+func (m *Manager) refuse(pool, org string, items int64) error {
+	m.metrics.refused.WithLabelValues(pool).Add(float64(items))
+	return fmt.Errorf("org %s has reached its cap of %d unfinished work items in pool %s: %w",
+		org, m.cfg.MaxPendingPerOrg, pool, ErrTooManyPending)
+}
+
+// CheckPending reports ErrTooManyPending when one more item would take
+// orgID past its cap in pool, without writing anything. Callers that act
+// before they enqueue — the wake-up gate spends money first — use it to
+// refuse before acting; their later enqueue may then set BypassPendingCap.
+func (m *Manager) CheckPending(ctx context.Context, q Querier, orgID, pool string) error {
+	if !m.capOn() {
+		return nil
+	}
+	var (
+		pending   int64
+		countedAt time.Time
+	)
+	err := q.QueryRow(ctx, sqlReadPending, pool, orgID).Scan(&pending, &countedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading the pending count of %s in %s: %w", orgID, pool, err)
+	}
+	limit := int64(m.cfg.MaxPendingPerOrg)
+	if pending+1 <= limit {
+		return nil
+	}
+	if m.recounts.due(pool, orgID, countedAt, m.now()) {
+		if pending, err = m.countPending(ctx, q, pool, orgID); err != nil {
+			return err
+		}
+		if pending+1 <= limit {
+			return nil
+		}
+	}
+	return m.refuse(pool, orgID, 1)
+}
+
+// refreshPending counts again the pool's stalest counts (the leader, on
+// its purge tick). Each count locks its row first, so that it sees every
+// enqueue that committed before and none runs meanwhile.
+func (l *loop) refreshPending(ctx context.Context) error {
+	m := l.m
+	if !m.capOn() {
+		return nil
+	}
+	rows, err := m.db.Query(ctx, sqlStalePending, l.pool, m.now().Add(-pendingRefreshAfter), pendingRefreshBatch)
+	if err != nil {
+		return fmt.Errorf("finding stale pending counts of pool %s: %w", l.pool, err)
+	}
+	orgs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("finding stale pending counts of pool %s: %w", l.pool, err)
+	}
+	for _, org := range orgs {
+		err := pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, sqlLockPending, l.pool, org); err != nil {
+				return fmt.Errorf("locking the pending count of %s in %s: %w", org, l.pool, err)
+			}
+			n, err := m.countPending(ctx, tx, l.pool, org)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, sqlSetPending, l.pool, org, n, m.now()); err != nil {
+				return fmt.Errorf("updating the pending count of %s in %s: %w", org, l.pool, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,205 @@
+package workpool
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+)
+
+func withMaxPending(n int) harnessOpt { return func(c *Config) { c.MaxPendingPerOrg = n } }
+
+func (h *harness) tryEnqueue(opts ...workOpt) error {
+	h.t.Helper()
+	p := EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "test_handle"}
+	for _, o := range opts {
+		o(&p)
+	}
+	_, err := h.m.Enqueue(h.ctx, p)
+	return err
+}
+
+func (h *harness) pendingBound(org string) int64 {
+	h.t.Helper()
+	var n int64
+	require.NoError(h.t, h.db.QueryRow(h.ctx, `SELECT pending FROM workpool_org_pending WHERE pool = 'default' AND org_id = $1`, org).Scan(&n))
+	return n
+}
+
+func TestPendingCap_AnOrgPastItsCapIsRefusedAndOtherOrgsAndPoolsAreNot(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxPending(3), withPools(map[string]int{"default": 10, "other": 10}))
+	for range 3 {
+		require.NoError(t, h.tryEnqueue())
+	}
+
+	err := h.tryEnqueue()
+
+	require.ErrorIs(t, err, ErrTooManyPending)
+	require.ErrorContains(t, err, "org-1")
+	require.ErrorContains(t, err, "default")
+	require.ErrorContains(t, err, "3")
+	require.Equal(t, 3, h.workCount(), "nothing enqueued")
+	require.NoError(t, h.tryEnqueue(withOrg("org-2")), "another org has its own cap")
+	require.NoError(t, h.tryEnqueue(withPool("other")), "another pool has its own cap")
+	var refused dto.Metric
+	require.NoError(t, h.m.metrics.refused.WithLabelValues("default").Write(&refused))
+	require.Equal(t, 1.0, refused.GetCounter().GetValue())
+}
+
+func TestPendingCap_ABatchThatWouldCrossTheCapIsRefusedWhole(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxPending(3))
+	require.NoError(t, h.tryEnqueue())
+	item := EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "test_handle"}
+	other := EnqueueParams{OrgID: "org-2", Pool: "default", Handler: "test_handle"}
+
+	_, err := h.m.EnqueueMany(h.ctx, []EnqueueParams{other, item, item, item})
+
+	require.ErrorIs(t, err, ErrTooManyPending)
+	require.Equal(t, 1, h.workCount())
+	_, err = h.m.EnqueueMany(h.ctx, []EnqueueParams{other, item, item})
+	require.NoError(t, err, "up to the cap")
+	require.Equal(t, 4, h.workCount())
+}
+
+// Running and retrying work is unfinished work too; finished work frees
+// room once the org is counted again (at most once a second per org and
+// pool while it is over its cap).
+func TestPendingCap_CountsUnfinishedWorkAndFreesRoomAsWorkFinishes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxPending(2))
+	running := h.enqueue()
+	retrying := h.enqueue(withRetry(3, 60_000, 2))
+	h.runMain()
+	h.complete(retrying, "failed", 1)
+	h.runMain() // one running, one waiting for its retry
+	h.clock.Advance(pendingRecountAfter)
+	require.ErrorIs(t, h.tryEnqueue(), ErrTooManyPending, "running and retrying work counts")
+
+	h.complete(running, "success", 1)
+	h.runMain()
+	require.ErrorIs(t, h.tryEnqueue(), ErrTooManyPending, "counted less than a second ago")
+	h.clock.Advance(pendingRecountAfter)
+	require.NoError(t, h.tryEnqueue(), "counted again: one finished")
+	require.EqualValues(t, 2, h.pendingBound("org-1"))
+}
+
+func TestPendingCap_ConcurrentEnqueuesStopExactlyAtTheCap(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxPending(5))
+	const tries = 12
+	errs := make([]error, tries)
+	var wg sync.WaitGroup
+	for i := range tries {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = h.m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "test_handle"})
+		}()
+	}
+	wg.Wait()
+
+	ok := 0
+	for _, err := range errs {
+		if err == nil {
+			ok++
+			continue
+		}
+		require.ErrorIs(t, err, ErrTooManyPending)
+	}
+	require.Equal(t, 5, ok)
+	require.Equal(t, 5, h.workCount())
+}
+
+func TestPendingCap_OwedWorkIsCountedButNeverRefused(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxPending(1))
+	require.NoError(t, h.tryEnqueue())
+
+	require.NoError(t, h.tryEnqueue(func(p *EnqueueParams) { p.BypassPendingCap = true }))
+
+	require.EqualValues(t, 2, h.pendingBound("org-1"))
+	require.ErrorIs(t, h.m.CheckPending(h.ctx, h.db, "org-1", "default"), ErrTooManyPending)
+	require.NoError(t, h.m.CheckPending(h.ctx, h.db, "org-2", "default"), "an org with nothing pending")
+}
+
+func TestPendingCap_CheckPendingCountsAgainWhenTheBoundIsStale(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxPending(1))
+	id := h.enqueue()
+	h.runMain()
+	h.complete(id, "success", 1)
+	h.runMain()
+	require.ErrorIs(t, h.m.CheckPending(h.ctx, h.db, "org-1", "default"), ErrTooManyPending, "counted just now")
+
+	h.clock.Advance(pendingRecountAfter)
+
+	require.NoError(t, h.m.CheckPending(h.ctx, h.db, "org-1", "default"))
+}
+
+// A count that drifted low (kept while the cap was off, or by a replica
+// that did not keep it) is repaired by the leader's refresh.
+func TestPendingCap_TheLeaderRefreshesStaleCounts(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxPending(3))
+	for range 3 {
+		h.enqueue()
+	}
+	h.exec(`UPDATE workpool_org_pending SET pending = 0`)
+	require.NoError(t, h.tryEnqueue(), "the drifted bound lets one more in")
+
+	h.clock.Advance(pendingRefreshAfter + time.Second)
+	require.NoError(t, h.l.refreshPending(h.ctx))
+
+	require.EqualValues(t, 4, h.pendingBound("org-1"))
+	require.ErrorIs(t, h.tryEnqueue(), ErrTooManyPending)
+}
+
+func TestPendingCap_OffCountsNothingAndRefusesNothing(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxPending(NoPendingLimit))
+	for range 5 {
+		require.NoError(t, h.tryEnqueue())
+	}
+	var rows int
+	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT count(*) FROM workpool_org_pending`).Scan(&rows))
+	require.Zero(t, rows)
+}
+
+func TestPendingCap_ARefusedEnqueueKeepsNoIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxPending(1))
+	first := h.enqueue()
+	_, err := h.enqueueKeyed("k")
+	require.ErrorIs(t, err, ErrTooManyPending)
+	h.runMain()
+	h.complete(first, "success", 1)
+	h.runMain()
+	h.clock.Advance(pendingRecountAfter)
+
+	id, err := h.enqueueKeyed("k")
+
+	require.NoError(t, err)
+	require.NotEqual(t, first, id)
+	require.Equal(t, 2, h.workCount())
+}
+
+// A batch over several pools and orgs is held to the caps of its own
+// (pool, org) pairs only, not to every pool × org combination.
+func TestPendingCap_ABatchIsHeldToTheCapsOfItsOwnPairsOnly(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxPending(1), withPools(map[string]int{"default": 10, "other": 10}))
+	require.NoError(t, h.tryEnqueue(withOrg("org-2"))) // org-2 is at its cap in default
+
+	_, err := h.m.EnqueueMany(h.ctx, []EnqueueParams{
+		{OrgID: "org-1", Pool: "default", Handler: "test_handle"},
+		{OrgID: "org-2", Pool: "other", Handler: "test_handle"},
+	})
+
+	require.NoError(t, err)
+	require.Equal(t, 3, h.workCount())
+}
