@@ -130,31 +130,17 @@ func (s *Server) requestToolCall(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	var in struct {
-		AgentID    string          `json:"agent_id"`
-		ToolName   string          `json:"tool_name"`
-		Input      json.RawMessage `json:"input"`
-		WorkflowID string          `json:"workflow_id"`
-		RunID      string          `json:"run_id"`
-		Signal     string          `json:"signal"`
-		ExpiresInS *int64          `json:"expires_in_s"`
-	}
-	if err := bind(c, &in); err != nil {
+	params, err := bindBody(c, decodeToolCall)
+	if err != nil {
 		return err
 	}
-	if in.AgentID != "" {
-		if err := checkAgent(c, "agent_id", in.AgentID); err != nil {
+	if params.AgentID != "" {
+		if err := checkAgent(c, "agent_id", params.AgentID); err != nil {
 			return err
 		}
 	}
 	p := PrincipalFrom(c)
-	params := approvals.RequestParams{OrgID: p.OrgID, SessionID: sessionID, AgentID: in.AgentID, ToolName: in.ToolName, Input: in.Input,
-		WorkflowID: in.WorkflowID, RunID: in.RunID, Signal: in.Signal, IdempotencyKey: IdempotencyKey(c), RequestedBy: p.Sub}
-	if in.ExpiresInS != nil {
-		secs := min(max(*in.ExpiresInS, -1), int64(approvals.MaxExpiresIn/time.Second)+1) // no overflow; the range check names the field
-		d := time.Duration(secs) * time.Second
-		params.ExpiresIn = &d
-	}
+	params.OrgID, params.SessionID, params.IdempotencyKey, params.RequestedBy = p.OrgID, sessionID, IdempotencyKey(c), p.Sub
 	res, err := s.svc.Approvals.Request(c.Request().Context(), params)
 	if err != nil {
 		return idempotencyKeyReused(err, approvals.ErrIdempotencyKeyReused)
@@ -177,14 +163,8 @@ func (s *Server) respondToolCalls(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	var in struct {
-		ToolName     string `json:"tool_name"`
-		ApprovalID   string `json:"approval_id"`
-		Decision     string `json:"decision"`
-		UpdatePolicy string `json:"update_policy"`
-		Note         string `json:"note"`
-	}
-	if err := bind(c, &in); err != nil {
+	params, err := bindBody(c, decodeToolAnswer)
+	if err != nil {
 		return err
 	}
 	if err := boundAgentCannotResolve(c); err != nil {
@@ -196,15 +176,7 @@ func (s *Server) respondToolCalls(c echo.Context) error {
 		// own request cannot be kept.
 		return NewProblem(http.StatusForbidden, "forbidden", "a token without a sub claim cannot approve or deny tool calls")
 	}
-	params := approvals.RespondParams{OrgID: p.OrgID, SessionID: sessionID, ToolName: in.ToolName, Decision: in.Decision,
-		UpdatePolicy: in.UpdatePolicy, Note: in.Note, ResolvedBy: p.Sub}
-	if in.ApprovalID != "" {
-		id, err := uuid.Parse(in.ApprovalID)
-		if err != nil {
-			return Invalid("approval_id", "must be a tool approval's id (a UUID)")
-		}
-		params.ApprovalID = id
-	}
+	params.OrgID, params.SessionID, params.ResolvedBy = p.OrgID, sessionID, p.Sub
 	res, err := s.svc.Approvals.Respond(c.Request().Context(), params)
 	if err != nil {
 		return err
@@ -339,16 +311,13 @@ func (s *Server) putToolPolicy(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	var in struct {
-		Approval string          `json:"approval"`
-		Match    json.RawMessage `json:"match"`
-	}
-	if err := bind(c, &in); err != nil {
+	params, err := bindBody(c, decodeToolPolicy)
+	if err != nil {
 		return err
 	}
 	p := PrincipalFrom(c)
-	pol, err := s.svc.Approvals.PutPolicy(c.Request().Context(), p.OrgID, approvals.PolicyParams{
-		AgentID: agentID, ToolName: tool, Approval: in.Approval, Match: in.Match, UpdatedBy: p.Sub})
+	params.AgentID, params.ToolName, params.UpdatedBy = agentID, tool, p.Sub
+	pol, err := s.svc.Approvals.PutPolicy(c.Request().Context(), p.OrgID, params)
 	if err != nil {
 		return err
 	}

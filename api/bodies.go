@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/google/uuid"
+
+	"github.com/reveille/reveille/approvals"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/workpool"
 )
@@ -169,4 +172,74 @@ func decodePoolPatch(body []byte) (poolChange, error) {
 		ch.PerOrg = &n
 	}
 	return ch, nil
+}
+
+type toolCallIn struct {
+	AgentID    string          `json:"agent_id"`
+	ToolName   string          `json:"tool_name"`
+	Input      json.RawMessage `json:"input"`
+	WorkflowID string          `json:"workflow_id"`
+	RunID      string          `json:"run_id"`
+	Signal     string          `json:"signal"`
+	ExpiresInS *int64          `json:"expires_in_s"`
+}
+
+// decodeToolCall decodes POST /v1/sessions/{session_id}/tool-calls into the
+// params the body sets (not OrgID, SessionID, IdempotencyKey, RequestedBy).
+func decodeToolCall(body []byte) (approvals.RequestParams, error) {
+	var in toolCallIn
+	if err := decodeJSON(body, &in); err != nil {
+		return approvals.RequestParams{}, err
+	}
+	p := approvals.RequestParams{AgentID: in.AgentID, ToolName: in.ToolName, Input: in.Input,
+		WorkflowID: in.WorkflowID, RunID: in.RunID, Signal: in.Signal}
+	if in.ExpiresInS != nil {
+		// Clamped to just outside the range, so that seconds never overflow a
+		// Duration and the domain's range check names the field.
+		secs := min(max(*in.ExpiresInS, -1), int64(approvals.MaxExpiresIn/time.Second)+1)
+		d := time.Duration(secs) * time.Second
+		p.ExpiresIn = &d
+	}
+	return p, nil
+}
+
+type toolAnswerIn struct {
+	ToolName     string `json:"tool_name"`
+	ApprovalID   string `json:"approval_id"`
+	Decision     string `json:"decision"`
+	UpdatePolicy string `json:"update_policy"`
+	Note         string `json:"note"`
+}
+
+// decodeToolAnswer decodes POST /v1/sessions/{session_id}/tool-approvals
+// into the params the body sets (not OrgID, SessionID, ResolvedBy).
+func decodeToolAnswer(body []byte) (approvals.RespondParams, error) {
+	var in toolAnswerIn
+	if err := decodeJSON(body, &in); err != nil {
+		return approvals.RespondParams{}, err
+	}
+	p := approvals.RespondParams{ToolName: in.ToolName, Decision: in.Decision, UpdatePolicy: in.UpdatePolicy, Note: in.Note}
+	if in.ApprovalID != "" {
+		id, err := uuid.Parse(in.ApprovalID)
+		if err != nil {
+			return approvals.RespondParams{}, Invalid("approval_id", "must be a tool approval's id (a UUID)")
+		}
+		p.ApprovalID = id
+	}
+	return p, nil
+}
+
+type toolPolicyIn struct {
+	Approval string          `json:"approval"`
+	Match    json.RawMessage `json:"match"`
+}
+
+// decodeToolPolicy decodes PUT /v1/agents/{agent_id}/tool-policies/{tool_name}
+// into the params the body sets (not AgentID, ToolName, UpdatedBy).
+func decodeToolPolicy(body []byte) (approvals.PolicyParams, error) {
+	var in toolPolicyIn
+	if err := decodeJSON(body, &in); err != nil {
+		return approvals.PolicyParams{}, err
+	}
+	return approvals.PolicyParams{Approval: in.Approval, Match: in.Match}, nil
 }

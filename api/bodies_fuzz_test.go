@@ -9,10 +9,12 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/approvals"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/workpool"
 )
@@ -88,6 +90,42 @@ var bodyDecoders = []bodyDecoder{
 			require.False(t, !ch.SetPerOrg && ch.PerOrg != nil)
 		},
 		seeds: []string{`{"max_parallelism": 5, "max_parallelism_per_org": null}`, `{"max_parallelism_per_org": 2}`, `{"max_parallelism_per_org": "2"}`, `{}`},
+	},
+	{
+		route: "POST /v1/sessions/{session_id}/tool-calls", decode: decoderOf(decodeToolCall),
+		valid: func(t *testing.T, v any) {
+			p := v.(approvals.RequestParams)
+			require.Empty(t, p.OrgID+p.SessionID+p.IdempotencyKey+p.RequestedBy, "the body does not choose the org, session or caller")
+			if p.ExpiresIn != nil {
+				// Out of range by at most a second: never an overflowed Duration.
+				require.GreaterOrEqual(t, *p.ExpiresIn, -time.Second)
+				require.LessOrEqual(t, *p.ExpiresIn, approvals.MaxExpiresIn+time.Second)
+			}
+		},
+		seeds: []string{
+			`{"agent_id": "a1", "tool_name": "git", "input": {"repo": "acme/docs"}, "workflow_id": "org-a/wf", "run_id": "r", "signal": "approval", "expires_in_s": 60}`,
+			`{"tool_name": "git", "expires_in_s": 9223372036854775807}`, `{"expires_in_s": -9223372036854775808}`, `{"input": null}`,
+			`{"input": "\u0000"}`, `{"expires_in_s": 1.5}`,
+		},
+	},
+	{
+		route: "POST /v1/sessions/{session_id}/tool-approvals", decode: decoderOf(decodeToolAnswer),
+		valid: func(t *testing.T, v any) {
+			p := v.(approvals.RespondParams)
+			require.Empty(t, p.OrgID+p.SessionID+p.ResolvedBy, "the body does not choose the org, session or resolver")
+		},
+		seeds: []string{
+			`{"tool_name": "git", "decision": "approved", "update_policy": "always", "note": "ok"}`,
+			`{"approval_id": "0190a3b2-7c4d-7e5f-8a9b-0c1d2e3f4a5b", "decision": "denied"}`, `{"approval_id": "nope"}`, `{"approval_id": 5}`,
+		},
+	},
+	{
+		route: "PUT /v1/agents/{agent_id}/tool-policies/{tool_name}", decode: decoderOf(decodeToolPolicy),
+		valid: func(t *testing.T, v any) {
+			p := v.(approvals.PolicyParams)
+			require.Empty(t, p.AgentID+p.ToolName+p.UpdatedBy, "the body does not choose the agent, tool or author")
+		},
+		seeds: []string{`{"approval": "never", "match": {"repo": "acme/docs"}}`, `{"approval": "always", "match": null}`, `{"match": [1]}`, `{"match": {"k": "\u0000"}}`},
 	},
 }
 
