@@ -32,8 +32,9 @@ import (
 //   - a token lacking the route's roles is 403;
 //   - a token bound to agent-a2 of org A answers on agent-a1's object exactly
 //     as on an absent one (404), is 403 where it may not act at all (org-wide
-//     objects, approvals, acting as agent-a1) or lists with a filter naming
-//     agent-a1, and lists none of agent-a1's objects unfiltered;
+//     objects, approvals, tool policies, acting as agent-a1) or lists with a
+//     filter (or a path) naming agent-a1, and lists none of agent-a1's
+//     objects unfiltered;
 // and that none of that changed org A's objects. Then each row's owner
 // call shows that the object was there to be reached.
 
@@ -74,13 +75,16 @@ const (
 	// boundAsOwner: the objects have no agent (streams, the principal): it
 	// answers as agent-a1's token does.
 	boundAsOwner
+	// boundAgentInPath: the path's {agent_id} chooses whose objects are
+	// listed: naming agent-a1 is 403, naming its own agent is 200.
+	boundAgentInPath
 )
 
 type isoRow struct {
 	route  string   // "METHOD /path" as in the OpenAPI document
 	public bool     // no token needed
 	roles  []string // any of them may call it; nil with !public: any token
-	idOf   string   // the object {id} names: mandate, approval, approval2, wakeup, work
+	idOf   string   // the object {id} names: mandate, approval, approval2, wakeup, work, toolApproval
 	query  string
 	body   func(org string) any
 	sse    bool   // a live tail: read for a moment, then hang up
@@ -102,6 +106,13 @@ type isoRow struct {
 // when it was made, so differ between two equivalent calls.
 var isoVolatile = []string{"id", "created_at", "updated_at", "expires_at", "run_at", "approval_id", "wakeup_id"}
 
+// The org A tool (approvals) objects: agent-a1's session and its policies
+// are for this tool; the marker is in the call's input and a policy's match.
+const (
+	isoSession = "session-a1"
+	isoTool    = "shell"
+)
+
 func isoRows() []isoRow {
 	admin, agent, approver, operator := []string{RoleAdmin}, []string{RoleAgent}, []string{RoleApprover}, []string{RoleOperator}
 	streamReaders := []string{RoleAgent, RoleApprover}
@@ -112,6 +123,17 @@ func isoRows() []isoRow {
 		return map[string]any{"chunks": []any{map[string]any{"data_base64": base64.StdEncoding.EncodeToString([]byte("row"))}}}
 	}
 	none := func(string) any { return map[string]any{} }
+	answer := func(string) any { return map[string]any{"tool_name": isoTool, "decision": "approved"} }
+	// In another org the call names an agent of its own: were the session
+	// looked up across orgs, org A's session bound to agent-a1 would make
+	// it a 409 where an empty org gets a pending call.
+	toolCall := func(org string) any {
+		agentID := isoAgent1
+		if org != "org-a" {
+			agentID = "agent-other"
+		}
+		return map[string]any{"agent_id": agentID, "tool_name": isoTool}
+	}
 	return []isoRow{
 		{route: "GET /healthz", public: true, owner: "none", ownerStatus: 200},
 		{route: "GET /readyz", public: true, owner: "none", ownerStatus: 200},
@@ -169,6 +191,15 @@ func isoRows() []isoRow {
 		{route: "GET /v1/wakeups/{id}", roles: []string{RoleAgent, RoleAdmin}, idOf: "wakeup", crossOrg: crossOrgAsAbsent, bound: boundAsAbsent,
 			owner: "a1", ownerStatus: 200, ownerSees: "wakeup"},
 
+		{route: "GET /v1/sessions/{session_id}/events", roles: []string{RoleAgent, RoleApprover}, crossOrg: crossOrgAsAbsent, bound: boundAsAbsent,
+			owner: "a1", ownerStatus: 200, ownerSees: "toolApproval"},
+		{route: "GET /v1/tool-approvals", roles: approver, crossOrg: crossOrgAsEmptyOrg, bound: boundList, listFilter: "agent_id",
+			owner: "a1", ownerStatus: 200, ownerSees: "toolApproval"},
+		{route: "GET /v1/tool-approvals/{id}", roles: []string{RoleAgent, RoleApprover}, idOf: "toolApproval", crossOrg: crossOrgAsAbsent,
+			bound: boundAsAbsent, owner: "a1", ownerStatus: 200, ownerSees: "toolApproval"},
+		{route: "GET /v1/agents/{agent_id}/tool-policies", roles: []string{RoleAdmin, RoleApprover}, crossOrg: crossOrgAsEmptyOrg,
+			bound: boundAgentInPath, owner: "adminA", ownerStatus: 200},
+
 		// Writes last: their owner calls change the objects.
 		{route: "PATCH /v1/mandates/{id}", roles: admin, idOf: "mandate", body: func(string) any { return map[string]any{"budget": 11} },
 			crossOrg: crossOrgAsAbsent, bound: boundAsAbsent, owner: "a1", ownerStatus: 200},
@@ -185,14 +216,28 @@ func isoRows() []isoRow {
 		// Another name: closing the fixture's stream would refuse the appends.
 		{route: "POST /v1/runs/{run_id}/streams/{name}/close", roles: agent, stream: "closed", crossOrg: crossOrgAsAbsent, bound: boundAsOwner,
 			owner: "a1", ownerStatus: 204},
+		// An agent never answers tool calls nor sets policies, its own
+		// agent's included (docs/approvals.md).
+		{route: "POST /v1/sessions/{session_id}/tool-approvals", roles: approver, body: answer, crossOrg: crossOrgAsAbsent, bound: boundForbidden,
+			owner: "approverA", ownerStatus: 200},
+		// Before the PUT: org B's PUT makes a policy of that name in org B.
+		{route: "DELETE /v1/agents/{agent_id}/tool-policies/{tool_name}", roles: admin, crossOrg: crossOrgAsAbsent, bound: boundForbidden,
+			owner: "adminA", ownerStatus: 204},
+		{route: "PUT /v1/agents/{agent_id}/tool-policies/{tool_name}", roles: admin, body: func(string) any { return map[string]any{"approval": "always"} },
+			crossOrg: crossOrgAsEmptyOrg, volatile: []string{"updated_by"}, bound: boundForbidden, owner: "adminA", ownerStatus: 200},
+		// Last: org B's call makes a session of that name in org B, which the
+		// rows above look for in org B as absent.
+		{route: "POST /v1/sessions/{session_id}/tool-calls", roles: agent, body: toolCall, crossOrg: crossOrgAsEmptyOrg, bound: boundForbidden,
+			owner: "a1", ownerStatus: 200},
 	}
 }
 
 // isoTarget names the objects a request is about.
 type isoTarget struct {
-	ids       map[string]string // by isoRow.idOf
-	pool, run string
-	stream    string
+	ids                  map[string]string // by isoRow.idOf
+	pool, run            string
+	stream               string
+	agent, session, tool string
 }
 
 type isoFixture struct {
@@ -222,6 +267,7 @@ func newIsoFixture(t *testing.T) *isoFixture {
 		sv.Workpool, sv.Streams = pool, st
 		sv.Mandates = mandates.New(sv.DB, mandates.Config{Logger: testkit.Logger(t), Registry: c.Registry})
 		sv.Wakeups = wakeup.New(sv.DB, pool, sv.Mandates, wakeup.Config{Logger: testkit.Logger(t)})
+		withApprovals(t)(c, sv)
 	})
 	all := []string{RoleAdmin, RoleAgent, RoleApprover}
 	f := &isoFixture{s: s, tokens: map[string]string{
@@ -242,7 +288,8 @@ func newIsoFixture(t *testing.T) *isoFixture {
 		require.Equal(t, status, r.Status, "fixture: %s", r.Body)
 		return r.JSON(t)
 	}
-	f.a = isoTarget{ids: map[string]string{}, pool: "default", run: "run-" + isoMarker, stream: "out"}
+	f.a = isoTarget{ids: map[string]string{}, pool: "default", run: "run-" + isoMarker, stream: "out",
+		agent: isoAgent1, session: isoSession, tool: isoTool}
 	f.a.ids["mandate"] = created(do(t, h, "POST", "/v1/mandates", adminA,
 		map[string]any{"agent_id": isoAgent1, "scope": isoMarker, "budget": 10}), 201)["id"].(string)
 	created(do(t, h, "POST", "/v1/mandates", adminA, map[string]any{"agent_id": isoAgent1, "scope": "row-scope", "budget": 100}), 201)
@@ -261,8 +308,16 @@ func newIsoFixture(t *testing.T) *isoFixture {
 		map[string]any{"handler": "echo", "run_at": "2099-01-01T00:00:00Z", "args": map[string]any{"m": isoMarker}}), 201)["id"].(string)
 	created(do(t, h, "POST", "/v1/runs/"+f.a.run+"/streams/out/chunks", a1, map[string]any{"chunks": []any{
 		map[string]any{"data_base64": base64.StdEncoding.EncodeToString([]byte(isoMarker))}}}), 201)
+	// A pending call first (a policy would decide it), then an
+	// unconditional and a conditional policy.
+	f.a.ids["toolApproval"] = created(do(t, h, "POST", "/v1/sessions/"+isoSession+"/tool-calls", a1, map[string]any{
+		"agent_id": isoAgent1, "tool_name": isoTool, "input": map[string]any{"m": isoMarker}}), 200)["approval_id"].(string)
+	policies := "/v1/agents/" + isoAgent1 + "/tool-policies/" + isoTool
+	created(do(t, h, "PUT", policies, adminA, map[string]any{"approval": "once"}), 200)
+	created(do(t, h, "PUT", policies, adminA, map[string]any{"approval": "never", "match": map[string]any{"m": isoMarker}}), 200)
 
-	f.absent = isoTarget{ids: map[string]string{}, pool: "default", run: "run-absent", stream: "out"}
+	f.absent = isoTarget{ids: map[string]string{}, pool: "default", run: "run-absent", stream: "out",
+		agent: "agent-absent", session: "session-absent", tool: isoTool}
 	for kind := range f.a.ids {
 		f.absent.ids[kind] = uuid.Must(uuid.NewV7()).String()
 	}
@@ -284,7 +339,8 @@ func (f *isoFixture) call(t *testing.T, row isoRow, tok string, tgt isoTarget, o
 	if row.stream != "" {
 		tgt.stream = row.stream
 	}
-	path = strings.NewReplacer("{id}", tgt.ids[row.idOf], "{pool}", tgt.pool, "{run_id}", tgt.run, "{name}", tgt.stream).Replace(path)
+	path = strings.NewReplacer("{id}", tgt.ids[row.idOf], "{pool}", tgt.pool, "{run_id}", tgt.run, "{name}", tgt.stream,
+		"{agent_id}", tgt.agent, "{session_id}", tgt.session, "{tool_name}", tgt.tool).Replace(path)
 	if q := strings.Join(slices.DeleteFunc([]string{row.query, query}, func(s string) bool { return s == "" }), "&"); q != "" {
 		path += "?" + q
 	}
@@ -357,6 +413,8 @@ func (f *isoFixture) snapshot(t *testing.T) map[string]string {
 		"/v1/mandate-approvals/" + f.a.ids["approval"], "/v1/mandate-approvals/" + f.a.ids["approval2"],
 		"/v1/wakeups/" + f.a.ids["wakeup"], "/v1/work/" + f.a.ids["work"], "/v1/work/" + f.a.ids["plainWork"],
 		"/v1/pools/default", "/v1/pools/wakeup",
+		"/v1/tool-approvals/" + f.a.ids["toolApproval"], "/v1/sessions/" + isoSession + "/events",
+		"/v1/agents/" + isoAgent1 + "/tool-policies",
 	} {
 		r := do(t, f.s.Handler(), "GET", path, f.tokens["allA"], nil)
 		require.Equal(t, http.StatusOK, r.Status, "%s: %s", path, r.Body)
@@ -481,6 +539,12 @@ func (f *isoFixture) checkBound(t *testing.T, row isoRow) {
 		r := f.call(t, row, tok, f.a, "org-a", "")
 		r.requireProblem(t, http.StatusForbidden)
 		f.requireNoneOfAsData(t, r)
+		if strings.Contains(row.route, "{agent_id}") {
+			// Whatever the object: its own agent's too (tool policies).
+			own := f.a
+			own.agent = isoAgent2
+			f.call(t, row, tok, own, "org-a", "").requireProblem(t, http.StatusForbidden)
+		}
 	case boundList:
 		r := f.call(t, row, tok, f.a, "org-a", "")
 		require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
@@ -490,6 +554,15 @@ func (f *isoFixture) checkBound(t *testing.T, row isoRow) {
 		f.requireNoneOfAsData(t, r)
 		r = f.call(t, row, tok, f.a, "org-a", row.listFilter+"="+isoAgent2)
 		require.Equal(t, http.StatusOK, r.Status, "a filter naming its own agent: %s", r.Body)
+	case boundAgentInPath:
+		r := f.call(t, row, tok, f.a, "org-a", "")
+		r.requireProblem(t, http.StatusForbidden)
+		f.requireNoneOfAsData(t, r)
+		own := f.a
+		own.agent = isoAgent2
+		r = f.call(t, row, tok, own, "org-a", "")
+		require.Equal(t, http.StatusOK, r.Status, "its own agent in the path: %s", r.Body)
+		f.requireNoneOfAsData(t, r)
 	case boundAsOwner:
 		mine := f.call(t, row, f.tokens["a1"], f.a, "org-a", "")
 		theirs := f.call(t, row, tok, f.a, "org-a", "")
