@@ -21,7 +21,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -31,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/workflows/signals"
 )
 
@@ -150,9 +150,7 @@ type Service struct {
 	logger  *slog.Logger
 	metrics *metrics
 
-	runMu   sync.Mutex
-	stop    context.CancelFunc
-	stopped chan struct{}
+	sweeper leader.Background
 }
 
 // New returns the service. It registers its metrics on cfg.Registry.

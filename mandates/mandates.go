@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/leader"
 )
 
 // Mandate statuses.
@@ -124,9 +125,7 @@ type Service struct {
 	hooksMu sync.RWMutex
 	hooks   map[string]ResolveHook
 
-	runMu   sync.Mutex
-	stop    context.CancelFunc
-	stopped chan struct{}
+	sweeper leader.Background
 }
 
 // New returns the service. It registers its metrics on cfg.Registry.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -18,54 +17,22 @@ const sweepBatch = 100
 // Start runs the expiry sweeper on whichever replica holds its leadership
 // (internal/leader); the others stand by. It returns at once.
 func (s *Service) Start(ctx context.Context) error {
-	s.runMu.Lock()
-	defer s.runMu.Unlock()
-	if s.stop != nil {
-		return errors.New("mandates: already started")
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	s.stop, s.stopped = cancel, done
 	el := &leader.Elector{DB: s.db, Name: "mandates.sweeper", Retry: s.cfg.LeaderRetry, Logger: s.logger}
-	go func() {
-		defer close(done)
-		el.Run(ctx, s.sweepLoop)
-	}()
+	sweep := func(ctx context.Context) error { _, err := s.Sweep(ctx); return err }
+	logFailure := func(err error) { s.logger.Warn("sweeping expired approval requests failed", "error", err.Error()) }
+	if err := s.sweeper.Start(ctx, el, leader.Every(s.cfg.SweepInterval, sweep, logFailure)); err != nil {
+		return fmt.Errorf("mandates: %w", err)
+	}
 	return nil
 }
 
 // Stop stops the sweeper and waits for it (until ctx ends). Stopping twice,
 // or without Start, is safe.
 func (s *Service) Stop(ctx context.Context) error {
-	s.runMu.Lock()
-	cancel, done := s.stop, s.stopped
-	s.runMu.Unlock()
-	if cancel == nil {
-		return nil
+	if err := s.sweeper.Stop(ctx); err != nil {
+		return fmt.Errorf("stopping the mandates sweeper: %w", err)
 	}
-	cancel()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("stopping the mandates sweeper: %w", ctx.Err())
-	}
-}
-
-// sweepLoop sweeps at once and then every SweepInterval while leader.
-func (s *Service) sweepLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.SweepInterval)
-	defer t.Stop()
-	for {
-		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
-			s.logger.Warn("sweeping expired approval requests failed", "error", err.Error())
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	return nil
 }
 
 // Sweep expires every pending request past its expires_at, each in its own

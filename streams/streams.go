@@ -80,9 +80,9 @@ type Service struct {
 	hub      *Hub
 	notifier *notifier
 
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	stopped chan struct{}
+	mu        sync.Mutex // guards started
+	started   bool
+	retention leader.Background
 }
 
 // New returns a Service on db. Start runs its hub and retention loop.
@@ -112,19 +112,17 @@ func (s *Service) Hub() *Hub { return s.hub }
 func (s *Service) Start(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cancel != nil {
+	if s.started {
 		return errors.New("streams: already started")
 	}
 	if err := s.hub.Start(ctx); err != nil {
 		return err
 	}
-	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.cancel, s.stopped = cancel, make(chan struct{})
 	el := &leader.Elector{DB: s.db, Name: "streams.retention", Retry: s.cfg.LeaderRetry, Logger: s.cfg.Logger}
-	go func() {
-		defer close(s.stopped)
-		el.Run(rctx, s.retentionLoop)
-	}()
+	if err := s.retention.Start(context.WithoutCancel(ctx), el, s.retentionLoop); err != nil {
+		return err
+	}
+	s.started = true
 	return nil
 }
 
@@ -135,16 +133,8 @@ func (s *Service) Stop(ctx context.Context) error {
 	if err := s.notifier.wait(ctx); err != nil {
 		return fmt.Errorf("stopping stream notifications: %w", err)
 	}
-	s.mu.Lock()
-	cancel, stopped := s.cancel, s.stopped
-	s.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		select {
-		case <-stopped:
-		case <-ctx.Done():
-			return fmt.Errorf("stopping stream retention: %w", ctx.Err())
-		}
+	if err := s.retention.Stop(ctx); err != nil {
+		return fmt.Errorf("stopping stream retention: %w", err)
 	}
 	return s.hub.Stop(ctx)
 }

@@ -17,7 +17,6 @@ import (
 	"log/slog"
 	"reflect"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -190,9 +189,7 @@ type Service struct {
 	logger   *slog.Logger
 	metrics  *metrics
 
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	stopped chan struct{}
+	reconciler leader.Background
 }
 
 // New builds the service and registers its workpool hook and its mandates
@@ -495,34 +492,12 @@ func nullJSON(b json.RawMessage) json.RawMessage {
 
 // Start runs the leader-only reconciler until Stop.
 func (s *Service) Start(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cancel != nil {
-		return errors.New("wakeup: already started")
-	}
-	ctx, s.cancel = context.WithCancel(ctx)
-	s.stopped = make(chan struct{})
 	elector := &leader.Elector{DB: s.db, Name: "wakeup.reconciler", Logger: s.logger, Retry: s.cfg.ReconcileInterval}
-	go func() {
-		defer close(s.stopped)
-		elector.Run(ctx, s.reconcileLoop)
-	}()
+	if err := s.reconciler.Start(ctx, elector, s.reconcileLoop); err != nil {
+		return fmt.Errorf("wakeup: %w", err)
+	}
 	return nil
 }
 
 // Stop stops the reconciler; stopping twice is safe.
-func (s *Service) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	cancel, stopped := s.cancel, s.stopped
-	s.mu.Unlock()
-	if cancel == nil {
-		return nil
-	}
-	cancel()
-	select {
-	case <-stopped:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (s *Service) Stop(ctx context.Context) error { return s.reconciler.Stop(ctx) }

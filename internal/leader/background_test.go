@@ -1,0 +1,66 @@
+package leader
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+)
+
+func TestBackgroundRunsTheElectionUntilStopAndStartsOnce(t *testing.T) {
+	dsn := testkit.NewDatabase(t)
+	e := &Elector{DB: testkit.NewPoolFor(t, dsn), Name: "test.background", Retry: 50 * time.Millisecond, Logger: testkit.Logger(t)}
+	var b Background
+	require.NoError(t, b.Stop(context.Background()), "stopping what never started is safe")
+
+	led, ended := make(chan struct{}), make(chan struct{})
+	require.NoError(t, b.Start(context.Background(), e, func(ctx context.Context) {
+		close(led)
+		<-ctx.Done()
+		close(ended)
+	}))
+	require.ErrorIs(t, b.Start(context.Background(), e, func(context.Context) {}), ErrStarted)
+	<-led
+
+	require.NoError(t, b.Stop(context.Background()))
+	select {
+	case <-ended:
+	default:
+		t.Fatal("Stop returned before the leader's fn did")
+	}
+	require.NoError(t, b.Stop(context.Background()), "stopping twice is safe")
+}
+
+func TestEveryRunsARoundAtOnceAndReportsOnlyLiveFailures(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var rounds atomic.Int32
+	var reported []error
+	boom := errors.New("boom")
+	fn := Every(time.Hour, func(ctx context.Context) error {
+		if rounds.Add(1) == 1 {
+			cancel() // the first round fails as its context ends: not a failure to report
+			return ctx.Err()
+		}
+		return boom
+	}, func(err error) { reported = append(reported, err) })
+
+	fn(ctx) // returns once its context ended, after the first round
+
+	require.EqualValues(t, 1, rounds.Load(), "the first round runs at once, not after the interval")
+	require.Empty(t, reported)
+
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	fn2 := Every(time.Millisecond, func(context.Context) error {
+		if rounds.Add(1) == 4 {
+			cancel2()
+		}
+		return boom
+	}, func(err error) { reported = append(reported, err) })
+	fn2(ctx2)
+	require.Equal(t, []error{boom, boom}, reported, "failures of live rounds are reported; the one that ended it is not")
+}
