@@ -22,7 +22,7 @@ func TestMain(m *testing.M) { testkit.Main(m) }
 var testSecret = []byte("test-secret-test-secret-test-secret-0123")
 
 // newTestServer builds a server on a fresh database with HS256 auth.
-func newTestServer(t *testing.T, mutate ...func(*Config, *Services)) *Server {
+func newTestServer(t testing.TB, mutate ...func(*Config, *Services)) *Server {
 	t.Helper()
 	cfg := Config{Auth: AuthConfig{Secrets: [][]byte{testSecret}, OperatorOrgs: []string{"ops-org"}}, Registry: prometheus.NewRegistry(),
 		Logger: testkit.Logger(t)}
