@@ -334,3 +334,26 @@ func countRows(t *testing.T, db *pgxpool.Pool, sql string, args ...any) int {
 	require.NoError(t, db.QueryRow(context.Background(), sql, args...).Scan(&n))
 	return n
 }
+
+// Issue 10 item 3 on the tool-call route: past the HTTP layer's per-agent
+// scope, the domain's key is the agent's own too, so a bound token sending
+// another agent's key gets a call of its own (200), not a 422 that tells
+// the key exists.
+func TestABoundTokenSendingAnotherAgentsToolCallKeyGetsWhatItWouldWithout(t *testing.T) {
+	f := newApprovalsFixture(t)
+	bound2 := subToken(t, "org-a", "agent-2-runtime", "agent-2", RoleAgent)
+	first := do(t, f.h, http.MethodPost, "/v1/sessions/s1/tool-calls", f.boundAgent1,
+		map[string]any{"agent_id": "agent-1", "tool_name": "shell"}, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusOK, first.Status, "body: %s", first.Body)
+	theirs := do(t, f.h, http.MethodPost, "/v1/sessions/s1/tool-calls", bound2,
+		map[string]any{"agent_id": "agent-2", "tool_name": "shell"}, "Idempotency-Key", "k1")
+	without := do(t, f.h, http.MethodPost, "/v1/sessions/s1/tool-calls", bound2,
+		map[string]any{"agent_id": "agent-2", "tool_name": "shell"})
+	require.Equal(t, without.Status, theirs.Status, "body: %s", theirs.Body)
+	require.Equal(t, without.JSON(t)["type"], theirs.JSON(t)["type"])
+
+	elsewhere := do(t, f.h, http.MethodPost, "/v1/sessions/s2/tool-calls", bound2,
+		map[string]any{"agent_id": "agent-2", "tool_name": "shell"}, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusOK, elsewhere.Status, "body: %s", elsewhere.Body)
+	require.NotEqual(t, first.JSON(t)["approval_id"], elsewhere.JSON(t)["approval_id"])
+}

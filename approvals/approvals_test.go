@@ -404,3 +404,18 @@ func requireInvalid(t *testing.T, err error, field string) {
 	}
 	require.Contains(t, fields, field)
 }
+
+// A key is the agent's own (issue 10 item 3): another agent sending the
+// same key gets what it would get without it — a call of its own — and
+// learns nothing about the first agent's call.
+func TestAnotherAgentsIdempotencyKeyActsAsNoKey(t *testing.T) {
+	s, db := newTestService(t)
+	key := func(p *RequestParams) { p.IdempotencyKey = "k1" }
+	first := request(t, s, "shell", `{"a":1}`, key)
+	theirs := request(t, s, "shell", `{"a":1}`, key, func(p *RequestParams) { p.AgentID, p.SessionID = "agent-2", "session-2" })
+	require.NotEqual(t, first.Approval.ID, theirs.Approval.ID)
+	require.Equal(t, "agent-2", theirs.Approval.AgentID)
+	again := request(t, s, "shell", `{"a":1}`, key, func(p *RequestParams) { p.AgentID, p.SessionID = "agent-2", "session-2" })
+	require.Equal(t, theirs.Approval.ID, again.Approval.ID, "the second agent's key replays its own call")
+	require.Equal(t, 2, count(t, db, `SELECT count(*) FROM tool_approvals`))
+}

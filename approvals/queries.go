@@ -52,7 +52,7 @@ SELECT ` + policyColumns + ` FROM tool_policies
  LIMIT 1`
 
 // qInsertApproval records a request, pending or decided by a policy; a
-// repeated idempotency key inserts nothing.
+// repeated (agent, idempotency key) inserts nothing.
 // $1 id, $2 org, $3 session, $4 agent, $5 tool, $6 input, $7 status,
 // $8 source, $9 policy, $10 requested_by, $11 workflow, $12 run, $13 signal,
 // $14 key, $15 TTL in microseconds.
@@ -61,10 +61,11 @@ INSERT INTO tool_approvals (id, org_id, session_id, agent_id, tool_name, input, 
                             workflow_id, run_id, signal, idempotency_key, expires_at, resolved_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
         now() + $15::bigint * interval '1 microsecond', CASE WHEN $7 <> 'pending' THEN now() END)
-ON CONFLICT (org_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING`
+ON CONFLICT (org_id, agent_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING`
 
-// qApprovalByKey finds the request a key first made. $1 org, $2 key.
-const qApprovalByKey = `SELECT id FROM tool_approvals WHERE org_id = $1 AND idempotency_key = $2`
+// qApprovalByKey finds the request an agent's key first made (a key is
+// the agent's own: 00011). $1 org, $2 agent, $3 key.
+const qApprovalByKey = `SELECT id FROM tool_approvals WHERE org_id = $1 AND agent_id = $2 AND idempotency_key = $3`
 
 // qPendingForTool locks the unexpired pending calls of a tool in a session
 // (expired ones are the sweeper's). $1 org, $2 session, $3 tool.

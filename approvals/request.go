@@ -31,8 +31,8 @@ type RequestParams struct {
 	// ExpiresIn bounds the wait for a human (MinExpiresIn … MaxExpiresIn;
 	// nil: the configured TTL).
 	ExpiresIn *time.Duration
-	// IdempotencyKey makes Request act at most once per (org, key): a repeat
-	// returns the same approval.
+	// IdempotencyKey makes Request act at most once per (org, agent, key):
+	// a repeat returns the same approval; another agent's key is no key.
 	IdempotencyKey string
 	// RequestedBy is the caller's token sub (it may not answer its own call).
 	RequestedBy string
@@ -91,7 +91,7 @@ func (s *Service) Request(ctx context.Context, p RequestParams) (RequestResult, 
 		}
 		if tag.RowsAffected() == 0 {
 			replay = true
-			if err := tx.QueryRow(ctx, qApprovalByKey, p.OrgID, p.IdempotencyKey).Scan(&id); err != nil {
+			if err := tx.QueryRow(ctx, qApprovalByKey, p.OrgID, p.AgentID, p.IdempotencyKey).Scan(&id); err != nil {
 				return fmt.Errorf("reading the key's first tool call: %w", err)
 			}
 			return errReplay // a replay writes nothing, not even a new session
