@@ -308,6 +308,8 @@ func TestBadApprovalInputIsA400NamingTheFieldAndWritesNothing(t *testing.T) {
 		{"match empty", http.MethodPut, "/v1/agents/agent-1/tool-policies/shell", "match", map[string]any{"approval": "always", "match": map[string]any{}}},
 		{"over-long tool name in the path", http.MethodPut, "/v1/agents/agent-1/tool-policies/" + strings.Repeat("t", 129), "tool_name", map[string]any{"approval": "always"}},
 		{"delete with a malformed match", http.MethodDelete, "/v1/agents/agent-1/tool-policies/shell?match=%7Bnope", "match", nil},
+		{"delete with a match Postgres cannot store (a lone surrogate)", http.MethodDelete, "/v1/agents/agent-1/tool-policies/shell?match=" + url.QueryEscape(`{"a":"\ud800"}`), "match", nil},
+		{"delete with a match Postgres cannot store (a number out of range)", http.MethodDelete, "/v1/agents/agent-1/tool-policies/shell?match=" + url.QueryEscape(`{"a":1e999999999}`), "match", nil},
 		{"events after a negative seq", http.MethodGet, "/v1/sessions/s1/events?after=-1", "after", nil},
 		{"inbox with an unknown status", http.MethodGet, "/v1/tool-approvals?status=maybe", "status", nil},
 	}
