@@ -35,7 +35,10 @@ var ErrApprovalTimeout = errors.New("workflows: timed out waiting for the tool a
 // and returns it. It ignores signals of another org (from the workflow's
 // id), decisions on other approvals, and — in a context from WithWakeDedupe
 // — repeated deliveries of a decision it already returned (delivery is
-// at-least-once). A timeout > 0 bounds the wait: ErrApprovalTimeout then.
+// at-least-once). In such a context a decision on another approval is kept,
+// not lost: a later AwaitApproval for that approval returns it at once (a
+// workflow that asked for two tool calls may be answered in either order).
+// A timeout > 0 bounds the wait: ErrApprovalTimeout then.
 // An expired request arrives as a denial with Reason ReasonExpired.
 func AwaitApproval(ctx workflow.Context, signal, approvalID string, timeout time.Duration) (Decision, error) {
 	if signal == "" {
@@ -43,14 +46,24 @@ func AwaitApproval(ctx workflow.Context, signal, approvalID string, timeout time
 	}
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
 	seen, _ := ctx.Value(seenKey{}).(seenWakes)
+	held, _ := ctx.Value(heldKey{}).(heldDecisions)
+	if d, ok := held[approvalID]; ok {
+		delete(held, approvalID)
+		seen["approval:"+approvalID] = true
+		return d, nil
+	}
 	return awaitSignal(ctx, signal, timeout, ErrApprovalTimeout, decodeDecision, func(d Decision) string {
 		switch {
 		case d.OrgID != org:
 			return "ignoring a decision of another org"
-		case d.ApprovalID != approvalID:
-			return "ignoring the decision on another approval"
 		case seen != nil && seen["approval:"+d.ApprovalID]:
 			return "ignoring a repeated decision delivery"
+		case d.ApprovalID != approvalID:
+			if _, ok := held[d.ApprovalID]; held != nil && !ok {
+				held[d.ApprovalID] = d // the first delivery; a repeat is ignored
+				return "keeping the decision on another approval for its AwaitApproval"
+			}
+			return "ignoring the decision on another approval"
 		}
 		if seen != nil {
 			seen["approval:"+d.ApprovalID] = true

@@ -37,19 +37,28 @@ var ErrTimeout = errors.New("workflows: timed out waiting for the wake signal")
 
 type seenKey struct{}
 
+// heldKey holds decisions that arrived while the workflow awaited another
+// approval, by approval id, until an AwaitApproval asks for them.
+type heldKey struct{}
+
+type heldDecisions map[string]Decision
+
 // seenWakes remembers the wake-up ids (and "approval:"+approval ids) a
 // workflow has already been woken for.
 type seenWakes map[string]bool
 
 // WithWakeDedupe returns a context in which successive AwaitWake and
 // AwaitApproval calls ignore repeated deliveries of wake-ups and decisions
-// already returned (delivery is at-least-once). Call it once at the top of
+// already returned (delivery is at-least-once), and in which a decision
+// that arrives while another approval is awaited is kept for the
+// AwaitApproval that asks for it. Call it once at the top of
 // a workflow that awaits more than one signal; it is deterministic because
 // it is rebuilt on replay.
 func WithWakeDedupe(ctx workflow.Context) workflow.Context {
 	if _, ok := ctx.Value(seenKey{}).(seenWakes); ok {
 		return ctx
 	}
+	ctx = workflow.WithValue(ctx, heldKey{}, heldDecisions{})
 	return workflow.WithValue(ctx, seenKey{}, seenWakes{})
 }
 

@@ -62,3 +62,51 @@ func TestAwaitWakeTakesTheFirstWakeOfItsOrgAndAwaitWakeForOnlyItsOwn(t *testing.
 		})
 	}
 }
+
+type awaitApprovalsInput struct {
+	ApprovalIDs []string
+}
+
+// awaitApprovalsWorkflow awaits each approval in turn, as a workflow that
+// asked for two tool calls at once does.
+func awaitApprovalsWorkflow(ctx workflow.Context, in awaitApprovalsInput) ([]string, error) {
+	ctx = WithWakeDedupe(ctx)
+	var out []string
+	for _, id := range in.ApprovalIDs {
+		d, err := AwaitApproval(ctx, "", id, time.Hour)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, d.ApprovalID+":"+d.Decision)
+	}
+	return out, nil
+}
+
+// A decision that arrives while the workflow awaits another approval is
+// not for that call, but it is not lost either: the later AwaitApproval
+// for it returns it (the outbox delivers it once, so dropping it would
+// park that call until its timeout). Repeats and other orgs' stay ignored.
+func TestAwaitApprovalKeepsADecisionThatArrivesBeforeItIsAwaited(t *testing.T) {
+	decisions := []Decision{
+		{OrgID: "org-a", ApprovalID: "a2", ToolName: "shell", Decision: DecisionDenied},   // answered first
+		{OrgID: "org-b", ApprovalID: "a2", ToolName: "shell", Decision: DecisionApproved}, // another org's
+		{OrgID: "org-a", ApprovalID: "a2", ToolName: "shell", Decision: DecisionApproved}, // a repeated delivery (forged)
+		{OrgID: "org-a", ApprovalID: "a1", ToolName: "git", Decision: DecisionApproved},
+	}
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestWorkflowEnvironment()
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/await-approvals-test"})
+	for i, d := range decisions {
+		raw, err := json.Marshal(d)
+		require.NoError(t, err)
+		env.RegisterDelayedCallback(func() { env.SignalWorkflow(ApprovalSignal, json.RawMessage(raw)) }, time.Duration(i+1)*time.Second)
+	}
+
+	env.ExecuteWorkflow(awaitApprovalsWorkflow, awaitApprovalsInput{ApprovalIDs: []string{"a1", "a2"}})
+
+	require.True(t, env.IsWorkflowCompleted())
+	require.NoError(t, env.GetWorkflowError())
+	var got []string
+	require.NoError(t, env.GetWorkflowResult(&got))
+	require.Equal(t, []string{"a1:approved", "a2:denied"}, got)
+}
