@@ -43,6 +43,43 @@ type heldKey struct{}
 
 type heldDecisions map[string]Decision
 
+// heldWakesKey holds wakes that arrived while the workflow awaited another
+// wake-up (AwaitWakeFor), in arrival order, until an await asks for them.
+type heldWakesKey struct{}
+
+type heldWake struct {
+	signal string
+	wake   Wake
+}
+
+// heldWakes is a slice, not a map: AwaitWake takes the oldest, and the
+// order must be the same on replay.
+type heldWakes struct{ wakes []heldWake }
+
+// take removes and returns the oldest held wake on signal of wakeupID (any
+// wake-up when wakeupID is "").
+func (h *heldWakes) take(signal, wakeupID string) (Wake, bool) {
+	if h == nil {
+		return Wake{}, false
+	}
+	for i, hw := range h.wakes {
+		if hw.signal == signal && (wakeupID == "" || hw.wake.WakeupID == wakeupID) {
+			h.wakes = append(h.wakes[:i], h.wakes[i+1:]...)
+			return hw.wake, true
+		}
+	}
+	return Wake{}, false
+}
+
+func (h *heldWakes) holds(signal, wakeupID string) bool {
+	for _, hw := range h.wakes {
+		if hw.signal == signal && hw.wake.WakeupID == wakeupID {
+			return true
+		}
+	}
+	return false
+}
+
 // seenWakes remembers the wake-up ids (and "approval:"+approval ids) a
 // workflow has already been woken for.
 type seenWakes map[string]bool
@@ -50,8 +87,10 @@ type seenWakes map[string]bool
 // WithWakeDedupe returns a context in which successive AwaitWake and
 // AwaitApproval calls ignore repeated deliveries of wake-ups and decisions
 // already returned (delivery is at-least-once), and in which a decision
-// that arrives while another approval is awaited is kept for the
-// AwaitApproval that asks for it. Call it once at the top of
+// that arrives while another approval is awaited, or a wake that arrives
+// while AwaitWakeFor awaits another wake-up, is kept for the await that
+// asks for it (the outbox delivers each once: dropping it would park that
+// await until its timeout). Call it once at the top of
 // a workflow that awaits more than one signal; it is deterministic because
 // it is rebuilt on replay.
 func WithWakeDedupe(ctx workflow.Context) workflow.Context {
@@ -59,6 +98,7 @@ func WithWakeDedupe(ctx workflow.Context) workflow.Context {
 		return ctx
 	}
 	ctx = workflow.WithValue(ctx, heldKey{}, heldDecisions{})
+	ctx = workflow.WithValue(ctx, heldWakesKey{}, &heldWakes{})
 	return workflow.WithValue(ctx, seenKey{}, seenWakes{})
 }
 
@@ -76,8 +116,11 @@ func AwaitWake(ctx workflow.Context, signal string, timeout time.Duration) (Wake
 }
 
 // AwaitWakeFor is AwaitWake for one wake-up: wakes of other wake-ups on the
-// same signal (an earlier run's, another caller's) are skipped. Use it when
-// the workflow knows the id it waits for, as after creating the wake-up.
+// same signal (an earlier run's, another caller's) are skipped — and, in a
+// WithWakeDedupe context, kept for a later AwaitWakeFor of theirs (or
+// AwaitWake), so a workflow that created two wake-ups may await them in
+// either order. Use it when the workflow knows the id it waits for, as
+// after creating the wake-up.
 func AwaitWakeFor(ctx workflow.Context, signal, wakeupID string, timeout time.Duration) (Wake, error) {
 	return awaitWake(ctx, signal, wakeupID, timeout)
 }
@@ -87,14 +130,23 @@ func AwaitWakeFor(ctx workflow.Context, signal, wakeupID string, timeout time.Du
 func awaitWake(ctx workflow.Context, signal, wakeupID string, timeout time.Duration) (Wake, error) {
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
 	seen, _ := ctx.Value(seenKey{}).(seenWakes)
+	held, _ := ctx.Value(heldWakesKey{}).(*heldWakes)
+	if w, ok := held.take(signal, wakeupID); ok {
+		seen[w.WakeupID] = true
+		return w, nil
+	}
 	return awaitSignal(ctx, signal, timeout, ErrTimeout, decodeWake, func(w Wake) string {
 		switch {
 		case w.OrgID != org:
 			return "ignoring a wake signal of another org"
-		case wakeupID != "" && w.WakeupID != wakeupID:
-			return "ignoring the wake of another wake-up"
 		case seen != nil && seen[w.WakeupID]:
 			return "ignoring a repeated wake delivery"
+		case wakeupID != "" && w.WakeupID != wakeupID:
+			if held != nil && !held.holds(signal, w.WakeupID) {
+				held.wakes = append(held.wakes, heldWake{signal, w}) // the first delivery; a repeat is ignored
+				return "keeping the wake of another wake-up for its await"
+			}
+			return "ignoring the wake of another wake-up"
 		}
 		if seen != nil {
 			seen[w.WakeupID] = true

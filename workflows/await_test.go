@@ -110,3 +110,74 @@ func TestAwaitApprovalKeepsADecisionThatArrivesBeforeItIsAwaited(t *testing.T) {
 	require.NoError(t, env.GetWorkflowResult(&got))
 	require.Equal(t, []string{"a1:approved", "a2:denied"}, got)
 }
+
+type awaitWakesInput struct {
+	WakeupIDs []string // "" : AwaitWake, else AwaitWakeFor this id
+}
+
+// awaitWakesWorkflow awaits each wake-up in turn, as a workflow that
+// created two wake-ups does.
+func awaitWakesWorkflow(ctx workflow.Context, in awaitWakesInput) ([]string, error) {
+	ctx = WithWakeDedupe(ctx)
+	var out []string
+	for _, id := range in.WakeupIDs {
+		var w Wake
+		var err error
+		if id == "" {
+			w, err = AwaitWake(ctx, "wake", time.Hour)
+		} else {
+			w, err = AwaitWakeFor(ctx, "wake", id, time.Hour)
+		}
+		if err != nil {
+			return out, err
+		}
+		out = append(out, w.WakeupID+":"+w.Outcome)
+	}
+	return out, nil
+}
+
+// A wake that arrives while the workflow awaits another wake-up is not
+// lost: the later await for it returns it at once (the outbox delivers
+// each wake once, so dropping it would park that await until its
+// timeout). Repeats and other orgs' stay ignored, and a wake held on one
+// signal is not handed to an await on another.
+func TestAwaitWakeForKeepsAWakeThatArrivesBeforeItIsAwaited(t *testing.T) {
+	wakes := []struct {
+		signal string
+		wake   Wake
+	}{
+		{"wake", Wake{OrgID: "org-a", WakeupID: "w2", Outcome: OutcomeFailed}},     // resolved first
+		{"wake", Wake{OrgID: "org-a", WakeupID: "w2", Outcome: OutcomeSucceeded}},  // a repeated delivery (forged)
+		{"other", Wake{OrgID: "org-a", WakeupID: "w3", Outcome: OutcomeSucceeded}}, // another signal's: never ours
+		{"wake", Wake{OrgID: "org-b", WakeupID: "w1", Outcome: OutcomeSucceeded}},  // another org's
+		{"wake", Wake{OrgID: "org-a", WakeupID: "w1", Outcome: OutcomeSucceeded}},
+		{"wake", Wake{OrgID: "org-a", WakeupID: "w3", Outcome: OutcomeCanceled}},
+	}
+	for _, tc := range []struct {
+		name string
+		in   []string
+		want []string
+	}{
+		{"in the other order", []string{"w1", "w2", "w3"}, []string{"w1:succeeded", "w2:failed", "w3:canceled"}},
+		{"then any wake-up takes the oldest held", []string{"w1", "", ""}, []string{"w1:succeeded", "w2:failed", "w3:canceled"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var suite testsuite.WorkflowTestSuite
+			env := suite.NewTestWorkflowEnvironment()
+			env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/await-wakes-test"})
+			for i, w := range wakes {
+				raw, err := json.Marshal(w.wake)
+				require.NoError(t, err)
+				env.RegisterDelayedCallback(func() { env.SignalWorkflow(w.signal, json.RawMessage(raw)) }, time.Duration(i+1)*time.Second)
+			}
+
+			env.ExecuteWorkflow(awaitWakesWorkflow, awaitWakesInput{WakeupIDs: tc.in})
+
+			require.True(t, env.IsWorkflowCompleted())
+			require.NoError(t, env.GetWorkflowError())
+			var got []string
+			require.NoError(t, env.GetWorkflowResult(&got))
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
