@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/reveille/reveille/internal/jsonb"
 )
 
 const (
@@ -278,18 +281,30 @@ func (e *executor) classify(ctx context.Context, rj *runningJob, j claimedJob, r
 		return attemptResult{err: "handler returned invalid JSON"}
 	case err == nil && len(res) > maxArgsBytes:
 		return attemptResult{err: fmt.Sprintf("handler result exceeds %d bytes", maxArgsBytes)}
+	case err == nil && !jsonb.Storable(res):
+		// It would fail the statement that records the whole batch, again
+		// at every retry: no result of this executor would be recorded.
+		return attemptResult{err: `handler returned JSON that Postgres cannot store (\u0000, an unpaired surrogate escape or a number out of range)`}
 	case err == nil:
 		return attemptResult{succeeded: true, result: res}
 	case errors.Is(cause, errStopping):
-		return attemptResult{err: "interrupted: the executor stopped: " + err.Error(), retryable: true}
+		return attemptResult{err: "interrupted: the executor stopped: " + errorText(err), retryable: true}
 	case IsNonRetryable(err):
 		// The handler's own verdict wins over a timeout that passed while it
 		// worked: it knows a retry would fail the same way.
-		return attemptResult{err: err.Error()}
+		return attemptResult{err: errorText(err)}
 	case errors.Is(cause, context.DeadlineExceeded) && ctx.Err() != nil:
-		return attemptResult{err: fmt.Sprintf("attempt timed out after %s: %v", j.timeout, err), retryable: true}
+		return attemptResult{err: fmt.Sprintf("attempt timed out after %s: %s", j.timeout, errorText(err)), retryable: true}
 	}
-	return attemptResult{err: err.Error(), retryable: true}
+	return attemptResult{err: errorText(err), retryable: true}
+}
+
+// errorText is err's message as Postgres text can hold it: a handler's
+// error may quote what a work target sent (NUL, bytes that are not UTF-8,
+// a rune cut in half), and one such message would fail the statement that
+// records the whole batch, again at every retry.
+func errorText(err error) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(err.Error(), "\uFFFD"), "\x00", "\uFFFD")
 }
 
 // finish hands an attempt's result to the reporter, once.
