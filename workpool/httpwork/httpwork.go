@@ -26,6 +26,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/reveille/reveille/internal/jsonb"
 	"github.com/reveille/reveille/workpool"
 )
 
@@ -225,11 +226,14 @@ func do(client *http.Client, req *http.Request) (json.RawMessage, error) {
 	}
 }
 
+// bodyJSON is the response body as the result keeps it: as JSON when it
+// is JSON Postgres jsonb can store, else as a string jsonb can store (NUL
+// and bytes that are not UTF-8 become U+FFFD).
 func bodyJSON(raw []byte) json.RawMessage {
-	if len(bytes.TrimSpace(raw)) > 0 && json.Valid(raw) {
+	if len(bytes.TrimSpace(raw)) > 0 && json.Valid(raw) && jsonb.Storable(raw) {
 		return raw
 	}
-	b, _ := json.Marshal(string(raw))
+	b, _ := json.Marshal(strings.ReplaceAll(string(raw), "\x00", "\uFFFD"))
 	return b
 }
 

@@ -173,3 +173,32 @@ func TestServerErrorThenSuccessIsRetriedInThePool(t *testing.T) {
 	require.NoError(t, json.Unmarshal(st.Result, &res))
 	require.JSONEq(t, `{"fine":true}`, string(res.Body))
 }
+
+// A 2xx body is the work's result, kept in Postgres jsonb: a body jsonb
+// cannot hold as JSON (\u0000, an unpaired surrogate escape, a huge
+// number) or as a string (NUL bytes) is kept as a string it can hold, so
+// the request succeeds instead of failing as an unstorable result.
+func TestHTTPHandlerKeepsAnyBodyAsJSONPostgresCanStore(t *testing.T) {
+	db := testkit.NewPool(t)
+	for _, tc := range []struct{ name, body, want string }{
+		{"JSON with \\u0000", `{"a":"\u0000"}`, `"{\"a\":\"\\u0000\"}"`},
+		{"JSON with an unpaired surrogate", `["\ud800"]`, `"[\"\\ud800\"]"`},
+		{"JSON with a number out of range", `1e999999999`, `"1e999999999"`},
+		{"binary with NUL bytes", "a\x00b\xffc", `"a\ufffdb\ufffdc"`},
+		{"storable JSON stays JSON", `{"a":"\u00e9"}`, `{"a":"\u00e9"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(tc.body)) }))
+			defer srv.Close()
+			h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
+			require.NoError(t, err)
+			res, err := run(t, h, context.Background(), Args{URL: srv.URL})
+			require.NoError(t, err)
+			require.JSONEq(t, tc.want, string(res.Body))
+			full, err := json.Marshal(res)
+			require.NoError(t, err)
+			_, err = db.Exec(context.Background(), `SELECT $1::text::jsonb`, string(full))
+			require.NoError(t, err, "Postgres stores the result")
+		})
+	}
+}
