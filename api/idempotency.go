@@ -32,24 +32,31 @@ const (
 // absent). Handlers pass it to their domain call as its own idempotency key.
 func IdempotencyKey(c echo.Context) string { return c.Request().Header.Get("Idempotency-Key") }
 
-// idempotencyScope is the route part of a key's scope. A token bound to an
-// agent has a scope of its own: the replay runs before the handler, so an
-// org-wide scope would hand one agent the response to another agent's
-// request (its data, or a success the handler would refuse it) for the
-// price of knowing the key; in its own scope a bound token gets what it
-// would get without the key. Routes start with a method, so the "agent"
-// prefix cannot collide with an unbound scope, and the quoted id ends
-// unambiguously.
+// idempotencyScope is the route part of a key's scope: the caller's own
+// (its sub, and its agent for a token bound to one), not the org's. The
+// replay runs before the handler, and a response is an answer to a caller:
+// in an org-wide scope one approver sending another's key would be replayed
+// the other's 403 (self-approval) instead of deciding, and one agent
+// another agent's data or a success the handler would refuse it. In its
+// own scope a caller gets what it would get without the key. Domain keys
+// (spends, wake-ups, work, tool calls) still dedupe the act itself across
+// callers. Routes start with a method, so the "agent"/"sub" prefixes cannot
+// collide with a route, and the quoted ids end unambiguously.
 func idempotencyScope(c echo.Context) string {
-	route := c.Request().Method + " " + c.Request().URL.Path
-	if agent := PrincipalFrom(c).AgentID; agent != "" {
-		return "agent " + strconv.Quote(agent) + " " + route
+	scope := c.Request().Method + " " + c.Request().URL.Path
+	p := PrincipalFrom(c)
+	if p.Sub != "" {
+		scope = "sub " + strconv.Quote(p.Sub) + " " + scope
 	}
-	return route
+	if p.AgentID != "" {
+		scope = "agent " + strconv.Quote(p.AgentID) + " " + scope
+	}
+	return scope
 }
 
-// idempotencyStore keeps first responses per (org, route, key), the route
-// scoped by agent for bound tokens (idempotencyScope).
+// idempotencyStore keeps first responses per (org, caller, route, key): the
+// caller is the token's sub and, for a bound token, its agent
+// (idempotencyScope).
 type idempotencyStore struct {
 	db     *pgxpool.Pool
 	logger *slog.Logger

@@ -133,3 +133,27 @@ func TestARequestWhoseClaimWasTakenOverDoesNotOverwriteTheNewOne(t *testing.T) {
 	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
 	require.JSONEq(t, string(retry.Body), string(again.Body), "the retry's response, not the slow one's")
 }
+
+// An Idempotency-Key is the caller's own: a response answers the caller
+// that asked, so another caller of the same org sending the same key and
+// body is not replayed it — here approver alice's 403 (her own request)
+// must not become bob's answer.
+func TestAnotherCallersKeyReplaysNothing(t *testing.T) {
+	s, _ := newMandateServer(t)
+	h := s.Handler()
+	createMandate(t, h, token(t, "org-a", "admin"), "agent-1", "llm", 0)
+	alice := subToken(t, "org-a", "alice", "", RoleAgent, RoleApprover)
+	bob := subToken(t, "org-a", "bob", "", RoleApprover)
+	refused := do(t, h, http.MethodPost, "/v1/mandates/spend", alice, `{"agent_id":"agent-1","scope":"llm","cost":4}`).requireProblem(t, http.StatusPaymentRequired)
+	approve := "/v1/mandate-approvals/" + refused["approval_id"].(string) + "/approve"
+
+	do(t, h, http.MethodPost, approve, alice, `{}`, "Idempotency-Key", "approve-it").requireProblem(t, http.StatusForbidden)
+	r := do(t, h, http.MethodPost, approve, bob, `{}`, "Idempotency-Key", "approve-it")
+
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	require.Empty(t, r.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, "approved", r.JSON(t)["state"])
+	again := do(t, h, http.MethodPost, approve, bob, `{}`, "Idempotency-Key", "approve-it")
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"), "the caller's own retry is replayed")
+	require.JSONEq(t, string(r.Body), string(again.Body))
+}
