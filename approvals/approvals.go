@@ -51,9 +51,9 @@ const (
 
 // Who decided a tool approval.
 const (
-	SourceHuman   = "human"
+	SourceHuman   = signals.SourceHuman
 	SourcePolicy  = "policy"
-	SourceExpired = "expired"
+	SourceExpired = signals.SourceExpired
 )
 
 // Decisions. A request answers pending when neither a policy decides it.

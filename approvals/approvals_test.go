@@ -251,7 +251,7 @@ func TestAnAnswerQueuesTheDecisionSignalForTheWorkflowThatAsked(t *testing.T) {
 	require.Equal(t, &queue.Signal{WorkflowID: org + "/wf-1", RunID: "run-1", Name: signals.ApprovalSignal}, msg.Signal)
 	var d signals.Decision
 	require.NoError(t, json.Unmarshal(msg.Payload, &d))
-	require.Equal(t, signals.Decision{OrgID: org, ApprovalID: res.Approval.ID.String(), ToolName: "shell", Decision: DecisionDenied, Reason: "not today"}, d)
+	require.Equal(t, signals.Decision{OrgID: org, ApprovalID: res.Approval.ID.String(), ToolName: "shell", Decision: DecisionDenied, Source: SourceHuman, Reason: "not today"}, d)
 	a, err := s.Get(context.Background(), org, res.Approval.ID, "")
 	require.NoError(t, err)
 	require.Equal(t, DeliveryQueued, a.Delivery.State)
@@ -295,7 +295,7 @@ func TestExpiredRequestsAreDeniedByTheSweeperWithEventsAndSignal(t *testing.T) {
 	require.NoError(t, err)
 	var d signals.Decision
 	require.NoError(t, json.Unmarshal(msg.Payload, &d))
-	require.Equal(t, signals.Decision{OrgID: org, ApprovalID: a.ID.String(), ToolName: "shell", Decision: DecisionDenied, Reason: signals.ReasonExpired}, d)
+	require.Equal(t, signals.Decision{OrgID: org, ApprovalID: a.ID.String(), ToolName: "shell", Decision: DecisionDenied, Source: SourceExpired, Reason: signals.ReasonExpired}, d)
 
 	n, err = s.Sweep(context.Background())
 	require.NoError(t, err)
@@ -418,4 +418,21 @@ func TestAnotherAgentsIdempotencyKeyActsAsNoKey(t *testing.T) {
 	again := request(t, s, "shell", `{"a":1}`, key, func(p *RequestParams) { p.AgentID, p.SessionID = "agent-2", "session-2" })
 	require.Equal(t, theirs.Approval.ID, again.Approval.ID, "the second agent's key replays its own call")
 	require.Equal(t, 2, count(t, db, `SELECT count(*) FROM tool_approvals`))
+}
+
+// The workflow tells an expiry by the decision's source, so an approver
+// whose note happens to read "expired" does not make a denial look like
+// one nobody answered.
+func TestAHumansNoteNeverPassesForAnExpiry(t *testing.T) {
+	s, db := newTestService(t)
+	res := request(t, s, "shell", "", func(p *RequestParams) { p.WorkflowID = org + "/wf-1" })
+	_, err := respond(s, RespondParams{ToolName: "shell", Decision: DecisionDenied, Note: signals.ReasonExpired})
+	require.NoError(t, err)
+
+	msg, err := queue.GetByKey(context.Background(), db, org, Queue, res.Approval.ID.String())
+	require.NoError(t, err)
+	var d signals.Decision
+	require.NoError(t, json.Unmarshal(msg.Payload, &d))
+	require.Equal(t, SourceHuman, d.Source)
+	require.False(t, d.Expired())
 }

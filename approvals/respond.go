@@ -83,7 +83,7 @@ func (s *Service) Respond(ctx context.Context, p RespondParams) (RespondResult, 
 			if err != nil {
 				return err
 			}
-			if err := queueDecision(ctx, tx, p.OrgID, id, r, p.Decision, p.Note); err != nil {
+			if err := queueDecision(ctx, tx, p.OrgID, id, r, p.Decision, SourceHuman, p.Note); err != nil {
 				return err
 			}
 			res.Resolved, timings = append(res.Resolved, id), append(timings, r)
@@ -206,11 +206,11 @@ func resolveTx(ctx context.Context, tx pgx.Tx, orgID string, id uuid.UUID, sql s
 // queueDecision queues the decision's signal for a request that named a
 // workflow, in the resolving transaction; the approval id is the message's
 // idempotency key, so a request has at most one signal.
-func queueDecision(ctx context.Context, tx pgx.Tx, orgID string, id uuid.UUID, r resolved, decision, reason string) error {
+func queueDecision(ctx context.Context, tx pgx.Tx, orgID string, id uuid.UUID, r resolved, decision, source, reason string) error {
 	if r.workflowID == "" {
 		return nil
 	}
-	payload, err := json.Marshal(signals.Decision{OrgID: orgID, ApprovalID: id.String(), ToolName: r.tool, Decision: decision, Reason: reason})
+	payload, err := json.Marshal(signals.Decision{OrgID: orgID, ApprovalID: id.String(), ToolName: r.tool, Decision: decision, Source: source, Reason: reason})
 	if err != nil {
 		return err
 	}

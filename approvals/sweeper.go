@@ -106,7 +106,7 @@ func (s *Service) expire(ctx context.Context, d dueApproval) (bool, error) {
 			return fmt.Errorf("expiring tool approval: %w", err)
 		}
 		done = true
-		if err := queueDecision(ctx, tx, d.orgID, d.id, r, DecisionDenied, signals.ReasonExpired); err != nil {
+		if err := queueDecision(ctx, tx, d.orgID, d.id, r, DecisionDenied, SourceExpired, signals.ReasonExpired); err != nil {
 			return err
 		}
 		return appendEvents(ctx, tx, d.orgID, d.sessionID,

@@ -89,7 +89,7 @@ func TestAWorkflowParkedOnAwaitApprovalWakesWithTheHumansDecision(t *testing.T) 
 	run := s.parkOnApprovals(wf, id)
 
 	s.answerTool("s1", map[string]any{"tool_name": "shell", "decision": "approved", "note": "ok"})
-	require.Equal(t, []workflows.Decision{{OrgID: org, ApprovalID: id, ToolName: "shell", Decision: "approved", Reason: "ok"}}, s.decisionsOf(run))
+	require.Equal(t, []workflows.Decision{{OrgID: org, ApprovalID: id, ToolName: "shell", Decision: "approved", Source: "human", Reason: "ok"}}, s.decisionsOf(run))
 	require.True(t, assertEventually(func() bool {
 		d, _ := s.toolApproval(id)["delivery"].(map[string]any)
 		return d["state"] == "sent"
@@ -125,7 +125,7 @@ func TestAnExpiredToolCallWakesItsWorkflowWithADenial(t *testing.T) {
 	// The clock moved on: the request is due (the sweeper runs every 50 ms).
 	_, err := s.db.Exec(context.Background(), `UPDATE tool_approvals SET expires_at = now() WHERE id = $1`, id)
 	require.NoError(t, err)
-	require.Equal(t, []workflows.Decision{{OrgID: org, ApprovalID: id, ToolName: "shell", Decision: "denied", Reason: "expired"}}, s.decisionsOf(run))
+	require.Equal(t, []workflows.Decision{{OrgID: org, ApprovalID: id, ToolName: "shell", Decision: "denied", Source: "expired", Reason: "expired"}}, s.decisionsOf(run))
 	a := s.toolApproval(id)
 	require.Equal(t, "expired", a["status"])
 	require.Equal(t, "expired", a["source"])

@@ -157,7 +157,7 @@ func askForTool(ctx, actx workflow.Context, acts *Activities, agentID string, st
 		return asked, err
 	}
 	source := approvals.SourceHuman
-	if d.Reason == workflows.ReasonExpired {
+	if d.Expired() {
 		source = approvals.SourceExpired
 	}
 	return ToolResult{ApprovalID: d.ApprovalID, Decision: d.Decision, Source: source, Reason: d.Reason}, nil

@@ -45,17 +45,30 @@ const (
 // ReasonExpired is the Decision.Reason of a request nobody answered in time.
 const ReasonExpired = "expired"
 
+// Sources a Decision carries: who decided. A signalled decision is a
+// human's or the expiry sweeper's (a policy decides at once, unsignalled).
+const (
+	SourceHuman   = "human"
+	SourceExpired = "expired"
+)
+
 // Decision is the payload of a tool approval's signal:
-// {org_id, approval_id, tool_name, decision: approved|denied, reason?}.
+// {org_id, approval_id, tool_name, decision: approved|denied, source, reason?}.
 type Decision struct {
 	OrgID      string `json:"org_id"`
 	ApprovalID string `json:"approval_id"`
 	ToolName   string `json:"tool_name"`
 	Decision   string `json:"decision"`
+	// Source says who decided: SourceHuman or SourceExpired. Tell an expiry
+	// by it, not by Reason, which a human's note may spell the same.
+	Source string `json:"source,omitempty"`
 	// Reason is "expired" for an expired request, else the approver's note
 	// (if any).
 	Reason string `json:"reason,omitempty"`
 }
+
+// Expired reports whether nobody answered the request in time.
+func (d Decision) Expired() bool { return d.Source == SourceExpired }
 
 // Approved reports whether the tool call may go ahead.
 func (d Decision) Approved() bool { return d.Decision == DecisionApproved }
