@@ -36,6 +36,11 @@ const Name = "http"
 // MaxResponseBytes caps the response body a handler reads.
 const MaxResponseBytes = 1 << 20
 
+// MaxResponseHeaderBytes caps a response's headers, which the result keeps
+// too: Go's default of 10 MB would let a target write that much into every
+// result row.
+const MaxResponseHeaderBytes = 64 << 10
+
 // Config configures the handler.
 type Config struct {
 	// AllowedHosts are the hosts requests and redirects may go to
@@ -125,13 +130,14 @@ func New(cfg Config) (workpool.Handler, error) {
 		Transport: &http.Transport{
 			// No proxy: a proxy would connect on the request's behalf,
 			// past the dial check.
-			Proxy:                 nil,
-			DialContext:           dialer.DialContext,
-			ForceAttemptHTTP2:     true,
-			MaxIdleConns:          100,
-			IdleConnTimeout:       90 * time.Second,
-			TLSHandshakeTimeout:   10 * time.Second,
-			ExpectContinueTimeout: time.Second,
+			Proxy:                  nil,
+			DialContext:            dialer.DialContext,
+			ForceAttemptHTTP2:      true,
+			MaxIdleConns:           100,
+			IdleConnTimeout:        90 * time.Second,
+			TLSHandshakeTimeout:    10 * time.Second,
+			ExpectContinueTimeout:  time.Second,
+			MaxResponseHeaderBytes: MaxResponseHeaderBytes,
 		},
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
 			if r := list.check(req.URL); r != nil {

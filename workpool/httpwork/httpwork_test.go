@@ -50,6 +50,10 @@ func TestHTTPHandler(t *testing.T) {
 	})
 	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	mux.HandleFunc("/huge", func(w http.ResponseWriter, _ *http.Request) { w.Write(make([]byte, MaxResponseBytes+10)) })
+	mux.HandleFunc("/huge-headers", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("X-Big", strings.Repeat("h", MaxResponseHeaderBytes))
+		w.Write([]byte(`{}`))
+	})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	// A second name for the same server that is not allow-listed.
@@ -113,6 +117,7 @@ func TestHTTPHandler(t *testing.T) {
 		}, true, "deadline"},
 		{"network error is retried", Args{URL: "http://127.0.0.1:1/x"}, nil, true, "refused"},
 		{"oversized response is final", Args{URL: srv.URL + "/huge"}, nil, false, "exceeds"},
+		{"oversized headers are refused", Args{URL: srv.URL + "/huge-headers"}, nil, true, "headers exceeded"},
 		{"bad url is final", Args{URL: "ftp://127.0.0.1/x"}, nil, false, "http(s)"},
 	}
 	for _, tc := range failures {
