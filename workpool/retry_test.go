@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/apperr"
@@ -90,6 +91,36 @@ func TestRetry_TheDelayAtTheLimitsIsScheduledAndNeverExceeds24h(t *testing.T) {
 			require.LessOrEqual(t, delay, tc.hi+time.Microsecond)
 		})
 	}
+}
+
+// Retry jitter is real: items of one policy that fail in the same
+// iteration are scheduled apart (a herd retried at one instant stays a
+// herd), each within [0.5, 1.5) of the policy's delay.
+func TestRetry_ItemsFailingTogetherAreRetriedAtDifferentTimes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	const n = 8
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		ids[i] = h.enqueue(withRetry(3, 60_000, 2))
+	}
+	h.runMain()
+	for _, id := range ids {
+		h.complete(id, "failed", 1)
+	}
+
+	h.runMain()
+
+	seen := map[time.Time]bool{}
+	for _, id := range ids {
+		var runAt time.Time
+		require.NoError(t, h.db.QueryRow(h.ctx, `SELECT run_at FROM workpool_work WHERE id = $1 AND state = 'pending'`, id).Scan(&runAt))
+		delay := runAt.Sub(h.clock.Now())
+		require.GreaterOrEqual(t, delay, 30*time.Second-time.Microsecond)
+		require.Less(t, delay, 90*time.Second+time.Microsecond)
+		seen[runAt] = true
+	}
+	require.Greater(t, len(seen), n/2, "jitter spreads the retries of one policy")
 }
 
 // The Go spellings of the bounds agree with the SQL ones, and the exponent
