@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/reveille/reveille/approvals"
+	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/wakeup"
@@ -306,7 +307,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		Handler: s.echo, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout, IdleTimeout: s.cfg.IdleTimeout,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
-	go s.purgeLoop(ctx)
+	// One replica purges expired idempotency records for all: a DELETE
+	// per replica every period would only contend for the same rows.
+	var purger leader.Background
+	el := &leader.Elector{DB: s.svc.DB, Name: "api.idempotency-purge", Logger: s.logger}
+	if err := purger.Start(ctx, el, leader.Every(idempotencyPurgeEvery, s.purgeRound, func(err error) {
+		s.logger.Warn("purging idempotency records failed", "error", err.Error())
+	})); err != nil {
+		return err
+	}
+	defer func() { _ = purger.Stop(context.Background()) }()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -322,19 +332,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-func (s *Server) purgeLoop(ctx context.Context) {
-	t := time.NewTicker(10 * time.Minute)
-	defer t.Stop()
-	for {
-		if n, err := s.idem.purge(ctx); err != nil && ctx.Err() == nil {
-			s.logger.Warn("purging idempotency records failed", "error", err.Error())
-		} else if n > 0 {
-			s.logger.Info("purged idempotency records", "count", n)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+// idempotencyPurgeEvery is how often the leader deletes expired records.
+const idempotencyPurgeEvery = 10 * time.Minute
+
+// purgeRound deletes the idempotency records past retention.
+func (s *Server) purgeRound(ctx context.Context) error {
+	n, err := s.idem.purge(ctx)
+	if n > 0 {
+		s.logger.Info("purged idempotency records", "count", n)
 	}
+	return err
 }
