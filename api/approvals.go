@@ -253,7 +253,7 @@ func (s *Server) listToolApprovals(c echo.Context) error {
 		}
 		f.AgentID = p.AgentID
 	}
-	items, next, err := s.svc.Approvals.List(c.Request().Context(), p.OrgID, f, approvals.Page{Cursor: page.Cursor, Limit: page.Limit})
+	items, next, err := s.svc.Approvals.List(c.Request().Context(), p.OrgID, f, page)
 	if err != nil {
 		return err
 	}
@@ -292,7 +292,7 @@ func (s *Server) listToolPolicies(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	items, next, err := s.svc.Approvals.ListPolicies(c.Request().Context(), PrincipalFrom(c).OrgID, agentID, approvals.Page{Cursor: page.Cursor, Limit: page.Limit})
+	items, next, err := s.svc.Approvals.ListPolicies(c.Request().Context(), PrincipalFrom(c).OrgID, agentID, page)
 	if err != nil {
 		return err
 	}

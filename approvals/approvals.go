@@ -31,6 +31,7 @@ import (
 
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/internal/leader"
+	"github.com/reveille/reveille/internal/page"
 	"github.com/reveille/reveille/workflows/signals"
 )
 
@@ -224,40 +225,11 @@ type Event struct {
 	CreatedAt time.Time
 }
 
-// Page asks for one page of a list: items after Cursor (uuid.Nil: from the
-// start), at most Limit of them (default 50, at most MaxLimit).
-type Page struct {
-	Cursor uuid.UUID
-	Limit  int
-}
+// Page asks for one page of a list (see internal/page).
+type Page = page.Page
 
 // MaxLimit is the largest page.
-const MaxLimit = 500
-
-func (p Page) limit() int {
-	if p.Limit <= 0 {
-		return 50
-	}
-	return min(p.Limit, MaxLimit)
-}
-
-func (p Page) cursor() *uuid.UUID {
-	if p.Cursor == uuid.Nil {
-		return nil
-	}
-	return &p.Cursor
-}
-
-// pageOf trims a limit+1 query result to the page and returns the cursor of
-// the next page (nil at the end).
-func pageOf[T any](items []T, limit int, id func(T) uuid.UUID) ([]T, *uuid.UUID) {
-	if len(items) <= limit {
-		return items, nil
-	}
-	items = items[:limit]
-	next := id(items[limit-1])
-	return items, &next
-}
+const MaxLimit = page.MaxLimit
 
 // querier is what both a pool and a transaction offer.
 type querier interface {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/page"
 )
 
 // PolicyParams set a standing policy.
@@ -70,7 +71,7 @@ func (s *Service) ListPolicies(ctx context.Context, orgID, agentID string, p Pag
 	if err := inv.OrNil(); err != nil {
 		return nil, nil, err
 	}
-	rows, err := s.db.Query(ctx, qListPolicies, orgID, agentID, p.cursor(), p.limit()+1)
+	rows, err := s.db.Query(ctx, qListPolicies, orgID, agentID, p.After(), p.Size()+1)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing tool policies: %w", err)
 	}
@@ -78,7 +79,7 @@ func (s *Service) ListPolicies(ctx context.Context, orgID, agentID string, p Pag
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing tool policies: %w", err)
 	}
-	items, next := pageOf(items, p.limit(), func(p Policy) uuid.UUID { return p.ID })
+	items, next := page.Trim(items, p.Size(), func(p Policy) uuid.UUID { return p.ID })
 	return items, next, nil
 }
 

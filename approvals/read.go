@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/page"
 	"github.com/reveille/reveille/queue"
 )
 
@@ -57,7 +58,7 @@ func (s *Service) List(ctx context.Context, orgID string, f ListFilter, p Page) 
 	rows, err := s.db.Query(ctx, approvalSelect+`
 		WHERE a.org_id = $1 AND ($2::text = '' OR a.agent_id = $2) AND ($3::text = '' OR a.session_id = $3)
 		  AND ($4::uuid IS NULL OR a.id < $4)`+statusCond+`
-		ORDER BY a.id DESC LIMIT $5`, orgID, f.AgentID, f.SessionID, p.cursor(), p.limit()+1)
+		ORDER BY a.id DESC LIMIT $5`, orgID, f.AgentID, f.SessionID, p.After(), p.Size()+1)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing tool approvals: %w", err)
 	}
@@ -65,7 +66,7 @@ func (s *Service) List(ctx context.Context, orgID string, f ListFilter, p Page) 
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing tool approvals: %w", err)
 	}
-	items, next := pageOf(items, p.limit(), func(a ToolApproval) uuid.UUID { return a.ID })
+	items, next := page.Trim(items, p.Size(), func(a ToolApproval) uuid.UUID { return a.ID })
 	return items, next, nil
 }
 
@@ -82,7 +83,7 @@ func (s *Service) Events(ctx context.Context, orgID, sessionID, agentID string, 
 	if err := inv.OrNil(); err != nil {
 		return nil, nil, err
 	}
-	limit = Page{Limit: limit}.limit()
+	limit = Page{Limit: limit}.Size()
 	var visible bool
 	if err := s.db.QueryRow(ctx, qSessionVisible, orgID, sessionID, agentID).Scan(&visible); err != nil {
 		return nil, nil, fmt.Errorf("reading session: %w", err)

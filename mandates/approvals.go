@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/page"
 )
 
 // Resolution is what a resolve hook learns about a resolved request.
@@ -198,7 +199,7 @@ func (s *Service) ListApprovals(ctx context.Context, orgID string, f ApprovalFil
 	if err := inv.OrNil(); err != nil {
 		return nil, nil, err
 	}
-	rows, err := s.db.Query(ctx, qListApprovals, orgID, f.State, f.AgentID, p.cursor(), p.limit()+1)
+	rows, err := s.db.Query(ctx, qListApprovals, orgID, f.State, f.AgentID, p.After(), p.Size()+1)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing approval requests: %w", err)
 	}
@@ -206,7 +207,7 @@ func (s *Service) ListApprovals(ctx context.Context, orgID string, f ApprovalFil
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing approval requests: %w", err)
 	}
-	items, next := pageOf(items, p.limit(), func(a Approval) uuid.UUID { return a.ID })
+	items, next := page.Trim(items, p.Size(), func(a Approval) uuid.UUID { return a.ID })
 	return items, next, nil
 }
 

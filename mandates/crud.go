@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/page"
 )
 
 // CreateParams is a new mandate.
@@ -79,7 +80,7 @@ func (s *Service) List(ctx context.Context, orgID string, f MandateFilter, p Pag
 	if err := inv.OrNil(); err != nil {
 		return nil, nil, err
 	}
-	rows, err := s.db.Query(ctx, qListMandates, orgID, f.AgentID, f.Scope, p.cursor(), p.limit()+1)
+	rows, err := s.db.Query(ctx, qListMandates, orgID, f.AgentID, f.Scope, p.After(), p.Size()+1)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing mandates: %w", err)
 	}
@@ -87,7 +88,7 @@ func (s *Service) List(ctx context.Context, orgID string, f MandateFilter, p Pag
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing mandates: %w", err)
 	}
-	items, next := pageOf(items, p.limit(), func(m Mandate) uuid.UUID { return m.ID })
+	items, next := page.Trim(items, p.Size(), func(m Mandate) uuid.UUID { return m.ID })
 	return items, next, nil
 }
 
@@ -131,7 +132,7 @@ func (s *Service) Ledger(ctx context.Context, orgID, agentID string, mandateID u
 	if _, err := s.Get(ctx, orgID, agentID, mandateID); err != nil {
 		return nil, nil, err
 	}
-	rows, err := s.db.Query(ctx, qLedger, orgID, mandateID, p.cursor(), p.limit()+1)
+	rows, err := s.db.Query(ctx, qLedger, orgID, mandateID, p.After(), p.Size()+1)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing ledger: %w", err)
 	}
@@ -139,7 +140,7 @@ func (s *Service) Ledger(ctx context.Context, orgID, agentID string, mandateID u
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing ledger: %w", err)
 	}
-	items, next := pageOf(items, p.limit(), func(e LedgerEntry) uuid.UUID { return e.ID })
+	items, next := page.Trim(items, p.Size(), func(e LedgerEntry) uuid.UUID { return e.ID })
 	return items, next, nil
 }
 

@@ -28,6 +28,7 @@ import (
 
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/internal/leader"
+	"github.com/reveille/reveille/internal/page"
 )
 
 // Mandate statuses.
@@ -196,40 +197,11 @@ type Approval struct {
 	Note       string
 }
 
-// Page asks for one page of a list: items after Cursor (uuid.Nil: from the
-// start), at most Limit of them (default 50, at most 500).
-type Page struct {
-	Cursor uuid.UUID
-	Limit  int
-}
+// Page asks for one page of a list (see internal/page).
+type Page = page.Page
 
 // MaxLimit is the largest page.
-const MaxLimit = 500
-
-func (p Page) limit() int {
-	if p.Limit <= 0 {
-		return 50
-	}
-	return min(p.Limit, MaxLimit)
-}
-
-func (p Page) cursor() *uuid.UUID {
-	if p.Cursor == uuid.Nil {
-		return nil
-	}
-	return &p.Cursor
-}
-
-// pageOf trims a limit+1 query result to the page and returns the cursor of
-// the next page (nil at the end).
-func pageOf[T any](items []T, limit int, id func(T) uuid.UUID) ([]T, *uuid.UUID) {
-	if len(items) <= limit {
-		return items, nil
-	}
-	items = items[:limit]
-	next := id(items[limit-1])
-	return items, &next
-}
+const MaxLimit = page.MaxLimit
 
 // querier is what both a pool and a transaction offer.
 type querier interface {
