@@ -229,3 +229,34 @@ func TestAuthConfigIsValidated(t *testing.T) {
 	_, err = newAuthenticator(ctx, AuthConfig{Secrets: [][]byte{testSecret}, JWKSURL: "http://x"})
 	require.ErrorContains(t, err, "not both")
 }
+
+// In JWKS mode only the served keys sign: a token from another key is
+// refused whether it claims the served key's kid or a kid the set lacks.
+func TestJWKSRefusesATokenSignedByAKeyItDoesNotServe(t *testing.T) {
+	served, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	stranger, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	s := newTestServer(t, func(c *Config, _ *Services) {
+		c.Auth = AuthConfig{JWKSURL: jwksServer(t, &served.PublicKey), Issuer: "https://idp", Audience: "reveille"}
+	})
+	claims := with(validClaims(), "iss", "https://idp", "aud", "reveille")
+	signedAs := func(key *ecdsa.PrivateKey, kid string) string {
+		es := jwt.NewWithClaims(jwt.SigningMethodES256, claims)
+		es.Header["kid"] = kid
+		tok, err := es.SignedString(key)
+		require.NoError(t, err)
+		return tok
+	}
+	for name, tok := range map[string]string{
+		"the served kid":              signedAs(stranger, "k1"),
+		"an unknown kid":              signedAs(stranger, "k2"),
+		"no kid":                      signedAs(stranger, ""),
+		"the served key, another kid": signedAs(served, "k2"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			do(t, s.Handler(), http.MethodGet, "/v1/whoami", tok, nil).requireProblem(t, http.StatusUnauthorized)
+		})
+	}
+	require.Equal(t, http.StatusOK, do(t, s.Handler(), http.MethodGet, "/v1/whoami", signedAs(served, "k1"), nil).Status)
+}

@@ -307,3 +307,30 @@ func TestWorkEnqueueWithAKeyEnqueuesOnceWhenTheHTTPRecordIsGone(t *testing.T) {
 		requireProblem(t, http.StatusUnprocessableEntity)
 	require.Equal(t, 1, workCount(t, s))
 }
+
+// A retry that reaches the pool after the first work finished and its
+// record was purged (the pool's key outlives it) enqueues nothing and
+// names the work it enqueued. (Both records are deleted here as the HTTP
+// layer deletes its own after a 5xx and the purge deletes the work's.)
+func TestWorkEnqueueRetryAfterTheWorkWasPurgedIs409NamingTheFirstWork(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t))
+	admin := token(t, "org-a", "admin")
+	body := map[string]any{"handler": "echo", "args": map[string]any{"n": 1}}
+	first := do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", admin, body, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusCreated, first.Status, string(first.Body))
+	id := first.JSON(t)["id"].(string)
+	waitWork(t, s, admin, id)
+	_, err := s.svc.DB.Exec(context.Background(), `DELETE FROM idempotency_keys`)
+	require.NoError(t, err)
+	_, err = s.svc.DB.Exec(context.Background(), `DELETE FROM workpool_work WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	again := do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", admin, body, "Idempotency-Key", "k1")
+
+	p := again.requireProblem(t, http.StatusConflict)
+	require.Equal(t, ProblemTypeBase+"idempotency-key-used", p["type"])
+	require.Equal(t, id, p["work_id"])
+	require.Zero(t, workCount(t, s))
+	other := do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", token(t, "org-b", "admin"), body, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusCreated, other.Status, "another org's key is its own: %s", other.Body)
+}

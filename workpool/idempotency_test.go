@@ -176,3 +176,55 @@ func TestEnqueueTx_AKeyIsKeptOnlyIfTheTransactionCommits(t *testing.T) {
 	require.NotEqual(t, rolledBack, id)
 	require.Equal(t, 1, h.workCount())
 }
+
+// A replay that arrives while the first enqueue's transaction is still
+// open waits for it: its commit makes the replay return the first work,
+// its rollback lets the replay enqueue afresh. Either way one item.
+func TestEnqueue_AReplayWaitsForTheFirstEnqueuesOpenTransaction(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name        string
+		commit      bool
+		sameAsFirst bool
+	}{
+		{"the first commits", true, true},
+		{"the first rolls back", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			p := EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "test_handle", IdempotencyKey: "k"}
+			tx, err := h.db.Begin(h.ctx)
+			require.NoError(t, err)
+			first, err := h.m.EnqueueTx(h.ctx, tx, p)
+			require.NoError(t, err)
+			type result struct {
+				id  uuid.UUID
+				err error
+			}
+			replayed := make(chan result, 1)
+			go func() {
+				id, err := h.m.Enqueue(context.Background(), p)
+				replayed <- result{id, err}
+			}()
+			// The replay is blocked on the first's uncommitted key.
+			require.Eventually(t, func() bool {
+				var waiting int
+				require.NoError(t, h.db.QueryRow(h.ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
+				return waiting == 1
+			}, 10*time.Second, 10*time.Millisecond)
+
+			if tc.commit {
+				require.NoError(t, tx.Commit(h.ctx))
+			} else {
+				require.NoError(t, tx.Rollback(h.ctx))
+			}
+			r := <-replayed
+
+			require.NoError(t, r.err)
+			require.Equal(t, tc.sameAsFirst, r.id == first)
+			require.Equal(t, 1, h.workCount())
+		})
+	}
+}

@@ -203,3 +203,29 @@ func TestPendingCap_ABatchIsHeldToTheCapsOfItsOwnPairsOnly(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 3, h.workCount())
 }
+
+// A replay enqueues nothing, so it takes no room under the cap: an org at
+// its cap still gets the first work's id back (a retry after a lost answer
+// is not turned into a 429), and a batch's replayed items do not count
+// against the room its fresh items need.
+func TestPendingCap_AReplayTakesNoRoomUnderTheCap(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxPending(2))
+	item := func(key string) EnqueueParams {
+		return EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "test_handle", IdempotencyKey: key}
+	}
+	first, err := h.m.Enqueue(h.ctx, item("k"))
+	require.NoError(t, err)
+
+	batch, err := h.m.EnqueueMany(h.ctx, []EnqueueParams{item("k"), item("fresh")})
+	require.NoError(t, err, "one fresh item fits beside the first")
+	require.Equal(t, first, batch[0])
+
+	again, err := h.m.Enqueue(h.ctx, item("k"))
+	require.NoError(t, err, "at the cap, a replay is still answered")
+	require.Equal(t, first, again)
+	_, err = h.m.EnqueueMany(h.ctx, []EnqueueParams{item("k"), item("one-too-many")})
+	require.ErrorIs(t, err, ErrTooManyPending)
+	require.Equal(t, 2, h.workCount())
+	require.EqualValues(t, 2, h.pendingBound("org-1"))
+}

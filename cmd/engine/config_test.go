@@ -136,6 +136,41 @@ func TestTheSecretListIsCommaSeparatedAndItsFirstSigns(t *testing.T) {
 	require.Equal(t, firstSecret, s.signingSecret())
 }
 
+// Empty entries (",,", a trailing comma) are no secret at all — not a
+// zero-length key — and a list of nothing but them leaves serve without
+// token verification, which it refuses; a duplicate is harmless.
+func TestTheSecretListSkipsEmptyEntriesAndServeRefusesOneWithNone(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://never-dialled.invalid/reveille")
+	t.Setenv("REVEILLE_JWKS_URL", "")
+	cases := []struct {
+		env  string
+		want []string
+	}{
+		{firstSecret + ",," + secondSecret + ",", []string{firstSecret, secondSecret}},
+		{",\t" + firstSecret + "\n,", []string{firstSecret}},
+		{firstSecret + "," + firstSecret, []string{firstSecret, firstSecret}},
+		{",,", nil},
+		{" , ", nil},
+	}
+	for _, tc := range cases {
+		t.Setenv("REVEILLE_JWT_SECRET", tc.env)
+		s, err := envConfig()
+		require.NoError(t, err)
+		cfg := s.authConfig()
+
+		require.Len(t, cfg.Secrets, len(tc.want), "%q", tc.env)
+		for i, w := range tc.want {
+			require.Equal(t, w, string(cfg.Secrets[i]), "%q", tc.env)
+		}
+		if tc.want == nil {
+			require.ErrorContains(t, runServe(context.Background(), nil), "no token verification configured", "%q", tc.env)
+		} else {
+			require.NoError(t, cfg.Validate(), "%q", tc.env)
+			require.Equal(t, tc.want[0], s.signingSecret())
+		}
+	}
+}
+
 func TestEngineTokenSignsWithTheFirstSecret(t *testing.T) {
 	t.Setenv("REVEILLE_JWT_SECRET", firstSecret+","+secondSecret)
 	t.Setenv("REVEILLE_JWT_ISSUER", "")
