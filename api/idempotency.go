@@ -64,8 +64,8 @@ type idempotencyStore struct {
 
 // middleware replays the first response to a repeated (org, route, key),
 // makes concurrent duplicates wait for the first, and answers 422 when the
-// same key comes with a different body. Server errors and 429s are not
-// kept, so a retry after either runs again.
+// same key comes with a different body. Server errors, 429s and bad input
+// (400, 413) are not kept, so a retry after any of them runs again.
 func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		key := IdempotencyKey(c)
@@ -179,8 +179,7 @@ func (s *idempotencyStore) runFirst(c echo.Context, next echo.HandlerFunc, org, 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 10*time.Second)
 	defer cancel()
 	status := c.Response().Status
-	// A 429 says "retry later": replaying it would refuse the retry it asks for.
-	if status >= 500 || status == http.StatusTooManyRequests || !c.Response().Committed {
+	if !keptUnderKey(status) || !c.Response().Committed {
 		_, _ = s.db.Exec(ctx, `DELETE FROM idempotency_keys WHERE org_id = $1 AND route = $2 AND key = $3 AND created_at = $4`,
 			org, route, key, claimedAt)
 		return nil
@@ -194,6 +193,20 @@ func (s *idempotencyStore) runFirst(c echo.Context, next echo.HandlerFunc, org, 
 			"org_id", org, "route", route, "idempotency_key", key)
 	}
 	return dbErr
+}
+
+// keptUnderKey reports whether a response is replayed to a retry. Not kept:
+// a 5xx (the retry may succeed), a 429 (it says "retry later": replaying it
+// would refuse the retry it asks for), and a 400 or 413 — bad input, refused
+// before anything was done — so a corrected retry under the same key runs
+// instead of meeting "key used with a different body".
+func keptUnderKey(status int) bool {
+	switch {
+	case status >= 500, status == http.StatusTooManyRequests,
+		status == http.StatusBadRequest, status == http.StatusRequestEntityTooLarge:
+		return false
+	}
+	return true
 }
 
 // purge deletes records past retention, in bounded batches.
