@@ -27,8 +27,9 @@ func (m *Manager) keyRetention() time.Duration {
 
 // requestHash fingerprints what an enqueue asks for, so that a repeated
 // idempotency key tells a retry of the same request from a different one.
-// JSON values count by content (key order and spacing aside), and omitted
-// settings as their defaults.
+// JSON values count by content (key order and spacing aside), and an
+// omitted timeout or backoff base as its default; an omitted retry policy
+// differs from an explicit one.
 func requestHash(p EnqueueParams) []byte {
 	type onComplete struct {
 		Hook    string          `json:"hook"`
