@@ -77,7 +77,8 @@ func runDemo(ctx context.Context, args []string) error {
 	defer target.Close()
 	// A fresh agent per run: the refused-then-approved case overruns its
 	// mandate, which would refuse the spends of every later case and run.
-	d := &demo{api: strings.TrimRight(*apiURL, "/"), tc: tc, target: target, secret: []byte(secret), agent: "demo-agent-" + uuid.NewString()[:8]}
+	d := &demo{api: strings.TrimRight(*apiURL, "/"), tc: tc, target: target, secret: []byte(secret), agent: "demo-agent-" + uuid.NewString()[:8],
+		issuer: s.JWTIssuer, audience: s.JWTAudience}
 	if err := d.ensureMandate(ctx); err != nil {
 		return err
 	}
@@ -153,6 +154,9 @@ type demo struct {
 	tc     client.Client
 	target *demoTarget
 	secret []byte
+	// issuer and audience go into the demo's tokens when the engine
+	// requires them (REVEILLE_JWT_ISSUER, REVEILLE_JWT_AUDIENCE).
+	issuer, audience string
 }
 
 type event struct {
@@ -161,7 +165,7 @@ type event struct {
 }
 
 func (d *demo) token(sub string, roles ...string) string {
-	tok, _ := api.SignToken(d.secret, api.TokenSpec{OrgID: devOrg, Sub: sub, Roles: roles, TTL: time.Hour})
+	tok, _ := api.SignToken(d.secret, api.TokenSpec{OrgID: devOrg, Sub: sub, Roles: roles, TTL: time.Hour, Issuer: d.issuer, Audience: d.audience})
 	return tok
 }
 
