@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
@@ -95,14 +94,6 @@ func killedTestProcess(t *testing.T, dir string, dieWithParent bool) killedProce
 	require.NoError(t, cmd.Process.Kill())
 	_ = cmd.Wait()
 	return killedProcess{pid: cmd.Process.Pid, postmaster: postmaster, clusterDir: clusterDir}
-}
-
-func TestAPostmasterStartedToDieWithItsParentStopsWhenTheParentIsKilled(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("DieWithParent is Linux only")
-	}
-	killed := killedTestProcess(t, filepath.Join(t.TempDir(), "data"), true)
-	require.Eventually(t, func() bool { return processGone(killed.postmaster) }, 30*time.Second, 20*time.Millisecond)
 }
 
 func TestRemoveAbandonedRemovesOnlyTheDataDirsOfDeadProcesses(t *testing.T) {
