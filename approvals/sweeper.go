@@ -41,31 +41,9 @@ func (s *Service) Stop(ctx context.Context) error {
 // workflow's signal as for a human's denial — and returns how many it
 // expired. The sweeper calls it; tests and tools may too.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
-	total := 0
-	for {
-		due, err := s.expiredApprovals(ctx)
-		if err != nil {
-			return total, err
-		}
-		failed := 0
-		for _, d := range due {
-			ok, err := s.expire(ctx, d)
-			if err != nil {
-				if ctx.Err() != nil {
-					return total, ctx.Err()
-				}
-				failed++
-				s.logger.Error("expiring tool approval failed", "org_id", d.orgID, "approval_id", d.id.String(), "error", err.Error())
-				continue
-			}
-			if ok {
-				total++
-			}
-		}
-		if len(due) < sweepBatch || failed == len(due) {
-			return total, nil
-		}
-	}
+	return leader.SweepBatches(ctx, sweepBatch, s.expiredApprovals, s.expire, func(d dueApproval, err error) {
+		s.logger.Error("expiring tool approval failed", "org_id", d.orgID, "approval_id", d.id.String(), "error", err.Error())
+	})
 }
 
 type dueApproval struct {
@@ -73,8 +51,8 @@ type dueApproval struct {
 	id               uuid.UUID
 }
 
-func (s *Service) expiredApprovals(ctx context.Context) ([]dueApproval, error) {
-	rows, err := s.db.Query(ctx, qExpiredApprovals, sweepBatch)
+func (s *Service) expiredApprovals(ctx context.Context, batch int) ([]dueApproval, error) {
+	rows, err := s.db.Query(ctx, qExpiredApprovals, batch)
 	if err != nil {
 		return nil, fmt.Errorf("scanning for expired tool approvals: %w", err)
 	}

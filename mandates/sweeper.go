@@ -40,28 +40,9 @@ func (s *Service) Stop(ctx context.Context) error {
 // many it expired. A request whose hook fails is logged and left pending
 // for the next sweep. The sweeper calls it; tests and tools may too.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
-	total := 0
-	for {
-		due, err := s.expiredApprovals(ctx)
-		if err != nil {
-			return total, err
-		}
-		failed := 0
-		for _, d := range due {
-			if err := s.expire(ctx, d.orgID, d.id); err != nil {
-				if ctx.Err() != nil {
-					return total, ctx.Err()
-				}
-				failed++
-				s.logger.Error("expiring approval request failed", "org_id", d.orgID, "approval_id", d.id.String(), "error", err.Error())
-				continue
-			}
-			total++
-		}
-		if len(due) < sweepBatch || failed == len(due) {
-			return total, nil
-		}
-	}
+	return leader.SweepBatches(ctx, sweepBatch, s.expiredApprovals, s.expire, func(d dueApproval, err error) {
+		s.logger.Error("expiring approval request failed", "org_id", d.orgID, "approval_id", d.id.String(), "error", err.Error())
+	})
 }
 
 type dueApproval struct {
@@ -69,8 +50,8 @@ type dueApproval struct {
 	id    uuid.UUID
 }
 
-func (s *Service) expiredApprovals(ctx context.Context) ([]dueApproval, error) {
-	rows, err := s.db.Query(ctx, qExpiredApprovals, sweepBatch)
+func (s *Service) expiredApprovals(ctx context.Context, batch int) ([]dueApproval, error) {
+	rows, err := s.db.Query(ctx, qExpiredApprovals, batch)
 	if err != nil {
 		return nil, fmt.Errorf("scanning for expired approval requests: %w", err)
 	}
@@ -85,18 +66,18 @@ func (s *Service) expiredApprovals(ctx context.Context) ([]dueApproval, error) {
 }
 
 // expire resolves one request as expired; one already resolved (by a
-// concurrent approver or sweeper) is skipped.
-func (s *Service) expire(ctx context.Context, orgID string, id uuid.UUID) error {
+// concurrent approver or sweeper) is skipped. Both count as swept.
+func (s *Service) expire(ctx context.Context, d dueApproval) (bool, error) {
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		_, err := s.resolveTx(ctx, tx, orgID, id, StateExpired, "", "")
+		_, err := s.resolveTx(ctx, tx, d.orgID, d.id, StateExpired, "", "")
 		return err
 	})
 	switch {
 	case err == nil:
 		s.metrics.resolve(StateExpired)
-		return nil
+		return true, nil
 	case errors.Is(err, ErrAlreadyResolved), errors.Is(err, ErrApprovalNotFound):
-		return nil
+		return true, nil
 	}
-	return err
+	return false, err
 }

@@ -74,3 +74,38 @@ func Every(interval time.Duration, round func(context.Context) error, onError fu
 		}
 	}
 }
+
+// SweepBatches drains a backlog batch by batch: scan returns up to batch
+// due items, each is handled alone (true: it counted, false: it no longer
+// needed handling), and a failure is logged through onError and left for
+// the next sweep. It stops when a batch comes back short, or when every
+// item of a batch failed (those failures would only be met again at once),
+// and returns how many items counted.
+func SweepBatches[T any](ctx context.Context, batch int, scan func(context.Context, int) ([]T, error),
+	handle func(context.Context, T) (bool, error), onError func(T, error)) (int, error) {
+	total := 0
+	for {
+		due, err := scan(ctx, batch)
+		if err != nil {
+			return total, err
+		}
+		failed := 0
+		for _, d := range due {
+			counted, err := handle(ctx, d)
+			if err != nil {
+				if ctx.Err() != nil {
+					return total, ctx.Err()
+				}
+				failed++
+				onError(d, err)
+				continue
+			}
+			if counted {
+				total++
+			}
+		}
+		if len(due) < batch || failed == len(due) {
+			return total, nil
+		}
+	}
+}

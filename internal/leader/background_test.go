@@ -64,3 +64,27 @@ func TestEveryRunsARoundAtOnceAndReportsOnlyLiveFailures(t *testing.T) {
 	fn2(ctx2)
 	require.Equal(t, []error{boom, boom}, reported, "failures of live rounds are reported; the one that ended it is not")
 }
+
+func TestSweepBatchesDrainsUntilAShortBatchAndStopsWhenAWholeBatchFails(t *testing.T) {
+	ctx := context.Background()
+	backlog := []int{1, 2, 3, 4, 5} // 5 due items, batches of 2
+	var logged []int
+	scan := func(_ context.Context, n int) ([]int, error) { return backlog[:min(n, len(backlog))], nil }
+	handle := func(_ context.Context, d int) (bool, error) {
+		backlog = backlog[1:]
+		return d != 4, nil // 4 no longer needed handling
+	}
+	n, err := SweepBatches(ctx, 2, scan, handle, func(d int, err error) { logged = append(logged, d) })
+	require.NoError(t, err)
+	require.Equal(t, 4, n, "five handled, four counted, through a short last batch")
+	require.Empty(t, logged)
+
+	scans := 0
+	failing := func(_ context.Context, n int) ([]int, error) { scans++; return []int{7, 8}, nil }
+	n, err = SweepBatches(ctx, 2, failing, func(context.Context, int) (bool, error) { return false, errors.New("boom") },
+		func(d int, err error) { logged = append(logged, d) })
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, 1, scans, "a batch that failed whole is not scanned again at once")
+	require.Equal(t, []int{7, 8}, logged)
+}
