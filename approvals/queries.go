@@ -64,7 +64,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
 ON CONFLICT (org_id, agent_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING`
 
 // qApprovalByKey finds the request an agent's key first made (a key is
-// the agent's own: 00011). $1 org, $2 agent, $3 key.
+// the agent's own: migration 00010). $1 org, $2 agent, $3 key.
 const qApprovalByKey = `SELECT id FROM tool_approvals WHERE org_id = $1 AND agent_id = $2 AND idempotency_key = $3`
 
 // qPendingForTool locks the unexpired pending calls of a tool in a session

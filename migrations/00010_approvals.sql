@@ -67,7 +67,9 @@ CREATE TABLE tool_approvals (
     CHECK ((status = 'pending') = (source IS NULL)),
     CHECK ((status = 'pending') = (resolved_at IS NULL))
 );
-CREATE UNIQUE INDEX tool_approvals_idempotency ON tool_approvals (org_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
+-- A tool call's Idempotency-Key is per (org, agent, key), as spends' and
+-- wake-ups' are (00009): another agent's key is fresh to an agent.
+CREATE UNIQUE INDEX tool_approvals_idempotency ON tool_approvals (org_id, agent_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
 CREATE INDEX tool_approvals_org_id ON tool_approvals (org_id, id);
 CREATE INDEX tool_approvals_pending ON tool_approvals (org_id, session_id, tool_name) WHERE status = 'pending';
 CREATE INDEX tool_approvals_expiry ON tool_approvals (expires_at) WHERE status = 'pending';
