@@ -22,14 +22,18 @@ func (s *Server) approvalRoutes() {
 		return
 	}
 	agent, approver, admin := []string{RoleAgent}, []string{RoleApprover}, []string{RoleAdmin}
+	// An agent never approves its own (or another agent's) tool calls, now
+	// or in advance through a standing policy.
+	notAnAgent := refuseBoundTokens("an agent cannot approve, deny or set standing approvals for tool calls")
 	s.route(http.MethodPost, "/v1/sessions/:session_id/tool-calls", s.requestToolCall, agent, s.idempotent())
-	s.route(http.MethodPost, "/v1/sessions/:session_id/tool-approvals", s.respondToolCalls, approver, s.idempotent())
+	s.route(http.MethodPost, "/v1/sessions/:session_id/tool-approvals", s.respondToolCalls, approver,
+		notAnAgent, requireSub("approve or deny tool calls"), s.idempotent())
 	s.route(http.MethodGet, "/v1/sessions/:session_id/events", s.sessionEvents, []string{RoleAgent, RoleApprover})
 	s.route(http.MethodGet, "/v1/tool-approvals", s.listToolApprovals, approver)
 	s.route(http.MethodGet, "/v1/tool-approvals/:id", s.getToolApproval, []string{RoleAgent, RoleApprover})
 	s.route(http.MethodGet, "/v1/agents/:agent_id/tool-policies", s.listToolPolicies, []string{RoleAdmin, RoleApprover})
-	s.route(http.MethodPut, "/v1/agents/:agent_id/tool-policies/:tool_name", s.putToolPolicy, admin)
-	s.route(http.MethodDelete, "/v1/agents/:agent_id/tool-policies/:tool_name", s.deleteToolPolicy, admin)
+	s.route(http.MethodPut, "/v1/agents/:agent_id/tool-policies/:tool_name", s.putToolPolicy, admin, notAnAgent)
+	s.route(http.MethodDelete, "/v1/agents/:agent_id/tool-policies/:tool_name", s.deleteToolPolicy, admin, notAnAgent)
 }
 
 type toolPolicyJSON struct {
@@ -115,16 +119,6 @@ func pathParam(c echo.Context, name string) (string, error) {
 	return v, nil
 }
 
-// boundAgentCannotResolve refuses answers and standing policies to a token
-// bound to an agent: an agent never approves its own (or another agent's)
-// tool calls, now or in advance.
-func boundAgentCannotResolve(c echo.Context) error {
-	if PrincipalFrom(c).AgentID != "" {
-		return NewProblem(http.StatusForbidden, "forbidden", "a token bound to an agent cannot approve, deny or set standing approvals for tool calls")
-	}
-	return nil
-}
-
 func (s *Server) requestToolCall(c echo.Context) error {
 	sessionID, err := pathParam(c, "session_id")
 	if err != nil {
@@ -167,15 +161,7 @@ func (s *Server) respondToolCalls(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := boundAgentCannotResolve(c); err != nil {
-		return err
-	}
 	p := PrincipalFrom(c)
-	if p.Sub == "" {
-		// Without an identity the rule that a requester may not resolve its
-		// own request cannot be kept.
-		return NewProblem(http.StatusForbidden, "forbidden", "a token without a sub claim cannot approve or deny tool calls")
-	}
 	params.OrgID, params.SessionID, params.ResolvedBy = p.OrgID, sessionID, p.Sub
 	res, err := s.svc.Approvals.Respond(c.Request().Context(), params)
 	if err != nil {
@@ -244,15 +230,11 @@ func (s *Server) listToolApprovals(c echo.Context) error {
 		return err
 	}
 	p := PrincipalFrom(c)
-	f := approvals.ListFilter{Status: c.QueryParam("status"), AgentID: c.QueryParam("agent_id"), SessionID: c.QueryParam("session_id")}
-	if p.AgentID != "" {
-		if f.AgentID != "" {
-			if err := checkAgent(c, "agent_id", f.AgentID); err != nil {
-				return err
-			}
-		}
-		f.AgentID = p.AgentID
+	agentID, err := agentFilter(c, "agent_id")
+	if err != nil {
+		return err
 	}
+	f := approvals.ListFilter{Status: c.QueryParam("status"), AgentID: agentID, SessionID: c.QueryParam("session_id")}
 	items, next, err := s.svc.Approvals.List(c.Request().Context(), p.OrgID, f, page)
 	if err != nil {
 		return err
@@ -300,9 +282,6 @@ func (s *Server) listToolPolicies(c echo.Context) error {
 }
 
 func (s *Server) putToolPolicy(c echo.Context) error {
-	if err := boundAgentCannotResolve(c); err != nil {
-		return err
-	}
 	agentID, err := policyAgent(c)
 	if err != nil {
 		return err
@@ -325,9 +304,6 @@ func (s *Server) putToolPolicy(c echo.Context) error {
 }
 
 func (s *Server) deleteToolPolicy(c echo.Context) error {
-	if err := boundAgentCannotResolve(c); err != nil {
-		return err
-	}
 	agentID, err := policyAgent(c)
 	if err != nil {
 		return err
