@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/approvals"
+	"github.com/reveille/reveille/internal/jsonb"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/workpool"
 )
@@ -146,7 +147,7 @@ func FuzzDecodeBodies(f *testing.F) {
 		if json.Valid(body) {
 			// What the one-pass check refuses, the walk names.
 			_, _, found := unstorableJSON(body)
-			require.Equal(t, !storableJSON(body), found)
+			require.Equal(t, !jsonb.Storable(body), found)
 		}
 		d := bodyDecoders[int(which)%len(bodyDecoders)]
 		v, err := d.decode(body)
@@ -206,7 +207,7 @@ func requireFieldProblem(t *testing.T, err error) {
 
 // requireStorable walks a decoded value: every string is UTF-8 without NUL
 // (Postgres text), every []byte is JSON Postgres jsonb accepts (the test
-// TestStorableJSONAgreesWithPostgres keeps storableJSON honest).
+// TestStorableJSONAgreesWithPostgres keeps jsonb.Storable honest).
 func requireStorable(t *testing.T, v reflect.Value, path string) {
 	t.Helper()
 	switch v.Kind() {
@@ -221,7 +222,7 @@ func requireStorable(t *testing.T, v reflect.Value, path string) {
 			b := v.Bytes()
 			if len(b) > 0 {
 				require.True(t, json.Valid(b) && utf8.Valid(b), "%s: %q is not JSON", path, b)
-				require.True(t, storableJSON(b), "%s: %q is JSON Postgres jsonb refuses", path, b)
+				require.True(t, jsonb.Storable(b), "%s: %q is JSON Postgres jsonb refuses", path, b)
 			}
 			return
 		}

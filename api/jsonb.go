@@ -21,17 +21,14 @@ import (
 // why. It reads the body once; only a body that holds such a value is
 // walked again to name it.
 func unstorableJSON(body []byte) (field, detail string, found bool) {
-	if storableJSON(body) {
+	if jsonb.Storable(body) {
 		return "", "", false
 	}
 	return unstorablePath(body)
 }
 
-// storableJSON is jsonb.Storable (the tests check it against Postgres).
-func storableJSON(b []byte) bool { return jsonb.Storable(b) }
-
 // unstorablePath walks body token by token, keeping the path, until it
-// meets the value storableJSON refused.
+// meets the value jsonb.Storable refused.
 func unstorablePath(body []byte) (field, detail string, found bool) {
 	type frame struct {
 		object    bool

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -100,9 +99,10 @@ func (s *Server) rateLimit(next echo.HandlerFunc) echo.HandlerFunc {
 			return next(c)
 		}
 		secs := max(1, int(math.Ceil(wait.Seconds())))
-		c.Response().Header().Set("Retry-After", strconv.Itoa(secs))
 		s.metrics.rateLimited.WithLabelValues(c.Path()).Inc()
-		return NewProblem(http.StatusTooManyRequests, "rate-limited",
+		p := NewProblem(http.StatusTooManyRequests, "rate-limited",
 			fmt.Sprintf("the org's request rate limit (%g per second, bursts of %d) is used up; retry in %d s", float64(s.limiter.rate), s.limiter.burst, secs))
+		p.retryAfter = secs
+		return p
 	}
 }
