@@ -353,6 +353,11 @@ func TestBadInputNamesTheFieldAndWritesNothing(t *testing.T) {
 		{"workflow_id", func(p *RequestParams) { p.WorkflowID = "org-b/wf" }},
 		{"workflow_id", func(p *RequestParams) { p.WorkflowID = org + "/" }},
 		{"run_id", func(p *RequestParams) { p.RunID = "r1" }},
+		// What jsonb refuses, from in-process callers too (the reference
+		// workflow's activity passes its input straight through).
+		{"input", func(p *RequestParams) { p.Input = json.RawMessage(`{"a":"\u0000"}`) }},
+		{"input", func(p *RequestParams) { p.Input = json.RawMessage(`{"a":"\ud800"}`) }},
+		{"input", func(p *RequestParams) { p.Input = json.RawMessage(`{"a":1e999999999}`) }},
 		{"expires_in_s", func(p *RequestParams) { p.ExpiresIn = &seven }},
 		{"expires_in_s", func(p *RequestParams) { p.ExpiresIn = &nine }},
 	}
@@ -370,6 +375,7 @@ func TestBadInputNamesTheFieldAndWritesNothing(t *testing.T) {
 		{"approval", PolicyParams{AgentID: agent, ToolName: "shell"}},
 		{"match", PolicyParams{AgentID: agent, ToolName: "shell", Approval: PolicyAlways, Match: json.RawMessage(`["a"]`)}},
 		{"match", PolicyParams{AgentID: agent, ToolName: "shell", Approval: PolicyAlways, Match: json.RawMessage(`{}`)}},
+		{"match", PolicyParams{AgentID: agent, ToolName: "shell", Approval: PolicyAlways, Match: json.RawMessage(`{"a":"\ud800"}`)}},
 		{"tool_name", PolicyParams{AgentID: agent, Approval: PolicyAlways}},
 	}
 	for _, tc := range policies {
@@ -435,4 +441,12 @@ func TestAHumansNoteNeverPassesForAnExpiry(t *testing.T) {
 	require.NoError(t, json.Unmarshal(msg.Payload, &d))
 	require.Equal(t, SourceHuman, d.Source)
 	require.False(t, d.Expired())
+}
+
+// A backslash followed by "u0000" is text, not NUL: jsonb stores it, so
+// the input is accepted.
+func TestAnInputHoldingAnEscapedBackslashBeforeU0000IsStored(t *testing.T) {
+	s, _ := newTestService(t)
+	res := request(t, s, "shell", "", func(p *RequestParams) { p.Input = json.RawMessage(`{"cmd":"echo \\u0000"}`) })
+	require.JSONEq(t, `{"cmd":"echo \\u0000"}`, string(res.Approval.Input))
 }

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/jsonb"
 )
 
 // checkText rejects empty required fields, text over max bytes, NUL bytes
@@ -68,6 +69,9 @@ func checkWorkflow(inv *apperr.InvalidError, orgID, workflowID, runID, signal st
 	}
 }
 
+// unstorable says what jsonb refuses of valid JSON (internal/jsonb).
+const unstorable = "must be JSON Postgres can store: no \\u0000, no unpaired surrogate escape, no number beyond numeric's range"
+
 // normalizeInput returns the input to store: nil for none (absent or
 // null), else the JSON as given, bounded by MaxInput.
 func normalizeInput(inv *apperr.InvalidError, input json.RawMessage) json.RawMessage {
@@ -83,8 +87,8 @@ func normalizeInput(inv *apperr.InvalidError, input json.RawMessage) json.RawMes
 		inv.Add("input", "must be JSON")
 		return nil
 	}
-	if bytes.Contains(trimmed, []byte(`\u0000`)) {
-		inv.Add("input", "must not hold NUL characters") // jsonb cannot
+	if !jsonb.Storable(trimmed) {
+		inv.Add("input", unstorable)
 		return nil
 	}
 	return trimmed
@@ -110,8 +114,8 @@ func normalizeMatch(inv *apperr.InvalidError, match json.RawMessage) json.RawMes
 		inv.Add("match", "must name at least one key (omit match for the unconditional policy)")
 		return nil
 	}
-	if bytes.Contains(trimmed, []byte(`\u0000`)) {
-		inv.Add("match", "must not hold NUL characters")
+	if !jsonb.Storable(trimmed) {
+		inv.Add("match", unstorable)
 		return nil
 	}
 	return trimmed
