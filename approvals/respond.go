@@ -97,8 +97,8 @@ func (s *Service) Respond(ctx context.Context, p RespondParams) (RespondResult, 
 			if _, err := tx.Exec(ctx, qUpsertPolicy, newID(), p.OrgID, agentID, tool, nil, p.UpdatePolicy, p.ResolvedBy); err != nil {
 				return fmt.Errorf("setting tool policy: %w", err)
 			}
-		}
-		if res.Policy, err = unconditionalPolicy(ctx, tx, p.OrgID, agentID, tool); err != nil {
+			res.Policy = &p.UpdatePolicy // what was just written
+		} else if res.Policy, err = unconditionalPolicy(ctx, tx, p.OrgID, agentID, tool); err != nil {
 			return err
 		}
 		return appendEvents(ctx, tx, p.OrgID, p.SessionID, events...)

@@ -70,20 +70,15 @@ func (s *Service) expiredApprovals(ctx context.Context, batch int) ([]dueApprova
 // human or another sweeper) is skipped (false).
 func (s *Service) expire(ctx context.Context, d dueApproval) (bool, error) {
 	var r resolved
-	var done bool
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var agent string
 		if err := tx.QueryRow(ctx, qLockSession, d.orgID, d.sessionID).Scan(&agent); err != nil {
 			return fmt.Errorf("locking session: %w", err)
 		}
-		err := tx.QueryRow(ctx, qExpire, d.orgID, d.id).Scan(&r.tool, &r.workflowID, &r.runID, &r.signal, &r.createdAt, &r.resolvedAt)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
+		var err error
+		if r, err = resolveTx(ctx, tx, d.orgID, d.id, qExpire, d.orgID, d.id); err != nil {
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("expiring tool approval: %w", err)
-		}
-		done = true
 		if err := queueDecision(ctx, tx, d.orgID, d.id, r, DecisionDenied, SourceExpired, signals.ReasonExpired); err != nil {
 			return err
 		}
@@ -92,7 +87,10 @@ func (s *Service) expire(ctx context.Context, d dueApproval) (bool, error) {
 				"source": SourceExpired, "reason": signals.ReasonExpired, "updated_policy": nil}},
 			newEvent{EventDenied, map[string]any{"approval_id": d.id, "tool_name": r.tool, "reason": signals.ReasonExpired}})
 	})
-	if err != nil || !done {
+	switch {
+	case errors.Is(err, ErrAlreadyResolved):
+		return false, nil
+	case err != nil:
 		return false, err
 	}
 	s.metrics.resolved(SourceExpired, DecisionDenied, r.resolvedAt.Sub(r.createdAt))
