@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"net/url"
 	"strconv"
 	"time"
 
@@ -104,19 +103,6 @@ func strOrNil(s string) *string {
 		return nil
 	}
 	return &s
-}
-
-// pathParam returns a path parameter unescaped (echo routes on the escaped
-// path when the URL has one, and its parameters are then still escaped).
-func pathParam(c echo.Context, name string) (string, error) {
-	v := c.Param(name)
-	if c.Request().URL.RawPath != "" {
-		var err error
-		if v, err = url.PathUnescape(v); err != nil {
-			return "", Invalid(name, "is not a valid escaped path segment")
-		}
-	}
-	return v, nil
 }
 
 func (s *Server) requestToolCall(c echo.Context) error {

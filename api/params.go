@@ -87,3 +87,16 @@ func paramProblem(in, name, detail string) *Problem {
 	p.Errors = []apperr.FieldError{{Field: name, Detail: in + " parameter " + detail}}
 	return p
 }
+
+// pathParam returns a path parameter unescaped (echo routes on the escaped
+// path when the URL has one, and its parameters are then still escaped).
+func pathParam(c echo.Context, name string) (string, error) {
+	v := c.Param(name)
+	if c.Request().URL.RawPath != "" {
+		var err error
+		if v, err = url.PathUnescape(v); err != nil {
+			return "", Invalid(name, "is not a valid escaped path segment")
+		}
+	}
+	return v, nil
+}

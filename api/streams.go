@@ -7,7 +7,6 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"net/url"
 	"strconv"
 	"time"
 
@@ -370,16 +369,12 @@ func streamParams(c echo.Context) (runID, name string, err error) {
 	return runID, name, nil
 }
 
-// streamPathParam returns the path parameter run_id or name, unescaped and
-// validated. Echo routes on the escaped path when the URL has one (an
-// encoded "/", say), and its parameters are then still escaped.
+// streamPathParam returns the path parameter run_id or name, unescaped
+// (pathParam) and validated.
 func streamPathParam(c echo.Context, param string) (string, error) {
-	v := c.Param(param)
-	if c.Request().URL.RawPath != "" {
-		var err error
-		if v, err = url.PathUnescape(v); err != nil {
-			return "", Invalid(param, "is not a valid escaped path segment")
-		}
+	v, err := pathParam(c, param)
+	if err != nil {
+		return "", err
 	}
 	if err := streams.ValidateID(param, v); err != nil {
 		return "", err
