@@ -10,6 +10,7 @@ import (
 
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/internal/jsonb"
+	"github.com/reveille/reveille/workflows/signals"
 )
 
 // checkText rejects empty required fields, text over max bytes, NUL bytes
@@ -64,7 +65,7 @@ func checkWorkflow(inv *apperr.InvalidError, orgID, workflowID, runID, signal st
 		}
 		return
 	}
-	if org, rest, _ := strings.Cut(workflowID, "/"); org != orgID || rest == "" {
+	if !signals.Owns(orgID, workflowID) {
 		inv.Add("workflow_id", fmt.Sprintf("must start with %q: a tool call may only signal its own org's workflows", orgID+"/"))
 	}
 }

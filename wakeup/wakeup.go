@@ -215,10 +215,7 @@ func (s *Service) validate(ctx context.Context, p *CreateParams) error {
 	checkText(inv, "signal", p.Signal, true)
 	checkText(inv, "scope", p.Scope, true)
 	checkText(inv, "reason", p.Reason, false)
-	// The workflow's org is what precedes the first "/" of its id, as the
-	// workflow side reads it (signals.OrgOf); an org id that itself holds
-	// a "/" can therefore name no workflow.
-	if org, rest, _ := strings.Cut(p.WorkflowID, "/"); p.WorkflowID != "" && (org != p.OrgID || rest == "") {
+	if p.WorkflowID != "" && !signals.Owns(p.OrgID, p.WorkflowID) {
 		inv.Add("workflow_id", fmt.Sprintf("must start with %q: a wake-up may only signal its own org's workflows", p.OrgID+"/"))
 	}
 	if p.Cost < 0 {

@@ -79,3 +79,11 @@ func OrgOf(workflowID string) string {
 	org, _, _ := strings.Cut(workflowID, "/")
 	return org
 }
+
+// Owns reports whether workflowID names a workflow of orgID: "<org_id>/"
+// and something after it, as OrgOf reads it. An org id holding a "/" owns
+// no workflow. The service signals only workflows their org owns.
+func Owns(orgID, workflowID string) bool {
+	org, rest, _ := strings.Cut(workflowID, "/")
+	return org == orgID && rest != ""
+}
