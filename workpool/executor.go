@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -304,7 +303,7 @@ func (e *executor) classify(ctx context.Context, rj *runningJob, j claimedJob, r
 // a rune cut in half), and one such message would fail the statement that
 // records the whole batch, again at every retry.
 func errorText(err error) string {
-	return strings.ReplaceAll(strings.ToValidUTF8(err.Error(), "\uFFFD"), "\x00", "\uFFFD")
+	return jsonb.Text(err.Error())
 }
 
 // finish hands an attempt's result to the reporter, once.

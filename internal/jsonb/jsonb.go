@@ -2,7 +2,8 @@
 // \u0000, UTF-16 surrogate escapes that do not pair up, and numbers out of
 // numeric's range. The API checks request bodies with it (a 400 naming the
 // field), the workpool handlers' results (a failed attempt instead of a
-// statement that fails the whole report).
+// statement that fails the whole report). Text makes any string storable
+// as Postgres text.
 package jsonb
 
 import (
@@ -11,6 +12,14 @@ import (
 	"strconv"
 	"strings"
 )
+
+// Text is s as Postgres text (and a jsonb string) can hold it: NUL and
+// bytes that are not UTF-8 become U+FFFD. What a work target or a hook
+// quotes may hold either, and one such value would fail the statement
+// that writes it, again at every retry.
+func Text(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
 
 // Postgres numeric's limits (numeric.c, Postgres 15): the exponent as
 // written, then digits before the decimal point (NUMERIC_WEIGHT_MAX base-10⁴

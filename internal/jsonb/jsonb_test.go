@@ -34,3 +34,25 @@ func TestStorableJSONAgreesWithPostgres(t *testing.T) {
 		require.Equal(t, pgErr == nil, Storable([]byte(c)), "%.60s…: Postgres says %v", c, pgErr)
 	}
 }
+
+// Text leaves what Postgres text stores alone and replaces what it refuses
+// (NUL, bytes that are not UTF-8), and Postgres stores every result.
+func TestTextIsStorableAsPostgresText(t *testing.T) {
+	db := testkit.NewPool(t)
+	for _, tc := range []struct{ name, in, want string }{
+		{"plain", "plain é 😀", "plain é 😀"},
+		{"empty", "", ""},
+		{"NUL", "a\x00b", "a\uFFFDb"},
+		{"byte that is not UTF-8", "a\xffb", "a\uFFFDb"},
+		{"rune cut in half", "cut \xe2\x82", "cut \uFFFD"},
+		{"NUL and a bad byte", "a\x00b\xffc", "a\uFFFDb\uFFFDc"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Text(tc.in)
+			require.Equal(t, tc.want, got)
+			var stored string
+			require.NoError(t, db.QueryRow(context.Background(), `SELECT $1::text`, got).Scan(&stored))
+			require.Equal(t, got, stored)
+		})
+	}
+}

@@ -239,7 +239,7 @@ func bodyJSON(raw []byte) json.RawMessage {
 	if len(bytes.TrimSpace(raw)) > 0 && json.Valid(raw) && jsonb.Storable(raw) {
 		return raw
 	}
-	b, _ := json.Marshal(strings.ReplaceAll(string(raw), "\x00", "\uFFFD"))
+	b, _ := json.Marshal(jsonb.Text(string(raw)))
 	return b
 }
 
