@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/reveille/reveille/internal/jsonb"
 )
 
 // attemptResult is how one attempt ended, as an executor (or recovery)
@@ -280,7 +282,9 @@ func (m *Manager) runHooks(ctx context.Context, tx pgx.Tx, calls []hookCall, ret
 		}
 		badIDs = append(badIDs, c.c.WorkID)
 		nextAts = append(nextAts, now.Add(m.hookBackoff(c.attempts+1)))
-		msgs = append(msgs, herr.Error())
+		// A hook's error may quote NUL or bytes that are not UTF-8, which
+		// would fail sqlHookFailed at every retry.
+		msgs = append(msgs, jsonb.Text(herr.Error()))
 		m.logger.Warn("onComplete hook failed; will retry", "hook", c.hook, "work_id", c.c.WorkID.String(),
 			"org_id", c.c.OrgID, "attempt", c.attempts+1, "error", herr.Error())
 	}

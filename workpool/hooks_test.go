@@ -88,6 +88,56 @@ func TestHooks_AFailingHookIsRetriedAndTheCompletionIsNotLost(t *testing.T) {
 	require.Equal(t, OutcomeSucceeded, requireFinished(t, m, "org-1", id, OutcomeSucceeded).Outcome)
 }
 
+// A hook's error may quote what it read (NUL, bytes that are not UTF-8);
+// Postgres text refuses both, and writing such an error as the hook's
+// failure used to fail that statement at every retry: the hook was never
+// retried and the work's completion never committed.
+func TestHooks_AHookErrorPostgresTextCannotHoldIsRecordedAndRetried(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		err       error
+		wantError string
+	}{
+		{"error with NUL", errors.New("bad\x00byte"), "bad\uFFFDbyte"},
+		{"error that is not UTF-8", errors.New("bad\xffbyte"), "bad\uFFFDbyte"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 2}})
+			hookTable(t, db)
+			var allow atomic.Bool
+			m.RegisterHook("quoting", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+				if !allow.Load() {
+					return tc.err
+				}
+				return recordHook(ctx, tx, c)
+			})
+			id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop",
+				OnComplete: &OnComplete{Hook: "quoting"}})
+			require.NoError(t, err)
+
+			requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+			var state string
+			var hookErr *string
+			require.Eventually(t, func() bool {
+				err := db.QueryRow(context.Background(), `SELECT hook_state, hook_error FROM workpool_work WHERE id = $1`, id).Scan(&state, &hookErr)
+				return err == nil && state == "retry"
+			}, testWait, testTick, "the failed call is scheduled for a retry")
+			require.NotNil(t, hookErr)
+			require.Contains(t, *hookErr, tc.wantError)
+
+			allow.Store(true)
+			require.Eventually(t, func() bool {
+				err := db.QueryRow(context.Background(), `SELECT hook_state FROM workpool_work WHERE id = $1`, id).Scan(&state)
+				return err == nil && state == "done"
+			}, testWait, testTick, "the retried call succeeds")
+			n, _ := hookCallsOf(t, db, id)
+			require.Equal(t, 1, n)
+		})
+	}
+}
+
 // A hook that ignores a database error leaves the transaction failed: that
 // is a failed hook call (retried), never a completion silently rolled back.
 func TestHooks_AHookThatSwallowsADatabaseErrorFailsAndIsRetried(t *testing.T) {
