@@ -212,16 +212,5 @@ func (m *Manager) readKeys(ctx context.Context, tx pgx.Tx, r *enqueueRows, items
 
 // purgeKeys deletes idempotency keys past retention in bounded batches.
 func (l *loop) purgeKeys(ctx context.Context) (int64, error) {
-	var total int64
-	for ctx.Err() == nil {
-		tag, err := l.m.db.Exec(ctx, sqlPurgeKeys, l.pool, l.m.now().Add(-l.m.keyRetention()), purgeBatch)
-		if err != nil {
-			return total, fmt.Errorf("purging idempotency keys of pool %s: %w", l.pool, err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < purgeBatch {
-			break
-		}
-	}
-	return total, nil
+	return l.purgeBatches(ctx, sqlPurgeKeys, l.m.now().Add(-l.m.keyRetention()), "idempotency keys")
 }

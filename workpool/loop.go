@@ -815,11 +815,18 @@ func (l *loop) maintain(ctx context.Context) {
 
 // purge deletes finished work past retention in bounded batches.
 func (l *loop) purge(ctx context.Context) (int64, error) {
+	return l.purgeBatches(ctx, sqlPurge, l.m.now().Add(-l.m.cfg.WorkRetention), "finished work")
+}
+
+// purgeBatches runs sql, a DELETE of the pool's ($1) rows older than
+// cutoff ($2) limited to purgeBatch ($3) rows, until a batch comes back
+// short: bounded batches keep each statement's locks and WAL small.
+func (l *loop) purgeBatches(ctx context.Context, sql string, cutoff time.Time, what string) (int64, error) {
 	var total int64
 	for ctx.Err() == nil {
-		tag, err := l.m.db.Exec(ctx, sqlPurge, l.pool, l.m.now().Add(-l.m.cfg.WorkRetention), purgeBatch)
+		tag, err := l.m.db.Exec(ctx, sql, l.pool, cutoff, purgeBatch)
 		if err != nil {
-			return total, fmt.Errorf("purging pool %s: %w", l.pool, err)
+			return total, fmt.Errorf("purging %s of pool %s: %w", what, l.pool, err)
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < purgeBatch {
