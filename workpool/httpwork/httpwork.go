@@ -209,9 +209,6 @@ func do(client *http.Client, req *http.Request) (json.RawMessage, error) {
 		if errors.As(err, &ue) && workpool.IsNonRetryable(ue.Err) {
 			return nil, ue.Err
 		}
-		if r := (*RefusedError)(nil); errors.As(err, &r) {
-			return nil, r
-		}
 		return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL.Redacted(), err) // network: retryable
 	}
 	defer res.Body.Close()
