@@ -98,25 +98,17 @@ func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueuePara
 		int32(len(rows.poolSet)), m.now(), replay}
 	limit := int64(m.cfg.MaxPendingPerOrg)
 	b := &pgx.Batch{}
-	var first, again *pgx.QueuedQuery // the insert, and its second try after an exact count
+	var first pgx.QueuedQuery // the insert
 	switch {
-	case groups == nil: // the cap is off: probe for no pair (no pool is named "")
-		groups = &pendingGroups{}
-		first = &pgx.QueuedQuery{SQL: sqlEnqueue, Arguments: append(args, "", "", int64(0))}
+	case groups == nil: // the cap is off: nothing to count or test
+		first = pgx.QueuedQuery{SQL: sqlEnqueueInsert, Arguments: args}
 	case len(groups.pools) == 1:
-		pool, org, n, checked := groups.pools[0], groups.orgs[0], groups.counts[0], groups.checked[0]
-		first = &pgx.QueuedQuery{SQL: sqlEnqueueCounted, Arguments: append(slices.Clip(args), pool, org, limit, n, checked)}
-		if !checked {
-			pool, org = "", ""
-		}
-		again = &pgx.QueuedQuery{SQL: sqlEnqueue, Arguments: append(slices.Clip(args), pool, org, limit)}
+		first = pgx.QueuedQuery{SQL: sqlEnqueueCounted, Arguments: append(slices.Clip(args),
+			groups.pools[0], groups.orgs[0], limit, groups.counts[0], groups.checked[0])}
 	default:
 		b.Queue(sqlAddPending, groups.pools, groups.orgs, groups.counts, m.now())
-		first = &pgx.QueuedQuery{SQL: sqlEnqueueGroups,
-			Arguments: append(args, groups.checkPools, groups.checkOrgs, limit, groups.checkKeys)}
-	}
-	if again == nil {
-		again = first
+		first = pgx.QueuedQuery{SQL: sqlEnqueueGroups,
+			Arguments: append(slices.Clip(args), groups.checkPools, groups.checkOrgs, limit, groups.checkKeys)}
 	}
 	var inserted int64
 	b.Queue(first.SQL, first.Arguments...).Exec(func(tag pgconn.CommandTag) error {
@@ -135,8 +127,20 @@ func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueuePara
 		return rows.ids, nil
 	}
 	// Nothing was inserted: a count past its cap, or an unknown pool.
-	if err := m.admitOverCap(ctx, tx, groups); err != nil {
-		return nil, err
+	again := first // the insert's second try
+	if groups != nil {
+		if err := m.admitOverCap(ctx, tx, groups); err != nil {
+			return nil, err
+		}
+		if len(groups.pools) == 1 {
+			// The first try already added the items to the pair's count:
+			// test it (when the cap applies) without counting again.
+			pool, org := groups.pools[0], groups.orgs[0]
+			if !groups.checked[0] {
+				pool, org = "", ""
+			}
+			again = pgx.QueuedQuery{SQL: sqlEnqueue, Arguments: append(slices.Clip(args), pool, org, limit)}
+		}
 	}
 	tag, err := tx.Exec(ctx, again.SQL, again.Arguments...)
 	if err != nil {

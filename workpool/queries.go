@@ -76,7 +76,8 @@ const sqlNotifyEach = `SELECT pg_notify('` + notifyChannel + `', p) FROM unnest(
 //     raised before it ($18 pools, $19 orgs, $21 the pairs as "pool/org":
 //     a pool name holds no "/").
 //   - sqlEnqueue tests one pair ($18, $19; "" for none) without counting:
-//     the cap off, or the second try after an exact count.
+//     sqlEnqueueCounted's second try, after an exact count.
+//   - sqlEnqueueInsert alone, with the cap off, tests nothing.
 //
 // The cap's test takes scalar parameters in the common case and is one
 // uncorrelated probe otherwise: with array parameters, or a join with the
