@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -80,8 +79,6 @@ type Service struct {
 	hub      *Hub
 	notifier *notifier
 
-	mu        sync.Mutex // guards started
-	started   bool
 	retention leader.Background
 }
 
@@ -108,22 +105,13 @@ func (s *Service) Config() Config { return s.cfg }
 func (s *Service) Hub() *Hub { return s.hub }
 
 // Start starts the hub (it returns once the hub listens) and the
-// leader-elected retention loop.
+// leader-elected retention loop. A second Start fails: the hub refuses it.
 func (s *Service) Start(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.started {
-		return errors.New("streams: already started")
-	}
 	if err := s.hub.Start(ctx); err != nil {
 		return err
 	}
 	el := &leader.Elector{DB: s.db, Name: "streams.retention", Retry: s.cfg.LeaderRetry, Logger: s.cfg.Logger}
-	if err := s.retention.Start(context.WithoutCancel(ctx), el, s.retentionLoop); err != nil {
-		return err
-	}
-	s.started = true
-	return nil
+	return s.retention.Start(context.WithoutCancel(ctx), el, s.retentionLoop)
 }
 
 // Stop stops the retention loop and the hub (live tails then end) and
