@@ -116,8 +116,10 @@ func stopServer() {
 	defer serverMu.Unlock()
 	if server != nil {
 		_ = server.Stop(context.Background())
-		_ = os.RemoveAll(server.ClusterDir())
-		_ = os.RemoveAll(serverDir)
+		// Bounded: RemoveDataDir waits for a postmaster that Stop left running.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_ = devstack.RemoveDataDir(ctx, serverDir)
+		cancel()
 		_ = serverLock.Release()
 		server = nil
 	}
