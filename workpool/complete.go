@@ -323,14 +323,18 @@ func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, fa
 		}
 	}
 	htx := hookTx{Tx: tx}
+	// What the hooks register to run after the commit is kept only if this
+	// savepoint is.
+	hctx, actions := withCommitActions(ctx)
 	bad, herr := -1, error(nil)
 	for i, c := range calls {
-		if herr = m.callHook(ctx, htx, c); herr != nil {
+		if herr = m.callHook(hctx, htx, c); herr != nil {
 			bad = i
 			break
 		}
 	}
 	if bad < 0 {
+		actions.keepIn(ctx)
 		return nil
 	}
 	if _, err := tx.Exec(ctx, sqlRollbackSavepoint); err != nil {

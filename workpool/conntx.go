@@ -104,11 +104,13 @@ func (m *Manager) completeWithHooks(ctx context.Context, results []attemptResult
 		}
 	}()
 	tx := &connTx{conn: conn}
-	if _, err = m.completeIn(ctx, tx, results, true); err != nil {
+	hctx, actions := withCommitActions(ctx)
+	if _, err = m.completeIn(hctx, tx, results, true); err != nil {
 		return err
 	}
 	if err = tx.Commit(ctx); err != nil {
 		return fmt.Errorf("committing %d completions: %w", len(results), err)
 	}
+	actions.run()
 	return nil
 }

@@ -347,6 +347,7 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	it := &iteration{l: l, tx: tx, now: l.m.now(), gen: l.gen + 1}
+	ctx, actions := withCommitActions(ctx)
 	completions, cancels, err := it.open(ctx)
 	if err != nil {
 		return iterResult{}, err
@@ -383,6 +384,7 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 		return iterResult{}, fmt.Errorf("commit iteration: %w", err)
 	}
 	l.gen = it.gen
+	actions.run()
 	l.saturated.Store(res.status.Kind == "scheduled" && res.status.Saturated)
 	if it.started > 0 {
 		l.m.exec.kick()
