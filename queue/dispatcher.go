@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -41,6 +42,13 @@ type DispatcherConfig struct {
 	Lease time.Duration
 	// SendTimeout bounds one SignalWorkflow call (default 10 s).
 	SendTimeout time.Duration
+	// HandoffLease is how long a message written by EnqueueForHandoff is
+	// hidden from every dispatcher's claim while it waits to be handed off
+	// and sent by its writer; should that process die first, another
+	// dispatcher sends it after this. It is also the longest an idle
+	// dispatcher sleeps between looks at the table, since nothing notifies
+	// of such a message. Default, and the least allowed: SendTimeout + 5 s.
+	HandoffLease time.Duration
 	// BatchSize is how many messages one claim takes; Concurrency how many
 	// signals are in flight at once (defaults 100 and 32).
 	BatchSize, Concurrency int
@@ -53,6 +61,9 @@ func (c DispatcherConfig) withDefaults() DispatcherConfig {
 	c.MinBackoff = cmp.Or(c.MinBackoff, 100*time.Millisecond)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, 30*time.Second)
 	c.SendTimeout = cmp.Or(c.SendTimeout, 10*time.Second)
+	if c.HandoffLease <= c.SendTimeout {
+		c.HandoffLease = c.SendTimeout + 5*time.Second
+	}
 	c.BatchSize = cmp.Or(c.BatchSize, 100)
 	c.Concurrency = cmp.Or(c.Concurrency, 32)
 	rounds := time.Duration((c.BatchSize + c.Concurrency - 1) / c.Concurrency)
@@ -71,6 +82,11 @@ type Dispatcher struct {
 	cfg     DispatcherConfig
 	metrics *dispatchMetrics
 
+	// handoffs are committed messages handed over by their writer in this
+	// process, waiting for room in the pipeline.
+	handoffs chan *Handoff
+	running  atomic.Bool // between Start and Stop: handoffs are taken
+
 	mu      sync.Mutex
 	cancel  context.CancelFunc
 	stopped chan struct{}
@@ -79,7 +95,8 @@ type Dispatcher struct {
 // NewDispatcher builds a dispatcher sending through signals.
 func NewDispatcher(db *pgxpool.Pool, signals Signaler, cfg DispatcherConfig) *Dispatcher {
 	cfg = cfg.withDefaults()
-	return &Dispatcher{db: db, signals: signals, cfg: cfg, metrics: newDispatchMetrics(cfg.Registry)}
+	return &Dispatcher{db: db, signals: signals, cfg: cfg, metrics: newDispatchMetrics(cfg.Registry),
+		handoffs: make(chan *Handoff, cfg.BatchSize)}
 }
 
 // Start runs the dispatcher in the background until Stop or ctx ends.
@@ -91,6 +108,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	}
 	ctx, d.cancel = context.WithCancel(ctx)
 	d.stopped = make(chan struct{})
+	d.running.Store(true)
 	go func() {
 		defer close(d.stopped)
 		d.run(ctx)
@@ -107,6 +125,7 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	if cancel == nil {
 		return nil
 	}
+	d.running.Store(false)
 	cancel()
 	select {
 	case <-stopped:
@@ -150,6 +169,14 @@ func (d *Dispatcher) listenAndDispatch(ctx context.Context) error {
 	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "UNLISTEN "+notifyChannel) }()
 	p := d.newPipeline(ctx)
 	defer p.close()
+	hctx, stopHandoffs := context.WithCancel(ctx)
+	handoffsDone := make(chan struct{})
+	go func() {
+		defer close(handoffsDone)
+		p.takeHandoffs(hctx)
+	}()
+	// Before the pipeline closes: it may add sends until it returns.
+	defer func() { stopHandoffs(); <-handoffsDone }()
 	for {
 		free := p.free()
 		if free > 0 {
@@ -196,11 +223,13 @@ func (d *Dispatcher) listenAndDispatch(ctx context.Context) error {
 // outcomes in batches as they come in.
 type pipeline struct {
 	d       *Dispatcher
-	sem     chan struct{} // Concurrency: signals in flight
+	ctx     context.Context // the sends run under it
+	sem     chan struct{}   // Concurrency: signals in flight
 	results chan sent
-	room    chan struct{} // a settle made room under BatchSize
-	sends   sync.WaitGroup
-	settled chan struct{} // closed when the settler has finished
+	// A settle made room under BatchSize: for the claims, for takeHandoffs.
+	room, handoffRoom chan struct{}
+	sends             sync.WaitGroup
+	settled           chan struct{} // closed when the settler has finished
 
 	mu      sync.Mutex
 	pending int                // claimed and not yet settled
@@ -214,8 +243,8 @@ type sent struct {
 }
 
 func (d *Dispatcher) newPipeline(ctx context.Context) *pipeline {
-	p := &pipeline{d: d, sem: make(chan struct{}, d.cfg.Concurrency), results: make(chan sent, d.cfg.BatchSize),
-		room: make(chan struct{}, 1), settled: make(chan struct{})}
+	p := &pipeline{d: d, ctx: ctx, sem: make(chan struct{}, d.cfg.Concurrency), results: make(chan sent, d.cfg.BatchSize),
+		room: make(chan struct{}, 1), handoffRoom: make(chan struct{}, 1), settled: make(chan struct{})}
 	// Outcomes are recorded even after ctx ends: the signals went out.
 	go p.settler(context.WithoutCancel(ctx))
 	return p
@@ -251,6 +280,13 @@ func (p *pipeline) claimAndSend(ctx context.Context, limit int) (int, error) {
 	if err != nil || len(msgs) == 0 {
 		return 0, err
 	}
+	p.start(msgs)
+	return len(msgs), nil
+}
+
+// start sends msgs, claimed by this dispatcher, as the semaphore allows;
+// the settler records each outcome.
+func (p *pipeline) start(msgs []claimed) {
 	p.mu.Lock()
 	p.pending += len(msgs)
 	p.mu.Unlock()
@@ -259,12 +295,11 @@ func (p *pipeline) claimAndSend(ctx context.Context, limit int) (int, error) {
 		go func() {
 			defer p.sends.Done()
 			p.sem <- struct{}{}
-			r := p.d.send(ctx, m)
+			r := p.d.send(p.ctx, m)
 			<-p.sem
 			p.results <- sent{m: m, r: r}
 		}()
 	}
-	return len(msgs), nil
 }
 
 // settler records outcomes: whatever has arrived when it is free, in one
@@ -308,9 +343,11 @@ func (p *pipeline) settler(ctx context.Context) {
 		if wake != nil {
 			wake()
 		}
-		select {
-		case p.room <- struct{}{}:
-		default:
+		for _, room := range []chan struct{}{p.room, p.handoffRoom} {
+			select {
+			case room <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
@@ -323,17 +360,21 @@ func (p *pipeline) close() {
 }
 
 // untilNextDue is how long to sleep when no notification comes: until the
-// earliest retry, at most a minute (a safety net, not a poll: NOTIFY wakes us).
+// earliest retry or lease end, at most HandoffLease (and a minute). That
+// bound is the poll that finds a handed-off message whose writer died: its
+// insert notified no one, so a dispatcher asleep since before it would not
+// look otherwise.
 func (d *Dispatcher) untilNextDue(ctx context.Context) time.Duration {
+	longest := min(d.cfg.HandoffLease, time.Minute)
 	var next *time.Time
 	// Spans every org: the dispatcher is the system's outbox worker.
 	err := d.db.QueryRow(ctx, `SELECT min(next_attempt_at) FROM queue_messages
 		WHERE status = 'pending' AND signal_workflow_id IS NOT NULL`).Scan(&next)
 	if err != nil || next == nil {
-		return time.Minute
+		return longest
 	}
 	wait := time.Until(*next)
-	return min(max(wait, time.Millisecond), time.Minute)
+	return min(max(wait, time.Millisecond), longest)
 }
 
 type claimed struct {

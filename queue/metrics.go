@@ -6,6 +6,7 @@ import (
 
 type dispatchMetrics struct {
 	results         *prometheus.CounterVec
+	handoffs        *prometheus.CounterVec
 	sendSeconds     prometheus.Histogram
 	deliverySeconds prometheus.Histogram
 }
@@ -14,6 +15,10 @@ func newDispatchMetrics(reg prometheus.Registerer) *dispatchMetrics {
 	m := &dispatchMetrics{
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "reveille_queue_signal_sends_total", Help: "Signal sends by result: delivered, retry, failed.",
+		}, []string{"result"}),
+		handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "reveille_queue_signal_handoffs_total",
+			Help: "Messages handed to this process's dispatcher after their commit, by fate: sent (at once), expired (lease too short by the time there was room) or dropped (dispatcher stopped or queue full); the last two are sent after their lease by a due-poll.",
 		}, []string{"result"}),
 		sendSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "reveille_queue_signal_send_seconds", Help: "Latency of one SignalWorkflow call.",
@@ -25,7 +30,7 @@ func newDispatchMetrics(reg prometheus.Registerer) *dispatchMetrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.results, m.sendSeconds, m.deliverySeconds)
+		reg.MustRegister(m.results, m.handoffs, m.sendSeconds, m.deliverySeconds)
 	}
 	return m
 }

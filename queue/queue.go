@@ -78,6 +78,21 @@ type EnqueueParams struct {
 // when it carries a signal, wakes the dispatchers on commit. It returns the
 // message and whether this call created it.
 func Enqueue(ctx context.Context, q Querier, p EnqueueParams) (Message, bool, error) {
+	m, created, err := insert(ctx, q, p, nil)
+	if err != nil || !created || p.Signal == nil {
+		return m, created, err
+	}
+	if _, err := q.Exec(ctx, `SELECT pg_notify($1, '')`, notifyChannel); err != nil {
+		return Message{}, false, fmt.Errorf("notify dispatchers: %w", err)
+	}
+	return m, true, nil
+}
+
+// insert writes a message unless its key exists (then it returns that one,
+// not created). A non-nil lease writes it already claimed (attempts 1)
+// until lease from the moment of the insert: hidden from every
+// dispatcher's claim until then.
+func insert(ctx context.Context, q Querier, p EnqueueParams, lease *time.Duration) (Message, bool, error) {
 	if p.OrgID == "" || p.Queue == "" || p.IdempotencyKey == "" {
 		return Message{}, false, errors.New("queue: org, queue and idempotency key are required")
 	}
@@ -99,22 +114,21 @@ func Enqueue(ctx context.Context, q Querier, p EnqueueParams) (Message, bool, er
 			run = &p.Signal.RunID
 		}
 	}
+	// The lease runs from the insert (clock_timestamp), not from the
+	// transaction's start (now()): a long transaction does not eat it.
 	m, err := scanMessage(q.QueryRow(ctx, `
-		INSERT INTO queue_messages (id, org_id, queue, payload, idempotency_key, signal_workflow_id, signal_run_id, signal_name)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		INSERT INTO queue_messages (id, org_id, queue, payload, idempotency_key, signal_workflow_id, signal_run_id, signal_name,
+		                            attempts, next_attempt_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
+		        CASE WHEN $9::interval IS NULL THEN 0 ELSE 1 END, coalesce(clock_timestamp() + $9::interval, now()))
 		ON CONFLICT (org_id, queue, idempotency_key) DO NOTHING
-		RETURNING `+messageColumns, id, p.OrgID, p.Queue, payload, p.IdempotencyKey, wf, run, name))
+		RETURNING `+messageColumns, id, p.OrgID, p.Queue, payload, p.IdempotencyKey, wf, run, name, lease))
 	if errors.Is(err, pgx.ErrNoRows) {
 		m, err = getBy(ctx, q, `org_id = $1 AND queue = $2 AND idempotency_key = $3`, p.OrgID, p.Queue, p.IdempotencyKey)
 		return m, false, err
 	}
 	if err != nil {
 		return Message{}, false, fmt.Errorf("enqueue message: %w", err)
-	}
-	if p.Signal != nil {
-		if _, err := q.Exec(ctx, `SELECT pg_notify($1, '')`, notifyChannel); err != nil {
-			return Message{}, false, fmt.Errorf("notify dispatchers: %w", err)
-		}
 	}
 	return m, true, nil
 }

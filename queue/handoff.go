@@ -1,0 +1,94 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Handoff is a signal message written by EnqueueForHandoff, for the
+// dispatcher that wrote it to send once its transaction has committed.
+type Handoff struct {
+	m claimed
+	// leaseEnd is when, at the latest, the message's lease ends by this
+	// process's clock (taken before the insert, whose lease starts later).
+	leaseEnd time.Time
+}
+
+// Message is the message the handoff carries.
+func (h *Handoff) Message() Message { return h.m.Message }
+
+// EnqueueForHandoff writes a signal message in q's transaction for this
+// dispatcher to send right after the commit, handed over by Handoff: no
+// NOTIFY (one inside a transaction serialises the commits of the whole
+// database) and no claim (the message is written already claimed, hidden
+// from every dispatcher for HandoffLease). Should this process die before
+// the send, or the handoff be dropped, another dispatcher's due-poll finds
+// the message once that lease ends.
+//
+// It returns the message and a handoff to pass to Handoff after the commit
+// — never before, and not if the transaction rolls back. The handoff is nil
+// when the key named an existing message (left to whatever path it is on)
+// or when the dispatcher is not running: then the message is written as
+// Enqueue writes it, NOTIFY included, for any replica's dispatcher.
+func (d *Dispatcher) EnqueueForHandoff(ctx context.Context, q Querier, p EnqueueParams) (Message, *Handoff, error) {
+	if p.Signal == nil {
+		return Message{}, nil, errors.New("queue: only a signal message can be handed off")
+	}
+	if !d.running.Load() {
+		m, _, err := Enqueue(ctx, q, p)
+		return m, nil, err
+	}
+	leaseEnd := time.Now().Add(d.cfg.HandoffLease)
+	m, created, err := insert(ctx, q, p, &d.cfg.HandoffLease)
+	if err != nil || !created {
+		return m, nil, err
+	}
+	return m, &Handoff{m: claimed{Message: m}, leaseEnd: leaseEnd}, nil
+}
+
+// Handoff queues h's message, whose transaction has committed, for sending
+// at once through the dispatcher's send and settle pipeline (the same
+// bounded concurrency as claimed messages). It never blocks: when the
+// dispatcher is stopped or its handoff queue is full it drops h and reports
+// false, and the message is sent after its lease like a lost handoff.
+func (d *Dispatcher) Handoff(h *Handoff) bool {
+	if h == nil || !d.running.Load() {
+		d.metrics.handoffs.WithLabelValues("dropped").Inc()
+		return false
+	}
+	select {
+	case d.handoffs <- h:
+		return true
+	default:
+		d.metrics.handoffs.WithLabelValues("dropped").Inc()
+		return false
+	}
+}
+
+// takeHandoffs moves handed-off messages into the pipeline while it has
+// room under BatchSize, until ctx ends. A message whose lease has too
+// little left for one send is left to the due-poll, so that it is not sent
+// by this dispatcher and another at once.
+func (p *pipeline) takeHandoffs(ctx context.Context) {
+	for {
+		for p.free() <= 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.handoffRoom:
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case h := <-p.d.handoffs:
+			if time.Until(h.leaseEnd) <= p.d.cfg.SendTimeout {
+				p.d.metrics.handoffs.WithLabelValues("expired").Inc()
+				continue
+			}
+			p.d.metrics.handoffs.WithLabelValues("sent").Inc()
+			p.start([]claimed{h.m})
+		}
+	}
+}

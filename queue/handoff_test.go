@@ -1,0 +1,263 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+)
+
+const (
+	testWait = 10 * time.Second
+	testTick = 10 * time.Millisecond
+)
+
+// recordingSignaler stands in for Temporal, which queue's tests run
+// without: it records every signal and accepts it, or, while held, blocks
+// each call until released (or its context ends).
+type recordingSignaler struct {
+	mu    sync.Mutex
+	calls map[string]int // by workflow id
+	hold  chan struct{}  // when non-nil, calls wait for it to close
+}
+
+func newRecordingSignaler() *recordingSignaler { return &recordingSignaler{calls: map[string]int{}} }
+
+func (r *recordingSignaler) SignalWorkflow(ctx context.Context, workflowID, _, _ string, _ any) error {
+	r.mu.Lock()
+	r.calls[workflowID]++
+	hold := r.hold
+	r.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (r *recordingSignaler) count(workflowID string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls[workflowID]
+}
+
+func startDispatcher(t *testing.T, db *pgxpool.Pool, s Signaler, cfg DispatcherConfig) *Dispatcher {
+	t.Helper()
+	cfg.Logger = testkit.Logger(t)
+	d := NewDispatcher(db, s, cfg)
+	require.NoError(t, d.Start(context.Background()))
+	t.Cleanup(func() { require.NoError(t, d.Stop(context.Background())) })
+	return d
+}
+
+func signalParams(workflowID string) EnqueueParams {
+	return EnqueueParams{OrgID: "o", Queue: "q", IdempotencyKey: workflowID, Payload: json.RawMessage(`{}`),
+		Signal: &Signal{WorkflowID: workflowID, Name: "wake"}}
+}
+
+// enqueueForHandoff writes p in a transaction of its own and returns the
+// handoff once it committed.
+func enqueueForHandoff(t *testing.T, db *pgxpool.Pool, d *Dispatcher, p EnqueueParams) *Handoff {
+	t.Helper()
+	var h *Handoff
+	err := pgx.BeginFunc(context.Background(), db, func(tx pgx.Tx) error {
+		var err error
+		_, h, err = d.EnqueueForHandoff(context.Background(), tx, p)
+		return err
+	})
+	require.NoError(t, err)
+	require.NotNil(t, h)
+	return h
+}
+
+// requireDelivered waits until the org's message with the key is delivered.
+func requireDelivered(t *testing.T, db *pgxpool.Pool, key string) Message {
+	t.Helper()
+	var m Message
+	require.Eventually(t, func() bool {
+		var err error
+		m, err = GetByKey(context.Background(), db, "o", "q", key)
+		require.NoError(t, err)
+		return m.Status == StatusDelivered
+	}, testWait, testTick)
+	return m
+}
+
+// listener is a connection listening on the dispatchers' channel.
+func listener(t *testing.T, db *pgxpool.Pool) *pgxpool.Conn {
+	t.Helper()
+	conn, err := db.Acquire(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = conn.Exec(context.Background(), "UNLISTEN "+notifyChannel)
+		conn.Release()
+	})
+	_, err = conn.Exec(context.Background(), "LISTEN "+notifyChannel)
+	require.NoError(t, err)
+	return conn
+}
+
+func TestAHandedOffMessageIsSentAfterItsCommitWithoutANotificationOrAClaim(t *testing.T) {
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	sig := newRecordingSignaler()
+	// The lease outlasts the test: no claim can take the message, only the
+	// handoff can send it.
+	d := startDispatcher(t, db, sig, DispatcherConfig{HandoffLease: time.Hour})
+	l := listener(t, db)
+
+	// The listener hears the plain path's notification…
+	_, _, err := Enqueue(ctx, db, signalParams("o/plain"))
+	require.NoError(t, err)
+	wctx, cancel := context.WithTimeout(ctx, testWait)
+	_, err = l.Conn().WaitForNotification(wctx)
+	cancel()
+	require.NoError(t, err, "the plain path notifies")
+	requireDelivered(t, db, "o/plain")
+
+	h := enqueueForHandoff(t, db, d, signalParams("o/handed"))
+	require.True(t, d.Handoff(h))
+
+	m := requireDelivered(t, db, "o/handed")
+	require.Equal(t, 1, sig.count("o/handed"))
+	require.Equal(t, 1, m.Attempts, "the insert was the only claim")
+	// …and none from the handoff's: a round trip on the listening
+	// connection lets any notification sent at the commit arrive first.
+	_, err = l.Exec(ctx, "SELECT 1")
+	require.NoError(t, err)
+	wctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_, err = l.Conn().WaitForNotification(wctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the handoff path notifies no one")
+}
+
+// A dispatcher that writes a message for handoff and dies before sending it
+// leaves it leased; a dispatcher asleep since before the write (nothing
+// notified it) looks again within the lease and sends it, once.
+func TestAHandedOffMessageWhoseWriterDiedIsSentOnceByAnotherDispatcherAfterItsLease(t *testing.T) {
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	cfg := DispatcherConfig{SendTimeout: 100 * time.Millisecond, HandoffLease: 500 * time.Millisecond}
+	deadSig, otherSig := newRecordingSignaler(), newRecordingSignaler()
+	startDispatcher(t, db, otherSig, cfg)
+	// Its one due message sent, the other dispatcher sleeps until the next
+	// due time it knows of (the plain message's claim lease, 30 s) or the
+	// longest sleep: none is due.
+	_, _, err := Enqueue(ctx, db, signalParams("o/before"))
+	require.NoError(t, err)
+	requireDelivered(t, db, "o/before")
+
+	cfg.Logger = testkit.Logger(t)
+	dead := NewDispatcher(db, deadSig, cfg)
+	require.NoError(t, dead.Start(ctx))
+	enqueueForHandoff(t, db, dead, signalParams("o/handed"))
+	require.NoError(t, dead.Stop(ctx)) // dies before handing it off
+
+	m := requireDelivered(t, db, "o/handed")
+	require.Equal(t, 1, otherSig.count("o/handed"), "sent once")
+	require.Zero(t, deadSig.count("o/handed"))
+	require.Equal(t, 2, m.Attempts, "the writer's claim, then the other dispatcher's")
+}
+
+// The handoff's lease is a claim like any other: hidden from claims while
+// it lasts, found by the due-poll once it ends.
+func TestAHandedOffMessageIsHiddenFromClaimsUntilItsLeaseEnds(t *testing.T) {
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	writer := startDispatcher(t, db, newRecordingSignaler(), DispatcherConfig{HandoffLease: time.Hour})
+	poller := NewDispatcher(db, nil, DispatcherConfig{})
+	h := enqueueForHandoff(t, db, writer, signalParams("o/handed"))
+
+	msgs, err := poller.claim(ctx, 10)
+	require.NoError(t, err)
+	require.Empty(t, msgs, "leased to its writer")
+	wait := poller.untilNextDue(ctx)
+	require.Greater(t, wait, time.Duration(0))
+	require.LessOrEqual(t, wait, poller.cfg.HandoffLease, "an idle dispatcher looks again within a handoff lease")
+
+	_, err = db.Exec(ctx, `UPDATE queue_messages SET next_attempt_at = now() WHERE id = $1`, h.Message().ID) // the lease ends
+	require.NoError(t, err)
+	msgs, err = poller.claim(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	require.Equal(t, h.Message().ID, msgs[0].ID)
+	require.Equal(t, 2, msgs[0].Attempts)
+}
+
+// A rolled-back transaction leaves no message behind: the lease and the
+// send live and die with it. (Handing off only after the commit is the
+// caller's part; the wakeup tests drive it through the pool's AfterCommit,
+// with a commit that fails.)
+func TestARolledBackHandoffLeavesNoMessage(t *testing.T) {
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	d := startDispatcher(t, db, newRecordingSignaler(), DispatcherConfig{})
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	_, h, err := d.EnqueueForHandoff(ctx, tx, signalParams("o/rolled-back"))
+	require.NoError(t, err)
+	require.NotNil(t, h)
+	require.NoError(t, tx.Rollback(ctx))
+
+	_, err = GetByKey(ctx, db, "o", "q", "o/rolled-back")
+	require.ErrorIs(t, err, ErrNotFound)
+}
+
+// Handoff is called where nothing may block (after a commit, on the
+// committing goroutine): with the pipeline and the handoff queue full it
+// drops the handoff and returns, and the message waits for its lease.
+func TestAHandoffIntoAFullDispatcherReturnsAtOnceAndLeavesTheMessageToItsLease(t *testing.T) {
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	sig := newRecordingSignaler()
+	sig.hold = make(chan struct{})
+	d := startDispatcher(t, db, sig, DispatcherConfig{BatchSize: 1, Concurrency: 1, HandoffLease: time.Hour})
+
+	first := enqueueForHandoff(t, db, d, signalParams("o/first"))
+	require.True(t, d.Handoff(first))
+	require.Eventually(t, func() bool { return sig.count("o/first") == 1 }, testWait, testTick, "in flight, holding the one slot")
+	queued := enqueueForHandoff(t, db, d, signalParams("o/queued"))
+	require.True(t, d.Handoff(queued), "waits in the handoff queue")
+	dropped := enqueueForHandoff(t, db, d, signalParams("o/dropped"))
+	require.False(t, d.Handoff(dropped), "the queue is full")
+
+	close(sig.hold)
+	requireDelivered(t, db, "o/first")
+	requireDelivered(t, db, "o/queued")
+	m, err := Get(ctx, db, "o", dropped.Message().ID)
+	require.NoError(t, err)
+	require.Equal(t, StatusPending, m.Status, "left to its lease")
+	require.Zero(t, sig.count("o/dropped"))
+}
+
+func TestAStoppedDispatcherWritesAPlainNotifiedMessageInsteadOfAHandoff(t *testing.T) {
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	d := NewDispatcher(db, newRecordingSignaler(), DispatcherConfig{Logger: testkit.Logger(t)})
+	l := listener(t, db)
+	var h *Handoff
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var err error
+		_, h, err = d.EnqueueForHandoff(ctx, tx, signalParams("o/plain"))
+		return err
+	})
+	require.NoError(t, err)
+	require.Nil(t, h)
+	wctx, cancel := context.WithTimeout(ctx, testWait)
+	defer cancel()
+	_, err = l.Conn().WaitForNotification(wctx)
+	require.NoError(t, err, "any replica's dispatcher is told")
+	m, err := GetByKey(ctx, db, "o", "q", "o/plain")
+	require.NoError(t, err)
+	require.Zero(t, m.Attempts, "not claimed: due now")
+}
