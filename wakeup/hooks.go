@@ -19,12 +19,32 @@ import (
 type queueSignal = queue.Signal
 
 // enqueueSignal queues the wake signal; the wake-up id is the message's
-// idempotency key, so an intent has at most one signal.
-func enqueueSignal(ctx context.Context, tx pgx.Tx, orgID string, id uuid.UUID, payload json.RawMessage, sig *queue.Signal) error {
-	_, _, err := queue.Enqueue(ctx, tx, queue.EnqueueParams{
-		OrgID: orgID, Queue: Queue, Payload: payload, IdempotencyKey: id.String(), Signal: sig,
-	})
-	if err != nil {
+// idempotency key, so an intent has at most one signal. In the pool's
+// onComplete hook, with a local dispatcher, the signal is handed to that
+// dispatcher once the hook's transaction commits: no NOTIFY and no claim on
+// the wake's path (a lost handoff is sent by any dispatcher after its
+// lease). Elsewhere (an approval's resolve hook, a cancel) it is queued for
+// any replica's dispatcher, which NOTIFY wakes.
+func (s *Service) enqueueSignal(ctx context.Context, tx pgx.Tx, orgID string, id uuid.UUID, payload json.RawMessage, sig *queue.Signal) error {
+	p := queue.EnqueueParams{OrgID: orgID, Queue: Queue, Payload: payload, IdempotencyKey: id.String(), Signal: sig}
+	if d := s.cfg.Dispatcher; d != nil {
+		// Registering first is how to learn whether ctx is a hook's; h is
+		// set by the time the commit runs the callback (nil: nothing to hand
+		// over, the message existed or the dispatcher is stopped).
+		var h *queue.Handoff
+		if workpool.AfterCommit(ctx, func() {
+			if h != nil {
+				d.Handoff(h)
+			}
+		}) {
+			var err error
+			if _, h, err = d.EnqueueForHandoff(ctx, tx, p); err != nil {
+				return fmt.Errorf("queue wake signal: %w", err)
+			}
+			return nil
+		}
+	}
+	if _, _, err := queue.Enqueue(ctx, tx, p); err != nil {
 		return fmt.Errorf("queue wake signal: %w", err)
 	}
 	return nil

@@ -28,6 +28,7 @@ import (
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/workflows/signals"
 	"github.com/reveille/reveille/workpool"
 )
@@ -174,6 +175,10 @@ type Config struct {
 	ReconcileInterval, ReconcileAfter time.Duration
 	Logger                            *slog.Logger
 	Registry                          prometheus.Registerer
+	// Dispatcher, when set, is this process's signal dispatcher: the wake
+	// signals of work completed here are handed to it directly after the
+	// completing commit instead of being found through NOTIFY and a claim.
+	Dispatcher *queue.Dispatcher
 	// BeforeEnqueue, when set, runs between the gate and the enqueue
 	// transaction; an error aborts Create there, as a crash would. Tests use
 	// it to leave a funded intent for the reconciler.
@@ -473,7 +478,7 @@ func (s *Service) resolveTx(ctx context.Context, tx pgx.Tx, orgID string, id uui
 	if runID != nil {
 		sig.RunID = *runID
 	}
-	if err := enqueueSignal(ctx, tx, orgID, id, payload, sig); err != nil {
+	if err := s.enqueueSignal(ctx, tx, orgID, id, payload, sig); err != nil {
 		return false, err
 	}
 	s.metrics.resolved.WithLabelValues(outcome).Inc()

@@ -27,35 +27,58 @@ func TestMain(m *testing.M) { testkit.Main(m) }
 // a real Temporal server is in internal/e2e.
 
 type fixture struct {
-	db       *pgxpool.Pool
-	pool     *workpool.Manager
-	mandates *mandates.Service
-	svc      *Service
-	crash    bool
+	db         *pgxpool.Pool
+	pool       *workpool.Manager
+	mandates   *mandates.Service
+	svc        *Service
+	dispatcher *queue.Dispatcher // nil unless fixtureOptions.signals
+	crash      bool
 }
 
-func newFixture(t *testing.T) *fixture { return newFixtureCapped(t, 0) }
+func newFixture(t *testing.T) *fixture { return newFixtureWith(t, fixtureOptions{}) }
 
 // newFixtureCapped caps each org's pending work per pool at maxPending
 // (0: the default).
 func newFixtureCapped(t *testing.T, maxPending int) *fixture {
+	return newFixtureWith(t, fixtureOptions{maxPending: maxPending})
+}
+
+type fixtureOptions struct {
+	maxPending int
+	// signals, when set, keeps the pool running (it is stopped once its
+	// pools exist otherwise) and starts a dispatcher sending through it,
+	// handed to the service as this process's.
+	signals      queue.Signaler
+	handoffLease time.Duration
+}
+
+func newFixtureWith(t *testing.T, o fixtureOptions) *fixture {
 	t.Helper()
 	f := &fixture{db: testkit.NewPool(t)}
+	if o.signals != nil {
+		f.dispatcher = queue.NewDispatcher(f.db, o.signals, queue.DispatcherConfig{HandoffLease: o.handoffLease, Logger: testkit.Logger(t)})
+		require.NoError(t, f.dispatcher.Start(context.Background()))
+		t.Cleanup(func() { require.NoError(t, f.dispatcher.Stop(context.Background())) })
+	}
 	var err error
 	f.pool, err = workpool.New(f.db, workpool.Config{Pools: map[string]int{"wakeup": 5, "doomed": 5}, Logger: testkit.Logger(t),
-		MaxPendingPerOrg: maxPending})
+		MaxPendingPerOrg: o.maxPending})
 	require.NoError(t, err)
-	require.NoError(t, f.pool.Start(context.Background())) // creates the pools
-	require.NoError(t, f.pool.Stop(context.Background()))
 	f.pool.Register("echo", func(_ context.Context, j workpool.Job) (json.RawMessage, error) { return j.Args, nil })
 	f.mandates = mandates.New(f.db, mandates.Config{Logger: testkit.Logger(t)})
-	f.svc = New(f.db, f.pool, f.mandates, Config{ReconcileAfter: time.Millisecond, Logger: testkit.Logger(t),
+	f.svc = New(f.db, f.pool, f.mandates, Config{ReconcileAfter: time.Millisecond, Logger: testkit.Logger(t), Dispatcher: f.dispatcher,
 		BeforeEnqueue: func(context.Context, uuid.UUID) error {
 			if f.crash {
 				return errors.New("crash between the transactions")
 			}
 			return nil
 		}})
+	require.NoError(t, f.pool.Start(context.Background())) // creates the pools
+	if o.signals != nil {
+		t.Cleanup(func() { require.NoError(t, f.pool.Stop(context.Background())) })
+	} else {
+		require.NoError(t, f.pool.Stop(context.Background()))
+	}
 	_, err = f.mandates.Create(context.Background(), "o", mandates.CreateParams{AgentID: "a", Scope: "s", Budget: 10})
 	require.NoError(t, err)
 	return f
