@@ -20,8 +20,8 @@ func (h *Handoff) Message() Message { return h.m.Message }
 
 // EnqueueForHandoff writes a signal message in q's transaction for this
 // dispatcher to send right after the commit, handed over by Handoff: no
-// NOTIFY (one inside a transaction serialises the commits of the whole
-// database) and no claim (the message is written already claimed, hidden
+// NOTIFY (Postgres serialises the commits of all notifying transactions
+// on one lock) and no claim (the message is written already claimed, hidden
 // from every dispatcher for HandoffLease). Should this process die before
 // the send, or the handoff be dropped, another dispatcher's due-poll finds
 // the message once that lease ends.

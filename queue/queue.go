@@ -3,7 +3,9 @@
 // transaction; when it carries a signal, the Dispatcher (on every replica,
 // woken by NOTIFY, claiming with SKIP LOCKED) sends it after that
 // transaction commits, retrying transient failures until Temporal accepts
-// it. Delivery is at-least-once: receivers dedupe.
+// it; a writer whose own process runs a dispatcher may instead hand the
+// message to it after the commit (EnqueueForHandoff). Delivery is
+// at-least-once: receivers dedupe.
 package queue
 
 import (

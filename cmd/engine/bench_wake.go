@@ -60,6 +60,9 @@ const (
 	// explicitly because the stages read the claim instant back from it:
 	// a claim sets next_attempt_at = now() + lease.
 	wakeBenchLease = 30 * time.Second
+	// wakeBenchHandoffLease is its lease of a handed-off message (the
+	// default), set by the insert that claims it.
+	wakeBenchHandoffLease = 15 * time.Second
 )
 
 // wakeBench is one run's parameters.
@@ -360,8 +363,9 @@ func (e *wakeEnv) wire(ctx context.Context, s settings, concurrency int, budget 
 	}
 	e.pool.Register(wakeBenchHandler, e.benchHandler)
 	e.mandates = mandates.New(e.db, mandates.Config{ApprovalTTL: s.ApprovalTTL, Logger: e.logger, Registry: reg})
-	e.wakeups = wakeup.New(e.db, e.pool, e.mandates, wakeup.Config{Logger: e.logger, Registry: reg})
-	e.dispatcher = queue.NewDispatcher(e.db, wakeTimedSignaler{e}, queue.DispatcherConfig{NotFoundGrace: wakeBenchGrace, Lease: wakeBenchLease, Logger: e.logger, Registry: reg})
+	e.dispatcher = queue.NewDispatcher(e.db, wakeTimedSignaler{e}, queue.DispatcherConfig{NotFoundGrace: wakeBenchGrace, Lease: wakeBenchLease,
+		HandoffLease: wakeBenchHandoffLease, Logger: e.logger, Registry: reg})
+	e.wakeups = wakeup.New(e.db, e.pool, e.mandates, wakeup.Config{Logger: e.logger, Registry: reg, Dispatcher: e.dispatcher})
 	for _, c := range []component{e.pool, e.mandates, e.wakeups, e.dispatcher} {
 		if err := c.Start(context.WithoutCancel(ctx)); err != nil {
 			return fmt.Errorf("start: %w", err)
@@ -632,8 +636,12 @@ func (e *wakeEnv) hookStarts(ctx context.Context, kind string, from int, since t
 	var created, next time.Time
 	_, err = pgx.ForEachRow(rows, []any{&id, &created, &next}, func() error {
 		// Delivered at the first attempt (as here), next_attempt_at is
-		// still the one the claim set.
-		msgs[id] = stamps{created: created, claimed: next.Add(-wakeBenchLease)}
+		// still the one the claim set — the insert's, for a handoff.
+		claimed := next.Add(-wakeBenchLease)
+		if next.Sub(created) < wakeBenchLease {
+			claimed = next.Add(-wakeBenchHandoffLease)
+		}
+		msgs[id] = stamps{created: created, claimed: claimed}
 		return nil
 	})
 	if err != nil {

@@ -152,9 +152,10 @@ func (a *app) wireDomain(_ context.Context, svc *api.Services) error {
 	if err != nil {
 		return fmt.Errorf("streams: %w", err)
 	}
-	svc.Wakeups = wakeup.New(a.db, pool, svc.Mandates, wakeup.Config{Logger: logger, Registry: reg})
-	svc.Approvals = approvals.New(a.db, approvals.Config{TTL: s.ToolTTL, Logger: logger, Registry: reg})
 	dispatcher := queue.NewDispatcher(a.db, a.temporal, queue.DispatcherConfig{NotFoundGrace: s.NotFoundGrace, Logger: logger, Registry: reg})
+	// Wake signals of work completed here go to this replica's dispatcher.
+	svc.Wakeups = wakeup.New(a.db, pool, svc.Mandates, wakeup.Config{Logger: logger, Registry: reg, Dispatcher: dispatcher})
+	svc.Approvals = approvals.New(a.db, approvals.Config{TTL: s.ToolTTL, Logger: logger, Registry: reg})
 
 	a.starters = append(a.starters,
 		lifecycle("workpool", pool, logger),
