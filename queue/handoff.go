@@ -15,9 +15,6 @@ type Handoff struct {
 	leaseEnd time.Time
 }
 
-// Message is the message the handoff carries.
-func (h *Handoff) Message() Message { return h.m.Message }
-
 // EnqueueForHandoff writes a signal message in q's transaction for this
 // dispatcher to send right after the commit, handed over by Handoff: no
 // NOTIFY (Postgres serialises the commits of all notifying transactions

@@ -185,12 +185,12 @@ func TestAHandedOffMessageIsHiddenFromClaimsUntilItsLeaseEnds(t *testing.T) {
 	require.Greater(t, wait, time.Duration(0))
 	require.LessOrEqual(t, wait, poller.cfg.HandoffLease, "an idle dispatcher looks again within a handoff lease")
 
-	_, err = db.Exec(ctx, `UPDATE queue_messages SET next_attempt_at = now() WHERE id = $1`, h.Message().ID) // the lease ends
+	_, err = db.Exec(ctx, `UPDATE queue_messages SET next_attempt_at = now() WHERE id = $1`, h.m.ID) // the lease ends
 	require.NoError(t, err)
 	msgs, err = poller.claim(ctx, 10)
 	require.NoError(t, err)
 	require.Len(t, msgs, 1)
-	require.Equal(t, h.Message().ID, msgs[0].ID)
+	require.Equal(t, h.m.ID, msgs[0].ID)
 	require.Equal(t, 2, msgs[0].Attempts)
 }
 
@@ -234,7 +234,7 @@ func TestAHandoffIntoAFullDispatcherReturnsAtOnceAndLeavesTheMessageToItsLease(t
 	close(sig.hold)
 	requireDelivered(t, db, "o/first")
 	requireDelivered(t, db, "o/queued")
-	m, err := Get(ctx, db, "o", dropped.Message().ID)
+	m, err := Get(ctx, db, "o", dropped.m.ID)
 	require.NoError(t, err)
 	require.Equal(t, StatusPending, m.Status, "left to its lease")
 	require.Zero(t, sig.count("o/dropped"))
