@@ -76,7 +76,6 @@ func slotsInUse(t *testing.T, db *pgxpool.Pool, pool string) int {
 	t.Helper()
 	var n int
 	require.NoError(t, db.QueryRow(context.Background(), `
-		SELECT (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running' AND NOT slot_released)
-		     + (SELECT count(*) FROM workpool_completions WHERE pool = $1)`, pool).Scan(&n))
+		SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running'`, pool).Scan(&n))
 	return n
 }

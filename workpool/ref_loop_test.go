@@ -44,7 +44,6 @@ func TestRef002_RemovesWorkFromRunningOnceASuccessfulCompletionIsProcessed(t *te
 
 	o := h.observe()
 	require.Empty(t, o.running)
-	require.Empty(t, o.pendingCompletion)
 	require.Equal(t, StateFinished, h.status(id).State)
 }
 
@@ -382,7 +381,7 @@ func TestRef002_FlagsRunningEntriesWhoseWorkerHasBeenSilentPastTheThreshold(t *t
 
 	h.runMain() // recovery: the silent attempt counts as failed
 
-	require.True(t, h.observe().isRunning(id), "the slot is freed through the pending completion")
+	require.False(t, h.observe().isRunning(id), "recording the failure freed the slot")
 	s := h.status(id)
 	require.Equal(t, StateFinished, s.State)
 	require.Equal(t, OutcomeFailed, s.Outcome)
@@ -469,7 +468,7 @@ func TestRef001_PendingStartPlusCancelationFinishesCanceledAndCountsIt(t *testin
 	require.Empty(t, o.pending)
 	require.Empty(t, o.pendingCancelation)
 	require.Empty(t, o.running)
-	require.Equal(t, int64(1), h.l.report.canceled)
+	require.Equal(t, int64(1), h.m.report("default").canceled)
 	require.True(t, h.work(id).canceled)
 }
 
@@ -481,10 +480,8 @@ func TestRef001_ProcessingACompletionCountsItInTheReport(t *testing.T) {
 	h.complete(id, "success", 1)
 
 	h.runMain()
-
-	require.Empty(t, h.observe().pendingCompletion)
-	require.Equal(t, int64(1), h.l.report.completed)
-	require.Equal(t, int64(1), h.l.report.succeeded)
+	require.Equal(t, int64(1), h.m.report("default").completed)
+	require.Equal(t, int64(1), h.m.report("default").succeeded)
 }
 
 func TestRef001_HandlingAJobRetryCountsItAndBumpsAttempts(t *testing.T) {
@@ -499,11 +496,9 @@ func TestRef001_HandlingAJobRetryCountsItAndBumpsAttempts(t *testing.T) {
 	h.complete(id, "failed", 2)
 
 	h.runMain()
-
-	require.Empty(t, h.observe().pendingCompletion)
 	require.Equal(t, 2, h.work(id).attempts)
 	require.Equal(t, []uuid.UUID{id}, h.observe().pending)
-	require.Equal(t, int64(2), h.l.report.retries)
+	require.Equal(t, int64(2), h.m.report("default").retries)
 }
 
 func TestRef001_ProcessingPendingCancelationsLeavesOtherRunningWorkAlone(t *testing.T) {
@@ -520,7 +515,7 @@ func TestRef001_ProcessingPendingCancelationsLeavesOtherRunningWorkAlone(t *test
 	require.Empty(t, o.pendingCancelation)
 	require.Empty(t, o.pending)
 	require.True(t, h.work(id).canceled)
-	require.Equal(t, int64(1), h.l.report.canceled)
+	require.Equal(t, int64(1), h.m.report("default").canceled)
 	require.Equal(t, []uuid.UUID{other}, o.running)
 	require.False(t, h.work(other).canceled)
 }
