@@ -28,7 +28,7 @@ import (
 type completer struct {
 	m        *Manager
 	recorded func([]attemptResult) // the executor forgets these attempts
-	crashed  func() bool            // tests: behave like a killed process
+	crashed  func() bool           // tests: behave like a killed process
 
 	mu       sync.Mutex
 	pending  []attemptResult
@@ -83,9 +83,6 @@ func (c *completer) Stop(ctx context.Context) error {
 		return fmt.Errorf("workpool completer: recording results at stop: %w", ctx.Err())
 	}
 }
-
-// halt stops at once without recording what is left (a simulated crash).
-func (c *completer) halt() { c.cancel() }
 
 // add queues one attempt's result to be recorded.
 func (c *completer) add(r attemptResult) {

@@ -58,7 +58,7 @@ type executor struct {
 
 	completer *completer
 	started   atomic.Bool
-	crashed atomic.Bool // tests: behave like a killed process
+	crashed   atomic.Bool // tests: behave like a killed process
 }
 
 type runningJob struct {
