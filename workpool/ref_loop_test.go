@@ -442,16 +442,20 @@ func TestRef002_ProcessesWorkThatWasCommittedBeforeMainStarted(t *testing.T) {
 // invisible to it; its commit must wake the loop (listen before look).
 func TestRef002_WorkCommittedAfterTheLoopLookedIsStartedByItsNotification(t *testing.T) {
 	t.Parallel()
-	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	// No timer could start the work: recovery is an hour away and an idle
+	// loop sets none.
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, RecoveryPeriod: time.Hour})
 	tx, err := db.Begin(context.Background())
 	require.NoError(t, err)
 	id, err := m.EnqueueTx(context.Background(), tx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
 	require.NoError(t, err)
-	requireRunStatus(t, db, "default", "idle")
+	requireLoopSettled(t, db, m, "default", "idle") // it looked, and saw nothing
+	before := m.loopFor("default").iterations.Load()
 
 	require.NoError(t, tx.Commit(context.Background()))
 
 	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+	require.Greater(t, m.loopFor("default").iterations.Load(), before, "the commit's notification woke the loop")
 }
 
 // --- 001 cases that 002 did not supersede ----------------------------------------------------
@@ -571,8 +575,8 @@ func TestRef001_CompleteRunsTheOnCompleteHookAndFinishesTheWork(t *testing.T) {
 func TestRef001_EnqueueWakesAnIdleLoopToRunning(t *testing.T) {
 	t.Parallel()
 	// A long cooldown keeps "running" visible while the work runs.
-	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, Cooldown: time.Minute})
-	requireRunStatus(t, db, "default", "idle")
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, Cooldown: time.Minute, RecoveryPeriod: time.Hour})
+	requireLoopSettled(t, db, m, "default", "idle")
 	release := make(chan struct{})
 	var started atomic.Bool
 	m.Register("block", func(ctx context.Context, _ Job) (json.RawMessage, error) {
@@ -595,14 +599,42 @@ func TestRef001_EnqueueWakesAnIdleLoopToRunning(t *testing.T) {
 
 func TestRef001_EnqueueWakesAScheduledLoopToRunning(t *testing.T) {
 	t.Parallel()
-	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	// A long cooldown keeps "running" visible once the work ran.
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, Cooldown: time.Minute})
 	_, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop",
 		RunAt: time.Now().Add(time.Hour)})
 	require.NoError(t, err)
-	requireRunStatus(t, db, "default", "scheduled")
+	requireLoopSettled(t, db, m, "default", "scheduled")
 
 	id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
 	require.NoError(t, err)
 
+	requireRunStatus(t, db, "default", "running")
 	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+}
+
+// A cancelation committed after an iteration took its batch, but before it
+// decided its status, keeps the loop "running" and looping: it is work the
+// next iteration must do, not a reason to go idle.
+func TestOutlook_ACancelationArrivingMidIterationKeepsTheLoopRunning(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	id := h.enqueue(withRunAt(h.clock.Now().Add(time.Hour)))
+	h.runMain()
+	h.clock.Advance(DefaultCooldown + time.Second)
+
+	tx, err := h.db.Begin(h.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(h.ctx) }()
+	it := &iteration{l: h.l, tx: tx, now: h.clock.Now(), gen: h.l.gen + 1}
+	cancels, err := it.open(h.ctx)
+	require.NoError(t, err)
+	require.Empty(t, cancels)
+	h.cancel(id) // commits while the iteration is open
+
+	res, err := it.outlook(h.ctx)
+
+	require.NoError(t, err)
+	require.True(t, res.didWork, "the loop iterates again at once")
+	require.Equal(t, "running", res.status.Kind)
 }
