@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/leader"
 )
 
@@ -65,10 +66,9 @@ type NamesPage struct {
 }
 
 // Querier is what an append inside a caller's transaction needs; pgx.Tx
-// satisfies it.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// satisfies it. (The one interface of internal/db, under the name callers
+// already use.)
+type Querier = db.Querier
 
 // Service is the streams domain: appends, reads, the live-tail hub and
 // retention.

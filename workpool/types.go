@@ -9,9 +9,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/db"
 )
 
 // ErrNotFound is returned for work or a pool that does not exist for the
@@ -31,11 +31,7 @@ var errGenerationMismatch = errors.New("generation mismatch")
 
 // Querier is what both pgx.Tx and *pgxpool.Pool offer: calls that accept it
 // run inside the caller's transaction or on their own.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type Querier = db.Querier
 
 // Handler runs one attempt of a work item. Its ctx is canceled when the work
 // is canceled, when the attempt exceeds its timeout, and when the executor

@@ -9,14 +9,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/testkit"
 )
 
 // written counts the marker rows a write under test left (in leader_terms
 // itself, under names no leadership uses: the package owns no other table).
-func written(t *testing.T, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, marker string) int {
+func written(t *testing.T, q db.Querier, marker string) int {
 	t.Helper()
 	var n int
 	require.NoError(t, q.QueryRow(context.Background(), `SELECT count(*) FROM leader_terms WHERE name = $1`, marker).Scan(&n))
@@ -24,11 +23,11 @@ func written(t *testing.T, q interface {
 }
 
 func TestAFencedWriteLandsOnlyUnderTheCurrentTerm(t *testing.T) {
-	db := testkit.NewPool(t)
+	pool := testkit.NewPool(t)
 	ctx := context.Background()
-	old, err := NewTerm(ctx, db, "test.fence")
+	old, err := NewTerm(ctx, pool, "test.fence")
 	require.NoError(t, err)
-	current, err := NewTerm(ctx, db, "test.fence") // another replica took over
+	current, err := NewTerm(ctx, pool, "test.fence") // another replica took over
 	require.NoError(t, err)
 	require.Greater(t, current.N, old.N)
 
@@ -49,12 +48,12 @@ func TestAFencedWriteLandsOnlyUnderTheCurrentTerm(t *testing.T) {
 			marker := fmt.Sprint("written.", i)
 			if tt.inStatement {
 				term, _ := TermFrom(tt.ctx)
-				tag, err := db.Exec(tt.ctx, `INSERT INTO leader_terms (name, term) SELECT $3, 0 WHERE `+FenceSQL(1, 2),
+				tag, err := pool.Exec(tt.ctx, `INSERT INTO leader_terms (name, term) SELECT $3, 0 WHERE `+FenceSQL(1, 2),
 					term.Name, term.N, marker)
 				require.NoError(t, err)
 				require.EqualValues(t, map[bool]int{false: 1, true: 0}[tt.deposed], tag.RowsAffected())
 			} else {
-				err := FencedTx(tt.ctx, db, func(tx pgx.Tx) error {
+				err := FencedTx(tt.ctx, pool, func(tx pgx.Tx) error {
 					_, err := tx.Exec(tt.ctx, `INSERT INTO leader_terms (name, term) VALUES ($1, 0)`, marker)
 					return err
 				})
@@ -64,7 +63,7 @@ func TestAFencedWriteLandsOnlyUnderTheCurrentTerm(t *testing.T) {
 					require.NoError(t, err)
 				}
 			}
-			require.Equal(t, map[bool]int{false: 1, true: 0}[tt.deposed], written(t, db, marker))
+			require.Equal(t, map[bool]int{false: 1, true: 0}[tt.deposed], written(t, pool, marker))
 		})
 	}
 }
@@ -73,12 +72,12 @@ func TestAFencedWriteLandsOnlyUnderTheCurrentTerm(t *testing.T) {
 // leader leads: NewTerm waits for it, so the old leader's write cannot land
 // after the takeover.
 func TestANewTermWaitsForTheFencedTransactionsOfTheOldOne(t *testing.T) {
-	db := testkit.NewPool(t)
+	pool := testkit.NewPool(t)
 	ctx := context.Background()
-	old, err := NewTerm(ctx, db, "test.fence")
+	old, err := NewTerm(ctx, pool, "test.fence")
 	require.NoError(t, err)
 
-	tx, err := db.Begin(ctx)
+	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	require.NoError(t, Hold(WithTerm(ctx, old), tx))
@@ -87,7 +86,7 @@ func TestANewTermWaitsForTheFencedTransactionsOfTheOldOne(t *testing.T) {
 
 	next := make(chan Term, 1)
 	go func() {
-		term, err := NewTerm(ctx, db, "test.fence")
+		term, err := NewTerm(ctx, pool, "test.fence")
 		if err != nil {
 			term.N = -1
 		}
@@ -95,7 +94,7 @@ func TestANewTermWaitsForTheFencedTransactionsOfTheOldOne(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool {
 		var waiting bool
-		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO leader_terms%ON CONFLICT%')`).Scan(&waiting)
 		return err == nil && waiting
 	}, testWait, pollEvery, "the new term waits for the old term's transaction")
@@ -107,8 +106,8 @@ func TestANewTermWaitsForTheFencedTransactionsOfTheOldOne(t *testing.T) {
 
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, old.N+1, (<-next).N)
-	require.Equal(t, 1, written(t, db, "written.old"), "the old term's write committed before the takeover")
-	err = FencedTx(WithTerm(ctx, old), db, func(pgx.Tx) error { return nil })
+	require.Equal(t, 1, written(t, pool, "written.old"), "the old term's write committed before the takeover")
+	err = FencedTx(WithTerm(ctx, old), pool, func(pgx.Tx) error { return nil })
 	require.ErrorIs(t, err, ErrDeposed, "and none after it")
 }
 
