@@ -14,7 +14,7 @@ import (
 )
 
 const (
-	lifecycleWait  = 10 * time.Second
+	lifecycleWait = 10 * time.Second
 	lifecyclePoll = 5 * time.Millisecond
 )
 
