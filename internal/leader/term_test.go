@@ -143,3 +143,30 @@ func TestSweepBatchesStopsAtTheFirstDeposedItem(t *testing.T) {
 	require.Zero(t, n)
 	require.Equal(t, 1, handled, "the other items would only meet it too")
 }
+
+// The whole chain on a running leader: its rounds write under the term
+// the Elector handed it; once another replica starts a newer term, its next
+// round writes nothing and it stands down, and when it leads again it does
+// so under a term newer still.
+func TestARunningLeaderDeposedByANewerTermStandsDownAndLeadsAgainUnderTheNext(t *testing.T) {
+	pool := testkit.NewPool(t)
+	ctx := context.Background()
+	e := &Elector{DB: pool, Name: "test.fenced", Retry: 10 * time.Millisecond, Logger: testkit.Logger(t)}
+	deposedRounds := make(chan error, 10)
+	round := func(ctx context.Context) error {
+		term, _ := TermFrom(ctx)
+		return FencedTx(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO leader_terms (name, term) VALUES ($1, 0) ON CONFLICT DO NOTHING`, fmt.Sprint("written.", term.N))
+			return err
+		})
+	}
+	var b Background
+	require.NoError(t, b.Start(ctx, e, Every(time.Millisecond, round, func(err error) { deposedRounds <- err })))
+	defer func() { require.NoError(t, b.Stop(ctx)) }()
+	require.Eventually(t, func() bool { return written(t, pool, "written.1") == 1 }, testWait, pollEvery, "the first leader writes under term 1")
+
+	_, err := NewTerm(ctx, pool, "test.fenced") // another replica took over (term 2)
+	require.NoError(t, err)
+	require.ErrorIs(t, <-deposedRounds, ErrDeposed)
+	require.Eventually(t, func() bool { return written(t, pool, "written.3") == 1 }, testWait, pollEvery, "it leads again under term 3")
+}
