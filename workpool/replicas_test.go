@@ -160,7 +160,7 @@ func TestKickStartsWorkEnqueuedWhileTheLoopIsIdle(t *testing.T) {
 	// No timer could start the work: recovery is an hour away and an idle
 	// loop sets none. Only the enqueue's notification can.
 	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, RecoveryPeriod: time.Hour})
-	requireRunStatus(t, db, "default", "idle")
+	requireLoopSettled(t, db, m, "default", "idle")
 	before := m.loopFor("default").iterations.Load()
 
 	id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
@@ -207,8 +207,7 @@ func TestTwoReplicas_ThousandItemsNeverExceedMaxParallelismAndEachHookFiresOnce(
 			// The running set: attempts holding a slot (a handler that
 			// returned hands its slot back through a pending completion).
 			if err := db.QueryRow(ctx, `SELECT
-				(SELECT count(*) FROM workpool_work WHERE pool = 'default' AND state = 'running' AND NOT slot_released)
-				+ (SELECT count(*) FROM workpool_completions WHERE pool = 'default')`).Scan(&used); err == nil && used > sampledPeak.Load() {
+				SELECT count(*) FROM workpool_work WHERE pool = 'default' AND state = 'running'`).Scan(&used); err == nil && used > sampledPeak.Load() {
 				sampledPeak.Store(used)
 			}
 		}
@@ -336,4 +335,34 @@ func TestCancelWhileRunningOnTheOtherReplica_CancelsTheHandlerThereAndFreesTheSl
 	next, err := b.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
 	require.NoError(t, err)
 	requireFinished(t, b, "org-1", next, OutcomeSucceeded)
+}
+
+// Both iterations are fenced: a loop whose generation another took over
+// writes nothing, whether its next iteration would take the fast path (no
+// recovery due) or the full one.
+func TestFencing_AStaleLoopWritesNothingOnEitherPath(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		fullOnly bool
+	}{{"fast path", false}, {"full path", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			h.runMain() // the term's first iteration: recovery is done
+			stale := h.l
+			stale.fullOnly = tc.fullOnly
+			id := h.enqueue()
+			genBefore := h.observe().generation
+			newer := newLoop(h.m, "default")
+			require.NoError(t, newer.takeover(h.ctx))
+
+			_, err := stale.iterate(h.ctx)
+
+			require.ErrorIs(t, err, errGenerationMismatch)
+			o := h.observe()
+			require.Equal(t, []uuid.UUID{id}, o.pending, "the stale loop started nothing")
+			require.Empty(t, o.running)
+			require.Equal(t, genBefore+1, o.generation, "only the takeover bumped the generation")
+		})
+	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/internal/db"
+	"github.com/reveille/reveille/workflows/signals"
 )
 
 // ErrNotFound is returned for work or a pool that does not exist for the
@@ -94,14 +95,16 @@ type Completion struct {
 	Context json.RawMessage
 }
 
-// Outcome is how finished work ended; the same vocabulary is used everywhere.
+// Outcome is how finished work ended. Its vocabulary is the one the wake
+// signal carries to workflows (workflows/signals, the leaf package of the
+// outcome and decision words), so a work outcome reaches a workflow as is.
 type Outcome string
 
 // Outcomes.
 const (
-	OutcomeSucceeded Outcome = "succeeded"
-	OutcomeFailed    Outcome = "failed"
-	OutcomeCanceled  Outcome = "canceled"
+	OutcomeSucceeded Outcome = signals.OutcomeSucceeded
+	OutcomeFailed    Outcome = signals.OutcomeFailed
+	OutcomeCanceled  Outcome = signals.OutcomeCanceled
 )
 
 // RetryPolicy says how often failed work is attempted: MaxAttempts counts

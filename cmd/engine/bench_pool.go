@@ -154,7 +154,6 @@ func poolBenchWait(ctx context.Context, db *pgxpool.Pool, n int, handled *atomic
 // poolBenchReset empties the bench pool of earlier runs' work.
 func poolBenchReset(ctx context.Context, db *pgxpool.Pool) error {
 	for _, sql := range []string{
-		`DELETE FROM workpool_completions WHERE pool = 'bench'`,
 		`DELETE FROM workpool_cancelations WHERE pool = 'bench'`,
 		`DELETE FROM workpool_work WHERE pool = 'bench'`,
 		`DELETE FROM workpool_org_pending WHERE pool = 'bench'`,
