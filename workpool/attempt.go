@@ -11,8 +11,8 @@ import (
 
 // Result kinds of an attempt, as sqlComplete takes them.
 const (
-	kindSucceeded = "succeeded"
-	kindFailed    = "failed"
+	kindSucceeded = string(OutcomeSucceeded)
+	kindFailed    = string(OutcomeFailed)
 	// kindHandBack: the attempt did not finish because this replica is
 	// shutting down; the work goes back to pending at once, and the attempt
 	// does not count.

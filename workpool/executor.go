@@ -18,7 +18,7 @@ import (
 const (
 	// claimBatch bounds one claim statement.
 	claimBatch = 1000
-	// reportBatch bounds one completion report.
+	// reportBatch bounds one transaction of the completer.
 	reportBatch = 1000
 	// abandonGrace is how long past its timeout a handler that ignores its
 	// context may run before the attempt is reported failed without it.
@@ -33,7 +33,8 @@ var (
 
 // executor is this replica's worker: it claims started work of the
 // handlers registered here, runs each attempt in its own goroutine with its
-// timeout, heartbeats what it runs, and reports results in batches.
+// timeout and heartbeats what it runs; its completer (completer.go)
+// records the results.
 type executor struct {
 	m  *Manager
 	id uuid.UUID // claimed_by
@@ -41,7 +42,7 @@ type executor struct {
 	kickc chan struct{}
 
 	mu      sync.Mutex
-	jobs    map[uuid.UUID]*runningJob // running or awaiting their report
+	jobs    map[uuid.UUID]*runningJob // running, or returned and awaiting their record
 	active  int                       // handlers running
 	backlog bool                      // a claim was cut short by MaxWorkers
 	idle    chan struct{}             // closed when active drops to 0 during drain
@@ -50,7 +51,7 @@ type executor struct {
 	stopHandler context.CancelCauseFunc
 	claimCtx    context.Context
 	stopClaim   context.CancelFunc
-	bgCtx       context.Context // heartbeats and reports
+	bgCtx       context.Context // heartbeats
 	stopBg      context.CancelFunc
 	claimDone   chan struct{}
 	bgWG        sync.WaitGroup

@@ -41,6 +41,7 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 	l.launch(s)
 	didWork := len(s.lags) > 0
 	if didWork {
+		l.fastStarts++
 		l.lastActivity = now
 		l.saturated.Store(false)
 	}

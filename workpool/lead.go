@@ -43,7 +43,8 @@ type loop struct {
 	lastActivity time.Time
 	lastRecovery time.Time
 	nextHookAt   time.Time
-	fullOnly     bool // tests: never take the fast path
+	fullOnly     bool  // tests: never take the fast path
+	fastStarts   int64 // fast iterations that started work (tests)
 }
 
 func newLoop(m *Manager, pool string) *loop {
