@@ -197,17 +197,21 @@ func TestTwoReplicas_ThousandItemsNeverExceedMaxParallelismAndEachHookFiresOnce(
 	}
 
 	ctx, stopSampling := context.WithCancel(context.Background())
-	var sampledPeak atomic.Int64
+	var sampledPeak, samples atomic.Int64
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for ctx.Err() == nil {
 			var used int64
-			// The running set: attempts holding a slot (a handler that
-			// returned hands its slot back through a pending completion).
-			if err := db.QueryRow(ctx, `SELECT
-				SELECT count(*) FROM workpool_work WHERE pool = 'default' AND state = 'running'`).Scan(&used); err == nil && used > sampledPeak.Load() {
+			// The slots in use: running attempts (recording a result frees
+			// its slot in the same statement).
+			err := db.QueryRow(ctx, `SELECT count(*) FROM workpool_work WHERE pool = 'default' AND state = 'running'`).Scan(&used)
+			if err != nil {
+				continue // the sampler's context ended mid-query
+			}
+			samples.Add(1)
+			if used > sampledPeak.Load() {
 				sampledPeak.Store(used)
 			}
 		}
@@ -234,6 +238,7 @@ func TestTwoReplicas_ThousandItemsNeverExceedMaxParallelismAndEachHookFiresOnce(
 	require.LessOrEqual(t, peak.Load(), int64(limit), "handlers running at once")
 	require.Positive(t, peak.Load())
 	require.LessOrEqual(t, sampledPeak.Load(), int64(limit), "running set sampled from the database")
+	require.Positive(t, samples.Load(), "the sampler read the database")
 	var succeeded, hooked, calls int
 	require.NoError(t, db.QueryRow(context.Background(), `SELECT count(*) FROM workpool_work WHERE outcome = 'succeeded' AND id = ANY($1)`, ids).Scan(&succeeded))
 	require.NoError(t, db.QueryRow(context.Background(), `SELECT count(*), coalesce(sum(calls), 0) FROM hook_calls WHERE work_id = ANY($1)`, ids).Scan(&hooked, &calls))

@@ -134,11 +134,13 @@ func New(db *pgxpool.Pool, cfg Config) (*Manager, error) {
 }
 
 // Register makes handler name runnable on this replica. Registering a name
-// twice replaces it.
+// twice replaces it. Work of that handler already started and waiting for
+// an executor is claimed at once.
 func (m *Manager) Register(name string, h Handler) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.handlers[name] = h
+	m.mu.Unlock()
+	m.exec.kick()
 }
 
 // RegisterHook makes an onComplete hook available under name.
