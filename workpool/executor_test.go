@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/reveille/reveille/internal/startstop"
+	"github.com/reveille/reveille/internal/testkit"
 	"github.com/stretchr/testify/require"
 )
 
@@ -196,4 +198,24 @@ func TestStop_CancelsHandlersThatOutliveTheGraceAndHandsTheirWorkBackUncounted(t
 	other.Register("long", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
 	s := requireFinished(t, other, "org-1", id, OutcomeSucceeded)
 	require.Equal(t, 1, s.Attempts, "the interrupted attempt was handed back without counting and ran on the other replica")
+}
+
+// The Manager has the lifecycle every service has (internal/startstop): it
+// starts once, and Stop before Start or twice does nothing.
+func TestManager_StartsOnceAndStopsSafelyBeforeStartAndTwice(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewPool(t)
+	m, err := New(db, liveConfig(t, Config{Pools: map[string]int{"default": 5}}))
+	require.NoError(t, err)
+	require.NoError(t, m.Stop(context.Background()), "stop before start")
+	fresh, err := New(db, liveConfig(t, Config{Pools: map[string]int{"default": 5}}))
+	require.NoError(t, err)
+	require.NoError(t, fresh.Start(context.Background()))
+
+	err = fresh.Start(context.Background())
+
+	require.ErrorIs(t, err, startstop.ErrStarted)
+	require.ErrorContains(t, err, "workpool: already started")
+	require.NoError(t, fresh.Stop(context.Background()))
+	require.NoError(t, fresh.Stop(context.Background()), "stopping twice")
 }

@@ -21,13 +21,10 @@ import (
 // crash makes a started Manager behave like a killed process: no more
 // claims, heartbeats, reports or iterations; its lock connections close.
 func (m *Manager) crash() {
-	m.lifeMu.Lock()
-	defer m.lifeMu.Unlock()
 	m.exec.crashed.Store(true)
-	m.stopped = true
 	m.exec.stopClaiming()
-	m.cancel()
-	m.wg.Wait()
+	_ = m.life.Stop(context.Background())
+	m.drained.Do(func() {}) // a later Stop drains nothing: the process is gone
 	m.exec.stopHandler(errStopping)
 	m.exec.stopBg()
 }

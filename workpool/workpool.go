@@ -35,6 +35,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/reveille/reveille/internal/startstop"
 )
 
 // Manager owns the pools' loops, this replica's executors and the API to
@@ -54,11 +55,9 @@ type Manager struct {
 	listener *listener
 	origin   string // tags this replica's notifications, which it handles directly
 
-	lifeMu  sync.Mutex
-	started bool
-	stopped bool
-	cancel  context.CancelFunc // ends loops, leadership and the listener
-	wg      sync.WaitGroup     // goroutines under cancel
+	life    startstop.Base
+	drained sync.Once
+	wg      sync.WaitGroup // the listener, the loops' candidates and the chores
 
 	loopsMu sync.Mutex
 	loops   map[string]*loop // pools whose elector runs on this replica
@@ -184,28 +183,26 @@ func (m *Manager) handlerNames() []string {
 // Start runs this replica's part: it listens for notifications first (so
 // nothing committed after this point goes unnoticed), then starts the
 // executors and a leadership candidate for every pool's loop. It returns
-// once all of that is running.
+// once all of that is running; it runs until Stop (Start's ctx only bounds
+// the start).
 func (m *Manager) Start(ctx context.Context) error {
-	m.lifeMu.Lock()
-	defer m.lifeMu.Unlock()
-	if m.started {
-		return errors.New("workpool: already started")
-	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	l, err := newListener(runCtx, m)
-	if err != nil {
-		cancel()
-		return err
-	}
-	m.started, m.cancel, m.listener = true, cancel, l
-	m.goRun(func() { l.run(runCtx) })
-	m.exec.start()
-	if err := m.syncLoops(runCtx); err != nil {
-		m.logger.Warn("listing pools failed; will retry", "error", err.Error())
-	}
-	m.goRun(func() { m.watchPools(runCtx) })
-	m.goRun(func() { m.logReports(runCtx) })
-	return nil
+	return m.life.StartWith(context.WithoutCancel(ctx), "workpool", func(ctx context.Context) (func(context.Context), error) {
+		l, err := newListener(ctx, m)
+		if err != nil {
+			return nil, err
+		}
+		m.listener = l
+		m.goRun(func() { l.run(ctx) })
+		m.exec.start()
+		if err := m.syncLoops(ctx); err != nil {
+			m.logger.Warn("listing pools failed; will retry", "error", err.Error())
+		}
+		m.goRun(func() { m.watchPools(ctx) })
+		m.goRun(func() { m.logReports(ctx) })
+		// Once stopped, the loops hand their leadership over and the
+		// listener closes; Stop then drains the executor.
+		return func(ctx context.Context) { <-ctx.Done(); m.wg.Wait() }, nil
+	})
 }
 
 func (m *Manager) goRun(f func()) {
@@ -213,21 +210,23 @@ func (m *Manager) goRun(f func()) {
 	go func() { defer m.wg.Done(); f() }()
 }
 
-// Stop shuts this replica's part down in stages: executors stop claiming,
-// the loops hand leadership over, running handlers get StopGrace (bounded by
-// ctx) to finish, then their contexts are canceled; their results are
-// reported. Stopping twice is safe.
+// Stop shuts this replica's part down in stages (the shutdown rows of
+// docs/workpool.md's lifecycle table): the executor stops claiming, the
+// loops hand their leadership over, running handlers get StopGrace (bounded
+// by ctx) to finish, then their contexts are canceled and their work handed
+// back; every result is recorded. Stopping twice, or before Start, is safe.
 func (m *Manager) Stop(ctx context.Context) error {
-	m.lifeMu.Lock()
-	defer m.lifeMu.Unlock()
-	if !m.started || m.stopped {
-		return nil
-	}
-	m.stopped = true
 	m.exec.stopClaiming()
-	m.cancel()
-	m.wg.Wait()
-	return m.exec.drain(ctx)
+	if err := m.life.Stop(ctx); err != nil {
+		return err
+	}
+	var err error
+	m.drained.Do(func() {
+		if m.exec.started.Load() {
+			err = m.exec.drain(ctx)
+		}
+	})
+	return err
 }
 
 // syncLoops runs a leadership candidate for every pool in the database.
