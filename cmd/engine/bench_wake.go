@@ -341,17 +341,12 @@ func (b wakeBench) setUp(ctx context.Context) (*wakeEnv, error) {
 // bench handler, the bench workflow's worker, a funded mandate and the API.
 func (e *wakeEnv) wire(ctx context.Context, s settings, concurrency int, budget int64) error {
 	reg := prometheus.NewRegistry()
-	poolCfg, err := workpool.ConfigFromEnv(os.Getenv)
-	if err != nil {
-		return err
-	}
-	if poolCfg.Pools == nil {
-		poolCfg.Pools, _ = workpool.ParsePools(s.Pools)
-	}
+	poolCfg := s.workpoolConfig()
 	// Every parked workflow's work must be able to run at once, or the
 	// pool's queueing would be measured instead of the wake path.
 	poolCfg.Pools[wakeup.DefaultPool] = max(poolCfg.Pools[wakeup.DefaultPool], concurrency)
 	poolCfg.Logger, poolCfg.Registry = e.logger, reg
+	var err error
 	if e.pool, err = workpool.New(e.db, poolCfg); err != nil {
 		return fmt.Errorf("workpool: %w", err)
 	}

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -33,10 +32,10 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	logger := newLogger(s.LogLevel)
-	if os.Getenv("REVEILLE_OPERATOR_ORGS") == "" {
+	if len(s.OperatorOrgs) == 0 {
 		s.OperatorOrgs = []string{devOrg}
 	}
-	if os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS") == "" {
+	if len(s.HTTPAllowed) == 0 {
 		s.HTTPAllowed = devHTTPAllowed
 	}
 	s.Worker = true

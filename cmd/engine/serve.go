@@ -133,10 +133,7 @@ func newApp(ctx context.Context, s settings, logger *slog.Logger) (*app, error) 
 // wireDomain builds the domain services and their background loops.
 func (a *app) wireDomain(_ context.Context, svc *api.Services) error {
 	s, reg, logger := a.s, a.registry, a.logger
-	poolCfg, err := workpool.ConfigFromEnv(os.Getenv)
-	if err != nil {
-		return err
-	}
+	poolCfg := s.workpoolConfig()
 	poolCfg.Logger, poolCfg.Registry = logger, reg
 	pool, err := workpool.New(a.db, poolCfg)
 	if err != nil {
@@ -147,8 +144,9 @@ func (a *app) wireDomain(_ context.Context, svc *api.Services) error {
 	}
 	svc.Workpool = pool
 	svc.Mandates = mandates.New(a.db, mandates.Config{ApprovalTTL: s.ApprovalTTL, Logger: logger, Registry: reg})
-	svc.Streams, err = streams.New(a.db, streams.Config{MaxChunk: s.StreamChunk, MaxRequest: s.StreamRequest,
-		MaxChunksPerRequest: s.StreamChunks, Retention: s.StreamKeep, Logger: logger, Registry: reg})
+	streamsCfg := s.streamsConfig()
+	streamsCfg.Logger, streamsCfg.Registry = logger, reg
+	svc.Streams, err = streams.New(a.db, streamsCfg)
 	if err != nil {
 		return fmt.Errorf("streams: %w", err)
 	}
