@@ -32,6 +32,7 @@ import (
 	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/internal/devstack"
 	"github.com/reveille/reveille/internal/devstack/devtemporal"
+	"github.com/reveille/reveille/internal/service"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/migrations"
 	"github.com/reveille/reveille/queue"
@@ -324,13 +325,10 @@ func (b wakeBench) setUp(ctx context.Context) (*wakeEnv, error) {
 	if env.db, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return env, fmt.Errorf("connect to Postgres: %w", err)
 	}
-	if err := waitForPostgres(ctx, env.db); err != nil {
-		return env, err
-	}
 	if _, err := migrations.UpPool(ctx, env.db, nil); err != nil {
 		return env, err
 	}
-	env.tc, err = client.NewLazyClient(client.Options{HostPort: s.TemporalAddr, Namespace: s.Namespace, Logger: temporalLogger{env.logger}})
+	env.tc, err = client.NewLazyClient(client.Options{HostPort: s.TemporalAddr, Namespace: s.Namespace, Logger: service.TemporalLogger(env.logger)})
 	if err != nil {
 		return env, fmt.Errorf("temporal client for %s: %w", s.TemporalAddr, err)
 	}
@@ -472,6 +470,12 @@ func (e *wakeEnv) benchHandler(ctx context.Context, j workpool.Job) (json.RawMes
 		e.returned.set(args.Key, time.Now())
 	}
 	return nil, nil
+}
+
+// component is the Start/Stop lifecycle every background part shares.
+type component interface {
+	Start(ctx context.Context) error
+	Stop(ctx context.Context) error
 }
 
 // wakeTimedSignaler is the dispatcher's view of the one Temporal client,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"os"
@@ -15,6 +16,10 @@ import (
 	"time"
 
 	"github.com/reveille/reveille/api"
+	"github.com/reveille/reveille/approvals"
+	"github.com/reveille/reveille/internal/service"
+	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/workpool"
 	"github.com/reveille/reveille/workpool/httpwork"
@@ -116,6 +121,27 @@ func (s *settings) bindFlags(fs *flag.FlagSet, dev bool) {
 	} else {
 		fs.BoolVar(&s.Worker, "worker", s.Worker, "also run the Temporal worker of the reference workflow (REVEILLE_WORKER)")
 	}
+}
+
+// serviceConfig hands every package its typed part of the settings.
+func (s settings) serviceConfig(logger *slog.Logger) service.Config {
+	c := service.Config{
+		DatabaseURL: s.DatabaseURL, TemporalAddress: s.TemporalAddr, Namespace: s.Namespace,
+		API: api.Config{Addr: s.Addr, MaxBody: s.MaxBody, ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout,
+			IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate, Auth: s.authConfig()},
+		Workpool:   s.workpoolConfig(),
+		HTTPWork:   httpwork.Config{AllowedHosts: s.HTTPAllowed, AllowedNets: s.HTTPNets},
+		Mandates:   mandates.Config{ApprovalTTL: s.ApprovalTTL},
+		Streams:    s.streamsConfig(),
+		Approvals:  approvals.Config{TTL: s.ToolTTL},
+		Dispatcher: queue.DispatcherConfig{NotFoundGrace: s.NotFoundGrace},
+		Version:    version,
+		Logger:     logger,
+	}
+	if s.Worker {
+		c.Worker = &service.WorkerConfig{}
+	}
+	return c
 }
 
 // workpoolConfig is the pool's part of the settings.

@@ -23,6 +23,7 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/reveille/reveille/api"
+	"github.com/reveille/reveille/internal/service"
 	"github.com/reveille/reveille/wakeup"
 	"github.com/reveille/reveille/workflows"
 	"github.com/reveille/reveille/workflows/reference"
@@ -67,7 +68,7 @@ func runDemo(ctx context.Context, args []string) error {
 	if secret == "" {
 		return fmt.Errorf("no REVEILLE_JWT_SECRET and no dev secret in %s: point --data-dir at the engine's data dir", s.DataDir)
 	}
-	tc, err := client.Dial(client.Options{HostPort: s.TemporalAddr, Namespace: s.Namespace, Logger: temporalLogger{newLogger("error")}})
+	tc, err := client.Dial(client.Options{HostPort: s.TemporalAddr, Namespace: s.Namespace, Logger: service.TemporalLogger(newLogger("error"))})
 	if err != nil {
 		return fmt.Errorf("connect to Temporal at %s: %w", s.TemporalAddr, err)
 	}
@@ -130,7 +131,7 @@ func startDemoEngine(ctx context.Context, s *settings) (string, error) {
 	}
 	ready := make(chan error, 1)
 	go func() {
-		err := serve(ctx, *s, newLogger("error"), func() { ready <- nil })
+		err := serve(ctx, *s, newLogger("error"), func(net.Addr) { ready <- nil })
 		ready <- err
 	}()
 	if err := <-ready; err != nil {

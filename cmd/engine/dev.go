@@ -57,7 +57,7 @@ func runDev(ctx context.Context, args []string) error {
 	if err := s.authConfig().Validate(); err != nil {
 		return err
 	}
-	return serve(ctx, s, logger, func() {
+	return serve(ctx, s, logger, func(net.Addr) {
 		if s.JWKSURL != "" {
 			printDevInfo(s, secretPath, "(JWKS configured: bring your own token)")
 			return
