@@ -1,8 +1,6 @@
 package main
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,7 +8,6 @@ import (
 	"maps"
 	"math"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -59,7 +56,8 @@ type settings struct {
 	StreamChunks   int            // REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST
 	StreamKeep     time.Duration  // REVEILLE_STREAM_RETENTION
 	Worker         bool           // --worker / REVEILLE_WORKER: run the Temporal worker (on in dev)
-	LogLevel       string         // REVEILLE_LOG_LEVEL
+	LogLevel       string         // REVEILLE_LOG_LEVEL ("": info; the wake bench's default is error)
+	APIURL         string         // REVEILLE_API_URL: the engine the demo talks to
 }
 
 // envConfig reads settings from the environment, reporting every malformed
@@ -80,7 +78,8 @@ func envConfig() (settings, error) {
 		OperatorOrgs: list(os.Getenv("REVEILLE_OPERATOR_ORGS")),
 		HTTPAllowed:  list(os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS")),
 		HTTPNets:     list(os.Getenv("REVEILLE_HTTP_ALLOWED_NETS")),
-		LogLevel:     envOr("REVEILLE_LOG_LEVEL", "info"),
+		LogLevel:     os.Getenv("REVEILLE_LOG_LEVEL"),
+		APIURL:       envOr("REVEILLE_API_URL", "http://localhost:8080"),
 	}
 	s.MaxBody = envInt("REVEILLE_MAX_BODY", 1<<20, &errs)
 	s.HeaderTimeout = envDuration("REVEILLE_READ_HEADER_TIMEOUT", api.DefaultReadHeaderTimeout, &errs)
@@ -269,25 +268,4 @@ func envBool(name string, def bool, errs *[]error) bool {
 		return def
 	}
 	return b
-}
-
-// devSecret returns the dev JWT secret kept in the data dir, creating a
-// random one on first use.
-func devSecret(dataDir string) (secret, path string, err error) {
-	path = filepath.Join(dataDir, "jwt-secret")
-	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) >= 32 {
-		return strings.TrimSpace(string(b)), path, nil
-	}
-	if err := os.MkdirAll(dataDir, 0o755); err != nil {
-		return "", path, fmt.Errorf("create data dir: %w", err)
-	}
-	raw := make([]byte, 32)
-	if _, err := rand.Read(raw); err != nil {
-		return "", path, err
-	}
-	secret = hex.EncodeToString(raw)
-	if err := os.WriteFile(path, []byte(secret+"\n"), 0o600); err != nil {
-		return "", path, fmt.Errorf("write dev secret: %w", err)
-	}
-	return secret, path, nil
 }

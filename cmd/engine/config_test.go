@@ -321,9 +321,9 @@ func TestEveryVariableIsDocumented(t *testing.T) {
 	require.NoError(t, err)
 	flagsOnly := []string{"REVEILLE_ADDR", "REVEILLE_DATA_DIR", "REVEILLE_API_URL"} // in the flags' help instead
 	for _, name := range envNames(t) {
-		require.Contains(t, string(readme), "`"+name+"`", "README's configuration table")
+		require.True(t, strings.Contains(string(readme), "`"+name+"`"), "README's configuration table lacks %s", name)
 		if !slices.Contains(flagsOnly, name) {
-			require.Contains(t, serveEnvHelp, "  "+name+" ", "engine serve --help")
+			require.True(t, strings.Contains(serveEnvHelp, "  "+name+" "), "engine serve --help lacks %s", name)
 		}
 	}
 }

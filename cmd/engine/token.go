@@ -5,12 +5,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/reveille/reveille/api"
+	"github.com/reveille/reveille/internal/devstack/localstack"
 )
 
 func runToken(_ context.Context, args []string) error {
@@ -50,11 +49,9 @@ func runToken(_ context.Context, args []string) error {
 	// verify (they are on their way in or out).
 	secret := s.signingSecret()
 	if secret == "" {
-		b, err := os.ReadFile(filepath.Join(*dataDir, "jwt-secret"))
-		if err != nil {
+		if secret, err = localstack.ReadDevSecret(*dataDir); err != nil {
 			return fmt.Errorf("no REVEILLE_JWT_SECRET and no dev secret in %s (run engine dev first): %w", *dataDir, err)
 		}
-		secret = strings.TrimSpace(string(b))
 	}
 	tok, err := api.SignToken([]byte(secret), api.TokenSpec{OrgID: *org, Sub: *sub, Roles: rs, AgentID: *agent, TTL: *ttl,
 		Issuer: s.JWTIssuer, Audience: s.JWTAudience})
