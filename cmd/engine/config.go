@@ -22,8 +22,9 @@ import (
 	"github.com/reveille/reveille/workpool/httpwork"
 )
 
-// settings is every knob of serve/dev: flags where the issue names one,
-// environment variables for all, each documented in the README.
+// settings is every knob of every command: flags where the issue names
+// one, environment variables for all, each documented in the README. Each
+// package gets its part as its own typed Config (serviceConfig).
 type settings struct {
 	Addr           string         // --addr / REVEILLE_ADDR
 	DataDir        string         // --data-dir / REVEILLE_DATA_DIR
@@ -60,8 +61,9 @@ type settings struct {
 	APIURL         string         // REVEILLE_API_URL: the engine the demo talks to
 }
 
-// envConfig reads settings from the environment, reporting every malformed
-// value at once.
+// envConfig reads settings from the environment — the one place in the
+// engine that does — reporting every malformed value at once, each naming
+// its variable.
 func envConfig() (settings, error) {
 	var errs []error
 	s := settings{

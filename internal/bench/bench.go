@@ -98,7 +98,10 @@ func (w *where) tearDown(keep bool) {
 		_ = devstack.RemoveDataDir(ctx, w.tempDir)
 	}
 	if keep {
-		fmt.Fprintf(os.Stderr, "bench: keeping database %s and %s\n", w.database, cmp.Or(w.tempDir, "the data dir"))
+		fmt.Fprintf(os.Stderr, "bench: keeping database %s\n", w.database)
+		if w.tempDir != "" {
+			fmt.Fprintf(os.Stderr, "bench: keeping %s\n", w.tempDir)
+		}
 	}
 }
 
