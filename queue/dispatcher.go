@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/reveille/reveille/internal/startstop"
 	"go.temporal.io/api/serviceerror"
 )
 
@@ -70,10 +71,7 @@ type Dispatcher struct {
 	signals Signaler
 	cfg     DispatcherConfig
 	metrics *dispatchMetrics
-
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	stopped chan struct{}
+	life    startstop.Base
 }
 
 // NewDispatcher builds a dispatcher sending through signals.
@@ -82,39 +80,15 @@ func NewDispatcher(db *pgxpool.Pool, signals Signaler, cfg DispatcherConfig) *Di
 	return &Dispatcher{db: db, signals: signals, cfg: cfg, metrics: newDispatchMetrics(cfg.Registry)}
 }
 
-// Start runs the dispatcher in the background until Stop or ctx ends.
+// Start runs the dispatcher in the background until Stop or ctx ends
+// (internal/startstop: once).
 func (d *Dispatcher) Start(ctx context.Context) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.cancel != nil {
-		return errors.New("queue: dispatcher already started")
-	}
-	ctx, d.cancel = context.WithCancel(ctx)
-	d.stopped = make(chan struct{})
-	go func() {
-		defer close(d.stopped)
-		d.run(ctx)
-	}()
-	return nil
+	return d.life.Start(ctx, "queue dispatcher", d.run)
 }
 
 // Stop stops the dispatcher and waits for in-flight sends (bounded by ctx).
 // Stopping twice is safe.
-func (d *Dispatcher) Stop(ctx context.Context) error {
-	d.mu.Lock()
-	cancel, stopped := d.cancel, d.stopped
-	d.mu.Unlock()
-	if cancel == nil {
-		return nil
-	}
-	cancel()
-	select {
-	case <-stopped:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (d *Dispatcher) Stop(ctx context.Context) error { return d.life.Stop(ctx) }
 
 // run listens for notifications and dispatches whatever is due; it
 // reconnects when its listening connection fails.

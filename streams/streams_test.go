@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/startstop"
 	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/streams"
 )
@@ -615,9 +616,10 @@ func TestStartTwiceFailsAndStopTwiceIsSafe(t *testing.T) {
 	svc, err := streams.New(db, streams.Config{Logger: testkit.Logger(t)})
 	require.NoError(t, err)
 	require.NoError(t, svc.Start(context.Background()))
-	require.Error(t, svc.Start(context.Background()))
+	require.ErrorIs(t, svc.Start(context.Background()), startstop.ErrStarted)
 	require.NoError(t, svc.Stop(context.Background()))
 	require.NoError(t, svc.Stop(context.Background()))
+	require.ErrorIs(t, svc.Start(context.Background()), startstop.ErrStarted, "a stopped service stays stopped")
 }
 
 func TestStartFailsWhenTheDatabaseIsUnreachable(t *testing.T) {

@@ -180,7 +180,7 @@ func TestStop_LetsRunningWorkFinishWithinTheGrace(t *testing.T) {
 	require.JSONEq(t, `"done"`, string(s.Result))
 }
 
-func TestStop_CancelsHandlersThatOutliveTheGraceAndReportsThemForRetry(t *testing.T) {
+func TestStop_CancelsHandlersThatOutliveTheGraceAndHandsTheirWorkBackUncounted(t *testing.T) {
 	t.Parallel()
 	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, StopGrace: 20 * time.Millisecond})
 	started, ended := make(chan uuid.UUID, 1), make(chan error, 1)
@@ -195,5 +195,5 @@ func TestStop_CancelsHandlersThatOutliveTheGraceAndReportsThemForRetry(t *testin
 	other := startManager(t, db, Config{Pools: map[string]int{"default": 5}})
 	other.Register("long", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
 	s := requireFinished(t, other, "org-1", id, OutcomeSucceeded)
-	require.Equal(t, 2, s.Attempts, "the interrupted attempt counted and was retried on the other replica")
+	require.Equal(t, 1, s.Attempts, "the interrupted attempt was handed back without counting and ran on the other replica")
 }

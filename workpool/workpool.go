@@ -2,16 +2,26 @@
 // on Postgres, and calls an onComplete hook in the transaction that finishes
 // each item — the Convex workpool's loop (SPEC §3), ported to Postgres facts.
 //
-// Every pool has one main loop across all replicas, run by whichever replica
-// holds the pool's leadership (an advisory lock); a generation number in the
-// pool row fences every iteration, so a stale leader writes nothing. An
-// iteration drains pending completions (freeing slots, scheduling retries),
-// then cancelations, then recovery, then starts ready work into the free
-// slots. Executors on every replica claim started work with SKIP LOCKED,
-// heartbeat it, run the registered handler and report results in batches;
-// the report's transaction finishes the work and runs its onComplete hook.
-// Nothing polls: enqueue, completion and cancel send NOTIFY, and timers are
-// set only for future run_at, recovery and hook retries.
+// The life of one attempt, file by file (the table is in docs/workpool.md):
+//
+//   - enqueue.go: work is written pending.
+//   - lead.go, iteration.go, fast.go: every pool has one main loop across
+//     all replicas, run by whichever replica holds the pool's leadership (an
+//     advisory lock); a generation number in the pool row fences every
+//     iteration, so a stale leader writes nothing. An iteration processes
+//     cancelations, recovers attempts whose executor went silent, and starts
+//     ready work into the free slots — a slot is a running attempt, nothing
+//     else — handing this replica's executor its share in the same statement.
+//   - executor.go: executors on every replica claim the rest with SKIP
+//     LOCKED, heartbeat it and run the registered handler.
+//   - completer.go: the replica that ran an attempt records its result in
+//     one statement that frees the slot and decides the next state (finished,
+//     or pending again at its retry time), and runs the onComplete hook
+//     (hooks.go) in the same transaction; then it wakes the loop.
+//
+// Nothing polls: enqueue, completion and cancel send NOTIFY (or kick the
+// local loop directly), and timers are set only for future run_at, recovery
+// and hook retries.
 package workpool
 
 import (
@@ -57,6 +67,9 @@ type Manager struct {
 	peers   map[string]time.Time // other replicas' executors, by origin, last heard
 
 	recounts recountLog // orgs this replica counted over their pending caps
+
+	reportsMu sync.Mutex
+	reports   map[string]*poolReport // what this replica did, per pool
 }
 
 // sawPeer records another replica's executor announcing itself.
@@ -104,6 +117,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Manager, error) {
 		hooks:    map[string]Hook{},
 		loops:    map[string]*loop{},
 		peers:    map[string]time.Time{},
+		reports:  map[string]*poolReport{},
 	}
 	var err error
 	if m.metrics, err = newMetrics(cfg.Registry, m); err != nil {
@@ -120,11 +134,13 @@ func New(db *pgxpool.Pool, cfg Config) (*Manager, error) {
 }
 
 // Register makes handler name runnable on this replica. Registering a name
-// twice replaces it.
+// twice replaces it. Work of that handler already started and waiting for
+// an executor is claimed at once.
 func (m *Manager) Register(name string, h Handler) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.handlers[name] = h
+	m.mu.Unlock()
+	m.exec.kick()
 }
 
 // RegisterHook makes an onComplete hook available under name.
@@ -188,6 +204,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		m.logger.Warn("listing pools failed; will retry", "error", err.Error())
 	}
 	m.goRun(func() { m.watchPools(runCtx) })
+	m.goRun(func() { m.logReports(runCtx) })
 	return nil
 }
 
@@ -254,10 +271,10 @@ func (m *Manager) loopFor(pool string) *loop {
 	return m.loops[pool]
 }
 
-// kickLoop wakes pool's loop if this replica leads it.
-func (m *Manager) kickLoop(pool string, enqueue bool) {
+// kickLoop wakes pool's loop if this replica runs its candidate.
+func (m *Manager) kickLoop(pool string, kind int) {
 	if l := m.loopFor(pool); l != nil {
-		l.kick(enqueue)
+		l.kick(kind)
 	}
 }
 
@@ -266,7 +283,7 @@ func (m *Manager) kickLoop(pool string, enqueue bool) {
 func (m *Manager) kickAll() {
 	m.loopsMu.Lock()
 	for _, l := range m.loops {
-		l.kick(false)
+		l.kick(kickWork)
 	}
 	m.loopsMu.Unlock()
 	m.exec.kick()
