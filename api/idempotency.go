@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
+	"github.com/reveille/reveille/internal/leader"
 )
 
 const (
@@ -60,6 +61,7 @@ func idempotencyScope(c echo.Context) string {
 type idempotencyStore struct {
 	db     *pgxpool.Pool
 	logger *slog.Logger
+	purger leader.Background
 }
 
 // middleware replays the first response to a repeated (org, route, key),
@@ -209,19 +211,57 @@ func keptUnderKey(status int) bool {
 	return true
 }
 
-// purge deletes records past retention, in bounded batches.
+// idempotencyPurgeLeadership names the purge's leadership
+// (internal/leader), and idempotencyPurgeEvery is how often its leader
+// deletes expired records.
+const (
+	idempotencyPurgeLeadership = "api.idempotency-purge"
+	idempotencyPurgeEvery      = 10 * time.Minute
+)
+
+// Start runs the purge of expired records on whichever replica leads
+// idempotencyPurgeLeadership, at once and then every idempotencyPurgeEvery:
+// a DELETE per replica every period would only contend for the same rows.
+// It returns at once.
+func (s *idempotencyStore) Start(ctx context.Context) error {
+	el := &leader.Elector{DB: s.db, Name: idempotencyPurgeLeadership, Logger: s.logger}
+	return s.purger.Start(ctx, el, leader.Every(idempotencyPurgeEvery, s.purgeRound, func(err error) {
+		s.logger.Warn("purging idempotency records failed", "error", err.Error())
+	}))
+}
+
+// Stop stops the purge and waits for it (until ctx ends).
+func (s *idempotencyStore) Stop(ctx context.Context) error { return s.purger.Stop(ctx) }
+
+func (s *idempotencyStore) purgeRound(ctx context.Context) error {
+	n, err := s.purge(ctx)
+	if n > 0 {
+		s.logger.Info("purged idempotency records", "count", n)
+	}
+	return err
+}
+
+// purge deletes records past retention, across orgs, in bounded batches,
+// each fenced by the leadership term in ctx: once another replica has
+// taken the leadership it deletes nothing more and returns
+// leader.ErrDeposed.
 func (s *idempotencyStore) purge(ctx context.Context) (int64, error) {
 	var total int64
 	for {
-		tag, err := s.db.Exec(ctx, `
-			DELETE FROM idempotency_keys WHERE ctid IN (
-			  SELECT ctid FROM idempotency_keys WHERE created_at < now() - $1::interval LIMIT 1000)`,
-			idempotencyRetention)
+		var n int64
+		err := leader.FencedTx(ctx, s.db, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, `
+				DELETE FROM idempotency_keys WHERE ctid IN (
+				  SELECT ctid FROM idempotency_keys WHERE created_at < now() - $1::interval LIMIT 1000)`,
+				idempotencyRetention)
+			n = tag.RowsAffected()
+			return err
+		})
 		if err != nil {
 			return total, err
 		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < 1000 {
+		total += n
+		if n < 1000 {
 			return total, nil
 		}
 	}

@@ -6,8 +6,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
+	"github.com/reveille/reveille/internal/leader"
 	"github.com/stretchr/testify/require"
 )
 
@@ -161,4 +165,65 @@ func TestAnotherCallersKeyReplaysNothing(t *testing.T) {
 	again := do(t, h, http.MethodPost, approve, bob, `{}`, "Idempotency-Key", "approve-it")
 	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"), "the caller's own retry is replayed")
 	require.JSONEq(t, string(r.Body), string(again.Body))
+}
+
+// expiredRecord stores an idempotency record past retention, and keys
+// reports which records are left.
+func expiredRecord(t *testing.T, db *pgxpool.Pool, key string) {
+	t.Helper()
+	_, err := db.Exec(context.Background(), `INSERT INTO idempotency_keys (org_id, route, key, request_hash, created_at)
+		VALUES ('org-a', 'POST /v1/things', $1, '\x00', now() - $2::interval - interval '1 minute')`, key, idempotencyRetention)
+	require.NoError(t, err)
+}
+
+func keys(t *testing.T, db *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `SELECT key FROM idempotency_keys ORDER BY key`)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return got
+}
+
+// A purge whose replica lost the leadership without noticing yet (another
+// replica started a newer term) deletes nothing; the current leader's does.
+func TestADeposedLeadersIdempotencyPurgeWritesNothing(t *testing.T) {
+	s := newTestServer(t)
+	db, ctx := s.svc.DB, context.Background()
+	expiredRecord(t, db, "old")
+	deposed, err := leader.NewTerm(ctx, db, idempotencyPurgeLeadership)
+	require.NoError(t, err)
+	current, err := leader.NewTerm(ctx, db, idempotencyPurgeLeadership) // another replica took over
+	require.NoError(t, err)
+
+	n, err := s.idem.purge(leader.WithTerm(ctx, deposed))
+	require.ErrorIs(t, err, leader.ErrDeposed)
+	require.Zero(t, n)
+	require.Equal(t, []string{"old"}, keys(t, db))
+
+	n, err = s.idem.purge(leader.WithTerm(ctx, current))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Empty(t, keys(t, db))
+}
+
+// Two replicas run the purge: one of them leads (one term was ever
+// started) and purges at once what is past retention, and nothing else.
+func TestTheIdempotencyPurgeRunsOnOneLeaderForAllReplicas(t *testing.T) {
+	s := newTestServer(t)
+	db, ctx := s.svc.DB, context.Background()
+	expiredRecord(t, db, "old")
+	_, err := db.Exec(ctx, `INSERT INTO idempotency_keys (org_id, route, key, request_hash) VALUES ('org-a', 'POST /v1/things', 'fresh', '\x00')`)
+	require.NoError(t, err)
+	replicas := []*idempotencyStore{s.idem, {db: db, logger: s.logger}}
+	for _, r := range replicas {
+		require.NoError(t, r.Start(ctx))
+	}
+	require.Eventually(t, func() bool { k := keys(t, db); return len(k) == 1 && k[0] == "fresh" }, 10*time.Second, 5*time.Millisecond)
+	var terms int64
+	require.NoError(t, db.QueryRow(ctx, `SELECT term FROM leader_terms WHERE name = $1`, idempotencyPurgeLeadership).Scan(&terms))
+	require.EqualValues(t, 1, terms, "one replica led")
+	for _, r := range replicas {
+		require.NoError(t, r.Stop(ctx))
+	}
 }

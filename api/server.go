@@ -24,7 +24,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/reveille/reveille/approvals"
-	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/wakeup"
@@ -289,7 +288,8 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 // Run serves until ctx is canceled, then drains in-flight requests for up to
-// ShutdownTimeout. It also purges expired idempotency records.
+// ShutdownTimeout. Meanwhile it takes part in the election of the replica
+// that purges expired idempotency records.
 func (s *Server) Run(ctx context.Context) error {
 	ln, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
@@ -307,16 +307,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		Handler: s.echo, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout, IdleTimeout: s.cfg.IdleTimeout,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
-	// One replica purges expired idempotency records for all: a DELETE
-	// per replica every period would only contend for the same rows.
-	var purger leader.Background
-	el := &leader.Elector{DB: s.svc.DB, Name: "api.idempotency-purge", Logger: s.logger}
-	if err := purger.Start(ctx, el, leader.Every(idempotencyPurgeEvery, s.purgeRound, func(err error) {
-		s.logger.Warn("purging idempotency records failed", "error", err.Error())
-	})); err != nil {
+	if err := s.idem.Start(ctx); err != nil {
 		return err
 	}
-	defer func() { _ = purger.Stop(context.Background()) }()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+		defer cancel()
+		if err := s.idem.Stop(sctx); err != nil {
+			s.logger.Warn("stopping the idempotency purge failed", "error", err.Error())
+		}
+	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -330,16 +330,4 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("graceful shutdown: %w", err)
 	}
 	return nil
-}
-
-// idempotencyPurgeEvery is how often the leader deletes expired records.
-const idempotencyPurgeEvery = 10 * time.Minute
-
-// purgeRound deletes the idempotency records past retention.
-func (s *Server) purgeRound(ctx context.Context) error {
-	n, err := s.idem.purge(ctx)
-	if n > 0 {
-		s.logger.Info("purged idempotency records", "count", n)
-	}
-	return err
 }

@@ -17,15 +17,12 @@ package approvals
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -230,13 +227,6 @@ type Page = page.Page
 
 // MaxLimit is the largest page.
 const MaxLimit = page.MaxLimit
-
-// querier is what both a pool and a transaction offer.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 func newID() uuid.UUID { return uuid.Must(uuid.NewV7()) }
 

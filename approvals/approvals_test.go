@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/workflows/signals"
 )
@@ -449,4 +450,34 @@ func TestAnInputHoldingAnEscapedBackslashBeforeU0000IsStored(t *testing.T) {
 	s, _ := newTestService(t)
 	res := request(t, s, "shell", "", func(p *RequestParams) { p.Input = json.RawMessage(`{"cmd":"echo \\u0000"}`) })
 	require.JSONEq(t, `{"cmd":"echo \\u0000"}`, string(res.Approval.Input))
+}
+
+// A sweeper whose replica lost the leadership without noticing yet (another
+// replica started a newer term) denies nothing, appends no event and
+// queues no signal; the current leader's sweep does.
+func TestADeposedLeadersSweepWritesNothing(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	res := request(t, s, "shell", "", func(p *RequestParams) { p.WorkflowID = org + "/wf-1" })
+	_, err := db.Exec(ctx, `UPDATE tool_approvals SET expires_at = now() - interval '1 second' WHERE id = $1`, res.Approval.ID)
+	require.NoError(t, err)
+	deposed, err := leader.NewTerm(ctx, db, SweeperLeadership)
+	require.NoError(t, err)
+	current, err := leader.NewTerm(ctx, db, SweeperLeadership) // another replica took over
+	require.NoError(t, err)
+
+	n, err := s.Sweep(leader.WithTerm(ctx, deposed))
+	require.ErrorIs(t, err, leader.ErrDeposed)
+	require.Zero(t, n)
+	a, err := s.Get(ctx, org, res.Approval.ID, "")
+	require.NoError(t, err)
+	require.Equal(t, StatusPending, a.Status)
+	require.Equal(t, []string{EventRequested}, names(eventsOf(t, s, sess)))
+	require.Zero(t, count(t, db, `SELECT count(*) FROM queue_messages`))
+
+	n, err = s.Sweep(leader.WithTerm(ctx, current))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, []string{EventRequested, EventResolved, EventDenied}, names(eventsOf(t, s, sess)))
+	require.Equal(t, 1, count(t, db, `SELECT count(*) FROM queue_messages`))
 }

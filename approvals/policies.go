@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/page"
 )
 
@@ -85,7 +86,7 @@ func (s *Service) ListPolicies(ctx context.Context, orgID, agentID string, p Pag
 
 // decidingPolicy returns the policy that decides a call (nil: none, so the
 // call is asked about, as under "once").
-func decidingPolicy(ctx context.Context, q querier, orgID, agentID, tool string, input json.RawMessage) (*Policy, error) {
+func decidingPolicy(ctx context.Context, q db.Querier, orgID, agentID, tool string, input json.RawMessage) (*Policy, error) {
 	p, err := scanPolicy(q.QueryRow(ctx, qDecidingPolicy, orgID, agentID, tool, input))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -98,7 +99,7 @@ func decidingPolicy(ctx context.Context, q querier, orgID, agentID, tool string,
 
 // unconditionalPolicy returns the agent's unconditional policy for the
 // tool, nil when there is none.
-func unconditionalPolicy(ctx context.Context, q querier, orgID, agentID, tool string) (*string, error) {
+func unconditionalPolicy(ctx context.Context, q db.Querier, orgID, agentID, tool string) (*string, error) {
 	var approval string
 	err := q.QueryRow(ctx, qUnconditionalPolicy, orgID, agentID, tool).Scan(&approval)
 	if errors.Is(err, pgx.ErrNoRows) {

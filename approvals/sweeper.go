@@ -15,31 +15,30 @@ import (
 // sweepBatch bounds one scan for expired requests.
 const sweepBatch = 100
 
+// SweeperLeadership names the expiry sweeper's leadership (internal/leader).
+const SweeperLeadership = "approvals.sweeper"
+
 // Start runs the expiry sweeper on whichever replica holds its leadership
-// (internal/leader); the others stand by. It returns at once.
+// (internal/leader); the others stand by. It returns at once, and starts
+// once.
 func (s *Service) Start(ctx context.Context) error {
-	el := &leader.Elector{DB: s.db, Name: "approvals.sweeper", Retry: s.cfg.LeaderRetry, Logger: s.logger}
+	el := &leader.Elector{DB: s.db, Name: SweeperLeadership, Retry: s.cfg.LeaderRetry, Logger: s.logger}
 	sweep := func(ctx context.Context) error { _, err := s.Sweep(ctx); return err }
 	logFailure := func(err error) { s.logger.Warn("sweeping expired tool approvals failed", "error", err.Error()) }
-	if err := s.sweeper.Start(ctx, el, leader.Every(s.cfg.SweepInterval, sweep, logFailure)); err != nil {
-		return fmt.Errorf("approvals: %w", err)
-	}
-	return nil
+	return s.sweeper.Start(ctx, el, leader.Every(s.cfg.SweepInterval, sweep, logFailure))
 }
 
 // Stop stops the sweeper and waits for it (until ctx ends). Stopping twice,
 // or without Start, is safe.
-func (s *Service) Stop(ctx context.Context) error {
-	if err := s.sweeper.Stop(ctx); err != nil {
-		return fmt.Errorf("stopping the approvals sweeper: %w", err)
-	}
-	return nil
-}
+func (s *Service) Stop(ctx context.Context) error { return s.sweeper.Stop(ctx) }
 
 // Sweep expires every pending request past its expires_at, each in its own
 // transaction — denied with reason "expired": the session's events and the
 // workflow's signal as for a human's denial — and returns how many it
-// expired. The sweeper calls it; tests and tools may too.
+// expired. The sweeper calls it with its leadership's term in ctx, which
+// fences each transaction: once another replica has taken the leadership,
+// Sweep writes nothing and returns leader.ErrDeposed. Tests and tools may
+// call it without a term.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
 	return leader.SweepBatches(ctx, sweepBatch, s.expiredApprovals, s.expire, func(d dueApproval, err error) {
 		s.logger.Error("expiring tool approval failed", "org_id", d.orgID, "approval_id", d.id.String(), "error", err.Error())
@@ -70,7 +69,7 @@ func (s *Service) expiredApprovals(ctx context.Context, batch int) ([]dueApprova
 // human or another sweeper) is skipped (false).
 func (s *Service) expire(ctx context.Context, d dueApproval) (bool, error) {
 	var r resolved
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	err := leader.FencedTx(ctx, s.db, func(tx pgx.Tx) error {
 		var agent string
 		if err := tx.QueryRow(ctx, qLockSession, d.orgID, d.sessionID).Scan(&agent); err != nil {
 			return fmt.Errorf("locking session: %w", err)

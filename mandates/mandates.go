@@ -13,7 +13,6 @@ package mandates
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -21,8 +20,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -202,14 +199,6 @@ type Page = page.Page
 
 // MaxLimit is the largest page.
 const MaxLimit = page.MaxLimit
-
-// querier is what both a pool and a transaction offer.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
 
 // spendBatchers is how many spend batches may run at once (never two on
 // one mandate).

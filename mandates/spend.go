@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/db"
 )
 
 // SpendParams is one spend.
@@ -107,7 +108,7 @@ func (s *Service) SpendTx(ctx context.Context, tx pgx.Tx, p SpendParams) (SpendR
 // spend decides p on q in one statement: on the pool, its own implicit
 // transaction. decided reports whether this call made the decision rather
 // than finding the first answer to its key, which takes a second read.
-func (s *Service) spend(ctx context.Context, q querier, p SpendParams) (res SpendResult, decided bool, err error) {
+func (s *Service) spend(ctx context.Context, q db.Batcher, p SpendParams) (res SpendResult, decided bool, err error) {
 	if err := p.validate(); err != nil {
 		return SpendResult{}, false, err
 	}
@@ -162,7 +163,7 @@ func readSpend(br pgx.BatchResults) (res SpendResult, decided bool, err error) {
 
 // answer returns the first answer to p's key, or ErrIdempotencyKeyReused
 // when the key was first used for another spend.
-func (s *Service) answer(ctx context.Context, q querier, p SpendParams) (SpendResult, error) {
+func (s *Service) answer(ctx context.Context, q db.Querier, p SpendParams) (SpendResult, error) {
 	var agentID, scope string
 	var cost int64
 	var mandateID, approvalID pgtype.UUID
@@ -209,7 +210,7 @@ func (s *Service) RefundTx(ctx context.Context, tx pgx.Tx, orgID, agentID, scope
 	return s.refund(ctx, tx, orgID, agentID, scope, amount, reason, idempotencyKey)
 }
 
-func (s *Service) refund(ctx context.Context, q querier, orgID, agentID, scope string, amount int64, reason, key string) error {
+func (s *Service) refund(ctx context.Context, q db.Querier, orgID, agentID, scope string, amount int64, reason, key string) error {
 	inv := &apperr.InvalidError{}
 	checkAmount(inv, "amount", amount)
 	checkText(inv, "reason", reason)

@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/internal/testkit"
 )
 
@@ -100,4 +101,33 @@ func TestStartTwiceFailsAndStopWithoutStartIsSafe(t *testing.T) {
 	require.NoError(t, s.Start(ctx))
 	require.Error(t, s.Start(ctx))
 	require.NoError(t, s.Stop(ctx))
+}
+
+// A sweeper whose replica lost the leadership without noticing yet (another
+// replica started a newer term) expires nothing and runs no hook; the
+// current leader's sweep does.
+func TestADeposedLeadersSweepWritesNothing(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	rec := newRecorder(t, s, db, "test")
+	id := refuse(t, s, "org-a", "llm", 5, "")
+	makeOverdue(t, db, id)
+	deposed, err := leader.NewTerm(ctx, db, SweeperLeadership)
+	require.NoError(t, err)
+	current, err := leader.NewTerm(ctx, db, SweeperLeadership) // another replica took over
+	require.NoError(t, err)
+
+	n, err := s.Sweep(leader.WithTerm(ctx, deposed))
+	require.ErrorIs(t, err, leader.ErrDeposed)
+	require.Zero(t, n)
+	a, err := s.GetApproval(ctx, "org-a", AnyAgent, id)
+	require.NoError(t, err)
+	require.Equal(t, StatePending, a.State)
+	require.Empty(t, rec.snapshot())
+	require.Empty(t, hookRows(t, db, id))
+
+	n, err = s.Sweep(leader.WithTerm(ctx, current))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, []string{StateExpired}, hookRows(t, db, id))
 }

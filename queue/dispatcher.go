@@ -10,13 +10,13 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/reveille/reveille/internal/startstop"
 	"go.temporal.io/api/serviceerror"
 )
 
@@ -81,15 +81,11 @@ type Dispatcher struct {
 	signals Signaler
 	cfg     DispatcherConfig
 	metrics *dispatchMetrics
+	life    startstop.Base
 
 	// handoffs are committed messages handed over by their writer in this
-	// process, waiting for room in the pipeline.
+	// process, waiting for room in the pipeline (taken while life.Running).
 	handoffs chan *Handoff
-	running  atomic.Bool // between Start and Stop: handoffs are taken
-
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	stopped chan struct{}
 }
 
 // NewDispatcher builds a dispatcher sending through signals.
@@ -99,41 +95,15 @@ func NewDispatcher(db *pgxpool.Pool, signals Signaler, cfg DispatcherConfig) *Di
 		handoffs: make(chan *Handoff, cfg.BatchSize)}
 }
 
-// Start runs the dispatcher in the background until Stop or ctx ends.
+// Start runs the dispatcher in the background until Stop or ctx ends
+// (internal/startstop: once).
 func (d *Dispatcher) Start(ctx context.Context) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.cancel != nil {
-		return errors.New("queue: dispatcher already started")
-	}
-	ctx, d.cancel = context.WithCancel(ctx)
-	d.stopped = make(chan struct{})
-	d.running.Store(true)
-	go func() {
-		defer close(d.stopped)
-		d.run(ctx)
-	}()
-	return nil
+	return d.life.Start(ctx, "queue dispatcher", d.run)
 }
 
 // Stop stops the dispatcher and waits for in-flight sends (bounded by ctx).
 // Stopping twice is safe.
-func (d *Dispatcher) Stop(ctx context.Context) error {
-	d.mu.Lock()
-	cancel, stopped := d.cancel, d.stopped
-	d.mu.Unlock()
-	if cancel == nil {
-		return nil
-	}
-	d.running.Store(false)
-	cancel()
-	select {
-	case <-stopped:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (d *Dispatcher) Stop(ctx context.Context) error { return d.life.Stop(ctx) }
 
 // run listens for notifications and dispatches whatever is due; it
 // reconnects when its listening connection fails.

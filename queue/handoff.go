@@ -32,7 +32,7 @@ func (d *Dispatcher) EnqueueForHandoff(ctx context.Context, q Querier, p Enqueue
 	if p.Signal == nil {
 		return Message{}, nil, errors.New("queue: only a signal message can be handed off")
 	}
-	if !d.running.Load() {
+	if !d.life.Running() {
 		m, _, err := Enqueue(ctx, q, p)
 		return m, nil, err
 	}
@@ -50,7 +50,7 @@ func (d *Dispatcher) EnqueueForHandoff(ctx context.Context, q Querier, p Enqueue
 // dispatcher is stopped or its handoff queue is full it drops h and reports
 // false, and the message is sent after its lease like a lost handoff.
 func (d *Dispatcher) Handoff(h *Handoff) bool {
-	if h == nil || !d.running.Load() {
+	if h == nil || !d.life.Running() {
 		d.metrics.handoffs.WithLabelValues("dropped").Inc()
 		return false
 	}

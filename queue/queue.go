@@ -17,9 +17,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/db"
 )
 
 // notifyChannel wakes dispatchers when a signal becomes due.
@@ -36,12 +36,9 @@ const (
 var ErrNotFound = fmt.Errorf("queue message %w", apperr.ErrNotFound)
 
 // Querier is what the queue needs from a connection: pgx.Tx and
-// *pgxpool.Pool both satisfy it.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
+// *pgxpool.Pool both satisfy it. (The one interface of internal/db, under
+// the name callers already use.)
+type Querier = db.Querier
 
 // Signal is a Temporal signal a message carries.
 type Signal struct {

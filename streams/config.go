@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -80,43 +79,4 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("MaxChunk (%d) exceeds MaxRequest (%d)", c.MaxChunk, c.MaxRequest))
 	}
 	return errors.Join(errs...)
-}
-
-// ConfigFromEnv reads REVEILLE_STREAM_MAX_CHUNK and REVEILLE_STREAM_MAX_REQUEST
-// (bytes), REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST and REVEILLE_STREAM_RETENTION
-// (a Go duration such as "168h") through getenv (os.Getenv); unset variables
-// leave the defaults.
-func ConfigFromEnv(getenv func(string) string) (Config, error) {
-	var c Config
-	var errs []error
-	for _, v := range []struct {
-		name string
-		dst  *int64
-	}{{"REVEILLE_STREAM_MAX_CHUNK", &c.MaxChunk}, {"REVEILLE_STREAM_MAX_REQUEST", &c.MaxRequest}} {
-		if raw := getenv(v.name); raw != "" {
-			n, err := strconv.ParseInt(raw, 10, 64)
-			if err != nil || n <= 0 {
-				errs = append(errs, fmt.Errorf("%s=%q: want a positive number of bytes", v.name, raw))
-			}
-			*v.dst = n
-		}
-	}
-	if raw := getenv("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST"); raw != "" {
-		n, err := strconv.Atoi(raw)
-		if err != nil || n <= 0 {
-			errs = append(errs, fmt.Errorf("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST=%q: want a positive number of chunks", raw))
-		}
-		c.MaxChunksPerRequest = n
-	}
-	if raw := getenv("REVEILLE_STREAM_RETENTION"); raw != "" {
-		d, err := time.ParseDuration(raw)
-		if err != nil || d <= 0 {
-			errs = append(errs, fmt.Errorf("REVEILLE_STREAM_RETENTION=%q: want a positive duration such as 168h", raw))
-		}
-		c.Retention = d
-	}
-	if err := errors.Join(errs...); err != nil {
-		return Config{}, err
-	}
-	return c, c.WithDefaults().validate()
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/reveille/reveille/internal/startstop"
 )
 
 // Hub fans the notifications of one LISTEN connection out to this process's
@@ -29,13 +30,13 @@ type Hub struct {
 	logger  *slog.Logger
 	metrics *metrics
 
-	mu      sync.Mutex
-	subs    map[streamKey]map[*Subscription]struct{}
-	state   hubState
-	cancel  context.CancelFunc
-	done    chan struct{} // closed when the listen loop has exited
-	stopped chan struct{} // closed by Stop: subscriptions end
-	pid     uint32        // backend pid of the LISTEN connection (tests)
+	// life runs the listen loop (internal/startstop); its Stopped channel
+	// ends the subscriptions.
+	life startstop.Base
+
+	mu   sync.Mutex
+	subs map[streamKey]map[*Subscription]struct{}
+	pid  uint32 // backend pid of the LISTEN connection (tests)
 
 	pingEvery   time.Duration // idle time after which the connection is pinged
 	pingTimeout time.Duration // how long a ping may take
@@ -49,88 +50,48 @@ const (
 	hubPingTimeout = 10 * time.Second
 )
 
-type hubState int
-
-const (
-	hubNew hubState = iota
-	hubStarting
-	hubRunning
-	hubStopped
-)
-
 type streamKey struct{ org, run, name string }
 
 func newHub(db *pgxpool.Pool, logger *slog.Logger, m *metrics) *Hub {
-	return &Hub{db: db, logger: logger, metrics: m, subs: map[streamKey]map[*Subscription]struct{}{}, stopped: make(chan struct{}),
+	return &Hub{db: db, logger: logger, metrics: m, subs: map[streamKey]map[*Subscription]struct{}{},
 		pingEvery: hubPingEvery, pingTimeout: hubPingTimeout}
 }
 
 // Start connects and LISTENs, and returns once notifications flow; the hub
-// then runs until Stop. A hub starts once.
+// then runs until Stop (or ctx ends). A hub starts once (a failed start may
+// be retried).
 func (h *Hub) Start(ctx context.Context) error {
-	h.mu.Lock()
-	if h.state != hubNew {
+	return h.life.StartWith(ctx, "streams hub", func(ctx context.Context) (func(context.Context), error) {
+		conn, err := h.connect(ctx)
+		if err != nil {
+			return nil, err
+		}
+		h.mu.Lock()
+		h.pid = conn.PgConn().PID()
 		h.mu.Unlock()
-		return errors.New("streams hub: already started")
-	}
-	h.state = hubStarting
-	h.mu.Unlock()
-
-	conn, err := h.connect(ctx)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	switch {
-	case err != nil:
-		h.state = hubNew
-		return err
-	case h.state == hubStopped: // Stop came first
-		_ = conn.Close(context.Background())
-		return ErrStopped
-	}
-	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	h.state, h.cancel, h.done, h.pid = hubRunning, cancel, make(chan struct{}), conn.PgConn().PID()
-	go h.run(lctx, conn)
-	return nil
+		return func(ctx context.Context) { h.run(ctx, conn) }, nil
+	})
 }
 
 // Stop closes the LISTEN connection and ends every subscription (their
 // Done channels close). Stopping twice, or a hub never started, is safe.
-func (h *Hub) Stop(ctx context.Context) error {
-	h.mu.Lock()
-	state, cancel, done := h.state, h.cancel, h.done
-	if state != hubStopped {
-		h.state = hubStopped
-		close(h.stopped)
-	}
-	h.mu.Unlock()
-	if state != hubRunning {
-		return nil
-	}
-	cancel()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("stopping streams hub: %w", ctx.Err())
-	}
-}
+func (h *Hub) Stop(ctx context.Context) error { return h.life.Stop(ctx) }
 
 // connect opens the dedicated LISTEN connection (outside the pool: it is
 // held for the life of the hub).
 func (h *Hub) connect(ctx context.Context) (*pgx.Conn, error) {
 	conn, err := pgx.ConnectConfig(ctx, h.db.Config().ConnConfig)
 	if err != nil {
-		return nil, fmt.Errorf("streams hub: connecting: %w", err)
+		return nil, fmt.Errorf("connecting: %w", err)
 	}
 	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
 		_ = conn.Close(context.Background())
-		return nil, fmt.Errorf("streams hub: LISTEN: %w", err)
+		return nil, fmt.Errorf("LISTEN: %w", err)
 	}
 	return conn, nil
 }
 
 func (h *Hub) run(ctx context.Context, conn *pgx.Conn) {
-	defer close(h.done)
 	for {
 		err := h.listen(ctx, conn)
 		_ = conn.Close(context.Background())
@@ -264,12 +225,16 @@ func (h *Hub) wakeAll() {
 // before reading, so that nothing committed after the read is missed. The
 // caller must Close the subscription.
 func (h *Hub) Subscribe(org, runID, name string) (*Subscription, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.state != hubRunning {
+	// Only once the hub LISTENs: a subscriber reads after subscribing, and
+	// must not miss a commit between its read and the LISTEN. A Stop after
+	// this check ends the subscription through done at once.
+	if !h.life.Running() {
 		return nil, ErrStopped
 	}
-	sub := &Subscription{hub: h, key: streamKey{org, runID, name}, ready: make(chan struct{}, 1), hint: -1, stale: true}
+	done := h.life.Stopped()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sub := &Subscription{hub: h, key: streamKey{org, runID, name}, ready: make(chan struct{}, 1), done: done, hint: -1, stale: true}
 	if h.subs[sub.key] == nil {
 		h.subs[sub.key] = map[*Subscription]struct{}{}
 	}

@@ -69,11 +69,19 @@ func drain(t *testing.T, tail *Tail) []string {
 	}
 }
 
+// runWithoutDatabase runs h as if it listened, with no connection: for
+// tests of the fan-out alone, which feed it notifications by hand.
+func runWithoutDatabase(t *testing.T, h *Hub) {
+	t.Helper()
+	require.NoError(t, h.life.Start(context.Background(), "streams hub", func(ctx context.Context) { <-ctx.Done() }))
+	t.Cleanup(func() { require.NoError(t, h.Stop(context.Background())) })
+}
+
 func TestMalformedNotificationsAreIgnored(t *testing.T) {
 	m, err := newMetrics(nil)
 	require.NoError(t, err)
 	h := newHub(nil, testkit.Logger(t), m)
-	h.state = hubRunning
+	runWithoutDatabase(t, h)
 	sub, err := h.Subscribe("org", "run", "out")
 	require.NoError(t, err)
 	defer sub.Close()
@@ -102,7 +110,7 @@ func TestTheInboxHandsOverPublishedChunksInOrder(t *testing.T) {
 	m, err := newMetrics(nil)
 	require.NoError(t, err)
 	h := newHub(nil, testkit.Logger(t), m)
-	h.state = hubRunning
+	runWithoutDatabase(t, h)
 	sub, err := h.Subscribe("org", "run", "out")
 	require.NoError(t, err)
 	defer sub.Close()
@@ -200,7 +208,7 @@ func TestAnAppendTooLargeForAnInboxIsReadFromTheTable(t *testing.T) {
 	m, err := newMetrics(nil)
 	require.NoError(t, err)
 	h := newHub(nil, testkit.Logger(t), m)
-	h.state = hubRunning
+	runWithoutDatabase(t, h)
 	sub, err := h.Subscribe("org", "run", "out")
 	require.NoError(t, err)
 	defer sub.Close()

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/streams"
 )
 
@@ -70,4 +71,28 @@ func TestTheRetentionLoopPurgesExpiredStreamsInTheBackground(t *testing.T) {
 	info, err := svc.Info(ctx, org, "run-1", "open")
 	require.NoError(t, err)
 	require.Equal(t, streams.Info{TailIndex: 0}, info, "an open stream is never purged")
+}
+
+// A retention loop whose replica lost the leadership without noticing yet
+// (another replica started a newer term) deletes nothing, not even a
+// stream's chunks; the current leader's purge does.
+func TestADeposedLeadersPurgeWritesNothing(t *testing.T) {
+	svc, db := newService(t, streams.Config{Retention: 10 * 365 * 24 * time.Hour}) // the background loop purges nothing
+	ctx := context.Background()
+	mustAppend(t, svc, org, "run-1", "done", "a", "b")
+	require.NoError(t, svc.Close(ctx, org, "run-1", "done"))
+	deposed, err := leader.NewTerm(ctx, db, streams.RetentionLeadership)
+	require.NoError(t, err)
+	current, err := leader.NewTerm(ctx, db, streams.RetentionLeadership) // another replica took over
+	require.NoError(t, err)
+
+	n, err := svc.PurgeClosedBefore(leader.WithTerm(ctx, deposed), time.Now().Add(time.Hour))
+	require.ErrorIs(t, err, leader.ErrDeposed)
+	require.Zero(t, n)
+	require.Len(t, readAll(t, svc, org, "run-1", "done", 50), 2, "the stream and its chunks are whole")
+
+	n, err = svc.PurgeClosedBefore(leader.WithTerm(ctx, current), time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Empty(t, readAll(t, svc, org, "run-1", "done", 50))
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/leader"
 )
 
@@ -65,10 +66,9 @@ type NamesPage struct {
 }
 
 // Querier is what an append inside a caller's transaction needs; pgx.Tx
-// satisfies it.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// satisfies it. (The one interface of internal/db, under the name callers
+// already use.)
+type Querier = db.Querier
 
 // Service is the streams domain: appends, reads, the live-tail hub and
 // retention.
@@ -104,14 +104,21 @@ func (s *Service) Config() Config { return s.cfg }
 // Hub returns the service's live-tail hub.
 func (s *Service) Hub() *Hub { return s.hub }
 
+// RetentionLeadership names the retention loop's leadership
+// (internal/leader).
+const RetentionLeadership = "streams.retention"
+
 // Start starts the hub (it returns once the hub listens) and the
-// leader-elected retention loop. A second Start fails: the hub refuses it.
+// leader-elected retention loop; both run until Stop or ctx ends. A second
+// Start fails: the hub refuses it.
 func (s *Service) Start(ctx context.Context) error {
 	if err := s.hub.Start(ctx); err != nil {
 		return err
 	}
-	el := &leader.Elector{DB: s.db, Name: "streams.retention", Retry: s.cfg.LeaderRetry, Logger: s.cfg.Logger}
-	return s.retention.Start(context.WithoutCancel(ctx), el, s.retentionLoop)
+	el := &leader.Elector{DB: s.db, Name: RetentionLeadership, Retry: s.cfg.LeaderRetry, Logger: s.cfg.Logger}
+	return s.retention.Start(ctx, el, leader.Every(s.cfg.PurgeInterval, s.retentionRound, func(err error) {
+		s.cfg.Logger.Warn("purging expired streams failed", "error", err.Error())
+	}))
 }
 
 // Stop stops the retention loop and the hub (live tails then end) and
@@ -122,7 +129,7 @@ func (s *Service) Stop(ctx context.Context) error {
 		return fmt.Errorf("stopping stream notifications: %w", err)
 	}
 	if err := s.retention.Stop(ctx); err != nil {
-		return fmt.Errorf("stopping stream retention: %w", err)
+		return err
 	}
 	return s.hub.Stop(ctx)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/startstop"
 	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/streams"
 )
@@ -581,45 +582,13 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
-func TestConfigDefaultsAndEnvironment(t *testing.T) {
+func TestConfigDefaults(t *testing.T) {
 	d := streams.Config{}.WithDefaults()
 	require.EqualValues(t, 1<<20, d.MaxChunk)
 	require.EqualValues(t, 8<<20, d.MaxRequest)
 	require.Equal(t, 1000, d.MaxChunksPerRequest)
 	require.Equal(t, 7*24*time.Hour, d.Retention)
 	require.Equal(t, 15*time.Second, d.KeepAlive)
-
-	env := map[string]string{"REVEILLE_STREAM_MAX_CHUNK": "2048", "REVEILLE_STREAM_MAX_REQUEST": "4096", "REVEILLE_STREAM_RETENTION": "48h",
-		"REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST": "20"}
-	c, err := streams.ConfigFromEnv(func(k string) string { return env[k] })
-	require.NoError(t, err)
-	require.EqualValues(t, 2048, c.MaxChunk)
-	require.EqualValues(t, 4096, c.MaxRequest)
-	require.Equal(t, 20, c.MaxChunksPerRequest)
-	require.Equal(t, 48*time.Hour, c.Retention)
-
-	c, err = streams.ConfigFromEnv(func(string) string { return "" })
-	require.NoError(t, err)
-	require.Equal(t, streams.Config{}, c, "unset variables keep the defaults")
-
-	for k, v := range map[string]string{
-		"REVEILLE_STREAM_MAX_CHUNK":              "lots",
-		"REVEILLE_STREAM_MAX_REQUEST":            "-1",
-		"REVEILLE_STREAM_RETENTION":              "7 days",
-		"REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST": "0",
-	} {
-		_, err := streams.ConfigFromEnv(func(name string) string {
-			if name == k {
-				return v
-			}
-			return ""
-		})
-		require.ErrorContains(t, err, k)
-	}
-	_, err = streams.ConfigFromEnv(func(name string) string {
-		return map[string]string{"REVEILLE_STREAM_MAX_CHUNK": "9999999999"}[name]
-	})
-	require.ErrorContains(t, err, "exceeds MaxRequest", "a chunk larger than a request is a contradiction")
 }
 
 func TestNewRefusesBadConfigAndNoDatabase(t *testing.T) {
@@ -647,9 +616,10 @@ func TestStartTwiceFailsAndStopTwiceIsSafe(t *testing.T) {
 	svc, err := streams.New(db, streams.Config{Logger: testkit.Logger(t)})
 	require.NoError(t, err)
 	require.NoError(t, svc.Start(context.Background()))
-	require.Error(t, svc.Start(context.Background()))
+	require.ErrorIs(t, svc.Start(context.Background()), startstop.ErrStarted)
 	require.NoError(t, svc.Stop(context.Background()))
 	require.NoError(t, svc.Stop(context.Background()))
+	require.ErrorIs(t, svc.Start(context.Background()), startstop.ErrStarted, "a stopped service stays stopped")
 }
 
 func TestStartFailsWhenTheDatabaseIsUnreachable(t *testing.T) {

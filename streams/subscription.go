@@ -22,6 +22,7 @@ type Subscription struct {
 	hub    *Hub
 	key    streamKey
 	ready  chan struct{}
+	done   <-chan struct{} // the hub's Stopped
 	closed sync.Once
 
 	mu    sync.Mutex
@@ -44,7 +45,7 @@ func (b inboxBatch) last() int64 { return b.first + int64(len(b.chunks)) - 1 }
 func (s *Subscription) Ready() <-chan struct{} { return s.ready }
 
 // Done is closed when the hub stops; the subscriber should end.
-func (s *Subscription) Done() <-chan struct{} { return s.hub.stopped }
+func (s *Subscription) Done() <-chan struct{} { return s.done }
 
 // Close unsubscribes. Closing twice is safe.
 func (s *Subscription) Close() {

@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/workpool"
@@ -200,29 +200,24 @@ func (s *Service) failUnenqueueableTx(ctx context.Context, tx pgx.Tx, orgID stri
 	return err
 }
 
-// reconcileLoop is the leader's loop: enqueue funded intents that no
-// transaction enqueued (a crash or error between the gate and the enqueue).
-func (s *Service) reconcileLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.ReconcileInterval)
-	defer t.Stop()
-	for {
-		if n, err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
-			s.logger.Error("reconciling funded wake-ups failed", "error", err)
-		} else if n > 0 {
-			s.logger.Info("reconciled funded wake-ups", "count", n)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+// reconcileRound is one round of the leader's loop: enqueue funded intents
+// that no transaction enqueued (a crash or error between the gate and the
+// enqueue).
+func (s *Service) reconcileRound(ctx context.Context) error {
+	n, err := s.Reconcile(ctx)
+	if n > 0 {
+		s.logger.Info("reconciled funded wake-ups", "count", n)
 	}
+	return err
 }
 
 // Reconcile enqueues the work of every funded intent older than
 // ReconcileAfter; an intent whose work can never be enqueued (its pool or
 // handler is gone) is refunded and its workflow woken with "failed". It
-// returns how many intents it settled.
+// returns how many intents it settled. The reconciler calls it with its
+// leadership's term in ctx, which fences each transaction: once another
+// replica has taken the leadership, Reconcile writes nothing and returns
+// leader.ErrDeposed. Tests and tools may call it without a term.
 func (s *Service) Reconcile(ctx context.Context) (int, error) {
 	// Spans every org: the reconciler is a system maintenance loop; each
 	// intent is then handled with its own org.
@@ -245,6 +240,9 @@ func (s *Service) Reconcile(ctx context.Context) (int, error) {
 	n := 0
 	for _, i := range due {
 		done, err := s.reconcileOne(ctx, i.org, i.id)
+		if errors.Is(err, leader.ErrDeposed) {
+			return n, err // every other intent would meet it too
+		}
 		if err != nil {
 			s.logger.Error("reconciling a funded wake-up failed", "org_id", i.org, "wakeup_id", i.id, "error", err)
 			continue
@@ -259,7 +257,7 @@ func (s *Service) Reconcile(ctx context.Context) (int, error) {
 
 func (s *Service) reconcileOne(ctx context.Context, orgID string, id uuid.UUID) (bool, error) {
 	var done bool
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	err := leader.FencedTx(ctx, s.db, func(tx pgx.Tx) error {
 		var err error
 		done, err = s.enqueueFundedTx(ctx, tx, orgID, id, true)
 		return err
@@ -274,7 +272,7 @@ func (s *Service) reconcileOne(ctx context.Context, orgID string, id uuid.UUID) 
 	// The work can never be enqueued: refund and wake the workflow.
 	cause := err.Error()
 	s.logger.Warn("funded wake-up cannot be enqueued; refunding and waking its workflow with failed", "org_id", orgID, "wakeup_id", id, "error", err)
-	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	err = leader.FencedTx(ctx, s.db, func(tx pgx.Tx) error {
 		var still bool
 		err := tx.QueryRow(ctx, `SELECT true FROM wakeups WHERE org_id = $1 AND id = $2 AND state = 'funded' FOR UPDATE SKIP LOCKED`,
 			orgID, id).Scan(&still)

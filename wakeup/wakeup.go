@@ -492,14 +492,18 @@ func nullJSON(b json.RawMessage) json.RawMessage {
 	return b
 }
 
-// Start runs the leader-only reconciler until Stop.
+// ReconcilerLeadership names the reconciler's leadership (internal/leader).
+const ReconcilerLeadership = "wakeup.reconciler"
+
+// Start runs the leader-only reconciler until Stop. It returns at once, and
+// starts once.
 func (s *Service) Start(ctx context.Context) error {
-	elector := &leader.Elector{DB: s.db, Name: "wakeup.reconciler", Logger: s.logger, Retry: s.cfg.ReconcileInterval}
-	if err := s.reconciler.Start(ctx, elector, s.reconcileLoop); err != nil {
-		return fmt.Errorf("wakeup: %w", err)
-	}
-	return nil
+	elector := &leader.Elector{DB: s.db, Name: ReconcilerLeadership, Logger: s.logger, Retry: s.cfg.ReconcileInterval}
+	return s.reconciler.Start(ctx, elector, leader.Every(s.cfg.ReconcileInterval, s.reconcileRound, func(err error) {
+		s.logger.Error("reconciling funded wake-ups failed", "error", err)
+	}))
 }
 
-// Stop stops the reconciler; stopping twice is safe.
+// Stop stops the reconciler and waits for it (until ctx ends); stopping
+// twice is safe.
 func (s *Service) Stop(ctx context.Context) error { return s.reconciler.Stop(ctx) }

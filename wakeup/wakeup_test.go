@@ -14,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/leader"
+	"github.com/reveille/reveille/internal/startstop"
 	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/queue"
@@ -402,4 +404,70 @@ func TestAFundedIntentIsEnqueuedEvenWhenItsOrgHasSinceReachedTheCap(t *testing.T
 	require.Equal(t, 1, n)
 	require.Equal(t, "enqueued", f.state(t, stranded.ID))
 	require.EqualValues(t, 6, f.spent(t))
+}
+
+// A reconciler whose replica lost the leadership without noticing yet
+// (another replica started a newer term) enqueues, refunds and signals
+// nothing, whichever way the intent would settle; the current leader's
+// round does.
+func TestADeposedLeadersReconcileWritesNothing(t *testing.T) {
+	tests := []struct {
+		name    string
+		pool    string
+		gone    bool   // the pool is deleted: the intent is refunded instead
+		settled string // the intent's state once the current leader reconciled it
+	}{
+		{name: "an intent whose work can be enqueued", settled: "enqueued"},
+		{name: "an intent whose pool is gone", pool: "doomed", gone: true, settled: "resolved"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t)
+			ctx := context.Background()
+			f.crash = true
+			w, err := f.svc.Create(ctx, params(tt.pool))
+			require.Error(t, err)
+			if tt.gone {
+				_, err = f.db.Exec(ctx, `DELETE FROM workpool_pools WHERE name = 'doomed'`)
+				require.NoError(t, err)
+			}
+			deposed, err := leader.NewTerm(ctx, f.db, ReconcilerLeadership)
+			require.NoError(t, err)
+			current, err := leader.NewTerm(ctx, f.db, ReconcilerLeadership) // another replica took over
+			require.NoError(t, err)
+
+			n, err := f.svc.Reconcile(leader.WithTerm(ctx, deposed))
+			require.ErrorIs(t, err, leader.ErrDeposed)
+			require.Zero(t, n)
+			require.Equal(t, "funded", f.state(t, w.ID))
+			require.EqualValues(t, 3, f.spent(t), "not refunded")
+			got, err := f.svc.Get(ctx, "o", AnyAgent, w.ID)
+			require.NoError(t, err)
+			require.Nil(t, got.WorkID, "no work enqueued")
+			_, err = queue.GetByKey(ctx, f.db, "o", Queue, w.ID.String())
+			require.ErrorIs(t, err, queue.ErrNotFound, "no signal queued")
+
+			n, err = f.svc.Reconcile(leader.WithTerm(ctx, current))
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			require.Equal(t, tt.settled, f.state(t, w.ID))
+		})
+	}
+}
+
+func TestTheReconcilerRunsOnItsLeaderFromStartUntilStop(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.crash = true
+	w, err := f.svc.Create(ctx, params(""))
+	require.Error(t, err)
+	require.NoError(t, f.svc.Stop(ctx), "stopping what never started is a no-op")
+
+	require.NoError(t, f.svc.Start(ctx))
+	err = f.svc.Start(ctx)
+	require.ErrorIs(t, err, startstop.ErrStarted)
+	require.EqualError(t, err, ReconcilerLeadership+": already started")
+	require.Eventually(t, func() bool { return f.state(t, w.ID) == "enqueued" }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, f.svc.Stop(ctx))
+	require.NoError(t, f.svc.Stop(ctx), "stopping twice is safe")
 }

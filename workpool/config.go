@@ -179,50 +179,6 @@ func ParsePools(s string) (map[string]int, error) {
 	return pools, nil
 }
 
-// ConfigFromEnv reads REVEILLE_POOLS, REVEILLE_RECOVERY_PERIOD,
-// REVEILLE_HEARTBEAT_TIMEOUT and REVEILLE_WORK_RETENTION (Go durations) and
-// REVEILLE_ORG_MAX_PENDING (an integer ≥ 0; 0 turns the cap off) with
-// getenv; unset variables keep their defaults.
-func ConfigFromEnv(getenv func(string) string) (Config, error) {
-	var c Config
-	if v := getenv("REVEILLE_POOLS"); v != "" {
-		pools, err := ParsePools(v)
-		if err != nil {
-			return c, fmt.Errorf("REVEILLE_POOLS: %w", err)
-		}
-		c.Pools = pools
-	}
-	if v := getenv("REVEILLE_ORG_MAX_PENDING"); v != "" {
-		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil || n < 0 {
-			return c, fmt.Errorf("REVEILLE_ORG_MAX_PENDING: %q is not an integer ≥ 0 (0 turns the cap off)", v)
-		}
-		c.MaxPendingPerOrg = n
-		if n == 0 {
-			c.MaxPendingPerOrg = NoPendingLimit
-		}
-	}
-	for _, d := range []struct {
-		name string
-		dst  *time.Duration
-	}{
-		{"REVEILLE_RECOVERY_PERIOD", &c.RecoveryPeriod},
-		{"REVEILLE_HEARTBEAT_TIMEOUT", &c.HeartbeatTimeout},
-		{"REVEILLE_WORK_RETENTION", &c.WorkRetention},
-	} {
-		v := getenv(d.name)
-		if v == "" {
-			continue
-		}
-		dur, err := time.ParseDuration(v)
-		if err != nil || dur <= 0 {
-			return c, fmt.Errorf("%s: %q is not a positive duration (e.g. 10s)", d.name, v)
-		}
-		*d.dst = dur
-	}
-	return c, nil
-}
-
 // sortedPools lists pool names in a stable order.
 func sortedPools(p map[string]int) []string {
 	names := make([]string, 0, len(p))

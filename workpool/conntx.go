@@ -85,13 +85,14 @@ func (t *connTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 
 func (t *connTx) Conn() *pgx.Conn { return t.conn }
 
-// completeWithHooks records results and runs their hooks in one
-// transaction whose BEGIN travels with the statement: two round trips in
-// all (statement, commit) when every hook succeeds.
-func (m *Manager) completeWithHooks(ctx context.Context, results []attemptResult) (err error) {
+// recordWithHooks records results and runs their hooks in one transaction
+// whose BEGIN travels with the statement: two round trips in all
+// (statement, commit) when every hook succeeds. What the hooks handed over
+// with AfterCommit runs once the commit is acknowledged.
+func (m *Manager) recordWithHooks(ctx context.Context, results []attemptResult) (done []finishedRow, err error) {
 	c, err := m.db.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("completing %d attempts: %w", len(results), err)
+		return nil, fmt.Errorf("completing %d attempts: %w", len(results), err)
 	}
 	defer c.Release()
 	conn := c.Conn()
@@ -105,12 +106,12 @@ func (m *Manager) completeWithHooks(ctx context.Context, results []attemptResult
 	}()
 	tx := &connTx{conn: conn}
 	hctx, actions := withCommitActions(ctx)
-	if _, err = m.completeIn(hctx, tx, results, true); err != nil {
-		return err
+	if done, err = m.completeIn(hctx, tx, results, true); err != nil {
+		return nil, err
 	}
 	if err = tx.Commit(ctx); err != nil {
-		return fmt.Errorf("committing %d completions: %w", len(results), err)
+		return nil, fmt.Errorf("committing %d completions: %w", len(results), err)
 	}
 	actions.run()
-	return nil
+	return done, nil
 }

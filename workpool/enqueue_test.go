@@ -227,39 +227,6 @@ func TestParsePools_ReadsNamesAndLimits(t *testing.T) {
 	}
 }
 
-func TestConfigFromEnv_ReadsTheDocumentedVariables(t *testing.T) {
-	t.Parallel()
-	env := map[string]string{"REVEILLE_POOLS": "a=2", "REVEILLE_RECOVERY_PERIOD": "3s",
-		"REVEILLE_HEARTBEAT_TIMEOUT": "9s", "REVEILLE_WORK_RETENTION": "1h"}
-	cfg, err := ConfigFromEnv(func(k string) string { return env[k] })
-	require.NoError(t, err)
-	require.Equal(t, map[string]int{"a": 2}, cfg.Pools)
-	require.Equal(t, 3*time.Second, cfg.RecoveryPeriod)
-	require.Equal(t, 9*time.Second, cfg.HeartbeatTimeout)
-	require.Equal(t, time.Hour, cfg.WorkRetention)
-
-	env["REVEILLE_RECOVERY_PERIOD"] = "soon"
-	_, err = ConfigFromEnv(func(k string) string { return env[k] })
-	require.ErrorContains(t, err, "REVEILLE_RECOVERY_PERIOD")
-}
-
-func TestConfigFromEnv_ReadsTheOrgPendingCap(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		value string
-		want  int
-	}{{"", 0}, {"5", 5}, {"100000", 100_000}, {"0", NoPendingLimit}} {
-		cfg, err := ConfigFromEnv(func(k string) string { return map[string]string{"REVEILLE_ORG_MAX_PENDING": tc.value}[k] })
-		require.NoError(t, err, tc.value)
-		require.Equal(t, tc.want, cfg.MaxPendingPerOrg, tc.value)
-	}
-	require.Equal(t, DefaultMaxPendingPerOrg, Config{}.withDefaults().MaxPendingPerOrg)
-	for _, bad := range []string{"-1", "many", "1.5"} {
-		_, err := ConfigFromEnv(func(k string) string { return map[string]string{"REVEILLE_ORG_MAX_PENDING": bad}[k] })
-		require.ErrorContains(t, err, "REVEILLE_ORG_MAX_PENDING", bad)
-	}
-}
-
 func TestNew_CreatesMissingPoolsAndKeepsExistingSettings(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, withMaxParallelism(7))

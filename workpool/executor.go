@@ -18,7 +18,7 @@ import (
 const (
 	// claimBatch bounds one claim statement.
 	claimBatch = 1000
-	// reportBatch bounds one completion report.
+	// reportBatch bounds one transaction of the completer.
 	reportBatch = 1000
 	// abandonGrace is how long past its timeout a handler that ignores its
 	// context may run before the attempt is reported failed without it.
@@ -33,7 +33,8 @@ var (
 
 // executor is this replica's worker: it claims started work of the
 // handlers registered here, runs each attempt in its own goroutine with its
-// timeout, heartbeats what it runs, and reports results in batches.
+// timeout and heartbeats what it runs; its completer (completer.go)
+// records the results.
 type executor struct {
 	m  *Manager
 	id uuid.UUID // claimed_by
@@ -41,7 +42,7 @@ type executor struct {
 	kickc chan struct{}
 
 	mu      sync.Mutex
-	jobs    map[uuid.UUID]*runningJob // running or awaiting their report
+	jobs    map[uuid.UUID]*runningJob // running, or returned and awaiting their record
 	active  int                       // handlers running
 	backlog bool                      // a claim was cut short by MaxWorkers
 	idle    chan struct{}             // closed when active drops to 0 during drain
@@ -50,15 +51,15 @@ type executor struct {
 	stopHandler context.CancelCauseFunc
 	claimCtx    context.Context
 	stopClaim   context.CancelFunc
-	bgCtx       context.Context // heartbeats and reports
+	bgCtx       context.Context // heartbeats
 	stopBg      context.CancelFunc
 	claimDone   chan struct{}
 	bgWG        sync.WaitGroup
 	handlerWG   sync.WaitGroup
 
-	rep     *reporter
-	started atomic.Bool
-	crashed atomic.Bool // tests: behave like a killed process
+	completer *completer
+	started   atomic.Bool
+	crashed   atomic.Bool // tests: behave like a killed process
 }
 
 type runningJob struct {
@@ -66,10 +67,9 @@ type runningJob struct {
 	pool     string
 	attempt  int
 	hook     bool
-	loop     *loop // the local loop that claimed it, which can free its slot itself
 	cancel   context.CancelCauseFunc
 	canceled atomic.Bool // the work was canceled
-	finished atomic.Bool // a result was handed to the reporter
+	finished atomic.Bool // a result was handed to the completer
 }
 
 func newExecutor(m *Manager) *executor {
@@ -78,16 +78,16 @@ func newExecutor(m *Manager) *executor {
 	e.handlerCtx, e.stopHandler = context.WithCancelCause(context.Background())
 	e.claimCtx, e.stopClaim = context.WithCancel(context.Background())
 	e.bgCtx, e.stopBg = context.WithCancel(context.Background())
-	e.rep = newReporter(e)
+	e.completer = newCompleter(m, e.reported, e.crashed.Load)
 	return e
 }
 
 func (e *executor) start() {
 	e.started.Store(true)
 	go func() { defer close(e.claimDone); e.claimLoop() }()
-	e.bgWG.Add(2)
+	e.bgWG.Add(1)
 	go func() { defer e.bgWG.Done(); e.heartbeatLoop() }()
-	go func() { defer e.bgWG.Done(); e.rep.run() }()
+	e.completer.Start()
 	e.kick()
 }
 
@@ -156,8 +156,7 @@ type claimedJob struct {
 	Job
 	timeout  time.Duration
 	canceled bool
-	hook     bool  // the work has an onComplete hook
-	loop     *loop // the local loop that claimed it for this executor, if any
+	hook     bool // the work has an onComplete hook
 }
 
 // claim takes started work with SKIP LOCKED. The claim commits without
@@ -215,10 +214,9 @@ func (e *executor) handoff() (handlers []string, free int, share float64) {
 }
 
 // adopt runs attempts the loop claimed for this executor.
-func (e *executor) adopt(l *loop, jobs []claimedJob) {
+func (e *executor) adopt(jobs []claimedJob) {
 	e.m.metrics.claimBatch.Observe(float64(len(jobs)))
 	for _, j := range jobs {
-		j.loop = l
 		e.launch(j)
 	}
 }
@@ -226,7 +224,7 @@ func (e *executor) adopt(l *loop, jobs []claimedJob) {
 // launch runs one attempt in its own goroutine.
 func (e *executor) launch(j claimedJob) {
 	ctx, cancel := context.WithCancelCause(e.handlerCtx)
-	rj := &runningJob{id: j.ID, pool: j.Pool, attempt: j.Attempt, hook: j.hook, loop: j.loop, cancel: cancel}
+	rj := &runningJob{id: j.ID, pool: j.Pool, attempt: j.Attempt, hook: j.hook, cancel: cancel}
 	e.mu.Lock()
 	e.jobs[j.ID] = rj
 	e.active++
@@ -236,7 +234,7 @@ func (e *executor) launch(j claimedJob) {
 		// Canceled between start and claim: it must not run at all.
 		rj.canceled.Store(true)
 		cancel(errWorkCanceled)
-		go e.finish(rj, attemptResult{err: "canceled before it ran"})
+		go e.finish(rj, attemptResult{kind: kindFailed, err: "canceled before it ran"})
 		return
 	}
 	go e.run(ctx, rj, j)
@@ -247,13 +245,13 @@ func (e *executor) launch(j claimedJob) {
 func (e *executor) run(ctx context.Context, rj *runningJob, j claimedJob) {
 	h, ok := e.m.handler(j.Handler)
 	if !ok {
-		e.finish(rj, attemptResult{err: fmt.Sprintf("handler %q is not registered on this replica", j.Handler), retryable: true})
+		e.finish(rj, attemptResult{kind: kindFailed, err: fmt.Sprintf("handler %q is not registered on this replica", j.Handler), retryable: true})
 		return
 	}
 	tctx, cancelT := context.WithTimeoutCause(ctx, j.timeout, context.DeadlineExceeded)
 	defer cancelT()
 	watchdog := time.AfterFunc(j.timeout+abandonGrace, func() {
-		e.finish(rj, attemptResult{err: fmt.Sprintf("attempt timed out after %s (handler did not return)", j.timeout), retryable: true})
+		e.finish(rj, attemptResult{kind: kindFailed, err: fmt.Sprintf("attempt timed out after %s (handler did not return)", j.timeout), retryable: true})
 	})
 	res, err := callHandler(tctx, h, j.Job)
 	watchdog.Stop()
@@ -273,29 +271,34 @@ func callHandler(ctx context.Context, h Handler, j Job) (res json.RawMessage, er
 // classify turns a handler's return into an attempt result.
 func (e *executor) classify(ctx context.Context, rj *runningJob, j claimedJob, res json.RawMessage, err error) attemptResult {
 	cause := context.Cause(ctx)
+	failed := func(msg string, retryable bool) attemptResult {
+		return attemptResult{kind: kindFailed, err: msg, retryable: retryable}
+	}
 	switch {
 	case rj.canceled.Load():
-		return attemptResult{err: "canceled"}
+		return failed("canceled", false)
 	case err == nil && len(res) > 0 && !json.Valid(res):
-		return attemptResult{err: "handler returned invalid JSON"}
+		return failed("handler returned invalid JSON", false)
 	case err == nil && len(res) > maxArgsBytes:
-		return attemptResult{err: fmt.Sprintf("handler result exceeds %d bytes", maxArgsBytes)}
+		return failed(fmt.Sprintf("handler result exceeds %d bytes", maxArgsBytes), false)
 	case err == nil && !jsonb.Storable(res):
-		// It would fail the statement that records the whole batch, again
-		// at every retry: no result of this executor would be recorded.
-		return attemptResult{err: `handler returned JSON that Postgres cannot store (\u0000, an unpaired surrogate escape or a number out of range)`}
+		// Postgres would refuse it; recording would find it out, at the
+		// cost of splitting the batch (completeApart).
+		return failed(`handler returned JSON that Postgres cannot store (\u0000, an unpaired surrogate escape or a number out of range)`, false)
 	case err == nil:
-		return attemptResult{succeeded: true, result: res}
+		return attemptResult{kind: kindSucceeded, result: res}
 	case errors.Is(cause, errStopping):
-		return attemptResult{err: "interrupted: the executor stopped: " + errorText(err), retryable: true}
+		// This replica is shutting down and interrupted the handler: the
+		// work goes back to the pool at once, the attempt uncounted.
+		return attemptResult{kind: kindHandBack, err: "interrupted: the executor stopped: " + errorText(err)}
 	case IsNonRetryable(err):
 		// The handler's own verdict wins over a timeout that passed while it
 		// worked: it knows a retry would fail the same way.
-		return attemptResult{err: errorText(err)}
+		return failed(errorText(err), false)
 	case errors.Is(cause, context.DeadlineExceeded) && ctx.Err() != nil:
-		return attemptResult{err: fmt.Sprintf("attempt timed out after %s: %s", j.timeout, errorText(err)), retryable: true}
+		return failed(fmt.Sprintf("attempt timed out after %s: %s", j.timeout, errorText(err)), true)
 	}
-	return attemptResult{err: errorText(err), retryable: true}
+	return failed(errorText(err), true)
 }
 
 // errorText is err's message as Postgres text can hold it: a handler's
@@ -306,7 +309,7 @@ func errorText(err error) string {
 	return jsonb.Text(err.Error())
 }
 
-// finish hands an attempt's result to the reporter, once.
+// finish hands an attempt's result to the completer, once.
 func (e *executor) finish(rj *runningJob, r attemptResult) {
 	if !rj.finished.CompareAndSwap(false, true) {
 		return
@@ -325,14 +328,7 @@ func (e *executor) finish(rj *runningJob, r attemptResult) {
 	if kick {
 		e.kick()
 	}
-	// The local loop that claimed the attempt frees its slot in its next
-	// iteration (no round trip of its own) and then passes the result on to
-	// be recorded; otherwise the release stage frees it, through a pending
-	// completion.
-	if rj.loop != nil && rj.loop.release(r) {
-		return
-	}
-	e.rep.add(r)
+	e.completer.add(r)
 }
 
 // reported forgets attempts whose results are committed.
@@ -444,7 +440,8 @@ func (e *executor) stopClaiming() {
 }
 
 // drain lets running handlers finish within StopGrace (and ctx), then
-// cancels them, reports every result and stops heartbeating.
+// cancels them and hands their work back, records every result and stops
+// heartbeating.
 func (e *executor) drain(ctx context.Context) error {
 	defer e.stopBg()
 	grace := time.NewTimer(e.m.cfg.StopGrace)
@@ -467,14 +464,14 @@ func (e *executor) drain(ctx context.Context) error {
 		}
 	}
 	e.abandonRunning()
-	err := e.rep.close(ctx)
+	err := e.completer.Stop(ctx)
 	e.stopBg()
 	e.bgWG.Wait()
 	return err
 }
 
-// abandonRunning reports handlers that ignored their canceled context as
-// interrupted, so that their work is retried elsewhere.
+// abandonRunning hands back the work of handlers that ignored their
+// canceled context, so that it runs again elsewhere at once.
 func (e *executor) abandonRunning() {
 	e.mu.Lock()
 	var left []*runningJob
@@ -485,7 +482,7 @@ func (e *executor) abandonRunning() {
 	}
 	e.mu.Unlock()
 	for _, rj := range left {
-		e.finish(rj, attemptResult{err: "interrupted: the executor stopped and the handler did not return", retryable: true})
+		e.finish(rj, attemptResult{kind: kindHandBack, err: "interrupted: the executor stopped and the handler did not return"})
 	}
 }
 
@@ -501,197 +498,6 @@ func (e *executor) idleChan() <-chan struct{} {
 		e.idle = make(chan struct{})
 	}
 	return e.idle
-}
-
-// reporter batches attempt results through two stages, each with one
-// transaction in flight so that results arriving meanwhile form the next,
-// larger batch (a lone result goes at once):
-//
-//   - release (one round trip, no WAL flush wait) hands back the slots of
-//     attempts that will not be retried, so the loop can fill them while
-//     their results are still being recorded;
-//   - finish records the results durably and runs the hooks, in the same
-//     transaction; only then does the executor forget the attempts.
-type reporter struct {
-	e       *executor
-	release *stage
-	finish  *stage
-}
-
-func newReporter(e *executor) *reporter {
-	r := &reporter{e: e}
-	r.finish = newStage(e, r.finishBatch)
-	r.release = newStage(e, r.releaseBatch)
-	return r
-}
-
-func (r *reporter) add(res attemptResult) { r.release.add(res) }
-
-func (r *reporter) run() {
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); r.finish.run() }()
-	r.release.run()
-	wg.Wait()
-}
-
-// close flushes both stages (bounded by ctx) and stops them.
-func (r *reporter) close(ctx context.Context) error {
-	if err := r.release.close(ctx); err != nil {
-		return err
-	}
-	return r.finish.close(ctx)
-}
-
-// releaseBatch hands back the slots, then passes the batch on.
-func (r *reporter) releaseBatch(ctx context.Context, batch []attemptResult) error {
-	m := r.e.m
-	if err := retrying(ctx, r.e, "releasing slots", len(batch), func() error { return m.releaseSlots(ctx, batch) }); err != nil {
-		return err
-	}
-	r.finish.addAll(batch)
-	m.wakeLoops(ctx, poolsOf(batch))
-	return nil
-}
-
-// finishBatch records the results and runs the hooks.
-func (r *reporter) finishBatch(ctx context.Context, batch []attemptResult) error {
-	e := r.e
-	t0 := time.Now()
-	err := retrying(ctx, e, "reporting results", len(batch), func() error {
-		for _, res := range batch {
-			if res.hook {
-				return e.m.completeWithHooks(ctx, batch)
-			}
-		}
-		return e.m.completeNoHooks(ctx, batch)
-	})
-	if err != nil {
-		return err
-	}
-	e.m.metrics.reportSeconds.Observe(time.Since(t0).Seconds())
-	e.m.metrics.reportBatch.Observe(float64(len(batch)))
-	e.reported(batch)
-	// Retried attempts kept their slots until now: their completions are new.
-	e.m.wakeLoops(ctx, poolsOf(batch))
-	return nil
-}
-
-func poolsOf(batch []attemptResult) map[string]bool {
-	pools := map[string]bool{}
-	for _, res := range batch {
-		pools[res.pool] = true
-	}
-	return pools
-}
-
-// retrying runs f until it succeeds (every statement it runs ignores what
-// is already recorded, so a retry after an unknown outcome is safe), unless
-// ctx ends or the executor crashed (tests).
-func retrying(ctx context.Context, e *executor, what string, n int, f func() error) error {
-	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
-	for {
-		if e.crashed.Load() {
-			return errCrashed
-		}
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return err
-		}
-		e.m.logger.Warn(what+" failed; retrying", "count", n, "error", err.Error())
-		if !sleepCtx(ctx, backoff.next()) {
-			return ctx.Err()
-		}
-	}
-}
-
-var errCrashed = errors.New("executor crashed (test)")
-
-// stage is one batching step of the reporter.
-type stage struct {
-	e        *executor
-	do       func(ctx context.Context, batch []attemptResult) error
-	mu       sync.Mutex
-	pending  []attemptResult
-	closeErr error
-	wake     chan struct{}
-	closing  chan struct{}
-	closed   chan struct{}
-	flushCtx context.Context
-}
-
-func newStage(e *executor, do func(context.Context, []attemptResult) error) *stage {
-	return &stage{e: e, do: do, wake: make(chan struct{}, 1), closing: make(chan struct{}), closed: make(chan struct{})}
-}
-
-func (s *stage) add(res attemptResult) { s.addAll([]attemptResult{res}) }
-
-func (s *stage) addAll(rs []attemptResult) {
-	s.mu.Lock()
-	s.pending = append(s.pending, rs...)
-	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (s *stage) take() []attemptResult {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := min(len(s.pending), reportBatch)
-	batch := append([]attemptResult(nil), s.pending[:n]...)
-	s.pending = s.pending[n:]
-	if len(s.pending) == 0 {
-		s.pending = nil
-	}
-	return batch
-}
-
-func (s *stage) run() {
-	defer close(s.closed)
-	drain := func(ctx context.Context) error {
-		for batch := s.take(); len(batch) > 0; batch = s.take() {
-			if err := s.do(ctx, batch); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	for {
-		select {
-		case <-s.e.bgCtx.Done(): // only after close, or a simulated crash
-			return
-		case <-s.wake:
-			if drain(s.e.bgCtx) != nil {
-				return
-			}
-		case <-s.closing:
-			if err := drain(s.flushCtx); err != nil && !errors.Is(err, errCrashed) {
-				s.mu.Lock()
-				s.closeErr = err
-				s.mu.Unlock()
-			}
-			return
-		}
-	}
-}
-
-// close flushes what is left (bounded by ctx) and stops the stage.
-func (s *stage) close(ctx context.Context) error {
-	s.flushCtx = ctx
-	close(s.closing)
-	select {
-	case <-s.closed:
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.closeErr
-	case <-ctx.Done():
-		return fmt.Errorf("reporting results at stop: %w", ctx.Err())
-	}
 }
 
 // backoff doubles a wait up to a cap.

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/reveille/reveille/internal/startstop"
+	"github.com/reveille/reveille/internal/testkit"
 	"github.com/stretchr/testify/require"
 )
 
@@ -180,7 +182,7 @@ func TestStop_LetsRunningWorkFinishWithinTheGrace(t *testing.T) {
 	require.JSONEq(t, `"done"`, string(s.Result))
 }
 
-func TestStop_CancelsHandlersThatOutliveTheGraceAndReportsThemForRetry(t *testing.T) {
+func TestStop_CancelsHandlersThatOutliveTheGraceAndHandsTheirWorkBackUncounted(t *testing.T) {
 	t.Parallel()
 	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, StopGrace: 20 * time.Millisecond})
 	started, ended := make(chan uuid.UUID, 1), make(chan error, 1)
@@ -195,5 +197,25 @@ func TestStop_CancelsHandlersThatOutliveTheGraceAndReportsThemForRetry(t *testin
 	other := startManager(t, db, Config{Pools: map[string]int{"default": 5}})
 	other.Register("long", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
 	s := requireFinished(t, other, "org-1", id, OutcomeSucceeded)
-	require.Equal(t, 2, s.Attempts, "the interrupted attempt counted and was retried on the other replica")
+	require.Equal(t, 1, s.Attempts, "the interrupted attempt was handed back without counting and ran on the other replica")
+}
+
+// The Manager has the lifecycle every service has (internal/startstop): it
+// starts once, and Stop before Start or twice does nothing.
+func TestManager_StartsOnceAndStopsSafelyBeforeStartAndTwice(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewPool(t)
+	m, err := New(db, liveConfig(t, Config{Pools: map[string]int{"default": 5}}))
+	require.NoError(t, err)
+	require.NoError(t, m.Stop(context.Background()), "stop before start")
+	fresh, err := New(db, liveConfig(t, Config{Pools: map[string]int{"default": 5}}))
+	require.NoError(t, err)
+	require.NoError(t, fresh.Start(context.Background()))
+
+	err = fresh.Start(context.Background())
+
+	require.ErrorIs(t, err, startstop.ErrStarted)
+	require.ErrorContains(t, err, "workpool: already started")
+	require.NoError(t, fresh.Stop(context.Background()))
+	require.NoError(t, fresh.Stop(context.Background()), "stopping twice")
 }

@@ -120,10 +120,10 @@ func (h *harness) enqueue(opts ...workOpt) uuid.UUID {
 // counts from 1; the reference's attempt 0 is our attempt 1).
 func (h *harness) complete(id uuid.UUID, kind string, attempt int) []finishedRow {
 	h.t.Helper()
-	r := attemptResult{id: id, pool: "default", attempt: attempt, retryable: true}
+	r := attemptResult{id: id, pool: "default", attempt: attempt, kind: kindFailed, retryable: true}
 	switch kind {
 	case "success":
-		r.succeeded, r.result = true, json.RawMessage(`null`)
+		r.kind, r.result = kindSucceeded, json.RawMessage(`null`)
 	case "failed":
 		r.err = "boom"
 	case "final":
@@ -138,6 +138,7 @@ func (h *harness) complete(id uuid.UUID, kind string, attempt int) []finishedRow
 		return err
 	})
 	require.NoError(h.t, err)
+	h.m.countRecorded(done) // as the completer does after its commit
 	return done
 }
 
@@ -154,36 +155,22 @@ func (h *harness) status(id uuid.UUID) Status {
 }
 
 // observation is everything an outside observer of the pool can see: the
-// reference's pendingStart, running (slots), pendingCompletion and
-// pendingCancelation tables, the loop's run status and generation.
+// reference's pendingStart, running (slots) and pendingCancelation tables,
+// the loop's run status and generation. (The reference's pendingCompletion
+// has no counterpart: recording an attempt frees its slot and decides the
+// next state in one statement.)
 type observation struct {
 	pending            []uuid.UUID // waiting to start (the reference's pendingStart)
-	running            []uuid.UUID // holding a slot: started/running, or an unprocessed completion
-	pendingCompletion  []pcRow
+	running            []uuid.UUID // holding a slot: a running attempt
 	pendingCancelation []uuid.UUID
 	runStatus          RunStatus
 	generation         int64
-}
-
-type pcRow struct {
-	workID  uuid.UUID
-	attempt int
-	outcome string
-	retry   bool
 }
 
 func (o observation) isPending(id uuid.UUID) bool { return contains(o.pending, id) }
 func (o observation) isRunning(id uuid.UUID) bool { return contains(o.running, id) }
 func (o observation) isCanceling(id uuid.UUID) bool {
 	return contains(o.pendingCancelation, id)
-}
-func (o observation) completionOf(id uuid.UUID) *pcRow {
-	for _, pc := range o.pendingCompletion {
-		if pc.workID == id {
-			return &pc
-		}
-	}
-	return nil
 }
 
 func contains(ids []uuid.UUID, id uuid.UUID) bool {
@@ -206,17 +193,8 @@ func (h *harness) observe() observation {
 		return out
 	}
 	o.pending = ids(`SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'pending' ORDER BY run_at`)
-	o.running = ids(`SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'running' AND NOT slot_released
-		UNION SELECT work_id FROM workpool_completions WHERE pool = 'default'`)
+	o.running = ids(`SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'running'`)
 	o.pendingCancelation = ids(`SELECT work_id FROM workpool_cancelations WHERE pool = 'default'`)
-	rows, err := h.db.Query(h.ctx, `SELECT work_id, attempt, outcome, retry FROM workpool_completions WHERE pool = 'default' ORDER BY id`)
-	require.NoError(h.t, err)
-	o.pendingCompletion, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (pcRow, error) {
-		var pc pcRow
-		err := r.Scan(&pc.workID, &pc.attempt, &pc.outcome, &pc.retry)
-		return pc, err
-	})
-	require.NoError(h.t, err)
 	require.NoError(h.t, h.db.QueryRow(h.ctx, `SELECT run_kind, run_saturated, run_at, generation FROM workpool_pools WHERE name = 'default'`).
 		Scan(&o.runStatus.Kind, &o.runStatus.Saturated, &o.runStatus.At, &o.generation))
 	return o

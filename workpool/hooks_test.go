@@ -194,7 +194,7 @@ func TestHooks_OneFailingHookInABatchDoesNotHoldBackTheOthers(t *testing.T) {
 	h.runMain()
 	var batch []attemptResult
 	for _, id := range ids {
-		batch = append(batch, attemptResult{id: id, pool: "default", attempt: 1, succeeded: true})
+		batch = append(batch, attemptResult{id: id, pool: "default", attempt: 1, kind: kindSucceeded})
 	}
 
 	require.NoError(t, pgx.BeginFunc(h.ctx, h.db, func(tx pgx.Tx) error {

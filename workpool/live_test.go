@@ -58,6 +58,26 @@ func requireRunStatus(t *testing.T, db *pgxpool.Pool, pool, kind string) {
 	}, testWait, testTick, "run status of %s never became %s", pool, kind)
 }
 
+// requireLoopSettled waits until m leads pool and its loop has run its
+// first full iteration and published kind. A new pool row reads "idle"
+// before any iteration, so the status alone proves nothing: the generation
+// must have moved past the takeover's bump and the loop must be waiting.
+func requireLoopSettled(t *testing.T, db *pgxpool.Pool, m *Manager, pool, kind string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		l := m.loopFor(pool)
+		if l == nil || !l.leading.Load() || l.iterations.Load() == 0 {
+			return false
+		}
+		var (
+			got string
+			gen int64
+		)
+		err := db.QueryRow(context.Background(), `SELECT run_kind, generation FROM workpool_pools WHERE name = $1`, pool).Scan(&got, &gen)
+		return err == nil && got == kind && gen >= 2 && len(l.kickc) == 0
+	}, testWait, testTick, "the loop of %s never settled %s after an iteration", pool, kind)
+}
+
 func requireFinished(t *testing.T, m *Manager, org string, id uuid.UUID, want Outcome) Status {
 	t.Helper()
 	var s Status
@@ -76,7 +96,6 @@ func slotsInUse(t *testing.T, db *pgxpool.Pool, pool string) int {
 	t.Helper()
 	var n int
 	require.NoError(t, db.QueryRow(context.Background(), `
-		SELECT (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running' AND NOT slot_released)
-		     + (SELECT count(*) FROM workpool_completions WHERE pool = $1)`, pool).Scan(&n))
+		SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running'`, pool).Scan(&n))
 	return n
 }

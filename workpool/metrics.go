@@ -83,10 +83,8 @@ var (
 const sqlDepth = `
 SELECT p.name,
   (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'pending' AND w.concurrency_key IS NULL)
-  + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'pending' AND w.concurrency_key IS NOT NULL)
-  + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'retrying'),
-  (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'running' AND NOT w.slot_released)
-  + (SELECT count(*) FROM workpool_completions c WHERE c.pool = p.name),
+  + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'pending' AND w.concurrency_key IS NOT NULL),
+  (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'running'),
   least(
     (SELECT min(run_at) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'pending' AND w.concurrency_key IS NULL),
     (SELECT min(run_at) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'pending' AND w.concurrency_key IS NOT NULL))

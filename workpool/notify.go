@@ -85,9 +85,9 @@ func (l *listener) dispatch(payload string) {
 	case "h":
 		l.m.sawPeer(origin)
 	case "e":
-		l.m.kickLoop(rest, true)
+		l.m.kickLoop(rest, kickEnqueue)
 	case "k":
-		l.m.kickLoop(rest, false)
+		l.m.kickLoop(rest, kickWork)
 	case "s":
 		l.m.exec.kick()
 	case "x":

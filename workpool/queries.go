@@ -25,10 +25,9 @@ const sqlListPoolNames = `SELECT name FROM workpool_pools ORDER BY name`
 // sqlPoolInfo reads a pool and the caller's org's counts in it.
 const sqlPoolInfo = `
 SELECT p.name, p.max_parallelism, p.max_parallelism_per_org, p.run_kind, p.run_saturated, p.run_at,
-  (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'running' AND NOT w.slot_released),
+  (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'running'),
   (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NULL)
-  + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL)
-  + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'retrying'),
+  + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL),
   least(
     (SELECT min(run_at) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NULL),
     (SELECT min(run_at) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL)),
@@ -156,8 +155,6 @@ WITH w AS (
   SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND created_at < $3
   UNION ALL
   SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state = 'running' AND created_at < $3
-  UNION ALL
-  SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state = 'retrying' AND created_at < $3
 ), ins AS (
   INSERT INTO workpool_cancelations (work_id, pool, org_id, created_at)
   SELECT id, $2, org_id, $4 FROM w
@@ -166,75 +163,106 @@ WITH w AS (
 )
 SELECT count(*) FROM ins`
 
-// --- completion ----------------------------------------------------------------
+// --- the attempt lifecycle (docs/workpool.md § "The life of an attempt") ------
+//
+// A slot is a running attempt: a pool's slots in use are its rows in state
+// 'running', nothing else. Only the loop adds to them (a start, fenced by the
+// pool's generation); the statement that records an attempt's result — on
+// the replica that ran it, or in the loop for an attempt whose executor went
+// silent — takes the row out of 'running' and so frees the slot in the same
+// write. The fragments below are the only spellings of the slot count and of
+// the next-state decision.
 
-// sqlComplete finishes a batch of attempts in one statement. An attempt
-// counts only if the work is still started or running at that attempt, so
-// a duplicate or stale report changes nothing. Canceled work finishes as
-// canceled whatever the attempt returned; a retryable failure with attempts
-// left goes to 'retrying'. Every attempt that counted leaves a pending
-// completion that holds its slot until the loop processes it.
-const sqlComplete = `
+// sqlSlotsInUse counts pool $1's slots in use.
+const sqlSlotsInUse = `(SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running')`
+
+// sqlFreeSlots is how many slots of pool $1 are free under limit.
+func sqlFreeSlots(limit string) string {
+	return `greatest(` + limit + ` - ` + sqlSlotsInUse + `, 0)::int`
+}
+
+// Next-state predicates of sqlComplete, over the work row w (before the
+// update) and the reported attempt c. A canceled item always finishes (as
+// canceled); an attempt handed back at shutdown goes back to pending without
+// counting; a retryable failure with attempts left goes back to pending at
+// its retry time; everything else finishes.
+const (
+	sqlHandedBack = `(NOT w.canceled AND c.kind = 'handback')`
+	sqlWillRetry  = `(NOT w.canceled AND c.kind = 'failed' AND c.retryable AND w.attempts + 1 < w.max_attempts)`
+	sqlRunsAgain  = `(` + sqlHandedBack + ` OR ` + sqlWillRetry + `)`
+)
+
+// retryDelayMS is the wait before the next attempt of w in milliseconds,
+// once n attempts have finished: initial_backoff_ms·backoff_base^(n−1)·
+// U[0.5, 1.5), at most MaxRetryDelay. The power is taken as exp(n·ln base)
+// with the exponent clamped at retryExponentCap, so that no policy the
+// validation admits (base ≤ 100, attempts ≤ 1000: 100^999 is far past
+// float8) can overflow and fail the statement that records the attempt —
+// and with it every other result of the batch. e^20·0.5 exceeds 24 h in ms,
+// so the clamp never shortens a delay below the cap (for initial_backoff_ms
+// ≥ 1), and 86,400,000·e^20·1.5 is far inside float8. The greatest() guards
+// keep rows written around the validation (a negative base or attempt
+// count) from raising an error here too.
+func retryDelayMS(n string) string {
+	return `least(greatest(w.initial_backoff_ms, 0)
+    * exp(least((greatest(` + n + `, 1) - 1) * ln(greatest(w.backoff_base, 1)), ` + retryExponentCap + `))
+    * (0.5 + random()), ` + maxRetryDelayMS + `)`
+}
+
+// sqlRetryDelayMS and sqlRetryRunAt ($3: now) are the delay and the time of
+// the next attempt of a row whose w.attempts attempts have finished.
+var (
+	sqlRetryDelayMS = retryDelayMS("w.attempts")
+	sqlRetryRunAt   = `$3::timestamptz + make_interval(secs => ` + sqlRetryDelayMS + ` / 1000.0)`
+)
+
+// sqlComplete records a batch of attempt results in one statement and, by
+// taking each row out of 'running', frees its slot. An attempt counts only
+// while the work is running at that attempt, so a duplicate or stale report
+// changes nothing. $1–$6 the results (id, attempt, kind: succeeded | failed
+// | handback, result, error, retryable), $7 now. It returns every row it
+// changed, with the kind reported.
+var sqlComplete = `
 WITH c AS (
   SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::bool[])
     AS c(id, attempt, kind, result, error, retryable)
-), upd AS (
-  UPDATE workpool_work w SET
-    state = CASE WHEN NOT w.canceled AND c.kind <> 'succeeded' AND c.retryable AND w.attempts + 1 < w.max_attempts
-                 THEN 'retrying' ELSE 'finished' END,
-    attempts = w.attempts + 1,
-    outcome = CASE WHEN NOT w.canceled AND c.kind <> 'succeeded' AND c.retryable AND w.attempts + 1 < w.max_attempts THEN NULL
-                   WHEN w.canceled THEN 'canceled'
-                   WHEN c.kind = 'succeeded' THEN 'succeeded'
-                   ELSE 'failed' END,
-    result = CASE WHEN NOT w.canceled AND c.kind = 'succeeded' THEN c.result::jsonb END,
-    error = CASE WHEN w.canceled OR c.kind = 'succeeded' THEN NULL ELSE c.error END,
-    finished_at = CASE WHEN NOT w.canceled AND c.kind <> 'succeeded' AND c.retryable AND w.attempts + 1 < w.max_attempts
-                       THEN NULL ELSE $7::timestamptz END,
-    hook_state = CASE WHEN NOT w.canceled AND c.kind <> 'succeeded' AND c.retryable AND w.attempts + 1 < w.max_attempts THEN NULL
-                      WHEN w.on_complete_hook IS NOT NULL THEN 'done' END,
-    claimed_by = NULL,
-    heartbeat_at = NULL
-    -- slot_released is left as it is, so that RETURNING reports the value
-    -- of the row version this update applied to: a release committed while
-    -- this statement waited for the row is seen
-  FROM c
-  WHERE w.id = c.id AND w.state = 'running' AND w.attempts = c.attempt - 1
-  RETURNING w.id, w.org_id, w.pool, w.handler, w.state, w.outcome, w.result, w.error, w.attempts,
-    w.on_complete_hook, w.on_complete_context, w.slot_released
-), pc AS (
-  -- a released slot already went back (sqlRelease, or the loop itself);
-  -- a retry needs its completion all the same, as only the loop schedules
-  -- retries (an attempt released as final can still be recorded as a
-  -- retryable failure, by recovery when its result was lost): it holds one
-  -- slot more until the loop takes it, the safe direction
-  INSERT INTO workpool_completions (pool, work_id, org_id, attempt, outcome, retry, created_at)
-  SELECT pool, id, org_id, attempts, coalesce(outcome, 'failed'), state = 'retrying', $7
-  FROM upd WHERE NOT slot_released OR state = 'retrying'
 )
-SELECT id, org_id, pool, handler, state, outcome, result, error, attempts, on_complete_hook, on_complete_context
-FROM upd`
+UPDATE workpool_work w SET
+  state = CASE WHEN ` + sqlRunsAgain + ` THEN 'pending' ELSE 'finished' END,
+  attempts = w.attempts + CASE WHEN ` + sqlHandedBack + ` THEN 0 ELSE 1 END,
+  run_at = CASE WHEN ` + sqlHandedBack + ` THEN $7::timestamptz
+                WHEN ` + sqlWillRetry + ` THEN $7::timestamptz + make_interval(secs => ` + retryDelayMS("w.attempts + 1") + ` / 1000.0)
+                ELSE w.run_at END,
+  outcome = CASE WHEN ` + sqlRunsAgain + ` THEN NULL
+                 WHEN w.canceled THEN 'canceled'
+                 WHEN c.kind = 'succeeded' THEN 'succeeded'
+                 ELSE 'failed' END,
+  result = CASE WHEN NOT w.canceled AND c.kind = 'succeeded' THEN c.result::jsonb END,
+  error = CASE WHEN w.canceled OR c.kind = 'succeeded' THEN NULL
+               WHEN ` + sqlHandedBack + ` THEN w.error
+               ELSE c.error END,
+  finished_at = CASE WHEN ` + sqlRunsAgain + ` THEN NULL ELSE $7::timestamptz END,
+  hook_state = CASE WHEN ` + sqlRunsAgain + ` THEN NULL WHEN w.on_complete_hook IS NOT NULL THEN 'done' END,
+  claimed_by = NULL,
+  heartbeat_at = NULL
+FROM c
+WHERE w.id = c.id AND w.state = 'running' AND w.attempts = c.attempt - 1
+RETURNING w.id, w.org_id, w.pool, w.handler, w.state, w.outcome, w.result, w.error, w.attempts,
+  w.on_complete_hook, w.on_complete_context, c.kind`
 
-// sqlRelease hands back the slots of attempts whose handlers returned and
-// that will not be retried, before their results are durably recorded: a
-// pending completion frees the slot as soon as the loop sees it. It commits
-// without waiting for the WAL flush: if a crash loses it, the attempt still
-// holds its slot and is recovered like any other. sqlComplete then records
-// the result (and runs the hooks) durably. The arrays are sqlComplete's
-// first ones: id, attempt, kind, retryable.
-const sqlRelease = `
-WITH c AS (
-  SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::bool[]) AS c(id, attempt, kind, retryable)
-), upd AS (
-  UPDATE workpool_work w SET slot_released = true
-  FROM c
-  WHERE w.id = c.id AND w.state = 'running' AND NOT w.slot_released AND w.attempts = c.attempt - 1
-    AND NOT (NOT w.canceled AND c.kind <> 'succeeded' AND c.retryable AND w.attempts + 1 < w.max_attempts)
-  RETURNING w.id, w.org_id, w.pool, w.attempts,
-    CASE WHEN w.canceled THEN 'canceled' WHEN c.kind = 'succeeded' THEN 'succeeded' ELSE 'failed' END AS outcome
-)
-INSERT INTO workpool_completions (pool, work_id, org_id, attempt, outcome, retry, created_at)
-SELECT pool, id, org_id, attempts + 1, outcome, false, $5 FROM upd`
+// sqlCompleteUnstorable finishes attempts whose reported result could not
+// be recorded (sqlComplete failed on that item alone: a value Postgres
+// refuses) as failed with $3 as the error, so that one item's data never
+// holds up the others'. $1 ids, $2 attempts, $4 now.
+const sqlCompleteUnstorable = `
+UPDATE workpool_work w SET state = 'finished', attempts = w.attempts + 1,
+  outcome = CASE WHEN w.canceled THEN 'canceled' ELSE 'failed' END, result = NULL,
+  error = CASE WHEN w.canceled THEN NULL ELSE $3 END, finished_at = $4,
+  hook_state = CASE WHEN w.on_complete_hook IS NOT NULL THEN 'done' END, claimed_by = NULL, heartbeat_at = NULL
+FROM unnest($1::uuid[], $2::int[]) AS c(id, attempt)
+WHERE w.id = c.id AND w.state = 'running' AND w.attempts = c.attempt - 1
+RETURNING w.id, w.org_id, w.pool, w.handler, w.state, w.outcome, w.result, w.error, w.attempts,
+  w.on_complete_hook, w.on_complete_context, 'failed'::text`
 
 // sqlHookFailed schedules failed hook calls for a retry.
 const sqlHookFailed = `
@@ -282,19 +310,18 @@ FROM workpool_work w WHERE w.id = ANY($1)`
 const sqlTakeover = `
 UPDATE workpool_pools SET generation = generation + 1 WHERE name = $1 RETURNING generation`
 
-// sqlBump opens an iteration: it succeeds only if no other iteration ran
+// sqlBump fences an iteration: it succeeds only if no other iteration ran
 // since this loop's last one, and holds the pool row until commit, which
-// serialises iterations.
-const sqlBump = `
-UPDATE workpool_pools SET generation = generation + 1, run_kind = 'running', run_saturated = false, run_at = NULL, updated_at = $3
-WHERE name = $1 AND generation = $2
-RETURNING max_parallelism, max_parallelism_per_org`
+// serialises iterations. $1 pool, $2 generation, $3 now.
+var sqlBump = bumpSQL("$2", "$3")
 
-const sqlTakeCompletions = `
-DELETE FROM workpool_completions c
-USING (SELECT pool, id FROM workpool_completions WHERE pool = $1 ORDER BY id LIMIT $2) d
-WHERE c.pool = d.pool AND c.id = d.id
-RETURNING c.work_id, c.attempt, c.outcome, c.retry`
+// bumpSQL is sqlBump with the generation and now at the parameters given.
+func bumpSQL(gen, now string) string {
+	return `
+UPDATE workpool_pools SET generation = generation + 1, run_kind = 'running', run_saturated = false, run_at = NULL, updated_at = ` + now + `
+WHERE name = $1 AND generation = ` + gen + `
+RETURNING max_parallelism, max_parallelism_per_org`
+}
 
 const sqlTakeCancelations = `
 DELETE FROM workpool_cancelations c
@@ -302,44 +329,19 @@ USING (SELECT work_id FROM workpool_cancelations WHERE pool = $1 ORDER BY create
 WHERE c.work_id = d.work_id
 RETURNING c.work_id`
 
-// sqlRetryDelayMS is the wait before the next attempt of w in
-// milliseconds: initial_backoff_ms·backoff_base^(attempts−1)·U[0.5, 1.5),
-// at most MaxRetryDelay. The power is taken as exp(n·ln base) with the
-// exponent clamped at retryExponentCap, so that no policy the validation
-// admits (base ≤ 100, attempts ≤ 1000: 100^999 is far past float8) can
-// overflow and fail the iteration that schedules it — which would stall the
-// whole pool, every org's work with it. e^20·0.5 exceeds 24 h in ms, so the
-// clamp never shortens a delay below the cap (for initial_backoff_ms ≥ 1),
-// and 86,400,000·e^20·1.5 is far inside float8. The greatest() guards keep
-// rows written around the validation (a negative base or attempt count)
-// from raising an error here too.
-const sqlRetryDelayMS = `least(greatest(w.initial_backoff_ms, 0)
-    * exp(least((greatest(w.attempts, 1) - 1) * ln(greatest(w.backoff_base, 1)), ` + retryExponentCap + `))
-    * (0.5 + random()), ` + maxRetryDelayMS + `)`
-
-// sqlRetryRunAt is when w's next attempt may start ($3: now).
-const sqlRetryRunAt = `$3::timestamptz + make_interval(secs => ` + sqlRetryDelayMS + ` / 1000.0)`
-
-// sqlRetry sets failed attempts pending again after sqlRetryDelayMS,
-// unless canceled.
-const sqlRetry = `
-UPDATE workpool_work w SET state = 'pending', run_at = ` + sqlRetryRunAt + `
-FROM unnest($1::uuid[], $2::int[]) AS c(id, attempt)
-WHERE w.id = c.id AND w.state = 'retrying' AND w.attempts = c.attempt AND NOT w.canceled
-RETURNING w.id`
-
-// sqlMarkCanceled flags unfinished work canceled (so it never retries) and
-// reports where each item stands.
+// sqlMarkCanceled flags unfinished work canceled (so it never runs again)
+// and reports where each item stands. Rows are locked in id order, the
+// order every batch statement takes them in.
 const sqlMarkCanceled = `
 UPDATE workpool_work SET canceled = true
-WHERE id = ANY($1) AND state <> 'finished'
+WHERE id IN (SELECT id FROM workpool_work WHERE id = ANY($1) AND state <> 'finished' ORDER BY id FOR UPDATE)
 RETURNING id, state`
 
 // sqlFinishCanceled finishes canceled work that holds no running attempt.
 const sqlFinishCanceled = `
 UPDATE workpool_work SET state = 'finished', outcome = 'canceled', result = NULL, error = NULL, finished_at = $2,
   hook_state = CASE WHEN on_complete_hook IS NOT NULL THEN 'done' END, claimed_by = NULL, heartbeat_at = NULL
-WHERE id = ANY($1) AND state IN ('pending', 'retrying') AND canceled
+WHERE id = ANY($1) AND state = 'pending' AND canceled
 RETURNING id, org_id, pool, handler, state, outcome, result, error, attempts, on_complete_hook, on_complete_context`
 
 // sqlStale finds attempts whose executor stopped heartbeating (or that no
@@ -359,37 +361,102 @@ ORDER BY hook_next_at
 LIMIT 100
 FOR UPDATE SKIP LOCKED`
 
-// sqlStart gives free slots to ready work: the free count is taken in the
-// same snapshot as the start (only the loop ever adds to the slots in use),
-// orgs with ready work take turns (weighted), an org's running work stays
-// within max_parallelism_per_org, and keyed work within its key's limit, in
-// run_at order. $1 pool, $2 max_parallelism, $3 now, $4 per-org cap or null.
-const sqlStart = `
+// Starting work. Both iterations pick differently — the full one walks the
+// orgs for fair share, keys and per-org caps; the fast one takes the one
+// org's ready work in run_at order — and start what they picked with the
+// same statement tail (sqlStartPicked), so a start means the same on both
+// paths. Parameters common to every start statement: $1 pool, $2 now, $3
+// the executors' notification payload, $4 handlers registered here, $5 free
+// local capacity, $6 local share (1/replicas), $7 local executor id.
+
+// sqlPickPlain picks one org's plain ready work in run_at order into the
+// free slots (CTE free). With one org and no keys or per-org cap, fair share
+// makes the same choice.
+const sqlPickPlain = `
+pick AS (
+  SELECT id, handler FROM workpool_work
+  WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
+  ORDER BY org_id, run_at
+  LIMIT (SELECT n FROM free)
+  FOR UPDATE SKIP LOCKED
+)`
+
+// sqlStartPicked starts the work of CTE pick (id, handler): this replica's
+// executor's share is claimed in the same statement (picked work of the
+// handlers registered here, up to the share and the free local capacity);
+// the rest waits, unclaimed, for the executors of other replicas, who are
+// notified. It ends in a SELECT of the started work: the lags of every
+// start, whether it notified, and the claimed items, column by column;
+// extra is prepended to that select list.
+func sqlStartPicked(extra string) string {
+	return `
+split AS (
+  SELECT id, coalesce(handler = ANY($4), false)
+    AND row_number() OVER (PARTITION BY coalesce(handler = ANY($4), false))
+        <= least($5::int, ceil((SELECT count(*) FROM pick) * $6::float8)) AS mine
+  FROM pick
+), started_here AS (
+  -- (two updates over disjoint rows, each by its id array: no per-row
+  -- search of one set in the other, which grows with the square of a batch)
+  UPDATE workpool_work w SET state = 'running', started_at = $2, claimed_by = $7::uuid, heartbeat_at = $2
+  WHERE w.id = ANY(ARRAY(SELECT id FROM split WHERE mine))
+  RETURNING w.id, w.org_id, w.handler, w.args, w.attempts, w.timeout_ms, w.on_complete_hook IS NOT NULL AS hook, w.run_at
+), started_elsewhere AS (
+  UPDATE workpool_work w SET state = 'running', started_at = $2, claimed_by = NULL, heartbeat_at = NULL
+  WHERE w.id = ANY(ARRAY(SELECT id FROM split WHERE NOT mine))
+  RETURNING w.id, w.run_at
+), started AS (
+  SELECT id, org_id, handler, args, attempts, timeout_ms, hook, run_at, true AS mine FROM started_here
+  UNION ALL
+  SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, run_at, false FROM started_elsewhere
+)
+SELECT ` + extra + `
+  coalesce((SELECT array_agg(extract(epoch FROM $2::timestamptz - run_at)::float8) FROM started), '{}'),
+  (SELECT count(*) FROM (SELECT pg_notify('` + notifyChannel + `', $3) FROM started WHERE NOT mine LIMIT 1) n),
+  coalesce((SELECT array_agg(id) FROM started WHERE mine), '{}'),
+  coalesce((SELECT array_agg(org_id) FROM started WHERE mine), '{}'),
+  coalesce((SELECT array_agg(handler) FROM started WHERE mine), '{}'),
+  coalesce((SELECT array_agg(args::text) FROM started WHERE mine), '{}'),
+  coalesce((SELECT array_agg(attempts) FROM started WHERE mine), '{}'),
+  coalesce((SELECT array_agg(timeout_ms) FROM started WHERE mine), '{}'),
+  coalesce((SELECT array_agg(hook) FROM started WHERE mine), '{}')`
+}
+
+// sqlStartPlain is the full iteration's start when its census found one
+// org's plain work only and no per-org cap ($8 max_parallelism).
+var sqlStartPlain = `
+WITH free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
+` + sqlPickPlain + `,
+` + sqlStartPicked("")
+
+// sqlStartFair gives free slots to ready work fairly: orgs with ready work
+// take turns (weighted), an org's running work stays within
+// max_parallelism_per_org ($9, or null), and keyed work within its key's
+// limit, in run_at order. The free count is taken in the same snapshot as
+// the start (only the loop ever adds to the slots in use). $8
+// max_parallelism.
+var sqlStartFair = `
 WITH RECURSIVE
-free AS (
-  SELECT greatest($2::int
-    - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running' AND NOT slot_released)
-    - (SELECT count(*) FROM workpool_completions WHERE pool = $1), 0)::int AS n
-),
+free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
 orgs(org_id) AS (
   SELECT (SELECT org_id FROM workpool_work
-          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $3
+          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
           ORDER BY org_id LIMIT 1)
   UNION ALL
   SELECT (SELECT w.org_id FROM workpool_work w
-          WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $3 AND w.org_id > o.org_id
+          WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $2 AND w.org_id > o.org_id
           ORDER BY w.org_id LIMIT 1)
   FROM orgs o WHERE o.org_id IS NOT NULL
 ),
 keys(org_id, ckey, klimit) AS (
   (SELECT org_id, concurrency_key, key_limit FROM workpool_work
-   WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $3
+   WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
    ORDER BY org_id, concurrency_key, run_at LIMIT 1)
   UNION ALL
   SELECT n.org_id, n.concurrency_key, n.key_limit
   FROM keys k CROSS JOIN LATERAL (
     SELECT w.org_id, w.concurrency_key, w.key_limit FROM workpool_work w
-    WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL AND w.run_at <= $3
+    WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL AND w.run_at <= $2
       AND (w.org_id, w.concurrency_key) > (k.org_id, k.ckey)
     ORDER BY w.org_id, w.concurrency_key, w.run_at LIMIT 1) n
 ),
@@ -397,25 +464,24 @@ cand AS (
   SELECT c.id, o.org_id, c.run_at
   FROM orgs o CROSS JOIN free f CROSS JOIN LATERAL (
     SELECT w.id, w.run_at FROM workpool_work w
-    WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $3
-    ORDER BY w.run_at LIMIT $2) c
+    WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $2
+    ORDER BY w.run_at LIMIT $8) c
   WHERE o.org_id IS NOT NULL AND f.n > 0
   UNION ALL
   SELECT c.id, k.org_id, c.run_at
   FROM keys k CROSS JOIN free f CROSS JOIN LATERAL (
     SELECT w.id, w.run_at FROM workpool_work w
-    WHERE w.pool = $1 AND w.org_id = k.org_id AND w.concurrency_key = k.ckey AND w.state = 'pending' AND w.run_at <= $3
+    WHERE w.pool = $1 AND w.org_id = k.org_id AND w.concurrency_key = k.ckey AND w.state = 'pending' AND w.run_at <= $2
     ORDER BY w.run_at
-    LIMIT least($2, greatest(coalesce(k.klimit, 1) - (
+    LIMIT least($8, greatest(coalesce(k.klimit, 1) - (
       SELECT count(*) FROM workpool_work a
-      WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state = 'running' AND NOT a.slot_released AND a.concurrency_key = k.ckey), 0))) c
+      WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state = 'running' AND a.concurrency_key = k.ckey), 0))) c
   WHERE f.n > 0
 ),
 room AS (
   SELECT d.org_id, coalesce(wt.weight, 1) AS weight,
-    CASE WHEN $4::int IS NULL THEN 2147483647
-         ELSE $4::int - (SELECT count(*) FROM workpool_work a WHERE a.pool = $1 AND a.org_id = d.org_id AND a.state = 'running' AND NOT a.slot_released)
-                      - (SELECT count(*) FROM workpool_completions p WHERE p.pool = $1 AND p.org_id = d.org_id) END AS room
+    CASE WHEN $9::int IS NULL THEN 2147483647
+         ELSE $9::int - (SELECT count(*) FROM workpool_work a WHERE a.pool = $1 AND a.org_id = d.org_id AND a.state = 'running') END AS room
   FROM (SELECT DISTINCT org_id FROM cand) d
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
 ),
@@ -424,140 +490,46 @@ ranked AS (
   FROM cand c JOIN room r ON r.org_id = c.org_id
 ),
 pick AS (
-  SELECT w.id FROM workpool_work w
+  SELECT w.id, w.handler FROM workpool_work w
   WHERE w.id IN (SELECT id FROM ranked WHERE rn <= room
                  ORDER BY ceil(rn::float8 / weight), run_at LIMIT (SELECT n FROM free))
     AND w.state = 'pending'
   FOR UPDATE SKIP LOCKED
-)
-UPDATE workpool_work w SET state = 'running', started_at = $3, claimed_by = NULL, heartbeat_at = NULL, slot_released = false
-WHERE w.id = ANY(ARRAY(SELECT id FROM pick))
-RETURNING w.id, w.run_at`
-
-// sqlStartPlain is sqlStart for the common case the census found: one org
-// with ready work, no keyed work and no per-org cap. It takes the free
-// slots in the same snapshot as the start, in run_at order.
-const sqlStartPlain = `
-WITH free AS (
-  SELECT greatest($2::int
-    - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running' AND NOT slot_released)
-    - (SELECT count(*) FROM workpool_completions WHERE pool = $1), 0)::int AS n
-), pick AS (
-  SELECT id FROM workpool_work
-  WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $3
-  ORDER BY org_id, run_at
-  LIMIT (SELECT n FROM free)
-  FOR UPDATE SKIP LOCKED
-)
-UPDATE workpool_work w SET state = 'running', started_at = $3, claimed_by = NULL, heartbeat_at = NULL, slot_released = false
-WHERE w.id = ANY(ARRAY(SELECT id FROM pick))
-RETURNING w.id, w.run_at`
+),
+` + sqlStartPicked("")
 
 // sqlIterateFast is a whole iteration in one statement for the common
-// case: no retry to schedule, no cancelation, and ready work of one org
-// only, without keys or a per-org cap. It fences itself like any iteration
-// (every write depends on the bump), frees the slots of finished attempts,
-// fills them from the one org's ready work in run_at order (the free count
-// taken in the statement's snapshot, corrected for the completions it
-// deletes), hands this replica's executor its share of the started work
-// (claimed in the same statement: the rest waits for the executors of other
-// replicas), and wakes the executors. What it cannot handle it leaves and
-// reports: the loop then runs the full iteration. $1 pool, $2 generation,
-// $3 now, $4 completion batch, $5 notification payload, $6 handlers
-// registered here, $7 free local capacity, $8 local share (1/replicas),
-// $9 local executor id, $10–$13 results of attempts it claimed earlier
-// whose handlers returned (id, attempt, kind, retryable).
-const sqlIterateFast = `
-WITH bump AS (
-  UPDATE workpool_pools SET generation = generation + 1, run_kind = 'running', run_saturated = false, run_at = NULL, updated_at = $3
-  WHERE name = $1 AND generation = $2
-  RETURNING max_parallelism, max_parallelism_per_org
+// case: no cancelation to process, and ready work of one org only, without
+// keys or a per-org cap. It fences itself like any iteration (every write
+// depends on the bump: the free count is 0 without it) and starts the one
+// org's ready work into the free slots, as sqlStartPlain would. What it
+// cannot handle it leaves and reports: the loop then runs the full
+// iteration. $8 generation; the rest as every start.
+var sqlIterateFast = `
+WITH bump AS (` + bumpSQL("$8", "$2") + `
 ), census AS (
   SELECT (SELECT org_id FROM workpool_work
-          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $3
+          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
           ORDER BY org_id LIMIT 1) AS org
 ), plain AS (
   SELECT EXISTS (SELECT 1 FROM bump WHERE max_parallelism_per_org IS NULL)
     -- (ordered probes: a generic plan would rather seq-scan for "any row")
     AND (SELECT w.org_id FROM workpool_work w
-         WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $3
+         WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $2
            AND w.org_id > (SELECT org FROM census)
          ORDER BY w.org_id LIMIT 1) IS NULL
     AND (SELECT org_id FROM workpool_work
-         WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $3
+         WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
          ORDER BY org_id LIMIT 1) IS NULL
     -- cancelations go first: never start what is about to be canceled
     AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1) AS ok
-), del AS (
-  DELETE FROM workpool_completions c
-  USING (SELECT pool, id FROM workpool_completions WHERE pool = $1 AND NOT retry ORDER BY id LIMIT $4) d
-  WHERE c.pool = d.pool AND c.id = d.id AND EXISTS (SELECT 1 FROM bump)
-  RETURNING c.outcome
-), relrows AS (
-  -- attempts this replica's executor finished, whose slots this loop frees
-  -- itself (as sqlRelease would); rows being recorded right now are left to
-  -- their record's pending completion
-  SELECT w.id FROM workpool_work w
-  WHERE w.id = ANY($10) AND w.pool = $1 AND w.state = 'running' AND NOT w.slot_released
-  FOR UPDATE SKIP LOCKED
-), rel AS (
-  UPDATE workpool_work w SET slot_released = true
-  FROM unnest($10::uuid[], $11::int[], $12::text[], $13::bool[]) AS c(id, attempt, kind, retryable)
-  WHERE w.id = c.id AND w.id IN (SELECT id FROM relrows) AND w.attempts = c.attempt - 1
-    AND NOT (NOT w.canceled AND c.kind <> 'succeeded' AND c.retryable AND w.attempts + 1 < w.max_attempts)
-    AND EXISTS (SELECT 1 FROM bump)
-  RETURNING CASE WHEN w.canceled THEN 'canceled' WHEN c.kind = 'succeeded' THEN 'succeeded' ELSE 'failed' END AS outcome
 ), free AS (
-  SELECT CASE WHEN (SELECT ok FROM plain) THEN greatest(coalesce((SELECT max_parallelism FROM bump), 0)
-      - (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running' AND NOT slot_released)
-      - (SELECT count(*) FROM workpool_completions WHERE pool = $1)
-      + (SELECT count(*) FROM del) + (SELECT count(*) FROM rel), 0)
-    ELSE 0 END::int AS n
-), pick AS (
-  SELECT id, handler FROM workpool_work
-  WHERE pool = $1 AND org_id = (SELECT org FROM census) AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $3
-  ORDER BY run_at
-  LIMIT (SELECT n FROM free)
-  FOR UPDATE SKIP LOCKED
-), split AS (
-  -- this replica's executor's share, claimed here rather than by a claim:
-  -- picked work of the handlers registered here, up to the share
-  SELECT id, coalesce(handler = ANY($6), false)
-    AND row_number() OVER (PARTITION BY coalesce(handler = ANY($6), false))
-        <= least($7::int, ceil((SELECT count(*) FROM pick) * $8::float8)) AS mine
-  FROM pick
-), started_here AS (
-  -- (two updates over disjoint rows, each by its id array: no per-row
-  -- search of one set in the other, which grows with the square of a batch)
-  UPDATE workpool_work w SET state = 'running', started_at = $3, slot_released = false, claimed_by = $9::uuid, heartbeat_at = $3
-  WHERE w.id = ANY(ARRAY(SELECT id FROM split WHERE mine))
-  RETURNING w.id, w.org_id, w.handler, w.args, w.attempts, w.timeout_ms, w.on_complete_hook IS NOT NULL AS hook, w.run_at
-), started_elsewhere AS (
-  UPDATE workpool_work w SET state = 'running', started_at = $3, slot_released = false, claimed_by = NULL, heartbeat_at = NULL
-  WHERE w.id = ANY(ARRAY(SELECT id FROM split WHERE NOT mine))
-  RETURNING w.id, w.run_at
-), started AS (
-  SELECT id, org_id, handler, args, attempts, timeout_ms, hook, run_at, true AS mine FROM started_here
-  UNION ALL
-  SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, run_at, false FROM started_elsewhere
-)
-SELECT
-  EXISTS (SELECT 1 FROM bump),
-  (SELECT ok FROM plain),
-  (SELECT count(*) FROM del WHERE outcome = 'succeeded') + (SELECT count(*) FROM rel WHERE outcome = 'succeeded'),
-  (SELECT count(*) FROM del WHERE outcome = 'failed') + (SELECT count(*) FROM rel WHERE outcome = 'failed'),
-  (SELECT count(*) FROM del WHERE outcome = 'canceled') + (SELECT count(*) FROM rel WHERE outcome = 'canceled'),
-  coalesce((SELECT array_agg(extract(epoch FROM $3::timestamptz - run_at)::float8) FROM started), '{}'),
-  EXISTS (SELECT 1 FROM workpool_completions WHERE pool = $1 AND retry),
-  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),
-  (SELECT count(*) FROM (SELECT pg_notify('` + notifyChannel + `', $5) FROM started WHERE NOT mine LIMIT 1) n),
-  coalesce((SELECT array_agg(id) FROM started WHERE mine), '{}'),
-  coalesce((SELECT array_agg(org_id) FROM started WHERE mine), '{}'),
-  coalesce((SELECT array_agg(handler) FROM started WHERE mine), '{}'),
-  coalesce((SELECT array_agg(args::text) FROM started WHERE mine), '{}'),
-  coalesce((SELECT array_agg(attempts) FROM started WHERE mine), '{}'),
-  coalesce((SELECT array_agg(timeout_ms) FROM started WHERE mine), '{}'),
-  coalesce((SELECT array_agg(hook) FROM started WHERE mine), '{}')`
+  SELECT CASE WHEN (SELECT ok FROM plain)
+    THEN ` + sqlFreeSlots("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
+),
+` + sqlPickPlain + `,
+` + sqlStartPicked(`EXISTS (SELECT 1 FROM bump), (SELECT ok FROM plain),
+  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),`)
 
 // sqlCensus tells an iteration whether fair share has anything to share:
 // how many orgs (up to 2) have ready plain work, and whether keyed work is
@@ -596,8 +568,7 @@ WITH RECURSIVE orgs(org_id) AS (
   FROM orgs o WHERE o.org_id IS NOT NULL
 )
 SELECT
-  (SELECT count(*) FROM workpool_work WHERE pool = $1 AND state = 'running' AND NOT slot_released)
-    + (SELECT count(*) FROM workpool_completions WHERE pool = $1),
+  ` + sqlSlotsInUse + `,
   EXISTS (SELECT 1 FROM heads WHERE first_at <= $2)
     OR EXISTS (SELECT 1 FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2),
   least((SELECT min(next_at) FROM heads),
@@ -657,8 +628,7 @@ SELECT least(
      WHERE pool = $1 AND org_id = $2 AND state = 'pending' AND concurrency_key IS NULL LIMIT $3) a)
   + (SELECT count(*) FROM (SELECT 1 FROM workpool_work
      WHERE pool = $1 AND org_id = $2 AND state = 'pending' AND concurrency_key IS NOT NULL LIMIT $3) b)
-  + (SELECT count(*) FROM (SELECT 1 FROM workpool_work WHERE pool = $1 AND org_id = $2 AND state = 'running' LIMIT $3) c)
-  + (SELECT count(*) FROM (SELECT 1 FROM workpool_work WHERE pool = $1 AND org_id = $2 AND state = 'retrying' LIMIT $3) d),
+  + (SELECT count(*) FROM (SELECT 1 FROM workpool_work WHERE pool = $1 AND org_id = $2 AND state = 'running' LIMIT $3) c),
   $3)`
 
 const sqlSetPending = `

@@ -44,7 +44,6 @@ func TestRef002_RemovesWorkFromRunningOnceASuccessfulCompletionIsProcessed(t *te
 
 	o := h.observe()
 	require.Empty(t, o.running)
-	require.Empty(t, o.pendingCompletion)
 	require.Equal(t, StateFinished, h.status(id).State)
 }
 
@@ -382,7 +381,7 @@ func TestRef002_FlagsRunningEntriesWhoseWorkerHasBeenSilentPastTheThreshold(t *t
 
 	h.runMain() // recovery: the silent attempt counts as failed
 
-	require.True(t, h.observe().isRunning(id), "the slot is freed through the pending completion")
+	require.False(t, h.observe().isRunning(id), "recording the failure freed the slot")
 	s := h.status(id)
 	require.Equal(t, StateFinished, s.State)
 	require.Equal(t, OutcomeFailed, s.Outcome)
@@ -443,16 +442,20 @@ func TestRef002_ProcessesWorkThatWasCommittedBeforeMainStarted(t *testing.T) {
 // invisible to it; its commit must wake the loop (listen before look).
 func TestRef002_WorkCommittedAfterTheLoopLookedIsStartedByItsNotification(t *testing.T) {
 	t.Parallel()
-	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	// No timer could start the work: recovery is an hour away and an idle
+	// loop sets none.
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, RecoveryPeriod: time.Hour})
 	tx, err := db.Begin(context.Background())
 	require.NoError(t, err)
 	id, err := m.EnqueueTx(context.Background(), tx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
 	require.NoError(t, err)
-	requireRunStatus(t, db, "default", "idle")
+	requireLoopSettled(t, db, m, "default", "idle") // it looked, and saw nothing
+	before := m.loopFor("default").iterations.Load()
 
 	require.NoError(t, tx.Commit(context.Background()))
 
 	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+	require.Greater(t, m.loopFor("default").iterations.Load(), before, "the commit's notification woke the loop")
 }
 
 // --- 001 cases that 002 did not supersede ----------------------------------------------------
@@ -469,7 +472,7 @@ func TestRef001_PendingStartPlusCancelationFinishesCanceledAndCountsIt(t *testin
 	require.Empty(t, o.pending)
 	require.Empty(t, o.pendingCancelation)
 	require.Empty(t, o.running)
-	require.Equal(t, int64(1), h.l.report.canceled)
+	require.Equal(t, int64(1), h.m.report("default").canceled)
 	require.True(t, h.work(id).canceled)
 }
 
@@ -481,10 +484,8 @@ func TestRef001_ProcessingACompletionCountsItInTheReport(t *testing.T) {
 	h.complete(id, "success", 1)
 
 	h.runMain()
-
-	require.Empty(t, h.observe().pendingCompletion)
-	require.Equal(t, int64(1), h.l.report.completed)
-	require.Equal(t, int64(1), h.l.report.succeeded)
+	require.Equal(t, int64(1), h.m.report("default").completed)
+	require.Equal(t, int64(1), h.m.report("default").succeeded)
 }
 
 func TestRef001_HandlingAJobRetryCountsItAndBumpsAttempts(t *testing.T) {
@@ -499,11 +500,9 @@ func TestRef001_HandlingAJobRetryCountsItAndBumpsAttempts(t *testing.T) {
 	h.complete(id, "failed", 2)
 
 	h.runMain()
-
-	require.Empty(t, h.observe().pendingCompletion)
 	require.Equal(t, 2, h.work(id).attempts)
 	require.Equal(t, []uuid.UUID{id}, h.observe().pending)
-	require.Equal(t, int64(2), h.l.report.retries)
+	require.Equal(t, int64(2), h.m.report("default").retries)
 }
 
 func TestRef001_ProcessingPendingCancelationsLeavesOtherRunningWorkAlone(t *testing.T) {
@@ -520,7 +519,7 @@ func TestRef001_ProcessingPendingCancelationsLeavesOtherRunningWorkAlone(t *test
 	require.Empty(t, o.pendingCancelation)
 	require.Empty(t, o.pending)
 	require.True(t, h.work(id).canceled)
-	require.Equal(t, int64(1), h.l.report.canceled)
+	require.Equal(t, int64(1), h.m.report("default").canceled)
 	require.Equal(t, []uuid.UUID{other}, o.running)
 	require.False(t, h.work(other).canceled)
 }
@@ -576,8 +575,8 @@ func TestRef001_CompleteRunsTheOnCompleteHookAndFinishesTheWork(t *testing.T) {
 func TestRef001_EnqueueWakesAnIdleLoopToRunning(t *testing.T) {
 	t.Parallel()
 	// A long cooldown keeps "running" visible while the work runs.
-	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, Cooldown: time.Minute})
-	requireRunStatus(t, db, "default", "idle")
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, Cooldown: time.Minute, RecoveryPeriod: time.Hour})
+	requireLoopSettled(t, db, m, "default", "idle")
 	release := make(chan struct{})
 	var started atomic.Bool
 	m.Register("block", func(ctx context.Context, _ Job) (json.RawMessage, error) {
@@ -600,14 +599,42 @@ func TestRef001_EnqueueWakesAnIdleLoopToRunning(t *testing.T) {
 
 func TestRef001_EnqueueWakesAScheduledLoopToRunning(t *testing.T) {
 	t.Parallel()
-	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	// A long cooldown keeps "running" visible once the work ran.
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, Cooldown: time.Minute})
 	_, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop",
 		RunAt: time.Now().Add(time.Hour)})
 	require.NoError(t, err)
-	requireRunStatus(t, db, "default", "scheduled")
+	requireLoopSettled(t, db, m, "default", "scheduled")
 
 	id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
 	require.NoError(t, err)
 
+	requireRunStatus(t, db, "default", "running")
 	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+}
+
+// A cancelation committed after an iteration took its batch, but before it
+// decided its status, keeps the loop "running" and looping: it is work the
+// next iteration must do, not a reason to go idle.
+func TestOutlook_ACancelationArrivingMidIterationKeepsTheLoopRunning(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	id := h.enqueue(withRunAt(h.clock.Now().Add(time.Hour)))
+	h.runMain()
+	h.clock.Advance(DefaultCooldown + time.Second)
+
+	tx, err := h.db.Begin(h.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(h.ctx) }()
+	it := &iteration{l: h.l, tx: tx, now: h.clock.Now(), gen: h.l.gen + 1}
+	cancels, err := it.open(h.ctx)
+	require.NoError(t, err)
+	require.Empty(t, cancels)
+	h.cancel(id) // commits while the iteration is open
+
+	res, err := it.outlook(h.ctx)
+
+	require.NoError(t, err)
+	require.True(t, res.didWork, "the loop iterates again at once")
+	require.Equal(t, "running", res.status.Kind)
 }

@@ -21,13 +21,10 @@ import (
 // crash makes a started Manager behave like a killed process: no more
 // claims, heartbeats, reports or iterations; its lock connections close.
 func (m *Manager) crash() {
-	m.lifeMu.Lock()
-	defer m.lifeMu.Unlock()
 	m.exec.crashed.Store(true)
-	m.stopped = true
 	m.exec.stopClaiming()
-	m.cancel()
-	m.wg.Wait()
+	_ = m.life.Stop(context.Background())
+	m.drained.Do(func() {}) // a later Stop drains nothing: the process is gone
 	m.exec.stopHandler(errStopping)
 	m.exec.stopBg()
 }
@@ -160,7 +157,7 @@ func TestKickStartsWorkEnqueuedWhileTheLoopIsIdle(t *testing.T) {
 	// No timer could start the work: recovery is an hour away and an idle
 	// loop sets none. Only the enqueue's notification can.
 	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, RecoveryPeriod: time.Hour})
-	requireRunStatus(t, db, "default", "idle")
+	requireLoopSettled(t, db, m, "default", "idle")
 	before := m.loopFor("default").iterations.Load()
 
 	id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
@@ -197,18 +194,21 @@ func TestTwoReplicas_ThousandItemsNeverExceedMaxParallelismAndEachHookFiresOnce(
 	}
 
 	ctx, stopSampling := context.WithCancel(context.Background())
-	var sampledPeak atomic.Int64
+	var sampledPeak, samples atomic.Int64
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for ctx.Err() == nil {
 			var used int64
-			// The running set: attempts holding a slot (a handler that
-			// returned hands its slot back through a pending completion).
-			if err := db.QueryRow(ctx, `SELECT
-				(SELECT count(*) FROM workpool_work WHERE pool = 'default' AND state = 'running' AND NOT slot_released)
-				+ (SELECT count(*) FROM workpool_completions WHERE pool = 'default')`).Scan(&used); err == nil && used > sampledPeak.Load() {
+			// The slots in use: running attempts (recording a result frees
+			// its slot in the same statement).
+			err := db.QueryRow(ctx, `SELECT count(*) FROM workpool_work WHERE pool = 'default' AND state = 'running'`).Scan(&used)
+			if err != nil {
+				continue // the sampler's context ended mid-query
+			}
+			samples.Add(1)
+			if used > sampledPeak.Load() {
 				sampledPeak.Store(used)
 			}
 		}
@@ -235,6 +235,7 @@ func TestTwoReplicas_ThousandItemsNeverExceedMaxParallelismAndEachHookFiresOnce(
 	require.LessOrEqual(t, peak.Load(), int64(limit), "handlers running at once")
 	require.Positive(t, peak.Load())
 	require.LessOrEqual(t, sampledPeak.Load(), int64(limit), "running set sampled from the database")
+	require.Positive(t, samples.Load(), "the sampler read the database")
 	var succeeded, hooked, calls int
 	require.NoError(t, db.QueryRow(context.Background(), `SELECT count(*) FROM workpool_work WHERE outcome = 'succeeded' AND id = ANY($1)`, ids).Scan(&succeeded))
 	require.NoError(t, db.QueryRow(context.Background(), `SELECT count(*), coalesce(sum(calls), 0) FROM hook_calls WHERE work_id = ANY($1)`, ids).Scan(&hooked, &calls))
@@ -336,4 +337,34 @@ func TestCancelWhileRunningOnTheOtherReplica_CancelsTheHandlerThereAndFreesTheSl
 	next, err := b.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
 	require.NoError(t, err)
 	requireFinished(t, b, "org-1", next, OutcomeSucceeded)
+}
+
+// Both iterations are fenced: a loop whose generation another took over
+// writes nothing, whether its next iteration would take the fast path (no
+// recovery due) or the full one.
+func TestFencing_AStaleLoopWritesNothingOnEitherPath(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		fullOnly bool
+	}{{"fast path", false}, {"full path", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			h.runMain() // the term's first iteration: recovery is done
+			stale := h.l
+			stale.fullOnly = tc.fullOnly
+			id := h.enqueue()
+			genBefore := h.observe().generation
+			newer := newLoop(h.m, "default")
+			require.NoError(t, newer.takeover(h.ctx))
+
+			_, err := stale.iterate(h.ctx)
+
+			require.ErrorIs(t, err, errGenerationMismatch)
+			o := h.observe()
+			require.Equal(t, []uuid.UUID{id}, o.pending, "the stale loop started nothing")
+			require.Empty(t, o.running)
+			require.Equal(t, genBefore+1, o.generation, "only the takeover bumped the generation")
+		})
+	}
 }

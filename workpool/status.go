@@ -34,7 +34,7 @@ func (m *Manager) StatusTx(ctx context.Context, q Querier, orgID string, id uuid
 	}
 	s.PreviousAttempts = s.Attempts
 	switch state {
-	case "pending", "retrying":
+	case "pending":
 		s.State = StatePending
 	case "running":
 		s.State = StateRunning

@@ -9,9 +9,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/db"
+	"github.com/reveille/reveille/workflows/signals"
 )
 
 // ErrNotFound is returned for work or a pool that does not exist for the
@@ -31,11 +32,7 @@ var errGenerationMismatch = errors.New("generation mismatch")
 
 // Querier is what both pgx.Tx and *pgxpool.Pool offer: calls that accept it
 // run inside the caller's transaction or on their own.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type Querier = db.Querier
 
 // Handler runs one attempt of a work item. Its ctx is canceled when the work
 // is canceled, when the attempt exceeds its timeout, and when the executor
@@ -98,14 +95,16 @@ type Completion struct {
 	Context json.RawMessage
 }
 
-// Outcome is how finished work ended; the same vocabulary is used everywhere.
+// Outcome is how finished work ended. Its vocabulary is the one the wake
+// signal carries to workflows (workflows/signals, the leaf package of the
+// outcome and decision words), so a work outcome reaches a workflow as is.
 type Outcome string
 
 // Outcomes.
 const (
-	OutcomeSucceeded Outcome = "succeeded"
-	OutcomeFailed    Outcome = "failed"
-	OutcomeCanceled  Outcome = "canceled"
+	OutcomeSucceeded Outcome = signals.OutcomeSucceeded
+	OutcomeFailed    Outcome = signals.OutcomeFailed
+	OutcomeCanceled  Outcome = signals.OutcomeCanceled
 )
 
 // RetryPolicy says how often failed work is attempted: MaxAttempts counts

@@ -2,16 +2,26 @@
 // on Postgres, and calls an onComplete hook in the transaction that finishes
 // each item — the Convex workpool's loop (SPEC §3), ported to Postgres facts.
 //
-// Every pool has one main loop across all replicas, run by whichever replica
-// holds the pool's leadership (an advisory lock); a generation number in the
-// pool row fences every iteration, so a stale leader writes nothing. An
-// iteration drains pending completions (freeing slots, scheduling retries),
-// then cancelations, then recovery, then starts ready work into the free
-// slots. Executors on every replica claim started work with SKIP LOCKED,
-// heartbeat it, run the registered handler and report results in batches;
-// the report's transaction finishes the work and runs its onComplete hook.
-// Nothing polls: enqueue, completion and cancel send NOTIFY, and timers are
-// set only for future run_at, recovery and hook retries.
+// The life of one attempt, file by file (the table is in docs/workpool.md):
+//
+//   - enqueue.go: work is written pending.
+//   - lead.go, iteration.go, fast.go: every pool has one main loop across
+//     all replicas, run by whichever replica holds the pool's leadership (an
+//     advisory lock); a generation number in the pool row fences every
+//     iteration, so a stale leader writes nothing. An iteration processes
+//     cancelations, recovers attempts whose executor went silent, and starts
+//     ready work into the free slots — a slot is a running attempt, nothing
+//     else — handing this replica's executor its share in the same statement.
+//   - executor.go: executors on every replica claim the rest with SKIP
+//     LOCKED, heartbeat it and run the registered handler.
+//   - completer.go: the replica that ran an attempt records its result in
+//     one statement that frees the slot and decides the next state (finished,
+//     or pending again at its retry time), and runs the onComplete hook
+//     (hooks.go) in the same transaction; then it wakes the loop.
+//
+// Nothing polls: enqueue, completion and cancel send NOTIFY (or kick the
+// local loop directly), and timers are set only for future run_at, recovery
+// and hook retries.
 package workpool
 
 import (
@@ -25,6 +35,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/reveille/reveille/internal/startstop"
 )
 
 // Manager owns the pools' loops, this replica's executors and the API to
@@ -44,11 +55,9 @@ type Manager struct {
 	listener *listener
 	origin   string // tags this replica's notifications, which it handles directly
 
-	lifeMu  sync.Mutex
-	started bool
-	stopped bool
-	cancel  context.CancelFunc // ends loops, leadership and the listener
-	wg      sync.WaitGroup     // goroutines under cancel
+	life    startstop.Base
+	drained sync.Once
+	wg      sync.WaitGroup // the listener, the loops' candidates and the chores
 
 	loopsMu sync.Mutex
 	loops   map[string]*loop // pools whose elector runs on this replica
@@ -57,6 +66,9 @@ type Manager struct {
 	peers   map[string]time.Time // other replicas' executors, by origin, last heard
 
 	recounts recountLog // orgs this replica counted over their pending caps
+
+	reportsMu sync.Mutex
+	reports   map[string]*poolReport // what this replica did, per pool
 }
 
 // sawPeer records another replica's executor announcing itself.
@@ -104,6 +116,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Manager, error) {
 		hooks:    map[string]Hook{},
 		loops:    map[string]*loop{},
 		peers:    map[string]time.Time{},
+		reports:  map[string]*poolReport{},
 	}
 	var err error
 	if m.metrics, err = newMetrics(cfg.Registry, m); err != nil {
@@ -120,11 +133,13 @@ func New(db *pgxpool.Pool, cfg Config) (*Manager, error) {
 }
 
 // Register makes handler name runnable on this replica. Registering a name
-// twice replaces it.
+// twice replaces it. Work of that handler already started and waiting for
+// an executor is claimed at once.
 func (m *Manager) Register(name string, h Handler) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.handlers[name] = h
+	m.mu.Unlock()
+	m.exec.kick()
 }
 
 // RegisterHook makes an onComplete hook available under name.
@@ -168,27 +183,26 @@ func (m *Manager) handlerNames() []string {
 // Start runs this replica's part: it listens for notifications first (so
 // nothing committed after this point goes unnoticed), then starts the
 // executors and a leadership candidate for every pool's loop. It returns
-// once all of that is running.
+// once all of that is running; it runs until Stop (Start's ctx only bounds
+// the start).
 func (m *Manager) Start(ctx context.Context) error {
-	m.lifeMu.Lock()
-	defer m.lifeMu.Unlock()
-	if m.started {
-		return errors.New("workpool: already started")
-	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	l, err := newListener(runCtx, m)
-	if err != nil {
-		cancel()
-		return err
-	}
-	m.started, m.cancel, m.listener = true, cancel, l
-	m.goRun(func() { l.run(runCtx) })
-	m.exec.start()
-	if err := m.syncLoops(runCtx); err != nil {
-		m.logger.Warn("listing pools failed; will retry", "error", err.Error())
-	}
-	m.goRun(func() { m.watchPools(runCtx) })
-	return nil
+	return m.life.StartWith(context.WithoutCancel(ctx), "workpool", func(ctx context.Context) (func(context.Context), error) {
+		l, err := newListener(ctx, m)
+		if err != nil {
+			return nil, err
+		}
+		m.listener = l
+		m.goRun(func() { l.run(ctx) })
+		m.exec.start()
+		if err := m.syncLoops(ctx); err != nil {
+			m.logger.Warn("listing pools failed; will retry", "error", err.Error())
+		}
+		m.goRun(func() { m.watchPools(ctx) })
+		m.goRun(func() { m.logReports(ctx) })
+		// Once stopped, the loops hand their leadership over and the
+		// listener closes; Stop then drains the executor.
+		return func(ctx context.Context) { <-ctx.Done(); m.wg.Wait() }, nil
+	})
 }
 
 func (m *Manager) goRun(f func()) {
@@ -196,21 +210,23 @@ func (m *Manager) goRun(f func()) {
 	go func() { defer m.wg.Done(); f() }()
 }
 
-// Stop shuts this replica's part down in stages: executors stop claiming,
-// the loops hand leadership over, running handlers get StopGrace (bounded by
-// ctx) to finish, then their contexts are canceled; their results are
-// reported. Stopping twice is safe.
+// Stop shuts this replica's part down in stages (the shutdown rows of
+// docs/workpool.md's lifecycle table): the executor stops claiming, the
+// loops hand their leadership over, running handlers get StopGrace (bounded
+// by ctx) to finish, then their contexts are canceled and their work handed
+// back; every result is recorded. Stopping twice, or before Start, is safe.
 func (m *Manager) Stop(ctx context.Context) error {
-	m.lifeMu.Lock()
-	defer m.lifeMu.Unlock()
-	if !m.started || m.stopped {
-		return nil
-	}
-	m.stopped = true
 	m.exec.stopClaiming()
-	m.cancel()
-	m.wg.Wait()
-	return m.exec.drain(ctx)
+	if err := m.life.Stop(ctx); err != nil {
+		return err
+	}
+	var err error
+	m.drained.Do(func() {
+		if m.exec.started.Load() {
+			err = m.exec.drain(ctx)
+		}
+	})
+	return err
 }
 
 // syncLoops runs a leadership candidate for every pool in the database.
@@ -254,10 +270,10 @@ func (m *Manager) loopFor(pool string) *loop {
 	return m.loops[pool]
 }
 
-// kickLoop wakes pool's loop if this replica leads it.
-func (m *Manager) kickLoop(pool string, enqueue bool) {
+// kickLoop wakes pool's loop if this replica runs its candidate.
+func (m *Manager) kickLoop(pool string, kind int) {
 	if l := m.loopFor(pool); l != nil {
-		l.kick(enqueue)
+		l.kick(kind)
 	}
 }
 
@@ -266,7 +282,7 @@ func (m *Manager) kickLoop(pool string, enqueue bool) {
 func (m *Manager) kickAll() {
 	m.loopsMu.Lock()
 	for _, l := range m.loops {
-		l.kick(false)
+		l.kick(kickWork)
 	}
 	m.loopsMu.Unlock()
 	m.exec.kick()

@@ -1,79 +1,136 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"flag"
 	"fmt"
 	"os"
-	"runtime/pprof"
-	"sync"
+	"strings"
+	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/reveille/reveille/internal/devstack"
+	"github.com/reveille/reveille/internal/bench"
 )
 
-// benchDatabase connects to DATABASE_URL, or starts a local Postgres with
-// its durable defaults (fsync and synchronous commit on) in dataDir (a
-// temporary directory, removed at the end, when empty). configure adjusts
-// the pool (its size, a tracer) before it connects.
-func benchDatabase(ctx context.Context, dataDir string, configure func(*pgxpool.Config)) (*pgxpool.Pool, func(), error) {
-	dsn := os.Getenv("DATABASE_URL")
-	cleanup := func() {}
-	if dsn == "" {
-		dir := dataDir
-		if dir == "" {
-			tmp, err := os.MkdirTemp("", "reveille-bench-*")
-			if err != nil {
-				return nil, nil, err
-			}
-			dir = tmp
-		}
-		pg, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{DataDir: dir})
-		if err != nil {
-			return nil, nil, fmt.Errorf("local Postgres: %w", err)
-		}
-		if err := pg.EnsureDatabase(ctx, "reveille"); err != nil {
-			_ = pg.Stop(context.Background())
-			return nil, nil, err
-		}
-		dsn = pg.URL("reveille")
-		fmt.Fprintf(os.Stderr, "bench: local Postgres at %s\n", dsn)
-		cleanup = func() {
-			_ = pg.Stop(context.Background())
-			if dataDir == "" {
-				_ = os.RemoveAll(pg.ClusterDir())
-				_ = os.RemoveAll(dir)
-			}
-		}
-	}
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		cleanup()
-		return nil, nil, fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	configure(cfg)
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		cleanup()
-		return nil, nil, err
-	}
-	return db, func() { db.Close(); cleanup() }, nil
+// benches are the `engine bench <name>` benchmarks: each parses its flags
+// and runs internal/bench's.
+var benches = map[string]func(ctx context.Context, s settings, args []string) error{
+	"pool":    benchPool,
+	"spend":   benchSpend,
+	"streams": benchStreams,
+	"wake":    benchWake,
 }
 
-// startCPUProfile writes a CPU profile to path ("": none) until the
-// returned stop, which may be called more than once.
-func startCPUProfile(path string) (stop func(), err error) {
-	if path == "" {
-		return func() {}, nil
+func runBench(ctx context.Context, args []string) error {
+	if len(args) == 0 || benches[args[0]] == nil {
+		return fmt.Errorf("usage: engine bench <%s> [flags]", strings.Join(benchNames(), "|"))
 	}
-	f, err := os.Create(path)
+	s, err := envConfig()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, err
+	return benches[args[0]](ctx, s, args[1:])
+}
+
+// benchUsage prints a benchmark's usage: what it uses, then its flags.
+func benchUsage(fs *flag.FlagSet, synopsis, about string) func() {
+	return func() {
+		fmt.Fprintf(os.Stderr, "Usage: %s\n\n%s\nFlags:\n", synopsis, about)
+		fs.PrintDefaults()
 	}
-	var once sync.Once
-	return func() { once.Do(func() { pprof.StopCPUProfile(); f.Close() }) }, nil
+}
+
+// localPostgres is what the pool, spend and streams benchmarks say of
+// their database.
+const localPostgres = `Uses DATABASE_URL, or else starts a local Postgres (default, durable settings),
+and runs in a fresh database created beside it and dropped at the end.
+`
+
+func benchPool(ctx context.Context, s settings, args []string) error {
+	fs := flag.NewFlagSet("bench pool", flag.ContinueOnError)
+	c := bench.PoolConfig{Service: s.serviceConfig(nil)}
+	fs.IntVar(&c.N, "n", 50000, "work items")
+	fs.IntVar(&c.Parallelism, "parallelism", 100, "the pool's max_parallelism")
+	fs.IntVar(&c.Batch, "batch", 1000, "items per EnqueueMany")
+	fs.BoolVar(&c.Hook, "hook", true, "give every item an onComplete hook")
+	fs.StringVar(&c.DataDir, "data-dir", "", "where to start a local Postgres when DATABASE_URL is unset (default: a temporary directory)")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the burn-down to this file")
+	fs.Usage = benchUsage(fs, "engine bench pool [flags]", localPostgres)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return bench.Pool(ctx, c)
+}
+
+func benchSpend(ctx context.Context, s settings, args []string) error {
+	fs := flag.NewFlagSet("bench spend", flag.ContinueOnError)
+	c := bench.SpendConfig{Service: s.serviceConfig(nil)}
+	fs.IntVar(&c.Clients, "clients", 16, "concurrent clients")
+	fs.IntVar(&c.N, "n", 20000, "spends in all")
+	fs.IntVar(&c.Mandates, "mandates", 64, "mandates (agent, scope) the spends are spread over; 1 = one hot row")
+	fs.BoolVar(&c.Keyed, "keyed", true, "give every spend an idempotency key, as the wake-up path does")
+	fs.IntVar(&c.Batch, "batch", 64, "most concurrent spends one commit carries (mandates.Config.MaxSpendBatch; 1: a commit per spend)")
+	fs.StringVar(&c.DataDir, "data-dir", "", "where to start a local Postgres when DATABASE_URL is unset (default: a temporary directory)")
+	fs.Usage = benchUsage(fs, "engine bench spend [flags]", localPostgres)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return bench.Spend(ctx, c)
+}
+
+func benchStreams(ctx context.Context, s settings, args []string) error {
+	fs := flag.NewFlagSet("bench streams", flag.ContinueOnError)
+	c := bench.StreamsConfig{Service: s.serviceConfig(nil)}
+	fs.IntVar(&c.Writers, "writers", 8, "concurrent writers, each to its own stream")
+	fs.IntVar(&c.Chunks, "chunks", 20000, "chunks to append in all")
+	fs.IntVar(&c.Size, "size", 256, "bytes per chunk")
+	fs.IntVar(&c.Batch, "batch", 50, "chunks per append (1: one chunk per transaction)")
+	fs.IntVar(&c.Rounds, "rounds", 3, "alternating rounds of both runs; medians are reported")
+	fs.StringVar(&c.DataDir, "data-dir", "", "where to start a local Postgres when DATABASE_URL is unset (default: a temporary directory)")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the measured rounds to this file")
+	fs.Usage = benchUsage(fs, "engine bench streams [flags]", localPostgres)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return bench.Streams(ctx, c)
+}
+
+func benchWake(ctx context.Context, s settings, args []string) error {
+	fs := flag.NewFlagSet("bench wake", flag.ContinueOnError)
+	// The REST phase's signals to absent workflows end as warnings,
+	// thousands of them; unless told otherwise, only errors are logged.
+	c := bench.WakeConfig{Service: s.serviceConfig(newLogger(cmp.Or(s.LogLevel, "error")))}
+	fs.IntVar(&c.N, "n", 1000, "measured wakes (and as many bare signals)")
+	fs.IntVar(&c.Concurrency, "concurrency", 50, "workflows in flight at once, for both the wake and the bare-signal runs")
+	fs.IntVar(&c.RestN, "rest-n", 2000, "POST /v1/wakeups requests for the REST enqueue rate (0 skips it)")
+	fs.BoolVar(&c.Together, "together", true, "run the bare-signal and the wake side at the same time, each at --concurrency, so that a drift in the (shared) machine's load hits both alike; false: one after the other, in --rounds")
+	fs.IntVar(&c.Rounds, "rounds", 2, "with --together=false: rounds the n are split over, each a bare-signal run and a wake run, which goes first alternating")
+	fs.BoolVar(&c.RestHold, "rest-hold", true, "hold the REST wake-ups' work until their requests are all answered: their signals go to workflows that never exist and are retried until the NotFound grace ends, several sends each, load that production (one send per wake-up) does not have")
+	fs.BoolVar(&c.Keep, "keep", false, "keep the run's database and the temporary directory of the local Postgres and Temporal (their names are printed)")
+	fs.DurationVar(&c.Settle, "settle", 100*time.Millisecond, "pause between a workflow parking and its trigger, on both sides, so that neither lands on the tail of Temporal's work for the parking task")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the measured rounds to this file")
+	fs.Usage = func() {
+		fmt.Fprint(os.Stderr, `Usage: engine bench wake [flags]
+
+Uses DATABASE_URL and TEMPORAL_ADDRESS (TEMPORAL_NAMESPACE) when set, or else
+starts a local Postgres (durable settings) and an embedded Temporal in a
+temporary directory; runs in a fresh database created beside DATABASE_URL's
+and dropped at the end. Builds the engine through the same wiring as serve,
+with a handler "bench" that returns at once, and parks workflows (ids
+bench-org/wake-<i>, bench-org/signal-<i>) on a task queue of their own.
+
+Prints:
+  signal: n=… p50=…ms p99=…ms max=…ms   bare SignalWorkflow → run.Get returns
+  wake: n=… p50=…ms p99=…ms max=…ms     handler returns → run.Get returns
+  the ratios wake/signal at p50 and p99, each side split into stages,
+  rest enqueue: n=… rate=…/s            POST /v1/wakeups, concurrency clients
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return bench.Wake(ctx, c)
 }

@@ -1,61 +1,69 @@
 package main
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
+	"maps"
 	"math"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/reveille/reveille/api"
+	"github.com/reveille/reveille/approvals"
+	"github.com/reveille/reveille/internal/service"
+	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/streams"
+	"github.com/reveille/reveille/workpool"
 	"github.com/reveille/reveille/workpool/httpwork"
 )
 
-// settings is every knob of serve/dev: flags where the issue names one,
-// environment variables for all, each documented in the README.
+// settings is every knob of every command: flags where the issue names
+// one, environment variables for all, each documented in the README. Each
+// package gets its part as its own typed Config (serviceConfig).
 type settings struct {
-	Addr           string        // --addr / REVEILLE_ADDR
-	DataDir        string        // --data-dir / REVEILLE_DATA_DIR
-	TemporalPort   int           // --temporal-port (dev, devstack)
-	DatabaseURL    string        // DATABASE_URL
-	TemporalAddr   string        // TEMPORAL_ADDRESS
-	Namespace      string        // TEMPORAL_NAMESPACE
-	JWTSecrets     []string      // REVEILLE_JWT_SECRET: comma list; the first signs, all verify
-	JWKSURL        string        // REVEILLE_JWKS_URL
-	JWTIssuer      string        // REVEILLE_JWT_ISSUER
-	JWTAudience    string        // REVEILLE_JWT_AUDIENCE
-	OperatorOrgs   []string      // REVEILLE_OPERATOR_ORGS
-	MaxBody        int64         // REVEILLE_MAX_BODY
-	HeaderTimeout  time.Duration // REVEILLE_READ_HEADER_TIMEOUT
-	ReadTimeout    time.Duration // REVEILLE_READ_TIMEOUT
-	IdleTimeout    time.Duration // REVEILLE_IDLE_TIMEOUT
-	OrgRate        float64       // REVEILLE_ORG_RATE
-	Pools          string        // REVEILLE_POOLS
-	RecoveryPeriod time.Duration // REVEILLE_RECOVERY_PERIOD
-	HeartbeatLimit time.Duration // REVEILLE_HEARTBEAT_TIMEOUT
-	WorkRetention  time.Duration // REVEILLE_WORK_RETENTION
-	HTTPAllowed    []string      // REVEILLE_HTTP_ALLOWED_HOSTS
-	HTTPNets       []string      // REVEILLE_HTTP_ALLOWED_NETS
-	ApprovalTTL    time.Duration // REVEILLE_APPROVAL_TTL
-	ToolTTL        time.Duration // REVEILLE_TOOL_APPROVAL_TTL
-	NotFoundGrace  time.Duration // REVEILLE_SIGNAL_NOTFOUND_GRACE
-	StreamChunk    int64         // REVEILLE_STREAM_MAX_CHUNK
-	StreamRequest  int64         // REVEILLE_STREAM_MAX_REQUEST
-	StreamChunks   int           // REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST
-	StreamKeep     time.Duration // REVEILLE_STREAM_RETENTION
-	Worker         bool          // --worker / REVEILLE_WORKER: run the Temporal worker (on in dev)
-	LogLevel       string        // REVEILLE_LOG_LEVEL
+	Addr           string         // --addr / REVEILLE_ADDR
+	DataDir        string         // --data-dir / REVEILLE_DATA_DIR
+	TemporalPort   int            // --temporal-port (dev, devstack)
+	DatabaseURL    string         // DATABASE_URL
+	TemporalAddr   string         // TEMPORAL_ADDRESS
+	Namespace      string         // TEMPORAL_NAMESPACE
+	JWTSecrets     []string       // REVEILLE_JWT_SECRET: comma list; the first signs, all verify
+	JWKSURL        string         // REVEILLE_JWKS_URL
+	JWTIssuer      string         // REVEILLE_JWT_ISSUER
+	JWTAudience    string         // REVEILLE_JWT_AUDIENCE
+	OperatorOrgs   []string       // REVEILLE_OPERATOR_ORGS
+	MaxBody        int64          // REVEILLE_MAX_BODY
+	HeaderTimeout  time.Duration  // REVEILLE_READ_HEADER_TIMEOUT
+	ReadTimeout    time.Duration  // REVEILLE_READ_TIMEOUT
+	IdleTimeout    time.Duration  // REVEILLE_IDLE_TIMEOUT
+	OrgRate        float64        // REVEILLE_ORG_RATE
+	Pools          map[string]int // REVEILLE_POOLS
+	RecoveryPeriod time.Duration  // REVEILLE_RECOVERY_PERIOD
+	HeartbeatLimit time.Duration  // REVEILLE_HEARTBEAT_TIMEOUT
+	WorkRetention  time.Duration  // REVEILLE_WORK_RETENTION
+	OrgMaxPending  int            // REVEILLE_ORG_MAX_PENDING: 0 turns the cap off (workpool.NoPendingLimit)
+	HTTPAllowed    []string       // REVEILLE_HTTP_ALLOWED_HOSTS
+	HTTPNets       []string       // REVEILLE_HTTP_ALLOWED_NETS
+	ApprovalTTL    time.Duration  // REVEILLE_APPROVAL_TTL
+	ToolTTL        time.Duration  // REVEILLE_TOOL_APPROVAL_TTL
+	NotFoundGrace  time.Duration  // REVEILLE_SIGNAL_NOTFOUND_GRACE
+	StreamChunk    int64          // REVEILLE_STREAM_MAX_CHUNK
+	StreamRequest  int64          // REVEILLE_STREAM_MAX_REQUEST
+	StreamChunks   int            // REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST
+	StreamKeep     time.Duration  // REVEILLE_STREAM_RETENTION
+	Worker         bool           // --worker / REVEILLE_WORKER: run the Temporal worker (on in dev)
+	LogLevel       string         // REVEILLE_LOG_LEVEL ("": info; the wake bench's default is error)
+	APIURL         string         // REVEILLE_API_URL: the engine the demo talks to
 }
 
-// envConfig reads settings from the environment, reporting every malformed
-// value at once.
+// envConfig reads settings from the environment — the one place in the
+// engine that does — reporting every malformed value at once, each naming
+// its variable.
 func envConfig() (settings, error) {
 	var errs []error
 	s := settings{
@@ -70,10 +78,10 @@ func envConfig() (settings, error) {
 		JWTIssuer:    os.Getenv("REVEILLE_JWT_ISSUER"),
 		JWTAudience:  os.Getenv("REVEILLE_JWT_AUDIENCE"),
 		OperatorOrgs: list(os.Getenv("REVEILLE_OPERATOR_ORGS")),
-		Pools:        envOr("REVEILLE_POOLS", "default=25,wakeup=25"),
 		HTTPAllowed:  list(os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS")),
 		HTTPNets:     list(os.Getenv("REVEILLE_HTTP_ALLOWED_NETS")),
-		LogLevel:     envOr("REVEILLE_LOG_LEVEL", "info"),
+		LogLevel:     os.Getenv("REVEILLE_LOG_LEVEL"),
+		APIURL:       envOr("REVEILLE_API_URL", "http://localhost:8080"),
 	}
 	s.MaxBody = envInt("REVEILLE_MAX_BODY", 1<<20, &errs)
 	s.HeaderTimeout = envDuration("REVEILLE_READ_HEADER_TIMEOUT", api.DefaultReadHeaderTimeout, &errs)
@@ -91,6 +99,11 @@ func envConfig() (settings, error) {
 	s.NotFoundGrace = envDuration("REVEILLE_SIGNAL_NOTFOUND_GRACE", 60*time.Second, &errs)
 	s.StreamKeep = envDuration("REVEILLE_STREAM_RETENTION", 7*24*time.Hour, &errs)
 	s.Worker = envBool("REVEILLE_WORKER", false, &errs)
+	s.Pools = envPools("REVEILLE_POOLS", workpool.DefaultPools, &errs)
+	s.OrgMaxPending = envCap("REVEILLE_ORG_MAX_PENDING", workpool.DefaultMaxPendingPerOrg, &errs)
+	if s.StreamChunk > s.StreamRequest {
+		errs = append(errs, fmt.Errorf("REVEILLE_STREAM_MAX_CHUNK=%d exceeds REVEILLE_STREAM_MAX_REQUEST=%d: a chunk must fit in a request", s.StreamChunk, s.StreamRequest))
+	}
 	if _, err := httpwork.ParseAllowList(s.HTTPAllowed); err != nil {
 		errs = append(errs, err)
 	}
@@ -109,6 +122,38 @@ func (s *settings) bindFlags(fs *flag.FlagSet, dev bool) {
 	} else {
 		fs.BoolVar(&s.Worker, "worker", s.Worker, "also run the Temporal worker of the reference workflow (REVEILLE_WORKER)")
 	}
+}
+
+// serviceConfig hands every package its typed part of the settings.
+func (s settings) serviceConfig(logger *slog.Logger) service.Config {
+	c := service.Config{
+		DatabaseURL: s.DatabaseURL, TemporalAddress: s.TemporalAddr, Namespace: s.Namespace,
+		API: api.Config{Addr: s.Addr, MaxBody: s.MaxBody, ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout,
+			IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate, Auth: s.authConfig()},
+		Workpool:   s.workpoolConfig(),
+		HTTPWork:   httpwork.Config{AllowedHosts: s.HTTPAllowed, AllowedNets: s.HTTPNets},
+		Mandates:   mandates.Config{ApprovalTTL: s.ApprovalTTL},
+		Streams:    s.streamsConfig(),
+		Approvals:  approvals.Config{TTL: s.ToolTTL},
+		Dispatcher: queue.DispatcherConfig{NotFoundGrace: s.NotFoundGrace},
+		Version:    version,
+		Logger:     logger,
+	}
+	if s.Worker {
+		c.Worker = &service.WorkerConfig{}
+	}
+	return c
+}
+
+// workpoolConfig is the pool's part of the settings.
+func (s settings) workpoolConfig() workpool.Config {
+	return workpool.Config{Pools: maps.Clone(s.Pools), RecoveryPeriod: s.RecoveryPeriod, HeartbeatTimeout: s.HeartbeatLimit,
+		WorkRetention: s.WorkRetention, MaxPendingPerOrg: s.OrgMaxPending}
+}
+
+// streamsConfig is the streams' part of the settings.
+func (s settings) streamsConfig() streams.Config {
+	return streams.Config{MaxChunk: s.StreamChunk, MaxRequest: s.StreamRequest, MaxChunksPerRequest: s.StreamChunks, Retention: s.StreamKeep}
 }
 
 // authConfig is the API's token verification.
@@ -186,6 +231,34 @@ func envDuration(name string, def time.Duration, errs *[]error) time.Duration {
 	return d
 }
 
+// envPools reads pools as name=max_parallelism pairs (workpool.ParsePools).
+func envPools(name, def string, errs *[]error) map[string]int {
+	pools, err := workpool.ParsePools(envOr(name, def))
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("%s: %w", name, err))
+		pools, _ = workpool.ParsePools(def)
+	}
+	return pools
+}
+
+// envCap reads a cap: an integer ≥ 0, where 0 turns it off (returned as
+// workpool.NoPendingLimit, the workpool's "no cap").
+func envCap(name string, def int, errs *[]error) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 0 {
+		*errs = append(*errs, fmt.Errorf("%s=%q: want an integer ≥ 0 (0 turns the cap off)", name, v))
+		return def
+	}
+	if n == 0 {
+		return workpool.NoPendingLimit
+	}
+	return n
+}
+
 func envBool(name string, def bool, errs *[]error) bool {
 	v := os.Getenv(name)
 	if v == "" {
@@ -197,25 +270,4 @@ func envBool(name string, def bool, errs *[]error) bool {
 		return def
 	}
 	return b
-}
-
-// devSecret returns the dev JWT secret kept in the data dir, creating a
-// random one on first use.
-func devSecret(dataDir string) (secret, path string, err error) {
-	path = filepath.Join(dataDir, "jwt-secret")
-	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) >= 32 {
-		return strings.TrimSpace(string(b)), path, nil
-	}
-	if err := os.MkdirAll(dataDir, 0o755); err != nil {
-		return "", path, fmt.Errorf("create data dir: %w", err)
-	}
-	raw := make([]byte, 32)
-	if _, err := rand.Read(raw); err != nil {
-		return "", path, err
-	}
-	secret = hex.EncodeToString(raw)
-	if err := os.WriteFile(path, []byte(secret+"\n"), 0o600); err != nil {
-		return "", path, fmt.Errorf("write dev secret: %w", err)
-	}
-	return secret, path, nil
 }

@@ -2,8 +2,15 @@ package main
 
 import (
 	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +18,8 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/streams"
+	"github.com/reveille/reveille/workpool"
 	"github.com/reveille/reveille/workpool/httpwork"
 )
 
@@ -86,6 +95,108 @@ func TestEnvConfigRejectsInvalidHTTPNetworkRules(t *testing.T) {
 		_, err := httpwork.ParseAllowList(devHTTPAllowed)
 		require.NoError(t, err)
 	})
+}
+
+// clearEnv unsets every variable envConfig reads, so that a test sees only
+// what it sets.
+func clearEnv(t *testing.T) {
+	t.Helper()
+	for _, name := range envNames(t) {
+		t.Setenv(name, "")
+	}
+}
+
+// envNames lists the variables config.go names.
+func envNames(t *testing.T) []string {
+	t.Helper()
+	src, err := os.ReadFile("config.go")
+	require.NoError(t, err)
+	var names []string
+	for _, m := range regexp.MustCompile(`"((?:REVEILLE|TEMPORAL)_[A-Z_]+|DATABASE_URL)"`).FindAllStringSubmatch(string(src), -1) {
+		if !slices.Contains(names, m[1]) {
+			names = append(names, m[1])
+		}
+	}
+	require.NotEmpty(t, names)
+	return names
+}
+
+func TestEnvConfigHandsTheWorkpoolItsTypedConfig(t *testing.T) {
+	clearEnv(t)
+	s, err := envConfig()
+	require.NoError(t, err)
+	require.Equal(t, workpool.Config{Pools: map[string]int{"default": 25, "wakeup": 25}, RecoveryPeriod: 10 * time.Second,
+		HeartbeatTimeout: 30 * time.Second, WorkRetention: 24 * time.Hour, MaxPendingPerOrg: workpool.DefaultMaxPendingPerOrg},
+		s.workpoolConfig(), "the documented defaults")
+
+	t.Setenv("REVEILLE_POOLS", "a=2")
+	t.Setenv("REVEILLE_RECOVERY_PERIOD", "3s")
+	t.Setenv("REVEILLE_HEARTBEAT_TIMEOUT", "9s")
+	t.Setenv("REVEILLE_WORK_RETENTION", "1h")
+	t.Setenv("REVEILLE_ORG_MAX_PENDING", "5")
+	s, err = envConfig()
+	require.NoError(t, err)
+	require.Equal(t, workpool.Config{Pools: map[string]int{"a": 2}, RecoveryPeriod: 3 * time.Second,
+		HeartbeatTimeout: 9 * time.Second, WorkRetention: time.Hour, MaxPendingPerOrg: 5}, s.workpoolConfig())
+}
+
+func TestEnvConfigReadsZeroAsNoOrgPendingCap(t *testing.T) {
+	clearEnv(t)
+	for _, tc := range []struct {
+		value string
+		want  int
+	}{{"", workpool.DefaultMaxPendingPerOrg}, {"5", 5}, {" 100000 ", 100_000}, {"0", workpool.NoPendingLimit}} {
+		t.Setenv("REVEILLE_ORG_MAX_PENDING", tc.value)
+		s, err := envConfig()
+		require.NoError(t, err, tc.value)
+		require.Equal(t, tc.want, s.workpoolConfig().MaxPendingPerOrg, tc.value)
+	}
+}
+
+func TestEnvConfigHandsTheStreamsTheirTypedConfig(t *testing.T) {
+	clearEnv(t)
+	s, err := envConfig()
+	require.NoError(t, err)
+	d := streams.Config{}.WithDefaults()
+	require.Equal(t, streams.Config{MaxChunk: d.MaxChunk, MaxRequest: d.MaxRequest, MaxChunksPerRequest: d.MaxChunksPerRequest,
+		Retention: d.Retention}, s.streamsConfig(), "unset variables keep the streams' defaults")
+
+	t.Setenv("REVEILLE_STREAM_MAX_CHUNK", "2048")
+	t.Setenv("REVEILLE_STREAM_MAX_REQUEST", "4096")
+	t.Setenv("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST", "20")
+	t.Setenv("REVEILLE_STREAM_RETENTION", "48h")
+	s, err = envConfig()
+	require.NoError(t, err)
+	require.Equal(t, streams.Config{MaxChunk: 2048, MaxRequest: 4096, MaxChunksPerRequest: 20, Retention: 48 * time.Hour}, s.streamsConfig())
+}
+
+// Every malformed value stops the service at start with an error that
+// names the variable and the value.
+func TestEnvConfigNamesTheMalformedVariable(t *testing.T) {
+	for _, tc := range []struct{ name, value, contains string }{
+		{"REVEILLE_POOLS", "default", `REVEILLE_POOLS: pools "default"`},
+		{"REVEILLE_POOLS", "default=0", "REVEILLE_POOLS"},
+		{"REVEILLE_POOLS", "a=1,a=2", "given twice"},
+		{"REVEILLE_RECOVERY_PERIOD", "soon", `REVEILLE_RECOVERY_PERIOD="soon"`},
+		{"REVEILLE_HEARTBEAT_TIMEOUT", "-1s", "REVEILLE_HEARTBEAT_TIMEOUT"},
+		{"REVEILLE_WORK_RETENTION", "1 day", "REVEILLE_WORK_RETENTION"},
+		{"REVEILLE_ORG_MAX_PENDING", "-1", `REVEILLE_ORG_MAX_PENDING="-1"`},
+		{"REVEILLE_ORG_MAX_PENDING", "many", "REVEILLE_ORG_MAX_PENDING"},
+		{"REVEILLE_ORG_MAX_PENDING", "1.5", "REVEILLE_ORG_MAX_PENDING"},
+		{"REVEILLE_STREAM_MAX_CHUNK", "lots", `REVEILLE_STREAM_MAX_CHUNK="lots"`},
+		{"REVEILLE_STREAM_MAX_REQUEST", "-1", "REVEILLE_STREAM_MAX_REQUEST"},
+		{"REVEILLE_STREAM_RETENTION", "7 days", "REVEILLE_STREAM_RETENTION"},
+		{"REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST", "0", "REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST"},
+		{"REVEILLE_STREAM_MAX_CHUNK", "9999999999", "REVEILLE_STREAM_MAX_CHUNK=9999999999 exceeds REVEILLE_STREAM_MAX_REQUEST"},
+		{"REVEILLE_WORKER", "yes please", "REVEILLE_WORKER"},
+	} {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv(tc.name, tc.value)
+			_, err := envConfig()
+			require.ErrorContains(t, err, tc.contains)
+		})
+	}
 }
 
 const (
@@ -201,4 +312,60 @@ func captureStdout(t *testing.T, f func() error) string {
 	require.NoError(t, err)
 	require.NoError(t, runErr)
 	return string(out)
+}
+
+// The README's configuration table and `engine serve --help` list every
+// variable the engine reads.
+func TestEveryVariableIsDocumented(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	flagsOnly := []string{"REVEILLE_ADDR", "REVEILLE_DATA_DIR", "REVEILLE_API_URL"} // in the flags' help instead
+	for _, name := range envNames(t) {
+		require.True(t, strings.Contains(string(readme), "`"+name+"`"), "README's configuration table lacks %s", name)
+		if !slices.Contains(flagsOnly, name) {
+			require.True(t, strings.Contains(serveEnvHelp, "  "+name+" "), "engine serve --help lacks %s", name)
+		}
+	}
+}
+
+// Only cmd/engine reads the environment: the packages it wires take typed
+// config (internal/testkit, test infrastructure, reads its own
+// REVEILLE_TEST_* variables).
+func TestOnlyTheEngineCommandReadsTheEnvironment(t *testing.T) {
+	allowed := []string{"cmd/engine", "internal/testkit"}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel("../..", path)
+		if d.IsDir() {
+			if strings.HasPrefix(d.Name(), ".") && rel != "." || slices.Contains(allowed, filepath.ToSlash(rel)) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.SelectorExpr:
+				if x, ok := n.X.(*ast.Ident); ok && x.Name == "os" && slices.Contains([]string{"Getenv", "LookupEnv", "Environ", "ExpandEnv"}, n.Sel.Name) {
+					t.Errorf("%s: os.%s: take the value in a typed config from cmd/engine instead", fset.Position(n.Pos()), n.Sel.Name)
+				}
+			case *ast.FuncDecl:
+				if strings.Contains(n.Name.Name, "FromEnv") {
+					t.Errorf("%s: %s parses the environment: cmd/engine/config.go does, once", fset.Position(n.Pos()), n.Name.Name)
+				}
+			}
+			return true
+		})
+		return nil
+	})
+	require.NoError(t, err)
 }

@@ -1,47 +1,23 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"flag"
-	"fmt"
-	"io"
 	"net"
-	"net/http"
-	"net/url"
-	"os"
-	"path/filepath"
-	"sort"
-	"strings"
-	"sync"
-	"time"
 
-	"github.com/google/uuid"
-	"go.temporal.io/api/enums/v1"
-	"go.temporal.io/sdk/client"
-
-	"github.com/reveille/reveille/api"
-	"github.com/reveille/reveille/wakeup"
-	"github.com/reveille/reveille/workflows"
-	"github.com/reveille/reveille/workflows/reference"
-	"github.com/reveille/reveille/workpool"
-)
-
-const (
-	demoScope = "demo"
+	"github.com/reveille/reveille/internal/demo"
+	"github.com/reveille/reveille/internal/devstack/localstack"
 )
 
 // runDemo runs the reference workflow through a running engine (or one it
-// starts) for four cases and prints each one's timeline.
+// starts) for six cases and prints each one's timeline.
 func runDemo(ctx context.Context, args []string) error {
 	s, err := envConfig()
 	if err != nil {
 		return err
 	}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	apiURL := fs.String("api", envOr("REVEILLE_API_URL", "http://localhost:8080"), "API of a running engine (REVEILLE_API_URL); started here if it does not answer")
+	apiURL := fs.String("api", s.APIURL, "API of a running engine (REVEILLE_API_URL); started here if it does not answer")
 	fs.StringVar(&s.DataDir, "data-dir", s.DataDir, "data dir of the engine (dev secret; and the stack started when none runs)")
 	fs.IntVar(&s.TemporalPort, "temporal-port", s.TemporalPort, "Temporal port of the engine started here")
 	fs.Usage = func() {
@@ -50,415 +26,50 @@ func runDemo(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if !answers(*apiURL) {
-		fmt.Printf("no engine answers at %s: starting one (engine dev) in this process…\n", *apiURL)
-		if *apiURL, err = startDemoEngine(ctx, &s); err != nil {
-			return err
-		}
-	} else if s.TemporalAddr == "" {
-		s.TemporalAddr = "127.0.0.1:7233"
-	}
-	secret := s.signingSecret()
-	if secret == "" {
-		if b, err := os.ReadFile(filepath.Join(s.DataDir, "jwt-secret")); err == nil {
-			secret = strings.TrimSpace(string(b))
-		}
-	}
-	if secret == "" {
-		return fmt.Errorf("no REVEILLE_JWT_SECRET and no dev secret in %s: point --data-dir at the engine's data dir", s.DataDir)
-	}
-	tc, err := client.Dial(client.Options{HostPort: s.TemporalAddr, Namespace: s.Namespace, Logger: temporalLogger{newLogger("error")}})
-	if err != nil {
-		return fmt.Errorf("connect to Temporal at %s: %w", s.TemporalAddr, err)
-	}
-	defer tc.Close()
-
-	target := newDemoTarget()
-	defer target.Close()
-	// A fresh agent per run: the refused-then-approved case overruns its
-	// mandate, which would refuse the spends of every later case and run.
-	d := &demo{api: strings.TrimRight(*apiURL, "/"), tc: tc, target: target, secret: []byte(secret), agent: "demo-agent-" + uuid.NewString()[:8],
-		issuer: s.JWTIssuer, audience: s.JWTAudience}
-	if err := d.ensureMandate(ctx); err != nil {
-		return err
-	}
-	for _, c := range []demoCase{
-		{name: "success", path: "/ok", cost: 1},
-		{name: "failure", path: "/fail", cost: 1, retry: true},
-		{name: "cancel", path: "/slow", cost: 1, cancel: true},
-		{name: "tool call approved by a human", path: "/ok", cost: 1, tool: "approved"},
-		{name: "tool call denied by a human", path: "/ok", cost: 1, tool: "denied"},
-		{name: "refused, then approved", path: "/ok", cost: 1_000_000, approve: true},
-	} {
-		if err := d.run(ctx, c); err != nil {
-			return fmt.Errorf("%s: %w", c.name, err)
-		}
-	}
-	return nil
+	return demo.Run(ctx, demo.Config{
+		APIURL: *apiURL, TemporalAddress: s.TemporalAddr, Namespace: s.Namespace, Org: devOrg,
+		Secret: s.signingSecret(), DataDir: s.DataDir, Issuer: s.JWTIssuer, Audience: s.JWTAudience,
+		StartEngine: func(ctx context.Context) (demo.Engine, error) { return startDemoEngine(ctx, s) },
+		Logger:      newLogger("error"),
+	})
 }
 
-func answers(url string) bool {
-	c := http.Client{Timeout: time.Second}
-	res, err := c.Get(strings.TrimRight(url, "/") + "/healthz")
-	if err != nil {
-		return false
-	}
-	res.Body.Close()
-	return res.StatusCode == http.StatusOK
-}
-
-// startDemoEngine runs `engine dev` in this process on a free port.
-func startDemoEngine(ctx context.Context, s *settings) (string, error) {
+// startDemoEngine runs `engine dev` in this process on a free port, until
+// ctx ends.
+func startDemoEngine(ctx context.Context, s settings) (demo.Engine, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", err
+		return demo.Engine{}, err
 	}
 	s.Addr = ln.Addr().String()
 	ln.Close()
+	// The demo's work calls a target on a random local port, and its
+	// tokens are the dev org's.
 	s.OperatorOrgs, s.HTTPAllowed, s.Worker = []string{devOrg}, devHTTPAllowed, true
-	st, err := startStack(ctx, s, "", "demo", newLogger("error"))
+	logger := newLogger("error")
+	st, err := startStack(ctx, &s, "", "demo", logger)
 	if err != nil {
-		return "", err
+		return demo.Engine{}, err
 	}
-	go func() { <-ctx.Done(); st.stop() }()
 	if len(s.JWTSecrets) == 0 {
-		secret, _, err := devSecret(s.DataDir)
+		secret, _, err := localstack.DevSecret(s.DataDir)
 		if err != nil {
-			return "", err
+			st.Stop()
+			return demo.Engine{}, err
 		}
 		s.JWTSecrets = []string{secret}
 	}
 	ready := make(chan error, 1)
 	go func() {
-		err := serve(ctx, *s, newLogger("error"), func() { ready <- nil })
-		ready <- err
+		defer st.Stop()
+		err := serve(ctx, s, logger, func(net.Addr) { ready <- nil })
+		select {
+		case ready <- err: // it ended before it listened
+		default:
+		}
 	}()
 	if err := <-ready; err != nil {
-		return "", err
+		return demo.Engine{}, err
 	}
-	return "http://" + s.Addr, nil
-}
-
-type demoCase struct {
-	name, path             string
-	cost                   int64
-	retry, cancel, approve bool
-	// tool, when set, gives the workflow a tool call that a human answers
-	// with this decision (approved or denied) through the REST endpoint.
-	tool string
-}
-
-type demo struct {
-	agent  string
-	api    string
-	tc     client.Client
-	target *demoTarget
-	secret []byte
-	// issuer and audience go into the demo's tokens when the engine
-	// requires them (REVEILLE_JWT_ISSUER, REVEILLE_JWT_AUDIENCE).
-	issuer, audience string
-}
-
-type event struct {
-	at   time.Time
-	what string
-}
-
-func (d *demo) token(sub string, roles ...string) string {
-	tok, _ := api.SignToken(d.secret, api.TokenSpec{OrgID: devOrg, Sub: sub, Roles: roles, TTL: time.Hour, Issuer: d.issuer, Audience: d.audience})
-	return tok
-}
-
-func (d *demo) call(ctx context.Context, method, path, tok string, body any) (int, map[string]any, error) {
-	var rdr io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rdr = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, d.api+path, rdr)
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+tok)
-	req.Header.Set("Content-Type", "application/json")
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer res.Body.Close()
-	var out map[string]any
-	_ = json.NewDecoder(res.Body).Decode(&out)
-	return res.StatusCode, out, nil
-}
-
-// ensureMandate gives the demo agent a budget of 1000 (a refusal needs more).
-func (d *demo) ensureMandate(ctx context.Context) error {
-	status, body, err := d.call(ctx, http.MethodPost, "/v1/mandates", d.token("demo-admin", api.RoleAdmin),
-		map[string]any{"agent_id": d.agent, "scope": demoScope, "budget": 1000})
-	if err != nil {
-		return err
-	}
-	if status != http.StatusCreated && status != http.StatusConflict {
-		return fmt.Errorf("create the demo mandate: %d %v", status, body)
-	}
-	return nil
-}
-
-func (d *demo) run(ctx context.Context, c demoCase) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	d.target.reset()
-	wf := devOrg + "/demo-" + strings.ReplaceAll(strings.Fields(c.name)[0], ",", "") + "-" + uuid.NewString()[:8]
-	in := reference.Input{AgentID: d.agent, Signal: "wake", Scope: demoScope, Reason: "demo: " + c.name, Cost: c.cost,
-		Work: wakeup.Work{Handler: "http", Args: mustJSON(map[string]any{"url": d.target.url + c.path})}, Timeout: time.Minute}
-	if c.retry {
-		in.Work.Retry = &workpoolRetry
-	}
-	if c.tool != "" {
-		in.Tool = &reference.ToolStep{ToolName: "deploy", Input: mustJSON(map[string]any{"env": "staging"}), Timeout: time.Minute}
-	}
-	start := time.Now()
-	events := []event{{start, "workflow started  " + wf}}
-	run, err := d.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: wf, TaskQueue: workflows.TaskQueue}, reference.WorkflowName, in)
-	if err != nil {
-		return fmt.Errorf("start the reference workflow: %w", err)
-	}
-	agentTok := d.token("demo-agent-runtime", api.RoleAgent, api.RoleAdmin)
-	if c.tool != "" {
-		evs, err := d.answerToolCall(ctx, wf, c.tool)
-		if err != nil {
-			return err
-		}
-		events = append(events, evs...)
-	}
-	var wakeupID string
-	if c.tool != "denied" {
-		if wakeupID, err = d.awaitWakeup(ctx, wf, agentTok); err != nil {
-			return err
-		}
-	}
-	switch {
-	case c.approve:
-		status, w, err := d.call(ctx, http.MethodGet, "/v1/wakeups/"+wakeupID, agentTok, nil)
-		if err != nil || status != http.StatusOK {
-			return fmt.Errorf("read wake-up: %d %v", status, err)
-		}
-		approval, _ := w["approval"].(map[string]any)
-		if approval == nil {
-			return errors.New("expected a refused spend with an approval request")
-		}
-		events = append(events, event{parseTime(w["created_at"]), fmt.Sprintf("spend of %d refused → approval request %v (workflow parks)", c.cost, approval["id"])})
-		time.Sleep(300 * time.Millisecond) // a human takes a moment
-		approvedAt := time.Now()
-		status, _, err = d.call(ctx, http.MethodPost, "/v1/mandate-approvals/"+approval["id"].(string)+"/approve",
-			d.token("demo-approver", api.RoleApprover), map[string]any{"note": "approved by engine demo"})
-		if err != nil || status != http.StatusOK {
-			return fmt.Errorf("approve: %d %v", status, err)
-		}
-		events = append(events, event{approvedAt, "approved by a human → work enqueued in the same transaction"})
-	case c.cancel:
-		select {
-		case <-d.target.started:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		canceledAt := time.Now()
-		status, _, err := d.call(ctx, http.MethodPost, "/v1/wakeups/"+wakeupID+"/cancel", agentTok, nil)
-		if err != nil || status != http.StatusOK {
-			return fmt.Errorf("cancel: %d %v", status, err)
-		}
-		events = append(events, event{canceledAt, "POST /v1/wakeups/{id}/cancel"})
-	}
-	var res reference.Result
-	if err := run.Get(ctx, &res); err != nil {
-		return fmt.Errorf("reference workflow: %w", err)
-	}
-	doneAt := time.Now()
-	events = append(events, d.target.events()...)
-	events = append(events, d.historyEvents(ctx, wf, run.GetRunID(), c.tool != "")...)
-	if _, w, err := d.call(ctx, http.MethodGet, "/v1/wakeups/"+wakeupID, agentTok, nil); wakeupID != "" && err == nil && w != nil {
-		if created := parseTime(w["created_at"]); !c.approve && !created.IsZero() {
-			events = append(events, event{created, "wake-up enqueued  " + wakeupID + fmt.Sprintf(" (mandate debited %d)", c.cost)})
-		}
-	}
-	detail := "outcome=" + res.Outcome
-	if len(res.Wake.Result) > 0 {
-		detail += " result=" + truncate(string(res.Wake.Result), 80)
-	}
-	if res.Wake.Error != "" {
-		detail += " error=" + truncate(res.Wake.Error, 80)
-	}
-	events = append(events, event{doneAt, "workflow returned  " + detail})
-	sort.SliceStable(events, func(i, j int) bool { return events[i].at.Before(events[j].at) })
-	fmt.Printf("\n%s\n", c.name)
-	for _, e := range events {
-		fmt.Printf("  %+7.1fms  %s\n", float64(e.at.Sub(start).Microseconds())/1000, e.what)
-	}
-	return nil
-}
-
-var workpoolRetry = wakeupRetry()
-
-// awaitWakeup finds the wake-up the workflow's activity created.
-func (d *demo) awaitWakeup(ctx context.Context, wf, tok string) (string, error) {
-	for {
-		status, body, err := d.call(ctx, http.MethodGet, "/v1/wakeups?workflow_id="+wf, tok, nil)
-		if err == nil && status == http.StatusOK {
-			if items, _ := body["items"].([]any); len(items) > 0 {
-				return items[0].(map[string]any)["id"].(string), nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return "", fmt.Errorf("the workflow's wake-up never appeared (is the engine's Temporal worker running? engine dev runs it): %w", ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-// answerToolCall waits for the workflow's pending tool call in the inbox
-// and answers it as a human would, through POST
-// /v1/sessions/{session_id}/tool-approvals (the session is the workflow id).
-func (d *demo) answerToolCall(ctx context.Context, wf, decision string) ([]event, error) {
-	approver := d.token("demo-approver", api.RoleApprover)
-	var approval map[string]any
-	for approval == nil {
-		status, body, err := d.call(ctx, http.MethodGet, "/v1/tool-approvals?status=pending&session_id="+url.QueryEscape(wf), approver, nil)
-		if err == nil && status == http.StatusOK {
-			if items, _ := body["items"].([]any); len(items) > 0 {
-				approval = items[0].(map[string]any)
-				break
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("the workflow's tool call never appeared in the inbox (is the engine's Temporal worker running?): %w", ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	events := []event{{parseTime(approval["created_at"]), fmt.Sprintf("tool call %q pending → approval %v in the inbox (no policy decided)", approval["tool_name"], approval["id"])}}
-	time.Sleep(300 * time.Millisecond) // a human takes a moment
-	answeredAt := time.Now()
-	status, body, err := d.call(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(wf)+"/tool-approvals", approver,
-		map[string]any{"approval_id": approval["id"], "decision": decision, "note": "answered by engine demo"})
-	if err != nil || status != http.StatusOK {
-		return nil, fmt.Errorf("answer the tool call: %d %v %v", status, body, err)
-	}
-	events = append(events, event{answeredAt, "POST /v1/sessions/{id}/tool-approvals  decision=" + decision + " → signal queued in the same transaction"})
-	return events, nil
-}
-
-// historyEvents reads the moments the workflow parked and woke from its
-// Temporal history; withTool: its first activity asked for a tool call and
-// its first signal carried the decision.
-func (d *demo) historyEvents(ctx context.Context, wf, runID string, withTool bool) []event {
-	var out []event
-	toolAsked, toolAnswered := !withTool, !withTool
-	it := d.tc.GetWorkflowHistory(ctx, wf, runID, false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
-	for it.HasNext() {
-		e, err := it.Next()
-		if err != nil {
-			break
-		}
-		at := e.GetEventTime().AsTime()
-		switch e.GetEventType() {
-		case enums.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-			if !toolAsked {
-				toolAsked = true
-				out = append(out, event{at, `tool call requested → workflow parked on signal "approval" (AwaitApproval)`})
-				continue
-			}
-			out = append(out, event{at, `workflow parked on signal "wake" (AwaitWake)`})
-		case enums.EVENT_TYPE_ACTIVITY_TASK_FAILED:
-			out = append(out, event{at, `enqueue activity refused (non-retryable) → workflow parks on "wake"`})
-		case enums.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
-			if !toolAnswered {
-				toolAnswered = true
-				out = append(out, event{at, "approval signal received: workflow woke with the decision"})
-				continue
-			}
-			out = append(out, event{at, "signal received: workflow woke"})
-		}
-	}
-	return out
-}
-
-func parseTime(v any) time.Time {
-	s, _ := v.(string)
-	t, _ := time.Parse(time.RFC3339Nano, s)
-	return t
-}
-
-func mustJSON(v any) json.RawMessage {
-	b, _ := json.Marshal(v)
-	return b
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
-}
-
-// demoTarget is the local HTTP service the demo's work calls.
-type demoTarget struct {
-	srv     *http.Server
-	url     string
-	mu      sync.Mutex
-	log     []event
-	started chan struct{}
-}
-
-func newDemoTarget() *demoTarget {
-	t := &demoTarget{started: make(chan struct{}, 10)}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/ok", func(w http.ResponseWriter, r *http.Request) {
-		t.record("work started  (http handler: GET /ok)")
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"greeting":"hello from the demo target"}`))
-		t.record("work done  (200)")
-	})
-	mux.HandleFunc("/fail", func(w http.ResponseWriter, r *http.Request) {
-		t.record("work attempt  (http handler: GET /fail → 503, retryable)")
-		w.WriteHeader(http.StatusServiceUnavailable)
-	})
-	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
-		t.record("work started  (http handler: GET /slow, runs until canceled)")
-		t.started <- struct{}{}
-		select {
-		case <-r.Context().Done():
-			t.record("work canceled  (the handler's context was canceled)")
-		case <-time.After(time.Minute):
-		}
-	})
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	t.url = "http://" + ln.Addr().String()
-	t.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = t.srv.Serve(ln) }()
-	return t
-}
-
-func (t *demoTarget) record(what string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.log = append(t.log, event{time.Now(), what})
-}
-
-func (t *demoTarget) events() []event {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return append([]event(nil), t.log...)
-}
-
-func (t *demoTarget) reset() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.log = nil
-}
-
-func (t *demoTarget) Close() { _ = t.srv.Close() }
-
-func wakeupRetry() workpool.RetryPolicy {
-	return workpool.RetryPolicy{MaxAttempts: 3, InitialBackoffMS: 50, Base: 2}
+	return demo.Engine{APIURL: "http://" + s.Addr, TemporalAddress: s.TemporalAddr, Secret: s.signingSecret()}, nil
 }

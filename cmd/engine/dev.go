@@ -1,23 +1,25 @@
 package main
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/reveille/reveille/api"
-	"github.com/reveille/reveille/internal/devstack"
-	"github.com/reveille/reveille/internal/devstack/devtemporal"
+	"github.com/reveille/reveille/internal/devstack/localstack"
 )
 
 // devOrg is the org of the token `engine dev` prints; its operator role counts.
 const devOrg = "dev-org"
+
+// devHTTPAllowed is the allow-list of `engine dev` and the demo: any port
+// on this machine, as their targets listen on random ports.
+var devHTTPAllowed = []string{"localhost:*", "127.0.0.1:*"}
 
 func runDev(ctx context.Context, args []string) error {
 	s, err := envConfig()
@@ -33,10 +35,10 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	logger := newLogger(s.LogLevel)
-	if os.Getenv("REVEILLE_OPERATOR_ORGS") == "" {
+	if len(s.OperatorOrgs) == 0 {
 		s.OperatorOrgs = []string{devOrg}
 	}
-	if os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS") == "" {
+	if len(s.HTTPAllowed) == 0 {
 		s.HTTPAllowed = devHTTPAllowed
 	}
 	s.Worker = true
@@ -45,11 +47,11 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer stack.stop()
+	defer stack.Stop()
 
 	secretPath := "(REVEILLE_JWT_SECRET)"
 	if len(s.JWTSecrets) == 0 && s.JWKSURL == "" {
-		secret, path, err := devSecret(s.DataDir)
+		secret, path, err := localstack.DevSecret(s.DataDir)
 		if err != nil {
 			return err
 		}
@@ -58,7 +60,7 @@ func runDev(ctx context.Context, args []string) error {
 	if err := s.authConfig().Validate(); err != nil {
 		return err
 	}
-	return serve(ctx, s, logger, func() {
+	return serve(ctx, s, logger, func(net.Addr) {
 		if s.JWKSURL != "" {
 			printDevInfo(s, secretPath, "(JWKS configured: bring your own token)")
 			return
@@ -72,71 +74,20 @@ func runDev(ctx context.Context, args []string) error {
 	})
 }
 
-// stack is the local infrastructure dev and devstack start.
-type stack struct {
-	lock     *devstack.DataDirLock
-	pg       *devstack.Postgres
-	temporal *devtemporal.Server
-}
-
-func (st *stack) stop() {
-	if st.temporal != nil {
-		_ = st.temporal.Stop()
-	}
-	if st.pg != nil {
-		_ = st.pg.Stop(context.Background())
-	}
-	_ = st.lock.Release()
-}
-
 // startStack starts what s lacks: Postgres when DATABASE_URL is unset,
 // Temporal when TEMPORAL_ADDRESS is unset (only = "postgres"/"temporal"
-// restricts it to one), and fills s with their addresses. It holds the data
-// dir's lock until stop, so a second process (command names it) fails at
-// once instead of running a second Temporal on the SQLite file or stopping
-// the first one's Postgres when it exits.
-func startStack(ctx context.Context, s *settings, only, command string, logger interface {
-	Info(string, ...any)
-}) (*stack, error) {
-	st := &stack{}
-	startsPostgres := s.DatabaseURL == "" && only != "temporal"
-	startsTemporal := s.TemporalAddr == "" && only != "postgres"
-	if startsPostgres || startsTemporal {
-		lock, err := devstack.LockDataDir(s.DataDir, "engine "+command)
-		if errors.Is(err, devstack.ErrDataDirInUse) {
-			return nil, fmt.Errorf("%w; stop it or use --data-dir", err)
-		}
-		if err != nil {
-			return nil, err
-		}
-		st.lock = lock
+// restricts it to one), and fills s with their addresses. command names
+// this process in the error a second one gets while it holds the data dir.
+func startStack(ctx context.Context, s *settings, only, command string, logger *slog.Logger) (*localstack.Stack, error) {
+	st, err := localstack.Start(ctx, localstack.Options{
+		DataDir: s.DataDir, Postgres: s.DatabaseURL == "" && only != "temporal", Temporal: s.TemporalAddr == "" && only != "postgres",
+		TemporalPort: s.TemporalPort, Namespace: s.Namespace, Holder: "engine " + command, Logger: logger,
+	})
+	if err != nil {
+		return nil, err
 	}
-	if startsPostgres {
-		pg, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{DataDir: s.DataDir})
-		if err != nil {
-			st.stop()
-			return nil, fmt.Errorf("local Postgres: %w", err)
-		}
-		st.pg = pg
-		if err := pg.EnsureDatabase(ctx, "reveille"); err != nil {
-			st.stop()
-			return nil, err
-		}
-		s.DatabaseURL = pg.URL("reveille")
-		logger.Info("postgres ready", "url", s.DatabaseURL, "reused", pg.Reused())
-	}
-	if startsTemporal {
-		t, err := devtemporal.Start(ctx, devtemporal.Options{
-			DataDir: filepath.Join(s.DataDir, "temporal"), Port: s.TemporalPort, Namespace: s.Namespace,
-		})
-		if err != nil {
-			st.stop()
-			return nil, fmt.Errorf("embedded Temporal: %w", err)
-		}
-		st.temporal = t
-		s.TemporalAddr = t.Address()
-		logger.Info("temporal ready", "address", s.TemporalAddr, "namespace", s.Namespace)
-	}
+	s.DatabaseURL = cmp.Or(st.DatabaseURL(), s.DatabaseURL)
+	s.TemporalAddr = cmp.Or(st.TemporalAddress(), s.TemporalAddr)
 	return st, nil
 }
 
@@ -190,26 +141,19 @@ func runDevstack(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.stop()
+	defer st.Stop()
 	var lines []string
-	if st.pg != nil {
+	if st.DatabaseURL() != "" {
 		lines = append(lines, "DATABASE_URL="+s.DatabaseURL)
 	}
-	if st.temporal != nil {
+	if st.TemporalAddress() != "" {
 		lines = append(lines, "TEMPORAL_ADDRESS="+s.TemporalAddr, "TEMPORAL_NAMESPACE="+s.Namespace)
 	}
 	fmt.Println(strings.Join(lines, "\n"))
 	select {
 	case <-ctx.Done():
-	case <-st.pgExited():
+	case <-st.PostgresExited():
 		return fmt.Errorf("postgres exited")
 	}
 	return nil
-}
-
-func (st *stack) pgExited() <-chan struct{} {
-	if st.pg == nil {
-		return make(chan struct{})
-	}
-	return st.pg.Wait()
 }

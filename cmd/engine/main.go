@@ -1,7 +1,10 @@
 // Command engine is Reveille's single binary: the API server and its
 // background workers (serve), a self-contained developer stack (dev), the
-// bare infrastructure (devstack), migrations, dev tokens, demos and
-// benchmarks. It only wires: behaviour lives in the domain packages.
+// bare infrastructure (devstack), migrations, dev tokens, the demo and the
+// benchmarks. It reads the environment (config.go, once) and the flags and
+// calls the package that does the work: internal/service builds and runs
+// the service, internal/devstack/localstack the local stack, internal/demo
+// and internal/bench the demo and the benchmarks.
 package main
 
 import (
@@ -18,10 +21,6 @@ import (
 
 // version is set at build time (-ldflags "-X main.version=…").
 var version = "dev"
-
-// benches are the `engine bench <name>` benchmarks; each bench_*.go file
-// registers its own in init.
-var benches = map[string]func(ctx context.Context, args []string) error{}
 
 type command struct {
 	name, summary string
@@ -83,11 +82,4 @@ func benchNames() []string {
 	}
 	sort.Strings(names)
 	return names
-}
-
-func runBench(ctx context.Context, args []string) error {
-	if len(args) == 0 || benches[args[0]] == nil {
-		return fmt.Errorf("usage: engine bench <%s> [flags]", strings.Join(benchNames(), "|"))
-	}
-	return benches[args[0]](ctx, args[1:])
 }

@@ -14,16 +14,19 @@ import (
 )
 
 func runMigrate(ctx context.Context, args []string) error {
+	s, err := envConfig()
+	if err != nil {
+		return err
+	}
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.Usage = func() { flagUsage(fs, "engine migrate up|status   (DATABASE_URL names the database)", "") }
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
+	if s.DatabaseURL == "" {
 		return errors.New("DATABASE_URL is not set")
 	}
-	db, err := sql.Open("pgx", url)
+	db, err := sql.Open("pgx", s.DatabaseURL)
 	if err != nil {
 		return err
 	}

@@ -6,26 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
-	"strings"
-	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"go.temporal.io/sdk/client"
-	"golang.org/x/sync/errgroup"
-
-	"github.com/reveille/reveille/api"
-	"github.com/reveille/reveille/approvals"
-	"github.com/reveille/reveille/mandates"
-	"github.com/reveille/reveille/migrations"
-	"github.com/reveille/reveille/queue"
-	"github.com/reveille/reveille/streams"
-	"github.com/reveille/reveille/wakeup"
-	"github.com/reveille/reveille/workflows"
-	"github.com/reveille/reveille/workflows/reference"
-	"github.com/reveille/reveille/workpool"
+	"github.com/reveille/reveille/internal/service"
 )
 
 func runServe(ctx context.Context, args []string) error {
@@ -43,7 +27,7 @@ func runServe(ctx context.Context, args []string) error {
 		return errors.New("DATABASE_URL is not set (serve uses external Postgres; `engine dev` starts a local one)")
 	}
 	if s.TemporalAddr == "" {
-		s.TemporalAddr = "127.0.0.1:7233"
+		s.TemporalAddr = service.DefaultTemporalAddress
 	}
 	if err := s.authConfig().Validate(); err != nil {
 		return err
@@ -51,205 +35,15 @@ func runServe(ctx context.Context, args []string) error {
 	return serve(ctx, s, newLogger(s.LogLevel), nil)
 }
 
-// serve runs the service until ctx ends: migrate, build the domain services,
-// start their background loops, serve HTTP, then stop in reverse order.
-// ready, if set, is called once the API listens.
-func serve(ctx context.Context, s settings, logger *slog.Logger, ready func()) error {
-	a, err := newApp(ctx, s, logger)
+// serve runs the service built from s until ctx ends. ready, if set, is
+// called once the API listens.
+func serve(ctx context.Context, s settings, logger *slog.Logger, ready func(net.Addr)) error {
+	svc, err := service.New(ctx, s.serviceConfig(logger))
 	if err != nil {
 		return err
 	}
-	defer a.close()
-	return a.run(ctx, ready)
-}
-
-// app holds the wired service.
-type app struct {
-	s        settings
-	logger   *slog.Logger
-	db       *pgxpool.Pool
-	temporal client.Client
-	registry *prometheus.Registry
-	api      *api.Server
-	// starters run background loops until their context ends.
-	starters []func(ctx context.Context) error
-}
-
-func newApp(ctx context.Context, s settings, logger *slog.Logger) (*app, error) {
-	a := &app{s: s, logger: logger, registry: prometheus.NewRegistry()}
-	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	cfg, err := pgxpool.ParseConfig(s.DatabaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	if cfg.MaxConns < 20 {
-		cfg.MaxConns = 20
-	}
-	if a.db, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-		return nil, fmt.Errorf("connect to Postgres: %w", err)
-	}
-	if err := waitForPostgres(ctx, a.db); err != nil {
-		a.close()
-		return nil, err
-	}
-	n, err := migrations.UpPool(ctx, a.db, nil)
-	if err != nil {
-		a.close()
-		return nil, err
-	}
-	logger.Info("database migrated", "applied", n)
-
-	// One Temporal client per process; lazy, so the service starts (and
-	// queues signals) while Temporal is down.
-	a.temporal, err = client.NewLazyClient(client.Options{
-		HostPort: s.TemporalAddr, Namespace: s.Namespace, Logger: temporalLogger{logger},
-	})
-	if err != nil {
-		a.close()
-		return nil, fmt.Errorf("temporal client for %s: %w", s.TemporalAddr, err)
-	}
-
-	svc := api.Services{DB: a.db, Ready: []api.ReadinessCheck{{Name: "temporal", Check: func(ctx context.Context) error {
-		_, err := a.temporal.CheckHealth(ctx, &client.CheckHealthRequest{})
-		return err
-	}}}}
-	if err := a.wireDomain(ctx, &svc); err != nil {
-		a.close()
-		return nil, err
-	}
-	a.api, err = api.New(ctx, api.Config{
-		Addr: s.Addr, MaxBody: s.MaxBody, Logger: logger, Registry: a.registry,
-		ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout, IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate,
-		Auth: s.authConfig(),
-	}, svc)
-	if err != nil {
-		a.close()
-		return nil, err
-	}
-	return a, nil
-}
-
-// wireDomain builds the domain services and their background loops.
-func (a *app) wireDomain(_ context.Context, svc *api.Services) error {
-	s, reg, logger := a.s, a.registry, a.logger
-	poolCfg, err := workpool.ConfigFromEnv(os.Getenv)
-	if err != nil {
-		return err
-	}
-	poolCfg.Logger, poolCfg.Registry = logger, reg
-	pool, err := workpool.New(a.db, poolCfg)
-	if err != nil {
-		return fmt.Errorf("workpool: %w", err)
-	}
-	if err := registerHandlers(pool, s, reg); err != nil {
-		return err
-	}
-	svc.Workpool = pool
-	svc.Mandates = mandates.New(a.db, mandates.Config{ApprovalTTL: s.ApprovalTTL, Logger: logger, Registry: reg})
-	svc.Streams, err = streams.New(a.db, streams.Config{MaxChunk: s.StreamChunk, MaxRequest: s.StreamRequest,
-		MaxChunksPerRequest: s.StreamChunks, Retention: s.StreamKeep, Logger: logger, Registry: reg})
-	if err != nil {
-		return fmt.Errorf("streams: %w", err)
-	}
-	dispatcher := queue.NewDispatcher(a.db, a.temporal, queue.DispatcherConfig{NotFoundGrace: s.NotFoundGrace, Logger: logger, Registry: reg})
-	// Wake signals of work completed here go to this replica's dispatcher.
-	svc.Wakeups = wakeup.New(a.db, pool, svc.Mandates, wakeup.Config{Logger: logger, Registry: reg, Dispatcher: dispatcher})
-	svc.Approvals = approvals.New(a.db, approvals.Config{TTL: s.ToolTTL, Logger: logger, Registry: reg})
-
-	a.starters = append(a.starters,
-		lifecycle("workpool", pool, logger),
-		lifecycle("mandates", svc.Mandates, logger),
-		lifecycle("streams", svc.Streams, logger),
-		lifecycle("wakeup", svc.Wakeups, logger),
-		lifecycle("approvals", svc.Approvals, logger),
-		lifecycle("signal dispatcher", dispatcher, logger),
-	)
-	if s.Worker {
-		w := reference.NewWorker(a.temporal, workflows.TaskQueue, svc.Wakeups, svc.Approvals)
-		a.starters = append(a.starters, func(ctx context.Context) error {
-			// The worker keeps retrying while Temporal is down; Start fails
-			// only on a registration error.
-			if err := w.Start(); err != nil {
-				return fmt.Errorf("temporal worker: %w", err)
-			}
-			<-ctx.Done()
-			w.Stop()
-			return nil
-		})
-	}
-	return nil
-}
-
-// component is the Start/Stop lifecycle every background part shares.
-type component interface {
-	Start(ctx context.Context) error
-	Stop(ctx context.Context) error
-}
-
-// lifecycle runs c until ctx ends, then stops it (draining for up to 30 s).
-func lifecycle(name string, c component, logger *slog.Logger) func(ctx context.Context) error {
-	return func(ctx context.Context) error {
-		if err := c.Start(context.WithoutCancel(ctx)); err != nil {
-			return fmt.Errorf("start %s: %w", name, err)
-		}
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := c.Stop(sctx); err != nil {
-			logger.Warn("stopping "+name+" failed", "error", err.Error())
-		}
-		return nil
-	}
-}
-
-func (a *app) run(ctx context.Context, ready func()) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	g, gctx := errgroup.WithContext(ctx)
-	for _, start := range a.starters {
-		g.Go(func() error { return start(gctx) })
-	}
-	ln, err := listen(a.s.Addr)
-	if err != nil {
-		cancel()
-		_ = g.Wait()
-		return err
-	}
-	a.logger.Info("reveille serving", "addr", ln.Addr().String(), "version", version)
-	if ready != nil {
-		ready()
-	}
-	g.Go(func() error { return a.api.Serve(gctx, ln) })
-	err = g.Wait()
-	a.logger.Info("reveille stopped")
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
-	return err
-}
-
-func (a *app) close() {
-	if a.temporal != nil {
-		a.temporal.Close()
-	}
-	if a.db != nil {
-		a.db.Close()
-	}
-}
-
-func waitForPostgres(ctx context.Context, db *pgxpool.Pool) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := db.Ping(ctx)
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("postgres does not answer: %w", err)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	defer svc.Close()
+	return svc.Run(ctx, ready)
 }
 
 func newLogger(level string) *slog.Logger {
@@ -299,23 +93,3 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_WORKER               run the reference workflow's Temporal worker (default false; dev: true)
   REVEILLE_LOG_LEVEL            debug, info, warn or error (default info)
 `
-
-// temporalLogger routes the SDK's logs into slog.
-type temporalLogger struct{ l *slog.Logger }
-
-func (t temporalLogger) Debug(msg string, kv ...any) { t.l.Debug(msg, kv...) }
-func (t temporalLogger) Info(msg string, kv ...any)  { t.l.Debug(msg, kv...) }
-func (t temporalLogger) Warn(msg string, kv ...any)  { t.l.Warn(msg, kv...) }
-func (t temporalLogger) Error(msg string, kv ...any) {
-	// The SDK logs every failed poll while Temporal is down, and a refused
-	// spend is an expected activity outcome: neither is an error here.
-	if strings.Contains(msg, "poll") {
-		t.l.Warn(msg, kv...)
-		return
-	}
-	if strings.Contains(fmt.Sprint(kv...), reference.RefusedErrorType) {
-		t.l.Info(msg, kv...)
-		return
-	}
-	t.l.Error(msg, kv...)
-}

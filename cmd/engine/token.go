@@ -5,22 +5,25 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/reveille/reveille/api"
+	"github.com/reveille/reveille/internal/devstack/localstack"
 )
 
 func runToken(_ context.Context, args []string) error {
+	s, err := envConfig()
+	if err != nil {
+		return err
+	}
 	fs := flag.NewFlagSet("token", flag.ContinueOnError)
 	org := fs.String("org", "", "org_id claim (required)")
 	roles := fs.String("roles", "admin,agent,approver", "comma list of roles: admin, agent, approver, operator")
 	sub := fs.String("sub", "dev-user", "sub claim")
 	agent := fs.String("agent", "", "agent_id claim: the token may act only as this agent")
 	ttl := fs.Duration("ttl", 24*time.Hour, "lifetime")
-	dataDir := fs.String("data-dir", envOr("REVEILLE_DATA_DIR", "./.reveille"), "data dir holding the dev secret (used when REVEILLE_JWT_SECRET is unset)")
+	dataDir := fs.String("data-dir", s.DataDir, "data dir holding the dev secret (used when REVEILLE_JWT_SECRET is unset)")
 	fs.Usage = func() {
 		flagUsage(fs, "engine token --org ORG [--roles admin,agent,approver] [--sub S] [--agent A] [--ttl 24h] [--data-dir D]",
 			"  REVEILLE_JWT_SECRET  signs the token (its first secret when it lists several); else the dev secret in the data dir\n")
@@ -44,16 +47,14 @@ func runToken(_ context.Context, args []string) error {
 	}
 	// The first of REVEILLE_JWT_SECRET's secrets signs; the others only
 	// verify (they are on their way in or out).
-	secret := settings{JWTSecrets: list(os.Getenv("REVEILLE_JWT_SECRET"))}.signingSecret()
+	secret := s.signingSecret()
 	if secret == "" {
-		b, err := os.ReadFile(filepath.Join(*dataDir, "jwt-secret"))
-		if err != nil {
+		if secret, err = localstack.ReadDevSecret(*dataDir); err != nil {
 			return fmt.Errorf("no REVEILLE_JWT_SECRET and no dev secret in %s (run engine dev first): %w", *dataDir, err)
 		}
-		secret = strings.TrimSpace(string(b))
 	}
 	tok, err := api.SignToken([]byte(secret), api.TokenSpec{OrgID: *org, Sub: *sub, Roles: rs, AgentID: *agent, TTL: *ttl,
-		Issuer: os.Getenv("REVEILLE_JWT_ISSUER"), Audience: os.Getenv("REVEILLE_JWT_AUDIENCE")})
+		Issuer: s.JWTIssuer, Audience: s.JWTAudience})
 	if err != nil {
 		return err
 	}

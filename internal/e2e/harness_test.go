@@ -99,10 +99,6 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 	require.NoError(t, err)
 	s.handler.register(s.pool)
 	s.mandates = mandates.New(s.db, mandates.Config{SweepInterval: 100 * time.Millisecond, LeaderRetry: 200 * time.Millisecond, Logger: logger, Registry: reg})
-	s.wakeups = wakeup.New(s.db, s.pool, s.mandates, wakeup.Config{
-		ReconcileInterval: 100 * time.Millisecond, ReconcileAfter: 200 * time.Millisecond,
-		BeforeEnqueue: o.beforeEnqueue, Logger: logger, Registry: reg,
-	})
 	s.approvals = approvals.New(s.db, approvals.Config{SweepInterval: 50 * time.Millisecond, LeaderRetry: 200 * time.Millisecond, Logger: logger, Registry: reg})
 
 	s.proxy = newTCPProxy(t, temporalServer.GetFrontendHostPort())
@@ -113,6 +109,10 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 	s.dispatcher = queue.NewDispatcher(s.db, s.engineTC, queue.DispatcherConfig{
 		NotFoundGrace: o.notFoundGrace, MinBackoff: 20 * time.Millisecond, MaxBackoff: 250 * time.Millisecond,
 		SendTimeout: 2 * time.Second, Logger: logger, Registry: reg,
+	})
+	s.wakeups = wakeup.New(s.db, s.pool, s.mandates, wakeup.Config{
+		ReconcileInterval: 100 * time.Millisecond, ReconcileAfter: 200 * time.Millisecond,
+		BeforeEnqueue: o.beforeEnqueue, Dispatcher: s.dispatcher, Logger: logger, Registry: reg,
 	})
 
 	w := reference.NewWorker(s.tc, s.taskQueue, s.wakeups, s.approvals)

@@ -3,61 +3,31 @@ package leader
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
+
+	"github.com/reveille/reveille/internal/startstop"
 )
 
-// ErrStarted is returned by Background.Start when it is already running.
-var ErrStarted = errors.New("already started")
-
-// Background runs an Elector in a goroutine of its own, for a service's
-// Start and Stop: Start returns at once, Stop cancels the election (a
-// leader's fn sees its context end) and waits for it. The zero value is
-// ready to use; stopping twice, or without Start, is safe.
-type Background struct {
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
-}
+// Background runs an Elector as a service (internal/startstop): Start
+// returns at once, Stop cancels the election (a leader's fn sees its
+// context end) and waits for it. Errors are named after the leadership. The
+// zero value is ready to use; it starts once, and stopping twice, or
+// without Start, is safe.
+type Background struct{ life startstop.Base }
 
 // Start runs e.Run(ctx, fn) in the background until Stop (or ctx ends).
 func (b *Background) Start(ctx context.Context, e *Elector, fn func(context.Context)) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.cancel != nil {
-		return ErrStarted
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	b.cancel, b.done = cancel, done
-	go func() {
-		defer close(done)
-		e.Run(ctx, fn)
-	}()
-	return nil
+	return b.life.Start(ctx, e.Name, func(ctx context.Context) { e.Run(ctx, fn) })
 }
 
-// Stop ends the election and waits for it to return, or for ctx to end
-// (then ctx's error).
-func (b *Background) Stop(ctx context.Context) error {
-	b.mu.Lock()
-	cancel, done := b.cancel, b.done
-	b.mu.Unlock()
-	if cancel == nil {
-		return nil
-	}
-	cancel()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+// Stop ends the election and waits for it to return, or for ctx to end.
+func (b *Background) Stop(ctx context.Context) error { return b.life.Stop(ctx) }
 
 // Every returns a leader's fn that calls round at once and then every
 // interval until its context ends. A round's error goes to onError unless
-// the context ended (leadership lost or stopping: not a failure).
+// the context ended (leadership lost or stopping: not a failure). A round
+// that finds its term superseded (ErrDeposed) ends the fn: the leader
+// stands down, and its Elector campaigns again.
 func Every(interval time.Duration, round func(context.Context) error, onError func(error)) func(context.Context) {
 	return func(ctx context.Context) {
 		t := time.NewTicker(interval)
@@ -65,6 +35,9 @@ func Every(interval time.Duration, round func(context.Context) error, onError fu
 		for {
 			if err := round(ctx); err != nil && ctx.Err() == nil {
 				onError(err)
+				if errors.Is(err, ErrDeposed) {
+					return
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -78,9 +51,9 @@ func Every(interval time.Duration, round func(context.Context) error, onError fu
 // SweepBatches drains a backlog batch by batch: scan returns up to batch
 // due items, each is handled alone (true: it counted, false: it no longer
 // needed handling), and a failure is logged through onError and left for
-// the next sweep. It stops when a batch comes back short, or when every
-// item of a batch failed (those failures would only be met again at once),
-// and returns how many items counted.
+// the next sweep. It stops when a batch comes back short, when every item
+// of a batch failed (those failures would only be met again at once), or
+// at the first ErrDeposed (returned), and returns how many items counted.
 func SweepBatches[T any](ctx context.Context, batch int, scan func(context.Context, int) ([]T, error),
 	handle func(context.Context, T) (bool, error), onError func(T, error)) (int, error) {
 	total := 0
@@ -95,6 +68,9 @@ func SweepBatches[T any](ctx context.Context, batch int, scan func(context.Conte
 			if err != nil {
 				if ctx.Err() != nil {
 					return total, ctx.Err()
+				}
+				if errors.Is(err, ErrDeposed) {
+					return total, err // every other item would meet it too
 				}
 				failed++
 				onError(d, err)

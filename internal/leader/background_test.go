@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/internal/startstop"
 	"github.com/reveille/reveille/internal/testkit"
 )
 
@@ -24,7 +25,9 @@ func TestBackgroundRunsTheElectionUntilStopAndStartsOnce(t *testing.T) {
 		<-ctx.Done()
 		close(ended)
 	}))
-	require.ErrorIs(t, b.Start(context.Background(), e, func(context.Context) {}), ErrStarted)
+	err := b.Start(context.Background(), e, func(context.Context) {})
+	require.ErrorIs(t, err, startstop.ErrStarted)
+	require.EqualError(t, err, "test.background: already started", "named after the leadership")
 	<-led
 
 	require.NoError(t, b.Stop(context.Background()))

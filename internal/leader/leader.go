@@ -2,7 +2,9 @@
 // reconcilers): the replica that holds a session-level advisory lock on a
 // dedicated connection is leader for as long as that connection lives. When
 // the leader dies its connection closes, Postgres releases the lock, and a
-// standby takes it over on its next try.
+// standby takes it over on its next try. Each leader starts a new term, and
+// a leader-only loop's writes are fenced by it (term.go), so a leader that
+// lost its lock without noticing yet writes nothing.
 package leader
 
 import (
@@ -33,9 +35,10 @@ func Key(name string) int64 {
 	return int64(h.Sum64())
 }
 
-// Run blocks until ctx ends. Whenever this replica becomes leader it calls
-// fn with a context that is canceled when leadership is lost (or ctx ends),
-// and waits for fn to return before trying again.
+// Run blocks until ctx ends. Whenever this replica becomes leader it starts
+// a new term (NewTerm) and calls fn with a context that carries the term
+// (TermFrom) and is canceled when leadership is lost (or ctx ends), and
+// waits for fn to return before trying again.
 func (e *Elector) Run(ctx context.Context, fn func(ctx context.Context)) {
 	retry := e.Retry
 	if retry <= 0 {
@@ -69,8 +72,15 @@ func (e *Elector) term(ctx context.Context, key int64, retry time.Duration, logg
 	// The connection now carries the lock: never hand it back to the pool.
 	raw := conn.Hijack()
 	defer raw.Close(context.Background())
-	logger.Info("became leader", "leadership", e.Name)
-	lctx, cancel := context.WithCancel(ctx)
+	t, err := NewTerm(ctx, raw, e.Name)
+	if err != nil {
+		if ctx.Err() == nil {
+			logger.Warn("could not start a leadership term; standing by", "leadership", e.Name, "error", err.Error())
+		}
+		return
+	}
+	logger.Info("became leader", "leadership", e.Name, "term", t.N)
+	lctx, cancel := context.WithCancel(WithTerm(ctx, t))
 	defer cancel()
 	done := make(chan struct{})
 	go func() { defer close(done); fn(lctx) }()

@@ -25,7 +25,8 @@ const (
 // terms records every leadership term of a group of electors.
 type terms struct {
 	mu      sync.Mutex
-	started []int // elector index per term, in order
+	started []int   // elector index per term, in order
+	numbers []int64 // the term number each was handed (TermFrom)
 	ended   []bool
 	active  int
 	maxSeen int
@@ -38,6 +39,8 @@ func (tr *terms) lead(elector int) func(ctx context.Context) {
 		tr.mu.Lock()
 		term := len(tr.started)
 		tr.started = append(tr.started, elector)
+		n, _ := TermFrom(ctx)
+		tr.numbers = append(tr.numbers, n.N)
 		tr.ended = append(tr.ended, false)
 		tr.active++
 		tr.maxSeen = max(tr.maxSeen, tr.active)
@@ -174,6 +177,9 @@ func TestAStandbyTakesOverWhenTheLeadersConnectionDies(t *testing.T) {
 			return ended[round-1] && len(s) == round+1 && active == 1 && holder != 0 && holder != pid
 		}, testWait, pollEvery, "term %d ended and another began on a new connection", round)
 	}
+	g.terms.mu.Lock()
+	defer g.terms.mu.Unlock()
+	require.Equal(t, []int64{1, 2, 3, 4}, g.terms.numbers, "each leader was handed a new, larger term")
 }
 
 // The leader must not go on leading on a lock that is gone: it learns of
@@ -182,7 +188,12 @@ func TestALeaderLearnsAtOnceThatItsLockConnectionDied(t *testing.T) {
 	dsn := testkit.NewDatabase(t)
 	admin := testkit.NewPoolFor(t, dsn)
 	g := startGroup(t, dsn, 1, time.Hour)
-	require.Eventually(t, func() bool { return lockHolder(t, admin, "test.sweeper") != 0 }, testWait, pollEvery)
+	// Leading, not just holding the lock: a connection that dies while the
+	// term is being started never leads (and retries in an hour).
+	require.Eventually(t, func() bool {
+		s, _, _, _ := g.terms.snapshot()
+		return len(s) == 1 && lockHolder(t, admin, "test.sweeper") != 0
+	}, testWait, pollEvery)
 	terminate(t, admin, lockHolder(t, admin, "test.sweeper"))
 	require.Eventually(t, func() bool {
 		_, ended, active, _ := g.terms.snapshot()

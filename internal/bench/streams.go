@@ -1,17 +1,13 @@
-package main
+package bench
 
 import (
 	"bufio"
 	"context"
 	"crypto/rand"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,22 +16,35 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/reveille/reveille/api"
-	"github.com/reveille/reveille/migrations"
+	"github.com/reveille/reveille/internal/service"
 	"github.com/reveille/reveille/streams"
 )
 
-func init() { benches["streams"] = benchStreams }
+// StreamsConfig is one `engine bench streams` run.
+type StreamsConfig struct {
+	// Service is the engine's configuration; the run replaces its database
+	// and API.
+	Service service.Config
+	// Chunks chunks of Size bytes appended by Writers concurrent writers,
+	// Batch per append, in Rounds alternating rounds.
+	Writers, Chunks, Size, Batch, Rounds int
+	// DataDir is where a local Postgres starts when Service has no
+	// database (a temporary directory when empty).
+	DataDir string
+	// CPUProfile, when set, is the file the measured rounds' CPU profile
+	// goes to.
+	CPUProfile string
+}
 
 // streamBench is one run's parameters.
 type streamBench struct {
 	writers, chunks, size, batch, rounds int
 }
 
-// benchStreams appends chunks through the Go API, one stream per writer,
+// Streams appends chunks through the Go API, one stream per writer,
 // while one SSE reader per stream follows it over HTTP, and reports the
 // append rate and the tail latency (append commit → SSE receipt), twice:
 // appending through the streams service that serves the readers (one
@@ -45,39 +54,21 @@ type streamBench struct {
 // INSERTs on the same Postgres, for comparison. The commit instant is when
 // the appending statement's result came back (a pgx tracer stamps it),
 // before the notification is sent.
-func benchStreams(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("bench streams", flag.ContinueOnError)
-	var b streamBench
-	fs.IntVar(&b.writers, "writers", 8, "concurrent writers, each to its own stream")
-	fs.IntVar(&b.chunks, "chunks", 20000, "chunks to append in all")
-	fs.IntVar(&b.size, "size", 256, "bytes per chunk")
-	fs.IntVar(&b.batch, "batch", 50, "chunks per append (1: one chunk per transaction)")
-	fs.IntVar(&b.rounds, "rounds", 3, "alternating rounds of both runs; medians are reported")
-	dataDir := fs.String("data-dir", "", "where to start a local Postgres when DATABASE_URL is unset (default: a temporary directory)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured rounds to this file")
-	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "Usage: engine bench streams [flags]\n\nUses DATABASE_URL, or else starts a local Postgres (durable settings).\n\nFlags:")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
+func Streams(ctx context.Context, c StreamsConfig) error {
+	b := streamBench{writers: c.Writers, chunks: c.Chunks, size: c.Size, batch: c.Batch, rounds: c.Rounds}
 	if b.writers < 1 || b.chunks < b.writers || b.size < 1 || b.batch < 1 || b.rounds < 1 {
 		return errors.New("need writers ≥ 1, chunks ≥ writers, size ≥ 1, batch ≥ 1, rounds ≥ 1")
 	}
-	db, stop, err := benchDatabase(ctx, *dataDir, func(c *pgxpool.Config) {
-		c.MaxConns = 40
-		c.ConnConfig.Tracer = commitStamper{}
-	})
+	w, err := setUp(ctx, c.Service, "streams", c.DataDir, false)
+	defer func() {
+		if w != nil {
+			w.tearDown(false)
+		}
+	}()
 	if err != nil {
 		return err
 	}
-	defer stop()
-	if _, err := migrations.UpPool(ctx, db, nil); err != nil {
-		return err
-	}
-
-	env, err := b.setUp(ctx, db)
+	env, err := b.setUp(ctx, c.Service, w)
 	if err != nil {
 		return err
 	}
@@ -87,12 +78,12 @@ func benchStreams(ctx context.Context, args []string) error {
 	// and noisy.
 	warm := b
 	warm.chunks = max(b.writers, b.chunks/10)
-	for i, w := range []*streams.Service{env.reader, env.writer} {
-		if _, err := warm.measure(ctx, env, w, fmt.Sprint("bench-warm-up-", i)); err != nil {
+	for i, svc := range []*streams.Service{env.reader, env.writer} {
+		if _, err := warm.measure(ctx, env, svc, fmt.Sprint("bench-warm-up-", i)); err != nil {
 			return err
 		}
 	}
-	stopProfile, err := startCPUProfile(*cpuProfile)
+	stopProfile, err := startCPUProfile(c.CPUProfile)
 	if err != nil {
 		return err
 	}
@@ -108,7 +99,7 @@ func benchStreams(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		base, err := b.runBaseline(ctx, db)
+		base, err := b.runBaseline(ctx, env.db)
 		if err != nil {
 			return err
 		}
@@ -157,10 +148,10 @@ type streamResult struct {
 	p50, p99 time.Duration
 }
 
-// benchEnv is the streams service behind an API server (the readers'
-// replica), a second service on the same database (another replica's, for
-// writers), and an agent token of a fresh org whose data is deleted at the
-// end.
+// benchEnv is the engine serving the SSE readers (the readers' replica),
+// a second engine on the same database that is built but never run
+// (another replica's streams service, for writers: appending needs no
+// hub), and an agent token.
 type benchEnv struct {
 	reader, writer *streams.Service
 	db             *pgxpool.Pool
@@ -169,43 +160,32 @@ type benchEnv struct {
 	tearDown       func()
 }
 
-func (b streamBench) setUp(ctx context.Context, db *pgxpool.Pool) (*benchEnv, error) {
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	reader, err := streams.New(db, streams.Config{Logger: quiet})
+func (b streamBench) setUp(ctx context.Context, base service.Config, w *where) (*benchEnv, error) {
+	cfg, secret := serviceConfig(base, w, quiet)
+	cfg.ConfigureDB = func(c *pgxpool.Config) {
+		c.MaxConns = 40
+		c.ConnConfig.Tracer = commitStamper{}
+	}
+	readers, err := service.New(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	// Appending needs no hub: the writers' replica is never started.
-	writer, err := streams.New(db, streams.Config{Logger: quiet})
+	writers, err := service.New(ctx, cfg)
 	if err != nil {
+		readers.Close()
 		return nil, err
 	}
-	if err := reader.Start(ctx); err != nil {
-		return nil, err
-	}
-	secret := make([]byte, 32)
-	_, _ = rand.Read(secret)
-	srv, err := api.New(ctx, api.Config{Auth: api.AuthConfig{Secrets: [][]byte{secret}}, Logger: quiet, Registry: prometheus.NewRegistry()},
-		api.Services{DB: db, Streams: reader})
+	r, err := start(ctx, readers)
 	if err != nil {
-		_ = reader.Stop(context.Background())
+		writers.Close()
+		readers.Close()
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		_ = reader.Stop(context.Background())
-		return nil, err
-	}
-	sctx, stopServer := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(sctx, ln) }()
-
-	env := &benchEnv{reader: reader, writer: writer, db: db, base: "http://" + ln.Addr().String(), org: "bench-" + uuid.NewString()}
+	env := &benchEnv{reader: readers.Streams(), writer: writers.Streams(), db: readers.DB(), base: "http://" + r.addr, org: "bench-" + uuid.NewString()}
 	env.tearDown = func() {
-		stopServer()
-		<-served
-		_ = reader.Stop(context.Background())
-		env.deleteOrg()
+		r.stop()
+		writers.Close()
+		readers.Close()
 	}
 	env.tok, err = api.SignToken(secret, api.TokenSpec{OrgID: env.org, Sub: "bench", Roles: []string{api.RoleAgent}, TTL: time.Hour})
 	if err != nil {
@@ -230,13 +210,6 @@ func (commitStamper) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.Tr
 	if at, ok := ctx.Value(stampKey{}).(*time.Time); ok && at.IsZero() && data.Err == nil {
 		*at = time.Now()
 	}
-}
-
-// deleteOrg removes the bench org's streams and chunks.
-func (e *benchEnv) deleteOrg() {
-	ctx := context.Background()
-	_, _ = e.db.Exec(ctx, `DELETE FROM stream_chunks WHERE org_id = $1`, e.org)
-	_, _ = e.db.Exec(ctx, `DELETE FROM streams WHERE org_id = $1`, e.org)
 }
 
 // measure appends b.chunks through svc to b.writers streams of run runID,

@@ -1,28 +1,22 @@
-package main
+package bench
 
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
+	"maps"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/worker"
@@ -30,18 +24,13 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/reveille/reveille/api"
-	"github.com/reveille/reveille/internal/devstack"
-	"github.com/reveille/reveille/internal/devstack/devtemporal"
+	"github.com/reveille/reveille/internal/service"
 	"github.com/reveille/reveille/mandates"
-	"github.com/reveille/reveille/migrations"
 	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/wakeup"
 	"github.com/reveille/reveille/workflows"
-	"github.com/reveille/reveille/workflows/reference"
 	"github.com/reveille/reveille/workpool"
 )
-
-func init() { benches["wake"] = benchWake }
 
 const (
 	wakeBenchOrg      = "bench-org"
@@ -65,64 +54,57 @@ const (
 	wakeBenchHandoffLease = 15 * time.Second
 )
 
+// WakeConfig is one `engine bench wake` run.
+type WakeConfig struct {
+	// Service is the engine's configuration (its logger included); the
+	// run replaces its database, API, dispatcher timing and worker, and
+	// widens the wakeup pool to Concurrency.
+	Service service.Config
+	// N measured wakes and as many bare signals, Concurrency of each in
+	// flight; RestN POST /v1/wakeups after them (0: none).
+	N, Concurrency, RestN int
+	// Together runs both sides at the same time; else Rounds alternating
+	// rounds, one side after the other.
+	Together bool
+	Rounds   int
+	// RestHold holds the REST wake-ups' work until their requests are all
+	// answered.
+	RestHold bool
+	// Keep keeps the run's database and temporary directory.
+	Keep bool
+	// Settle is the pause between a workflow parking and its trigger.
+	Settle time.Duration
+	// CPUProfile, when set, is the file the measured rounds' CPU profile
+	// goes to.
+	CPUProfile string
+}
+
 // wakeBench is one run's parameters.
 type wakeBench struct {
 	n, concurrency, restN, rounds int
-	keep, together, restHold      bool
+	together, restHold            bool
 	settle                        time.Duration
 	cpuProfile                    string
 }
 
-// benchWake measures the wake latency — from the work handler's return to
-// the parked workflow's receipt of the signal, observed as run.Get
-// returning — beside a bare SignalWorkflow to the same parked workflow
-// (SignalWorkflow call → run.Get returning) at the same concurrency, both
-// sides at the same time in one process (or in alternating rounds); then
-// the REST enqueue rate of POST /v1/wakeups.
-func benchWake(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("bench wake", flag.ContinueOnError)
-	var b wakeBench
-	fs.IntVar(&b.n, "n", 1000, "measured wakes (and as many bare signals)")
-	fs.IntVar(&b.concurrency, "concurrency", 50, "workflows in flight at once, for both the wake and the bare-signal runs")
-	fs.IntVar(&b.restN, "rest-n", 2000, "POST /v1/wakeups requests for the REST enqueue rate (0 skips it)")
-	fs.BoolVar(&b.together, "together", true, "run the bare-signal and the wake side at the same time, each at --concurrency, so that a drift in the (shared) machine's load hits both alike; false: one after the other, in --rounds")
-	fs.IntVar(&b.rounds, "rounds", 2, "with --together=false: rounds the n are split over, each a bare-signal run and a wake run, which goes first alternating")
-	fs.BoolVar(&b.restHold, "rest-hold", true, "hold the REST wake-ups' work until their requests are all answered: their signals go to workflows that never exist and are retried until the NotFound grace ends, several sends each, load that production (one send per wake-up) does not have")
-	fs.BoolVar(&b.keep, "keep", false, "keep the temporary directories of the local Postgres and Temporal (their paths are printed)")
-	fs.DurationVar(&b.settle, "settle", 100*time.Millisecond, "pause between a workflow parking and its trigger, on both sides, so that neither lands on the tail of Temporal's work for the parking task")
-	fs.StringVar(&b.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured rounds to this file")
-	fs.Usage = func() {
-		fmt.Fprint(os.Stderr, `Usage: engine bench wake [flags]
-
-Uses DATABASE_URL and TEMPORAL_ADDRESS (TEMPORAL_NAMESPACE) when set, or else
-starts a local Postgres (durable settings) and an embedded Temporal in a
-temporary directory. Wires workpool, mandates, wakeup, the signal dispatcher
-and one Temporal client as serve does, with a handler "bench" that returns at
-once, and parks workflows (ids bench-org/wake-<i>, bench-org/signal-<i>) on a
-task queue of their own.
-
-Prints:
-  signal: n=… p50=…ms p99=…ms max=…ms   bare SignalWorkflow → run.Get returns
-  wake: n=… p50=…ms p99=…ms max=…ms     handler returns → run.Get returns
-  the ratios wake/signal at p50 and p99, each side split into stages,
-  rest enqueue: n=… rate=…/s            POST /v1/wakeups, concurrency clients
-
-Flags:
-`)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if b.n < 1 || b.concurrency < 1 || b.restN < 0 || b.rounds < 1 || b.rounds > b.n {
+// Wake measures the wake latency — from the work handler's return to the
+// parked workflow's receipt of the signal, observed as run.Get returning —
+// beside a bare SignalWorkflow to the same parked workflow (SignalWorkflow
+// call → run.Get returning) at the same concurrency, both sides at the
+// same time in one process (or in alternating rounds); then the REST
+// enqueue rate of POST /v1/wakeups.
+func Wake(ctx context.Context, c WakeConfig) error {
+	if c.N < 1 || c.Concurrency < 1 || c.RestN < 0 || c.Rounds < 1 || c.Rounds > c.N {
 		return errors.New("need n ≥ 1, concurrency ≥ 1, rest-n ≥ 0, 1 ≤ rounds ≤ n")
 	}
+	b := wakeBench{n: c.N, concurrency: c.Concurrency, restN: c.RestN, rounds: c.Rounds, together: c.Together,
+		restHold: c.RestHold, settle: c.Settle, cpuProfile: c.CPUProfile}
 	if b.together {
 		b.rounds = 1
 	}
-	env, err := b.setUp(ctx)
+	env, err := b.setUp(ctx, c)
 	if env != nil {
-		defer env.tearDown()
+		defer env.tearDown(c.Keep)
 	}
 	if err != nil {
 		return err
@@ -191,6 +173,10 @@ func (b wakeBench) run(ctx context.Context, env *wakeEnv) error {
 		from += n
 	}
 	stopProfile()
+	// After both sides, so that its reads load neither.
+	if err := env.hookStarts(ctx, wake); err != nil {
+		return err
+	}
 
 	st, wt := wakeTotals(sig), wakeTotals(wake)
 	fmt.Printf("signal: n=%d p50=%sms p99=%sms max=%sms\n", len(st), wakeMS(wakePct(st, 50)), wakeMS(wakePct(st, 99)), wakeMS(slices.Max(st)))
@@ -237,222 +223,88 @@ func (b wakeBench) run(ctx context.Context, env *wakeEnv) error {
 // created_at: now() is the transaction's start), toClaim until the
 // dispatcher's claim of the message began.
 type wakeSample struct {
+	id                                         string // the workflow's
 	total, toHook, toClaim, toSend, send, sent time.Duration
 	skipped                                    bool // never parked: not measured
 }
 
-// wakeEnv is the wired engine the benchmark drives, and what it must stop.
+// wakeEnv is the engine the benchmark drives, and what it must stop.
 type wakeEnv struct {
-	dir        string // temporary directory of the local stack ("" when external)
-	keep       bool
-	logger     *slog.Logger
-	pg         *devstack.Postgres
-	temporal   *devtemporal.Server
-	db         *pgxpool.Pool
-	tc         client.Client
-	pool       *workpool.Manager
-	mandates   *mandates.Service
-	wakeups    *wakeup.Service
-	dispatcher *queue.Dispatcher
-	worker     worker.Worker
-	taskQueue  string
-	agent      string
-	secret     []byte
-	apiURL     string
-	stopAPI    context.CancelFunc
-	apiDone    chan struct{}
-	started    []component // in start order
+	where     *where
+	svc       *service.Service
+	running   *running
+	logger    *slog.Logger
+	taskQueue string
+	agent     string
+	secret    []byte
+	apiURL    string
 
 	restHold chan struct{} // closed when the REST wake-ups' work may finish
 
 	returned *wakeStamps // handler return, by args key (the workflow id)
 	sends    *wakeStamps // dispatcher's SignalWorkflow call, by workflow id
 	sentAt   *wakeStamps // …and its successful return
+
+	mu        sync.Mutex
+	wakeupIDs map[string]uuid.UUID // the wake-up of each wake's workflow
 }
 
-// setUp starts (or connects to) Postgres and Temporal and wires the engine
-// as serve does. On error the returned env, if any, still needs tearDown.
-func (b wakeBench) setUp(ctx context.Context) (*wakeEnv, error) {
-	s, err := envConfig()
-	if err != nil {
-		return nil, err
-	}
-	level := os.Getenv("REVEILLE_LOG_LEVEL")
-	if level == "" {
-		// The REST phase's signals to absent workflows end as warnings,
-		// thousands of them; only errors matter here.
-		level = "error"
-	}
+// setUp starts (or connects to) Postgres and Temporal and builds and runs
+// the engine through internal/service, as serve does, with a handler
+// "bench" that returns at once, a worker that also runs the parked
+// workflow, a dispatcher whose sends are timed, and a funded mandate. On
+// error the returned env, if any, still needs tearDown.
+func (b wakeBench) setUp(ctx context.Context, c WakeConfig) (*wakeEnv, error) {
 	env := &wakeEnv{
-		keep: b.keep, logger: newLogger(level), taskQueue: "bench-wake-" + uuid.NewString(),
+		logger: c.Service.Logger, taskQueue: "bench-wake-" + uuid.NewString(),
 		agent: "bench-agent-" + uuid.NewString()[:8], restHold: make(chan struct{}),
-		returned: newWakeStamps(), sends: newWakeStamps(), sentAt: newWakeStamps(),
+		returned: newWakeStamps(), sends: newWakeStamps(), sentAt: newWakeStamps(), wakeupIDs: map[string]uuid.UUID{},
 	}
-	if s.DatabaseURL == "" || s.TemporalAddr == "" {
-		if env.dir, err = os.MkdirTemp("", "reveille-bench-wake-*"); err != nil {
-			return nil, err
-		}
-	}
-	if s.DatabaseURL == "" {
-		// Durable defaults: fsync and synchronous_commit stay on, so commit
-		// cost is what production pays.
-		env.pg, err = devstack.StartPostgres(ctx, devstack.PostgresOptions{DataDir: filepath.Join(env.dir, "pg")})
-		if err != nil {
-			return env, fmt.Errorf("local Postgres: %w", err)
-		}
-		if err := env.pg.EnsureDatabase(ctx, "reveille"); err != nil {
-			return env, err
-		}
-		s.DatabaseURL = env.pg.URL("reveille")
-	}
-	if s.TemporalAddr == "" {
-		env.temporal, err = devtemporal.Start(ctx, devtemporal.Options{DataDir: filepath.Join(env.dir, "temporal"), Namespace: s.Namespace})
-		if err != nil {
-			return env, fmt.Errorf("embedded Temporal: %w", err)
-		}
-		s.TemporalAddr = env.temporal.Address()
-	}
-	if env.dir != "" && b.keep {
-		fmt.Fprintf(os.Stderr, "bench wake: keeping %s\n", env.dir)
-	}
-
-	// The database pool and the Temporal client as newApp makes them.
-	cfg, err := pgxpool.ParseConfig(s.DatabaseURL)
+	var err error
+	env.where, err = setUp(ctx, c.Service, "wake", "", true)
 	if err != nil {
-		return env, fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	if cfg.MaxConns < 20 {
-		cfg.MaxConns = 20
-	}
-	if env.db, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-		return env, fmt.Errorf("connect to Postgres: %w", err)
-	}
-	if err := waitForPostgres(ctx, env.db); err != nil {
 		return env, err
 	}
-	if _, err := migrations.UpPool(ctx, env.db, nil); err != nil {
-		return env, err
-	}
-	env.tc, err = client.NewLazyClient(client.Options{HostPort: s.TemporalAddr, Namespace: s.Namespace, Logger: temporalLogger{env.logger}})
-	if err != nil {
-		return env, fmt.Errorf("temporal client for %s: %w", s.TemporalAddr, err)
-	}
-	return env, env.wire(ctx, s, b.concurrency, int64(2*(b.n+b.restN)+20*b.concurrency+1000))
-}
-
-// wire builds and starts the domain services as wireDomain does, plus the
-// bench handler, the bench workflow's worker, a funded mandate and the API.
-func (e *wakeEnv) wire(ctx context.Context, s settings, concurrency int, budget int64) error {
-	reg := prometheus.NewRegistry()
-	poolCfg, err := workpool.ConfigFromEnv(os.Getenv)
-	if err != nil {
-		return err
-	}
-	if poolCfg.Pools == nil {
-		poolCfg.Pools, _ = workpool.ParsePools(s.Pools)
-	}
+	cfg, secret := serviceConfig(c.Service, env.where, env.logger)
+	env.secret = secret
 	// Every parked workflow's work must be able to run at once, or the
 	// pool's queueing would be measured instead of the wake path.
-	poolCfg.Pools[wakeup.DefaultPool] = max(poolCfg.Pools[wakeup.DefaultPool], concurrency)
-	poolCfg.Logger, poolCfg.Registry = e.logger, reg
-	if e.pool, err = workpool.New(e.db, poolCfg); err != nil {
-		return fmt.Errorf("workpool: %w", err)
+	cfg.Workpool.Pools = maps.Clone(cfg.Workpool.Pools)
+	if cfg.Workpool.Pools == nil {
+		cfg.Workpool.Pools, _ = workpool.ParsePools(workpool.DefaultPools)
 	}
-	if err := registerHandlers(e.pool, s, reg); err != nil {
-		return err
+	cfg.Workpool.Pools[wakeup.DefaultPool] = max(cfg.Workpool.Pools[wakeup.DefaultPool], b.concurrency)
+	cfg.Dispatcher.NotFoundGrace, cfg.Dispatcher.Lease = wakeBenchGrace, wakeBenchLease
+	cfg.Dispatcher.HandoffLease = wakeBenchHandoffLease
+	cfg.WrapSignaler = func(next queue.Signaler) queue.Signaler { return wakeTimedSignaler{env, next} }
+	cfg.Worker = &service.WorkerConfig{TaskQueue: env.taskQueue, Register: func(r worker.Registry) {
+		r.RegisterWorkflowWithOptions(benchAwaitWake, workflow.RegisterOptions{Name: wakeBenchWorkflow})
+	}}
+	if env.svc, err = service.New(ctx, cfg); err != nil {
+		return env, err
 	}
-	e.pool.Register(wakeBenchHandler, e.benchHandler)
-	e.mandates = mandates.New(e.db, mandates.Config{ApprovalTTL: s.ApprovalTTL, Logger: e.logger, Registry: reg})
-	e.dispatcher = queue.NewDispatcher(e.db, wakeTimedSignaler{e}, queue.DispatcherConfig{NotFoundGrace: wakeBenchGrace, Lease: wakeBenchLease,
-		HandoffLease: wakeBenchHandoffLease, Logger: e.logger, Registry: reg})
-	e.wakeups = wakeup.New(e.db, e.pool, e.mandates, wakeup.Config{Logger: e.logger, Registry: reg, Dispatcher: e.dispatcher})
-	for _, c := range []component{e.pool, e.mandates, e.wakeups, e.dispatcher} {
-		if err := c.Start(context.WithoutCancel(ctx)); err != nil {
-			return fmt.Errorf("start: %w", err)
-		}
-		e.started = append(e.started, c)
+	env.svc.Workpool().Register(wakeBenchHandler, env.benchHandler)
+	if env.running, err = start(ctx, env.svc); err != nil {
+		return env, err
 	}
-	// A pool that already existed (external DATABASE_URL) keeps its limit.
-	if p, err := e.pool.Pool(ctx, wakeBenchOrg, wakeup.DefaultPool); err != nil {
-		return err
-	} else if p.MaxParallelism < concurrency {
-		if err := e.pool.SetMaxParallelism(ctx, wakeup.DefaultPool, concurrency); err != nil {
-			return err
-		}
-		fmt.Fprintf(os.Stderr, "bench wake: raised pool %q max_parallelism from %d to %d\n", wakeup.DefaultPool, p.MaxParallelism, concurrency)
+	env.apiURL = "http://" + env.running.addr
+	budget := int64(2*(b.n+b.restN) + 20*b.concurrency + 1000)
+	if _, err := env.svc.Mandates().Create(ctx, wakeBenchOrg, mandates.CreateParams{AgentID: env.agent, Scope: wakeBenchScope, Budget: budget}); err != nil {
+		return env, fmt.Errorf("bench mandate: %w", err)
 	}
-
-	e.worker = reference.NewWorker(e.tc, e.taskQueue, e.wakeups, nil) // the bench runs no tool step
-	e.worker.RegisterWorkflowWithOptions(benchAwaitWake, workflow.RegisterOptions{Name: wakeBenchWorkflow})
-	if err := e.worker.Start(); err != nil {
-		return fmt.Errorf("temporal worker: %w", err)
-	}
-
-	// A fresh agent per run, so runs against a shared database never meet
-	// an existing mandate.
-	if _, err := e.mandates.Create(ctx, wakeBenchOrg, mandates.CreateParams{AgentID: e.agent, Scope: wakeBenchScope, Budget: budget}); err != nil {
-		return fmt.Errorf("bench mandate: %w", err)
-	}
-
-	e.secret = make([]byte, 32)
-	if _, err := rand.Read(e.secret); err != nil {
-		return err
-	}
-	srv, err := api.New(ctx, api.Config{Addr: "127.0.0.1:0", Logger: e.logger, Registry: reg, Auth: api.AuthConfig{Secrets: [][]byte{e.secret}}},
-		api.Services{DB: e.db, Mandates: e.mandates, Wakeups: e.wakeups})
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	e.apiURL = "http://" + ln.Addr().String()
-	actx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	e.stopAPI, e.apiDone = stop, make(chan struct{})
-	go func() {
-		defer close(e.apiDone)
-		if err := srv.Serve(actx, ln); err != nil {
-			e.logger.Error("bench API stopped", "error", err.Error())
-		}
-	}()
-	return nil
+	return env, nil
 }
 
-// tearDown stops everything in reverse order; it tolerates a half-built env.
-func (e *wakeEnv) tearDown() {
-	if e.stopAPI != nil {
-		e.stopAPI()
-		<-e.apiDone
+// tearDown stops everything; it tolerates a half-built env.
+func (e *wakeEnv) tearDown(keep bool) {
+	if e.running != nil {
+		e.running.stop()
 	}
-	if e.worker != nil {
-		e.worker.Stop()
+	if e.svc != nil {
+		e.svc.Close()
 	}
-	for _, c := range slices.Backward(e.started) {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		if err := c.Stop(sctx); err != nil {
-			e.logger.Warn("stopping a bench component failed", "error", err.Error())
-		}
-		cancel()
-	}
-	if e.tc != nil {
-		e.tc.Close()
-	}
-	if e.db != nil {
-		e.db.Close()
-	}
-	if e.temporal != nil {
-		_ = e.temporal.Stop()
-	}
-	if e.pg != nil {
-		_ = e.pg.Stop(context.Background())
-	}
-	if e.dir != "" && !e.keep {
-		if e.pg != nil {
-			// A root-run cluster may live outside dir (see devstack).
-			_ = os.RemoveAll(e.pg.ClusterDir())
-		}
-		_ = os.RemoveAll(e.dir)
+	if e.where != nil {
+		e.where.tearDown(keep)
 	}
 }
 
@@ -486,11 +338,14 @@ func (e *wakeEnv) benchHandler(ctx context.Context, j workpool.Job) (json.RawMes
 // wakeTimedSignaler is the dispatcher's view of the one Temporal client,
 // noting when each parked workflow's signal is sent so that the wake
 // latency can be split into stages.
-type wakeTimedSignaler struct{ e *wakeEnv }
+type wakeTimedSignaler struct {
+	e    *wakeEnv
+	next queue.Signaler
+}
 
 func (t wakeTimedSignaler) SignalWorkflow(ctx context.Context, workflowID, runID, name string, arg any) error {
 	start := time.Now()
-	err := t.e.tc.SignalWorkflow(ctx, workflowID, runID, name, arg)
+	err := t.next.SignalWorkflow(ctx, workflowID, runID, name, arg)
 	if err == nil && !strings.HasPrefix(workflowID, wakeBenchOrg+"/rest-") {
 		t.e.sends.set(workflowID, start)
 		t.e.sentAt.set(workflowID, time.Now())
@@ -517,7 +372,7 @@ func (e *wakeEnv) measure(ctx context.Context, kind string, from, n, concurrency
 		}
 		g.Go(func() error {
 			id := fmt.Sprintf("%s/%s-%d", wakeBenchOrg, kind, from+i)
-			run, err := e.tc.ExecuteWorkflow(gctx, client.StartWorkflowOptions{
+			run, err := e.svc.Temporal().ExecuteWorkflow(gctx, client.StartWorkflowOptions{
 				ID: id, TaskQueue: e.taskQueue, WorkflowExecutionTimeout: 2 * wakeBenchAwait,
 				// A run left over from an interrupted bench on a shared
 				// Temporal must not be mistaken for this one.
@@ -573,7 +428,7 @@ func (e *wakeEnv) measure(ctx context.Context, kind string, from, n, concurrency
 			if kind == "wake" || kind == "warm-wake" {
 				start, _ = e.returned.get(id)
 			}
-			s := wakeSample{total: r.at.Sub(start)}
+			s := wakeSample{id: id, total: r.at.Sub(start)}
 			if sendAt, ok := e.sends.get(id); ok {
 				sentAt, _ := e.sentAt.get(id)
 				s.toSend, s.send, s.sent = sendAt.Sub(start), sentAt.Sub(sendAt), r.at.Sub(sendAt)
@@ -584,11 +439,6 @@ func (e *wakeEnv) measure(ctx context.Context, kind string, from, n, concurrency
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
-	}
-	if kind == "wake" || kind == "warm-wake" {
-		if err := e.hookStarts(ctx, kind, from, began, samples); err != nil {
-			return nil, err
-		}
 	}
 	measured := slices.DeleteFunc(samples, func(s wakeSample) bool { return s.skipped })
 	if skipped := n - len(measured); skipped > n/20 {
@@ -605,53 +455,44 @@ func (e *wakeEnv) skip(id, runID string, cause error) bool {
 	defer cancel()
 	state := ""
 	if runID != "" {
-		if d, err := e.tc.DescribeWorkflowExecution(ctx, id, runID); err == nil {
+		if d, err := e.svc.Temporal().DescribeWorkflowExecution(ctx, id, runID); err == nil {
 			state = fmt.Sprintf(" (status %s, %d history events, pending workflow task: %v)",
 				d.GetWorkflowExecutionInfo().GetStatus(), d.GetWorkflowExecutionInfo().GetHistoryLength(), d.GetPendingWorkflowTask())
 		}
-		_ = e.tc.TerminateWorkflow(ctx, id, runID, "bench wake: never parked")
+		_ = e.svc.Temporal().TerminateWorkflow(ctx, id, runID, "bench wake: never parked")
 	}
 	fmt.Fprintf(os.Stderr, "bench wake: skipping %s: %v%s\n", id, cause, state)
 	return true
 }
 
 // hookStarts fills toHook and toClaim from the wake signals' queue
-// messages: created_at is the start of the transaction that completed the
-// work and ran the wakeup hook, next_attempt_at − lease the start of the
-// claim (the clocks are the same machine's); since skips the messages of
-// earlier runs against a shared database.
-func (e *wakeEnv) hookStarts(ctx context.Context, kind string, from int, since time.Time, samples []wakeSample) error {
-	ids := make([]string, len(samples))
+// messages, read through the queue's API by their key (the wake-up's id):
+// created_at is the start of the transaction that completed the work and
+// ran the wakeup hook, next_attempt_at − lease the start of the claim (the
+// clocks are the same machine's).
+func (e *wakeEnv) hookStarts(ctx context.Context, samples []wakeSample) error {
 	for i := range samples {
-		ids[i] = fmt.Sprintf("%s/%s-%d", wakeBenchOrg, kind, from+i)
-	}
-	rows, err := e.db.Query(ctx, `SELECT signal_workflow_id, created_at, next_attempt_at FROM queue_messages
-		WHERE org_id = $1 AND queue = $2 AND signal_workflow_id = ANY($3) AND created_at >= $4`, wakeBenchOrg, wakeup.Queue, ids, since)
-	if err != nil {
-		return fmt.Errorf("reading the wake signals' messages: %w", err)
-	}
-	type stamps struct{ created, claimed time.Time }
-	msgs := map[string]stamps{}
-	var id string
-	var created, next time.Time
-	_, err = pgx.ForEachRow(rows, []any{&id, &created, &next}, func() error {
+		e.mu.Lock()
+		id, ok := e.wakeupIDs[samples[i].id]
+		e.mu.Unlock()
+		if !ok {
+			continue
+		}
+		m, err := queue.GetByKey(ctx, e.svc.DB(), wakeBenchOrg, wakeup.Queue, id.String())
+		if errors.Is(err, queue.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("reading a wake signal's message: %w", err)
+		}
 		// Delivered at the first attempt (as here), next_attempt_at is
 		// still the one the claim set — the insert's, for a handoff.
-		claimed := next.Add(-wakeBenchLease)
-		if next.Sub(created) < wakeBenchLease {
-			claimed = next.Add(-wakeBenchHandoffLease)
+		claimed := m.NextAttemptAt.Add(-wakeBenchLease)
+		if m.NextAttemptAt.Sub(m.CreatedAt) < wakeBenchLease {
+			claimed = m.NextAttemptAt.Add(-wakeBenchHandoffLease)
 		}
-		msgs[id] = stamps{created: created, claimed: claimed}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("reading the wake signals' messages: %w", err)
-	}
-	for i := range samples {
-		if m, ok := msgs[ids[i]]; ok {
-			ret, _ := e.returned.get(ids[i])
-			samples[i].toHook, samples[i].toClaim = m.created.Sub(ret), m.claimed.Sub(ret)
-		}
+		ret, _ := e.returned.get(samples[i].id)
+		samples[i].toHook, samples[i].toClaim = m.CreatedAt.Sub(ret), claimed.Sub(ret)
 	}
 	return nil
 }
@@ -661,7 +502,7 @@ func (e *wakeEnv) hookStarts(ctx context.Context, kind string, from int, since t
 func (e *wakeEnv) bareSignal(ctx context.Context, id string, run client.WorkflowRun) (time.Time, error) {
 	start := time.Now()
 	w := workflows.Wake{OrgID: wakeBenchOrg, WakeupID: "signal:" + id, Outcome: workflows.OutcomeSucceeded}
-	if err := e.tc.SignalWorkflow(ctx, id, run.GetRunID(), wakeBenchSignal, w); err != nil {
+	if err := e.svc.Temporal().SignalWorkflow(ctx, id, run.GetRunID(), wakeBenchSignal, w); err != nil {
 		return start, fmt.Errorf("signal %s: %w", id, err)
 	}
 	e.sends.set(id, start)
@@ -672,7 +513,7 @@ func (e *wakeEnv) bareSignal(ctx context.Context, id string, run client.Workflow
 // wake is the measured trigger: a wake-up through the Go API, cost 1, whose
 // work is the bench handler; the span starts when the handler returns.
 func (e *wakeEnv) wake(ctx context.Context, id string, run client.WorkflowRun) (time.Time, error) {
-	_, err := e.wakeups.Create(ctx, wakeup.CreateParams{
+	w, err := e.svc.Wakeups().Create(ctx, wakeup.CreateParams{
 		OrgID: wakeBenchOrg, AgentID: e.agent, WorkflowID: id, RunID: run.GetRunID(), Signal: wakeBenchSignal,
 		Scope: wakeBenchScope, Reason: "bench wake", Cost: 1,
 		Work: wakeup.Work{Handler: wakeBenchHandler, Args: json.RawMessage(fmt.Sprintf(`{"key":%q}`, id))},
@@ -680,6 +521,9 @@ func (e *wakeEnv) wake(ctx context.Context, id string, run client.WorkflowRun) (
 	if err != nil {
 		return time.Time{}, fmt.Errorf("wake-up for %s: %w", id, err)
 	}
+	e.mu.Lock()
+	e.wakeupIDs[id] = w.ID
+	e.mu.Unlock()
 	return time.Time{}, nil // the span starts at the handler's return
 }
 
@@ -688,7 +532,7 @@ func (e *wakeEnv) wake(ctx context.Context, id string, run client.WorkflowRun) (
 func (e *wakeEnv) waitParked(ctx context.Context, id, runID string) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	it := e.tc.GetWorkflowHistory(ctx, id, runID, true, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	it := e.svc.Temporal().GetWorkflowHistory(ctx, id, runID, true, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
 	for it.HasNext() {
 		ev, err := it.Next()
 		if err != nil {

@@ -1,0 +1,83 @@
+package bench
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/service"
+	"github.com/reveille/reveille/internal/testkit"
+)
+
+func TestMain(m *testing.M) { testkit.Main(m) }
+
+func TestWithDatabaseNamesTheRunsDatabase(t *testing.T) {
+	for _, tc := range []struct{ dsn, want string }{
+		{"postgres://u:p@127.0.0.1:5432/pool?sslmode=disable", "postgres://u:p@127.0.0.1:5432/bench_x?sslmode=disable"},
+		{"postgresql://127.0.0.1/reveille", "postgresql://127.0.0.1/bench_x"},
+		{"postgres://127.0.0.1:5432", "postgres://127.0.0.1:5432/bench_x"},
+		{"host=127.0.0.1 dbname=pool user=u", "host=127.0.0.1 dbname=pool user=u dbname=bench_x"},
+	} {
+		got, err := withDatabase(tc.dsn, "bench_x")
+		require.NoError(t, err, tc.dsn)
+		require.Equal(t, tc.want, got, tc.dsn)
+		cfg, err := pgx.ParseConfig(got)
+		require.NoError(t, err, tc.dsn)
+		require.Equal(t, "bench_x", cfg.Database, "%s: the last dbname wins", tc.dsn)
+	}
+}
+
+// databases lists the server's databases whose names start with prefix.
+func databases(t *testing.T, admin, prefix string) []string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, admin)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT datname FROM pg_database WHERE starts_with(datname, $1) ORDER BY 1`, prefix)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return names
+}
+
+// Each run gets an empty database of its own beside the given one, and
+// none is left behind.
+func TestEveryRunHasAFreshDatabaseDroppedAtTheEnd(t *testing.T) {
+	ctx := context.Background()
+	admin := testkit.ServerURL(t)
+	first, err := setUp(ctx, service.Config{DatabaseURL: admin}, "fresh", "", false)
+	require.NoError(t, err)
+	second, err := setUp(ctx, service.Config{DatabaseURL: admin}, "fresh", "", false)
+	require.NoError(t, err)
+	require.NotEqual(t, first.databaseURL, second.databaseURL)
+	require.ElementsMatch(t, []string{first.database, second.database}, databases(t, admin, "bench_fresh_"))
+
+	conn, err := pgx.Connect(ctx, first.databaseURL)
+	require.NoError(t, err)
+	var tables int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'`).Scan(&tables))
+	require.Zero(t, tables, "a fresh database holds nothing of an earlier run")
+	// A connection still open does not keep the database alive.
+	defer conn.Close(ctx)
+
+	first.tearDown(false)
+	second.tearDown(false)
+	require.Empty(t, databases(t, admin, "bench_fresh_"))
+}
+
+func TestThePoolBenchBurnsDownThroughTheServiceAndLeavesNothing(t *testing.T) {
+	admin := testkit.ServerURL(t)
+	err := Pool(context.Background(), PoolConfig{Service: service.Config{DatabaseURL: admin}, N: 40, Parallelism: 8, Batch: 16, Hook: true})
+	require.NoError(t, err)
+	require.Empty(t, databases(t, admin, "bench_pool_"))
+}
+
+func TestTheSpendBenchChecksTheLedgerThroughTheMandatesAPI(t *testing.T) {
+	admin := testkit.ServerURL(t)
+	err := Spend(context.Background(), SpendConfig{Service: service.Config{DatabaseURL: admin}, Clients: 4, N: 100, Mandates: 4, Batch: 8, Keyed: true})
+	require.NoError(t, err, "every spend granted within budget, the ledger matching")
+	require.Empty(t, databases(t, admin, "bench_spend_"))
+}

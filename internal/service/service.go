@@ -1,0 +1,397 @@
+// Package service builds the running service from typed settings: the
+// database pool (migrated), the one Temporal client, the domain services
+// and the hooks between them, the signal dispatcher, the optional Temporal
+// worker and the API. `engine serve` and `engine dev` run it; the demo and
+// the benchmarks build theirs through it too, so there is one wiring.
+//
+// It reads no environment and parses no flags: cmd/engine does that, once,
+// and hands New a Config.
+package service
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/worker"
+
+	"github.com/reveille/reveille/api"
+	"github.com/reveille/reveille/approvals"
+	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/migrations"
+	"github.com/reveille/reveille/queue"
+	"github.com/reveille/reveille/streams"
+	"github.com/reveille/reveille/wakeup"
+	"github.com/reveille/reveille/workflows"
+	"github.com/reveille/reveille/workflows/reference"
+	"github.com/reveille/reveille/workpool"
+	"github.com/reveille/reveille/workpool/httpwork"
+)
+
+// Config is everything the service is built from. Each package's part is
+// that package's own Config; their Logger and Registry fields are ignored:
+// the service gives every part its logger and its one registry.
+type Config struct {
+	// DatabaseURL is the Postgres connection string. Required.
+	DatabaseURL string
+	// ConfigureDB adjusts the database pool's settings after the service's
+	// own (at least 20 connections) and before it connects: the
+	// benchmarks size the pool and add tracers.
+	ConfigureDB func(*pgxpool.Config)
+	// TemporalAddress is the Temporal frontend (default 127.0.0.1:7233).
+	TemporalAddress string
+	// Namespace is the Temporal namespace signals go to (default "default").
+	Namespace string
+
+	// API is the HTTP server: its address, limits and token verification.
+	API       api.Config
+	Workpool  workpool.Config
+	HTTPWork  httpwork.Config
+	Mandates  mandates.Config
+	Streams   streams.Config
+	Wakeup    wakeup.Config
+	Approvals approvals.Config
+	// Dispatcher sends the queued signals through the Temporal client.
+	Dispatcher queue.DispatcherConfig
+	// WrapSignaler, when set, wraps the Temporal client as the dispatcher
+	// sees it (the wake benchmark notes when each signal is sent).
+	WrapSignaler func(queue.Signaler) queue.Signaler
+	// Worker, when set, runs the reference workflow's Temporal worker.
+	Worker *WorkerConfig
+
+	// StopTimeout bounds each part's Stop once Run's context ends
+	// (default 30 s).
+	StopTimeout time.Duration
+	// Version is logged when the API listens.
+	Version string
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// WorkerConfig configures the Temporal worker of the reference workflow.
+type WorkerConfig struct {
+	// TaskQueue it polls (default workflows.TaskQueue).
+	TaskQueue string
+	// Register, when set, adds the caller's own workflows and activities
+	// to the worker before it starts (the wake benchmark's parked workflow).
+	Register func(worker.Registry)
+}
+
+// DefaultTemporalAddress is where serve finds Temporal when not told.
+const DefaultTemporalAddress = "127.0.0.1:7233"
+
+// minDBConns is the least size of the database pool: the pool's loops,
+// the dispatcher, the hubs' listeners and the API share it.
+const minDBConns = 20
+
+func (c Config) withDefaults() Config {
+	c.TemporalAddress = cmp.Or(c.TemporalAddress, DefaultTemporalAddress)
+	c.Namespace = cmp.Or(c.Namespace, "default")
+	c.StopTimeout = cmp.Or(c.StopTimeout, 30*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Worker != nil {
+		w := *c.Worker
+		w.TaskQueue = cmp.Or(w.TaskQueue, workflows.TaskQueue)
+		c.Worker = &w
+	}
+	return c
+}
+
+// Service is the wired service. Build it with New, run it with Run, and
+// release it with Close.
+type Service struct {
+	cfg      Config
+	logger   *slog.Logger
+	db       *pgxpool.Pool
+	temporal client.Client
+	registry *prometheus.Registry
+
+	workpool   *workpool.Manager
+	mandates   *mandates.Service
+	streams    *streams.Service
+	wakeups    *wakeup.Service
+	approvals  *approvals.Service
+	dispatcher *queue.Dispatcher
+	api        *api.Server
+	// parts are the background loops, in start order.
+	parts []part
+}
+
+// part is a background loop with the Start/Stop lifecycle every one shares.
+type part struct {
+	name string
+	c    interface {
+		Start(ctx context.Context) error
+		Stop(ctx context.Context) error
+	}
+}
+
+// New connects to Postgres (waiting up to 30 s for it to answer), applies
+// the migrations, makes the Temporal client and builds every part. Nothing
+// runs yet: register extra work handlers, then Run. On error everything
+// New opened is closed again.
+func New(ctx context.Context, cfg Config) (*Service, error) {
+	cfg = cfg.withDefaults()
+	if cfg.DatabaseURL == "" {
+		return nil, errors.New("service: no database URL")
+	}
+	s := &Service{cfg: cfg, logger: cfg.Logger, registry: prometheus.NewRegistry()}
+	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := s.build(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Service) build(ctx context.Context) error {
+	if err := s.connect(ctx); err != nil {
+		return err
+	}
+	n, err := migrations.UpPool(ctx, s.db, nil)
+	if err != nil {
+		return err
+	}
+	s.logger.Info("database migrated", "applied", n)
+
+	// One Temporal client per process; lazy, so the service starts (and
+	// queues signals) while Temporal is down.
+	s.temporal, err = client.NewLazyClient(client.Options{
+		HostPort: s.cfg.TemporalAddress, Namespace: s.cfg.Namespace, Logger: TemporalLogger(s.logger),
+	})
+	if err != nil {
+		return fmt.Errorf("temporal client for %s: %w", s.cfg.TemporalAddress, err)
+	}
+	if err := s.buildDomain(); err != nil {
+		return err
+	}
+	return s.buildAPI(ctx)
+}
+
+// connect opens the database pool and waits for Postgres to answer.
+func (s *Service) connect(ctx context.Context) error {
+	pc, err := pgxpool.ParseConfig(s.cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	pc.MaxConns = max(pc.MaxConns, minDBConns)
+	if s.cfg.ConfigureDB != nil {
+		s.cfg.ConfigureDB(pc)
+	}
+	if s.db, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+		return fmt.Errorf("connect to Postgres: %w", err)
+	}
+	return waitForPostgres(ctx, s.db)
+}
+
+// buildDomain builds the domain services, the hooks between them and the
+// dispatcher, in the order of their dependencies.
+func (s *Service) buildDomain() error {
+	c, logger, reg := s.cfg, s.logger, s.registry
+	var err error
+
+	poolCfg := c.Workpool
+	poolCfg.Logger, poolCfg.Registry = logger, reg
+	if s.workpool, err = workpool.New(s.db, poolCfg); err != nil {
+		return fmt.Errorf("workpool: %w", err)
+	}
+	httpCfg := c.HTTPWork
+	httpCfg.Registry = reg
+	if err := httpwork.Register(s.workpool, httpCfg); err != nil {
+		return err
+	}
+
+	mandatesCfg := c.Mandates
+	mandatesCfg.Logger, mandatesCfg.Registry = logger, reg
+	s.mandates = mandates.New(s.db, mandatesCfg)
+
+	streamsCfg := c.Streams
+	streamsCfg.Logger, streamsCfg.Registry = logger, reg
+	if s.streams, err = streams.New(s.db, streamsCfg); err != nil {
+		return fmt.Errorf("streams: %w", err)
+	}
+
+	var signals queue.Signaler = s.temporal
+	if c.WrapSignaler != nil {
+		signals = c.WrapSignaler(signals)
+	}
+	dispatcherCfg := c.Dispatcher
+	dispatcherCfg.Logger, dispatcherCfg.Registry = logger, reg
+	s.dispatcher = queue.NewDispatcher(s.db, signals, dispatcherCfg)
+
+	wakeupCfg := c.Wakeup
+	wakeupCfg.Logger, wakeupCfg.Registry = logger, reg
+	// Wake signals of work completed here go to this replica's dispatcher.
+	wakeupCfg.Dispatcher = s.dispatcher
+	s.wakeups = wakeup.New(s.db, s.workpool, s.mandates, wakeupCfg)
+
+	approvalsCfg := c.Approvals
+	approvalsCfg.Logger, approvalsCfg.Registry = logger, reg
+	s.approvals = approvals.New(s.db, approvalsCfg)
+
+	s.parts = []part{
+		{"workpool", s.workpool},
+		{"mandates", s.mandates},
+		{"streams", s.streams},
+		{"wakeup", s.wakeups},
+		{"approvals", s.approvals},
+		{"signal dispatcher", s.dispatcher},
+	}
+	if c.Worker != nil {
+		w := reference.NewWorker(s.temporal, c.Worker.TaskQueue, s.wakeups, s.approvals)
+		if c.Worker.Register != nil {
+			c.Worker.Register(w)
+		}
+		s.parts = append(s.parts, part{"temporal worker", temporalWorker{w}})
+	}
+	return nil
+}
+
+func (s *Service) buildAPI(ctx context.Context) error {
+	apiCfg := s.cfg.API
+	apiCfg.Logger, apiCfg.Registry = s.logger, s.registry
+	temporalReady := api.ReadinessCheck{Name: "temporal", Check: func(ctx context.Context) error {
+		_, err := s.temporal.CheckHealth(ctx, &client.CheckHealthRequest{})
+		return err
+	}}
+	var err error
+	s.api, err = api.New(ctx, apiCfg, api.Services{
+		DB: s.db, Ready: []api.ReadinessCheck{temporalReady},
+		Workpool: s.workpool, Mandates: s.mandates, Streams: s.streams, Wakeups: s.wakeups, Approvals: s.approvals,
+	})
+	return err
+}
+
+// Run starts the background loops in order, serves the API until ctx
+// ends, then stops everything. ready, if set, is called with the API's
+// address once it listens. Run returns nil when ctx ends; a loop that
+// fails to start or an API that cannot listen ends it with an error,
+// after stopping what had started.
+func (s *Service) Run(ctx context.Context, ready func(addr net.Addr)) error {
+	started, err := s.start(ctx)
+	if err != nil {
+		s.stop(started)
+		return err
+	}
+	ln, err := net.Listen("tcp", s.cfg.API.Addr)
+	if err != nil {
+		s.stop(started)
+		return fmt.Errorf("listen on %s: %w", s.cfg.API.Addr, err)
+	}
+	s.logger.Info("reveille serving", "addr", ln.Addr().String(), "version", s.cfg.Version)
+	if ready != nil {
+		ready(ln.Addr())
+	}
+	// The API drains while the loops stop, not before them: an SSE tail
+	// ends when the streams hub stops, and would otherwise hold the drain
+	// for its whole timeout.
+	served := make(chan error, 1)
+	go func() { served <- s.api.Serve(ctx, ln) }()
+	select {
+	case err = <-served: // the API failed on its own
+		s.stop(started)
+	case <-ctx.Done():
+		s.stop(started)
+		err = <-served
+	}
+	s.logger.Info("reveille stopped")
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// start starts the parts in order and returns those that started.
+func (s *Service) start(ctx context.Context) ([]part, error) {
+	for i, p := range s.parts {
+		if err := p.c.Start(context.WithoutCancel(ctx)); err != nil {
+			return s.parts[:i], fmt.Errorf("start %s: %w", p.name, err)
+		}
+	}
+	return s.parts, nil
+}
+
+// stop stops the parts at once, each within StopTimeout (the pool lets its
+// running handlers finish within its own grace first), and waits for all.
+func (s *Service) stop(parts []part) {
+	var wg sync.WaitGroup
+	for _, p := range parts {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.StopTimeout)
+			defer cancel()
+			if err := p.c.Stop(ctx); err != nil {
+				s.logger.Warn("stopping "+p.name+" failed", "error", err.Error())
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// Close releases the Temporal client and the database pool. Call it after
+// Run has returned (or instead of Run).
+func (s *Service) Close() {
+	if s.temporal != nil {
+		s.temporal.Close()
+	}
+	if s.db != nil {
+		s.db.Close()
+	}
+}
+
+// DB is the service's database pool.
+func (s *Service) DB() *pgxpool.Pool { return s.db }
+
+// Temporal is the service's one Temporal client.
+func (s *Service) Temporal() client.Client { return s.temporal }
+
+// Workpool is the work pool manager: register handlers on it before Run.
+func (s *Service) Workpool() *workpool.Manager { return s.workpool }
+
+// Mandates is the spending-authority service.
+func (s *Service) Mandates() *mandates.Service { return s.mandates }
+
+// Streams is the run-streams service.
+func (s *Service) Streams() *streams.Service { return s.streams }
+
+// Wakeups is the wake-up service.
+func (s *Service) Wakeups() *wakeup.Service { return s.wakeups }
+
+// Approvals is the tool-approvals service.
+func (s *Service) Approvals() *approvals.Service { return s.approvals }
+
+// temporalWorker gives a Temporal worker the parts' Start/Stop.
+type temporalWorker struct{ w worker.Worker }
+
+// Start fails only on a registration error: the worker keeps retrying
+// while Temporal is down.
+func (t temporalWorker) Start(context.Context) error { return t.w.Start() }
+
+func (t temporalWorker) Stop(context.Context) error {
+	t.w.Stop()
+	return nil
+}
+
+func waitForPostgres(ctx context.Context, db *pgxpool.Pool) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := db.Ping(ctx)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("postgres does not answer: %w", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}

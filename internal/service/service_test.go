@@ -1,0 +1,154 @@
+package service_test
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/api"
+	"github.com/reveille/reveille/internal/service"
+	"github.com/reveille/reveille/internal/testkit"
+	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/queue"
+	"github.com/reveille/reveille/wakeup"
+	"github.com/reveille/reveille/workpool"
+)
+
+func TestMain(m *testing.M) { testkit.Main(m) }
+
+// testConfig is a service on a fresh database whose Temporal is absent:
+// the client is lazy and nothing here dials it (only internal/e2e runs a
+// Temporal server).
+func testConfig(t *testing.T) service.Config {
+	return service.Config{
+		DatabaseURL:     testkit.NewDatabase(t),
+		TemporalAddress: "127.0.0.1:1",
+		API:             api.Config{Addr: "127.0.0.1:0", Auth: api.AuthConfig{Secrets: [][]byte{[]byte("a-test-secret-of-at-least-32-bytes!!")}}},
+		Logger:          testkit.Logger(t),
+	}
+}
+
+// run runs svc until the test ends, returning the API's address.
+func run(t *testing.T, svc *service.Service) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx, func(a net.Addr) { addr <- a.String() }) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done, "Run returns nil once its context ends")
+		svc.Close()
+	})
+	select {
+	case a := <-addr:
+		return a
+	case err := <-done:
+		t.Fatalf("Run ended before the API listened: %v", err)
+		return ""
+	}
+}
+
+func TestRunServesTheAPIAndRunsThePool(t *testing.T) {
+	ctx := context.Background()
+	svc, err := service.New(ctx, testConfig(t))
+	require.NoError(t, err)
+	ran := make(chan struct{})
+	svc.Workpool().Register("test.noop", func(context.Context, workpool.Job) (json.RawMessage, error) {
+		close(ran)
+		return nil, nil
+	})
+	addr := run(t, svc)
+
+	res, err := http.Get("http://" + addr + "/healthz")
+	require.NoError(t, err)
+	res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode)
+
+	_, err = svc.Workpool().Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: "test.noop", Args: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	select {
+	case <-ran:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pool never ran the work: its loop was not started")
+	}
+}
+
+// recordingSignaler stands in for Temporal behind the dispatcher, which
+// WrapSignaler lets the caller do; it records the signals sent.
+type recordingSignaler struct {
+	mu   sync.Mutex
+	sent []string // workflow/signal
+	got  chan struct{}
+}
+
+func (r *recordingSignaler) SignalWorkflow(_ context.Context, workflowID, _, name string, _ any) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sent = append(r.sent, workflowID+"/"+name)
+	select {
+	case r.got <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// The parts are wired to one another: a wake-up's work runs in the pool,
+// the wake-up hook queues its signal, and the dispatcher sends it through
+// the Signaler the configuration wrapped around the Temporal client.
+func TestAWakeupsWorkSignalsItsWorkflowThroughTheWrappedSignaler(t *testing.T) {
+	ctx := context.Background()
+	rec := &recordingSignaler{got: make(chan struct{}, 1)}
+	var wrapped queue.Signaler
+	cfg := testConfig(t)
+	cfg.WrapSignaler = func(next queue.Signaler) queue.Signaler {
+		wrapped = next
+		return rec
+	}
+	svc, err := service.New(ctx, cfg)
+	require.NoError(t, err)
+	require.Equal(t, svc.Temporal(), wrapped, "the wrapper wraps the service's one Temporal client")
+	svc.Workpool().Register("test.noop", func(context.Context, workpool.Job) (json.RawMessage, error) { return nil, nil })
+	run(t, svc)
+
+	_, err = svc.Mandates().Create(ctx, "o", mandates.CreateParams{AgentID: "a", Scope: "s", Budget: 10})
+	require.NoError(t, err)
+	_, err = svc.Wakeups().Create(ctx, wakeup.CreateParams{OrgID: "o", AgentID: "a", WorkflowID: "o/wf-1", Signal: "wake",
+		Scope: "s", Reason: "test", Cost: 1, Work: wakeup.Work{Handler: "test.noop", Args: json.RawMessage(`{}`)}})
+	require.NoError(t, err)
+	select {
+	case <-rec.got:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no signal was sent")
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Equal(t, []string{"o/wf-1/wake"}, rec.sent)
+}
+
+func TestNewRefusesAConfigWithoutADatabase(t *testing.T) {
+	_, err := service.New(context.Background(), service.Config{})
+	require.ErrorContains(t, err, "no database URL")
+}
+
+func TestRunFailsNamingTheAddressWhenTheAPICannotListen(t *testing.T) {
+	ctx := context.Background()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	cfg := testConfig(t)
+	cfg.API.Addr = taken.Addr().String()
+	svc, err := service.New(ctx, cfg)
+	require.NoError(t, err)
+	defer svc.Close()
+
+	err = svc.Run(ctx, func(net.Addr) { t.Error("ready called without a listener") })
+
+	require.ErrorContains(t, err, "listen on "+taken.Addr().String())
+}

@@ -1,0 +1,425 @@
+package workpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// completer records the results of the attempts this replica ran — River's
+// jobcompleter is the model. It is the one owner of the step that ends an
+// attempt: one statement (sqlComplete) records the result, frees the slot
+// and decides the next state, and the onComplete hooks of the work that
+// finished run in the same transaction; after the commit it runs what the
+// hooks handed over (AfterCommit) and wakes the pools' loops to fill the
+// freed slots. The executor reaches it only through add; the loop never
+// does (it records the attempts it recovers with completeTx, the same
+// statement, in its own transaction).
+//
+// Results are batched with at most completerInFlight transactions in
+// flight: results that arrive meanwhile form the next, larger batch, and a
+// lone result goes at once — so a wake costs one commit, not an iteration
+// of the loop. Two in flight let one batch's commit wait for its WAL flush
+// while the next is written, so a busy pool's slots come back sooner.
+type completer struct {
+	m        *Manager
+	recorded func([]attemptResult) // the executor forgets these attempts
+	crashed  func() bool           // tests: behave like a killed process
+
+	mu       sync.Mutex
+	pending  []attemptResult
+	wake     chan struct{}
+	closing  chan struct{}
+	closed   chan struct{}
+	flushCtx context.Context
+	closeErr error
+	ctx      context.Context // canceled after close, or by a simulated crash
+	cancel   context.CancelFunc
+	started  bool
+}
+
+func newCompleter(m *Manager, recorded func([]attemptResult), crashed func() bool) *completer {
+	c := &completer{m: m, recorded: recorded, crashed: crashed, wake: make(chan struct{}, 1),
+		closing: make(chan struct{}), closed: make(chan struct{})}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	return c
+}
+
+// Start runs the completer until Stop.
+func (c *completer) Start() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started {
+		return
+	}
+	c.started = true
+	go c.run()
+}
+
+// Stop records what is left (bounded by ctx) and stops; it returns an error
+// if results could not be recorded (they are then recovered by the pools'
+// loops after the heartbeat timeout).
+func (c *completer) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	started := c.started
+	c.mu.Unlock()
+	if !started {
+		return nil
+	}
+	c.flushCtx = ctx
+	close(c.closing)
+	select {
+	case <-c.closed:
+		c.cancel()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.closeErr
+	case <-ctx.Done():
+		c.cancel()
+		return fmt.Errorf("workpool completer: recording results at stop: %w", ctx.Err())
+	}
+}
+
+// add queues one attempt's result to be recorded.
+func (c *completer) add(r attemptResult) {
+	c.mu.Lock()
+	c.pending = append(c.pending, r)
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (c *completer) take() []attemptResult {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := min(len(c.pending), reportBatch)
+	batch := append([]attemptResult(nil), c.pending[:n]...)
+	c.pending = c.pending[n:]
+	if len(c.pending) == 0 {
+		c.pending = nil
+	}
+	return batch
+}
+
+func (c *completer) run() {
+	defer close(c.closed)
+	var (
+		inFlight = make(chan struct{}, completerInFlight)
+		wg       sync.WaitGroup
+		errMu    sync.Mutex
+		firstErr error
+	)
+	failed := func() error {
+		errMu.Lock()
+		defer errMu.Unlock()
+		return firstErr
+	}
+	// drain sends every batch there is, each in its own transaction, with
+	// at most completerInFlight of them at once.
+	drain := func(ctx context.Context) {
+		for failed() == nil {
+			select {
+			case inFlight <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			batch := c.take()
+			if len(batch) == 0 {
+				<-inFlight
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-inFlight }()
+				if err := c.record(ctx, batch); err != nil {
+					errMu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					errMu.Unlock()
+				}
+			}()
+		}
+	}
+	for {
+		select {
+		case <-c.ctx.Done(): // a simulated crash
+			wg.Wait()
+			return
+		case <-c.wake:
+			drain(c.ctx)
+			if failed() != nil {
+				wg.Wait()
+				return
+			}
+		case <-c.closing:
+			wg.Wait()
+			if failed() == nil {
+				drain(c.flushCtx)
+				wg.Wait()
+			}
+			if err := failed(); err != nil && !errors.Is(err, errCrashed) {
+				c.mu.Lock()
+				c.closeErr = err
+				c.mu.Unlock()
+			}
+			return
+		}
+	}
+}
+
+// record commits one batch, retrying until it succeeds: every statement
+// ignores what is already recorded, so a retry after an unknown outcome is
+// safe.
+func (c *completer) record(ctx context.Context, batch []attemptResult) error {
+	m := c.m
+	t0 := time.Now()
+	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
+	var rows []finishedRow
+	for {
+		if c.crashed() {
+			return errCrashed
+		}
+		var err error
+		if rows, err = m.recordResults(ctx, batch); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		m.logger.Warn("recording attempt results failed; retrying", "count", len(batch), "error", err.Error())
+		if !sleepCtx(ctx, backoff.next()) {
+			return ctx.Err()
+		}
+	}
+	m.metrics.reportSeconds.Observe(time.Since(t0).Seconds())
+	m.metrics.reportBatch.Observe(float64(len(batch)))
+	m.countRecorded(rows)
+	c.recorded(batch)
+	m.wakeLoops(ctx, poolsOf(batch))
+	return nil
+}
+
+var errCrashed = errors.New("executor crashed (test)")
+
+// completerInFlight bounds the completer's concurrent transactions.
+var completerInFlight = 2
+
+func poolsOf(batch []attemptResult) map[string]bool {
+	pools := map[string]bool{}
+	for _, res := range batch {
+		pools[res.pool] = true
+	}
+	return pools
+}
+
+// recordResults records a batch in its own transaction: with a hook to
+// run, a transaction whose BEGIN travels with the statement (recordWithHooks);
+// without, one implicit transaction — one round trip.
+func (m *Manager) recordResults(ctx context.Context, results []attemptResult) ([]finishedRow, error) {
+	for _, r := range results {
+		if r.hook {
+			return m.recordWithHooks(ctx, results)
+		}
+	}
+	rows, err := m.db.Query(ctx, sqlComplete, m.completeArgs(results)...)
+	var done []finishedRow
+	if err == nil {
+		done, err = scanFinished(rows)
+	}
+	if isItemDataError(err) {
+		// One item's result is refused: find it in a transaction.
+		return m.recordWithHooks(ctx, results)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("completing %d attempts: %w", len(results), err)
+	}
+	if calls := hookCalls(done); len(calls) > 0 {
+		// Cannot happen: a hook is set at enqueue and reported at claim.
+		m.logger.Error("completed work with a hook outside a hook transaction", "work_id", calls[0].c.WorkID.String())
+	}
+	return done, nil
+}
+
+// completeTx records a batch of attempt results in tx and runs the hooks
+// of the work that finished. A duplicate or stale result changes nothing
+// and runs no hook. An item whose result Postgres refuses (a value out of
+// range) is finished as failed with that error, alone: it never holds up
+// the rest of the batch. Waking the loops is the caller's job, after
+// commit (see wakeLoops).
+func (m *Manager) completeTx(ctx context.Context, tx pgx.Tx, results []attemptResult) ([]finishedRow, error) {
+	return m.completeIn(ctx, tx, results, false)
+}
+
+const (
+	sqlCompleteSavepoint         = "SAVEPOINT workpool_complete"
+	sqlRollbackCompleteSavepoint = "ROLLBACK TO SAVEPOINT workpool_complete"
+)
+
+// completeIn is completeTx; with begin, the batch opens tx's transaction
+// itself (a connTx not yet begun), which saves a round trip.
+func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptResult, begin bool) ([]finishedRow, error) {
+	if len(results) == 0 {
+		return nil, nil
+	}
+	b := &pgx.Batch{}
+	if begin {
+		b.Queue("BEGIN")
+	}
+	b.Queue(sqlCompleteSavepoint)
+	b.Queue(sqlComplete, m.completeArgs(results)...)
+	b.Queue(sqlSavepoint) // cheap, and saves a round trip before the hooks
+	br := tx.SendBatch(ctx, b)
+	var err error
+	if begin {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	var done []finishedRow
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			done, err = scanFinished(rows)
+		}
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if isItemDataError(err) {
+		done, err = m.completeApart(ctx, tx, results, err)
+		if err == nil {
+			_, err = tx.Exec(ctx, sqlSavepoint)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("completing %d attempts: %w", len(results), err)
+	}
+	if err := m.runHooks(ctx, tx, hookCalls(done), false, true); err != nil {
+		return nil, err
+	}
+	return done, nil
+}
+
+// completeApart records results whose batch statement failed on one item's
+// data (cause): it rolls back to the savepoint set before it, then records
+// each half under a savepoint of its own, down to the items that fail alone,
+// which finish as failed with the error.
+func (m *Manager) completeApart(ctx context.Context, tx pgx.Tx, results []attemptResult, cause error) ([]finishedRow, error) {
+	if _, err := tx.Exec(ctx, sqlRollbackCompleteSavepoint); err != nil {
+		return nil, err
+	}
+	if len(results) == 1 {
+		r := results[0]
+		msg := "the attempt's result could not be recorded: " + cause.Error()
+		m.logger.Warn("an attempt's result was refused; finishing the work as failed", "work_id", r.id.String(),
+			"pool", r.pool, "error", cause.Error())
+		rows, err := tx.Query(ctx, sqlCompleteUnstorable, pgUUIDs([]uuid.UUID{r.id}), []int32{int32(r.attempt)},
+			errorText(errors.New(msg)), m.now())
+		if err != nil {
+			return nil, err
+		}
+		return scanFinished(rows)
+	}
+	var all []finishedRow
+	for _, half := range [][]attemptResult{results[:len(results)/2], results[len(results)/2:]} {
+		if _, err := tx.Exec(ctx, sqlCompleteSavepoint); err != nil {
+			return nil, err
+		}
+		rows, err := tx.Query(ctx, sqlComplete, m.completeArgs(half)...)
+		var done []finishedRow
+		if err == nil {
+			done, err = scanFinished(rows)
+		}
+		if isItemDataError(err) {
+			done, err = m.completeApart(ctx, tx, half, err)
+		}
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, done...)
+	}
+	return all, nil
+}
+
+// isItemDataError says whether err is Postgres refusing a value (data
+// exception, integrity violation, program limit): the fault of one item's
+// data, which a retry of the same batch would meet again.
+func isItemDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "54":
+		return true
+	}
+	return false
+}
+
+// completeArgs are sqlComplete's arrays for results.
+func (m *Manager) completeArgs(results []attemptResult) []any {
+	results = byID(results)
+	n := len(results)
+	ids, attempts := make([]uuid.UUID, n), make([]int32, n)
+	kinds, res, errs, retryable := make([]string, n), make([]*string, n), make([]string, n), make([]bool, n)
+	for i, r := range results {
+		ids[i], attempts[i], errs[i], retryable[i], kinds[i] = r.id, int32(r.attempt), r.err, r.retryable, r.kind
+		if r.kind == kindSucceeded {
+			s := "null"
+			if len(r.result) > 0 {
+				s = string(r.result)
+			}
+			res[i] = &s
+		}
+	}
+	return []any{pgUUIDs(ids), attempts, kinds, res, errs, retryable, m.now()}
+}
+
+// countRecorded counts what a recording did, per pool.
+func (m *Manager) countRecorded(rows []finishedRow) {
+	for _, r := range rows {
+		rep := m.report(r.pool)
+		switch {
+		case r.state == "finished" && r.outcome != nil:
+			rep.finished(Outcome(*r.outcome))
+		case r.kind == kindFailed:
+			rep.retried(1)
+		}
+	}
+}
+
+// wakeLoops tells the loops of pools that slots were freed: directly when
+// this replica leads the pool, else by a NOTIFY in its own (write-free, so
+// flush-free) transaction.
+func (m *Manager) wakeLoops(ctx context.Context, pools map[string]bool) {
+	var remote []string
+	for p := range pools {
+		if l := m.loopFor(p); l != nil && l.leading.Load() {
+			l.kick(kickWork)
+			continue
+		}
+		remote = append(remote, "k:"+p+"@"+m.origin)
+	}
+	if len(remote) == 0 {
+		return
+	}
+	if _, err := m.db.Exec(ctx, sqlNotifyEach, remote); err != nil && ctx.Err() == nil {
+		// The loop still fills the slots at its next wake-up (its recovery
+		// timer runs while slots are in use).
+		m.logger.Warn("waking pool loops failed", "error", err.Error())
+	}
+}

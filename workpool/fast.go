@@ -1,0 +1,49 @@
+package workpool
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// iterateFast runs sqlIterateFast: a whole iteration in one statement that
+// fences itself and starts one org's plain ready work, handing this
+// replica's executor its share. The result is not clean when the full
+// iteration must follow: it found a cancelation to process, ready work that
+// needs fair share, or nothing at all (the full iteration then publishes the
+// run status).
+func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, error) {
+	var (
+		fenced, plain, cancels bool
+		s                      startedWork
+	)
+	b := &pgx.Batch{}
+	// Losing this commit in a crash loses only starts (made again): nothing
+	// promised.
+	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
+	b.Queue(sqlIterateFast, append(l.startArgs(now), l.gen)...).QueryRow(func(r pgx.Row) error {
+		return r.Scan(append([]any{&fenced, &plain, &cancels}, s.dest()...)...)
+	})
+	// Not canceled with the leadership: once sent, the statement's result
+	// must be read, or the work it handed to this executor would sit claimed
+	// and unrun until recovery. (A stale statement writes nothing anyway.)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+	defer cancel()
+	if err := l.m.db.SendBatch(sctx, b).Close(); err != nil {
+		return iterResult{}, fmt.Errorf("fast iteration: %w", err)
+	}
+	if !fenced {
+		return iterResult{}, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
+	}
+	l.gen++
+	l.launch(s)
+	didWork := len(s.lags) > 0
+	if didWork {
+		l.fastStarts++
+		l.lastActivity = now
+		l.saturated.Store(false)
+	}
+	return iterResult{didWork: didWork, clean: plain && !cancels, status: RunStatus{Kind: "running"}}, nil
+}

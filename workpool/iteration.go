@@ -1,0 +1,476 @@
+package workpool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// iterResult is what an iteration tells the loop: loop again at once, or
+// wait for a kick or wakeAt (zero: no timer).
+type iterResult struct {
+	didWork bool
+	wakeAt  time.Time
+	status  RunStatus
+	clean   bool // (fast path) nothing it could not handle was waiting
+}
+
+// iterate runs one iteration: the one-statement fast path (fast.go) when
+// nothing but starting one org's plain work is due, else (or when the fast
+// path left something) the full iteration.
+func (l *loop) iterate(ctx context.Context) (iterResult, error) {
+	t0 := time.Now()
+	l.iterations.Add(1)
+	defer func() { l.m.metrics.iteration.WithLabelValues(l.pool).Observe(time.Since(t0).Seconds()) }()
+	now := l.m.now()
+	if l.freed.Swap(false) {
+		// Slots were freed or work canceled since the last iteration: the
+		// pool was busy, so it stays "running" through the cooldown.
+		l.lastActivity = now
+	}
+	recoveryDue := now.Sub(l.lastRecovery) >= l.m.cfg.RecoveryPeriod
+	hooksDue := !l.nextHookAt.IsZero() && !now.Before(l.nextHookAt)
+	if recoveryDue || hooksDue || l.fullOnly {
+		return l.iterateFull(ctx)
+	}
+	fast, err := l.iterateFast(ctx, now)
+	if err != nil || (fast.didWork && fast.clean) {
+		return fast, err
+	}
+	if !fast.didWork && fast.clean && now.Sub(l.lastActivity) < l.m.cfg.Cooldown {
+		// Nothing new: still "running" through the cooldown, so there is no
+		// status to publish; wake at its end to decide one.
+		return iterResult{status: RunStatus{Kind: "running"}, wakeAt: l.lastActivity.Add(l.m.cfg.Cooldown)}, nil
+	}
+	res, err := l.iterateFull(ctx)
+	res.didWork = res.didWork || fast.didWork
+	return res, err
+}
+
+// iteration is one full iteration's transaction and what it found.
+type iteration struct {
+	l        *loop
+	tx       pgx.Tx
+	now      time.Time
+	gen      int64 // the generation this iteration writes
+	maxPar   int
+	perOrg   *int32
+	needSync bool // it finished work or ran hooks: commit durably
+	plain    bool // one org, no keys, no cap: start without fair share
+	cancels  []uuid.UUID
+	started  startedWork
+}
+
+// iterateFull runs one iteration in one transaction: cancelations, then
+// recovery and hook retries, then starts; when it found nothing to do it
+// publishes the run status and says when to wake.
+func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
+	tx, err := l.m.db.Begin(ctx)
+	if err != nil {
+		return iterResult{}, fmt.Errorf("begin iteration: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	it := &iteration{l: l, tx: tx, now: l.m.now(), gen: l.gen + 1}
+	ctx, actions := withCommitActions(ctx)
+	cancels, err := it.open(ctx)
+	if err != nil {
+		return iterResult{}, err
+	}
+	if err := it.cancelations(ctx, cancels); err != nil {
+		return iterResult{}, err
+	}
+	recovered, err := it.recover(ctx)
+	if err != nil {
+		return iterResult{}, err
+	}
+	if err := it.start(ctx); err != nil {
+		return iterResult{}, err
+	}
+	res := iterResult{didWork: len(cancels) > 0 || recovered > 0 || len(it.started.lags) > 0}
+	if res.didWork {
+		res.status = RunStatus{Kind: "running"}
+		l.lastActivity = it.now
+	} else if res, err = it.outlook(ctx); err != nil {
+		return iterResult{}, err
+	}
+	if !it.needSync {
+		// Losing this commit in a crash loses only starts (made again):
+		// nothing anyone was promised. Finishing work and hooks commit durably.
+		if _, err := tx.Exec(ctx, "SELECT set_config('synchronous_commit', 'off', true)"); err != nil {
+			return iterResult{}, fmt.Errorf("iteration commit mode: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return iterResult{}, fmt.Errorf("commit iteration: %w", err)
+	}
+	l.gen = it.gen
+	actions.run()
+	l.saturated.Store(res.status.Kind == "scheduled" && res.status.Saturated)
+	// Only now that the starts are committed may this replica's share run.
+	l.launch(it.started)
+	if len(it.cancels) > 0 {
+		l.m.exec.cancelJobs(it.cancels)
+	}
+	return res, nil
+}
+
+// open fences the iteration and takes the pending cancelations, in one
+// round trip.
+func (it *iteration) open(ctx context.Context) ([]uuid.UUID, error) {
+	l := it.l
+	b := &pgx.Batch{}
+	b.Queue(sqlBump, l.pool, l.gen, it.now)
+	b.Queue(sqlTakeCancelations, l.pool, cancelationBatch)
+	b.Queue(sqlCensus, l.pool, it.now)
+	br := it.tx.SendBatch(ctx, b)
+	defer br.Close()
+	var maxPar int32
+	if err := br.QueryRow().Scan(&maxPar, &it.perOrg); errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
+	} else if err != nil {
+		return nil, fmt.Errorf("opening iteration: %w", err)
+	}
+	it.maxPar = int(maxPar)
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("taking cancelations: %w", err)
+	}
+	cancels, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("taking cancelations: %w", err)
+	}
+	var orgs int
+	var keyed bool
+	if err := br.QueryRow().Scan(&orgs, &keyed); err != nil {
+		return nil, fmt.Errorf("counting orgs with ready work: %w", err)
+	}
+	// Fair share has nothing to share with one org, no keys and no cap:
+	// the plain start is then the same choice, at a fraction of the cost.
+	it.plain = orgs <= 1 && !keyed && it.perOrg == nil
+	return cancels, nil
+}
+
+// finishCanceled finishes canceled work that is not running and runs its
+// hooks.
+func (it *iteration) finishCanceled(ctx context.Context, ids []uuid.UUID) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := it.tx.Query(ctx, sqlFinishCanceled, pgUUIDs(ids), it.now)
+	if err != nil {
+		return fmt.Errorf("finishing canceled work: %w", err)
+	}
+	done, err := scanFinished(rows)
+	if err != nil {
+		return fmt.Errorf("finishing canceled work: %w", err)
+	}
+	if len(done) == 0 {
+		return nil
+	}
+	it.needSync = true
+	rep := it.l.m.report(it.l.pool)
+	for range done {
+		rep.finished(OutcomeCanceled)
+	}
+	return it.l.m.runHooks(ctx, it.tx, hookCalls(done), false, false)
+}
+
+// cancelations marks work canceled so it never runs again; work that is
+// not running finishes now, running work is told to stop (its executor
+// reports the attempt, which then finishes as canceled).
+func (it *iteration) cancelations(ctx context.Context, ids []uuid.UUID) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := it.tx.Query(ctx, sqlMarkCanceled, pgUUIDs(ids))
+	if err != nil {
+		return fmt.Errorf("marking work canceled: %w", err)
+	}
+	type marked struct {
+		id    uuid.UUID
+		state string
+	}
+	ms, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (marked, error) {
+		var m marked
+		err := r.Scan(&m.id, &m.state)
+		return m, err
+	})
+	if err != nil {
+		return fmt.Errorf("marking work canceled: %w", err)
+	}
+	var idle, running []uuid.UUID
+	for _, m := range ms {
+		switch m.state {
+		case "pending":
+			idle = append(idle, m.id)
+		case "running":
+			running = append(running, m.id)
+		}
+	}
+	if err := it.finishCanceled(ctx, idle); err != nil {
+		return err
+	}
+	if len(running) > 0 {
+		for _, payload := range cancelPayloads(running, it.l.m.origin) {
+			if _, err := it.tx.Exec(ctx, sqlNotify, payload); err != nil {
+				return fmt.Errorf("notifying cancelations: %w", err)
+			}
+		}
+		it.cancels = running
+	}
+	return nil
+}
+
+// cancelPayloads packs ids into "x:id,id,…@origin" notifications.
+func cancelPayloads(ids []uuid.UUID, origin string) []string {
+	var out []string
+	var b strings.Builder
+	for _, id := range ids {
+		if b.Len() > 0 && b.Len()+37 > notifyChunk {
+			out = append(out, "x:"+b.String()+"@"+origin)
+			b.Reset()
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(id.String())
+	}
+	if b.Len() > 0 {
+		out = append(out, "x:"+b.String()+"@"+origin)
+	}
+	return out
+}
+
+// recover, every RecoveryPeriod, records attempts whose executor went
+// silent as failed (retried per policy), and retries due hook calls.
+func (it *iteration) recover(ctx context.Context) (int, error) {
+	l := it.l
+	due := it.now.Sub(l.lastRecovery) >= l.m.cfg.RecoveryPeriod
+	hooksDue := !l.nextHookAt.IsZero() && !it.now.Before(l.nextHookAt)
+	if !due && !hooksDue {
+		return 0, nil
+	}
+	n := 0
+	if due {
+		l.lastRecovery = it.now
+		stale, err := it.stale(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if len(stale) > 0 {
+			it.needSync = true
+			done, err := l.m.completeTx(ctx, it.tx, stale)
+			if err != nil {
+				return 0, fmt.Errorf("recovering stale work: %w", err)
+			}
+			l.m.countRecorded(done)
+			l.m.logger.Warn("recovered work whose executor went silent", "pool", l.pool, "count", len(stale))
+		}
+		n += len(stale)
+	}
+	l.nextHookAt = time.Time{}
+	retried, err := it.retryHooks(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return n + retried, nil
+}
+
+func (it *iteration) stale(ctx context.Context) ([]attemptResult, error) {
+	rows, err := it.tx.Query(ctx, sqlStale, it.l.pool, it.now.Add(-it.l.m.cfg.HeartbeatTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("finding stale work: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (attemptResult, error) {
+		var (
+			id        uuid.UUID
+			attempts  int32
+			unclaimed bool
+		)
+		if err := r.Scan(&id, &attempts, &unclaimed); err != nil {
+			return attemptResult{}, err
+		}
+		msg := "the executor running this attempt stopped heartbeating"
+		if unclaimed {
+			msg = "no executor claimed this attempt in time"
+		}
+		return attemptResult{id: id, pool: it.l.pool, attempt: int(attempts) + 1, kind: kindFailed, err: msg, retryable: true}, nil
+	})
+}
+
+// retryHooks reruns failed hook calls whose backoff has passed.
+func (it *iteration) retryHooks(ctx context.Context) (int, error) {
+	rows, err := it.tx.Query(ctx, sqlDueHooks, it.l.pool, it.now)
+	if err != nil {
+		return 0, fmt.Errorf("finding hook retries: %w", err)
+	}
+	calls, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (hookCall, error) {
+		var (
+			f        finishedRow
+			attempts int32
+		)
+		err := r.Scan(&f.id, &f.orgID, &f.pool, &f.handler, &f.state, &f.outcome, &f.result, &f.errText, &f.attempts,
+			&f.hook, &f.hookCtx, &attempts)
+		if err != nil {
+			return hookCall{}, err
+		}
+		c := hookCalls([]finishedRow{f})
+		if len(c) == 0 {
+			return hookCall{}, fmt.Errorf("work %s waits for a hook retry but has no hook", f.id)
+		}
+		c[0].attempts = int(attempts)
+		return c[0], nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("finding hook retries: %w", err)
+	}
+	if len(calls) == 0 {
+		return 0, nil
+	}
+	it.needSync = true
+	it.l.m.metrics.hookRetries.WithLabelValues(it.l.pool).Add(float64(len(calls)))
+	if err := it.l.m.runHooks(ctx, it.tx, calls, true, false); err != nil {
+		return 0, err
+	}
+	return len(calls), nil
+}
+
+// start fills free slots with ready work: the plain pick when fair share
+// has nothing to share, else the fair one; both start what they picked with
+// the fast path's statement tail, claiming this replica's share.
+func (it *iteration) start(ctx context.Context) error {
+	l := it.l
+	sql, args := sqlStartFair, append(l.startArgs(it.now), int32(it.maxPar), it.perOrg)
+	if it.plain {
+		sql, args = sqlStartPlain, args[:len(args)-1]
+	}
+	if err := it.tx.QueryRow(ctx, sql, args...).Scan(it.started.dest()...); err != nil {
+		return fmt.Errorf("starting work: %w", err)
+	}
+	return nil
+}
+
+// outlook decides, when an iteration found nothing to do, what the loop
+// publishes and when it must wake by itself: it stays "running" through
+// the cooldown; goes "scheduled" while slots are in use or work waits for
+// its run_at (waking for the earliest start, the next recovery, or a hook
+// retry); and goes "idle" when nothing remains — only a kick wakes it then.
+func (it *iteration) outlook(ctx context.Context) (iterResult, error) {
+	l := it.l
+	var (
+		used              int64
+		ready, cancelling bool
+		nextRun, nextHook *time.Time
+	)
+	if err := it.tx.QueryRow(ctx, sqlOutlook, l.pool, it.now).Scan(&used, &ready, &nextRun, &nextHook, &cancelling); err != nil {
+		return iterResult{}, fmt.Errorf("reading the pool's outlook: %w", err)
+	}
+	if cancelling {
+		// A cancelation committed after this iteration took its batch.
+		return iterResult{didWork: true, status: RunStatus{Kind: "running"}}, nil
+	}
+	if nextHook != nil {
+		l.nextHookAt = *nextHook
+	}
+	wake := earliest(nextRun, nextHook)
+	if used > 0 {
+		wake = earliest(wake, ptr(l.lastRecovery.Add(l.m.cfg.RecoveryPeriod)))
+	}
+	if ready && used == 0 {
+		// Ready work that did not start although nothing runs: no cap or
+		// key can hold it back, so its row was locked; look again shortly.
+		// (Work held back by its org's cap or its key while slots are in
+		// use starts when a completion kicks the loop.)
+		wake = earliest(wake, ptr(it.now.Add(100*time.Millisecond)))
+	}
+	var st RunStatus
+	switch {
+	case it.now.Sub(l.lastActivity) < l.m.cfg.Cooldown:
+		st = RunStatus{Kind: "running"}
+		wake = earliest(wake, ptr(l.lastActivity.Add(l.m.cfg.Cooldown)))
+	case used > 0 || nextRun != nil || ready || nextHook != nil:
+		st = RunStatus{Kind: "scheduled", Saturated: used >= int64(it.maxPar)}
+		if wake != nil {
+			at := *wake
+			st.At = &at
+		}
+	default:
+		st = RunStatus{Kind: "idle"}
+	}
+	if st.Kind != "running" {
+		if _, err := it.tx.Exec(ctx, sqlSetRunStatus, l.pool, it.gen, st.Kind, st.Saturated, st.At, it.now); err != nil {
+			return iterResult{}, fmt.Errorf("publishing run status: %w", err)
+		}
+	}
+	res := iterResult{status: st}
+	if wake != nil {
+		res.wakeAt = *wake
+	}
+	return res, nil
+}
+
+// startedWork is what sqlStartPicked returns: the start lag of every item
+// started, whether other replicas' executors were notified, and the items
+// this replica's executor was handed, column by column.
+type startedWork struct {
+	lags               []float64
+	notified           int64
+	ids                []uuid.UUID
+	orgs, handlers     []string
+	args               []string
+	attempts, timeouts []int32
+	hooks              []bool
+}
+
+func (s *startedWork) dest() []any {
+	return []any{&s.lags, &s.notified, &s.ids, &s.orgs, &s.handlers, &s.args, &s.attempts, &s.timeouts, &s.hooks}
+}
+
+// startArgs are the parameters every start statement takes ($1–$7).
+func (l *loop) startArgs(now time.Time) []any {
+	names, free, share := l.m.exec.handoff()
+	return []any{l.pool, now, "s:" + l.pool + "@" + l.m.origin, names, int32(free), share, [16]byte(l.m.exec.id)}
+}
+
+// launch counts committed starts and runs this replica's share of them.
+func (l *loop) launch(s startedWork) {
+	if len(s.lags) == 0 {
+		return
+	}
+	met := l.m.metrics
+	met.started.WithLabelValues(l.pool).Add(float64(len(s.lags)))
+	lag := met.startLag.WithLabelValues(l.pool)
+	for _, sec := range s.lags {
+		lag.Observe(max(sec, 0))
+	}
+	if len(s.ids) > 0 {
+		jobs := make([]claimedJob, len(s.ids))
+		for i := range s.ids {
+			jobs[i] = claimedJob{Job: Job{ID: s.ids[i], OrgID: s.orgs[i], Pool: l.pool, Handler: s.handlers[i],
+				Args: json.RawMessage(s.args[i]), Attempt: int(s.attempts[i]) + 1},
+				timeout: time.Duration(s.timeouts[i]) * time.Millisecond, hook: s.hooks[i]}
+		}
+		l.m.exec.adopt(jobs)
+	}
+	if len(s.lags) > len(s.ids) {
+		l.m.exec.kick() // unclaimed work: for any executor, this one included
+	}
+}
+
+func earliest(a, b *time.Time) *time.Time {
+	switch {
+	case a == nil:
+		return b
+	case b == nil, a.Before(*b):
+		return a
+	}
+	return b
+}
+
+func ptr[T any](v T) *T { return &v }

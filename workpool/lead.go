@@ -1,0 +1,193 @@
+package workpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/reveille/reveille/internal/leader"
+)
+
+const (
+	// cancelationBatch bounds the cancelations one iteration processes.
+	cancelationBatch = 100
+	// purgeBatch bounds one retention purge statement.
+	purgeBatch = 1000
+	// statementTimeout bounds statements whose results must be read even
+	// when the caller gives up (starts, claims).
+	statementTimeout = 30 * time.Second
+	// notifyChunk keeps a cancel notification's id list under Postgres's
+	// 8000-byte payload limit.
+	notifyChunk = 7000
+)
+
+// loop is one pool's main loop on this replica: a leadership candidate
+// that, while it leads, runs iterations (iteration.go, fast.go) until it
+// runs out of work, then waits for a kick or a timer. This file is its
+// leadership and its waiting.
+type loop struct {
+	m     *Manager
+	pool  string
+	kickc chan struct{}
+
+	leading    atomic.Bool
+	saturated  atomic.Bool  // last published status: enqueue kicks cannot help
+	freed      atomic.Bool  // a kick said slots were freed or work canceled since the last iteration
+	iterations atomic.Int64 // iterations run on this replica
+
+	// Owned by the leading goroutine (and tests driving iterate directly).
+	gen          int64
+	lastActivity time.Time
+	lastRecovery time.Time
+	nextHookAt   time.Time
+	fullOnly     bool  // tests: never take the fast path
+	fastStarts   int64 // fast iterations that started work (tests)
+}
+
+func newLoop(m *Manager, pool string) *loop {
+	return &loop{m: m, pool: pool, kickc: make(chan struct{}, 1)}
+}
+
+// Kinds of kick.
+const (
+	// kickEnqueue: work was enqueued; dropped while the pool is saturated,
+	// since no new work can start then.
+	kickEnqueue = iota
+	// kickWork: slots were freed, work canceled or settings changed.
+	kickWork
+)
+
+// kick wakes the loop.
+func (l *loop) kick(kind int) {
+	if kind == kickEnqueue && l.saturated.Load() {
+		return
+	}
+	if kind == kickWork {
+		l.freed.Store(true)
+	}
+	select {
+	case l.kickc <- struct{}{}:
+	default:
+	}
+}
+
+// campaign competes for the pool's leadership until ctx ends.
+func (l *loop) campaign(ctx context.Context) {
+	e := &leader.Elector{DB: l.m.db, Name: "workpool.loop." + l.pool, Retry: l.m.cfg.LeaderRetry, Logger: l.m.logger}
+	e.Run(ctx, l.lead)
+}
+
+// lead runs the loop while this replica holds the leadership. Any error
+// ends the term (the elector campaigns again), so a new term always starts
+// with a takeover that fences out whatever ran before.
+func (l *loop) lead(ctx context.Context) {
+	log := l.m.logger.With("pool", l.pool)
+	if err := l.takeover(ctx); err != nil {
+		if ctx.Err() == nil {
+			log.Warn("taking over the pool's loop failed", "error", err.Error())
+		}
+		return
+	}
+	l.leading.Store(true)
+	defer l.leading.Store(false)
+	log.Info("leading the pool's loop", "generation", l.gen)
+	maint, stopMaint := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); l.maintain(maint) }()
+	defer func() { stopMaint(); wg.Wait() }()
+	for ctx.Err() == nil {
+		res, err := l.iterate(ctx)
+		switch {
+		case errors.Is(err, errGenerationMismatch):
+			log.Warn("another loop ran this pool; standing down", "generation", l.gen)
+			return
+		case err != nil:
+			if ctx.Err() == nil {
+				log.Warn("loop iteration failed; standing down to retry", "error", err.Error())
+			}
+			return
+		case res.didWork:
+			continue
+		}
+		l.wait(ctx, res.wakeAt)
+	}
+}
+
+// takeover starts a term: bumping the generation fences out any iteration
+// of an earlier leader that is still in flight.
+func (l *loop) takeover(ctx context.Context) error {
+	if err := l.m.db.QueryRow(ctx, sqlTakeover, l.pool).Scan(&l.gen); err != nil {
+		return fmt.Errorf("taking over pool %s: %w", l.pool, err)
+	}
+	l.lastActivity, l.lastRecovery, l.nextHookAt = time.Time{}, time.Time{}, time.Time{}
+	select { // whatever this kick announced, the first iteration will see
+	case <-l.kickc:
+	default:
+	}
+	return nil
+}
+
+func (l *loop) wait(ctx context.Context, wakeAt time.Time) {
+	var timer <-chan time.Time
+	if !wakeAt.IsZero() {
+		t := time.NewTimer(max(wakeAt.Sub(l.m.now()), 0))
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-ctx.Done():
+	case <-l.kickc:
+	case <-timer:
+	}
+}
+
+// maintain runs the leader's periodic chores: purging finished work and
+// idempotency keys past retention, and repairing pending counts.
+func (l *loop) maintain(ctx context.Context) {
+	every := min(max(l.m.cfg.WorkRetention/100, time.Second), time.Minute)
+	purge := time.NewTicker(every)
+	defer purge.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-purge.C:
+			if _, err := l.purge(ctx); err != nil && ctx.Err() == nil {
+				l.m.logger.Warn("purging finished work failed", "pool", l.pool, "error", err.Error())
+			}
+			if _, err := l.purgeKeys(ctx); err != nil && ctx.Err() == nil {
+				l.m.logger.Warn("purging idempotency keys failed", "pool", l.pool, "error", err.Error())
+			}
+			if err := l.refreshPending(ctx); err != nil && ctx.Err() == nil {
+				l.m.logger.Warn("refreshing pending counts failed", "pool", l.pool, "error", err.Error())
+			}
+		}
+	}
+}
+
+// purge deletes finished work past retention in bounded batches.
+func (l *loop) purge(ctx context.Context) (int64, error) {
+	return l.purgeBatches(ctx, sqlPurge, l.m.now().Add(-l.m.cfg.WorkRetention), "finished work")
+}
+
+// purgeBatches runs sql, a DELETE of the pool's ($1) rows older than
+// cutoff ($2) limited to purgeBatch ($3) rows, until a batch comes back
+// short: bounded batches keep each statement's locks and WAL small.
+func (l *loop) purgeBatches(ctx context.Context, sql string, cutoff time.Time, what string) (int64, error) {
+	var total int64
+	for ctx.Err() == nil {
+		tag, err := l.m.db.Exec(ctx, sql, l.pool, cutoff, purgeBatch)
+		if err != nil {
+			return total, fmt.Errorf("purging %s of pool %s: %w", what, l.pool, err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < purgeBatch {
+			break
+		}
+	}
+	return total, nil
+}
