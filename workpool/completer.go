@@ -22,11 +22,9 @@ import (
 // does (it records the attempts it recovers with completeTx, the same
 // statement, in its own transaction).
 //
-// Results are batched with at most completerInFlight transactions in
-// flight: results that arrive meanwhile form the next, larger batch, and a
-// lone result goes at once — so a wake costs one commit, not an iteration
-// of the loop. Two in flight let one batch's commit wait for its WAL flush
-// while the next is written, so a busy pool's slots come back sooner.
+// Results are batched with one transaction in flight: results that arrive
+// meanwhile form the next, larger batch, and a lone result goes at once —
+// so a wake costs one commit, not an iteration of the loop.
 type completer struct {
 	m        *Manager
 	recorded func([]attemptResult) // the executor forgets these attempts
@@ -111,63 +109,24 @@ func (c *completer) take() []attemptResult {
 
 func (c *completer) run() {
 	defer close(c.closed)
-	var (
-		inFlight = make(chan struct{}, completerInFlight)
-		wg       sync.WaitGroup
-		errMu    sync.Mutex
-		firstErr error
-	)
-	failed := func() error {
-		errMu.Lock()
-		defer errMu.Unlock()
-		return firstErr
-	}
-	// drain sends every batch there is, each in its own transaction, with
-	// at most completerInFlight of them at once.
-	drain := func(ctx context.Context) {
-		for failed() == nil {
-			select {
-			case inFlight <- struct{}{}:
-			case <-ctx.Done():
-				return
+	drain := func(ctx context.Context) error {
+		for batch := c.take(); len(batch) > 0; batch = c.take() {
+			if err := c.record(ctx, batch); err != nil {
+				return err
 			}
-			batch := c.take()
-			if len(batch) == 0 {
-				<-inFlight
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() { <-inFlight }()
-				if err := c.record(ctx, batch); err != nil {
-					errMu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					errMu.Unlock()
-				}
-			}()
 		}
+		return nil
 	}
 	for {
 		select {
 		case <-c.ctx.Done(): // a simulated crash
-			wg.Wait()
 			return
 		case <-c.wake:
-			drain(c.ctx)
-			if failed() != nil {
-				wg.Wait()
+			if drain(c.ctx) != nil {
 				return
 			}
 		case <-c.closing:
-			wg.Wait()
-			if failed() == nil {
-				drain(c.flushCtx)
-				wg.Wait()
-			}
-			if err := failed(); err != nil && !errors.Is(err, errCrashed) {
+			if err := drain(c.flushCtx); err != nil && !errors.Is(err, errCrashed) {
 				c.mu.Lock()
 				c.closeErr = err
 				c.mu.Unlock()
@@ -210,9 +169,6 @@ func (c *completer) record(ctx context.Context, batch []attemptResult) error {
 }
 
 var errCrashed = errors.New("executor crashed (test)")
-
-// completerInFlight bounds the completer's concurrent transactions.
-var completerInFlight = 2
 
 func poolsOf(batch []attemptResult) map[string]bool {
 	pools := map[string]bool{}
