@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/reveille/reveille/internal/leader"
 )
 
@@ -156,7 +157,9 @@ func (l *loop) maintain(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-purge.C:
-			if _, err := l.purge(ctx); err != nil && ctx.Err() == nil {
+			if _, err := l.purge(ctx); errors.Is(err, leader.ErrDeposed) {
+				return // another replica leads now; this term's loop stands down with its context
+			} else if err != nil && ctx.Err() == nil {
 				l.m.logger.Warn("purging finished work failed", "pool", l.pool, "error", err.Error())
 			}
 			if _, err := l.purgeKeys(ctx); err != nil && ctx.Err() == nil {
@@ -176,16 +179,24 @@ func (l *loop) purge(ctx context.Context) (int64, error) {
 
 // purgeBatches runs sql, a DELETE of the pool's ($1) rows older than
 // cutoff ($2) limited to purgeBatch ($3) rows, until a batch comes back
-// short: bounded batches keep each statement's locks and WAL small.
+// short: bounded batches keep each statement's locks and WAL small. Each
+// batch is fenced by the leadership's term (the chores are not iterations,
+// so the pool's generation does not fence them): a deposed leader's purge
+// writes nothing.
 func (l *loop) purgeBatches(ctx context.Context, sql string, cutoff time.Time, what string) (int64, error) {
 	var total int64
 	for ctx.Err() == nil {
-		tag, err := l.m.db.Exec(ctx, sql, l.pool, cutoff, purgeBatch)
+		var n int64
+		err := leader.FencedTx(ctx, l.m.db, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, sql, l.pool, cutoff, purgeBatch)
+			n = tag.RowsAffected()
+			return err
+		})
 		if err != nil {
 			return total, fmt.Errorf("purging %s of pool %s: %w", what, l.pool, err)
 		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < purgeBatch {
+		total += n
+		if n < purgeBatch {
 			break
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/reveille/reveille/internal/leader"
 )
 
 // ErrTooManyPending is returned when an enqueue would take an org past its
@@ -245,7 +246,7 @@ func (l *loop) refreshPending(ctx context.Context) error {
 		return fmt.Errorf("finding stale pending counts of pool %s: %w", l.pool, err)
 	}
 	for _, org := range orgs {
-		err := pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
+		err := leader.FencedTx(ctx, m.db, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, sqlLockPending, l.pool, org); err != nil {
 				return fmt.Errorf("locking the pending count of %s in %s: %w", org, l.pool, err)
 			}

@@ -368,3 +368,28 @@ func TestFencing_AStaleLoopWritesNothingOnEitherPath(t *testing.T) {
 		})
 	}
 }
+
+// The leader's chores are fenced by its leadership term, as its iterations
+// are by the generation: a deposed leader's purge and recount write nothing.
+func TestFencing_ADeposedLeadersChoresWriteNothing(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *Config) { c.WorkRetention = time.Minute })
+	id := h.enqueue()
+	h.runMain()
+	h.complete(id, "success", 1)
+	h.clock.Advance(2 * time.Minute) // past retention
+	name := "workpool.loop.default"
+	deposed, err := leader.NewTerm(h.ctx, h.db, name)
+	require.NoError(t, err)
+	current, err := leader.NewTerm(h.ctx, h.db, name) // another replica took over
+	require.NoError(t, err)
+
+	n, err := h.l.purge(leader.WithTerm(h.ctx, deposed))
+
+	require.ErrorIs(t, err, leader.ErrDeposed)
+	require.Zero(t, n)
+	require.Equal(t, "finished", h.work(id).state, "the finished work is still there")
+	n, err = h.l.purge(leader.WithTerm(h.ctx, current))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+}
