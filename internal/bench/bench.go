@@ -84,6 +84,9 @@ func setUp(ctx context.Context, cfg service.Config, name, dataDir string, withTe
 // tearDown drops the run's database and stops and removes what setUp
 // started; keep leaves the database and the temporary directory in place.
 func (w *where) tearDown(keep bool) {
+	if w == nil {
+		return // setUp failed before it made anything
+	}
 	if w.database != "" && !keep {
 		if err := dropDatabase(w.admin, w.database); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: %v\n", err)

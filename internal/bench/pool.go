@@ -44,11 +44,7 @@ func Pool(ctx context.Context, c PoolConfig) error {
 		return errors.New("need n ≥ 1, 1 ≤ parallelism ≤ 10000, batch ≥ 1")
 	}
 	w, err := setUp(ctx, c.Service, "pool", c.DataDir, false)
-	defer func() {
-		if w != nil {
-			w.tearDown(false)
-		}
-	}()
+	defer w.tearDown(false)
 	if err != nil {
 		return err
 	}

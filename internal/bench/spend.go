@@ -39,11 +39,7 @@ func Spend(ctx context.Context, c SpendConfig) error {
 		return errors.New("need clients ≥ 1, mandates ≥ 1, n ≥ mandates, batch ≥ 1")
 	}
 	w, err := setUp(ctx, c.Service, "spend", c.DataDir, false)
-	defer func() {
-		if w != nil {
-			w.tearDown(false)
-		}
-	}()
+	defer w.tearDown(false)
 	if err != nil {
 		return err
 	}

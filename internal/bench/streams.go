@@ -60,11 +60,7 @@ func Streams(ctx context.Context, c StreamsConfig) error {
 		return errors.New("need writers ≥ 1, chunks ≥ writers, size ≥ 1, batch ≥ 1, rounds ≥ 1")
 	}
 	w, err := setUp(ctx, c.Service, "streams", c.DataDir, false)
-	defer func() {
-		if w != nil {
-			w.tearDown(false)
-		}
-	}()
+	defer w.tearDown(false)
 	if err != nil {
 		return err
 	}
