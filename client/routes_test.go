@@ -226,8 +226,8 @@ func checkOf(t *testing.T, e *client.Error, name string) string {
 	return checks[name]
 }
 
-func ids[T any](items []T, id func(T) string) []string {
-	out := make([]string, len(items))
+func ids[T, U any](items []T, id func(T) U) []U {
+	out := make([]U, len(items))
 	for i, it := range items {
 		out[i] = id(it)
 	}
