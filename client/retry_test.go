@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"testing"
 	"time"
@@ -230,4 +231,34 @@ func TestA429IsRetriedAfterItsRetryAfter(t *testing.T) {
 	require.NoError(t, err)
 	statuses := ids(rec.requests(http.MethodGet, "/v1/whoami"), func(r recorded) int { return r.status })
 	require.Equal(t, []int{http.StatusOK, http.StatusTooManyRequests, http.StatusTooManyRequests, http.StatusOK}, statuses)
+}
+
+// The token function is asked before every attempt, so a retry carries a
+// rotated token; when it fails, nothing is sent.
+func TestATokenFuncIsAskedBeforeEveryAttempt(t *testing.T) {
+	e := startEngine(t)
+	ctx := context.Background()
+	proxy := newFaultProxy(t, e.url[len("http://"):])
+	tokens := []string{agent.token(t), who{org: orgB, sub: "rotated", roles: agent.roles}.token(t)}
+	asked := 0
+	rec := &recorder{}
+	c := newClient(t, proxy.URL(), agent, rec, client.WithUserAgent("test-agent/2"), client.WithTokenFunc(func(context.Context) (string, error) {
+		if asked == len(tokens) {
+			return "", errors.New("the token source is down")
+		}
+		asked++
+		return tokens[asked-1], nil
+	}))
+
+	proxy.answerUnavailable(1)
+	me, err := c.Whoami(ctx)
+	require.NoError(t, err)
+	require.Equal(t, orgB, me.OrgID, "the retry carried the second token")
+	for _, r := range rec.requests(http.MethodGet, "/v1/whoami") {
+		require.Equal(t, "test-agent/2", r.header.Get("User-Agent"))
+	}
+
+	_, err = c.Whoami(ctx)
+	require.ErrorContains(t, err, "the token source is down")
+	require.Len(t, rec.requests(http.MethodGet, "/v1/whoami"), 2, "nothing sent without a token")
 }

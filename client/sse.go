@@ -227,9 +227,9 @@ func scanSSELines(data []byte, atEOF bool) (int, []byte, error) {
 		}
 		return 0, nil, nil
 	}
-	if atEOF {
+	if atEOF && len(data) > 0 {
 		// An unterminated last line cannot end an event: drop it.
-		return len(data), nil, bufio.ErrFinalToken
+		return len(data), nil, nil
 	}
 	return 0, nil, nil
 }
