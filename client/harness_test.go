@@ -187,7 +187,6 @@ type faultProxy struct {
 	cuts []cut
 	// unavailable answers that many next connections with a 503 itself.
 	unavailable int
-	accepted    int
 }
 
 // cut is a place in an answer: the answer is forwarded up to offset bytes
@@ -237,12 +236,6 @@ func (p *faultProxy) answerUnavailable(n int) {
 	p.unavailable = n
 }
 
-func (p *faultProxy) connections() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.accepted
-}
-
 func (p *faultProxy) accept() {
 	for {
 		in, err := p.ln.Accept()
@@ -250,7 +243,6 @@ func (p *faultProxy) accept() {
 			return
 		}
 		p.mu.Lock()
-		p.accepted++
 		if p.unavailable > 0 {
 			p.unavailable--
 			p.mu.Unlock()

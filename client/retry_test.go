@@ -187,7 +187,10 @@ func TestRetriesRepeatOnlyCallsThatMayBeRepeated(t *testing.T) {
 		{
 			name: "a redelivery is not retried", unavailable: 1, as: admin, method: http.MethodPost, path: "/v1/wakeups/0190f0f0-0000-7000-8000-000000000000/redeliver", attempts: 1,
 			wantStatus: http.StatusServiceUnavailable,
-			call:       func(c *client.Client) error { _, err := c.Wakeups.Redeliver(ctx, "0190f0f0-0000-7000-8000-000000000000"); return err },
+			call: func(c *client.Client) error {
+				_, err := c.Wakeups.Redeliver(ctx, "0190f0f0-0000-7000-8000-000000000000")
+				return err
+			},
 		},
 		{
 			name: "attempts are bounded", unavailable: 10, as: agent, method: http.MethodGet, path: "/v1/whoami", attempts: 4,
