@@ -81,12 +81,18 @@ func TestEveryRouteIsReachableThroughTheClient(t *testing.T) {
 
 	// Service routes.
 	require.NoError(t, asAdmin.Healthz(ctx))
-	_, err := asAdmin.Readyz(ctx)
+	// Temporal is absent here: the replica may say it is not ready, but
+	// Postgres answers either way.
+	ready, err := asAdmin.Readyz(ctx)
 	var notReady *client.Error
-	require.ErrorAs(t, err, &notReady, "Temporal is absent here, so the replica is not ready")
-	require.Equal(t, http.StatusServiceUnavailable, notReady.Status)
-	require.Equal(t, "ok", checkOf(t, notReady, "postgres"))
-	require.NotEqual(t, "ok", checkOf(t, notReady, "temporal"))
+	if errors.As(err, &notReady) {
+		require.Equal(t, http.StatusServiceUnavailable, notReady.Status)
+		require.NoError(t, json.Unmarshal(notReady.Extensions["checks"], &ready.Checks))
+	} else {
+		require.NoError(t, err)
+	}
+	require.Equal(t, "ok", ready.Checks["postgres"])
+	require.Len(t, rec.requests(http.MethodGet, "/readyz"), 1, "a probe is not retried")
 	metrics, err := asAdmin.Metrics(ctx)
 	require.NoError(t, err)
 	require.Contains(t, string(metrics), "reveille_http_requests_total")
@@ -217,13 +223,6 @@ func TestEveryRouteIsReachableThroughTheClient(t *testing.T) {
 		}
 	}
 	require.Empty(t, unreached, "routes no client call reached")
-}
-
-func checkOf(t *testing.T, e *client.Error, name string) string {
-	t.Helper()
-	var checks map[string]string
-	require.NoError(t, json.Unmarshal(e.Extensions["checks"], &checks))
-	return checks[name]
 }
 
 func ids[T, U any](items []T, id func(T) U) []U {

@@ -35,8 +35,9 @@ func (c *Client) Healthz(ctx context.Context, opts ...CallOption) error {
 
 // Readyz reports whether the server's dependencies answer. Not ready is an
 // *Error with status 503 whose Extensions["checks"] names the failing ones.
+// It is not retried: a probe wants the state now.
 func (c *Client) Readyz(ctx context.Context, opts ...CallOption) (Readiness, error) {
-	return doJSON[Readiness](ctx, c, endpoint{method: http.MethodGet, path: "/readyz"}, nil, opts)
+	return doJSON[Readiness](ctx, c, endpoint{method: http.MethodGet, path: "/readyz", safety: unsafe}, nil, opts)
 }
 
 // OpenAPI returns the API's OpenAPI document.
