@@ -119,9 +119,12 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, id
 			return received, false, err
 		}
 		received = true
+		// The consumer's time is not the server's silence.
+		watchdog.Stop()
 		if !yield(ev, nil) {
 			return received, true, nil
 		}
+		watchdog.Reset(idle)
 	}
 }
 
