@@ -96,7 +96,7 @@ func TestIteratorsPageThrough1234ItemsExactlyOnce(t *testing.T) {
 			for id, n := range seen {
 				require.Equal(t, 1, n, "%s yielded %d times", id, n)
 			}
-			require.Len(t, seen, len(tc.want))
+			require.Equal(t, len(tc.want), len(seen), "items yielded")
 			for id := range tc.want {
 				require.Contains(t, seen, id)
 			}
