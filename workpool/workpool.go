@@ -216,17 +216,17 @@ func (m *Manager) goRun(f func()) {
 // by ctx) to finish, then their contexts are canceled and their work handed
 // back; every result is recorded. Stopping twice, or before Start, is safe.
 func (m *Manager) Stop(ctx context.Context) error {
-	m.exec.stopClaiming()
-	if err := m.life.Stop(ctx); err != nil {
-		return err
+	if !m.exec.started.Load() {
+		return nil // never started: nothing to stop, and Start stays possible
 	}
+	m.exec.stopClaiming()
+	stopErr := m.life.Stop(ctx)
+	// Drained even when the loops were slow to stop: handlers are canceled
+	// and their work handed back with whatever time ctx leaves, rather than
+	// left running until the heartbeat timeout.
 	var err error
-	m.drained.Do(func() {
-		if m.exec.started.Load() {
-			err = m.exec.drain(ctx)
-		}
-	})
-	return err
+	m.drained.Do(func() { err = m.exec.drain(ctx) })
+	return errors.Join(stopErr, err)
 }
 
 // syncLoops runs a leadership candidate for every pool in the database.
