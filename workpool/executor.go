@@ -388,9 +388,13 @@ func (e *executor) announce() {
 // recovery (their handlers are canceled too; their results will not count).
 func (e *executor) heartbeat() error {
 	e.mu.Lock()
+	// The runs asked about: a run of the same work started here after the
+	// query (a retry due at once) is not the one the answer is about.
+	asked := make(map[uuid.UUID]*runningJob, len(e.jobs))
 	ids := make([]uuid.UUID, 0, len(e.jobs))
-	for id := range e.jobs {
+	for id, rj := range e.jobs {
 		ids = append(ids, id)
+		asked[id] = rj
 	}
 	e.mu.Unlock()
 	if len(ids) == 0 {
@@ -421,10 +425,8 @@ func (e *executor) heartbeat() error {
 		return fmt.Errorf("heartbeating: %w", err)
 	}
 	e.cancelJobs(canceled)
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	for _, id := range ids {
-		if rj, ok := e.jobs[id]; ok && !alive[id] && !rj.finished.Load() {
+		if rj := asked[id]; !alive[id] && !rj.finished.Load() {
 			rj.cancel(errLost)
 		}
 	}

@@ -38,12 +38,13 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 		return iterResult{}, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
 	}
 	l.gen++
+	// Its bump published "running, not saturated": enqueue kicks count again.
+	l.saturated.Store(false)
 	l.launch(s)
 	didWork := len(s.lags) > 0
 	if didWork {
 		l.fastStarts++
 		l.lastActivity = now
-		l.saturated.Store(false)
 	}
 	return iterResult{didWork: didWork, clean: plain && !cancels, status: RunStatus{Kind: "running"}}, nil
 }

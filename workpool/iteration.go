@@ -89,8 +89,13 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	if err != nil {
 		return iterResult{}, err
 	}
-	if err := it.start(ctx); err != nil {
-		return iterResult{}, err
+	// Cancelations go first: with a full batch taken more may wait, perhaps
+	// for the very items a start would pick; start once they are done (the
+	// loop iterates again at once, since it did work).
+	if len(cancels) < cancelationBatch {
+		if err := it.start(ctx); err != nil {
+			return iterResult{}, err
+		}
 	}
 	res := iterResult{didWork: len(cancels) > 0 || recovered > 0 || len(it.started.lags) > 0}
 	if res.didWork {
