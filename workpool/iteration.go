@@ -45,8 +45,13 @@ func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 	}
 	if !fast.didWork && fast.clean && now.Sub(l.lastActivity) < l.m.cfg.Cooldown {
 		// Nothing new: still "running" through the cooldown, so there is no
-		// status to publish; wake at its end to decide one.
-		return iterResult{status: RunStatus{Kind: "running"}, wakeAt: l.lastActivity.Add(l.m.cfg.Cooldown)}, nil
+		// status to publish; wake at its end to decide one, or sooner for
+		// work due before it (a retry the completer scheduled).
+		wake := l.lastActivity.Add(l.m.cfg.Cooldown)
+		if !fast.wakeAt.IsZero() && fast.wakeAt.Before(wake) {
+			wake = fast.wakeAt
+		}
+		return iterResult{status: RunStatus{Kind: "running"}, wakeAt: wake}, nil
 	}
 	res, err := l.iterateFull(ctx)
 	res.didWork = res.didWork || fast.didWork

@@ -209,13 +209,6 @@ func retryDelayMS(n string) string {
     * (0.5 + random()), ` + maxRetryDelayMS + `)`
 }
 
-// sqlRetryDelayMS and sqlRetryRunAt ($3: now) are the delay and the time of
-// the next attempt of a row whose w.attempts attempts have finished.
-var (
-	sqlRetryDelayMS = retryDelayMS("w.attempts")
-	sqlRetryRunAt   = `$3::timestamptz + make_interval(secs => ` + sqlRetryDelayMS + ` / 1000.0)`
-)
-
 // sqlComplete records a batch of attempt results in one statement and, by
 // taking each row out of 'running', frees its slot. An attempt counts only
 // while the work is running at that attempt, so a duplicate or stale report
@@ -534,7 +527,13 @@ WITH bump AS (` + bumpSQL("$8", "$2") + `
 ),
 ` + sqlPickPlain + `,
 ` + sqlStartPicked(`EXISTS (SELECT 1 FROM bump), (SELECT ok FROM plain),
-  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),`)
+  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),
+  -- the next start of the first org's plain work (a retry, say): two index
+  -- probes, so that the loop waiting out its cooldown wakes for it in time
+  (SELECT min(run_at) FROM workpool_work
+   WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at > $2
+     AND org_id = (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
+                   ORDER BY org_id LIMIT 1)),`)
 
 // sqlCensus tells an iteration whether fair share has anything to share:
 // how many orgs (up to 2) have ready plain work, and whether keyed work is
