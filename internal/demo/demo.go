@@ -2,21 +2,20 @@
 // and Temporal — a success, a failure, a cancel, a tool call approved and
 // one denied by a human, and a refused spend approved — printing each
 // one's timeline (`engine demo`). It is a client of the engine: it talks
-// to a running one, or to one its caller starts in the same process.
+// to a running one, or to one its caller starts in the same process, and
+// to its REST API only through the Go client (package client), as an
+// agent platform would.
 package demo
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -27,6 +26,7 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/reveille/reveille/api"
+	reveille "github.com/reveille/reveille/client"
 	"github.com/reveille/reveille/internal/devstack/localstack"
 	"github.com/reveille/reveille/internal/service"
 	"github.com/reveille/reveille/wakeup"
@@ -90,6 +90,10 @@ func Run(ctx context.Context, c Config) error {
 	if secret == "" {
 		return fmt.Errorf("no REVEILLE_JWT_SECRET and no dev secret in %s: point --data-dir at the engine's data dir", c.DataDir)
 	}
+	apis, err := newDemoAPIs(c.APIURL, []byte(secret), c.Org, c.Issuer, c.Audience)
+	if err != nil {
+		return err
+	}
 	tc, err := client.Dial(client.Options{HostPort: c.TemporalAddress, Namespace: c.Namespace, Logger: service.TemporalLogger(c.Logger)})
 	if err != nil {
 		return fmt.Errorf("connect to Temporal at %s: %w", c.TemporalAddress, err)
@@ -100,8 +104,7 @@ func Run(ctx context.Context, c Config) error {
 	defer target.Close()
 	// A fresh agent per run: the refused-then-approved case overruns its
 	// mandate, which would refuse the spends of every later case and run.
-	d := &demo{api: strings.TrimRight(c.APIURL, "/"), tc: tc, target: target, secret: []byte(secret), agent: "demo-agent-" + uuid.NewString()[:8],
-		org: c.Org, issuer: c.Issuer, audience: c.Audience}
+	d := &demo{demoAPIs: apis, tc: tc, target: target, agent: "demo-agent-" + uuid.NewString()[:8], org: c.Org}
 	if err := d.ensureMandate(ctx); err != nil {
 		return err
 	}
@@ -120,14 +123,16 @@ func Run(ctx context.Context, c Config) error {
 	return nil
 }
 
-func answers(url string) bool {
-	c := http.Client{Timeout: time.Second}
-	res, err := c.Get(strings.TrimRight(url, "/") + "/healthz")
+// answers reports whether an engine's API answers at apiURL now: one
+// attempt, no retries, within a second.
+func answers(apiURL string) bool {
+	probe, err := reveille.New(apiURL, reveille.WithRetry(reveille.RetryPolicy{MaxAttempts: 1}))
 	if err != nil {
 		return false
 	}
-	res.Body.Close()
-	return res.StatusCode == http.StatusOK
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return probe.Healthz(ctx) == nil
 }
 
 type demoCase struct {
@@ -140,15 +145,45 @@ type demoCase struct {
 }
 
 type demo struct {
+	demoAPIs
 	agent  string
-	org    string // of every token
-	api    string
+	org    string // of every token and workflow id
 	tc     client.Client
 	target *demoTarget
-	secret []byte
-	// issuer and audience go into the demo's tokens when the engine
-	// requires them (REVEILLE_JWT_ISSUER, REVEILLE_JWT_AUDIENCE).
-	issuer, audience string
+}
+
+// demoAPIs is the engine's API as each of the demo's roles.
+type demoAPIs struct {
+	// admin creates the mandate; agentRuntime (agent and admin) reads and
+	// cancels the workflows' wake-ups; approver is the human who answers
+	// approval requests.
+	admin, agentRuntime, approver *reveille.Client
+}
+
+// newDemoAPIs makes a client per role, on one connection pool, with
+// tokens of org signed by secret; issuer and audience go into them when
+// the engine requires them (REVEILLE_JWT_ISSUER, REVEILLE_JWT_AUDIENCE).
+// A token lasts an hour, longer than the six cases' bound of two minutes
+// each.
+func newDemoAPIs(apiURL string, secret []byte, org, issuer, audience string) (demoAPIs, error) {
+	hc := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	as := func(sub string, roles ...string) (*reveille.Client, error) {
+		tok, err := api.SignToken(secret, api.TokenSpec{OrgID: org, Sub: sub, Roles: roles, TTL: time.Hour, Issuer: issuer, Audience: audience})
+		if err != nil {
+			return nil, fmt.Errorf("sign the demo's %s token: %w", sub, err)
+		}
+		return reveille.New(apiURL, reveille.WithToken(tok), reveille.WithHTTPClient(hc), reveille.WithUserAgent("reveille-engine-demo"))
+	}
+	var apis demoAPIs
+	var err error
+	if apis.admin, err = as("demo-admin", api.RoleAdmin); err != nil {
+		return apis, err
+	}
+	if apis.agentRuntime, err = as("demo-agent-runtime", api.RoleAgent, api.RoleAdmin); err != nil {
+		return apis, err
+	}
+	apis.approver, err = as("demo-approver", api.RoleApprover)
+	return apis, err
 }
 
 type event struct {
@@ -156,42 +191,11 @@ type event struct {
 	what string
 }
 
-func (d *demo) token(sub string, roles ...string) string {
-	tok, _ := api.SignToken(d.secret, api.TokenSpec{OrgID: d.org, Sub: sub, Roles: roles, TTL: time.Hour, Issuer: d.issuer, Audience: d.audience})
-	return tok
-}
-
-func (d *demo) call(ctx context.Context, method, path, tok string, body any) (int, map[string]any, error) {
-	var rdr io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rdr = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, d.api+path, rdr)
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+tok)
-	req.Header.Set("Content-Type", "application/json")
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer res.Body.Close()
-	var out map[string]any
-	_ = json.NewDecoder(res.Body).Decode(&out)
-	return res.StatusCode, out, nil
-}
-
 // ensureMandate gives the demo agent a budget of 1000 (a refusal needs more).
 func (d *demo) ensureMandate(ctx context.Context) error {
-	status, body, err := d.call(ctx, http.MethodPost, "/v1/mandates", d.token("demo-admin", api.RoleAdmin),
-		map[string]any{"agent_id": d.agent, "scope": demoScope, "budget": 1000})
-	if err != nil {
-		return err
-	}
-	if status != http.StatusCreated && status != http.StatusConflict {
-		return fmt.Errorf("create the demo mandate: %d %v", status, body)
+	_, err := d.admin.Mandates.Create(ctx, reveille.MandateCreate{AgentID: d.agent, Scope: demoScope, Budget: 1000})
+	if err != nil && !reveille.IsConflict(err) {
+		return fmt.Errorf("create the demo mandate: %w", err)
 	}
 	return nil
 }
@@ -215,7 +219,6 @@ func (d *demo) run(ctx context.Context, c demoCase) error {
 	if err != nil {
 		return fmt.Errorf("start the reference workflow: %w", err)
 	}
-	agentTok := d.token("demo-agent-runtime", api.RoleAgent, api.RoleAdmin)
 	if c.tool != "" {
 		evs, err := d.answerToolCall(ctx, wf, c.tool)
 		if err != nil {
@@ -225,27 +228,24 @@ func (d *demo) run(ctx context.Context, c demoCase) error {
 	}
 	var wakeupID string
 	if c.tool != "denied" {
-		if wakeupID, err = d.awaitWakeup(ctx, wf, agentTok); err != nil {
+		if wakeupID, err = d.awaitWakeup(ctx, wf); err != nil {
 			return err
 		}
 	}
 	switch {
 	case c.approve:
-		status, w, err := d.call(ctx, http.MethodGet, "/v1/wakeups/"+wakeupID, agentTok, nil)
-		if err != nil || status != http.StatusOK {
-			return fmt.Errorf("read wake-up: %d %v", status, err)
+		w, err := d.agentRuntime.Wakeups.Get(ctx, wakeupID)
+		if err != nil {
+			return fmt.Errorf("read wake-up: %w", err)
 		}
-		approval, _ := w["approval"].(map[string]any)
-		if approval == nil {
+		if w.Approval == nil {
 			return errors.New("expected a refused spend with an approval request")
 		}
-		events = append(events, event{parseTime(w["created_at"]), fmt.Sprintf("spend of %d refused → approval request %v (workflow parks)", c.cost, approval["id"])})
+		events = append(events, event{w.CreatedAt, fmt.Sprintf("spend of %d refused → approval request %v (workflow parks)", c.cost, w.Approval.ID)})
 		time.Sleep(300 * time.Millisecond) // a human takes a moment
 		approvedAt := time.Now()
-		status, _, err = d.call(ctx, http.MethodPost, "/v1/mandate-approvals/"+approval["id"].(string)+"/approve",
-			d.token("demo-approver", api.RoleApprover), map[string]any{"note": "approved by engine demo"})
-		if err != nil || status != http.StatusOK {
-			return fmt.Errorf("approve: %d %v", status, err)
+		if _, err := d.approver.MandateApprovals.Approve(ctx, w.Approval.ID, reveille.Resolution{Note: "approved by engine demo"}); err != nil {
+			return fmt.Errorf("approve: %w", err)
 		}
 		events = append(events, event{approvedAt, "approved by a human → work enqueued in the same transaction"})
 	case c.cancel:
@@ -255,9 +255,8 @@ func (d *demo) run(ctx context.Context, c demoCase) error {
 			return ctx.Err()
 		}
 		canceledAt := time.Now()
-		status, _, err := d.call(ctx, http.MethodPost, "/v1/wakeups/"+wakeupID+"/cancel", agentTok, nil)
-		if err != nil || status != http.StatusOK {
-			return fmt.Errorf("cancel: %d %v", status, err)
+		if _, err := d.agentRuntime.Wakeups.Cancel(ctx, wakeupID); err != nil {
+			return fmt.Errorf("cancel: %w", err)
 		}
 		events = append(events, event{canceledAt, "POST /v1/wakeups/{id}/cancel"})
 	}
@@ -268,9 +267,11 @@ func (d *demo) run(ctx context.Context, c demoCase) error {
 	doneAt := time.Now()
 	events = append(events, d.target.events()...)
 	events = append(events, d.historyEvents(ctx, wf, run.GetRunID(), c.tool != "")...)
-	if _, w, err := d.call(ctx, http.MethodGet, "/v1/wakeups/"+wakeupID, agentTok, nil); wakeupID != "" && err == nil && w != nil {
-		if created := parseTime(w["created_at"]); !c.approve && !created.IsZero() {
-			events = append(events, event{created, "wake-up enqueued  " + wakeupID + fmt.Sprintf(" (mandate debited %d)", c.cost)})
+	if wakeupID != "" && !c.approve {
+		// The read only adds a moment to the timeline, which goes
+		// without it when the read fails.
+		if w, err := d.agentRuntime.Wakeups.Get(ctx, wakeupID); err == nil && !w.CreatedAt.IsZero() {
+			events = append(events, event{w.CreatedAt, "wake-up enqueued  " + wakeupID + fmt.Sprintf(" (mandate debited %d)", c.cost)})
 		}
 	}
 	detail := "outcome=" + res.Outcome
@@ -291,14 +292,16 @@ func (d *demo) run(ctx context.Context, c demoCase) error {
 
 var workpoolRetry = wakeupRetry()
 
-// awaitWakeup finds the wake-up the workflow's activity created.
-func (d *demo) awaitWakeup(ctx context.Context, wf, tok string) (string, error) {
+// awaitWakeup finds the wake-up the workflow's activity created. An error
+// the client did not overcome by its retries ends the wait.
+func (d *demo) awaitWakeup(ctx context.Context, wf string) (string, error) {
 	for {
-		status, body, err := d.call(ctx, http.MethodGet, "/v1/wakeups?workflow_id="+wf, tok, nil)
-		if err == nil && status == http.StatusOK {
-			if items, _ := body["items"].([]any); len(items) > 0 {
-				return items[0].(map[string]any)["id"].(string), nil
-			}
+		page, err := d.agentRuntime.Wakeups.ListPage(ctx, reveille.WakeupListParams{WorkflowID: wf, PageParams: reveille.PageParams{Limit: 1}})
+		if err != nil && ctx.Err() == nil {
+			return "", fmt.Errorf("list the workflow's wake-ups: %w", err)
+		}
+		if len(page.Items) > 0 {
+			return page.Items[0].ID, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -312,15 +315,15 @@ func (d *demo) awaitWakeup(ctx context.Context, wf, tok string) (string, error) 
 // and answers it as a human would, through POST
 // /v1/sessions/{session_id}/tool-approvals (the session is the workflow id).
 func (d *demo) answerToolCall(ctx context.Context, wf, decision string) ([]event, error) {
-	approver := d.token("demo-approver", api.RoleApprover)
-	var approval map[string]any
+	var approval *reveille.ToolApproval
 	for approval == nil {
-		status, body, err := d.call(ctx, http.MethodGet, "/v1/tool-approvals?status=pending&session_id="+url.QueryEscape(wf), approver, nil)
-		if err == nil && status == http.StatusOK {
-			if items, _ := body["items"].([]any); len(items) > 0 {
-				approval = items[0].(map[string]any)
-				break
-			}
+		page, err := d.approver.ToolApprovals.ListPage(ctx, reveille.ToolApprovalListParams{Status: "pending", SessionID: wf, PageParams: reveille.PageParams{Limit: 1}})
+		if err != nil && ctx.Err() == nil {
+			return nil, fmt.Errorf("read the inbox: %w", err)
+		}
+		if len(page.Items) > 0 {
+			approval = &page.Items[0]
+			break
 		}
 		select {
 		case <-ctx.Done():
@@ -328,13 +331,12 @@ func (d *demo) answerToolCall(ctx context.Context, wf, decision string) ([]event
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	events := []event{{parseTime(approval["created_at"]), fmt.Sprintf("tool call %q pending → approval %v in the inbox (no policy decided)", approval["tool_name"], approval["id"])}}
+	events := []event{{approval.CreatedAt, fmt.Sprintf("tool call %q pending → approval %v in the inbox (no policy decided)", approval.ToolName, approval.ID)}}
 	time.Sleep(300 * time.Millisecond) // a human takes a moment
 	answeredAt := time.Now()
-	status, body, err := d.call(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(wf)+"/tool-approvals", approver,
-		map[string]any{"approval_id": approval["id"], "decision": decision, "note": "answered by engine demo"})
-	if err != nil || status != http.StatusOK {
-		return nil, fmt.Errorf("answer the tool call: %d %v %v", status, body, err)
+	_, err := d.approver.ToolApprovals.Respond(ctx, wf, reveille.ToolCallResponse{ApprovalID: approval.ID, Decision: decision, Note: "answered by engine demo"})
+	if err != nil {
+		return nil, fmt.Errorf("answer the tool call: %w", err)
 	}
 	events = append(events, event{answeredAt, "POST /v1/sessions/{id}/tool-approvals  decision=" + decision + " → signal queued in the same transaction"})
 	return events, nil
@@ -373,12 +375,6 @@ func (d *demo) historyEvents(ctx context.Context, wf, runID string, withTool boo
 		}
 	}
 	return out
-}
-
-func parseTime(v any) time.Time {
-	s, _ := v.(string)
-	t, _ := time.Parse(time.RFC3339Nano, s)
-	return t
 }
 
 func mustJSON(v any) json.RawMessage {
