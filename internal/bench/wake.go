@@ -1,12 +1,10 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -24,6 +22,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/reveille/reveille/api"
+	reveille "github.com/reveille/reveille/client"
 	"github.com/reveille/reveille/internal/service"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/queue"
@@ -550,10 +549,10 @@ type wakeRestResult struct {
 	latencies []time.Duration
 }
 
-// restEnqueue posts n wake-ups over HTTP from concurrency clients, each for
-// its own (never started) workflow and with its own Idempotency-Key, as an
-// agent would; it reports the wall time of the n and each request's. With
-// hold, their work waits until the last answer.
+// restEnqueue posts n wake-ups through the Go client from concurrency
+// clients, each for its own (never started) workflow and with its own
+// Idempotency-Key, as an agent would; it reports the wall time of the n
+// and each request's. With hold, their work waits until the last answer.
 func (e *wakeEnv) restEnqueue(ctx context.Context, n, concurrency int, hold bool) (wakeRestResult, error) {
 	defer close(e.restHold)
 	tok, err := api.SignToken(e.secret, api.TokenSpec{OrgID: wakeBenchOrg, Sub: "bench", AgentID: e.agent, Roles: []string{api.RoleAgent}, TTL: time.Hour})
@@ -564,30 +563,21 @@ func (e *wakeEnv) restEnqueue(ctx context.Context, n, concurrency int, hold bool
 		MaxIdleConns: concurrency, MaxIdleConnsPerHost: concurrency, MaxConnsPerHost: concurrency,
 	}}
 	defer hc.CloseIdleConnections()
+	// One attempt per request: a retry would hide a failure in a longer
+	// latency, and the run ends at the first failure instead.
+	rc, err := reveille.New(e.apiURL, reveille.WithToken(tok), reveille.WithHTTPClient(hc),
+		reveille.WithRetry(reveille.RetryPolicy{MaxAttempts: 1}))
+	if err != nil {
+		return wakeRestResult{}, err
+	}
 	tag := uuid.NewString()[:8]
 	post := func(ctx context.Context, i int) error {
 		wf := fmt.Sprintf("%s/rest-%s-%d", wakeBenchOrg, tag, i)
-		body, _ := json.Marshal(map[string]any{
-			"agent_id": e.agent, "workflow_id": wf, "signal": wakeBenchSignal, "scope": wakeBenchScope,
-			"reason": "bench rest", "cost": 1, "work": map[string]any{"handler": wakeBenchHandler, "args": map[string]any{"hold": hold}},
-		})
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.apiURL+"/v1/wakeups", bytes.NewReader(body))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Authorization", "Bearer "+tok)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", wf)
-		res, err := hc.Do(req)
-		if err != nil {
-			return err
-		}
-		defer res.Body.Close()
-		raw, _ := io.ReadAll(res.Body)
-		if res.StatusCode != http.StatusCreated {
-			return fmt.Errorf("POST /v1/wakeups: %d %s", res.StatusCode, raw)
-		}
-		return nil
+		_, err := rc.Wakeups.Create(ctx, reveille.WakeupRequest{
+			AgentID: e.agent, WorkflowID: wf, Signal: wakeBenchSignal, Scope: wakeBenchScope, Reason: "bench rest", Cost: 1,
+			Work: reveille.WakeupWork{Handler: wakeBenchHandler, Args: map[string]any{"hold": hold}},
+		}, reveille.WithIdempotencyKey(wf))
+		return err
 	}
 	run := func(first, n int, lat []time.Duration) error {
 		g, gctx := errgroup.WithContext(ctx)
