@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/labstack/echo/v4"
+	"github.com/stretchr/testify/require"
 )
 
 // The contract check: every request and response that passes through a test
@@ -232,3 +234,92 @@ func (r *contractRecorder) Flush() {
 }
 
 func (r *contractRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// The check fails a test for each way a server can break the document, and
+// for none of the ways it keeps it. The handlers stand in for a server that
+// drifted; the document is the real one.
+func TestContractCheckFailsOnWhatTheDocumentDoesNotDeclare(t *testing.T) {
+	doc, err := contractDocument()
+	if err != nil {
+		t.Fatal(err)
+	}
+	problem := func(status int) echo.HandlerFunc {
+		return func(echo.Context) error { return NewProblem(status, "test", "test") }
+	}
+	sendJSON := func(status int, body string) echo.HandlerFunc {
+		return func(c echo.Context) error { return c.JSONBlob(status, []byte(body)) }
+	}
+	const whoami = `{"org_id":"o","sub":"s","roles":["admin"]}`
+	const mandate = `{"id":"01a232ee-050a-7608-9b8b-8772cce274e5","agent_id":"a","scope":"s","budget":1,"spent":0,"remaining":1,` +
+		`"status":"active","valid_until":null,"created_at":"2026-01-01T00:00:00Z","updated_at":"2026-01-01T00:00:00Z"}`
+	const wakeup = `{"id":"01a232ee-050a-7608-9b8b-8772cce274e5","agent_id":"a","workflow_id":"o/wf","run_id":null,"signal":"wake",` +
+		`"scope":"s","cost":1,"pool":"wakeup","status":"pending","outcome":null,"approval":null,` +
+		`"delivery":{"state":"waiting","attempts":0},"work_id":null,"created_at":"2026-01-01T00:00:00Z","updated_at":"2026-01-01T00:00:00Z"}`
+	cases := []struct {
+		name    string
+		method  string
+		route   string // as echo registers it
+		path    string
+		body    string
+		handler echo.HandlerFunc
+		fails   string // a phrase of the report; "" for none
+	}{
+		{name: "a declared status with a matching body passes", method: "GET", route: "/v1/whoami", path: "/v1/whoami",
+			handler: sendJSON(200, whoami)},
+		{name: "a declared problem passes", method: "GET", route: "/v1/whoami", path: "/v1/whoami", handler: problem(401)},
+		{name: "an undeclared status fails", method: "GET", route: "/v1/whoami", path: "/v1/whoami", handler: problem(418),
+			fails: "declares no 418"},
+		{name: "a field of the wrong type fails", method: "GET", route: "/v1/whoami", path: "/v1/whoami",
+			handler: sendJSON(200, `{"org_id":1,"sub":"s","roles":[]}`), fails: "does not match"},
+		{name: "a missing required field fails", method: "GET", route: "/v1/wakeups/:id", path: "/v1/wakeups/01a232ee-050a-7608-9b8b-8772cce274e5",
+			handler: sendJSON(200, strings.Replace(wakeup, `"outcome":null,`, "", 1)), fails: "does not match"},
+		{name: "a null outcome passes", method: "GET", route: "/v1/wakeups/:id", path: "/v1/wakeups/01a232ee-050a-7608-9b8b-8772cce274e5",
+			handler: sendJSON(200, wakeup)},
+		{name: "an outcome outside the enum fails", method: "GET", route: "/v1/wakeups/:id", path: "/v1/wakeups/01a232ee-050a-7608-9b8b-8772cce274e5",
+			handler: sendJSON(200, strings.Replace(wakeup, `"outcome":null`, `"outcome":"exploded"`, 1)), fails: "does not match"},
+		{name: "a 402 without wakeup_id fails", method: "POST", route: "/v1/wakeups", path: "/v1/wakeups",
+			handler: func(echo.Context) error {
+				return NewProblem(402, "spend-refused", "refused").With("approval_id", "01a232ee-050a-7608-9b8b-8772cce274e5").With("refusal", "insufficient")
+			}, fails: "does not match"},
+		{name: "an undeclared media type fails", method: "GET", route: "/v1/whoami", path: "/v1/whoami",
+			handler: func(c echo.Context) error { return c.String(200, "hello") }, fails: `no "text/plain" body`},
+		{name: "a body where none is declared fails", method: "POST", route: "/v1/runs/:run_id/streams/:name/close", path: "/v1/runs/r/streams/n/close",
+			handler: sendJSON(204, `{}`), fails: "declares no body"},
+		{name: "an event stream is checked for its status and media type only", method: "GET", route: "/v1/runs/:run_id/streams/:name/sse",
+			path: "/v1/runs/r/streams/n/sse", handler: func(c echo.Context) error {
+				c.Response().Header().Set(echo.HeaderContentType, "text/event-stream")
+				return c.String(200, "id: 0\ndata: aGk=\n\n")
+			}},
+		{name: "an accepted request the document refuses fails", method: "POST", route: "/v1/mandates", path: "/v1/mandates",
+			body: `{"agent_id":"a","budget":"lots"}`, handler: sendJSON(201, mandate), fails: "accepted a request"},
+		{name: "a refused invalid request passes", method: "POST", route: "/v1/mandates", path: "/v1/mandates",
+			body: `{"agent_id":"a","budget":"lots"}`, handler: problem(400)},
+		{name: "a route the document does not have is not checked", method: "GET", route: "/v1/test/undocumented", path: "/v1/test/undocumented",
+			handler: problem(418)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var reports []string
+			checker := &contractChecker{doc: doc, report: func(format string, args ...any) { reports = append(reports, fmt.Sprintf(format, args...)) }}
+			e := echo.New()
+			e.HTTPErrorHandler = func(err error, c echo.Context) { writeProblem(c, problemFor(err)) }
+			e.Use(checker.middleware)
+			e.Add(tc.method, tc.route, tc.handler)
+			var body io.Reader
+			if tc.body != "" {
+				body = strings.NewReader(tc.body)
+			}
+			req := httptest.NewRequest(tc.method, tc.path, body)
+			if tc.body != "" {
+				req.Header.Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
+			}
+			e.ServeHTTP(httptest.NewRecorder(), req)
+			if tc.fails == "" {
+				require.Empty(t, reports)
+				return
+			}
+			require.Len(t, reports, 1)
+			require.Contains(t, reports[0], tc.fails)
+		})
+	}
+}
