@@ -210,10 +210,16 @@ type pipeline struct {
 type sent struct {
 	m claimed
 	r sendResult
+	// skipped: a handoff whose lease ran short while it waited for a
+	// send slot; it was not sent and is left to the due-poll.
+	skipped bool
 }
 
 func (d *Dispatcher) newPipeline(ctx context.Context) *pipeline {
-	p := &pipeline{d: d, ctx: ctx, sem: make(chan struct{}, d.cfg.Concurrency), results: make(chan sent, d.cfg.BatchSize),
+	// Sends are not canceled by Stop: a signal in flight finishes (each is
+	// bounded by SendTimeout) and its outcome is recorded, rather than being
+	// cut off after Temporal may have received it.
+	p := &pipeline{d: d, ctx: context.WithoutCancel(ctx), sem: make(chan struct{}, d.cfg.Concurrency), results: make(chan sent, d.cfg.BatchSize),
 		room: make(chan struct{}, 1), handoffRoom: make(chan struct{}, 1), settled: make(chan struct{})}
 	// Outcomes are recorded even after ctx ends: the signals went out.
 	go p.settler(context.WithoutCancel(ctx))
@@ -265,6 +271,13 @@ func (p *pipeline) start(msgs []claimed) {
 		go func() {
 			defer p.sends.Done()
 			p.sem <- struct{}{}
+			if !m.handoffLeaseEnd.IsZero() && time.Until(m.handoffLeaseEnd) <= p.d.cfg.SendTimeout {
+				// Its lease may end mid-send, and another dispatcher claim it.
+				<-p.sem
+				p.d.metrics.handoffs.WithLabelValues("expired").Inc()
+				p.results <- sent{m: m, skipped: true}
+				return
+			}
 			r := p.d.send(p.ctx, m)
 			<-p.sem
 			p.results <- sent{m: m, r: r}
@@ -290,13 +303,18 @@ func (p *pipeline) settler(ctx context.Context) {
 				break more
 			}
 		}
-		msgs, results := make([]claimed, len(batch)), make([]sendResult, len(batch))
-		for i, s := range batch {
-			msgs[i], results[i] = s.m, s.r
+		msgs, results := make([]claimed, 0, len(batch)), make([]sendResult, 0, len(batch))
+		for _, s := range batch {
+			if !s.skipped {
+				msgs, results = append(msgs, s.m), append(results, s.r)
+			}
 		}
-		if err := p.d.settle(ctx, msgs, results); err != nil {
-			// Unsettled messages are sent again once their lease ends.
-			p.d.cfg.Logger.Error("recording signal outcomes failed", "error", err)
+		// (A batch of skipped handoffs only has nothing to record.)
+		if len(msgs) > 0 {
+			if err := p.d.settle(ctx, msgs, results); err != nil {
+				// Unsettled messages are sent again once their lease ends.
+				p.d.cfg.Logger.Error("recording signal outcomes failed", "error", err)
+			}
 		}
 		retry := slices.ContainsFunc(results, func(r sendResult) bool { return classify(r.err) != sendOK })
 		p.mu.Lock()
@@ -350,6 +368,10 @@ func (d *Dispatcher) untilNextDue(ctx context.Context) time.Duration {
 type claimed struct {
 	Message
 	notFoundSince *time.Time
+	// handoffLeaseEnd is, for a handed-off message, when its lease ends by
+	// this process's clock (zero for a claimed one, whose Lease allows for
+	// the wait in the pipeline).
+	handoffLeaseEnd time.Time
 }
 
 type sendResult struct {

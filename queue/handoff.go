@@ -41,7 +41,7 @@ func (d *Dispatcher) EnqueueForHandoff(ctx context.Context, q Querier, p Enqueue
 	if err != nil || !created {
 		return m, nil, err
 	}
-	return m, &Handoff{m: claimed{Message: m}, leaseEnd: leaseEnd}, nil
+	return m, &Handoff{m: claimed{Message: m, handoffLeaseEnd: leaseEnd}, leaseEnd: leaseEnd}, nil
 }
 
 // Handoff queues h's message, whose transaction has committed, for sending

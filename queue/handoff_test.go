@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -260,4 +261,72 @@ func TestAStoppedDispatcherWritesAPlainNotifiedMessageInsteadOfAHandoff(t *testi
 	m, err := GetByKey(ctx, db, "o", "q", "o/plain")
 	require.NoError(t, err)
 	require.Zero(t, m.Attempts, "not claimed: due now")
+}
+
+// slowSignaler takes d per signal and counts the signals per workflow.
+type slowSignaler struct {
+	mu    sync.Mutex
+	calls map[string]int
+	d     time.Duration
+}
+
+func (s *slowSignaler) SignalWorkflow(ctx context.Context, wf, _, _ string, _ any) error {
+	s.mu.Lock()
+	s.calls[wf]++
+	s.mu.Unlock()
+	select {
+	case <-time.After(s.d):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *slowSignaler) count(wf string) int { s.mu.Lock(); defer s.mu.Unlock(); return s.calls[wf] }
+
+// A handoff that waits for a send slot until its lease runs short is not
+// sent by its writer: the lease could end mid-send and another dispatcher
+// claim it too. It is left to the claims, and every message goes out once.
+func TestAHandoffWhoseLeaseRunsShortWaitingForASendSlotIsSentOnceByAClaim(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewPool(t)
+	cfg := DispatcherConfig{SendTimeout: 300 * time.Millisecond, HandoffLease: 600 * time.Millisecond, Concurrency: 1, BatchSize: 10}
+	writer := &slowSignaler{calls: map[string]int{}, d: 250 * time.Millisecond}
+	other := &slowSignaler{calls: map[string]int{}, d: 10 * time.Millisecond}
+	d := startDispatcher(t, db, writer, cfg)
+	startDispatcher(t, db, other, cfg)
+	var hs []*Handoff
+	for i := range 5 {
+		hs = append(hs, enqueueForHandoff(t, db, d, signalParams(fmt.Sprintf("o/h%d", i))))
+	}
+
+	for _, h := range hs {
+		require.True(t, d.Handoff(h))
+	}
+
+	for i := range 5 {
+		wf := fmt.Sprintf("o/h%d", i)
+		requireDelivered(t, db, wf)
+		require.Equal(t, 1, writer.count(wf)+other.count(wf), "%s sent once", wf)
+	}
+}
+
+// Stop lets a signal in flight finish and records its outcome, instead of
+// cutting it off after Temporal may have received it.
+func TestStopLetsASendInFlightFinishAndRecordsIt(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewPool(t)
+	s := &slowSignaler{calls: map[string]int{}, d: 300 * time.Millisecond}
+	d := NewDispatcher(db, s, DispatcherConfig{Logger: testkit.Logger(t)})
+	require.NoError(t, d.Start(context.Background()))
+	h := enqueueForHandoff(t, db, d, signalParams("o/inflight"))
+	require.True(t, d.Handoff(h))
+	require.Eventually(t, func() bool { return s.count("o/inflight") == 1 }, 10*time.Second, 5*time.Millisecond)
+
+	require.NoError(t, d.Stop(context.Background()))
+
+	m, err := GetByKey(context.Background(), db, "o", "q", "o/inflight")
+	require.NoError(t, err)
+	require.Equal(t, StatusDelivered, m.Status, "the send finished and was recorded")
+	require.Equal(t, 1, s.count("o/inflight"))
 }

@@ -3,6 +3,7 @@ package workpool
 import (
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -78,4 +79,59 @@ func TestComplete_AResultPostgresRefusesFailsItsOwnItemAlone(t *testing.T) {
 			require.Empty(t, h.observe().running, "every slot was freed")
 		})
 	}
+}
+
+// A hand-back does not count an attempt, so the attempt number cannot tell
+// two runs apart: it must come from the executor that holds the run. A
+// repeated hand-back (a batch retried after a commit of unknown outcome),
+// arriving after the work was started again elsewhere, changes nothing.
+func TestComplete_AHandBackCountsOnlyFromTheExecutorHoldingTheRun(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	id := h.enqueue()
+	h.runMain()
+	elsewhere := newID()
+	h.exec(`UPDATE workpool_work SET claimed_by = $2 WHERE id = $1`, id, elsewhere)
+	handBack := attemptResult{id: id, pool: "default", attempt: 1, kind: kindHandBack, err: "interrupted"}
+	complete := func() []finishedRow {
+		var done []finishedRow
+		require.NoError(t, pgx.BeginFunc(h.ctx, h.db, func(tx pgx.Tx) error {
+			var err error
+			done, err = h.m.completeTx(h.ctx, tx, []attemptResult{handBack})
+			return err
+		}))
+		return done
+	}
+
+	require.Empty(t, complete(), "another executor's run is not this executor's to hand back")
+	require.Equal(t, "running", h.work(id).state)
+
+	h.exec(`UPDATE workpool_work SET claimed_by = $2 WHERE id = $1`, id, h.m.exec.id)
+	require.Len(t, complete(), 1)
+	w := h.work(id)
+	require.Equal(t, "pending", w.state, "handed back")
+	require.Equal(t, 0, w.attempts, "uncounted")
+}
+
+// Cancelations go before starts: an iteration that took a full batch of
+// cancelations starts nothing, so that it never starts work whose
+// cancelation is already committed and waits in the next batch.
+func TestIteration_StartsNothingWhileCancelationsRemain(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(5))
+	for range cancelationBatch + 50 {
+		h.enqueue()
+	}
+	n, err := h.m.CancelAll(h.ctx, "org-1", "default", h.clock.Now().Add(time.Second))
+	require.NoError(t, err)
+	require.Equal(t, cancelationBatch+50, n)
+
+	h.runMain()
+
+	require.Empty(t, h.observe().running, "nothing started with cancelations left")
+	h.runMain()
+	o := h.observe()
+	require.Empty(t, o.running)
+	require.Empty(t, o.pending)
+	require.Empty(t, o.pendingCancelation)
 }

@@ -344,7 +344,7 @@ func (m *Manager) completeArgs(results []attemptResult) []any {
 			res[i] = &s
 		}
 	}
-	return []any{pgUUIDs(ids), attempts, kinds, res, errs, retryable, m.now()}
+	return []any{pgUUIDs(ids), attempts, kinds, res, errs, retryable, m.now(), [16]byte(m.exec.id)}
 }
 
 // countRecorded counts what a recording did, per pool.

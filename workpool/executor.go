@@ -23,6 +23,9 @@ const (
 	// abandonGrace is how long past its timeout a handler that ignores its
 	// context may run before the attempt is reported failed without it.
 	abandonGrace = 2 * time.Second
+	// recordAtStop bounds recording the last results (hand-backs included)
+	// at shutdown, whatever remains of Stop's context.
+	recordAtStop = 5 * time.Second
 )
 
 var (
@@ -388,9 +391,13 @@ func (e *executor) announce() {
 // recovery (their handlers are canceled too; their results will not count).
 func (e *executor) heartbeat() error {
 	e.mu.Lock()
+	// The runs asked about: a run of the same work started here after the
+	// query (a retry due at once) is not the one the answer is about.
+	asked := make(map[uuid.UUID]*runningJob, len(e.jobs))
 	ids := make([]uuid.UUID, 0, len(e.jobs))
-	for id := range e.jobs {
+	for id, rj := range e.jobs {
 		ids = append(ids, id)
+		asked[id] = rj
 	}
 	e.mu.Unlock()
 	if len(ids) == 0 {
@@ -421,10 +428,8 @@ func (e *executor) heartbeat() error {
 		return fmt.Errorf("heartbeating: %w", err)
 	}
 	e.cancelJobs(canceled)
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	for _, id := range ids {
-		if rj, ok := e.jobs[id]; ok && !alive[id] && !rj.finished.Load() {
+		if rj := asked[id]; !alive[id] && !rj.finished.Load() {
 			rj.cancel(errLost)
 		}
 	}
@@ -444,7 +449,12 @@ func (e *executor) stopClaiming() {
 // heartbeating.
 func (e *executor) drain(ctx context.Context) error {
 	defer e.stopBg()
-	grace := time.NewTimer(e.m.cfg.StopGrace)
+	wait := e.m.cfg.StopGrace
+	if deadline, ok := ctx.Deadline(); ok {
+		// Leave a quarter of what ctx allows for canceling and handing back.
+		wait = max(min(wait, time.Until(deadline)*3/4), 0)
+	}
+	grace := time.NewTimer(wait)
 	defer grace.Stop()
 	if idle := e.idleChan(); idle != nil {
 		select {
@@ -464,7 +474,12 @@ func (e *executor) drain(ctx context.Context) error {
 		}
 	}
 	e.abandonRunning()
-	err := e.completer.Stop(ctx)
+	// Recorded under a bound of its own: the hand-backs must reach the
+	// database even when the caller's deadline went on the grace, or the
+	// work would wait for the heartbeat timeout and lose an attempt.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordAtStop)
+	defer cancel()
+	err := e.completer.Stop(rctx)
 	e.stopBg()
 	e.bgWG.Wait()
 	return err

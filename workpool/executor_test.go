@@ -219,3 +219,23 @@ func TestManager_StartsOnceAndStopsSafelyBeforeStartAndTwice(t *testing.T) {
 	require.NoError(t, fresh.Stop(context.Background()))
 	require.NoError(t, fresh.Stop(context.Background()), "stopping twice")
 }
+
+// A Stop whose deadline is shorter than StopGrace still hands the work it
+// cannot finish back at once: the grace leaves room for the record.
+func TestStop_WithADeadlineShorterThanTheGraceStillHandsTheWorkBack(t *testing.T) {
+	t.Parallel()
+	_, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, StopGrace: 10 * time.Second})
+	started, ended := make(chan uuid.UUID, 1), make(chan error, 1)
+	m.Register("long", blockingHandler(started, ended))
+	id := enqueueOn(t, m, EnqueueParams{Handler: "long"})
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+
+	require.NoError(t, m.Stop(ctx))
+
+	s, err := m.Status(context.Background(), "org-1", id)
+	require.NoError(t, err)
+	require.Equal(t, StatePending, s.State, "handed back, not left running until recovery")
+	require.Zero(t, s.Attempts)
+}

@@ -10,13 +10,14 @@ import (
 
 // iterateFast runs sqlIterateFast: a whole iteration in one statement that
 // fences itself and starts one org's plain ready work, handing this
-// replica's executor its share. The result is not clean when the full
+// replica's executor its share; its wakeAt is the next start it saw. The result is not clean when the full
 // iteration must follow: it found a cancelation to process, ready work that
 // needs fair share, or nothing at all (the full iteration then publishes the
 // run status).
 func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, error) {
 	var (
 		fenced, plain, cancels bool
+		nextAt                 *time.Time
 		s                      startedWork
 	)
 	b := &pgx.Batch{}
@@ -24,7 +25,7 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 	// promised.
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
 	b.Queue(sqlIterateFast, append(l.startArgs(now), l.gen)...).QueryRow(func(r pgx.Row) error {
-		return r.Scan(append([]any{&fenced, &plain, &cancels}, s.dest()...)...)
+		return r.Scan(append([]any{&fenced, &plain, &cancels, &nextAt}, s.dest()...)...)
 	})
 	// Not canceled with the leadership: once sent, the statement's result
 	// must be read, or the work it handed to this executor would sit claimed
@@ -38,12 +39,17 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 		return iterResult{}, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
 	}
 	l.gen++
+	// Its bump published "running, not saturated": enqueue kicks count again.
+	l.saturated.Store(false)
 	l.launch(s)
 	didWork := len(s.lags) > 0
 	if didWork {
 		l.fastStarts++
 		l.lastActivity = now
-		l.saturated.Store(false)
 	}
-	return iterResult{didWork: didWork, clean: plain && !cancels, status: RunStatus{Kind: "running"}}, nil
+	res := iterResult{didWork: didWork, clean: plain && !cancels, status: RunStatus{Kind: "running"}}
+	if nextAt != nil {
+		res.wakeAt = *nextAt
+	}
+	return res, nil
 }

@@ -45,8 +45,13 @@ func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 	}
 	if !fast.didWork && fast.clean && now.Sub(l.lastActivity) < l.m.cfg.Cooldown {
 		// Nothing new: still "running" through the cooldown, so there is no
-		// status to publish; wake at its end to decide one.
-		return iterResult{status: RunStatus{Kind: "running"}, wakeAt: l.lastActivity.Add(l.m.cfg.Cooldown)}, nil
+		// status to publish; wake at its end to decide one, or sooner for
+		// work due before it (a retry the completer scheduled).
+		wake := l.lastActivity.Add(l.m.cfg.Cooldown)
+		if !fast.wakeAt.IsZero() && fast.wakeAt.Before(wake) {
+			wake = fast.wakeAt
+		}
+		return iterResult{status: RunStatus{Kind: "running"}, wakeAt: wake}, nil
 	}
 	res, err := l.iterateFull(ctx)
 	res.didWork = res.didWork || fast.didWork
@@ -89,8 +94,13 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	if err != nil {
 		return iterResult{}, err
 	}
-	if err := it.start(ctx); err != nil {
-		return iterResult{}, err
+	// Cancelations go first: with a full batch taken more may wait, perhaps
+	// for the very items a start would pick; start once they are done (the
+	// loop iterates again at once, since it did work).
+	if len(cancels) < cancelationBatch {
+		if err := it.start(ctx); err != nil {
+			return iterResult{}, err
+		}
 	}
 	res := iterResult{didWork: len(cancels) > 0 || recovered > 0 || len(it.started.lags) > 0}
 	if res.didWork {

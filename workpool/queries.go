@@ -209,19 +209,16 @@ func retryDelayMS(n string) string {
     * (0.5 + random()), ` + maxRetryDelayMS + `)`
 }
 
-// sqlRetryDelayMS and sqlRetryRunAt ($3: now) are the delay and the time of
-// the next attempt of a row whose w.attempts attempts have finished.
-var (
-	sqlRetryDelayMS = retryDelayMS("w.attempts")
-	sqlRetryRunAt   = `$3::timestamptz + make_interval(secs => ` + sqlRetryDelayMS + ` / 1000.0)`
-)
-
 // sqlComplete records a batch of attempt results in one statement and, by
 // taking each row out of 'running', frees its slot. An attempt counts only
 // while the work is running at that attempt, so a duplicate or stale report
-// changes nothing. $1–$6 the results (id, attempt, kind: succeeded | failed
-// | handback, result, error, retryable), $7 now. It returns every row it
-// changed, with the kind reported.
+// changes nothing. A hand-back, which does not count an attempt, must also
+// come from the executor that holds the run ($8): a repeat of one (a batch
+// retried after a commit of unknown outcome) cannot hand back the next run
+// of the same attempt number on another replica. $1–$6 the results (id,
+// attempt, kind: succeeded | failed | handback, result, error, retryable),
+// $7 now, $8 the reporting executor. It returns every row it changed, with
+// the kind reported.
 var sqlComplete = `
 WITH c AS (
   SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::bool[])
@@ -247,6 +244,7 @@ UPDATE workpool_work w SET
   heartbeat_at = NULL
 FROM c
 WHERE w.id = c.id AND w.state = 'running' AND w.attempts = c.attempt - 1
+  AND (c.kind <> 'handback' OR w.claimed_by = $8::uuid)
 RETURNING w.id, w.org_id, w.pool, w.handler, w.state, w.outcome, w.result, w.error, w.attempts,
   w.on_complete_hook, w.on_complete_context, c.kind`
 
@@ -529,7 +527,13 @@ WITH bump AS (` + bumpSQL("$8", "$2") + `
 ),
 ` + sqlPickPlain + `,
 ` + sqlStartPicked(`EXISTS (SELECT 1 FROM bump), (SELECT ok FROM plain),
-  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),`)
+  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),
+  -- the next start of the first org's plain work (a retry, say): two index
+  -- probes, so that the loop waiting out its cooldown wakes for it in time
+  (SELECT min(run_at) FROM workpool_work
+   WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at > $2
+     AND org_id = (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
+                   ORDER BY org_id LIMIT 1)),`)
 
 // sqlCensus tells an iteration whether fair share has anything to share:
 // how many orgs (up to 2) have ready plain work, and whether keyed work is

@@ -638,3 +638,23 @@ func TestOutlook_ACancelationArrivingMidIterationKeepsTheLoopRunning(t *testing.
 	require.True(t, res.didWork, "the loop iterates again at once")
 	require.Equal(t, "running", res.status.Kind)
 }
+
+// A loop waiting out its cooldown wakes for work due before the cooldown
+// ends — a retry the completer scheduled a few milliseconds out — rather
+// than at the cooldown's end.
+func TestCooldown_ARetryDueBeforeTheCooldownEndsWakesTheLoopInTime(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	id := h.enqueue(withRetry(3, 100, 1))
+	h.runMain() // the term's first, full iteration starts it
+	h.complete(id, "failed", 1)
+	var runAt time.Time
+	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT run_at FROM workpool_work WHERE id = $1`, id).Scan(&runAt))
+	require.True(t, runAt.After(h.clock.Now()), "the retry is due later")
+
+	res := h.runMain() // the fast path: nothing ready, within the cooldown
+
+	require.False(t, res.didWork)
+	require.Equal(t, "running", res.status.Kind)
+	require.False(t, res.wakeAt.After(runAt), "wakes by %s for the retry, not at the cooldown's end (%s)", runAt, res.wakeAt)
+}

@@ -134,6 +134,14 @@ func TestRetry_TheDelayBoundsAgree(t *testing.T) {
 	require.False(t, math.IsInf(float64(maxRetryBackoffMS)*math.Exp(exp)*1.5, 0))
 }
 
+// sqlRetryDelayMS and sqlRetryRunAt ($3: now) are retryDelayMS — the one
+// spelling sqlComplete uses, with n = w.attempts + 1 — and the run_at it
+// gives, for a row whose w.attempts attempts have finished.
+var (
+	sqlRetryDelayMS = retryDelayMS("w.attempts")
+	sqlRetryRunAt   = `$3::timestamptz + make_interval(secs => ` + sqlRetryDelayMS + ` / 1000.0)`
+)
+
 // FuzzRetryDelay feeds any retry policy through the validation and, if it
 // passes, any attempt count through the delay the loop computes (the SQL
 // expression itself, on the test database): no error, and a delay in

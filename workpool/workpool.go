@@ -211,22 +211,25 @@ func (m *Manager) goRun(f func()) {
 }
 
 // Stop shuts this replica's part down in stages (the shutdown rows of
-// docs/workpool.md's lifecycle table): the executor stops claiming, the
-// loops hand their leadership over, running handlers get StopGrace (bounded
-// by ctx) to finish, then their contexts are canceled and their work handed
-// back; every result is recorded. Stopping twice, or before Start, is safe.
+// docs/workpool.md's lifecycle table): the loops hand their leadership
+// over, the executor stops claiming, running handlers get StopGrace (at
+// most three quarters of what ctx allows) to finish, then their contexts
+// are canceled and their work handed back; every result is recorded.
+// Stopping twice, or before Start, is safe.
 func (m *Manager) Stop(ctx context.Context) error {
-	m.exec.stopClaiming()
-	if err := m.life.Stop(ctx); err != nil {
-		return err
+	if !m.exec.started.Load() {
+		return nil // never started: nothing to stop, and Start stays possible
 	}
+	// The loops first: a leader whose executor no longer claims would start
+	// work nobody here runs.
+	stopErr := m.life.Stop(ctx)
+	m.exec.stopClaiming()
+	// Drained even when the loops were slow to stop: handlers are canceled
+	// and their work handed back with whatever time ctx leaves, rather than
+	// left running until the heartbeat timeout.
 	var err error
-	m.drained.Do(func() {
-		if m.exec.started.Load() {
-			err = m.exec.drain(ctx)
-		}
-	})
-	return err
+	m.drained.Do(func() { err = m.exec.drain(ctx) })
+	return errors.Join(stopErr, err)
 }
 
 // syncLoops runs a leadership candidate for every pool in the database.

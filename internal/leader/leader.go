@@ -72,7 +72,12 @@ func (e *Elector) term(ctx context.Context, key int64, retry time.Duration, logg
 	// The connection now carries the lock: never hand it back to the pool.
 	raw := conn.Hijack()
 	defer raw.Close(context.Background())
-	t, err := NewTerm(ctx, raw, e.Name)
+	// A new term waits for the old one's fenced writes in flight; bounded,
+	// so that a write left open by a frozen process costs a retry, not the
+	// leadership for good (closing raw releases the lock for another try).
+	tctx, cancelTerm := context.WithTimeout(ctx, max(10*retry, 10*time.Second))
+	t, err := NewTerm(tctx, raw, e.Name)
+	cancelTerm()
 	if err != nil {
 		if ctx.Err() == nil {
 			logger.Warn("could not start a leadership term; standing by", "leadership", e.Name, "error", err.Error())

@@ -130,8 +130,9 @@ type Service struct {
 
 // part is a background loop with the Start/Stop lifecycle every one shares.
 type part struct {
-	name string
-	c    interface {
+	name     string
+	stopLast bool // stopped after every other part (the signal dispatcher)
+	c        interface {
 		Start(ctx context.Context) error
 		Stop(ctx context.Context) error
 	}
@@ -241,19 +242,19 @@ func (s *Service) buildDomain() error {
 	s.approvals = approvals.New(s.db, approvalsCfg)
 
 	s.parts = []part{
-		{"workpool", s.workpool},
-		{"mandates", s.mandates},
-		{"streams", s.streams},
-		{"wakeup", s.wakeups},
-		{"approvals", s.approvals},
-		{"signal dispatcher", s.dispatcher},
+		{name: "workpool", c: s.workpool},
+		{name: "mandates", c: s.mandates},
+		{name: "streams", c: s.streams},
+		{name: "wakeup", c: s.wakeups},
+		{name: "approvals", c: s.approvals},
+		{name: "signal dispatcher", c: s.dispatcher, stopLast: true},
 	}
 	if c.Worker != nil {
 		w := reference.NewWorker(s.temporal, c.Worker.TaskQueue, s.wakeups, s.approvals)
 		if c.Worker.Register != nil {
 			c.Worker.Register(w)
 		}
-		s.parts = append(s.parts, part{"temporal worker", temporalWorker{w}})
+		s.parts = append(s.parts, part{name: "temporal worker", c: temporalWorker{w}})
 	}
 	return nil
 }
@@ -322,20 +323,33 @@ func (s *Service) start(ctx context.Context) ([]part, error) {
 	return s.parts, nil
 }
 
-// stop stops the parts at once, each within StopTimeout (the pool lets its
-// running handlers finish within its own grace first), and waits for all.
+// stop stops the parts in two waves, each part within StopTimeout: first
+// every part but the signal dispatcher, at once (the pool lets its running
+// handlers finish within its own grace and hands the rest back), then the
+// dispatcher — which therefore still sends the wake signals of the work
+// that finished during the pool's drain, handed to it by the completer.
 func (s *Service) stop(parts []part) {
-	var wg sync.WaitGroup
+	var first, last []part
 	for _, p := range parts {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.StopTimeout)
-			defer cancel()
-			if err := p.c.Stop(ctx); err != nil {
-				s.logger.Warn("stopping "+p.name+" failed", "error", err.Error())
-			}
-		})
+		if p.stopLast {
+			last = append(last, p)
+		} else {
+			first = append(first, p)
+		}
 	}
-	wg.Wait()
+	for _, wave := range [][]part{first, last} {
+		var wg sync.WaitGroup
+		for _, p := range wave {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.StopTimeout)
+				defer cancel()
+				if err := p.c.Stop(ctx); err != nil {
+					s.logger.Warn("stopping "+p.name+" failed", "error", err.Error())
+				}
+			})
+		}
+		wg.Wait()
+	}
 }
 
 // Close releases the Temporal client and the database pool. Call it after

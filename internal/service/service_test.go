@@ -152,3 +152,44 @@ func TestRunFailsNamingTheAddressWhenTheAPICannotListen(t *testing.T) {
 
 	require.ErrorContains(t, err, "listen on "+taken.Addr().String())
 }
+
+// On shutdown the signal dispatcher stops after the pool has drained: work
+// that finishes during the pool's grace still has its wake signal sent by
+// this replica before Run returns.
+func TestShutdownSendsTheSignalsOfWorkThatFinishesDuringThePoolsDrain(t *testing.T) {
+	ctx := context.Background()
+	rec := &recordingSignaler{got: make(chan struct{}, 1)}
+	cfg := testConfig(t)
+	cfg.WrapSignaler = func(queue.Signaler) queue.Signaler { return rec }
+	svc, err := service.New(ctx, cfg)
+	require.NoError(t, err)
+	defer svc.Close()
+	started := make(chan struct{})
+	svc.Workpool().Register("test.slow", func(context.Context, workpool.Job) (json.RawMessage, error) {
+		close(started)
+		time.Sleep(300 * time.Millisecond) // finishes within the pool's grace, after the stop began
+		return nil, nil
+	})
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	listening := make(chan struct{})
+	go func() { done <- svc.Run(runCtx, func(net.Addr) { close(listening) }) }()
+	<-listening
+	_, err = svc.Mandates().Create(ctx, "o", mandates.CreateParams{AgentID: "a", Scope: "s", Budget: 10})
+	require.NoError(t, err)
+	_, err = svc.Wakeups().Create(ctx, wakeup.CreateParams{OrgID: "o", AgentID: "a", WorkflowID: "o/wf-drain", Signal: "wake",
+		Scope: "s", Reason: "test", Cost: 1, Work: wakeup.Work{Handler: "test.slow", Args: json.RawMessage(`{}`)}})
+	require.NoError(t, err)
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the work never started")
+	}
+
+	stop()
+	require.NoError(t, <-done)
+
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Equal(t, []string{"o/wf-drain/wake"}, rec.sent, "sent before Run returned")
+}

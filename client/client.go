@@ -1,0 +1,359 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// DefaultUserAgent is sent when WithUserAgent is not given.
+const DefaultUserAgent = "reveille-go-client/1"
+
+// Client calls a Reveille API. It is safe for concurrent use; make one per
+// process (or per token) and share it.
+type Client struct {
+	base      *url.URL
+	http      *http.Client
+	token     func(ctx context.Context) (string, error)
+	userAgent string
+	retry     RetryPolicy
+
+	// The API by resource: one method per route.
+	Wakeups          *WakeupsService
+	Mandates         *MandatesService
+	MandateApprovals *MandateApprovalsService
+	Pools            *PoolsService
+	Work             *WorkService
+	Streams          *StreamsService
+	ToolApprovals    *ToolApprovalsService
+	ToolPolicies     *ToolPoliciesService
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithToken sends a static bearer token on every call.
+func WithToken(token string) Option {
+	return func(c *Client) {
+		c.token = func(context.Context) (string, error) { return token, nil }
+	}
+}
+
+// WithTokenFunc asks f for the bearer token before every attempt, so that a
+// rotating token is picked up by retries too. An error from f fails the call.
+func WithTokenFunc(f func(ctx context.Context) (string, error)) Option {
+	return func(c *Client) { c.token = f }
+}
+
+// WithHTTPClient sends the requests through hc (default: a client of its
+// own with no overall timeout, which SSE needs; bound calls with their
+// context).
+func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.http = hc } }
+
+// WithUserAgent sets the User-Agent header (default DefaultUserAgent).
+func WithUserAgent(ua string) Option { return func(c *Client) { c.userAgent = ua } }
+
+// WithRetry sets the retry policy (default DefaultRetryPolicy; a
+// RetryPolicy{MaxAttempts: 1} disables retries).
+func WithRetry(p RetryPolicy) Option { return func(c *Client) { c.retry = p } }
+
+// New returns a client of the API at baseURL, e.g. "http://localhost:8080"
+// (a path prefix, for an API behind a proxy, is kept).
+func New(baseURL string, opts ...Option) (*Client, error) {
+	base, err := url.Parse(strings.TrimRight(baseURL, "/"))
+	if err != nil {
+		return nil, fmt.Errorf("client: base URL: %w", err)
+	}
+	if base.Scheme != "http" && base.Scheme != "https" {
+		return nil, fmt.Errorf("client: base URL %q: the scheme must be http or https", baseURL)
+	}
+	c := &Client{base: base, userAgent: DefaultUserAgent, retry: DefaultRetryPolicy}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.http == nil {
+		c.http = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	}
+	c.retry = c.retry.withDefaults()
+	c.Wakeups = &WakeupsService{c}
+	c.Mandates = &MandatesService{c}
+	c.MandateApprovals = &MandateApprovalsService{c}
+	c.Pools = &PoolsService{c}
+	c.Work = &WorkService{c}
+	c.Streams = &StreamsService{c}
+	c.ToolApprovals = &ToolApprovalsService{c}
+	c.ToolPolicies = &ToolPoliciesService{c}
+	return c, nil
+}
+
+// CallOption adjusts one call.
+type CallOption func(*callOptions)
+
+type callOptions struct {
+	idempotencyKey   string
+	noIdempotencyKey bool
+	header           http.Header
+	onResponse       func(*http.Response)
+}
+
+// WithIdempotencyKey sends key as the call's Idempotency-Key instead of a
+// generated one: use it to make a retry of your own (another process, a
+// restart) the same logical call as the first.
+func WithIdempotencyKey(key string) CallOption {
+	return func(o *callOptions) { o.idempotencyKey = key }
+}
+
+// WithoutIdempotencyKey sends no Idempotency-Key on a call that would get
+// one (it saves the server's idempotency records); the call is then never
+// retried once its request may have reached the server.
+func WithoutIdempotencyKey() CallOption {
+	return func(o *callOptions) { o.noIdempotencyKey = true }
+}
+
+// WithHeader adds a request header to the call.
+func WithHeader(name, value string) CallOption {
+	return func(o *callOptions) {
+		if o.header == nil {
+			o.header = http.Header{}
+		}
+		o.header.Add(name, value)
+	}
+}
+
+// WithResponse hands f the final HTTP response of the call (its body
+// already read): headers such as X-Request-Id or Idempotent-Replayed.
+func WithResponse(f func(*http.Response)) CallOption {
+	return func(o *callOptions) { o.onResponse = f }
+}
+
+// safety says whether a route's call may be repeated, which decides its
+// retries.
+type safety int
+
+const (
+	// safe calls (GET, PUT, DELETE, and POSTs that are idempotent by
+	// nature, such as a cancel) are retried.
+	safe safety = iota
+	// keyed calls are POSTs the server deduplicates by Idempotency-Key:
+	// they get one (generated once per call when the caller gives none)
+	// and are retried under it.
+	keyed
+	// unsafe calls are retried only when their request never left.
+	unsafe
+)
+
+// endpoint is one call of a route: everything do needs besides the body.
+type endpoint struct {
+	method string
+	path   string // escaped, from pathOf
+	query  url.Values
+	safety safety
+	// contentType of the body (default application/json when there is one).
+	contentType string
+	// accept is the media type asked for (default application/json).
+	accept string
+}
+
+// pathOf joins path segments, escaping each: ids chosen by clients (run
+// ids, session ids, tool names) may hold any character but "/".
+func pathOf(segments ...string) string {
+	var b strings.Builder
+	for _, s := range segments {
+		b.WriteByte('/')
+		b.WriteString(url.PathEscape(s))
+	}
+	return b.String()
+}
+
+// doJSON calls the endpoint with in as its JSON body (nil: none) and
+// decodes a 2xx answer into a new Out.
+func doJSON[Out any](ctx context.Context, c *Client, ep endpoint, in any, opts []CallOption) (Out, error) {
+	var out Out
+	var body []byte
+	if in != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
+			return out, fmt.Errorf("client: encoding the %s %s body: %w", ep.method, ep.path, err)
+		}
+	}
+	err := c.do(ctx, ep, body, opts, func(res *http.Response) error { return decodeJSON(res, &out) })
+	return out, err
+}
+
+// doNoContent calls the endpoint and expects no body back (204).
+func doNoContent(ctx context.Context, c *Client, ep endpoint, in any, opts []CallOption) error {
+	_, err := doJSON[struct{}](ctx, c, ep, in, opts)
+	return err
+}
+
+func decodeJSON(res *http.Response, dst any) error {
+	if res.StatusCode == http.StatusNoContent {
+		return nil
+	}
+	raw, err := io.ReadAll(res.Body)
+	if err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(raw, dst); err != nil {
+		return fmt.Errorf("client: decoding the %d answer of %s %s: %w", res.StatusCode, res.Request.Method, res.Request.URL.Path, err)
+	}
+	return nil
+}
+
+// do sends the request, retrying per the policy, and hands a 2xx response
+// to read; any other status becomes an *Error. The body is bytes so that
+// every attempt sends it again.
+func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOption, read func(*http.Response) error) error {
+	var o callOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	key := ""
+	if ep.safety == keyed && !o.noIdempotencyKey {
+		key = o.idempotencyKey
+		if key == "" {
+			// Once per logical call: every retry below sends the same key,
+			// so the server acts once however many attempts reach it.
+			key = uuid.Must(uuid.NewV7()).String()
+		}
+	}
+	retryable := ep.safety == safe || key != ""
+	for attempt := 1; ; attempt++ {
+		res, err := c.send(ctx, ep, body, key, o.header)
+		if err != nil {
+			var tokErr *tokenError
+			if ctx.Err() != nil || errors.As(err, &tokErr) {
+				return fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err)
+			}
+			if attempt >= c.retry.MaxAttempts || !(retryable || neverSent(err)) {
+				return fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err)
+			}
+			if werr := c.retry.wait(ctx, attempt, 0); werr != nil {
+				return werr
+			}
+			continue
+		}
+		if res.StatusCode >= 200 && res.StatusCode < 300 {
+			err := read(res)
+			drainAndClose(res)
+			if o.onResponse != nil {
+				o.onResponse(res)
+			}
+			return err
+		}
+		apiErr := errorFrom(res)
+		drainAndClose(res)
+		if attempt >= c.retry.MaxAttempts || !retryable || !apiErr.retryable() {
+			if o.onResponse != nil {
+				o.onResponse(res)
+			}
+			return apiErr
+		}
+		if apiErr.RetryAfter > c.retry.MaxRetryAfter {
+			return apiErr // not worth waiting for within one call
+		}
+		if werr := c.retry.wait(ctx, attempt, apiErr.RetryAfter); werr != nil {
+			return werr
+		}
+	}
+}
+
+// send makes one attempt.
+func (c *Client) send(ctx context.Context, ep endpoint, body []byte, key string, extra http.Header) (*http.Response, error) {
+	u := *c.base
+	u.Path = c.base.Path + unescapedPath(ep.path)
+	u.RawPath = c.base.EscapedPath() + ep.path
+	u.RawQuery = ep.query.Encode()
+	var rdr io.Reader
+	if body != nil {
+		rdr = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, ep.method, u.String(), rdr)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", cmpOr(ep.contentType, "application/json"))
+	}
+	req.Header.Set("Accept", cmpOr(ep.accept, "application/json")+", application/problem+json")
+	req.Header.Set("User-Agent", c.userAgent)
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	for name, values := range extra {
+		for _, v := range values {
+			req.Header.Add(name, v)
+		}
+	}
+	if c.token != nil {
+		tok, err := c.token(ctx)
+		if err != nil {
+			return nil, &tokenError{err}
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	return c.http.Do(req)
+}
+
+// tokenError is a failure of the token function: nothing was sent, and
+// trying again is the token source's business, not the retry loop's.
+type tokenError struct{ err error }
+
+func (e *tokenError) Error() string { return "getting the bearer token: " + e.err.Error() }
+func (e *tokenError) Unwrap() error { return e.err }
+
+func unescapedPath(escaped string) string {
+	p, err := url.PathUnescape(escaped)
+	if err != nil {
+		return escaped
+	}
+	return p
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// drainAndClose reads what is left of a small body so that the
+// connection is reused, and closes it.
+func drainAndClose(res *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+	_ = res.Body.Close()
+}
+
+// isMediaType reports whether the response's Content-Type is mt.
+func isMediaType(res *http.Response, mt string) bool {
+	got, _, err := mime.ParseMediaType(res.Header.Get("Content-Type"))
+	return err == nil && got == mt
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,34 @@
+// Package client is the typed Go client of Reveille's REST API.
+//
+// One method per route, grouped by resource (c.Wakeups, c.Mandates,
+// c.MandateApprovals, c.Pools, c.Work, c.Streams, c.ToolApprovals,
+// c.ToolPolicies, and c.Whoami), each taking a context and typed request
+// structs whose JSON names are the API's:
+//
+//	c, err := client.New("http://localhost:8080", client.WithToken(token))
+//	w, err := c.Wakeups.Create(ctx, client.WakeupRequest{
+//		AgentID: "agent-1", WorkflowID: "my-org/wf-1", Signal: "wake",
+//		Scope: "llm", Cost: 5, Work: client.WakeupWork{Handler: "http", Args: args},
+//	})
+//	for w, err := range c.Wakeups.List(ctx, client.WakeupListParams{Status: "pending"}) {
+//		...
+//	}
+//
+// Errors. A non-2xx answer is an *Error carrying the RFC 9457 problem:
+// Status, Type, Title, Detail, the offending fields (Errors, Field) and the
+// extension members (ApprovalID and WakeupID of a refused spend or
+// wake-up). Use errors.As, or IsNotFound, IsSpendRefused and the like.
+//
+// Retries. Calls that may be repeated are retried after a connection
+// error, a 408, a 429 (after its Retry-After) or a 5xx, with exponential
+// backoff and jitter, up to RetryPolicy.MaxAttempts: GETs, PUTs, DELETEs,
+// POSTs idempotent by nature (cancels) and POSTs the server deduplicates
+// by Idempotency-Key. Every create, spend, append and answer carries such
+// a key — the caller's (WithIdempotencyKey) or one generated (UUIDv7) once
+// per call — so a retry after a lost answer acts once.
+//
+// Lists are iterators over every page (range-over-func), and have a Page
+// method for one page at a time. Streams.Tail follows a stream live over
+// Server-Sent Events and resumes a cut connection with Last-Event-ID,
+// yielding every chunk exactly once.
+package client

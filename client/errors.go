@@ -1,0 +1,185 @@
+package client
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ProblemTypeBase prefixes the type URI of every problem the API returns.
+const ProblemTypeBase = "https://reveille.dev/problems/"
+
+// Error is a non-2xx answer: the API's RFC 9457 problem (or, from
+// something in front of the API, whatever came back). Get it with
+// errors.As:
+//
+//	var apiErr *client.Error
+//	if errors.As(err, &apiErr) && apiErr.Status == http.StatusPaymentRequired {
+//		log.Printf("refused; approval %s", apiErr.ApprovalID)
+//	}
+type Error struct {
+	// Status is the HTTP status.
+	Status int `json:"status"`
+	// Type is the problem's type URI; Kind is its last segment
+	// ("spend-refused", "not-found", "invalid-request", …).
+	Type  string `json:"type"`
+	Title string `json:"title"`
+	// Detail says what went wrong in words.
+	Detail   string `json:"detail,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	// Errors names the offending fields of a 400 or 413.
+	Errors []FieldError `json:"errors,omitempty"`
+
+	// The extension members the API sets: ApprovalID and Refusal on a
+	// refused spend or wake-up (402), WakeupID on a refused wake-up, WorkID
+	// on a 409 for purged work.
+	ApprovalID string `json:"approval_id,omitempty"`
+	WakeupID   string `json:"wakeup_id,omitempty"`
+	Refusal    string `json:"refusal,omitempty"`
+	WorkID     string `json:"work_id,omitempty"`
+	// Extensions holds every member beyond type, title, status, detail,
+	// instance and errors (the ones above included), undecoded.
+	Extensions map[string]json.RawMessage `json:"-"`
+
+	// RetryAfter is the answer's Retry-After (429, 503), 0 when absent.
+	RetryAfter time.Duration `json:"-"`
+	// RequestID is the X-Request-Id header, which names the request in
+	// the server's logs.
+	RequestID string `json:"-"`
+	// Body is the raw answer (at most 64 KiB of it).
+	Body []byte `json:"-"`
+}
+
+// FieldError names one offending field: a dotted JSON path
+// ("work.handler", "chunks[2].data_base64") or a parameter name.
+type FieldError struct {
+	Field  string `json:"field"`
+	Detail string `json:"detail"`
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "reveille: %d %s", e.Status, cmpOr(e.Title, http.StatusText(e.Status)))
+	if e.Detail != "" {
+		b.WriteString(": " + e.Detail)
+	}
+	if e.RequestID != "" {
+		b.WriteString(" (request " + e.RequestID + ")")
+	}
+	return b.String()
+}
+
+// Kind is the last segment of the problem's type URI, e.g. "spend-refused".
+func (e *Error) Kind() string {
+	if i := strings.LastIndexByte(e.Type, '/'); i >= 0 {
+		return e.Type[i+1:]
+	}
+	return e.Type
+}
+
+// Field returns the detail for the named field, and whether the error
+// names it.
+func (e *Error) Field(name string) (string, bool) {
+	for _, f := range e.Errors {
+		if f.Field == name {
+			return f.Detail, true
+		}
+	}
+	return "", false
+}
+
+// retryable reports whether the answer says a later attempt may succeed:
+// 408, 429, a 5xx, or a 409 for a duplicate still in flight under the same
+// Idempotency-Key.
+func (e *Error) retryable() bool {
+	switch {
+	case e.Status == http.StatusRequestTimeout, e.Status == http.StatusTooManyRequests:
+		return true
+	case e.Status == http.StatusConflict:
+		return e.Kind() == "idempotency-key-in-flight"
+	case e.Status == http.StatusNotImplemented, e.Status == http.StatusHTTPVersionNotSupported:
+		return false
+	}
+	return e.Status >= 500
+}
+
+// errorFrom reads a non-2xx response into an *Error.
+func errorFrom(res *http.Response) *Error {
+	raw, _ := io.ReadAll(io.LimitReader(res.Body, 64<<10))
+	e := &Error{Status: res.StatusCode, Body: raw, RequestID: res.Header.Get("X-Request-Id"),
+		RetryAfter: parseRetryAfter(res.Header.Get("Retry-After"))}
+	if isMediaType(res, "application/problem+json") || isMediaType(res, "application/json") {
+		var members map[string]json.RawMessage
+		if json.Unmarshal(raw, &members) == nil {
+			_ = json.Unmarshal(raw, e)
+			e.Status = res.StatusCode // the status line is the truth
+			for _, std := range []string{"type", "title", "status", "detail", "instance", "errors"} {
+				delete(members, std)
+			}
+			if len(members) > 0 {
+				e.Extensions = members
+			}
+		}
+	}
+	if e.Title == "" {
+		e.Title = http.StatusText(res.StatusCode)
+	}
+	if e.Type == "" && e.Detail == "" && len(raw) > 0 {
+		e.Detail = strings.TrimSpace(string(raw[:min(len(raw), 512)]))
+	}
+	return e
+}
+
+// parseRetryAfter reads delay-seconds or an HTTP date.
+func parseRetryAfter(v string) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if secs, err := strconv.Atoi(v); err == nil && secs > 0 {
+		return time.Duration(secs) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(time.Until(t), 0)
+	}
+	return 0
+}
+
+// StatusOf is the HTTP status of an *Error in err's chain, 0 when there is
+// none (a transport error, a canceled context).
+func StatusOf(err error) int {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return 0
+}
+
+// IsNotFound reports a 404: the object is absent, or another org's (or,
+// to a token bound to an agent, another agent's).
+func IsNotFound(err error) bool { return StatusOf(err) == http.StatusNotFound }
+
+// IsInvalid reports a 400: bad input, with the fields named in Errors.
+func IsInvalid(err error) bool { return StatusOf(err) == http.StatusBadRequest }
+
+// IsUnauthorized reports a 401: no token, or a bad or expired one.
+func IsUnauthorized(err error) bool { return StatusOf(err) == http.StatusUnauthorized }
+
+// IsForbidden reports a 403: the token lacks the role, or acts for another
+// agent.
+func IsForbidden(err error) bool { return StatusOf(err) == http.StatusForbidden }
+
+// IsConflict reports a 409: the object's state does not allow the call.
+func IsConflict(err error) bool { return StatusOf(err) == http.StatusConflict }
+
+// IsSpendRefused reports a 402: the mandate does not cover the spend or
+// wake-up; the *Error's ApprovalID names the approval request created.
+func IsSpendRefused(err error) bool { return StatusOf(err) == http.StatusPaymentRequired }
+
+// IsRateLimited reports a 429 (the org's request rate, or its cap of
+// unfinished work in a pool); the *Error's RetryAfter says when to retry.
+func IsRateLimited(err error) bool { return StatusOf(err) == http.StatusTooManyRequests }

@@ -1,0 +1,269 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/client"
+	"github.com/reveille/reveille/internal/service"
+)
+
+// A create or spend whose answer is lost after the server acted is
+// retried by the client under the Idempotency-Key it generated for the
+// call: the retry is answered with the first answer, and the server holds
+// one object.
+func TestAnIdempotentRetryAfterADroppedConnectionProducesOneObject(t *testing.T) {
+	e := startEngine(t)
+	ctx := context.Background()
+	direct, directAgent := newClient(t, e.url, admin, nil), newClient(t, e.url, agent, nil)
+	for _, agentID := range []string{"spender", "waker"} {
+		_, err := direct.Mandates.Create(ctx, client.MandateCreate{AgentID: agentID, Scope: "wake", Budget: 10})
+		require.NoError(t, err)
+	}
+	proxy := newFaultProxy(t, e.url[len("http://"):])
+
+	cases := []struct {
+		name  string
+		as    who
+		path  string // the route's path as sent
+		call  func(c *client.Client, opts ...client.CallOption) error
+		count func(t *testing.T) int // the objects the call makes, on the server
+	}{
+		{
+			name: "a mandate", as: admin, path: "/v1/mandates",
+			call: func(c *client.Client, opts ...client.CallOption) error {
+				_, err := c.Mandates.Create(ctx, client.MandateCreate{AgentID: "dropped", Scope: "s", Budget: 1}, opts...)
+				return err
+			},
+			count: func(t *testing.T) int {
+				return len(collect(t, direct.Mandates.List(ctx, client.MandateListParams{AgentID: "dropped"})))
+			},
+		},
+		{
+			name: "a spend", as: agent, path: "/v1/mandates/spend",
+			call: func(c *client.Client, opts ...client.CallOption) error {
+				_, err := c.Mandates.Spend(ctx, client.SpendRequest{AgentID: "spender", Scope: "wake", Cost: 3}, opts...)
+				return err
+			},
+			count: func(t *testing.T) int {
+				m := collect(t, direct.Mandates.List(ctx, client.MandateListParams{AgentID: "spender"}))
+				require.Len(t, m, 1)
+				return len(collect(t, direct.Mandates.Ledger(ctx, m[0].ID, client.PageParams{})))
+			},
+		},
+		{
+			name: "a wake-up", as: agent, path: "/v1/wakeups",
+			call: func(c *client.Client, opts ...client.CallOption) error {
+				_, err := c.Wakeups.Create(ctx, wakeupRequest("waker", 1), opts...)
+				return err
+			},
+			count: func(t *testing.T) int {
+				return len(collect(t, directAgent.Wakeups.List(ctx, client.WakeupListParams{AgentID: "waker"})))
+			},
+		},
+		{
+			name: "plain work", as: admin, path: "/v1/pools/parked/work",
+			call: func(c *client.Client, opts ...client.CallOption) error {
+				_, err := c.Pools.Enqueue(ctx, "parked", client.WorkRequest{Handler: "block", Args: map[string]string{"tag": "dropped"}}, opts...)
+				return err
+			},
+			count: func(t *testing.T) int {
+				var n int
+				require.NoError(t, e.svc.DB().QueryRow(ctx,
+					`SELECT count(*) FROM workpool_work WHERE org_id = $1 AND args @> '{"tag": "dropped"}'`, orgA).Scan(&n))
+				return n
+			},
+		},
+		{
+			name: "a stream chunk", as: agent, path: "/v1/runs/dropped/streams/out/chunks",
+			call: func(c *client.Client, opts ...client.CallOption) error {
+				_, err := c.Streams.Append(ctx, "dropped", "out", []byte("once"), opts...)
+				return err
+			},
+			count: func(t *testing.T) int {
+				info, err := directAgent.Streams.Info(ctx, "dropped", "out")
+				require.NoError(t, err)
+				return int(info.TailIndex + 1)
+			},
+		},
+		{
+			name: "a tool call", as: agent, path: "/v1/sessions/dropped/tool-calls",
+			call: func(c *client.Client, opts ...client.CallOption) error {
+				_, err := c.ToolApprovals.Request(ctx, "dropped", client.ToolCallRequest{AgentID: "a", ToolName: "shell"}, opts...)
+				return err
+			},
+			count: func(t *testing.T) int {
+				return len(collect(t, newClient(t, e.url, approver, nil).ToolApprovals.List(ctx, client.ToolApprovalListParams{SessionID: "dropped"})))
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recorder{}
+			c := newClient(t, proxy.URL(), tc.as, rec)
+			proxy.loseNextAnswer()
+			var final *http.Response
+			require.NoError(t, tc.call(c, client.WithResponse(func(r *http.Response) { final = r })))
+
+			require.Equal(t, 1, tc.count(t), "one object however many attempts reached the server")
+			attempts := rec.requests(http.MethodPost, tc.path)
+			require.Len(t, attempts, 2, "the first answer was lost, the retry answered")
+			require.Zero(t, attempts[0].status, "the first attempt got no answer")
+			key := attempts[0].header.Get("Idempotency-Key")
+			require.NotEmpty(t, key, "a key is generated when the caller gives none")
+			require.Equal(t, key, attempts[1].header.Get("Idempotency-Key"), "the retry is the same call")
+			require.Equal(t, "true", final.Header.Get("Idempotent-Replayed"), "the server answered the retry with its first answer")
+		})
+	}
+
+	t.Run("without retries the lost answer is an error, though the server acted", func(t *testing.T) {
+		rec := &recorder{}
+		c := newClient(t, proxy.URL(), admin, rec, client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
+		proxy.loseNextAnswer()
+		_, err := c.Mandates.Create(ctx, client.MandateCreate{AgentID: "lost", Scope: "s", Budget: 1})
+		require.Error(t, err)
+		require.Zero(t, client.StatusOf(err), "a transport error, not an answer")
+		list := func() []client.Mandate {
+			return collect(t, direct.Mandates.List(ctx, client.MandateListParams{AgentID: "lost"}))
+		}
+		require.Len(t, list(), 1, "the fault came after the server acted")
+
+		// The caller's own retry under the same key is the same call.
+		key := rec.requests(http.MethodPost, "/v1/mandates")[0].header.Get("Idempotency-Key")
+		m, err := c.Mandates.Create(ctx, client.MandateCreate{AgentID: "lost", Scope: "s", Budget: 1}, client.WithIdempotencyKey(key))
+		require.NoError(t, err)
+		require.Equal(t, list()[0].ID, m.ID)
+		require.Len(t, list(), 1)
+	})
+}
+
+// Only calls that may be repeated are: a GET, a POST carrying an
+// Idempotency-Key. A POST without one, or one whose repeat would meet its
+// own effect, is tried once. Attempts are bounded.
+func TestRetriesRepeatOnlyCallsThatMayBeRepeated(t *testing.T) {
+	e := startEngine(t)
+	ctx := context.Background()
+	proxy := newFaultProxy(t, e.url[len("http://"):])
+	direct := newClient(t, e.url, admin, nil)
+	mandates := func(agentID string) int {
+		return len(collect(t, direct.Mandates.List(ctx, client.MandateListParams{AgentID: agentID})))
+	}
+	cases := []struct {
+		name         string
+		unavailable  int // 503s the proxy answers before the API does
+		as           who
+		method, path string
+		call         func(c *client.Client) error
+		attempts     int
+		wantStatus   int // 0: success
+	}{
+		{
+			name: "a GET is retried", unavailable: 2, as: agent, method: http.MethodGet, path: "/v1/whoami", attempts: 3,
+			call: func(c *client.Client) error { _, err := c.Whoami(ctx); return err },
+		},
+		{
+			name: "a create with a key is retried and makes one object", unavailable: 2, as: admin, method: http.MethodPost, path: "/v1/mandates", attempts: 3,
+			call: func(c *client.Client) error {
+				_, err := c.Mandates.Create(ctx, client.MandateCreate{AgentID: "keyed", Scope: "s", Budget: 1})
+				if err == nil && mandates("keyed") != 1 {
+					t.Errorf("%d mandates, want 1", mandates("keyed"))
+				}
+				return err
+			},
+		},
+		{
+			name: "a create without a key is not retried", unavailable: 1, as: admin, method: http.MethodPost, path: "/v1/mandates", attempts: 1,
+			wantStatus: http.StatusServiceUnavailable,
+			call: func(c *client.Client) error {
+				_, err := c.Mandates.Create(ctx, client.MandateCreate{AgentID: "unkeyed", Scope: "s", Budget: 1}, client.WithoutIdempotencyKey())
+				return err
+			},
+		},
+		{
+			name: "a redelivery is not retried", unavailable: 1, as: admin, method: http.MethodPost, path: "/v1/wakeups/0190f0f0-0000-7000-8000-000000000000/redeliver", attempts: 1,
+			wantStatus: http.StatusServiceUnavailable,
+			call: func(c *client.Client) error {
+				_, err := c.Wakeups.Redeliver(ctx, "0190f0f0-0000-7000-8000-000000000000")
+				return err
+			},
+		},
+		{
+			name: "attempts are bounded", unavailable: 10, as: agent, method: http.MethodGet, path: "/v1/whoami", attempts: 4,
+			wantStatus: http.StatusServiceUnavailable,
+			call:       func(c *client.Client) error { _, err := c.Whoami(ctx); return err },
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recorder{}
+			c := newClient(t, proxy.URL(), tc.as, rec)
+			proxy.answerUnavailable(tc.unavailable)
+			defer proxy.answerUnavailable(0)
+			err := tc.call(c)
+			require.Equal(t, tc.wantStatus, client.StatusOf(err), "error: %v", err)
+			require.Len(t, rec.requests(tc.method, tc.path), tc.attempts)
+		})
+	}
+	require.Zero(t, mandates("unkeyed"), "the refused create never reached the API")
+}
+
+// A 429 is retried after its Retry-After; one longer than the policy
+// waits for is returned at once, carrying it.
+func TestA429IsRetriedAfterItsRetryAfter(t *testing.T) {
+	// One request every 2 s: the calls below come well within 2 s of the
+	// first, however slow the machine.
+	e := startEngine(t, func(c *service.Config) { c.API.OrgRate, c.API.OrgBurst = 0.5, 1 })
+	ctx := context.Background()
+	rec := &recorder{}
+	impatient := newClient(t, e.url, agent, rec, client.WithRetry(client.RetryPolicy{MaxRetryAfter: 100 * time.Millisecond}))
+	patient := newClient(t, e.url, agent, rec)
+
+	_, err := impatient.Whoami(ctx)
+	require.NoError(t, err)
+	_, err = impatient.Whoami(ctx)
+	var limited *client.Error
+	require.ErrorAs(t, err, &limited)
+	require.True(t, client.IsRateLimited(err))
+	require.Contains(t, []time.Duration{time.Second, 2 * time.Second}, limited.RetryAfter, "whole seconds until the next token")
+	require.Len(t, rec.requests(http.MethodGet, "/v1/whoami"), 2, "not retried: the wait is longer than the policy allows")
+
+	_, err = patient.Whoami(ctx)
+	require.NoError(t, err)
+	statuses := ids(rec.requests(http.MethodGet, "/v1/whoami"), func(r recorded) int { return r.status })
+	require.Equal(t, []int{http.StatusOK, http.StatusTooManyRequests, http.StatusTooManyRequests, http.StatusOK}, statuses)
+}
+
+// The token function is asked before every attempt, so a retry carries a
+// rotated token; when it fails, nothing is sent.
+func TestATokenFuncIsAskedBeforeEveryAttempt(t *testing.T) {
+	e := startEngine(t)
+	ctx := context.Background()
+	proxy := newFaultProxy(t, e.url[len("http://"):])
+	tokens := []string{agent.token(t), who{org: orgB, sub: "rotated", roles: agent.roles}.token(t)}
+	asked := 0
+	rec := &recorder{}
+	c := newClient(t, proxy.URL(), agent, rec, client.WithUserAgent("test-agent/2"), client.WithTokenFunc(func(context.Context) (string, error) {
+		if asked == len(tokens) {
+			return "", errors.New("the token source is down")
+		}
+		asked++
+		return tokens[asked-1], nil
+	}))
+
+	proxy.answerUnavailable(1)
+	me, err := c.Whoami(ctx)
+	require.NoError(t, err)
+	require.Equal(t, orgB, me.OrgID, "the retry carried the second token")
+	for _, r := range rec.requests(http.MethodGet, "/v1/whoami") {
+		require.Equal(t, "test-agent/2", r.header.Get("User-Agent"))
+	}
+
+	_, err = c.Whoami(ctx)
+	require.ErrorContains(t, err, "the token source is down")
+	require.Len(t, rec.requests(http.MethodGet, "/v1/whoami"), 2, "nothing sent without a token")
+}

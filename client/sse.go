@@ -1,0 +1,332 @@
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Event is one Server-Sent Event.
+type Event struct {
+	// ID is the event's id (the server's last-event-id once dispatched).
+	ID string
+	// Type is the event's type: "message" when the server names none.
+	Type string
+	// Data is the event's data, its lines joined by "\n".
+	Data string
+}
+
+// DefaultSSEIdleTimeout is how long an SSE connection may stay silent
+// before the client takes it for dead and reconnects: three of the
+// server's 15-second keep-alives.
+const DefaultSSEIdleTimeout = 45 * time.Second
+
+// maxSSELine bounds one line of an event stream: a chunk of the largest
+// size the API accepts (1 MiB by default) is 1.4 MiB in base64.
+const maxSSELine = 32 << 20
+
+// events follows an SSE endpoint, reconnecting after a cut connection (or
+// one silent for longer than idle) with Last-Event-ID set to the id of
+// the last event dispatched, so that the server resumes right after it. An
+// event cut short by the connection is never dispatched: the server sends
+// it again. Connection attempts that fail in a row are bounded by the
+// retry policy; each event received resets the count. The iteration ends
+// when the consumer stops, or with an error (yielded once).
+func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle time.Duration, opts []CallOption) iter.Seq2[Event, error] {
+	return func(yield func(Event, error) bool) {
+		failures := 0
+		for {
+			received, stop, err := c.followOnce(ctx, ep, &lastID, idle, opts, yield)
+			if stop {
+				return
+			}
+			if ctx.Err() != nil {
+				yield(Event{}, ctx.Err())
+				return
+			}
+			if received {
+				failures = 0
+			}
+			failures++
+			var retryAfter time.Duration
+			var apiErr *Error
+			if errors.As(err, &apiErr) {
+				if !apiErr.retryable() {
+					yield(Event{}, err)
+					return
+				}
+				retryAfter = min(apiErr.RetryAfter, c.retry.MaxRetryAfter)
+			}
+			if failures >= c.retry.MaxAttempts {
+				yield(Event{}, fmt.Errorf("client: following %s: %d connections in a row failed: %w", ep.path, failures, err))
+				return
+			}
+			if err := c.retry.wait(ctx, failures, retryAfter); err != nil {
+				yield(Event{}, err)
+				return
+			}
+		}
+	}
+}
+
+// followOnce opens one connection and yields its events until it ends. It
+// reports whether any event came, and stop when the consumer stopped.
+func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, idle time.Duration, opts []CallOption, yield func(Event, error) bool) (received, stop bool, err error) {
+	connCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	hdr := http.Header{"Cache-Control": {"no-cache"}}
+	if *lastID != "" {
+		hdr.Set("Last-Event-ID", *lastID)
+	}
+	var o callOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	for name, values := range o.header {
+		hdr[name] = append(hdr[name], values...)
+	}
+	res, err := c.send(connCtx, ep, nil, "", hdr)
+	if err != nil {
+		return false, false, err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return false, false, errorFrom(res)
+	}
+	if !isMediaType(res, "text/event-stream") {
+		return false, true, yieldErr(yield, fmt.Errorf("client: %s answered %q, not an event stream", ep.path, res.Header.Get("Content-Type")))
+	}
+	watchdog := time.AfterFunc(idle, cancel)
+	defer watchdog.Stop()
+	r := newEventReader(&resettingReader{r: res.Body, reset: func() { watchdog.Reset(idle) }})
+	for {
+		ev, err := r.next()
+		if r.lastID != "" {
+			*lastID = r.lastID
+		}
+		if err != nil {
+			return received, false, err
+		}
+		received = true
+		// The consumer's time is not the server's silence.
+		watchdog.Stop()
+		if !yield(ev, nil) {
+			return received, true, nil
+		}
+		watchdog.Reset(idle)
+	}
+}
+
+// yieldErr yields err and returns it.
+func yieldErr(yield func(Event, error) bool, err error) error {
+	yield(Event{}, err)
+	return err
+}
+
+// resettingReader calls reset whenever bytes arrive (keep-alives too).
+type resettingReader struct {
+	r     io.Reader
+	reset func()
+}
+
+func (r *resettingReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if n > 0 {
+		r.reset()
+	}
+	return n, err
+}
+
+// eventReader parses an event stream as the WHATWG HTML standard's
+// "interpreting an event stream" says.
+type eventReader struct {
+	sc *bufio.Scanner
+	// lastID is the last event ID buffer as of the last dispatch.
+	lastID string
+	// idBuf is the id field seen since the last dispatch.
+	idBuf  string
+	idSeen bool
+}
+
+func newEventReader(r io.Reader) *eventReader {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), maxSSELine)
+	sc.Split(scanSSELines)
+	return &eventReader{sc: sc}
+}
+
+// next returns the next event; an event whose blank line never came (the
+// connection ended first) is dropped, as the standard says.
+func (r *eventReader) next() (Event, error) {
+	var data strings.Builder
+	var typ string
+	hasData := false
+	for r.sc.Scan() {
+		line := r.sc.Text()
+		if line == "" {
+			// Dispatch. The id is taken even when there is no data.
+			if r.idSeen {
+				r.lastID, r.idSeen = r.idBuf, false
+			}
+			if !hasData {
+				typ = ""
+				continue
+			}
+			ev := Event{ID: r.lastID, Type: cmpOr(typ, "message"), Data: strings.TrimSuffix(data.String(), "\n")}
+			return ev, nil
+		}
+		if line[0] == ':' {
+			continue // a comment: keep-alive
+		}
+		field, value, found := strings.Cut(line, ":")
+		if found {
+			value = strings.TrimPrefix(value, " ")
+		}
+		switch field {
+		case "event":
+			typ = value
+		case "data":
+			data.WriteString(value)
+			data.WriteByte('\n')
+			hasData = true
+		case "id":
+			if !strings.ContainsRune(value, 0) {
+				r.idBuf, r.idSeen = value, true
+			}
+		}
+	}
+	if err := r.sc.Err(); err != nil {
+		return Event{}, err
+	}
+	return Event{}, io.ErrUnexpectedEOF
+}
+
+// scanSSELines splits lines ended by CRLF, LF or CR.
+func scanSSELines(data []byte, atEOF bool) (int, []byte, error) {
+	if i := bytes.IndexAny(data, "\r\n"); i >= 0 {
+		if data[i] == '\n' {
+			return i + 1, data[:i], nil
+		}
+		// A CR: a CRLF may have its LF in the next read.
+		if i+1 < len(data) {
+			if data[i+1] == '\n' {
+				return i + 2, data[:i], nil
+			}
+			return i + 1, data[:i], nil
+		}
+		if atEOF {
+			return i + 1, data[:i], nil
+		}
+		return 0, nil, nil
+	}
+	if atEOF && len(data) > 0 {
+		// An unterminated last line cannot end an event: drop it.
+		return len(data), nil, nil
+	}
+	return 0, nil, nil
+}
+
+// TailParams say where a live tail starts.
+type TailParams struct {
+	// StartIndex is the first chunk to send (default 0).
+	StartIndex int64
+	// IdleTimeout is how long the connection may stay silent, keep-alives
+	// included, before the client reconnects (default
+	// DefaultSSEIdleTimeout).
+	IdleTimeout time.Duration
+}
+
+// ErrStreamGap is yielded when a tail would skip chunks: the server sent an
+// index past the next one expected. It means a broken server or proxy;
+// Reveille's streams are gap-free.
+var ErrStreamGap = errors.New("client: the stream skipped chunks")
+
+// Tail follows a stream live (GET …/sse): the chunks stored from
+// StartIndex on, then each one as it commits, until the stream is closed
+// and every chunk was yielded (the iteration then ends without error). A
+// cut connection is resumed with Last-Event-ID from the last chunk
+// yielded: no chunk is yielded twice or skipped.
+func (s *StreamsService) Tail(ctx context.Context, runID, name string, p TailParams, opts ...CallOption) iter.Seq2[StreamChunk, error] {
+	q := url.Values{}
+	if p.StartIndex > 0 {
+		q.Set("start_index", strconv.FormatInt(p.StartIndex, 10))
+	}
+	ep := endpoint{method: http.MethodGet, path: streamPath(runID, name, "sse"), query: q, accept: "text/event-stream"}
+	idle := p.IdleTimeout
+	if idle <= 0 {
+		idle = DefaultSSEIdleTimeout
+	}
+	return func(yield func(StreamChunk, error) bool) {
+		next := p.StartIndex
+		for ev, err := range s.c.events(ctx, ep, "", idle, opts) {
+			if err != nil {
+				yield(StreamChunk{}, err)
+				return
+			}
+			kind, ch, err := tailEvent(ev, next)
+			switch {
+			case err != nil:
+				yield(StreamChunk{}, err)
+				return
+			case kind == tailEnd:
+				return
+			case kind == tailOther, ch.Index < next:
+				continue // a later API's event, or a chunk sent again after a reconnect
+			}
+			next = ch.Index + 1
+			if !yield(ch, nil) {
+				return
+			}
+		}
+	}
+}
+
+type tailEventKind int
+
+const (
+	tailChunk tailEventKind = iota
+	tailEnd
+	tailOther
+)
+
+// tailEvent reads one event of a stream tail: a chunk, or the end.
+func tailEvent(ev Event, next int64) (kind tailEventKind, ch StreamChunk, err error) {
+	switch ev.Type {
+	case "end":
+		var tail struct {
+			TailIndex int64 `json:"tail_index"`
+		}
+		if err := json.Unmarshal([]byte(ev.Data), &tail); err != nil {
+			return tailChunk, ch, fmt.Errorf("client: a malformed end event %q: %w", ev.Data, err)
+		}
+		if tail.TailIndex >= next {
+			return tailChunk, ch, fmt.Errorf("%w: it ended at %d, but the last chunk yielded was %d", ErrStreamGap, tail.TailIndex, next-1)
+		}
+		return tailEnd, ch, nil
+	case "message":
+		idx, err := strconv.ParseInt(ev.ID, 10, 64)
+		if err != nil {
+			return tailChunk, ch, fmt.Errorf("client: a chunk event with id %q, not an index", ev.ID)
+		}
+		if idx > next {
+			return tailChunk, ch, fmt.Errorf("%w: got %d, expected %d", ErrStreamGap, idx, next)
+		}
+		data, err := base64.StdEncoding.DecodeString(ev.Data)
+		if err != nil {
+			return tailChunk, ch, fmt.Errorf("client: chunk %d is not base64: %w", idx, err)
+		}
+		return tailChunk, StreamChunk{Index: idx, Data: data}, nil
+	}
+	return tailOther, ch, nil // an event type of a later API: skipped
+}

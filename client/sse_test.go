@@ -1,0 +1,139 @@
+package client_test
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/client"
+)
+
+func chunkText(i int) string { return fmt.Sprintf("chunk-%02d", i) }
+
+// inside cuts an answer in the middle of chunk i's data line: the event
+// is half received.
+func inside(i int) cut {
+	line := "data: " + base64.StdEncoding.EncodeToString([]byte(chunkText(i)))
+	return cut{pattern: []byte(line), offset: len(line) / 2}
+}
+
+// between cuts an answer right after the blank line that ends chunk i−1's
+// event.
+func between(i int) cut { return cut{pattern: fmt.Appendf(nil, "\n\nid: %d\n", i), offset: 2} }
+
+// The live tail resumes a cut connection with Last-Event-ID from the last
+// chunk it yielded: every chunk comes once, in order, wherever the cut.
+func TestTailResumesAfterACutConnectionWithoutLossOrDuplicates(t *testing.T) {
+	e := startEngine(t)
+	ctx := context.Background()
+	proxy := newFaultProxy(t, e.url[len("http://"):])
+	writer := newClient(t, e.url, agent, nil)
+	const stored, total = 10, 20 // chunks before the tail starts, and in all
+
+	cases := []struct {
+		name string
+		cuts []cut
+		idle time.Duration
+		// lastEventIDs are the Last-Event-ID headers of the connections.
+		lastEventIDs []string
+	}{
+		{name: "between two events of the replay", cuts: []cut{between(5)}, lastEventIDs: []string{"", "4"}},
+		{name: "inside an event of the replay", cuts: []cut{inside(5)}, lastEventIDs: []string{"", "4"}},
+		{name: "inside an event pushed live", cuts: []cut{inside(15)}, lastEventIDs: []string{"", "14"}},
+		{name: "before the end event", cuts: []cut{{pattern: []byte("event: end")}}, lastEventIDs: []string{"", "19"}},
+		{name: "three times", cuts: []cut{inside(3), between(8), inside(15)}, lastEventIDs: []string{"", "2", "7", "14"}},
+		{
+			name: "a connection gone silent is taken for dead", idle: 200 * time.Millisecond,
+			cuts: []cut{{pattern: inside(6).pattern, offset: inside(6).offset, stall: true}}, lastEventIDs: []string{"", "5"},
+		},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			run := fmt.Sprint("run-", i)
+			for i := range stored {
+				_, err := writer.Streams.Append(ctx, run, "out", []byte(chunkText(i)))
+				require.NoError(t, err)
+			}
+			rec := &recorder{}
+			reader := newClient(t, proxy.URL(), approver, rec)
+			proxy.cutAnswers(tc.cuts...)
+
+			var got []string
+			var indexes []int64
+			for ch, err := range reader.Streams.Tail(ctx, run, "out", client.TailParams{IdleTimeout: tc.idle}) {
+				require.NoError(t, err)
+				got, indexes = append(got, string(ch.Data)), append(indexes, ch.Index)
+				if ch.Index == stored-1 { // the replay is done: the rest comes live
+					for i := stored; i < total; i++ {
+						_, err := writer.Streams.Append(ctx, run, "out", []byte(chunkText(i)))
+						require.NoError(t, err)
+					}
+					require.NoError(t, writer.Streams.Close(ctx, run, "out"))
+				}
+			}
+
+			var want []string
+			var wantIndexes []int64
+			for i := range total {
+				want, wantIndexes = append(want, chunkText(i)), append(wantIndexes, int64(i))
+			}
+			require.Equal(t, want, got)
+			require.Equal(t, wantIndexes, indexes)
+			conns := rec.requests(http.MethodGet, "/v1/runs/"+run+"/streams/out/sse")
+			require.Equal(t, tc.lastEventIDs, ids(conns, func(r recorded) string { return r.header.Get("Last-Event-ID") }))
+		})
+	}
+}
+
+// A tail gives up at once on an answer retrying cannot change, and
+// connects again after one it can.
+func TestTailRetriesOnlyWhatMaySucceed(t *testing.T) {
+	e := startEngine(t)
+	ctx := context.Background()
+	proxy := newFaultProxy(t, e.url[len("http://"):])
+	writer := newClient(t, e.url, agent, nil)
+	_, err := writer.Streams.AppendBatch(ctx, "run", "out", [][]byte{[]byte("a"), []byte("b")})
+	require.NoError(t, err)
+	require.NoError(t, writer.Streams.Close(ctx, "run", "out"))
+
+	cases := []struct {
+		name        string
+		as          who
+		unavailable int
+		want        []string
+		wantStatus  int
+		connections int
+	}{
+		{name: "a load balancer's 503 is retried", as: approver, unavailable: 2, want: []string{"a", "b"}, connections: 3},
+		{name: "a 403 is not", as: admin, wantStatus: http.StatusForbidden, connections: 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recorder{}
+			reader := newClient(t, proxy.URL(), tc.as, rec)
+			proxy.answerUnavailable(tc.unavailable)
+			var got []string
+			var errs []error
+			for ch, err := range reader.Streams.Tail(ctx, "run", "out", client.TailParams{}) {
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				got = append(got, string(ch.Data))
+			}
+			require.Equal(t, tc.want, got)
+			if tc.wantStatus == 0 {
+				require.Empty(t, errs)
+			} else {
+				require.Len(t, errs, 1, "an error ends the iteration")
+				require.Equal(t, tc.wantStatus, client.StatusOf(errs[0]))
+			}
+			require.Len(t, rec.requests(http.MethodGet, "/v1/runs/run/streams/out/sse"), tc.connections)
+		})
+	}
+}
