@@ -21,7 +21,9 @@ func TestMain(m *testing.M) { testkit.Main(m) }
 
 var testSecret = []byte("test-secret-test-secret-test-secret-0123")
 
-// newTestServer builds a server on a fresh database with HS256 auth.
+// newTestServer builds a server on a fresh database with HS256 auth. Every
+// request and response through it is checked against the OpenAPI document
+// (checkContract).
 func newTestServer(t testing.TB, mutate ...func(*Config, *Services)) *Server {
 	t.Helper()
 	cfg := Config{Auth: AuthConfig{Secrets: [][]byte{testSecret}, OperatorOrgs: []string{"ops-org"}}, Registry: prometheus.NewRegistry(),
@@ -32,6 +34,9 @@ func newTestServer(t testing.TB, mutate ...func(*Config, *Services)) *Server {
 	}
 	s, err := New(context.Background(), cfg, svc)
 	require.NoError(t, err)
+	if _, bench := t.(*testing.B); !bench { // benchmarks measure the server alone
+		checkContract(t, s)
+	}
 	return s
 }
 
