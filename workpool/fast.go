@@ -13,18 +13,18 @@ import (
 // replica's executor its share. The result is not clean when the full
 // iteration must follow: it found a cancelation to process, ready work that
 // needs fair share, or nothing at all (the full iteration then publishes the
-// run status).
+// run status; so does a paused pool's, which starts nothing).
 func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, error) {
 	var (
-		fenced, plain, cancels bool
-		s                      startedWork
+		fenced, paused, plain, cancels bool
+		s                              startedWork
 	)
 	b := &pgx.Batch{}
 	// Losing this commit in a crash loses only starts (made again): nothing
 	// promised.
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
 	b.Queue(sqlIterateFast, append(l.startArgs(now), l.gen)...).QueryRow(func(r pgx.Row) error {
-		return r.Scan(append([]any{&fenced, &plain, &cancels}, s.dest()...)...)
+		return r.Scan(append([]any{&fenced, &paused, &plain, &cancels}, s.dest()...)...)
 	})
 	// Not canceled with the leadership: once sent, the statement's result
 	// must be read, or the work it handed to this executor would sit claimed
@@ -38,12 +38,13 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 		return iterResult{}, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
 	}
 	l.gen++
+	l.paused.Store(paused)
 	l.launch(s)
 	didWork := len(s.lags) > 0
 	if didWork {
 		l.fastStarts++
 		l.lastActivity = now
-		l.saturated.Store(false)
+		l.startsBlocked.Store(false)
 	}
 	return iterResult{didWork: didWork, clean: plain && !cancels, status: RunStatus{Kind: "running"}}, nil
 }

@@ -22,15 +22,25 @@ ON CONFLICT (name) DO NOTHING`
 
 const sqlListPoolNames = `SELECT name FROM workpool_pools ORDER BY name`
 
-// sqlPoolInfo reads a pool and the caller's org's counts in it.
+// sqlPoolInfo reads a pool and the caller's org's ($2) counts in it, $3
+// now. Besides the totals it reads what the start statement (sqlStartFair)
+// would hold back of the org's ready work: for each of its keys, ready
+// items beyond the key's room (its limit — the earliest ready item's, as
+// sqlStartFair takes it — less its running items) are blocked by the key;
+// the rest of the keyed ready items, with the plain ready ones, are what
+// the org's cap has to make room for (counted in Go: poolInfos).
 const sqlPoolInfo = `
-SELECT p.name, p.max_parallelism, p.max_parallelism_per_org, p.run_kind, p.run_saturated, p.run_at,
+SELECT p.name, p.max_parallelism, p.max_parallelism_per_org, p.paused, p.run_kind, p.run_saturated, p.run_at,
   (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'running'),
   (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NULL)
   + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL),
   least(
     (SELECT min(run_at) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NULL),
     (SELECT min(run_at) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL)),
+  (SELECT count(*) FROM workpool_work w
+   WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $3),
+  k.startable, k.blocked,
+  coalesce((SELECT weight FROM workpool_org_weights wt WHERE wt.pool = p.name AND wt.org_id = $2), 1),
   r.succeeded, r.failed, r.canceled, r.retries
 FROM workpool_pools p
 CROSS JOIN LATERAL (
@@ -39,21 +49,43 @@ CROSS JOIN LATERAL (
          count(*) FILTER (WHERE w.outcome = 'canceled') AS canceled,
          coalesce(sum(greatest(w.attempts - 1, 0)), 0) AS retries
   FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'finished') r
+CROSS JOIN LATERAL (
+  SELECT coalesce(sum(least(kk.ready, kk.room)), 0) AS startable, coalesce(sum(greatest(kk.ready - kk.room, 0)), 0) AS blocked
+  FROM (
+    SELECT count(*) FILTER (WHERE w.state = 'pending' AND w.run_at <= $3) AS ready,
+      greatest(coalesce((array_agg(w.key_limit ORDER BY w.run_at) FILTER (WHERE w.state = 'pending' AND w.run_at <= $3))[1], 1)
+        - count(*) FILTER (WHERE w.state = 'running'), 0) AS room
+    FROM workpool_work w
+    WHERE w.pool = p.name AND w.org_id = $2 AND w.state IN ('pending', 'running') AND w.concurrency_key IS NOT NULL
+    GROUP BY w.concurrency_key) kk) k
 WHERE p.name = ANY($1)
 ORDER BY p.name`
 
-// sqlUpdatePool changes the settings given: $2 max_parallelism (null:
-// keep), $3 whether $4 replaces max_parallelism_per_org.
+// sqlUpdatePool changes the settings given and locks the pool row for the
+// rest of the transaction: $2 max_parallelism (null: keep), $3 whether $4
+// replaces max_parallelism_per_org, $5 paused (null: keep).
 const sqlUpdatePool = `
 UPDATE workpool_pools SET max_parallelism = coalesce($2, max_parallelism),
-  max_parallelism_per_org = CASE WHEN $3 THEN $4 ELSE max_parallelism_per_org END, updated_at = now()
+  max_parallelism_per_org = CASE WHEN $3 THEN $4 ELSE max_parallelism_per_org END,
+  paused = coalesce($5, paused), updated_at = now()
 WHERE name = $1`
 
-const sqlSetOrgWeight = `
-INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ($1, $2, $3)
+// sqlSetOrgWeights sets the weights of orgs $2 to $3 in pool $1.
+const sqlSetOrgWeights = `
+INSERT INTO workpool_org_weights (pool, org_id, weight)
+SELECT $1, u.org_id, u.weight FROM unnest($2::text[], $3::int[]) AS u(org_id, weight)
 ON CONFLICT (pool, org_id) DO UPDATE SET weight = excluded.weight`
 
-const sqlDeleteOrgWeight = `DELETE FROM workpool_org_weights WHERE pool = $1 AND org_id = $2`
+// sqlDeleteOrgWeights gives orgs $2 the default weight in pool $1.
+const sqlDeleteOrgWeights = `DELETE FROM workpool_org_weights WHERE pool = $1 AND org_id = ANY($2)`
+
+// sqlClearOrgWeights gives every org the default weight in pool $1: an
+// operator's setting across orgs, as the weights themselves are.
+const sqlClearOrgWeights = `DELETE FROM workpool_org_weights WHERE pool = $1`
+
+// sqlOrgWeights lists pool $1's weight overrides, for operators (whose
+// settings span orgs).
+const sqlOrgWeights = `SELECT org_id, weight FROM workpool_org_weights WHERE pool = $1 ORDER BY org_id`
 
 const sqlNotify = `SELECT pg_notify('` + notifyChannel + `', $1)`
 
@@ -320,7 +352,7 @@ func bumpSQL(gen, now string) string {
 	return `
 UPDATE workpool_pools SET generation = generation + 1, run_kind = 'running', run_saturated = false, run_at = NULL, updated_at = ` + now + `
 WHERE name = $1 AND generation = ` + gen + `
-RETURNING max_parallelism, max_parallelism_per_org`
+RETURNING max_parallelism, max_parallelism_per_org, paused`
 }
 
 const sqlTakeCancelations = `
@@ -504,7 +536,8 @@ pick AS (
 // depends on the bump: the free count is 0 without it) and starts the one
 // org's ready work into the free slots, as sqlStartPlain would. What it
 // cannot handle it leaves and reports: the loop then runs the full
-// iteration. $8 generation; the rest as every start.
+// iteration. A paused pool's free count is 0 (read from the bumped row).
+// $8 generation; the rest as every start.
 var sqlIterateFast = `
 WITH bump AS (` + bumpSQL("$8", "$2") + `
 ), census AS (
@@ -524,11 +557,11 @@ WITH bump AS (` + bumpSQL("$8", "$2") + `
     -- cancelations go first: never start what is about to be canceled
     AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1) AS ok
 ), free AS (
-  SELECT CASE WHEN (SELECT ok FROM plain)
+  SELECT CASE WHEN (SELECT ok FROM plain) AND NOT coalesce((SELECT paused FROM bump), true)
     THEN ` + sqlFreeSlots("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
 ),
 ` + sqlPickPlain + `,
-` + sqlStartPicked(`EXISTS (SELECT 1 FROM bump), (SELECT ok FROM plain),
+` + sqlStartPicked(`EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM bump), false), (SELECT ok FROM plain),
   EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),`)
 
 // sqlCensus tells an iteration whether fair share has anything to share:
