@@ -332,3 +332,64 @@ func TestUpdatePool_ABadWeightNamesItsOrgAndWritesNothing(t *testing.T) {
 		})
 	}
 }
+
+// In a saturated pool slots come free a few at a time; fair share counts
+// the slots each org already holds, so one-at-a-time refills keep every
+// org at its weighted share — not in run_at order, which would hand the
+// pool to whoever queued first.
+func TestFairShare_RefillsOneSlotAtATimeKeepTheWeightedShare(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		heavyWeight   int
+		queued        []string // orgs in the order their 30 items each were queued ("" interleaves)
+		wantHeavyRuns int      // of the 4 slots, after every refill
+	}{
+		{"weights 3:1, interleaved backlogs", 3, nil, 3},
+		{"weights 3:1, the light org queued first", 3, []string{"light", "heavy"}, 3},
+		{"weights 3:1, the heavy org queued first", 3, []string{"heavy", "light"}, 3},
+		{"equal weights, one org queued first", 1, []string{"heavy", "light"}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(4))
+			require.NoError(t, h.m.SetOrgWeight(h.ctx, "default", "heavy", tc.heavyWeight))
+			enqueue := func(org string) {
+				h.enqueue(withOrg(org))
+				h.clock.Advance(time.Millisecond)
+			}
+			if tc.queued == nil {
+				for range 30 {
+					enqueue("light")
+					enqueue("heavy")
+				}
+			}
+			for _, org := range tc.queued {
+				for range 30 {
+					enqueue(org)
+				}
+			}
+			h.runMain()
+			require.Equal(t, tc.wantHeavyRuns, h.runningByOrg()["heavy"], "the first fill")
+			for step := range 20 {
+				// Every attempt takes as long: the one started first finishes
+				// first, and the loop fills its slot.
+				var id uuid.UUID
+				require.NoError(t, h.db.QueryRow(h.ctx,
+					`SELECT id FROM workpool_work WHERE state = 'running' ORDER BY started_at, run_at LIMIT 1`).Scan(&id))
+				h.clock.Advance(time.Millisecond)
+				h.complete(id, "success", 1)
+				h.runMain()
+				require.Equal(t, map[string]int{"heavy": tc.wantHeavyRuns, "light": 4 - tc.wantHeavyRuns}, h.runningByOrg(),
+					"after refill %d each org holds its share", step)
+			}
+			started := map[string]int{}
+			for _, org := range []string{"heavy", "light"} {
+				info, err := h.m.Pool(h.ctx, org, "default")
+				require.NoError(t, err)
+				started[org] = 30 - int(info.Pending)
+			}
+			want := float64(tc.wantHeavyRuns) / float64(4-tc.wantHeavyRuns)
+			require.InDelta(t, want, float64(started["heavy"])/float64(started["light"]), want/4, "starts split as the weights: %v", started)
+		})
+	}
+}

@@ -112,6 +112,9 @@ func (m *Manager) poolInfos(ctx context.Context, orgID string, names []string) (
 // MaxOrgWeight bounds an org's fair-share weight.
 const MaxOrgWeight = 100
 
+// maxOrgWeightsPerUpdate bounds the weights one update sets.
+const maxOrgWeightsPerUpdate = 1000
+
 // maxOrgIDBytes bounds an org id named in a pool's settings (tokens carry
 // shorter ones; this keeps a PATCH from storing arbitrary text).
 const maxOrgIDBytes = 255
@@ -196,6 +199,10 @@ type orgWeights struct {
 // in org order.
 func checkOrgWeights(inv *apperr.InvalidError, ws map[string]*int) orgWeights {
 	var out orgWeights
+	if len(ws) > maxOrgWeightsPerUpdate {
+		inv.Add("org_weights", fmt.Sprintf("may set at most %d orgs' weights at once", maxOrgWeightsPerUpdate))
+		return out
+	}
 	orgs := make([]string, 0, len(ws))
 	for org := range ws {
 		orgs = append(orgs, org)

@@ -464,7 +464,11 @@ WITH free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
 // sqlStartFair gives free slots to ready work fairly: orgs with ready work
 // take turns (weighted), an org's running work stays within
 // max_parallelism_per_org ($9, or null), and keyed work within its key's
-// limit, in run_at order. The free count is taken in the same snapshot as
+// limit, in run_at order. The turns count the slots each org already
+// holds: the org's n-th candidate ranks (running + n) / weight, so that
+// slots freed a few at a time in a saturated pool go to the orgs below
+// their weighted share of it (ordering by n alone would hand a single free
+// slot to whichever org queued first). The free count is taken in the same snapshot as
 // the start (only the loop ever adds to the slots in use). $8
 // max_parallelism.
 var sqlStartFair = `
@@ -510,21 +514,22 @@ cand AS (
       WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state = 'running' AND a.concurrency_key = k.ckey), 0))) c
   WHERE f.n > 0
 ),
-room AS (
+held AS (
   SELECT d.org_id, coalesce(wt.weight, 1) AS weight,
-    CASE WHEN $9::int IS NULL THEN 2147483647
-         ELSE $9::int - (SELECT count(*) FROM workpool_work a WHERE a.pool = $1 AND a.org_id = d.org_id AND a.state = 'running') END AS room
+    (SELECT count(*) FROM workpool_work a WHERE a.pool = $1 AND a.org_id = d.org_id AND a.state = 'running') AS running
   FROM (SELECT DISTINCT org_id FROM cand) d
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
 ),
 ranked AS (
-  SELECT c.id, c.run_at, r.weight, r.room, row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at) AS rn
-  FROM cand c JOIN room r ON r.org_id = c.org_id
+  SELECT c.id, c.run_at, r.weight, r.running,
+    CASE WHEN $9::int IS NULL THEN 2147483647 ELSE $9::int - r.running END AS room,
+    row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at) AS rn
+  FROM cand c JOIN held r ON r.org_id = c.org_id
 ),
 pick AS (
   SELECT w.id, w.handler FROM workpool_work w
   WHERE w.id IN (SELECT id FROM ranked WHERE rn <= room
-                 ORDER BY ceil(rn::float8 / weight), run_at LIMIT (SELECT n FROM free))
+                 ORDER BY (running + rn)::float8 / weight, run_at LIMIT (SELECT n FROM free))
     AND w.state = 'pending'
   FOR UPDATE SKIP LOCKED
 ),
