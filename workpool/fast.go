@@ -10,11 +10,18 @@ import (
 
 // iterateFast runs sqlIterateFast: a whole iteration in one statement that
 // fences itself and starts one org's plain ready work, handing this
-// replica's executor its share. The result is not clean when the full
-// iteration must follow: it found a cancelation to process, ready work that
-// needs fair share, or nothing at all (the full iteration then publishes the
-// run status; so does a paused pool's, which starts nothing).
+// replica's executor its share — or, while the last start needed fair
+// share (l.shared), sqlIterateFastShared, which starts any ready work
+// fairly. The result is not clean when the full iteration must follow: it
+// found a cancelation to process, ready work that needs fair share (the
+// plain statement), or nothing at all (the full iteration then publishes
+// the run status; so does a paused pool's, which starts nothing). Its
+// plain says whether the ready work needs fair share.
 func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, error) {
+	sql, shared := sqlIterateFast, l.shared
+	if shared {
+		sql = sqlIterateFastShared
+	}
 	var (
 		fenced, paused, plain, cancels bool
 		s                              startedWork
@@ -23,7 +30,7 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 	// Losing this commit in a crash loses only starts (made again): nothing
 	// promised.
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
-	b.Queue(sqlIterateFast, append(l.startArgs(now), l.gen)...).QueryRow(func(r pgx.Row) error {
+	b.Queue(sql, append(l.startArgs(now), l.gen)...).QueryRow(func(r pgx.Row) error {
 		return r.Scan(append([]any{&fenced, &paused, &plain, &cancels}, s.dest()...)...)
 	})
 	// Not canceled with the leadership: once sent, the statement's result
@@ -46,5 +53,5 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 		l.lastActivity = now
 		l.startsBlocked.Store(false)
 	}
-	return iterResult{didWork: didWork, clean: plain && !cancels, status: RunStatus{Kind: "running"}}, nil
+	return iterResult{didWork: didWork, clean: (plain || shared) && !cancels, plain: plain, status: RunStatus{Kind: "running"}}, nil
 }

@@ -19,6 +19,7 @@ type iterResult struct {
 	wakeAt  time.Time
 	status  RunStatus
 	clean   bool // (fast path) nothing it could not handle was waiting
+	plain   bool // (fast path) the ready work was one org's plain work (or none)
 }
 
 // iterate runs one iteration: the one-statement fast path (fast.go) when
@@ -40,6 +41,9 @@ func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 		return l.iterateFull(ctx)
 	}
 	fast, err := l.iterateFast(ctx, now)
+	if err == nil {
+		l.shared = !fast.plain
+	}
 	if err != nil || (fast.didWork && fast.clean) {
 		return fast, err
 	}
@@ -100,10 +104,10 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	} else if res, err = it.outlook(ctx); err != nil {
 		return iterResult{}, err
 	}
-	if !it.needSync {
-		// Losing this commit in a crash loses only starts (made again):
-		// nothing anyone was promised. Finishing work and hooks commit durably.
-		if _, err := tx.Exec(ctx, "SELECT set_config('synchronous_commit', 'off', true)"); err != nil {
+	if it.needSync {
+		// It finished work or ran hooks: commit durably (open turned
+		// durability off for the common iteration, which only starts).
+		if _, err := tx.Exec(ctx, "SELECT set_config('synchronous_commit', 'on', true)"); err != nil {
 			return iterResult{}, fmt.Errorf("iteration commit mode: %w", err)
 		}
 	}
@@ -112,6 +116,7 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	}
 	l.gen = it.gen
 	l.paused.Store(it.paused)
+	l.shared = !it.plain
 	actions.run()
 	l.startsBlocked.Store(res.status.Kind == "scheduled" && (res.status.Saturated || it.paused))
 	// Only now that the starts are committed may this replica's share run.
@@ -123,15 +128,22 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 }
 
 // open fences the iteration and takes the pending cancelations, in one
-// round trip.
+// round trip. It also commits the iteration without waiting for the WAL
+// flush, which iterateFull undoes when the iteration finished work or ran
+// hooks: losing the commit of an iteration that only started work loses
+// only starts (made again), nothing anyone was promised.
 func (it *iteration) open(ctx context.Context) ([]uuid.UUID, error) {
 	l := it.l
 	b := &pgx.Batch{}
+	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
 	b.Queue(sqlBump, l.pool, l.gen, it.now)
 	b.Queue(sqlTakeCancelations, l.pool, cancelationBatch)
 	b.Queue(sqlCensus, l.pool, it.now)
 	br := it.tx.SendBatch(ctx, b)
 	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("iteration commit mode: %w", err)
+	}
 	var maxPar int32
 	if err := br.QueryRow().Scan(&maxPar, &it.perOrg, &it.paused); errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)

@@ -11,12 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// paths are the two ways an iteration starts work: a pause must hold on
-// both.
+// paths are the ways an iteration starts work: a pause must hold on each.
+// The fast path shares fairly (sqlIterateFastShared) once an iteration has
+// seen the work of two orgs.
 var paths = []struct {
 	name     string
 	fullOnly bool
-}{{"fast path", false}, {"full iteration", true}}
+	otherOrg string // the second item's org
+}{{"fast path", false, "org-1"}, {"fast path sharing fairly", false, "org-2"}, {"full iteration", true, "org-1"}}
 
 func TestPause_WorkEnqueuedToAPausedPoolStartsOnlyAfterResume(t *testing.T) {
 	for _, p := range paths {
@@ -25,7 +27,7 @@ func TestPause_WorkEnqueuedToAPausedPoolStartsOnlyAfterResume(t *testing.T) {
 			h := newHarness(t, withMaxParallelism(5))
 			h.l.fullOnly = p.fullOnly
 			require.NoError(t, h.m.Pause(h.ctx, "default"))
-			ids := []uuid.UUID{h.enqueue(), h.enqueue()}
+			ids := []uuid.UUID{h.enqueue(), h.enqueue(withOrg(p.otherOrg))}
 
 			for range 3 {
 				h.runMain()
@@ -53,11 +55,15 @@ func TestPause_ARetryDueDuringAPauseWaitsForTheResume(t *testing.T) {
 			id := h.enqueue(withRetry(3, 100, 1))
 			h.runMain()
 			require.NoError(t, h.m.Pause(h.ctx, "default"))
+			other := h.enqueue(withOrg(p.otherOrg))
 			h.complete(id, "failed", 1)
 			h.clock.Advance(time.Second) // the retry is due
 
-			h.runMain()
+			for range 2 {
+				h.runMain()
+			}
 			require.Equal(t, "pending", h.work(id).state, "no retry while paused")
+			require.Equal(t, "pending", h.work(other).state)
 
 			require.NoError(t, h.m.Resume(h.ctx, "default"))
 			h.runMain()

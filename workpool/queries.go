@@ -474,6 +474,14 @@ WITH free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
 var sqlStartFair = `
 WITH RECURSIVE
 free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
+` + sqlPickFair("$9::int") + `,
+` + sqlStartPicked("")
+
+// sqlPickFair picks ready work into the free slots (CTE free) fairly, as
+// sqlStartFair describes; perOrgCap is the SQL of the per-org cap (null:
+// none). It needs WITH RECURSIVE.
+func sqlPickFair(perOrgCap string) string {
+	return `
 orgs(org_id) AS (
   SELECT (SELECT org_id FROM workpool_work
           WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
@@ -501,7 +509,7 @@ cand AS (
   FROM orgs o CROSS JOIN free f CROSS JOIN LATERAL (
     SELECT w.id, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $2
-    ORDER BY w.run_at LIMIT $8) c
+    ORDER BY w.run_at LIMIT f.n) c
   WHERE o.org_id IS NOT NULL AND f.n > 0
   UNION ALL
   SELECT c.id, k.org_id, c.run_at
@@ -509,20 +517,23 @@ cand AS (
     SELECT w.id, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = k.org_id AND w.concurrency_key = k.ckey AND w.state = 'pending' AND w.run_at <= $2
     ORDER BY w.run_at
-    LIMIT least($8, greatest(coalesce(k.klimit, 1) - (
+    LIMIT least(f.n, greatest(coalesce(k.klimit, 1) - (
       SELECT count(*) FROM workpool_work a
       WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state = 'running' AND a.concurrency_key = k.ckey), 0))) c
   WHERE f.n > 0
 ),
 held AS (
-  SELECT d.org_id, coalesce(wt.weight, 1) AS weight,
-    (SELECT count(*) FROM workpool_work a WHERE a.pool = $1 AND a.org_id = d.org_id AND a.state = 'running') AS running
+  -- (one pass over the running set for every org: a probe per org would
+  -- walk the running index's dead entries once per org)
+  SELECT d.org_id, coalesce(wt.weight, 1) AS weight, coalesce(r.n, 0) AS running
   FROM (SELECT DISTINCT org_id FROM cand) d
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
+  LEFT JOIN (SELECT org_id, count(*) AS n FROM workpool_work WHERE pool = $1 AND state = 'running' GROUP BY org_id) r
+    ON r.org_id = d.org_id
 ),
 ranked AS (
   SELECT c.id, c.run_at, r.weight, r.running,
-    CASE WHEN $9::int IS NULL THEN 2147483647 ELSE $9::int - r.running END AS room,
+    CASE WHEN ` + perOrgCap + ` IS NULL THEN 2147483647 ELSE ` + perOrgCap + ` - r.running END AS room,
     row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at) AS rn
   FROM cand c JOIN held r ON r.org_id = c.org_id
 ),
@@ -532,20 +543,14 @@ pick AS (
                  ORDER BY (running + rn)::float8 / weight, run_at LIMIT (SELECT n FROM free))
     AND w.state = 'pending'
   FOR UPDATE SKIP LOCKED
-),
-` + sqlStartPicked("")
+)`
+}
 
-// sqlIterateFast is a whole iteration in one statement for the common
-// case: no cancelation to process, and ready work of one org only, without
-// keys or a per-org cap. It fences itself like any iteration (every write
-// depends on the bump: the free count is 0 without it) and starts the one
-// org's ready work into the free slots, as sqlStartPlain would. What it
-// cannot handle it leaves and reports: the loop then runs the full
-// iteration. A paused pool's free count is 0 (read from the bumped row).
-// $8 generation; the rest as every start.
-var sqlIterateFast = `
-WITH bump AS (` + bumpSQL("$8", "$2") + `
-), census AS (
+// sqlPlainCensus is the CTEs census and plain of the fast iterations:
+// plain.ok says that the ready work (if any) is one org's plain work and
+// the pool (the bumped row) has no per-org cap, so that fair share has
+// nothing to share.
+const sqlPlainCensus = `census AS (
   SELECT (SELECT org_id FROM workpool_work
           WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
           ORDER BY org_id LIMIT 1) AS org
@@ -558,16 +563,47 @@ WITH bump AS (` + bumpSQL("$8", "$2") + `
          ORDER BY w.org_id LIMIT 1) IS NULL
     AND (SELECT org_id FROM workpool_work
          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
-         ORDER BY org_id LIMIT 1) IS NULL
-    -- cancelations go first: never start what is about to be canceled
-    AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1) AS ok
-), free AS (
+         ORDER BY org_id LIMIT 1) IS NULL AS ok
+)`
+
+// sqlFastTail ends both fast iterations: what they report besides the
+// starts (fenced, paused, plain, cancelations waiting).
+const sqlFastTail = `EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM bump), false), (SELECT ok FROM plain),
+  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),`
+
+// sqlIterateFast is a whole iteration in one statement for the common
+// case: no cancelation to process, and ready work of one org only, without
+// keys or a per-org cap. It fences itself like any iteration (every write
+// depends on the bump: the free count is 0 without it) and starts the one
+// org's ready work into the free slots, as sqlStartPlain would. What it
+// cannot handle it leaves and reports: the loop then runs the full
+// iteration. A paused pool's free count is 0 (read from the bumped row).
+// $8 generation; the rest as every start.
+var sqlIterateFast = `
+WITH bump AS (` + bumpSQL("$8", "$2") + `
+), ` + sqlPlainCensus + `, free AS (
   SELECT CASE WHEN (SELECT ok FROM plain) AND NOT coalesce((SELECT paused FROM bump), true)
+      -- cancelations go first: never start what is about to be canceled
+      AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)
     THEN ` + sqlFreeSlots("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
 ),
 ` + sqlPickPlain + `,
-` + sqlStartPicked(`EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM bump), false), (SELECT ok FROM plain),
-  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),`)
+` + sqlStartPicked(sqlFastTail)
+
+// sqlIterateFastShared is sqlIterateFast for work that fair share must
+// share (several orgs, keys, a per-org cap): the same fence and
+// conditions, and sqlStartFair's pick, the cap read from the bumped row.
+// The loop takes it while the last start needed fair share: a busy pool of
+// many orgs then costs one statement per iteration, as one org's does.
+var sqlIterateFastShared = `
+WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
+), ` + sqlPlainCensus + `, free AS (
+  SELECT CASE WHEN NOT coalesce((SELECT paused FROM bump), true)
+      AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)
+    THEN ` + sqlFreeSlots("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
+),
+` + sqlPickFair("(SELECT max_parallelism_per_org FROM bump)") + `,
+` + sqlStartPicked(sqlFastTail)
 
 // sqlCensus tells an iteration whether fair share has anything to share:
 // how many orgs (up to 2) have ready plain work, and whether keyed work is
