@@ -2,6 +2,8 @@ package api
 
 import (
 	"encoding/json"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -116,7 +118,12 @@ func decodeWakeup(body []byte) (wakeupRequest, error) {
 		return wakeupRequest{}, Invalid("cost", "is required (an integer ≥ 0)")
 	}
 	if in.Work == nil {
-		return wakeupRequest{}, Invalid("work", "is required: {handler, args, retry?, timeout_ms?}")
+		return wakeupRequest{}, Invalid("work", "is required: {handler, args, retry?, timeout_ms?, concurrency_key?, key_limit?}")
+	}
+	if in.Work.KeyLimit != nil {
+		if err := checkKeyLimit("work.key_limit", *in.Work.KeyLimit); err != nil {
+			return wakeupRequest{}, err
+		}
 	}
 	return in, nil
 }
@@ -128,7 +135,13 @@ func decodeWorkEnqueue(body []byte) (workpool.EnqueueParams, error) {
 	if err := decodeJSON(body, &in); err != nil {
 		return workpool.EnqueueParams{}, err
 	}
-	p := workpool.EnqueueParams{Handler: in.Handler, Args: in.Args, Retry: in.Retry}
+	p := workpool.EnqueueParams{Handler: in.Handler, Args: in.Args, Retry: in.Retry, ConcurrencyKey: in.ConcurrencyKey}
+	if in.KeyLimit != nil {
+		if err := checkKeyLimit("key_limit", *in.KeyLimit); err != nil {
+			return workpool.EnqueueParams{}, err
+		}
+		p.KeyLimit = *in.KeyLimit
+	}
 	if in.RunAt != nil {
 		at, err := time.Parse(time.RFC3339Nano, *in.RunAt)
 		if err != nil {
@@ -145,33 +158,58 @@ func decodeWorkEnqueue(body []byte) (workpool.EnqueueParams, error) {
 	return p, nil
 }
 
-// poolChange is a decoded PATCH /v1/pools/{pool}: at least one field set.
-type poolChange struct {
-	MaxParallelism *int
-	// SetPerOrg is true when max_parallelism_per_org was given; PerOrg is
-	// its value, nil for null (no per-org limit).
-	SetPerOrg bool
-	PerOrg    *int
+// checkKeyLimit refuses a key_limit below 1: the Go API reads 0 as "the
+// default", which a client that sends 0 did not mean. (The domain checks
+// the upper bound.)
+func checkKeyLimit(field string, n int) error {
+	if n < 1 {
+		return Invalid(field, "must be between 1 and 10000")
+	}
+	return nil
 }
 
-// decodePoolPatch decodes PATCH /v1/pools/{pool}.
-func decodePoolPatch(body []byte) (poolChange, error) {
+// decodePoolPatch decodes PATCH /v1/pools/{pool}; at least one field must
+// be set. Value ranges are the domain's (workpool.UpdatePool).
+func decodePoolPatch(body []byte) (workpool.PoolUpdate, error) {
 	var in poolPatch
 	if err := decodeJSON(body, &in); err != nil {
-		return poolChange{}, err
+		return workpool.PoolUpdate{}, err
 	}
-	if in.MaxParallelism == nil && in.MaxParallelismPerOrg == nil {
-		return poolChange{}, Invalid("max_parallelism", "is required")
+	if in.MaxParallelism == nil && in.MaxParallelismPerOrg == nil && in.OrgWeights == nil {
+		return workpool.PoolUpdate{}, Invalid("max_parallelism", "is required unless max_parallelism_per_org or org_weights is given")
 	}
-	ch := poolChange{MaxParallelism: in.MaxParallelism, SetPerOrg: in.MaxParallelismPerOrg != nil}
-	if ch.SetPerOrg && string(in.MaxParallelismPerOrg) != "null" {
+	u := workpool.PoolUpdate{MaxParallelism: in.MaxParallelism, SetMaxParallelismPerOrg: in.MaxParallelismPerOrg != nil}
+	if u.SetMaxParallelismPerOrg && string(in.MaxParallelismPerOrg) != "null" {
 		var n int
 		if err := json.Unmarshal(in.MaxParallelismPerOrg, &n); err != nil {
-			return poolChange{}, Invalid("max_parallelism_per_org", "must be an integer or null")
+			return workpool.PoolUpdate{}, Invalid("max_parallelism_per_org", "must be an integer or null")
 		}
-		ch.PerOrg = &n
+		u.MaxParallelismPerOrg = &n
 	}
-	return ch, nil
+	if in.OrgWeights == nil {
+		return u, nil
+	}
+	if string(in.OrgWeights) == "null" {
+		u.ClearOrgWeights = true
+		return u, nil
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(in.OrgWeights, &raw); err != nil {
+		return workpool.PoolUpdate{}, Invalid("org_weights", "must be an object of org ids to weights, or null")
+	}
+	u.OrgWeights = make(map[string]*int, len(raw))
+	for _, org := range slices.Sorted(maps.Keys(raw)) { // the first bad entry is named, always the same
+		if string(raw[org]) == "null" {
+			u.OrgWeights[org] = nil
+			continue
+		}
+		var n int
+		if err := json.Unmarshal(raw[org], &n); err != nil {
+			return workpool.PoolUpdate{}, Invalid("org_weights."+org, "must be an integer between 1 and 100, or null")
+		}
+		u.OrgWeights[org] = &n
+	}
+	return u, nil
 }
 
 type toolCallIn struct {
@@ -242,4 +280,13 @@ func decodeToolPolicy(body []byte) (approvals.PolicyParams, error) {
 		return approvals.PolicyParams{}, err
 	}
 	return approvals.PolicyParams{Approval: in.Approval, Match: in.Match}, nil
+}
+
+// deref is *p, or the zero value for nil.
+func deref[T any](p *T) T {
+	if p == nil {
+		var zero T
+		return zero
+	}
+	return *p
 }

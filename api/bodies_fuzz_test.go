@@ -76,21 +76,26 @@ var bodyDecoders = []bodyDecoder{
 		valid: func(t *testing.T, v any) {
 			p := v.(workpool.EnqueueParams)
 			require.GreaterOrEqual(t, p.TimeoutMS, 0)
+			require.GreaterOrEqual(t, p.KeyLimit, 0, "a key_limit below 1 is refused (0: absent)")
 			require.Empty(t, p.OrgID+p.Pool, "the body does not choose the org or the pool")
 		},
 		seeds: []string{
 			`{"handler": "echo", "args": {"a": 1}, "run_at": "2030-01-01T00:00:00Z", "retry": {"max_attempts": 2}, "timeout_ms": 10}`,
 			`{"timeout_ms": 0}`, `{"run_at": "2030-13-01T00:00:00Z"}`, `{"args": {"k": "a\u0000"}}`,
+			`{"handler": "echo", "concurrency_key": "customer-7", "key_limit": 2}`, `{"key_limit": 0}`,
 		},
 	},
 	{
 		route: "PATCH /v1/pools/{pool}", decode: decoderOf(decodePoolPatch),
 		valid: func(t *testing.T, v any) {
-			ch := v.(poolChange)
-			require.True(t, ch.MaxParallelism != nil || ch.SetPerOrg, "a change changes something")
-			require.False(t, !ch.SetPerOrg && ch.PerOrg != nil)
+			u := v.(workpool.PoolUpdate)
+			require.True(t, u.MaxParallelism != nil || u.SetMaxParallelismPerOrg || u.ClearOrgWeights || u.OrgWeights != nil,
+				"a change changes something")
+			require.False(t, !u.SetMaxParallelismPerOrg && u.MaxParallelismPerOrg != nil)
+			require.Nil(t, u.Paused, "a PATCH does not pause")
 		},
-		seeds: []string{`{"max_parallelism": 5, "max_parallelism_per_org": null}`, `{"max_parallelism_per_org": 2}`, `{"max_parallelism_per_org": "2"}`, `{}`},
+		seeds: []string{`{"max_parallelism": 5, "max_parallelism_per_org": null}`, `{"max_parallelism_per_org": 2}`, `{"max_parallelism_per_org": "2"}`, `{}`,
+			`{"org_weights": {"org-7": 3, "org-8": null}}`, `{"org_weights": null}`, `{"org_weights": {"org-7": "3"}}`, `{"org_weights": []}`},
 	},
 	{
 		route: "POST /v1/sessions/{session_id}/tool-calls", decode: decoderOf(decodeToolCall),

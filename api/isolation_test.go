@@ -229,6 +229,12 @@ func isoRows() []isoRow {
 		// rows above look for in org B as absent.
 		{route: "POST /v1/sessions/{session_id}/tool-calls", roles: agent, body: toolCall, crossOrg: crossOrgAsEmptyOrg, bound: boundForbidden,
 			owner: "a1", ownerStatus: 200},
+		// After every other owner call (a paused pool starts nothing), and
+		// the resume after the pause.
+		{route: "POST /v1/pools/{pool}/pause", roles: operator, crossOrg: crossOrgNone, why: "operator settings span orgs by design (SPEC §2)",
+			bound: boundForbidden, boundToken: "opsBound", owner: "operator", ownerStatus: 200},
+		{route: "POST /v1/pools/{pool}/resume", roles: operator, crossOrg: crossOrgNone, why: "operator settings span orgs by design (SPEC §2)",
+			bound: boundForbidden, boundToken: "opsBound", owner: "operator", ownerStatus: 200},
 	}
 }
 

@@ -77,10 +77,12 @@ type wakeupRequest struct {
 	Cost       *int64 `json:"cost"`
 	Pool       string `json:"pool"`
 	Work       *struct {
-		Handler   string                `json:"handler"`
-		Args      rawArgs               `json:"args"`
-		Retry     *workpool.RetryPolicy `json:"retry"`
-		TimeoutMS int                   `json:"timeout_ms"`
+		Handler        string                `json:"handler"`
+		Args           rawArgs               `json:"args"`
+		Retry          *workpool.RetryPolicy `json:"retry"`
+		TimeoutMS      int                   `json:"timeout_ms"`
+		ConcurrencyKey string                `json:"concurrency_key"`
+		KeyLimit       *int                  `json:"key_limit"`
 	} `json:"work"`
 }
 
@@ -101,7 +103,8 @@ func (s *Server) createWakeup(c echo.Context) error {
 	w, err := s.svc.Wakeups.Create(c.Request().Context(), wakeup.CreateParams{
 		OrgID: p.OrgID, AgentID: in.AgentID, WorkflowID: in.WorkflowID, RunID: in.RunID, Signal: in.Signal,
 		Scope: in.Scope, Reason: in.Reason, Cost: *in.Cost, Pool: in.Pool,
-		Work:           wakeup.Work{Handler: in.Work.Handler, Args: []byte(in.Work.Args), Retry: in.Work.Retry, TimeoutMS: in.Work.TimeoutMS},
+		Work: wakeup.Work{Handler: in.Work.Handler, Args: []byte(in.Work.Args), Retry: in.Work.Retry, TimeoutMS: in.Work.TimeoutMS,
+			ConcurrencyKey: in.Work.ConcurrencyKey, KeyLimit: deref(in.Work.KeyLimit)},
 		IdempotencyKey: IdempotencyKey(c), RequestedBy: p.Sub,
 	})
 	var refused *wakeup.RefusedError

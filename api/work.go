@@ -26,14 +26,18 @@ func (s *Server) workRoutes() {
 	s.route(http.MethodGet, "/v1/pools", s.listPools, []string{RoleAdmin}, orgWide)
 	s.route(http.MethodGet, "/v1/pools/:pool", s.getPool, []string{RoleAdmin}, orgWide)
 	s.route(http.MethodPatch, "/v1/pools/:pool", s.patchPool, []string{RoleOperator}, orgWide)
+	s.route(http.MethodPost, "/v1/pools/:pool/pause", s.pausePool, []string{RoleOperator}, orgWide)
+	s.route(http.MethodPost, "/v1/pools/:pool/resume", s.resumePool, []string{RoleOperator}, orgWide)
 }
 
 type workIn struct {
-	Handler   string                `json:"handler"`
-	Args      json.RawMessage       `json:"args"`
-	RunAt     *string               `json:"run_at"`
-	Retry     *workpool.RetryPolicy `json:"retry"`
-	TimeoutMS *int                  `json:"timeout_ms"`
+	Handler        string                `json:"handler"`
+	Args           json.RawMessage       `json:"args"`
+	RunAt          *string               `json:"run_at"`
+	Retry          *workpool.RetryPolicy `json:"retry"`
+	TimeoutMS      *int                  `json:"timeout_ms"`
+	ConcurrencyKey string                `json:"concurrency_key"`
+	KeyLimit       *int                  `json:"key_limit"`
 }
 
 type workJSON struct {
@@ -161,18 +165,25 @@ type poolJSON struct {
 	Name                 string          `json:"name"`
 	MaxParallelism       int             `json:"max_parallelism"`
 	MaxParallelismPerOrg *int            `json:"max_parallelism_per_org"`
+	Paused               bool            `json:"paused"`
 	RunStatus            runStatusJSON   `json:"run_status"`
 	Running              int64           `json:"running"`
 	Pending              int64           `json:"pending"`
+	BlockedByKey         int64           `json:"blocked_by_key"`
+	BlockedByOrgCap      int64           `json:"blocked_by_org_cap"`
 	OldestPendingAgeS    float64         `json:"oldest_pending_age_s"`
+	Weight               int             `json:"weight"`
 	Report               workpool.Report `json:"report"`
+	// OrgWeights is in the operator routes' answers only: it spans orgs.
+	OrgWeights map[string]int `json:"org_weights,omitempty"`
 }
 
 func poolOut(p workpool.PoolInfo) poolJSON {
 	out := poolJSON{
-		Name: p.Name, MaxParallelism: p.MaxParallelism, MaxParallelismPerOrg: p.MaxParallelismPerOrg,
+		Name: p.Name, MaxParallelism: p.MaxParallelism, MaxParallelismPerOrg: p.MaxParallelismPerOrg, Paused: p.Paused,
 		RunStatus: runStatusJSON{Kind: p.RunStatus.Kind}, Running: p.Running, Pending: p.Pending,
-		OldestPendingAgeS: p.OldestPendingAge.Seconds(), Report: p.Report,
+		BlockedByKey: p.BlockedByKey, BlockedByOrgCap: p.BlockedByOrgCap,
+		OldestPendingAgeS: p.OldestPendingAge.Seconds(), Weight: p.Weight, Report: p.Report,
 	}
 	if p.RunStatus.Kind == "scheduled" {
 		sat := p.RunStatus.Saturated
@@ -207,25 +218,53 @@ func (s *Server) getPool(c echo.Context) error {
 
 type poolPatch struct {
 	MaxParallelism *int `json:"max_parallelism"`
-	// MaxParallelismPerOrg is tri-state: absent keeps it, null removes it.
+	// MaxParallelismPerOrg and OrgWeights are tri-state: absent keeps,
+	// null removes.
 	MaxParallelismPerOrg json.RawMessage `json:"max_parallelism_per_org"`
+	OrgWeights           json.RawMessage `json:"org_weights"`
 }
 
-// patchPool changes a pool's limits live (operator: the setting spans orgs).
+// patchPool changes a pool's limits and weights live, all or none
+// (operator: the settings span orgs).
 func (s *Server) patchPool(c echo.Context) error {
-	in, err := bindBody(c, decodePoolPatch)
+	u, err := bindBody(c, decodePoolPatch)
 	if err != nil {
 		return err
 	}
 	ctx, name := c.Request().Context(), c.Param("pool")
-	err = s.svc.Workpool.UpdatePool(ctx, name, workpool.PoolUpdate{MaxParallelism: in.MaxParallelism,
-		SetMaxParallelismPerOrg: in.SetPerOrg, MaxParallelismPerOrg: in.PerOrg})
-	if err != nil {
+	if err := s.svc.Workpool.UpdatePool(ctx, name, u); err != nil {
 		return err
 	}
+	return s.operatorPool(c, name)
+}
+
+// pausePool stops the pool's starts until resumePool; pausing a paused
+// pool changes nothing.
+func (s *Server) pausePool(c echo.Context) error {
+	if err := s.svc.Workpool.Pause(c.Request().Context(), c.Param("pool")); err != nil {
+		return err
+	}
+	return s.operatorPool(c, c.Param("pool"))
+}
+
+func (s *Server) resumePool(c echo.Context) error {
+	if err := s.svc.Workpool.Resume(c.Request().Context(), c.Param("pool")); err != nil {
+		return err
+	}
+	return s.operatorPool(c, c.Param("pool"))
+}
+
+// operatorPool answers an operator route with the pool as its caller's org
+// sees it and every org's weight.
+func (s *Server) operatorPool(c echo.Context, name string) error {
+	ctx := c.Request().Context()
 	info, err := s.svc.Workpool.Pool(ctx, PrincipalFrom(c).OrgID, name)
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, poolOut(info))
+	out := poolOut(info)
+	if out.OrgWeights, err = s.svc.Workpool.OrgWeights(ctx, name); err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, out)
 }

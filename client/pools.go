@@ -18,12 +18,22 @@ type Pool struct {
 	Name                 string    `json:"name"`
 	MaxParallelism       int       `json:"max_parallelism"`
 	MaxParallelismPerOrg *int      `json:"max_parallelism_per_org"`
-	RunStatus            RunStatus `json:"run_status"`
-	// Running and Pending count the caller's org's items.
+	// Paused: the pool accepts work but starts none (Pause, Resume).
+	Paused    bool      `json:"paused"`
+	RunStatus RunStatus `json:"run_status"`
+	// Running and Pending count the caller's org's items; BlockedByKey and
+	// BlockedByOrgCap its ready items a concurrency key or the per-org cap
+	// holds back.
 	Running           int64      `json:"running"`
 	Pending           int64      `json:"pending"`
+	BlockedByKey      int64      `json:"blocked_by_key"`
+	BlockedByOrgCap   int64      `json:"blocked_by_org_cap"`
 	OldestPendingAgeS float64    `json:"oldest_pending_age_s"`
-	Report            PoolReport `json:"report"`
+	// Weight is the caller's org's fair-share weight; OrgWeights, in the
+	// operator routes' answers only, every org's that is not the default.
+	Weight     int            `json:"weight"`
+	OrgWeights map[string]int `json:"org_weights,omitempty"`
+	Report     PoolReport     `json:"report"`
 }
 
 // RunStatus is the state of a pool's main loop.
@@ -48,6 +58,9 @@ type PoolReport struct {
 type PoolUpdate struct {
 	MaxParallelism       *int          `json:"max_parallelism,omitempty"`
 	MaxParallelismPerOrg Nullable[int] `json:"max_parallelism_per_org,omitzero"`
+	// OrgWeights sets fair-share weights by org (a nil value gives that org
+	// the default again); Null[map…]() gives every org the default.
+	OrgWeights Nullable[map[string]*int] `json:"org_weights,omitzero"`
 }
 
 // WorkRequest is the body of POST /v1/pools/{pool}/work.
@@ -61,6 +74,10 @@ type WorkRequest struct {
 	Retry *RetryConfig `json:"retry,omitempty"`
 	// TimeoutMS bounds each attempt (default 10 minutes).
 	TimeoutMS int `json:"timeout_ms,omitempty"`
+	// ConcurrencyKey groups the org's work: at most KeyLimit items of one
+	// key run at a time, in run_at order (KeyLimit 0: the server's 1).
+	ConcurrencyKey string `json:"concurrency_key,omitempty"`
+	KeyLimit       int    `json:"key_limit,omitempty"`
 }
 
 // Work is a work item.
@@ -101,6 +118,17 @@ func (s *PoolsService) Get(ctx context.Context, pool string, opts ...CallOption)
 // Update changes a pool's limits live, all fields or none.
 func (s *PoolsService) Update(ctx context.Context, pool string, req PoolUpdate, opts ...CallOption) (Pool, error) {
 	return doJSON[Pool](ctx, s.c, endpoint{method: http.MethodPatch, path: pathOf("v1", "pools", pool)}, req, opts)
+}
+
+// Pause stops the pool from starting work (it still accepts it); running
+// work finishes. Pausing a paused pool changes nothing.
+func (s *PoolsService) Pause(ctx context.Context, pool string, opts ...CallOption) (Pool, error) {
+	return doJSON[Pool](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "pools", pool, "pause"), safety: safe}, nil, opts)
+}
+
+// Resume lets a paused pool start work again, at once.
+func (s *PoolsService) Resume(ctx context.Context, pool string, opts ...CallOption) (Pool, error) {
+	return doJSON[Pool](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "pools", pool, "resume"), safety: safe}, nil, opts)
 }
 
 // Enqueue adds plain work to a pool (not the wakeup pool: use

@@ -39,6 +39,10 @@ type WakeupWork struct {
 	Args      any          `json:"args,omitempty"`
 	Retry     *RetryConfig `json:"retry,omitempty"`
 	TimeoutMS int          `json:"timeout_ms,omitempty"`
+	// ConcurrencyKey groups the org's work: at most KeyLimit items of one
+	// key run at a time, in run_at order (KeyLimit 0: the server's 1).
+	ConcurrencyKey string `json:"concurrency_key,omitempty"`
+	KeyLimit       int    `json:"key_limit,omitempty"`
 }
 
 // RetryConfig is a work item's retry policy: the wait before attempt n+1

@@ -104,6 +104,10 @@ type Work struct {
 	Args      json.RawMessage       `json:"args,omitempty"`
 	Retry     *workpool.RetryPolicy `json:"retry,omitempty"`
 	TimeoutMS int                   `json:"timeout_ms,omitempty"`
+	// ConcurrencyKey and KeyLimit are workpool.EnqueueParams': at most
+	// KeyLimit of the org's work with the key runs at a time.
+	ConcurrencyKey string `json:"concurrency_key,omitempty"`
+	KeyLimit       int    `json:"key_limit,omitempty"`
 }
 
 // CreateParams request a wake-up.
@@ -270,6 +274,7 @@ func (s *Service) enqueueParams(orgID string, id uuid.UUID, pool string, w Work)
 	// the approval's transaction or by the reconciler) is never refused.
 	return workpool.EnqueueParams{
 		OrgID: orgID, Pool: pool, Handler: w.Handler, Args: w.Args, Retry: w.Retry, TimeoutMS: w.TimeoutMS,
+		ConcurrencyKey: w.ConcurrencyKey, KeyLimit: w.KeyLimit,
 		OnComplete: &workpool.OnComplete{Hook: HookName, Context: hookCtx}, BypassPendingCap: true,
 	}
 }
@@ -342,6 +347,7 @@ func sameRequest(w Wakeup, p CreateParams) bool {
 	return w.AgentID == p.AgentID && w.WorkflowID == p.WorkflowID && w.RunID == p.RunID && w.Signal == p.Signal &&
 		w.Scope == p.Scope && w.Reason == p.Reason && w.Cost == p.Cost && w.Pool == p.Pool &&
 		w.Work.Handler == p.Work.Handler && w.Work.TimeoutMS == p.Work.TimeoutMS &&
+		w.Work.ConcurrencyKey == p.Work.ConcurrencyKey && w.Work.KeyLimit == p.Work.KeyLimit &&
 		sameJSON(w.Work.Args, p.Work.Args) && sameJSON(mustMarshal(w.Work.Retry), mustMarshal(p.Work.Retry))
 }
 

@@ -324,14 +324,54 @@ func TestTextFieldsAreValidated(t *testing.T) {
 }
 
 func TestReplayWithDifferentWorkIsRefused(t *testing.T) {
-	f := newFixture(t)
-	p := params("")
-	p.IdempotencyKey = "k"
-	_, err := f.svc.Create(context.Background(), p)
-	require.NoError(t, err)
-	p.Work.Args = json.RawMessage(`{"other":true}`)
-	_, err = f.svc.Create(context.Background(), p)
-	require.ErrorIs(t, err, ErrIdempotencyKeyReused)
+	for _, tc := range []struct {
+		name   string
+		change func(*Work)
+	}{
+		{"other args", func(w *Work) { w.Args = json.RawMessage(`{"other":true}`) }},
+		{"another concurrency key", func(w *Work) { w.ConcurrencyKey = "k2" }},
+		{"another key limit", func(w *Work) { w.KeyLimit = 3 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			p := params("")
+			p.IdempotencyKey = "k"
+			p.Work.ConcurrencyKey, p.Work.KeyLimit = "k1", 2
+			_, err := f.svc.Create(context.Background(), p)
+			require.NoError(t, err)
+			tc.change(&p.Work)
+			_, err = f.svc.Create(context.Background(), p)
+			require.ErrorIs(t, err, ErrIdempotencyKeyReused)
+		})
+	}
+}
+
+// The work's concurrency key and limit reach the pool whichever way the
+// work is enqueued: right after the gate, or by the reconciler from the
+// stored intent.
+func TestTheWorksConcurrencyKeyReachesThePool(t *testing.T) {
+	for _, crash := range []bool{false, true} {
+		t.Run(map[bool]string{false: "after the gate", true: "by the reconciler"}[crash], func(t *testing.T) {
+			f := newFixture(t)
+			f.crash = crash
+			p := params("")
+			p.Work.ConcurrencyKey, p.Work.KeyLimit = "customer-7", 2
+			w, _ := f.svc.Create(context.Background(), p)
+			if crash {
+				_, err := f.svc.Reconcile(context.Background())
+				require.NoError(t, err)
+			}
+			var (
+				key   string
+				limit int
+			)
+			require.NoError(t, f.db.QueryRow(context.Background(), `
+				SELECT w.concurrency_key, w.key_limit FROM wakeups u JOIN workpool_work w ON w.id = u.work_id AND w.org_id = u.org_id
+				WHERE u.id = $1 AND u.org_id = 'o'`, w.ID).Scan(&key, &limit))
+			require.Equal(t, "customer-7", key)
+			require.Equal(t, 2, limit)
+		})
+	}
 }
 
 func TestApprovalOfWorkThatCanNoLongerRunRefundsAndFails(t *testing.T) {

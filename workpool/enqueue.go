@@ -24,6 +24,8 @@ const (
 	maxRetryBackoffMS = 24 * 3600 * 1000
 	maxRetryBase      = 100
 	maxKeyLimit       = 10_000
+	// maxConcurrencyKey bounds a concurrency key, in characters.
+	maxConcurrencyKey = 200
 )
 
 // MaxRetryDelay bounds the wait before any retry, whatever the policy:
@@ -328,6 +330,12 @@ func (m *Manager) validate(inv *apperr.InvalidError, prefix string, p EnqueuePar
 		inv.Add(prefix+"idempotency_key", fmt.Sprintf("must be at most %d bytes", maxIdempotencyKey))
 	case !utf8.ValidString(k) || strings.ContainsRune(k, 0):
 		inv.Add(prefix+"idempotency_key", "must be valid UTF-8 without NUL characters")
+	}
+	switch k := p.ConcurrencyKey; {
+	case utf8.RuneCountInString(k) > maxConcurrencyKey:
+		inv.Add(prefix+"concurrency_key", fmt.Sprintf("must be at most %d characters", maxConcurrencyKey))
+	case !utf8.ValidString(k) || strings.ContainsRune(k, 0):
+		inv.Add(prefix+"concurrency_key", "must be valid UTF-8 without NUL characters")
 	}
 	if p.KeyLimit < 0 || p.KeyLimit > maxKeyLimit {
 		inv.Add(prefix+"key_limit", fmt.Sprintf("must be between 1 and %d", maxKeyLimit))

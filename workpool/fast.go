@@ -10,22 +10,30 @@ import (
 
 // iterateFast runs sqlIterateFast: a whole iteration in one statement that
 // fences itself and starts one org's plain ready work, handing this
-// replica's executor its share; its wakeAt is the next start it saw. The result is not clean when the full
-// iteration must follow: it found a cancelation to process, ready work that
-// needs fair share, or nothing at all (the full iteration then publishes the
-// run status).
+// replica's executor its share — or, while the last start needed fair
+// share (l.shared), sqlIterateFastShared, which starts any ready work
+// fairly. The result is not clean when the full iteration must follow: it
+// found a cancelation to process, ready work that needs fair share (the
+// plain statement), or nothing at all (the full iteration then publishes
+// the run status; so does a paused pool's, which starts nothing). Its
+// plain says whether the ready work needs fair share; its wakeAt is the
+// next start it saw.
 func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, error) {
+	sql, shared := sqlIterateFast, l.shared
+	if shared {
+		sql = sqlIterateFastShared
+	}
 	var (
-		fenced, plain, cancels bool
-		nextAt                 *time.Time
-		s                      startedWork
+		fenced, paused, plain, cancels bool
+		nextAt                         *time.Time
+		s                              startedWork
 	)
 	b := &pgx.Batch{}
 	// Losing this commit in a crash loses only starts (made again): nothing
 	// promised.
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
-	b.Queue(sqlIterateFast, append(l.startArgs(now), l.gen)...).QueryRow(func(r pgx.Row) error {
-		return r.Scan(append([]any{&fenced, &plain, &cancels, &nextAt}, s.dest()...)...)
+	b.Queue(sql, append(l.startArgs(now), l.gen)...).QueryRow(func(r pgx.Row) error {
+		return r.Scan(append([]any{&fenced, &paused, &plain, &cancels, &nextAt}, s.dest()...)...)
 	})
 	// Not canceled with the leadership: once sent, the statement's result
 	// must be read, or the work it handed to this executor would sit claimed
@@ -39,15 +47,18 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 		return iterResult{}, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
 	}
 	l.gen++
-	// Its bump published "running, not saturated": enqueue kicks count again.
-	l.saturated.Store(false)
+	// Its bump published "running, not saturated": enqueue kicks count
+	// again, unless the pool is paused.
+	l.startsBlocked.Store(paused)
+	l.paused.Store(paused)
 	l.launch(s)
 	didWork := len(s.lags) > 0
 	if didWork {
 		l.fastStarts++
 		l.lastActivity = now
+		l.startsBlocked.Store(false)
 	}
-	res := iterResult{didWork: didWork, clean: plain && !cancels, status: RunStatus{Kind: "running"}}
+	res := iterResult{didWork: didWork, clean: (plain || shared) && !cancels, plain: plain, status: RunStatus{Kind: "running"}}
 	if nextAt != nil {
 		res.wakeAt = *nextAt
 	}

@@ -19,6 +19,7 @@ type iterResult struct {
 	wakeAt  time.Time
 	status  RunStatus
 	clean   bool // (fast path) nothing it could not handle was waiting
+	plain   bool // (fast path) the ready work was one org's plain work (or none)
 }
 
 // iterate runs one iteration: the one-statement fast path (fast.go) when
@@ -40,10 +41,13 @@ func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 		return l.iterateFull(ctx)
 	}
 	fast, err := l.iterateFast(ctx, now)
+	if err == nil {
+		l.shared = !fast.plain
+	}
 	if err != nil || (fast.didWork && fast.clean) {
 		return fast, err
 	}
-	if !fast.didWork && fast.clean && now.Sub(l.lastActivity) < l.m.cfg.Cooldown {
+	if !fast.didWork && fast.clean && !l.paused.Load() && now.Sub(l.lastActivity) < l.m.cfg.Cooldown {
 		// Nothing new: still "running" through the cooldown, so there is no
 		// status to publish; wake at its end to decide one, or sooner for
 		// work due before it (a retry the completer scheduled).
@@ -66,6 +70,7 @@ type iteration struct {
 	gen      int64 // the generation this iteration writes
 	maxPar   int
 	perOrg   *int32
+	paused   bool // the pool is paused: start nothing
 	needSync bool // it finished work or ran hooks: commit durably
 	plain    bool // one org, no keys, no cap: start without fair share
 	cancels  []uuid.UUID
@@ -109,10 +114,10 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	} else if res, err = it.outlook(ctx); err != nil {
 		return iterResult{}, err
 	}
-	if !it.needSync {
-		// Losing this commit in a crash loses only starts (made again):
-		// nothing anyone was promised. Finishing work and hooks commit durably.
-		if _, err := tx.Exec(ctx, "SELECT set_config('synchronous_commit', 'off', true)"); err != nil {
+	if it.needSync {
+		// It finished work or ran hooks: commit durably (open turned
+		// durability off for the common iteration, which only starts).
+		if _, err := tx.Exec(ctx, "SELECT set_config('synchronous_commit', 'on', true)"); err != nil {
 			return iterResult{}, fmt.Errorf("iteration commit mode: %w", err)
 		}
 	}
@@ -120,8 +125,10 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 		return iterResult{}, fmt.Errorf("commit iteration: %w", err)
 	}
 	l.gen = it.gen
+	l.paused.Store(it.paused)
+	l.shared = !it.plain
 	actions.run()
-	l.saturated.Store(res.status.Kind == "scheduled" && res.status.Saturated)
+	l.startsBlocked.Store(res.status.Kind == "scheduled" && (res.status.Saturated || it.paused))
 	// Only now that the starts are committed may this replica's share run.
 	l.launch(it.started)
 	if len(it.cancels) > 0 {
@@ -131,17 +138,24 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 }
 
 // open fences the iteration and takes the pending cancelations, in one
-// round trip.
+// round trip. It also commits the iteration without waiting for the WAL
+// flush, which iterateFull undoes when the iteration finished work or ran
+// hooks: losing the commit of an iteration that only started work loses
+// only starts (made again), nothing anyone was promised.
 func (it *iteration) open(ctx context.Context) ([]uuid.UUID, error) {
 	l := it.l
 	b := &pgx.Batch{}
+	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
 	b.Queue(sqlBump, l.pool, l.gen, it.now)
 	b.Queue(sqlTakeCancelations, l.pool, cancelationBatch)
 	b.Queue(sqlCensus, l.pool, it.now)
 	br := it.tx.SendBatch(ctx, b)
 	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("iteration commit mode: %w", err)
+	}
 	var maxPar int32
-	if err := br.QueryRow().Scan(&maxPar, &it.perOrg); errors.Is(err, pgx.ErrNoRows) {
+	if err := br.QueryRow().Scan(&maxPar, &it.perOrg, &it.paused); errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
 	} else if err != nil {
 		return nil, fmt.Errorf("opening iteration: %w", err)
@@ -353,9 +367,15 @@ func (it *iteration) retryHooks(ctx context.Context) (int, error) {
 
 // start fills free slots with ready work: the plain pick when fair share
 // has nothing to share, else the fair one; both start what they picked with
-// the fast path's statement tail, claiming this replica's share.
+// the fast path's statement tail, claiming this replica's share. A paused
+// pool has no free slots: the pause was read from the pool row this
+// transaction holds locked, so no pause commits between that read and the
+// start.
 func (it *iteration) start(ctx context.Context) error {
 	l := it.l
+	if it.paused {
+		return nil
+	}
 	sql, args := sqlStartFair, append(l.startArgs(it.now), int32(it.maxPar), it.perOrg)
 	if it.plain {
 		sql, args = sqlStartPlain, args[:len(args)-1]
@@ -371,6 +391,10 @@ func (it *iteration) start(ctx context.Context) error {
 // the cooldown; goes "scheduled" while slots are in use or work waits for
 // its run_at (waking for the earliest start, the next recovery, or a hook
 // retry); and goes "idle" when nothing remains — only a kick wakes it then.
+// A paused pool skips the cooldown (it starts nothing, so it is not
+// "running") and is never saturated; it wakes only for what proceeds
+// during a pause — recovery of running work and hook retries — and the
+// resume's kick.
 func (it *iteration) outlook(ctx context.Context) (iterResult, error) {
 	l := it.l
 	var (
@@ -388,11 +412,14 @@ func (it *iteration) outlook(ctx context.Context) (iterResult, error) {
 	if nextHook != nil {
 		l.nextHookAt = *nextHook
 	}
-	wake := earliest(nextRun, nextHook)
+	wake := nextHook
+	if !it.paused {
+		wake = earliest(wake, nextRun)
+	}
 	if used > 0 {
 		wake = earliest(wake, ptr(l.lastRecovery.Add(l.m.cfg.RecoveryPeriod)))
 	}
-	if ready && used == 0 {
+	if ready && used == 0 && !it.paused {
 		// Ready work that did not start although nothing runs: no cap or
 		// key can hold it back, so its row was locked; look again shortly.
 		// (Work held back by its org's cap or its key while slots are in
@@ -401,11 +428,11 @@ func (it *iteration) outlook(ctx context.Context) (iterResult, error) {
 	}
 	var st RunStatus
 	switch {
-	case it.now.Sub(l.lastActivity) < l.m.cfg.Cooldown:
+	case !it.paused && it.now.Sub(l.lastActivity) < l.m.cfg.Cooldown:
 		st = RunStatus{Kind: "running"}
 		wake = earliest(wake, ptr(l.lastActivity.Add(l.m.cfg.Cooldown)))
 	case used > 0 || nextRun != nil || ready || nextHook != nil:
-		st = RunStatus{Kind: "scheduled", Saturated: used >= int64(it.maxPar)}
+		st = RunStatus{Kind: "scheduled", Saturated: !it.paused && used >= int64(it.maxPar)}
 		if wake != nil {
 			at := *wake
 			st.At = &at

@@ -34,10 +34,15 @@ type loop struct {
 	pool  string
 	kickc chan struct{}
 
-	leading    atomic.Bool
-	saturated  atomic.Bool  // last published status: enqueue kicks cannot help
-	freed      atomic.Bool  // a kick said slots were freed or work canceled since the last iteration
-	iterations atomic.Int64 // iterations run on this replica
+	leading atomic.Bool
+	// startsBlocked: the last published status was "scheduled" and nothing
+	// can start (every slot taken, or the pool paused), so enqueue kicks
+	// cannot help. (Not while "idle": the first enqueue must make the loop
+	// publish that work waits.)
+	startsBlocked atomic.Bool
+	paused        atomic.Bool  // the pool row said so at the last iteration
+	freed         atomic.Bool  // a kick said slots were freed or work canceled since the last iteration
+	iterations    atomic.Int64 // iterations run on this replica
 
 	// Owned by the leading goroutine (and tests driving iterate directly).
 	gen          int64
@@ -45,6 +50,11 @@ type loop struct {
 	lastRecovery time.Time
 	nextHookAt   time.Time
 	fullOnly     bool  // tests: never take the fast path
+	// shared: the last iteration found ready work that fair share must
+	// share (several orgs, keys or a per-org cap), so the next fast
+	// iteration starts fairly (sqlIterateFastShared) rather than hand over
+	// to the full one.
+	shared bool
 	fastStarts   int64 // fast iterations that started work (tests)
 }
 
@@ -54,16 +64,17 @@ func newLoop(m *Manager, pool string) *loop {
 
 // Kinds of kick.
 const (
-	// kickEnqueue: work was enqueued; dropped while the pool is saturated,
-	// since no new work can start then.
+	// kickEnqueue: work was enqueued; dropped while starts are blocked
+	// (saturated or paused), since no new work can start then.
 	kickEnqueue = iota
-	// kickWork: slots were freed, work canceled or settings changed.
+	// kickWork: slots were freed, work canceled or settings changed (a
+	// resume among them).
 	kickWork
 )
 
 // kick wakes the loop.
 func (l *loop) kick(kind int) {
-	if kind == kickEnqueue && l.saturated.Load() {
+	if kind == kickEnqueue && l.startsBlocked.Load() {
 		return
 	}
 	if kind == kickWork {

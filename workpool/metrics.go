@@ -78,10 +78,12 @@ var (
 	runningDesc = prometheus.NewDesc("reveille_workpool_running", "Slots in use.", []string{"pool"}, nil)
 	oldestDesc  = prometheus.NewDesc("reveille_workpool_oldest_pending_age_seconds",
 		"Age of the oldest ready work item that has not started.", []string{"pool"}, nil)
+	pausedDesc = prometheus.NewDesc("reveille_workpool_paused", "1 while the pool is paused (it starts nothing), else 0.",
+		[]string{"pool"}, nil)
 )
 
 const sqlDepth = `
-SELECT p.name,
+SELECT p.name, p.paused,
   (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'pending' AND w.concurrency_key IS NULL)
   + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'pending' AND w.concurrency_key IS NOT NULL),
   (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.state = 'running'),
@@ -94,6 +96,7 @@ func (d *depthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pendingDesc
 	ch <- runningDesc
 	ch <- oldestDesc
+	ch <- pausedDesc
 }
 
 func (d *depthCollector) Collect(ch chan<- prometheus.Metric) {
@@ -109,10 +112,11 @@ func (d *depthCollector) Collect(ch chan<- prometheus.Metric) {
 	for rows.Next() {
 		var (
 			pool             string
+			paused           bool
 			pending, running int64
 			oldest           *time.Time
 		)
-		if err := rows.Scan(&pool, &pending, &running, &oldest); err != nil {
+		if err := rows.Scan(&pool, &paused, &pending, &running, &oldest); err != nil {
 			return
 		}
 		age := 0.0
@@ -122,5 +126,10 @@ func (d *depthCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(pending), pool)
 		ch <- prometheus.MustNewConstMetric(runningDesc, prometheus.GaugeValue, float64(running), pool)
 		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, age, pool)
+		pausedValue := 0.0
+		if paused {
+			pausedValue = 1
+		}
+		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, pausedValue, pool)
 	}
 }

@@ -40,7 +40,8 @@ func (h *harness) itemStates(ids []uuid.UUID) []itemState {
 // The fast iteration (one statement) and the full one (a transaction of
 // steps) are built from the same fragments and must mean the same: two
 // pools fed the same random sequence of enqueues, completions (successes,
-// retryable and final failures), cancelations, clock moves and recoveries —
+// retryable and final failures), cancelations, clock moves, recoveries,
+// pauses and resumes —
 // one loop free to take the fast path, the other held to the full one —
 // end every step with the same items in the same states and the same slots
 // in use.
@@ -49,8 +50,10 @@ func TestIterations_FastAndFullAgreeOnTheSameInputs(t *testing.T) {
 		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 12))
-			// Half the seeds use one org only, so that the fast path does the
-			// starting; the others mix orgs and keys, so that it hands over.
+			// Half the seeds use one org only, so that the plain fast
+			// statement does the starting; the others mix orgs and keys, so
+			// that it hands over to the full iteration and then to the shared
+			// fast statement.
 			orgs := []string{"org-1"}
 			if seed%2 == 1 {
 				orgs = append(orgs, "org-2")
@@ -64,7 +67,7 @@ func TestIterations_FastAndFullAgreeOnTheSameInputs(t *testing.T) {
 			hookTable(t, full.db)
 			var ids [2][]uuid.UUID
 			for step := range 80 {
-				op := rng.IntN(10)
+				op := rng.IntN(11)
 				switch {
 				case op < 3: // enqueue
 					opts := []workOpt{withOrg(orgs[rng.IntN(len(orgs))]), withHook("count", `{}`)}
@@ -108,7 +111,7 @@ func TestIterations_FastAndFullAgreeOnTheSameInputs(t *testing.T) {
 					for k, h := range pair {
 						h.cancel(ids[k][i])
 					}
-				default: // time passes: retries come due; sometimes recovery
+				case op < 10: // time passes: retries come due; sometimes recovery
 					d := 300 * time.Millisecond
 					if rng.IntN(3) == 0 {
 						d = DefaultHeartbeatTimeout + time.Second
@@ -116,13 +119,18 @@ func TestIterations_FastAndFullAgreeOnTheSameInputs(t *testing.T) {
 					for _, h := range pair {
 						h.clock.Advance(d)
 					}
+				default: // pause or resume
+					pause := rng.IntN(2) == 0
+					for _, h := range pair {
+						require.NoError(t, h.m.UpdatePool(h.ctx, "default", PoolUpdate{Paused: &pause}))
+					}
 				}
 				require.Equal(t, full.itemStates(ids[1]), fast.itemStates(ids[0]), "step %d (op %d)", step, op)
 				require.Equal(t, len(full.observe().running), len(fast.observe().running), "slots in use after step %d", step)
 			}
-			if len(orgs) == 1 {
-				require.Positive(t, fast.l.fastStarts, "the fast path started work")
-			}
+			// One org: the plain fast statement starts work; several: the
+			// shared one (fair share) does too.
+			require.Positive(t, fast.l.fastStarts, "the fast path started work")
 			require.Zero(t, full.l.fastStarts)
 			for k, h := range pair {
 				for i, id := range ids[k] {

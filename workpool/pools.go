@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -62,29 +65,34 @@ func (m *Manager) Pool(ctx context.Context, orgID, name string) (PoolInfo, error
 }
 
 func (m *Manager) poolInfos(ctx context.Context, orgID string, names []string) ([]PoolInfo, error) {
-	rows, err := m.db.Query(ctx, sqlPoolInfo, names, orgID)
+	now := m.now()
+	rows, err := m.db.Query(ctx, sqlPoolInfo, names, orgID, now)
 	if err != nil {
 		return nil, fmt.Errorf("reading pools: %w", err)
 	}
 	defer rows.Close()
-	now := m.now()
 	var out []PoolInfo
 	for rows.Next() {
 		var (
-			p      PoolInfo
-			perOrg *int32
-			maxPar int32
-			oldest *time.Time
+			p                      PoolInfo
+			perOrg                 *int32
+			maxPar, weight         int32
+			oldest                 *time.Time
+			readyPlain, keyedReady int64
 		)
-		err := rows.Scan(&p.Name, &maxPar, &perOrg, &p.RunStatus.Kind, &p.RunStatus.Saturated, &p.RunStatus.At,
-			&p.Running, &p.Pending, &oldest, &p.Report.Succeeded, &p.Report.Failed, &p.Report.Canceled, &p.Report.Retries)
+		err := rows.Scan(&p.Name, &maxPar, &perOrg, &p.Paused, &p.RunStatus.Kind, &p.RunStatus.Saturated, &p.RunStatus.At,
+			&p.Running, &p.Pending, &oldest, &readyPlain, &keyedReady, &p.BlockedByKey, &weight,
+			&p.Report.Succeeded, &p.Report.Failed, &p.Report.Canceled, &p.Report.Retries)
 		if err != nil {
 			return nil, fmt.Errorf("reading pools: %w", err)
 		}
-		p.MaxParallelism = int(maxPar)
+		p.MaxParallelism, p.Weight = int(maxPar), int(weight)
 		if perOrg != nil {
 			v := int(*perOrg)
 			p.MaxParallelismPerOrg = &v
+			// What the cap leaves room for starts; the rest of what its keys
+			// let through waits for the org's running work to finish.
+			p.BlockedByOrgCap = max(readyPlain+keyedReady-max(int64(v)-p.Running, 0), 0)
 		}
 		if oldest != nil && oldest.Before(now) {
 			p.OldestPendingAge = now.Sub(*oldest)
@@ -101,6 +109,16 @@ func (m *Manager) poolInfos(ctx context.Context, orgID string, names []string) (
 	return out, nil
 }
 
+// MaxOrgWeight bounds an org's fair-share weight.
+const MaxOrgWeight = 100
+
+// maxOrgWeightsPerUpdate bounds the weights one update sets.
+const maxOrgWeightsPerUpdate = 1000
+
+// maxOrgIDBytes bounds an org id named in a pool's settings (tokens carry
+// shorter ones; this keeps a PATCH from storing arbitrary text).
+const maxOrgIDBytes = 255
+
 // PoolUpdate is a change to some of a pool's settings; fields left unset
 // keep their values.
 type PoolUpdate struct {
@@ -113,12 +131,21 @@ type PoolUpdate struct {
 	// cap on the slots one org may hold (nil removes the cap).
 	SetMaxParallelismPerOrg bool
 	MaxParallelismPerOrg    *int
+	// Paused, when set, pauses (true) or resumes (false) the pool.
+	Paused *bool
+	// ClearOrgWeights gives every org the default weight (1) before
+	// OrgWeights applies.
+	ClearOrgWeights bool
+	// OrgWeights sets orgs' fair-share weights (1–MaxOrgWeight); a nil
+	// weight gives the org the default weight.
+	OrgWeights map[string]*int
 }
 
 // UpdatePool applies u whole or not at all: every field is validated first
-// (an *apperr.InvalidError names each bad one), then all are written by one
-// statement, and the pool's leader is woken so that a raised limit starts
-// waiting work at once. ErrPoolNotFound if the pool does not exist.
+// (an *apperr.InvalidError names each bad one: "org_weights.<org>" for a
+// weight), then all are written in one transaction, and the pool's leader
+// is woken so that a raised limit or a resume starts waiting work at once.
+// ErrPoolNotFound if the pool does not exist.
 func (m *Manager) UpdatePool(ctx context.Context, pool string, u PoolUpdate) error {
 	inv := &apperr.InvalidError{}
 	var maxPar, perOrg *int32
@@ -136,22 +163,84 @@ func (m *Manager) UpdatePool(ctx context.Context, pool string, u PoolUpdate) err
 			perOrg = ptr(int32(n))
 		}
 	}
+	weights := checkOrgWeights(inv, u.OrgWeights)
 	if err := inv.OrNil(); err != nil {
 		return err
 	}
 	return pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, sqlUpdatePool, pool, maxPar, u.SetMaxParallelismPerOrg, perOrg)
+		// The pool row first: it tells an unknown pool, and its lock orders
+		// this change after any iteration in flight.
+		tag, err := tx.Exec(ctx, sqlUpdatePool, pool, maxPar, u.SetMaxParallelismPerOrg, perOrg, u.Paused)
 		if err != nil {
 			return fmt.Errorf("updating pool %s: %w", pool, err)
 		}
 		if tag.RowsAffected() == 0 {
 			return ErrPoolNotFound
 		}
+		if err := weights.write(ctx, tx, pool, u.ClearOrgWeights); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, sqlNotify, "k:"+pool); err != nil {
 			return fmt.Errorf("waking pool %s: %w", pool, err)
 		}
 		return nil
 	})
+}
+
+// orgWeights is a validated weight change: orgs given a weight other than
+// the default, and orgs given the default (whose override goes).
+type orgWeights struct {
+	setOrgs   []string
+	setValues []int32
+	unset     []string
+}
+
+// checkOrgWeights validates ws, naming each bad entry "org_weights.<org>",
+// in org order.
+func checkOrgWeights(inv *apperr.InvalidError, ws map[string]*int) orgWeights {
+	var out orgWeights
+	if len(ws) > maxOrgWeightsPerUpdate {
+		inv.Add("org_weights", fmt.Sprintf("may set at most %d orgs' weights at once", maxOrgWeightsPerUpdate))
+		return out
+	}
+	orgs := make([]string, 0, len(ws))
+	for org := range ws {
+		orgs = append(orgs, org)
+	}
+	sort.Strings(orgs)
+	for _, org := range orgs {
+		field, w := "org_weights."+org, ws[org]
+		switch {
+		case org == "" || len(org) > maxOrgIDBytes || !utf8.ValidString(org) || strings.ContainsRune(org, 0):
+			inv.Add(field, fmt.Sprintf("names no org: an org id is 1 to %d bytes of UTF-8 without NUL", maxOrgIDBytes))
+		case w == nil || *w == 1:
+			out.unset = append(out.unset, org)
+		case *w < 1 || *w > MaxOrgWeight:
+			inv.Add(field, fmt.Sprintf("must be between 1 and %d, or null for the default (1)", MaxOrgWeight))
+		default:
+			out.setOrgs, out.setValues = append(out.setOrgs, org), append(out.setValues, int32(*w))
+		}
+	}
+	return out
+}
+
+func (w orgWeights) write(ctx context.Context, tx pgx.Tx, pool string, clearAll bool) error {
+	if clearAll {
+		if _, err := tx.Exec(ctx, sqlClearOrgWeights, pool); err != nil {
+			return fmt.Errorf("clearing weights in %s: %w", pool, err)
+		}
+	}
+	if len(w.unset) > 0 && !clearAll {
+		if _, err := tx.Exec(ctx, sqlDeleteOrgWeights, pool, w.unset); err != nil {
+			return fmt.Errorf("removing weights in %s: %w", pool, err)
+		}
+	}
+	if len(w.setOrgs) > 0 {
+		if _, err := tx.Exec(ctx, sqlSetOrgWeights, pool, w.setOrgs, w.setValues); err != nil {
+			return fmt.Errorf("setting weights in %s: %w", pool, err)
+		}
+	}
+	return nil
 }
 
 // SetMaxParallelism changes a pool's limit live (UpdatePool).
@@ -166,21 +255,43 @@ func (m *Manager) SetMaxParallelismPerOrg(ctx context.Context, pool string, n *i
 }
 
 // SetOrgWeight gives orgID weight w (1–100) in pool's fair share; w = 1
-// (the default) removes the override.
+// (the default) removes the override (UpdatePool).
 func (m *Manager) SetOrgWeight(ctx context.Context, pool, orgID string, w int) error {
-	if w < 1 || w > 100 {
-		return apperr.Invalid("weight", "must be between 1 and 100")
-	}
-	var err error
-	if w == 1 {
-		_, err = m.db.Exec(ctx, sqlDeleteOrgWeight, pool, orgID)
-	} else {
-		_, err = m.db.Exec(ctx, sqlSetOrgWeight, pool, orgID, int32(w))
-	}
+	return m.UpdatePool(ctx, pool, PoolUpdate{OrgWeights: map[string]*int{orgID: &w}})
+}
+
+// Pause makes pool start nothing until Resume: it still accepts work;
+// running work finishes, cancelations and hooks proceed. No start commits
+// after Pause returns (the loop reads the flag from the pool row it locks
+// for every iteration). Pausing a paused pool changes nothing.
+// ErrPoolNotFound if the pool does not exist.
+func (m *Manager) Pause(ctx context.Context, pool string) error {
+	return m.UpdatePool(ctx, pool, PoolUpdate{Paused: ptr(true)})
+}
+
+// Resume undoes Pause; the pool's loop is woken and starts ready work at
+// once.
+func (m *Manager) Resume(ctx context.Context, pool string) error {
+	return m.UpdatePool(ctx, pool, PoolUpdate{Paused: ptr(false)})
+}
+
+// OrgWeights lists pool's fair-share weights other than the default, by
+// org: an operator's view, across orgs.
+func (m *Manager) OrgWeights(ctx context.Context, pool string) (map[string]int, error) {
+	rows, err := m.db.Query(ctx, sqlOrgWeights, pool)
 	if err != nil {
-		return fmt.Errorf("setting weight of %s in %s: %w", orgID, pool, err)
+		return nil, fmt.Errorf("reading weights in %s: %w", pool, err)
 	}
-	return nil
+	out := map[string]int{}
+	var (
+		org string
+		w   int32
+	)
+	_, err = pgx.ForEachRow(rows, []any{&org, &w}, func() error { out[org] = int(w); return nil })
+	if err != nil {
+		return nil, fmt.Errorf("reading weights in %s: %w", pool, err)
+	}
+	return out, nil
 }
 
 // IsNotFound reports whether err means absent work or pool.

@@ -22,15 +22,25 @@ ON CONFLICT (name) DO NOTHING`
 
 const sqlListPoolNames = `SELECT name FROM workpool_pools ORDER BY name`
 
-// sqlPoolInfo reads a pool and the caller's org's counts in it.
+// sqlPoolInfo reads a pool and the caller's org's ($2) counts in it, $3
+// now. Besides the totals it reads what the start statement (sqlStartFair)
+// would hold back of the org's ready work: for each of its keys, ready
+// items beyond the key's room (its limit — the earliest ready item's, as
+// sqlStartFair takes it — less its running items) are blocked by the key;
+// the rest of the keyed ready items, with the plain ready ones, are what
+// the org's cap has to make room for (counted in Go: poolInfos).
 const sqlPoolInfo = `
-SELECT p.name, p.max_parallelism, p.max_parallelism_per_org, p.run_kind, p.run_saturated, p.run_at,
+SELECT p.name, p.max_parallelism, p.max_parallelism_per_org, p.paused, p.run_kind, p.run_saturated, p.run_at,
   (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'running'),
   (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NULL)
   + (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL),
   least(
     (SELECT min(run_at) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NULL),
     (SELECT min(run_at) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL)),
+  (SELECT count(*) FROM workpool_work w
+   WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $3),
+  k.startable, k.blocked,
+  coalesce((SELECT weight FROM workpool_org_weights wt WHERE wt.pool = p.name AND wt.org_id = $2), 1),
   r.succeeded, r.failed, r.canceled, r.retries
 FROM workpool_pools p
 CROSS JOIN LATERAL (
@@ -39,21 +49,43 @@ CROSS JOIN LATERAL (
          count(*) FILTER (WHERE w.outcome = 'canceled') AS canceled,
          coalesce(sum(greatest(w.attempts - 1, 0)), 0) AS retries
   FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'finished') r
+CROSS JOIN LATERAL (
+  SELECT coalesce(sum(least(kk.ready, kk.room)), 0) AS startable, coalesce(sum(greatest(kk.ready - kk.room, 0)), 0) AS blocked
+  FROM (
+    SELECT count(*) FILTER (WHERE w.state = 'pending' AND w.run_at <= $3) AS ready,
+      greatest(coalesce((array_agg(w.key_limit ORDER BY w.run_at) FILTER (WHERE w.state = 'pending' AND w.run_at <= $3))[1], 1)
+        - count(*) FILTER (WHERE w.state = 'running'), 0) AS room
+    FROM workpool_work w
+    WHERE w.pool = p.name AND w.org_id = $2 AND w.state IN ('pending', 'running') AND w.concurrency_key IS NOT NULL
+    GROUP BY w.concurrency_key) kk) k
 WHERE p.name = ANY($1)
 ORDER BY p.name`
 
-// sqlUpdatePool changes the settings given: $2 max_parallelism (null:
-// keep), $3 whether $4 replaces max_parallelism_per_org.
+// sqlUpdatePool changes the settings given and locks the pool row for the
+// rest of the transaction: $2 max_parallelism (null: keep), $3 whether $4
+// replaces max_parallelism_per_org, $5 paused (null: keep).
 const sqlUpdatePool = `
 UPDATE workpool_pools SET max_parallelism = coalesce($2, max_parallelism),
-  max_parallelism_per_org = CASE WHEN $3 THEN $4 ELSE max_parallelism_per_org END, updated_at = now()
+  max_parallelism_per_org = CASE WHEN $3 THEN $4 ELSE max_parallelism_per_org END,
+  paused = coalesce($5, paused), updated_at = now()
 WHERE name = $1`
 
-const sqlSetOrgWeight = `
-INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ($1, $2, $3)
+// sqlSetOrgWeights sets the weights of orgs $2 to $3 in pool $1.
+const sqlSetOrgWeights = `
+INSERT INTO workpool_org_weights (pool, org_id, weight)
+SELECT $1, u.org_id, u.weight FROM unnest($2::text[], $3::int[]) AS u(org_id, weight)
 ON CONFLICT (pool, org_id) DO UPDATE SET weight = excluded.weight`
 
-const sqlDeleteOrgWeight = `DELETE FROM workpool_org_weights WHERE pool = $1 AND org_id = $2`
+// sqlDeleteOrgWeights gives orgs $2 the default weight in pool $1.
+const sqlDeleteOrgWeights = `DELETE FROM workpool_org_weights WHERE pool = $1 AND org_id = ANY($2)`
+
+// sqlClearOrgWeights gives every org the default weight in pool $1: an
+// operator's setting across orgs, as the weights themselves are.
+const sqlClearOrgWeights = `DELETE FROM workpool_org_weights WHERE pool = $1`
+
+// sqlOrgWeights lists pool $1's weight overrides, for operators (whose
+// settings span orgs).
+const sqlOrgWeights = `SELECT org_id, weight FROM workpool_org_weights WHERE pool = $1 ORDER BY org_id`
 
 const sqlNotify = `SELECT pg_notify('` + notifyChannel + `', $1)`
 
@@ -318,7 +350,7 @@ func bumpSQL(gen, now string) string {
 	return `
 UPDATE workpool_pools SET generation = generation + 1, run_kind = 'running', run_saturated = false, run_at = NULL, updated_at = ` + now + `
 WHERE name = $1 AND generation = ` + gen + `
-RETURNING max_parallelism, max_parallelism_per_org`
+RETURNING max_parallelism, max_parallelism_per_org, paused`
 }
 
 const sqlTakeCancelations = `
@@ -430,12 +462,24 @@ WITH free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
 // sqlStartFair gives free slots to ready work fairly: orgs with ready work
 // take turns (weighted), an org's running work stays within
 // max_parallelism_per_org ($9, or null), and keyed work within its key's
-// limit, in run_at order. The free count is taken in the same snapshot as
+// limit, in run_at order. The turns count the slots each org already
+// holds: the org's n-th candidate ranks (running + n) / weight, so that
+// slots freed a few at a time in a saturated pool go to the orgs below
+// their weighted share of it (ordering by n alone would hand a single free
+// slot to whichever org queued first). The free count is taken in the same snapshot as
 // the start (only the loop ever adds to the slots in use). $8
 // max_parallelism.
 var sqlStartFair = `
 WITH RECURSIVE
 free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
+` + sqlPickFair("$9::int") + `,
+` + sqlStartPicked("")
+
+// sqlPickFair picks ready work into the free slots (CTE free) fairly, as
+// sqlStartFair describes; perOrgCap is the SQL of the per-org cap (null:
+// none). It needs WITH RECURSIVE.
+func sqlPickFair(perOrgCap string) string {
+	return `
 orgs(org_id) AS (
   SELECT (SELECT org_id FROM workpool_work
           WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
@@ -463,7 +507,7 @@ cand AS (
   FROM orgs o CROSS JOIN free f CROSS JOIN LATERAL (
     SELECT w.id, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $2
-    ORDER BY w.run_at LIMIT $8) c
+    ORDER BY w.run_at LIMIT f.n) c
   WHERE o.org_id IS NOT NULL AND f.n > 0
   UNION ALL
   SELECT c.id, k.org_id, c.run_at
@@ -471,41 +515,40 @@ cand AS (
     SELECT w.id, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = k.org_id AND w.concurrency_key = k.ckey AND w.state = 'pending' AND w.run_at <= $2
     ORDER BY w.run_at
-    LIMIT least($8, greatest(coalesce(k.klimit, 1) - (
+    LIMIT least(f.n, greatest(coalesce(k.klimit, 1) - (
       SELECT count(*) FROM workpool_work a
       WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state = 'running' AND a.concurrency_key = k.ckey), 0))) c
   WHERE f.n > 0
 ),
-room AS (
-  SELECT d.org_id, coalesce(wt.weight, 1) AS weight,
-    CASE WHEN $9::int IS NULL THEN 2147483647
-         ELSE $9::int - (SELECT count(*) FROM workpool_work a WHERE a.pool = $1 AND a.org_id = d.org_id AND a.state = 'running') END AS room
+held AS (
+  -- (one pass over the running set for every org: a probe per org would
+  -- walk the running index's dead entries once per org)
+  SELECT d.org_id, coalesce(wt.weight, 1) AS weight, coalesce(r.n, 0) AS running
   FROM (SELECT DISTINCT org_id FROM cand) d
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
+  LEFT JOIN (SELECT org_id, count(*) AS n FROM workpool_work WHERE pool = $1 AND state = 'running' GROUP BY org_id) r
+    ON r.org_id = d.org_id
 ),
 ranked AS (
-  SELECT c.id, c.run_at, r.weight, r.room, row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at) AS rn
-  FROM cand c JOIN room r ON r.org_id = c.org_id
+  SELECT c.id, c.run_at, r.weight, r.running,
+    CASE WHEN ` + perOrgCap + ` IS NULL THEN 2147483647 ELSE ` + perOrgCap + ` - r.running END AS room,
+    row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at) AS rn
+  FROM cand c JOIN held r ON r.org_id = c.org_id
 ),
 pick AS (
   SELECT w.id, w.handler FROM workpool_work w
   WHERE w.id IN (SELECT id FROM ranked WHERE rn <= room
-                 ORDER BY ceil(rn::float8 / weight), run_at LIMIT (SELECT n FROM free))
+                 ORDER BY (running + rn)::float8 / weight, run_at LIMIT (SELECT n FROM free))
     AND w.state = 'pending'
   FOR UPDATE SKIP LOCKED
-),
-` + sqlStartPicked("")
+)`
+}
 
-// sqlIterateFast is a whole iteration in one statement for the common
-// case: no cancelation to process, and ready work of one org only, without
-// keys or a per-org cap. It fences itself like any iteration (every write
-// depends on the bump: the free count is 0 without it) and starts the one
-// org's ready work into the free slots, as sqlStartPlain would. What it
-// cannot handle it leaves and reports: the loop then runs the full
-// iteration. $8 generation; the rest as every start.
-var sqlIterateFast = `
-WITH bump AS (` + bumpSQL("$8", "$2") + `
-), census AS (
+// sqlPlainCensus is the CTEs census and plain of the fast iterations:
+// plain.ok says that the ready work (if any) is one org's plain work and
+// the pool (the bumped row) has no per-org cap, so that fair share has
+// nothing to share.
+const sqlPlainCensus = `census AS (
   SELECT (SELECT org_id FROM workpool_work
           WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
           ORDER BY org_id LIMIT 1) AS org
@@ -518,22 +561,53 @@ WITH bump AS (` + bumpSQL("$8", "$2") + `
          ORDER BY w.org_id LIMIT 1) IS NULL
     AND (SELECT org_id FROM workpool_work
          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
-         ORDER BY org_id LIMIT 1) IS NULL
-    -- cancelations go first: never start what is about to be canceled
-    AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1) AS ok
-), free AS (
-  SELECT CASE WHEN (SELECT ok FROM plain)
-    THEN ` + sqlFreeSlots("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
-),
-` + sqlPickPlain + `,
-` + sqlStartPicked(`EXISTS (SELECT 1 FROM bump), (SELECT ok FROM plain),
+         ORDER BY org_id LIMIT 1) IS NULL AS ok
+)`
+
+// sqlFastTail ends both fast iterations: what they report besides the
+// starts (fenced, paused, plain, cancelations waiting).
+const sqlFastTail = `EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM bump), false), (SELECT ok FROM plain),
   EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),
   -- the next start of the first org's plain work (a retry, say): two index
   -- probes, so that the loop waiting out its cooldown wakes for it in time
   (SELECT min(run_at) FROM workpool_work
    WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at > $2
      AND org_id = (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
-                   ORDER BY org_id LIMIT 1)),`)
+                   ORDER BY org_id LIMIT 1)),`
+
+// sqlIterateFast is a whole iteration in one statement for the common
+// case: no cancelation to process, and ready work of one org only, without
+// keys or a per-org cap. It fences itself like any iteration (every write
+// depends on the bump: the free count is 0 without it) and starts the one
+// org's ready work into the free slots, as sqlStartPlain would. What it
+// cannot handle it leaves and reports: the loop then runs the full
+// iteration. A paused pool's free count is 0 (read from the bumped row).
+// $8 generation; the rest as every start.
+var sqlIterateFast = `
+WITH bump AS (` + bumpSQL("$8", "$2") + `
+), ` + sqlPlainCensus + `, free AS (
+  SELECT CASE WHEN (SELECT ok FROM plain) AND NOT coalesce((SELECT paused FROM bump), true)
+      -- cancelations go first: never start what is about to be canceled
+      AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)
+    THEN ` + sqlFreeSlots("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
+),
+` + sqlPickPlain + `,
+` + sqlStartPicked(sqlFastTail)
+
+// sqlIterateFastShared is sqlIterateFast for work that fair share must
+// share (several orgs, keys, a per-org cap): the same fence and
+// conditions, and sqlStartFair's pick, the cap read from the bumped row.
+// The loop takes it while the last start needed fair share: a busy pool of
+// many orgs then costs one statement per iteration, as one org's does.
+var sqlIterateFastShared = `
+WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
+), ` + sqlPlainCensus + `, free AS (
+  SELECT CASE WHEN NOT coalesce((SELECT paused FROM bump), true)
+      AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)
+    THEN ` + sqlFreeSlots("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
+),
+` + sqlPickFair("(SELECT max_parallelism_per_org FROM bump)") + `,
+` + sqlStartPicked(sqlFastTail)
 
 // sqlCensus tells an iteration whether fair share has anything to share:
 // how many orgs (up to 2) have ready plain work, and whether keyed work is

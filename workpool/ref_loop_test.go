@@ -322,7 +322,7 @@ func TestRef002_ClearsSaturatedWhenACompletionFreesASlot(t *testing.T) {
 	ids := h.fillRunningTo(2)
 	h.runMain()
 	require.True(t, h.observe().runStatus.Saturated)
-	require.True(t, h.l.saturated.Load(), "a saturated loop ignores enqueue kicks")
+	require.True(t, h.l.startsBlocked.Load(), "a saturated loop ignores enqueue kicks")
 
 	h.complete(ids[0], "success", 1)
 	h.runMain()
@@ -330,7 +330,7 @@ func TestRef002_ClearsSaturatedWhenACompletionFreesASlot(t *testing.T) {
 	o := h.observe()
 	require.NotEqual(t, "idle", o.runStatus.Kind)
 	require.False(t, o.runStatus.Saturated)
-	require.False(t, h.l.saturated.Load())
+	require.False(t, h.l.startsBlocked.Load())
 }
 
 func TestRef002_DoesNotStartNewWorkWhileSaturatedEvenWhenPendingAccumulates(t *testing.T) {

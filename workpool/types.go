@@ -139,8 +139,10 @@ type EnqueueParams struct {
 	TimeoutMS int
 	// OnComplete is optional.
 	OnComplete *OnComplete
-	// ConcurrencyKey, when set, limits running work of this org with the
-	// same key to KeyLimit (default 1: serial, in run_at order).
+	// ConcurrencyKey, when set (at most 200 characters), limits running
+	// work of this org with the same key to KeyLimit (1–10,000; 0 means 1:
+	// serial, in run_at order). When a key's pending items carry different
+	// limits, the limit of its earliest ready item (by run_at) applies.
 	ConcurrencyKey string
 	KeyLimit       int
 	// IdempotencyKey, when set, makes the enqueue happen at most once per
@@ -205,14 +207,29 @@ type Report struct {
 	Retries   int64 `json:"retries"`
 }
 
-// PoolInfo describes a pool; the counts are for one org.
+// PoolInfo describes a pool; the counts and the weight are for one org.
 type PoolInfo struct {
 	Name                 string
 	MaxParallelism       int
 	MaxParallelismPerOrg *int
-	RunStatus            RunStatus
-	Running              int64
-	Pending              int64
-	OldestPendingAge     time.Duration
-	Report               Report
+	// Paused: the pool accepts work but starts none (Manager.Pause).
+	Paused    bool
+	RunStatus RunStatus
+	// Running counts the org's running attempts; Pending its items waiting
+	// to start, ready or not.
+	Running, Pending int64
+	// BlockedByKey counts the org's ready items that their concurrency key
+	// holds back: per key, those beyond its room (its limit — the earliest
+	// ready item's — less its running items).
+	BlockedByKey int64
+	// BlockedByOrgCap counts the org's ready items, not held back by a
+	// key, that the pool's per-org cap holds back: those beyond the room
+	// the cap leaves the org (the cap less its running attempts). 0 without
+	// a cap. Neither count includes what waits for a free slot of the pool
+	// or for a resume.
+	BlockedByOrgCap  int64
+	OldestPendingAge time.Duration
+	// Weight is the org's fair-share weight (1 unless set).
+	Weight int
+	Report Report
 }

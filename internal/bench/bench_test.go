@@ -75,6 +75,14 @@ func TestThePoolBenchBurnsDownThroughTheServiceAndLeavesNothing(t *testing.T) {
 	require.Empty(t, databases(t, admin, "bench_pool_"))
 }
 
+func TestThePoolBenchTimesFairShareBesideOneOrgAndLeavesNothing(t *testing.T) {
+	admin := testkit.ServerURL(t)
+	err := Pool(context.Background(), PoolConfig{Service: service.Config{DatabaseURL: admin}, N: 60, Parallelism: 8, Batch: 16, Hook: true,
+		Orgs: 3, Rounds: 1})
+	require.NoError(t, err)
+	require.Empty(t, databases(t, admin, "bench_pool_"))
+}
+
 func TestTheSpendBenchChecksTheLedgerThroughTheMandatesAPI(t *testing.T) {
 	admin := testkit.ServerURL(t)
 	err := Spend(context.Background(), SpendConfig{Service: service.Config{DatabaseURL: admin}, Clients: 4, N: 100, Mandates: 4, Batch: 8, Keyed: true})

@@ -34,6 +34,10 @@ type PoolConfig struct {
 	DataDir string
 	// CPUProfile, when set, is the file the burn-down's CPU profile goes to.
 	CPUProfile string
+	// Orgs, when 2 or more, times the burn-down of the n items spread over
+	// that many orgs (fair share) beside one org's, in Rounds alternating
+	// pairs (PoolFairShare).
+	Orgs, Rounds int
 }
 
 // Pool enqueues n no-op work items that each carry an onComplete hook (in
@@ -42,6 +46,9 @@ type PoolConfig struct {
 func Pool(ctx context.Context, c PoolConfig) error {
 	if c.N < 1 || c.Parallelism < 1 || c.Parallelism > workpool.MaxParallelismLimit || c.Batch < 1 {
 		return errors.New("need n ≥ 1, 1 ≤ parallelism ≤ 10000, batch ≥ 1")
+	}
+	if c.Orgs > 1 {
+		return poolFairShare(ctx, c)
 	}
 	w, err := setUp(ctx, c.Service, "pool", c.DataDir, false)
 	defer w.tearDown(false)

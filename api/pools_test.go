@@ -1,0 +1,400 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+	"github.com/reveille/reveille/wakeup"
+	"github.com/reveille/reveille/workpool"
+)
+
+// poolsFixture is a server with a running workpool and the tokens the
+// pool routes take.
+type poolsFixture struct {
+	t        *testing.T
+	s        *Server
+	h        http.Handler
+	operator string
+	admin    string
+}
+
+func newPoolsFixture(t *testing.T, mutate ...func(*Config, *Services)) *poolsFixture {
+	t.Helper()
+	s := newTestServer(t, append([]func(*Config, *Services){withWorkpool(t)}, mutate...)...)
+	return &poolsFixture{t: t, s: s, h: s.Handler(), operator: token(t, "ops-org", "operator"), admin: token(t, "org-a", "admin")}
+}
+
+// gate registers a handler that runs until release is called (or its
+// work is canceled), and records the work it starts, in order.
+func (f *poolsFixture) gate() (release func(), started func() []string) {
+	ch := make(chan struct{})
+	var (
+		mu  sync.Mutex
+		ids []string
+	)
+	f.s.svc.Workpool.Register("gate", func(ctx context.Context, j workpool.Job) (json.RawMessage, error) {
+		mu.Lock()
+		ids = append(ids, j.ID.String())
+		mu.Unlock()
+		select {
+		case <-ch:
+			return j.Args, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	})
+	var once bool
+	release = func() {
+		if !once {
+			once = true
+			close(ch)
+		}
+	}
+	f.t.Cleanup(release)
+	return release, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), ids...)
+	}
+}
+
+func (f *poolsFixture) enqueue(tok string, body map[string]any) string {
+	f.t.Helper()
+	r := do(f.t, f.h, http.MethodPost, "/v1/pools/default/work", tok, body)
+	require.Equal(f.t, http.StatusCreated, r.Status, string(r.Body))
+	return r.JSON(f.t)["id"].(string)
+}
+
+func (f *poolsFixture) workState(tok, id string) string {
+	f.t.Helper()
+	r := do(f.t, f.h, http.MethodGet, "/v1/work/"+id, tok, nil)
+	require.Equal(f.t, http.StatusOK, r.Status, string(r.Body))
+	return r.JSON(f.t)["state"].(string)
+}
+
+func (f *poolsFixture) waitState(tok, id, state string) {
+	f.t.Helper()
+	require.Eventually(f.t, func() bool { return f.workState(tok, id) == state }, testWait, pollEvery, "work %s never became %s", id, state)
+}
+
+func (f *poolsFixture) pool(tok string) map[string]any {
+	f.t.Helper()
+	r := do(f.t, f.h, http.MethodGet, "/v1/pools/default", tok, nil)
+	require.Equal(f.t, http.StatusOK, r.Status, string(r.Body))
+	return r.JSON(f.t)
+}
+
+// waitRunStatus polls the pool until its published run status matches.
+func (f *poolsFixture) waitRunStatus(kind string, saturated bool) map[string]any {
+	f.t.Helper()
+	var p map[string]any
+	require.Eventually(f.t, func() bool {
+		p = f.pool(f.admin)
+		rs := p["run_status"].(map[string]any)
+		return rs["kind"] == kind && rs["saturated"] == saturated
+	}, testWait, pollEvery, "the pool never published %s (saturated %v)", kind, saturated)
+	return p
+}
+
+func (f *poolsFixture) post(path, tok string) response {
+	f.t.Helper()
+	return do(f.t, f.h, http.MethodPost, path, tok, nil)
+}
+
+func TestPoolPause_WorkEnqueuedWhilePausedStartsOnlyOnResume(t *testing.T) {
+	f := newPoolsFixture(t)
+
+	r := f.post("/v1/pools/default/pause", f.operator)
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	require.Equal(t, true, r.JSON(t)["paused"])
+	id := f.enqueue(f.admin, map[string]any{"handler": "echo", "args": map[string]any{"n": 1}})
+
+	// A paused pool with waiting work publishes "scheduled": once it does,
+	// its loop has seen the work and left it.
+	p := f.waitRunStatus("scheduled", false)
+	require.Equal(t, true, p["paused"])
+	require.EqualValues(t, 1, p["pending"])
+	require.Equal(t, "pending", f.workState(f.admin, id))
+
+	r = f.post("/v1/pools/default/resume", f.operator)
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	require.Equal(t, false, r.JSON(t)["paused"])
+	w := waitWork(t, f.s, f.admin, id)
+	require.Equal(t, "succeeded", w["outcome"])
+}
+
+func TestPoolPause_RunningWorkFinishesAndCancelsProceedDuringAPause(t *testing.T) {
+	f := newPoolsFixture(t)
+	release, _ := f.gate()
+	finishing := f.enqueue(f.admin, map[string]any{"handler": "gate"})
+	canceled := f.enqueue(f.admin, map[string]any{"handler": "gate"})
+	f.waitState(f.admin, finishing, "running")
+	f.waitState(f.admin, canceled, "running")
+
+	require.Equal(t, http.StatusOK, f.post("/v1/pools/default/pause", f.operator).Status)
+	waiting := f.enqueue(f.admin, map[string]any{"handler": "echo"})
+	require.Equal(t, http.StatusOK, f.post("/v1/work/"+canceled+"/cancel", f.admin).Status)
+	require.Equal(t, "canceled", waitWork(t, f.s, f.admin, canceled)["outcome"], "a cancelation proceeds")
+	release()
+	require.Equal(t, "succeeded", waitWork(t, f.s, f.admin, finishing)["outcome"], "running work finishes")
+	f.waitRunStatus("scheduled", false)
+	require.Equal(t, "pending", f.workState(f.admin, waiting), "nothing new starts")
+}
+
+func TestPoolPause_APausedPoolIsNotReportedSaturated(t *testing.T) {
+	f := newPoolsFixture(t)
+	_, _ = f.gate()
+	r := do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator, map[string]any{"max_parallelism": 1})
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	f.enqueue(f.admin, map[string]any{"handler": "gate"})
+	f.enqueue(f.admin, map[string]any{"handler": "gate"})
+	f.waitRunStatus("scheduled", true) // before the pause: its one slot is taken
+
+	require.Equal(t, http.StatusOK, f.post("/v1/pools/default/pause", f.operator).Status)
+
+	p := f.waitRunStatus("scheduled", false)
+	require.Equal(t, true, p["paused"])
+	require.EqualValues(t, 1, p["running"])
+	require.EqualValues(t, 1, p["pending"])
+}
+
+func TestPoolPause_IsAnIdempotentOperatorCall(t *testing.T) {
+	f := newPoolsFixture(t)
+	for _, tc := range []struct {
+		name, path, tok string
+		status          int
+		paused          bool
+	}{
+		{"pause", "/v1/pools/default/pause", f.operator, http.StatusOK, true},
+		{"pause again", "/v1/pools/default/pause", f.operator, http.StatusOK, true},
+		{"an admin may not resume", "/v1/pools/default/resume", f.admin, http.StatusForbidden, true},
+		{"an operator outside the operator orgs may not", "/v1/pools/default/resume", token(t, "org-a", "operator"), http.StatusForbidden, true},
+		{"an unknown pool", "/v1/pools/nope/resume", f.operator, http.StatusNotFound, true},
+		{"resume", "/v1/pools/default/resume", f.operator, http.StatusOK, false},
+		{"resume again", "/v1/pools/default/resume", f.operator, http.StatusOK, false},
+		{"no token", "/v1/pools/default/pause", "", http.StatusUnauthorized, false},
+	} {
+		r := f.post(tc.path, tc.tok)
+		if tc.status == http.StatusOK {
+			require.Equal(t, tc.status, r.Status, "%s: %s", tc.name, r.Body)
+		} else {
+			r.requireProblem(t, tc.status)
+		}
+		require.Equal(t, tc.paused, f.pool(f.admin)["paused"], tc.name)
+	}
+}
+
+// Keyed work over REST: a key of limit 1 runs its items one at a time in
+// run_at order, while another key and unkeyed work run beside it.
+func TestWorkConcurrencyKeyOfLimitOneRunsItsItemsInTurnWhileOtherKeysRun(t *testing.T) {
+	f := newPoolsFixture(t)
+	_, _ = f.gate()
+	// Paused while enqueuing, so that the start sees every item at once.
+	require.Equal(t, http.StatusOK, f.post("/v1/pools/default/pause", f.operator).Status)
+	base := time.Now().Add(-time.Minute).UTC()
+	at := func(i int) string { return base.Add(time.Duration(i) * time.Second).Format(time.RFC3339Nano) }
+	var serial []string
+	for i := range 3 { // queued in reverse: run_at, not arrival, orders them
+		serial = append([]string{f.enqueue(f.admin, map[string]any{"handler": "gate", "concurrency_key": "customer-7", "key_limit": 1,
+			"run_at": at(2 - i)})}, serial...)
+	}
+	other := f.enqueue(f.admin, map[string]any{"handler": "gate", "concurrency_key": "customer-8", "key_limit": 1, "run_at": at(5)})
+	plain := f.enqueue(f.admin, map[string]any{"handler": "gate", "run_at": at(6)})
+	require.Equal(t, http.StatusOK, f.post("/v1/pools/default/resume", f.operator).Status)
+
+	for i, id := range serial {
+		f.waitState(f.admin, id, "running")
+		f.waitState(f.admin, other, "running")
+		f.waitState(f.admin, plain, "running")
+		p := f.pool(f.admin)
+		require.EqualValues(t, 3, p["running"], "one item of customer-7 at a time, beside customer-8's and the unkeyed one")
+		require.EqualValues(t, len(serial)-1-i, p["blocked_by_key"])
+		for _, later := range serial[i+1:] {
+			require.Equal(t, "pending", f.workState(f.admin, later))
+		}
+		require.Equal(t, http.StatusOK, f.post("/v1/work/"+id+"/cancel", f.admin).Status)
+		require.Equal(t, "canceled", waitWork(t, f.s, f.admin, id)["outcome"])
+	}
+}
+
+// Weights over REST: with org weights 3:1 and a backlog in both orgs, the
+// first fill and every refill as attempts finish keep the slots — and so
+// the starts — at 3:1.
+func TestPoolOrgWeightsThreeToOneSplitStartsThreeToOne(t *testing.T) {
+	f := newPoolsFixture(t)
+	_, started := f.gate()
+	heavy, light := token(t, "org-heavy", "admin"), token(t, "org-light", "admin")
+	r := do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator,
+		map[string]any{"max_parallelism": 4, "org_weights": map[string]any{"org-heavy": 3}})
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	require.Equal(t, map[string]any{"org-heavy": 3.0}, r.JSON(t)["org_weights"])
+	require.Equal(t, http.StatusOK, f.post("/v1/pools/default/pause", f.operator).Status)
+	base := time.Now().Add(-time.Minute).UTC()
+	tokOf := map[string]string{}
+	for i := range 20 { // interleaved: in run_at order the orgs alternate
+		for j, tok := range []string{light, heavy} {
+			at := base.Add(time.Duration(2*i+j) * time.Millisecond).Format(time.RFC3339Nano)
+			tokOf[f.enqueue(tok, map[string]any{"handler": "gate", "run_at": at})] = tok
+		}
+	}
+	require.EqualValues(t, 3, f.pool(heavy)["weight"])
+	require.EqualValues(t, 1, f.pool(light)["weight"])
+	settled := func(h, l int) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			return f.pool(heavy)["running"] == float64(h) && f.pool(light)["running"] == float64(l)
+		}, testWait, pollEvery, "the slots never settled at %d:%d", h, l)
+	}
+
+	require.Equal(t, http.StatusOK, f.post("/v1/pools/default/resume", f.operator).Status)
+	settled(3, 1)
+	// Attempts of equal length: the one started first finishes first, and
+	// the loop fills its slot.
+	for i := range 12 {
+		id := started()[i]
+		require.Equal(t, http.StatusOK, f.post("/v1/work/"+id+"/cancel", tokOf[id]).Status)
+		waitWork(t, f.s, tokOf[id], id)
+		settled(3, 1)
+	}
+	count := map[string]int{}
+	for name, tok := range map[string]string{"heavy": heavy, "light": light} {
+		count[name] = 20 - int(f.pool(tok)["pending"].(float64))
+	}
+	require.Equal(t, 16, count["heavy"]+count["light"], "4 first, then one per finished attempt")
+	require.InDelta(t, 3.0, float64(count["heavy"])/float64(count["light"]), 0.75, "starts split 3:1: %v", count)
+}
+
+// A PATCH applies all its fields in one transaction or none: any bad value
+// is a 400 naming it, and nothing of the rest is written.
+func TestPoolPatchWithABadWeightNamesItAndWritesNothing(t *testing.T) {
+	f := newPoolsFixture(t)
+	r := do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator,
+		map[string]any{"max_parallelism": 7, "max_parallelism_per_org": 2, "org_weights": map[string]any{"org-5": 2}})
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	before := r.JSON(t)
+
+	for _, tc := range []struct {
+		body  map[string]any
+		field string
+	}{
+		{map[string]any{"max_parallelism": 9, "org_weights": map[string]any{"org-6": 4, "org-7": 0}}, "org_weights.org-7"},
+		{map[string]any{"max_parallelism": 9, "org_weights": map[string]any{"org-7": 101}}, "org_weights.org-7"},
+		{map[string]any{"max_parallelism": 9, "org_weights": map[string]any{"org-7": "3"}}, "org_weights.org-7"},
+		{map[string]any{"max_parallelism": 9, "org_weights": map[string]any{"org-7": 2.5}}, "org_weights.org-7"},
+		{map[string]any{"max_parallelism_per_org": 3, "org_weights": map[string]any{"": 2}}, "org_weights."},
+		{map[string]any{"max_parallelism": 9, "org_weights": []any{1}}, "org_weights"},
+		{map[string]any{"org_weights": map[string]any{"org-6": 4}, "max_parallelism_per_org": 0}, "max_parallelism_per_org"},
+		{map[string]any{"org_weights": nil, "max_parallelism": 0}, "max_parallelism"},
+		{map[string]any{"org_weights": map[string]any{"org-6": 4}, "paused": true}, "paused"},
+	} {
+		do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator, tc.body).requireProblem(t, http.StatusBadRequest, tc.field)
+		r := do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator, map[string]any{"org_weights": map[string]any{}})
+		require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+		after := r.JSON(t)
+		for _, k := range []string{"max_parallelism", "max_parallelism_per_org", "org_weights", "paused"} {
+			require.Equal(t, before[k], after[k], "%v wrote %s", tc.body, k)
+		}
+	}
+}
+
+func TestPoolPatchSetsRemovesAndClearsOrgWeights(t *testing.T) {
+	f := newPoolsFixture(t)
+	patch := func(weights any) map[string]any {
+		t.Helper()
+		r := do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator, map[string]any{"org_weights": weights})
+		require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+		return r.JSON(t)
+	}
+	weightsOf := func(p map[string]any) map[string]any {
+		w, _ := p["org_weights"].(map[string]any)
+		return w
+	}
+
+	require.Equal(t, map[string]any{"org-a": 3.0, "org-b": 100.0}, weightsOf(patch(map[string]any{"org-a": 3, "org-b": 100})))
+	require.EqualValues(t, 3, f.pool(f.admin)["weight"], "the caller's org's weight")
+	require.Equal(t, map[string]any{"org-b": 100.0}, weightsOf(patch(map[string]any{"org-a": nil})), "null gives one org the default")
+	require.Equal(t, map[string]any{"org-b": 100.0}, weightsOf(patch(map[string]any{})), "orgs not named keep their weights")
+	require.Nil(t, weightsOf(patch(nil)), "null gives every org the default")
+	require.EqualValues(t, 1, f.pool(f.admin)["weight"])
+	require.NotContains(t, f.pool(f.admin), "org_weights", "an admin's answer holds no other org's weight")
+}
+
+func TestWorkEnqueueBadConcurrencyKeyOrKeyLimitIsA400AndWritesNothing(t *testing.T) {
+	f := newPoolsFixture(t)
+	for _, tc := range []struct {
+		body  map[string]any
+		field string
+	}{
+		{map[string]any{"handler": "echo", "concurrency_key": strings.Repeat("k", 201)}, "concurrency_key"},
+		{map[string]any{"handler": "echo", "concurrency_key": "k", "key_limit": 0}, "key_limit"},
+		{map[string]any{"handler": "echo", "concurrency_key": "k", "key_limit": -1}, "key_limit"},
+		{map[string]any{"handler": "echo", "concurrency_key": "k", "key_limit": 10001}, "key_limit"},
+		{map[string]any{"handler": "echo", "key_limit": 2}, "key_limit"},
+		{map[string]any{"handler": "echo", "concurrency_key": 7}, "concurrency_key"},
+	} {
+		do(t, f.h, http.MethodPost, "/v1/pools/default/work", f.admin, tc.body).requireProblem(t, http.StatusBadRequest, tc.field)
+	}
+	require.Zero(t, workCount(t, f.s))
+	f.enqueue(f.admin, map[string]any{"handler": "echo", "concurrency_key": strings.Repeat("é", 200), "key_limit": 10000})
+}
+
+// withWakeupsOnWorkpool runs wake-ups on the test's running workpool.
+func withWakeupsOnWorkpool(t *testing.T) func(*Config, *Services) {
+	return func(c *Config, sv *Services) {
+		withMandates(t)(c, sv)
+		sv.Wakeups = wakeup.New(sv.DB, sv.Workpool, sv.Mandates, wakeup.Config{Logger: testkit.Logger(t)})
+	}
+}
+
+func TestWakeupWorkTakesAConcurrencyKey(t *testing.T) {
+	f := newPoolsFixture(t, withWakeupsOnWorkpool(t))
+	agent := subToken(t, "org-a", "rt", "a1", RoleAgent)
+	r := do(t, f.h, http.MethodPost, "/v1/mandates", f.admin, map[string]any{"agent_id": "a1", "scope": "llm", "budget": 100})
+	require.Equal(t, http.StatusCreated, r.Status, string(r.Body))
+	body := func(work map[string]any) map[string]any {
+		return map[string]any{"agent_id": "a1", "workflow_id": "org-a/wf", "signal": "wake", "scope": "llm", "cost": 1,
+			"work": work}
+	}
+
+	for _, tc := range []struct {
+		work  map[string]any
+		field string
+	}{
+		{map[string]any{"handler": "echo", "concurrency_key": "k", "key_limit": 0}, "work.key_limit"},
+		{map[string]any{"handler": "echo", "concurrency_key": "k", "key_limit": 10001}, "work.key_limit"},
+		{map[string]any{"handler": "echo", "concurrency_key": strings.Repeat("k", 201)}, "work.concurrency_key"},
+		{map[string]any{"handler": "echo", "key_limit": 2}, "work.key_limit"},
+	} {
+		do(t, f.h, http.MethodPost, "/v1/wakeups", agent, body(tc.work)).requireProblem(t, http.StatusBadRequest, tc.field)
+	}
+	var wakeups int
+	require.NoError(t, f.s.svc.DB.QueryRow(context.Background(), `SELECT count(*) FROM wakeups`).Scan(&wakeups))
+	require.Zero(t, wakeups, "nothing written, nothing spent")
+
+	work := map[string]any{"handler": "echo", "concurrency_key": "customer-7", "key_limit": 2}
+	r = do(t, f.h, http.MethodPost, "/v1/wakeups", agent, body(work), "Idempotency-Key", "w-1")
+	require.Equal(t, http.StatusCreated, r.Status, string(r.Body))
+	id := r.JSON(t)["id"].(string)
+	var workID string
+	require.Eventually(t, func() bool {
+		w := do(t, f.h, http.MethodGet, "/v1/wakeups/"+id, agent, nil).JSON(t)
+		workID, _ = w["work_id"].(string)
+		return workID != ""
+	}, testWait, pollEvery)
+	var (
+		key   string
+		limit int
+	)
+	require.NoError(t, f.s.svc.DB.QueryRow(context.Background(),
+		`SELECT concurrency_key, key_limit FROM workpool_work WHERE id = $1 AND org_id = 'org-a'`, workID).Scan(&key, &limit))
+	require.Equal(t, "customer-7", key)
+	require.Equal(t, 2, limit)
+}

@@ -1,0 +1,210 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/reveille/reveille/internal/service"
+	"github.com/reveille/reveille/workpool"
+)
+
+// fairPhase is one burn-down of the fair-share benchmark.
+type fairPhase struct {
+	rate float64 // items per second, resume to the last completion committed
+	// p99 start lag (from the resume) of the org whose p99 is the worst,
+	// and of the one whose is the best.
+	worstP99, bestP99 time.Duration
+}
+
+// poolFairShare times, on one running service, burn-downs of n items of
+// one org and of n items spread over c.Orgs orgs, in c.Rounds pairs whose
+// order alternates (so that neither side always runs on the other's dead
+// rows). Each burn-down enqueues into the paused pool, in org blocks (the
+// worst order for plain FIFO: the last org would wait for all the others),
+// and times from the resume until every completion is committed. With one
+// org the loop starts work on its fast path; with several, every start is
+// the fair one (weights, caps and keys unused: plain fair share).
+func poolFairShare(ctx context.Context, c PoolConfig) error {
+	c.Rounds = max(c.Rounds, 1)
+	w, err := setUp(ctx, c.Service, "pool", c.DataDir, false)
+	defer w.tearDown(false)
+	if err != nil {
+		return err
+	}
+	cfg, _ := serviceConfig(c.Service, w, quiet)
+	cfg.ConfigureDB = func(pc *pgxpool.Config) { pc.MaxConns = int32(min(max(c.Parallelism/10, 16), 64)) }
+	cfg.Workpool.Pools = map[string]int{poolName: c.Parallelism}
+	cfg.Workpool.MaxPendingPerOrg = max(c.N, workpool.DefaultMaxPendingPerOrg)
+	svc, err := service.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+	m := svc.Workpool()
+	var handled atomic.Int64
+	m.Register("bench.noop", func(context.Context, workpool.Job) (json.RawMessage, error) {
+		handled.Add(1)
+		return nil, nil
+	})
+	m.RegisterHook("bench.hook", func(context.Context, pgx.Tx, workpool.Completion) error { return nil })
+	r, err := start(ctx, svc)
+	if err != nil {
+		return err
+	}
+	defer r.stop()
+	stopProfile, err := startCPUProfile(c.CPUProfile)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
+
+	var single, fair []fairPhase
+	for round := range c.Rounds {
+		for i := range 2 {
+			orgs := 1
+			if (i+round)%2 == 1 {
+				orgs = c.Orgs
+			}
+			ph, err := fairBurnDown(ctx, svc.DB(), m, c, orgs, &handled, r)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "pool: round %d orgs=%d burndown=%.0f jobs/s p99 start lag: worst org %s, best org %s\n",
+				round+1, orgs, ph.rate, ph.worstP99.Round(time.Millisecond), ph.bestP99.Round(time.Millisecond))
+			if orgs == 1 {
+				single = append(single, ph)
+			} else {
+				fair = append(fair, ph)
+			}
+		}
+	}
+	s, f := medianPhase(single), medianPhase(fair)
+	fmt.Printf("pool: n=%d parallelism=%d orgs=%d rounds=%d single-org burndown=%.0f jobs/s fair-share burndown=%.0f jobs/s (%.2f×) "+
+		"worst org p99 start lag=%s (single org: %s)\n",
+		c.N, c.Parallelism, c.Orgs, c.Rounds, s.rate, f.rate, f.rate/s.rate, f.worstP99.Round(time.Millisecond), s.worstP99.Round(time.Millisecond))
+	return nil
+}
+
+// fairBurnDown runs one burn-down of c.N items over orgs fresh orgs.
+func fairBurnDown(ctx context.Context, db *pgxpool.Pool, m *workpool.Manager, c PoolConfig, orgs int,
+	handled *atomic.Int64, r *running) (fairPhase, error) {
+	if err := m.Pause(ctx, poolName); err != nil {
+		return fairPhase{}, err
+	}
+	names := make([]string, orgs)
+	run := uuid.NewString()[:8]
+	for k := range names {
+		names[k] = fmt.Sprintf("bench-%s-%02d", run, k)
+	}
+	params := make([]workpool.EnqueueParams, 0, c.Batch)
+	for i := range c.N {
+		// Org blocks: org k's items are the k-th n/orgs.
+		org := names[min(i*orgs/c.N, orgs-1)]
+		p := workpool.EnqueueParams{OrgID: org, Pool: poolName, Handler: "bench.noop", Args: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
+		if c.Hook {
+			p.OnComplete = &workpool.OnComplete{Hook: "bench.hook", Context: json.RawMessage(`{}`)}
+		}
+		if params = append(params, p); len(params) == c.Batch || i == c.N-1 || names[min((i+1)*orgs/c.N, orgs-1)] != org {
+			if _, err := m.EnqueueMany(ctx, params); err != nil {
+				return fairPhase{}, fmt.Errorf("enqueue: %w", err)
+			}
+			params = params[:0]
+		}
+	}
+	if _, err := db.Exec(ctx, "CHECKPOINT"); err != nil {
+		fmt.Fprintf(os.Stderr, "pool: no checkpoint before the burn-down (%v): its pair is uneven\n", err)
+	}
+	target := handled.Load() + int64(c.N)
+	resumed := time.Now()
+	if err := m.Resume(ctx, poolName); err != nil {
+		return fairPhase{}, err
+	}
+	if err := waitFinished(ctx, m, names, c.N, handled, target, r); err != nil {
+		return fairPhase{}, err
+	}
+	ph := fairPhase{rate: float64(c.N) / time.Since(resumed).Seconds()}
+	lags, err := orgStartLags(ctx, db, names, resumed)
+	if err != nil {
+		return fairPhase{}, err
+	}
+	ph.worstP99, ph.bestP99 = slices.Max(lags), slices.Min(lags)
+	return ph, nil
+}
+
+// waitFinished waits until the handlers ran target items in all, then
+// until the orgs' n items are all finished.
+func waitFinished(ctx context.Context, m *workpool.Manager, orgs []string, n int, handled *atomic.Int64, target int64, r *running) error {
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.done:
+			return fmt.Errorf("the service stopped during the burn-down: %v", r.err)
+		case <-tick.C:
+		}
+		if handled.Load() < target {
+			continue
+		}
+		var done int64
+		for _, org := range orgs {
+			p, err := m.Pool(ctx, org, poolName)
+			if err != nil {
+				return fmt.Errorf("counting finished work: %w", err)
+			}
+			done += p.Report.Completed
+		}
+		if done >= int64(n) {
+			return nil
+		}
+	}
+}
+
+// orgStartLags reads each org's p99 start lag, counted from the resume (a
+// benchmark's read across its own orgs).
+func orgStartLags(ctx context.Context, db *pgxpool.Pool, orgs []string, resumed time.Time) ([]time.Duration, error) {
+	rows, err := db.Query(ctx, `
+		SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - greatest(run_at, $3)))
+		FROM workpool_work WHERE pool = $1 AND org_id = ANY($2) GROUP BY org_id`, poolName, orgs, resumed)
+	if err != nil {
+		return nil, fmt.Errorf("reading start lags: %w", err)
+	}
+	secs, err := pgx.CollectRows(rows, pgx.RowTo[float64])
+	if err != nil {
+		return nil, fmt.Errorf("reading start lags: %w", err)
+	}
+	if len(secs) != len(orgs) {
+		return nil, errors.New("reading start lags: some org's work is missing")
+	}
+	out := make([]time.Duration, len(secs))
+	for i, s := range secs {
+		out[i] = time.Duration(s * float64(time.Second))
+	}
+	return out, nil
+}
+
+// medianPhase is the phase of median rate (its lags with it).
+func medianPhase(ps []fairPhase) fairPhase {
+	s := slices.Clone(ps)
+	slices.SortFunc(s, func(a, b fairPhase) int {
+		switch {
+		case a.rate < b.rate:
+			return -1
+		case a.rate > b.rate:
+			return 1
+		}
+		return 0
+	})
+	return s[len(s)/2]
+}
