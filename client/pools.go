@@ -15,20 +15,20 @@ type PoolsService struct{ c *Client }
 // Pool is a work pool: its settings, its loop and the caller's org's
 // counts.
 type Pool struct {
-	Name                 string    `json:"name"`
-	MaxParallelism       int       `json:"max_parallelism"`
-	MaxParallelismPerOrg *int      `json:"max_parallelism_per_org"`
+	Name                 string `json:"name"`
+	MaxParallelism       int    `json:"max_parallelism"`
+	MaxParallelismPerOrg *int   `json:"max_parallelism_per_org"`
 	// Paused: the pool accepts work but starts none (Pause, Resume).
 	Paused    bool      `json:"paused"`
 	RunStatus RunStatus `json:"run_status"`
 	// Running and Pending count the caller's org's items; BlockedByKey and
 	// BlockedByOrgCap its ready items a concurrency key or the per-org cap
 	// holds back.
-	Running           int64      `json:"running"`
-	Pending           int64      `json:"pending"`
-	BlockedByKey      int64      `json:"blocked_by_key"`
-	BlockedByOrgCap   int64      `json:"blocked_by_org_cap"`
-	OldestPendingAgeS float64    `json:"oldest_pending_age_s"`
+	Running           int64   `json:"running"`
+	Pending           int64   `json:"pending"`
+	BlockedByKey      int64   `json:"blocked_by_key"`
+	BlockedByOrgCap   int64   `json:"blocked_by_org_cap"`
+	OldestPendingAgeS float64 `json:"oldest_pending_age_s"`
 	// Weight is the caller's org's fair-share weight; OrgWeights, in the
 	// operator routes' answers only, every org's that is not the default.
 	Weight     int            `json:"weight"`
