@@ -50,12 +50,12 @@ type loop struct {
 	lastRecovery time.Time
 	nextHookAt   time.Time
 	fullOnly     bool  // tests: never take the fast path
+	fastStarts   int64 // fast iterations that started work (tests)
 	// shared: the last iteration found ready work that fair share must
 	// share (several orgs, keys or a per-org cap), so the next fast
 	// iteration starts fairly (sqlIterateFastShared) rather than hand over
 	// to the full one.
 	shared bool
-	fastStarts   int64 // fast iterations that started work (tests)
 }
 
 func newLoop(m *Manager, pool string) *loop {
