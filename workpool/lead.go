@@ -49,13 +49,13 @@ type loop struct {
 	lastActivity time.Time
 	lastRecovery time.Time
 	nextHookAt   time.Time
-	fullOnly     bool  // tests: never take the fast path
-	fastStarts   int64 // fast iterations that started work (tests)
+	fullOnly     bool // tests: never take the fast path
 	// shared: the last iteration found ready work that fair share must
 	// share (several orgs, keys or a per-org cap), so the next fast
 	// iteration starts fairly (sqlIterateFastShared) rather than hand over
 	// to the full one.
-	shared bool
+	shared     bool
+	fastStarts int64 // fast iterations that started work (tests)
 }
 
 func newLoop(m *Manager, pool string) *loop {
@@ -168,16 +168,21 @@ func (l *loop) maintain(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-purge.C:
-			if _, err := l.purge(ctx); errors.Is(err, leader.ErrDeposed) {
-				return // another replica leads now; this term's loop stands down with its context
-			} else if err != nil && ctx.Err() == nil {
-				l.m.logger.Warn("purging finished work failed", "pool", l.pool, "error", err.Error())
-			}
-			if _, err := l.purgeKeys(ctx); err != nil && ctx.Err() == nil {
-				l.m.logger.Warn("purging idempotency keys failed", "pool", l.pool, "error", err.Error())
-			}
-			if err := l.refreshPending(ctx); err != nil && ctx.Err() == nil {
-				l.m.logger.Warn("refreshing pending counts failed", "pool", l.pool, "error", err.Error())
+			for _, c := range []struct {
+				what string
+				do   func(context.Context) error
+			}{
+				{"purging finished work", func(ctx context.Context) error { _, err := l.purge(ctx); return err }},
+				{"purging idempotency keys", func(ctx context.Context) error { _, err := l.purgeKeys(ctx); return err }},
+				{"refreshing pending counts", l.refreshPending},
+			} {
+				err := c.do(ctx)
+				if errors.Is(err, leader.ErrDeposed) {
+					return // another replica leads now; this term ends with its context
+				}
+				if err != nil && ctx.Err() == nil {
+					l.m.logger.Warn(c.what+" failed", "pool", l.pool, "error", err.Error())
+				}
 			}
 		}
 	}
