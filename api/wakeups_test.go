@@ -77,9 +77,9 @@ func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEnd
 func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	var stmts []string
 	for _, q := range d.Batch.QueuedQueries {
-		stmts = append(stmts, q.SQL)
+		stmts = append(stmts, abbreviate(q.SQL))
 	}
-	r.add("batch[" + strings.Join(stmts, " ; ") + "]")
+	r.add("batch[" + strings.Join(stmts, "; ") + "]")
 	return ctx
 }
 
@@ -89,7 +89,16 @@ func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEnd
 func (r *roundTrips) add(sql string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.sql = append(r.sql, strings.Join(strings.Fields(sql), " "))
+	r.sql = append(r.sql, abbreviate(sql))
+}
+
+// abbreviate is a statement's first words, enough to tell it.
+func abbreviate(sql string) string {
+	s := strings.Join(strings.Fields(sql), " ")
+	if len(s) > 60 {
+		s = s[:60] + "…"
+	}
+	return s
 }
 
 // take returns what was counted since the last take, and forgets it.
