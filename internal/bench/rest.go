@@ -10,6 +10,8 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -173,14 +175,64 @@ func (r *restRunner) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	groups := restGroupMetric[r.c.Route]
+	sum0, count0, err := r.histogram(ctx, groups)
+	if err != nil {
+		return err
+	}
 	route, err := r.phase(ctx, r.c.Route, r.c.Duration)
 	if err != nil {
 		return err
 	}
 	stopProfile()
+	sum1, count1, err := r.histogram(ctx, groups)
+	if err != nil {
+		return err
+	}
+	extra := fmt.Sprintf(", clients=%d agents=%d keyed=%t hold=%t", r.c.Clients, r.c.Agents, r.c.Keyed, r.c.Hold)
+	if count1 > count0 {
+		extra += fmt.Sprintf(", %.1f requests per shared commit", (sum1-sum0)/(count1-count0))
+	}
 	fmt.Println(who.line("whoami", fmt.Sprintf(", clients=%d", r.c.Clients)))
-	fmt.Println(route.line(r.c.Route, fmt.Sprintf(", clients=%d agents=%d keyed=%t hold=%t", r.c.Clients, r.c.Agents, r.c.Keyed, r.c.Hold)))
+	fmt.Println(route.line(r.c.Route, extra))
 	return nil
+}
+
+// restGroupMetric is the histogram of requests per shared commit of each
+// route that groups them.
+var restGroupMetric = map[string]string{
+	RestWakeup: "reveille_wakeups_create_batch_size",
+	RestSpend:  "reveille_mandates_spend_batch_size",
+}
+
+// histogram reads the sum and count of a histogram from /metrics (zeros
+// for "" or a histogram not there).
+func (r *restRunner) histogram(ctx context.Context, name string) (sum, count float64, err error) {
+	if name == "" {
+		return 0, 0, nil
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.base+"/metrics", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	res, err := r.hc.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer res.Body.Close()
+	raw, err := io.ReadAll(res.Body)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, name+"_sum "); ok {
+			sum, _ = strconv.ParseFloat(v, 64)
+		}
+		if v, ok := strings.CutPrefix(line, name+"_count "); ok {
+			count, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	return sum, count, nil
 }
 
 // phase sends route requests from every client, back to back, for d.
