@@ -68,7 +68,7 @@ type roundTrips struct {
 }
 
 func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	r.add(d.SQL)
+	r.add(abbreviate(d.SQL))
 	return ctx
 }
 
@@ -89,7 +89,7 @@ func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEnd
 func (r *roundTrips) add(sql string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.sql = append(r.sql, abbreviate(sql))
+	r.sql = append(r.sql, sql)
 }
 
 // abbreviate is a statement's first words, enough to tell it.

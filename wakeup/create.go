@@ -28,10 +28,12 @@ import (
 // after another. Nothing waits to fill a group: a group is whatever queued
 // while the previous ones ran, so a lone request goes at once.
 //
-// A group is four round trips (createGroup): its BEGIN travels with the
-// intents' inserts and the pending-cap reads; the spends, the commit, the
-// second transaction's BEGIN and its row locks travel together; then the
-// enqueue; then the intents' marks with the commit.
+// A group is three round trips (createGroup): its BEGIN travels with the
+// intents' inserts and the pending-cap reads; the spends, their commit, the
+// second transaction's BEGIN and its row locks travel together; the
+// enqueue travels with the intents' marks and the commit. So no lock
+// another group waits for — a mandate, an org's pending count in a pool —
+// is held across a round trip.
 type createBatcher struct {
 	s          *Service
 	maxBatch   int
@@ -42,11 +44,15 @@ type createBatcher struct {
 	running int
 }
 
-// createBatchers is how many groups may run at once. Groups meet only on
-// rows they share — a mandate (in the gate's round trip) and an org's
-// pending count in a pool (from the enqueue to its commit) — and take
-// those in one order.
-const createBatchers = 4
+// createBatchers is how many groups may run at once: two, so that one
+// group's round trips overlap the other's while each carries what arrived
+// meanwhile. More split the same requests into smaller groups that queue
+// on the same rows — a hot mandate, an org's pending count in a pool — and
+// on the commits a NOTIFY serialises (docs/benchmarks.md § rest: at 32
+// clients, 8 groups carried 3 requests each and served ~1,100/s, 2 carried
+// 10 and served ~1,700–2,600/s). Groups take the rows they share in one
+// order.
+const createBatchers = 2
 
 // groupTimeout bounds one group; it serves several callers, so no single
 // caller's context governs it.
@@ -162,7 +168,10 @@ func (m *member) wakeup() Wakeup {
 	return w
 }
 
-// The group's own statements. Every one filters on org_id.
+// The group's own statements. Each finds its rows by primary key (id =
+// ANY): a join with unnest() on (org_id, id) let the planner walk an org's
+// every wake-up instead. The ids are the group's own, inserted for their
+// orgs, so org_id = ANY($1) keeps every statement within its orgs.
 const (
 	// qInsertIntent inserts an intent as funded; a concurrent duplicate of
 	// its key waits for the first to commit, then inserts nothing.
@@ -174,30 +183,31 @@ RETURNING created_at`
 
 	// qDropIntents deletes, before the commit, the intents refused before
 	// their spend. $1 orgs, $2 ids.
-	qDropIntents = `
-DELETE FROM wakeups w USING unnest($1::text[], $2::uuid[]) AS u(org_id, id) WHERE w.org_id = u.org_id AND w.id = u.id`
+	qDropIntents = `DELETE FROM wakeups WHERE id = ANY($2) AND org_id = ANY($1)`
 
 	// qAwaitApproval marks the intents whose spend was refused: those whose
 	// approval request (its id fixed before the spend) exists. $1 orgs,
-	// $2 ids, $3 approval ids.
+	// $2 ids, $3 their approval ids.
 	qAwaitApproval = `
 UPDATE wakeups w SET state = 'awaiting_approval', approval_id = u.approval_id
-  FROM unnest($1::text[], $2::uuid[], $3::uuid[]) AS u(org_id, id, approval_id)
-  JOIN mandate_approvals a ON a.org_id = u.org_id AND a.id = u.approval_id
- WHERE w.org_id = u.org_id AND w.id = u.id`
+  FROM unnest($2::uuid[], $3::uuid[]) AS u(id, approval_id)
+ WHERE w.id = ANY($2) AND w.org_id = ANY($1) AND w.id = u.id
+   AND u.approval_id IN (SELECT a.id FROM mandate_approvals a WHERE a.id = ANY($3) AND a.org_id = ANY($1))`
 
 	// qLockFunded locks, in the second transaction, the intents still
 	// funded (a cancel or the reconciler may have settled one meanwhile).
 	// $1 orgs, $2 ids.
 	qLockFunded = `
-SELECT w.id FROM wakeups w JOIN unnest($1::text[], $2::uuid[]) AS u(org_id, id) ON w.org_id = u.org_id AND w.id = u.id
- WHERE w.state = 'funded' ORDER BY w.id FOR UPDATE OF w`
+SELECT id FROM wakeups WHERE id = ANY($2) AND org_id = ANY($1) AND state = 'funded' ORDER BY id FOR UPDATE`
 
-	// qMarkEnqueued records the enqueued work. $1 orgs, $2 ids, $3 work ids.
+	// qMarkEnqueued records the enqueued work, in the enqueue's round trip:
+	// only where the work is there (an enqueue that inserted nothing marks
+	// nothing). $1 orgs, $2 ids, $3 their work ids.
 	qMarkEnqueued = `
 UPDATE wakeups w SET state = 'enqueued', work_id = u.work_id, updated_at = now()
-  FROM unnest($1::text[], $2::uuid[], $3::uuid[]) AS u(org_id, id, work_id)
- WHERE w.org_id = u.org_id AND w.id = u.id
+  FROM unnest($2::uuid[], $3::uuid[]) AS u(id, work_id)
+ WHERE w.id = ANY($2) AND w.org_id = ANY($1) AND w.id = u.id
+   AND u.work_id IN (SELECT k.id FROM workpool_work k WHERE k.id = ANY($3) AND k.org_id = ANY($1))
 RETURNING w.id, w.updated_at`
 )
 
@@ -533,35 +543,37 @@ func (s *Service) enqueueAlone(ctx context.Context, orgID string, id uuid.UUID, 
 }
 
 // enqueueFundedGroup enqueues the locked intents' work in the open second
-// transaction, marks them enqueued and commits in the round trip of the
-// marks.
+// transaction, marks them enqueued and commits, in one round trip. Should
+// the enqueue insert nothing (a pool dropped since the check), the marks,
+// which test for the work, mark nothing either, and the intents stay
+// funded.
 func (s *Service) enqueueFundedGroup(ctx context.Context, c groupConn, funded []*member) error {
 	ps := make([]workpool.EnqueueParams, len(funded))
+	orgs, ids := make([]string, len(funded)), make([]uuid.UUID, len(funded))
 	for i, m := range funded {
 		ps[i] = s.enqueueParams(m.req.p.OrgID, m.id, m.req.p.Pool, m.req.p.Work)
+		orgs[i], ids[i] = m.req.p.OrgID, m.id
 	}
-	workIDs, err := s.pool.EnqueueManyTx(ctx, groupTx{c}, ps)
+	b := &pgx.Batch{}
+	q, err := s.pool.QueueEnqueue(b, ps)
 	if err != nil {
 		return fmt.Errorf("enqueue wake-up work: %w", err)
 	}
-	orgs, ids := make([]string, len(funded)), make([]uuid.UUID, len(funded))
-	for i, m := range funded {
-		orgs[i], ids[i], m.workID = m.req.p.OrgID, m.id, workIDs[i]
-	}
-	b := &pgx.Batch{}
-	b.Queue(qMarkEnqueued, orgs, ids, workIDs)
+	b.Queue(qMarkEnqueued, orgs, ids, q.IDs)
 	b.Queue("COMMIT")
 	br := c.SendBatch(ctx, b)
 	defer br.Close()
+	if err := q.Read(br); err != nil && !errors.Is(err, workpool.ErrNotEnqueued) {
+		return fmt.Errorf("enqueue wake-up work: %w", err)
+	}
 	rows, err := br.Query()
 	if err != nil {
 		return fmt.Errorf("mark wake-ups enqueued: %w", err)
 	}
-	updated := map[uuid.UUID]time.Time{}
+	marked := map[uuid.UUID]time.Time{}
 	var id uuid.UUID
 	var at time.Time
-	_, err = pgx.ForEachRow(rows, []any{&id, &at}, func() error { updated[id] = at; return nil })
-	if err != nil {
+	if _, err = pgx.ForEachRow(rows, []any{&id, &at}, func() error { marked[id] = at; return nil }); err != nil {
 		return fmt.Errorf("mark wake-ups enqueued: %w", err)
 	}
 	tag, err := br.Exec()
@@ -571,22 +583,12 @@ func (s *Service) enqueueFundedGroup(ctx context.Context, c groupConn, funded []
 	if err != nil {
 		return fmt.Errorf("committing the wake-ups' enqueue: %w", err)
 	}
-	for _, m := range funded {
-		m.updatedAt = updated[m.id]
+	for i, m := range funded {
+		if at, ok := marked[m.id]; ok {
+			m.workID, m.updatedAt = q.IDs[i], at
+		} else {
+			m.funded = false // still funded: enqueued alone
+		}
 	}
 	return br.Close()
 }
-
-// groupTx is the group's open transaction as workpool's EnqueueManyTx
-// takes it. The group's own batches begin and end it, so it refuses to.
-type groupTx struct{ groupConn }
-
-var _ pgx.Tx = groupTx{}
-
-var errGroupTx = errors.New("wakeup: the group's transaction is begun and ended by the group")
-
-func (groupTx) Begin(context.Context) (pgx.Tx, error) { return nil, errGroupTx }
-func (groupTx) Commit(context.Context) error          { return errGroupTx }
-func (groupTx) Rollback(context.Context) error        { return errGroupTx }
-func (groupTx) LargeObjects() pgx.LargeObjects        { return pgx.LargeObjects{} }
-func (t groupTx) Conn() *pgx.Conn                     { return t.groupConn.Conn }

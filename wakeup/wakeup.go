@@ -299,7 +299,7 @@ type resolveData struct {
 // treat Create as done once the gate committed.
 //
 // Concurrent calls share their transactions (createBatcher): on the common
-// path a request costs four round trips, however many share them.
+// path a request costs three round trips, however many share them.
 func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 	if err := s.validate(ctx, &p); err != nil {
 		return Wakeup{}, err
