@@ -293,9 +293,9 @@ func failAll(ms []*member, err error) {
 }
 
 // gateGroup is the first transaction for the whole group: every intent is
-// inserted and its spend decided, and the transaction commits. Without a
-// BeforeEnqueue hook, the second transaction begins and locks the funded
-// intents in the same round trip as that commit.
+// inserted and its spend decided, and the transaction commits. The second
+// transaction begins and locks the funded intents in the same round trip
+// as that commit.
 func (s *Service) gateGroup(ctx context.Context, c groupConn, ms []*member) error {
 	checks, err := s.insertIntents(ctx, c, ms)
 	if err != nil {
@@ -395,9 +395,9 @@ func (s *Service) insertIntents(ctx context.Context, c groupConn, ms []*member) 
 }
 
 // decideGroup sends the spends queued in b with the refused intents'
-// deletion before them and their marks after them, and commits; then,
-// unless a BeforeEnqueue hook must run first, it begins the second
-// transaction and locks the funded intents in the same round trip.
+// deletion before them and their marks after them, and commits; then it
+// begins the second transaction and locks the funded intents in the same
+// round trip.
 func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, spenders []*member, dropOrgs []string, dropIDs []uuid.UUID) error {
 	decisions := b.QueuedQueries
 	b.QueuedQueries = nil
@@ -413,7 +413,7 @@ func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, sp
 		b.Queue(qAwaitApproval, orgs, ids, approvals)
 	}
 	b.Queue("COMMIT")
-	lock := s.cfg.BeforeEnqueue == nil && len(spenders) > 0
+	lock := len(spenders) > 0
 	if lock {
 		b.Queue("BEGIN")
 		b.Queue(qLockFunded, orgs, ids)
@@ -499,9 +499,23 @@ func (s *Service) enqueueGroup(ctx context.Context, c groupConn, ms []*member) {
 	for _, m := range ms {
 		if !m.answered && m.spend != nil && m.res.OK {
 			granted = append(granted, m)
-			if m.funded {
-				funded = append(funded, m)
+		}
+	}
+	crashed := map[*member]error{}
+	if hook := s.cfg.BeforeEnqueue; hook != nil {
+		// Between the gate's commit and the enqueue, as a crash there would
+		// be: an intent the hook fails stays funded, for the reconciler
+		// (answered once this transaction no longer locks it).
+		for _, m := range granted {
+			if err := hook(ctx, m.id); err != nil {
+				m.funded = false
+				crashed[m] = fmt.Errorf("wake-up %s is funded; its work will be enqueued by the reconciler: %w", m.id, err)
 			}
+		}
+	}
+	for _, m := range granted {
+		if m.funded {
+			funded = append(funded, m)
 		}
 	}
 	if len(funded) > 0 {
@@ -511,20 +525,17 @@ func (s *Service) enqueueGroup(ctx context.Context, c groupConn, ms []*member) {
 			markFundedAlone(funded)
 		}
 	} else {
-		c.rollback(ctx) // the second transaction, if it began, found nothing to do
+		c.rollback(ctx) // the second transaction, if it began, has nothing to do
 	}
 	for _, m := range granted {
-		if m.funded {
+		switch {
+		case crashed[m] != nil:
+			m.answer(createReply{w: m.wakeup(), err: crashed[m]})
+		case m.funded:
 			m.answer(createReply{w: m.wakeup()})
-			continue
+		default:
+			m.answer(s.enqueueAlone(ctx, m.req.p.OrgID, m.id, m.wakeup()))
 		}
-		if hook := s.cfg.BeforeEnqueue; hook != nil {
-			if err := hook(ctx, m.id); err != nil {
-				m.answer(createReply{w: m.wakeup(), err: fmt.Errorf("wake-up %s is funded; its work will be enqueued by the reconciler: %w", m.id, err)})
-				continue
-			}
-		}
-		m.answer(s.enqueueAlone(ctx, m.req.p.OrgID, m.id, m.wakeup()))
 	}
 }
 

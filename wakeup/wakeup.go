@@ -304,7 +304,11 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 	if err := s.validate(ctx, &p); err != nil {
 		return Wakeup{}, err
 	}
-	r := s.creator.do(ctx, p)
+	return s.settle(ctx, p, s.creator.do(ctx, p))
+}
+
+// settle is Create's answer to p from its group's reply.
+func (s *Service) settle(ctx context.Context, p CreateParams, r createReply) (Wakeup, error) {
 	switch {
 	case r.replay:
 		return s.replayKey(ctx, p)
