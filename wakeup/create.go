@@ -258,8 +258,10 @@ func (s *Service) createGroup(ctx context.Context, reqs []*createRequest) {
 	if err := s.gateGroup(ctx, c, ms); err != nil {
 		// Nothing committed: a statement the server refused rolled back the
 		// whole transaction, so each request goes alone (and meets its own
-		// error, or none); after any other failure the commit's outcome is
-		// unknown and the error goes to every caller, as it would alone.
+		// error, or none) once the transaction no longer holds its keys;
+		// after any other failure the commit's outcome is unknown and the
+		// error goes to every caller, as it would alone.
+		c.rollback(ctx)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
 			s.logger.Debug("wake-up gate group failed; its requests go alone", "requests", len(ms), "error", err.Error())
