@@ -1,6 +1,7 @@
 package wakeup
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -168,10 +169,10 @@ func (m *member) wakeup() Wakeup {
 	return w
 }
 
-// The group's own statements. Each finds its rows by primary key (id =
-// ANY): a join with unnest() on (org_id, id) let the planner walk an org's
-// every wake-up instead. The ids are the group's own, inserted for their
-// orgs, so org_id = ANY($1) keeps every statement within its orgs.
+// The group's own statements, one per intent: each finds its row by
+// primary key with scalar parameters. (With arrays, joined to unnest(),
+// the plan cached on a connection kept walking the whole table for as long
+// as the table's statistics said it was empty: in a new database, minutes.)
 const (
 	// qInsertIntent inserts an intent as funded; a concurrent duplicate of
 	// its key waits for the first to commit, then inserts nothing.
@@ -181,34 +182,29 @@ VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, 'funded', $12,
 ON CONFLICT (org_id, agent_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING created_at`
 
-	// qDropIntents deletes, before the commit, the intents refused before
-	// their spend. $1 orgs, $2 ids.
-	qDropIntents = `DELETE FROM wakeups WHERE id = ANY($2) AND org_id = ANY($1)`
+	// qDropIntent deletes, before the commit, an intent refused before its
+	// spend. $1 org, $2 id.
+	qDropIntent = `DELETE FROM wakeups WHERE org_id = $1 AND id = $2`
 
-	// qAwaitApproval marks the intents whose spend was refused: those whose
-	// approval request (its id fixed before the spend) exists. $1 orgs,
-	// $2 ids, $3 their approval ids.
+	// qAwaitApproval marks an intent whose spend was refused: one whose
+	// approval request (its id $3 fixed before the spend) exists. $1 org,
+	// $2 id.
 	qAwaitApproval = `
-UPDATE wakeups w SET state = 'awaiting_approval', approval_id = u.approval_id
-  FROM unnest($2::uuid[], $3::uuid[]) AS u(id, approval_id)
- WHERE w.id = ANY($2) AND w.org_id = ANY($1) AND w.id = u.id
-   AND u.approval_id IN (SELECT a.id FROM mandate_approvals a WHERE a.id = ANY($3) AND a.org_id = ANY($1))`
+UPDATE wakeups SET state = 'awaiting_approval', approval_id = $3
+ WHERE org_id = $1 AND id = $2 AND EXISTS (SELECT 1 FROM mandate_approvals WHERE org_id = $1 AND id = $3)`
 
-	// qLockFunded locks, in the second transaction, the intents still
-	// funded (a cancel or the reconciler may have settled one meanwhile).
-	// $1 orgs, $2 ids.
-	qLockFunded = `
-SELECT id FROM wakeups WHERE id = ANY($2) AND org_id = ANY($1) AND state = 'funded' ORDER BY id FOR UPDATE`
+	// qLockFunded locks, in the second transaction, an intent still funded
+	// (a cancel or the reconciler may have settled it meanwhile). $1 org,
+	// $2 id.
+	qLockFunded = `SELECT true FROM wakeups WHERE org_id = $1 AND id = $2 AND state = 'funded' FOR UPDATE`
 
-	// qMarkEnqueued records the enqueued work, in the enqueue's round trip:
-	// only where the work is there (an enqueue that inserted nothing marks
-	// nothing). $1 orgs, $2 ids, $3 their work ids.
+	// qMarkEnqueued records an intent's enqueued work $3, in the enqueue's
+	// round trip: only if the work is there (an enqueue that inserted
+	// nothing marks nothing). $1 org, $2 id.
 	qMarkEnqueued = `
-UPDATE wakeups w SET state = 'enqueued', work_id = u.work_id, updated_at = now()
-  FROM unnest($2::uuid[], $3::uuid[]) AS u(id, work_id)
- WHERE w.id = ANY($2) AND w.org_id = ANY($1) AND w.id = u.id
-   AND u.work_id IN (SELECT k.id FROM workpool_work k WHERE k.id = ANY($3) AND k.org_id = ANY($1))
-RETURNING w.id, w.updated_at`
+UPDATE wakeups SET state = 'enqueued', work_id = $3, updated_at = now()
+ WHERE org_id = $1 AND id = $2 AND EXISTS (SELECT 1 FROM workpool_work WHERE org_id = $1 AND id = $3)
+RETURNING updated_at`
 )
 
 // groupConn is the connection a group runs on, with the transaction its
@@ -322,9 +318,7 @@ func (s *Service) gateGroup(ctx context.Context, c groupConn, ms []*member) erro
 			cmp.Compare(a.req.p.Scope, b.req.p.Scope))
 	})
 	b := &pgx.Batch{}
-	var dropOrgs []string
-	var dropIDs []uuid.UUID
-	var spenders []*member
+	var dropped, spenders []*member
 	for _, m := range byMandate {
 		if !m.inserted {
 			continue
@@ -339,13 +333,13 @@ func (s *Service) gateGroup(ctx context.Context, c groupConn, ms []*member) erro
 			})
 		}
 		if m.dropped != nil {
-			dropOrgs, dropIDs = append(dropOrgs, p.OrgID), append(dropIDs, m.id)
+			dropped = append(dropped, m)
 			m.answer(createReply{err: m.dropped})
 			continue
 		}
 		spenders = append(spenders, m)
 	}
-	return s.decideGroup(ctx, c, b, spenders, dropOrgs, dropIDs)
+	return s.decideGroup(ctx, c, b, spenders, dropped)
 }
 
 // insertIntents opens the group's transaction and inserts its intents,
@@ -398,31 +392,30 @@ func (s *Service) insertIntents(ctx context.Context, c groupConn, ms []*member) 
 
 // decideGroup sends the spends queued in b with the refused intents'
 // deletion before them and their marks after them, and commits; then it
-// begins the second transaction and locks the funded intents in the same
-// round trip.
-func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, spenders []*member, dropOrgs []string, dropIDs []uuid.UUID) error {
+// begins the second transaction and locks the funded intents (in id order)
+// in the same round trip.
+func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, spenders, dropped []*member) error {
 	decisions := b.QueuedQueries
 	b.QueuedQueries = nil
-	if len(dropIDs) > 0 {
-		b.Queue(qDropIntents, dropOrgs, dropIDs)
+	for _, m := range dropped {
+		b.Queue(qDropIntent, m.req.p.OrgID, m.id)
 	}
 	b.QueuedQueries = append(b.QueuedQueries, decisions...)
-	orgs, ids, approvals := make([]string, len(spenders)), make([]uuid.UUID, len(spenders)), make([]uuid.UUID, len(spenders))
-	for i, m := range spenders {
-		orgs[i], ids[i], approvals[i] = m.req.p.OrgID, m.id, m.spend.ApprovalID
-	}
-	if len(spenders) > 0 {
-		b.Queue(qAwaitApproval, orgs, ids, approvals)
+	for _, m := range spenders {
+		b.Queue(qAwaitApproval, m.req.p.OrgID, m.id, m.spend.ApprovalID)
 	}
 	b.Queue("COMMIT")
-	lock := len(spenders) > 0
-	if lock {
+	byID := slices.Clone(spenders)
+	slices.SortFunc(byID, func(a, b *member) int { return bytes.Compare(a.id[:], b.id[:]) })
+	if len(byID) > 0 {
 		b.Queue("BEGIN")
-		b.Queue(qLockFunded, orgs, ids)
+		for _, m := range byID {
+			b.Queue(qLockFunded, m.req.p.OrgID, m.id)
+		}
 	}
 	br := c.SendBatch(ctx, b)
 	defer br.Close()
-	if len(dropIDs) > 0 {
+	for range dropped {
 		if _, err := br.Exec(); err != nil {
 			return fmt.Errorf("delete refused wake-ups: %w", err)
 		}
@@ -438,7 +431,7 @@ func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, sp
 			return fmt.Errorf("spend for wake-up %s: its idempotency key was used before", m.id)
 		}
 	}
-	if len(spenders) > 0 {
+	for range spenders {
 		if _, err := br.Exec(); err != nil {
 			return fmt.Errorf("mark refused wake-ups: %w", err)
 		}
@@ -450,13 +443,13 @@ func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, sp
 	if err != nil {
 		return fmt.Errorf("committing the wake-up gate: %w", err)
 	}
-	if !lock {
+	if len(byID) == 0 {
 		return br.Close()
 	}
 	// Committed: from here on a failure leaves the funded intents to be
 	// enqueued one by one.
 	if _, err = br.Exec(); err == nil {
-		err = s.readLocked(br, spenders)
+		err = readLocked(br, byID)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -469,18 +462,13 @@ func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, sp
 	return nil
 }
 
-// readLocked marks the members qLockFunded returned as funded.
-func (s *Service) readLocked(br pgx.BatchResults, spenders []*member) error {
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	locked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return err
-	}
-	for _, m := range spenders {
-		m.funded = slices.Contains(locked, m.id)
+// readLocked marks funded the members qLockFunded found still funded.
+func readLocked(br pgx.BatchResults, ms []*member) error {
+	for _, m := range ms {
+		err := br.QueryRow().Scan(&m.funded)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
 	}
 	return nil
 }
@@ -562,32 +550,29 @@ func (s *Service) enqueueAlone(ctx context.Context, orgID string, id uuid.UUID, 
 // funded.
 func (s *Service) enqueueFundedGroup(ctx context.Context, c groupConn, funded []*member) error {
 	ps := make([]workpool.EnqueueParams, len(funded))
-	orgs, ids := make([]string, len(funded)), make([]uuid.UUID, len(funded))
 	for i, m := range funded {
 		ps[i] = s.enqueueParams(m.req.p.OrgID, m.id, m.req.p.Pool, m.req.p.Work)
-		orgs[i], ids[i] = m.req.p.OrgID, m.id
 	}
 	b := &pgx.Batch{}
 	q, err := s.pool.QueueEnqueue(b, ps)
 	if err != nil {
 		return fmt.Errorf("enqueue wake-up work: %w", err)
 	}
-	b.Queue(qMarkEnqueued, orgs, ids, q.IDs)
+	for i, m := range funded {
+		b.Queue(qMarkEnqueued, m.req.p.OrgID, m.id, q.IDs[i])
+	}
 	b.Queue("COMMIT")
 	br := c.SendBatch(ctx, b)
 	defer br.Close()
 	if err := q.Read(br); err != nil && !errors.Is(err, workpool.ErrNotEnqueued) {
 		return fmt.Errorf("enqueue wake-up work: %w", err)
 	}
-	rows, err := br.Query()
-	if err != nil {
-		return fmt.Errorf("mark wake-ups enqueued: %w", err)
-	}
-	marked := map[uuid.UUID]time.Time{}
-	var id uuid.UUID
-	var at time.Time
-	if _, err = pgx.ForEachRow(rows, []any{&id, &at}, func() error { marked[id] = at; return nil }); err != nil {
-		return fmt.Errorf("mark wake-ups enqueued: %w", err)
+	marked := make([]time.Time, len(funded))
+	for i := range funded {
+		err := br.QueryRow().Scan(&marked[i])
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("mark wake-ups enqueued: %w", err)
+		}
 	}
 	tag, err := br.Exec()
 	if err == nil && tag.String() != "COMMIT" {
@@ -597,11 +582,11 @@ func (s *Service) enqueueFundedGroup(ctx context.Context, c groupConn, funded []
 		return fmt.Errorf("committing the wake-ups' enqueue: %w", err)
 	}
 	for i, m := range funded {
-		if at, ok := marked[m.id]; ok {
-			m.workID, m.updatedAt = q.IDs[i], at
-		} else {
+		if marked[i].IsZero() {
 			m.funded = false // still funded: enqueued alone
+			continue
 		}
+		m.workID, m.updatedAt = q.IDs[i], marked[i]
 	}
 	return br.Close()
 }
