@@ -61,8 +61,8 @@ type RestConfig struct {
 	// DataDir is where a local Postgres starts when Service has no
 	// database (a temporary directory when empty).
 	DataDir string
-	// CPUProfile, when set, is the file the measured phases' CPU profile
-	// goes to.
+	// CPUProfile, when set, is the file the route's measured phase's CPU
+	// profile goes to.
 	CPUProfile string
 }
 
@@ -166,11 +166,6 @@ func (r *restRunner) run(ctx context.Context) error {
 			return fmt.Errorf("warm-up of %s: %w", route, err)
 		}
 	}
-	stopProfile, err := startCPUProfile(r.c.CPUProfile)
-	if err != nil {
-		return err
-	}
-	defer stopProfile()
 	who, err := r.phase(ctx, "whoami", r.c.Duration)
 	if err != nil {
 		return err
@@ -180,6 +175,11 @@ func (r *restRunner) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	stopProfile, err := startCPUProfile(r.c.CPUProfile)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	route, err := r.phase(ctx, r.c.Route, r.c.Duration)
 	if err != nil {
 		return err
