@@ -3,9 +3,14 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
@@ -50,4 +55,124 @@ func TestWakeupRefusalIsA402NamingBothIDs(t *testing.T) {
 
 	body["work"].(map[string]any)["handler"] = "nope"
 	do(t, s.Handler(), http.MethodPost, "/v1/wakeups", token(t, "org-a", "agent"), body).requireProblem(t, http.StatusBadRequest, "work.handler")
+}
+
+// roundTrips is a pgx tracer counting the round trips a pool makes: a
+// statement sent alone is one, a pipelined batch is one however many
+// statements it carries. (Preparing a statement a connection has not seen
+// is a round trip too; the counted requests follow a warm-up, so each
+// connection's statement cache already holds what they send.)
+type roundTrips struct {
+	mu  sync.Mutex
+	sql []string // what each round trip sent, first statement first
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.add(abbreviate(d.SQL))
+	return ctx
+}
+
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	var stmts []string
+	for _, q := range d.Batch.QueuedQueries {
+		stmts = append(stmts, abbreviate(q.SQL))
+	}
+	r.add("batch[" + strings.Join(stmts, "; ") + "]")
+	return ctx
+}
+
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+func (r *roundTrips) add(sql string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sql = append(r.sql, sql)
+}
+
+// abbreviate is a statement's first words, enough to tell it.
+func abbreviate(sql string) string {
+	s := strings.Join(strings.Fields(sql), " ")
+	if len(s) > 60 {
+		s = s[:60] + "…"
+	}
+	return s
+}
+
+// take returns what was counted since the last take, and forgets it.
+func (r *roundTrips) take() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.sql
+	r.sql = nil
+	return out
+}
+
+// withCountedDB puts the server on a database whose round trips rt counts.
+func withCountedDB(t *testing.T, rt *roundTrips) func(*Config, *Services) {
+	return func(_ *Config, sv *Services) {
+		cfg, err := pgxpool.ParseConfig(testkit.NewDatabase(t))
+		require.NoError(t, err)
+		cfg.ConnConfig.Tracer = rt
+		db, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(db.Close)
+		sv.DB = db
+	}
+}
+
+// The wake-up request is the product's main call: on the common path (the
+// mandate covers it) it costs at most four round trips to Postgres, and
+// the Idempotency-Key layer adds its claim and its record.
+func TestAWakeupRequestTakesAtMostFourRoundTripsOnTheAllowedPath(t *testing.T) {
+	tests := []struct {
+		name      string
+		key       bool
+		status    int
+		maxTrips  int
+		overspend bool
+	}{
+		{name: "allowed, no Idempotency-Key", status: http.StatusCreated, maxTrips: 4},
+		{name: "allowed, with an Idempotency-Key", key: true, status: http.StatusCreated, maxTrips: 6},
+		{name: "refused by the mandate", overspend: true, status: http.StatusPaymentRequired, maxTrips: 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rt := &roundTrips{}
+			s := newTestServer(t, withCountedDB(t, rt), withWakeups(t))
+			ctx := context.Background()
+			_, err := s.svc.Mandates.Create(ctx, "org-a", mandates.CreateParams{AgentID: "a1", Scope: "llm", Budget: 1000})
+			require.NoError(t, err)
+			tok := token(t, "org-a", "agent")
+			post := func(i int) response {
+				cost := 1
+				if tt.overspend {
+					cost = 5000
+				}
+				body := map[string]any{
+					"agent_id": "a1", "workflow_id": fmt.Sprintf("org-a/wf-%d", i), "signal": "wake", "scope": "llm", "cost": cost,
+					"work": map[string]any{"handler": "echo", "args": map[string]any{"i": i}},
+				}
+				var headers []string
+				if tt.key {
+					headers = []string{"Idempotency-Key", fmt.Sprintf("k-%d", i)}
+				}
+				return do(t, s.Handler(), http.MethodPost, "/v1/wakeups", tok, body, headers...)
+			}
+			// Warm up: connections opened, statements prepared, caches filled.
+			for i := range 3 {
+				require.Equal(t, tt.status, post(i).Status)
+			}
+			rt.take()
+
+			r := post(100)
+
+			require.Equal(t, tt.status, r.Status, string(r.Body))
+			trips := rt.take()
+			require.LessOrEqual(t, len(trips), tt.maxTrips, "round trips:\n%s", strings.Join(trips, "\n"))
+			t.Logf("%d round trips:\n%s", len(trips), strings.Join(trips, "\n"))
+		})
+	}
 }

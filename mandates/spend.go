@@ -126,8 +126,9 @@ func (s *Service) spend(ctx context.Context, q db.Batcher, p SpendParams) (res S
 	return res, false, err
 }
 
-// queueSpend adds p's decision to b.
-func (s *Service) queueSpend(b *pgx.Batch, p SpendParams) {
+// queueSpend adds p's decision to b and returns the id the approval
+// request of a refusal will have.
+func (s *Service) queueSpend(b *pgx.Batch, p SpendParams) (approvalID uuid.UUID) {
 	var kind string
 	var data []byte
 	if p.OnResolve != nil {
@@ -136,8 +137,50 @@ func (s *Service) queueSpend(b *pgx.Batch, p SpendParams) {
 			data = nil
 		}
 	}
+	approvalID = newID()
 	b.Queue(qSpendDecide, p.OrgID, p.AgentID, p.Scope, p.Cost, p.Reason, p.IdempotencyKey,
-		newID(), newID(), p.RequestedBy, s.cfg.ApprovalTTL.Microseconds(), kind, data)
+		newID(), approvalID, p.RequestedBy, s.cfg.ApprovalTTL.Microseconds(), kind, data)
+	return approvalID
+}
+
+// QueuedSpend is a spend decision queued in a caller's batch by
+// QueueSpend.
+type QueuedSpend struct {
+	// ApprovalID is the id the approval request of a refusal gets, fixed
+	// before the batch is sent, so that a statement queued after the
+	// decision in the same transaction can find the request (or find that
+	// there is none: the spend was granted).
+	ApprovalID uuid.UUID
+	s          *Service
+	p          SpendParams
+}
+
+// QueueSpend validates p and queues its decision in b, for a caller that
+// sends b in a transaction of its own beside statements of its own (the
+// wake-up gate: its intent and its spend commit together, all in one round
+// trip). Read the answer with Read, in b's queue order.
+func (s *Service) QueueSpend(b *pgx.Batch, p SpendParams) (*QueuedSpend, error) {
+	if err := p.validate(); err != nil {
+		return nil, err
+	}
+	return &QueuedSpend{ApprovalID: s.queueSpend(b, p), s: s, p: p}, nil
+}
+
+// Read takes the decision from br. decided is false when p's key had been
+// used before, so that nothing was decided now: Answer reads the first
+// answer once br is closed.
+func (q *QueuedSpend) Read(br pgx.BatchResults) (res SpendResult, decided bool, err error) {
+	res, decided, err = readSpend(br)
+	if err == nil && decided {
+		q.s.metrics.spend(res.OK)
+	}
+	return res, decided, err
+}
+
+// Answer is the first answer to the key of a spend Read found already
+// used, or ErrIdempotencyKeyReused when it was first used for another.
+func (q *QueuedSpend) Answer(ctx context.Context, db db.Querier) (SpendResult, error) {
+	return q.s.answer(ctx, db, q.p)
 }
 
 // readSpend reads one decision queued by queueSpend. decided is false when

@@ -604,3 +604,90 @@ func labelValue(m *dto.Metric, name string) string {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A spend queued in a caller's batch is decided in the caller's transaction
+// beside the caller's own statements, one round trip for all: it commits or
+// rolls back with them, and the approval request of a refusal has the id
+// the queued spend announced before the batch was sent.
+func TestAQueuedSpendIsDecidedInTheCallersBatchAndTransaction(t *testing.T) {
+	tests := []struct {
+		name     string
+		cost     int64
+		commit   bool
+		ok       bool
+		spent    int64
+		requests int
+	}{
+		{name: "granted and committed", cost: 2, commit: true, ok: true, spent: 2},
+		{name: "refused and committed", cost: 5, commit: true, requests: 1},
+		{name: "granted and rolled back", cost: 2, ok: true},
+		{name: "refused and rolled back", cost: 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, db := newTestService(t)
+			ctx := context.Background()
+			m := mustCreate(t, s, "org-a", "agent-1", "llm", 3)
+			b := &pgx.Batch{}
+			b.BeginTx(pgx.TxOptions{})
+			q, err := s.QueueSpend(b, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: tt.cost, IdempotencyKey: "k"})
+			require.NoError(t, err)
+			b.Queue(`SELECT count(*) FROM mandate_approvals WHERE org_id = 'org-a' AND id = $1`, q.ApprovalID)
+			br := db.SendBatch(ctx, b)
+			tx := br.Tx()
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = br.Exec()
+			require.NoError(t, err)
+			res, decided, err := q.Read(br)
+			require.NoError(t, err)
+			var found int
+			require.NoError(t, br.QueryRow().Scan(&found))
+			require.NoError(t, br.Close())
+			if tt.commit {
+				require.NoError(t, tx.Commit(ctx))
+			} else {
+				require.NoError(t, tx.Rollback(ctx))
+			}
+
+			require.True(t, decided)
+			require.Equal(t, tt.ok, res.OK)
+			if !tt.ok {
+				require.Equal(t, q.ApprovalID, res.ApprovalID)
+				require.Equal(t, 1, found, "the statement after the decision finds the request by the announced id")
+			} else {
+				require.Zero(t, found)
+			}
+			require.Equal(t, tt.spent, mustGet(t, s, "org-a", m).Spent)
+			require.Equal(t, tt.requests, countApprovals(t, db, "org-a", StatePending))
+			requireLedgerMatches(t, db)
+		})
+	}
+}
+
+func TestAQueuedSpendWhoseKeyWasUsedDecidesNothingAndAnswersTheFirst(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 3)
+	p := SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 2, IdempotencyKey: "k"}
+	first, err := s.Spend(ctx, p)
+	require.NoError(t, err)
+
+	b := &pgx.Batch{}
+	q, err := s.QueueSpend(b, p)
+	require.NoError(t, err)
+	br := db.SendBatch(ctx, b)
+	_, decided, err := q.Read(br)
+	require.NoError(t, err)
+	require.NoError(t, br.Close())
+	require.False(t, decided)
+	again, err := q.Answer(ctx, db)
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	require.Equal(t, first.MandateID, again.MandateID)
+	require.EqualValues(t, 2, mustGet(t, s, "org-a", m).Spent)
+
+	_, err = s.QueueSpend(b, SpendParams{OrgID: "org-a", Scope: "llm", Cost: 1})
+	var inv *apperr.InvalidError
+	require.ErrorAs(t, err, &inv, "a queued spend is validated as Spend is")
+	require.Equal(t, "agent_id", inv.Fields[0].Field)
+}

@@ -3,9 +3,10 @@ package wakeup
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	created    *prometheus.CounterVec
-	resolved   *prometheus.CounterVec
-	reconciled prometheus.Counter
+	created     *prometheus.CounterVec
+	resolved    *prometheus.CounterVec
+	reconciled  prometheus.Counter
+	createBatch prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -19,9 +20,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reconciled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "reveille_wakeups_reconciled_total", Help: "Funded wake-ups the reconciler enqueued or settled after a failure between the two transactions.",
 		}),
+		createBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "reveille_wakeups_create_batch_size",
+			Help:    "Wake-up requests per shared gate and enqueue (group commit).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.created, m.resolved, m.reconciled)
+		reg.MustRegister(m.created, m.resolved, m.reconciled, m.createBatch)
 	}
 	return m
 }

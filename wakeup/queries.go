@@ -78,6 +78,19 @@ func (s *Service) Get(ctx context.Context, orgID, agentID string, id uuid.UUID) 
 	return w, nil
 }
 
+// getByKey returns the agent's wake-up created under an idempotency key.
+func (s *Service) getByKey(ctx context.Context, orgID, agentID, key string) (Wakeup, error) {
+	w, err := scanWakeup(s.db.QueryRow(ctx, selectWakeup+` WHERE w.org_id = $1 AND w.agent_id = $2 AND w.idempotency_key = $3`,
+		orgID, agentID, key))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Wakeup{}, ErrNotFound
+	}
+	if err != nil {
+		return Wakeup{}, fmt.Errorf("read wake-up: %w", err)
+	}
+	return w, nil
+}
+
 // ListFilter narrows List.
 type ListFilter struct {
 	WorkflowID string

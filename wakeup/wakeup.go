@@ -187,6 +187,10 @@ type Config struct {
 	// transaction; an error aborts Create there, as a crash would. Tests use
 	// it to leave a funded intent for the reconciler.
 	BeforeEnqueue func(ctx context.Context, id uuid.UUID) error
+	// MaxCreateBatch is the most concurrent Create calls one group carries
+	// through the gate and the enqueue, each a shared commit (default 32;
+	// 1: a group per request).
+	MaxCreateBatch int
 }
 
 // Service is the wake-up service.
@@ -198,6 +202,7 @@ type Service struct {
 	logger   *slog.Logger
 	metrics  *metrics
 
+	creator    *createBatcher
 	reconciler leader.Background
 }
 
@@ -206,10 +211,12 @@ type Service struct {
 func New(db *pgxpool.Pool, pool *workpool.Manager, m *mandates.Service, cfg Config) *Service {
 	cfg.ReconcileInterval = cmp.Or(cfg.ReconcileInterval, 2*time.Second)
 	cfg.ReconcileAfter = cmp.Or(cfg.ReconcileAfter, 5*time.Second)
+	cfg.MaxCreateBatch = max(cmp.Or(cfg.MaxCreateBatch, 32), 1)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	s := &Service{db: db, pool: pool, mandates: m, cfg: cfg, logger: cfg.Logger, metrics: newMetrics(cfg.Registry)}
+	s.creator = newCreateBatcher(s, cfg.MaxCreateBatch)
 	pool.RegisterHook(HookName, s.onWorkComplete)
 	m.RegisterResolveHook(ResolveKind, s.onApprovalResolved)
 	return s
@@ -295,10 +302,30 @@ type resolveData struct {
 // refusal returns *RefusedError after its commit. A failure after the gate
 // leaves a funded intent that the reconciler enqueues, so the caller may
 // treat Create as done once the gate committed.
+//
+// Concurrent calls share their transactions (createBatcher): on the common
+// path a request costs three round trips, however many share them.
 func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 	if err := s.validate(ctx, &p); err != nil {
 		return Wakeup{}, err
 	}
+	return s.settle(ctx, p, s.creator.do(ctx, p))
+}
+
+// settle is Create's answer to p from its group's reply.
+func (s *Service) settle(ctx context.Context, p CreateParams, r createReply) (Wakeup, error) {
+	switch {
+	case r.replay:
+		return s.replayKey(ctx, p)
+	case r.alone:
+		return s.createAlone(ctx, p)
+	}
+	return r.w, r.err
+}
+
+// createAlone is Create for one valid request in transactions of its own:
+// the way a request goes when its group failed before committing.
+func (s *Service) createAlone(ctx context.Context, p CreateParams) (Wakeup, error) {
 	id, existing, refusal, err := s.gate(ctx, p)
 	if err != nil {
 		return Wakeup{}, err
@@ -320,10 +347,23 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Wakeup, error) {
 			return w, fmt.Errorf("wake-up %s is funded; its work will be enqueued by the reconciler: %w", id, err)
 		}
 	}
-	if _, err := s.enqueueFunded(ctx, p.OrgID, id); err != nil {
-		s.logger.Warn("enqueue after the gate failed; the reconciler will retry", "org_id", p.OrgID, "wakeup_id", id, "error", err)
+	r := s.enqueueAlone(ctx, p.OrgID, id, w)
+	return r.w, r.err
+}
+
+// replayKey answers a request whose idempotency key names a committed
+// wake-up (found by its group's insert). Should that wake-up be gone — it
+// was a request of the same group, refused before its spend — the request
+// goes alone.
+func (s *Service) replayKey(ctx context.Context, p CreateParams) (Wakeup, error) {
+	w, err := s.getByKey(ctx, p.OrgID, p.AgentID, p.IdempotencyKey)
+	if errors.Is(err, ErrNotFound) {
+		return s.createAlone(ctx, p)
 	}
-	return s.Get(ctx, p.OrgID, AnyAgent, id)
+	if err != nil {
+		return Wakeup{}, err
+	}
+	return s.replayOf(w, p)
 }
 
 // replay answers a repeated idempotency key with the first request's
@@ -333,6 +373,11 @@ func (s *Service) replay(ctx context.Context, p CreateParams, id uuid.UUID) (Wak
 	if err != nil {
 		return Wakeup{}, err
 	}
+	return s.replayOf(w, p)
+}
+
+// replayOf answers p, whose idempotency key named w.
+func (s *Service) replayOf(w Wakeup, p CreateParams) (Wakeup, error) {
 	if !sameRequest(w, p) {
 		return Wakeup{}, ErrIdempotencyKeyReused
 	}

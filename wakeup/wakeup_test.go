@@ -52,11 +52,23 @@ type fixtureOptions struct {
 	// handed to the service as this process's.
 	signals      queue.Signaler
 	handoffLease time.Duration
+	// trace, when set, counts the round trips of the fixture's database.
+	trace *roundTrips
 }
 
 func newFixtureWith(t *testing.T, o fixtureOptions) *fixture {
 	t.Helper()
-	f := &fixture{db: testkit.NewPool(t)}
+	f := &fixture{}
+	if o.trace != nil {
+		cfg, err := pgxpool.ParseConfig(testkit.NewDatabase(t))
+		require.NoError(t, err)
+		cfg.ConnConfig.Tracer = o.trace
+		f.db, err = pgxpool.NewWithConfig(context.Background(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(f.db.Close)
+	} else {
+		f.db = testkit.NewPool(t)
+	}
 	if o.signals != nil {
 		f.dispatcher = queue.NewDispatcher(f.db, o.signals, queue.DispatcherConfig{HandoffLease: o.handoffLease, Logger: testkit.Logger(t)})
 		require.NoError(t, f.dispatcher.Start(context.Background()))

@@ -3,6 +3,7 @@ package workpool
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -92,42 +93,20 @@ func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueuePara
 		}
 		replay = rows.replay
 	}
-	// One round trip: count the items toward their orgs' caps, insert them
-	// unless a count went past its cap, wake the loops.
-	groups := m.pendingGroups(ps, rows)
-	args := []any{pgUUIDs(rows.ids), rows.orgs, rows.pools, rows.handlers, rows.args, rows.runAts, rows.maxAttempts,
-		rows.backoffMS, rows.bases, rows.timeouts, rows.hooks, rows.hookContexts, rows.keys, rows.keyLimits,
-		int32(len(rows.poolSet)), m.now(), replay}
-	limit := int64(m.cfg.MaxPendingPerOrg)
 	b := &pgx.Batch{}
-	var first pgx.QueuedQuery // the insert
-	switch {
-	case groups == nil: // the cap is off: nothing to count or test
-		first = pgx.QueuedQuery{SQL: sqlEnqueueInsert, Arguments: args}
-	case len(groups.pools) == 1:
-		first = pgx.QueuedQuery{SQL: sqlEnqueueCounted, Arguments: append(slices.Clip(args),
-			groups.pools[0], groups.orgs[0], limit, groups.counts[0], groups.checked[0])}
-	default:
-		b.Queue(sqlAddPending, groups.pools, groups.orgs, groups.counts, m.now())
-		first = pgx.QueuedQuery{SQL: sqlEnqueueGroups,
-			Arguments: append(slices.Clip(args), groups.checkPools, groups.checkOrgs, limit, groups.checkKeys)}
-	}
+	q := m.queueFirstTry(b, ps, rows, replay)
 	var inserted int64
-	b.Queue(first.SQL, first.Arguments...).Exec(func(tag pgconn.CommandTag) error {
+	q.insert.Exec(func(tag pgconn.CommandTag) error {
 		inserted = tag.RowsAffected()
 		return nil
 	})
-	kicks := make([]string, 0, len(rows.poolSet))
-	for p := range rows.poolSet {
-		kicks = append(kicks, "e:"+p)
-	}
-	b.Queue(sqlNotifyEach, kicks)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("enqueueing %d work items: %w", len(ps), err)
 	}
 	if inserted == int64(fresh) {
 		return rows.ids, nil
 	}
+	groups, first, args, limit := q.groups, q.first, q.args, int64(m.cfg.MaxPendingPerOrg)
 	// Nothing was inserted: a count past its cap, or an unknown pool.
 	again := first // the insert's second try
 	if groups != nil {
@@ -152,6 +131,103 @@ func (m *Manager) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ps []EnqueuePara
 		return nil, m.unknownPools(ctx, tx, ps)
 	}
 	return rows.ids, nil
+}
+
+// firstTry is the statements of an enqueue's first round trip, queued by
+// queueFirstTry.
+type firstTry struct {
+	groups *pendingGroups // nil: the cap is off
+	first  pgx.QueuedQuery
+	args   []any
+	insert *pgx.QueuedQuery // first, as queued: its tag counts the inserted items
+	others int              // statements queued before the insert
+}
+
+// queueFirstTry queues the enqueue's one round trip in b: count the items
+// toward their orgs' caps, insert them unless a count went past its cap,
+// wake the loops (when the transaction commits).
+func (m *Manager) queueFirstTry(b *pgx.Batch, ps []EnqueueParams, rows *enqueueRows, replay []bool) firstTry {
+	q := firstTry{groups: m.pendingGroups(ps, rows)}
+	q.args = []any{pgUUIDs(rows.ids), rows.orgs, rows.pools, rows.handlers, rows.args, rows.runAts, rows.maxAttempts,
+		rows.backoffMS, rows.bases, rows.timeouts, rows.hooks, rows.hookContexts, rows.keys, rows.keyLimits,
+		int32(len(rows.poolSet)), m.now(), replay}
+	limit := int64(m.cfg.MaxPendingPerOrg)
+	switch g := q.groups; {
+	case g == nil: // the cap is off: nothing to count or test
+		q.first = pgx.QueuedQuery{SQL: sqlEnqueueInsert, Arguments: q.args}
+	case len(g.pools) == 1:
+		q.first = pgx.QueuedQuery{SQL: sqlEnqueueCounted, Arguments: append(slices.Clip(q.args),
+			g.pools[0], g.orgs[0], limit, g.counts[0], g.checked[0])}
+	default:
+		b.Queue(sqlAddPending, g.pools, g.orgs, g.counts, m.now())
+		q.others = 1
+		q.first = pgx.QueuedQuery{SQL: sqlEnqueueGroups,
+			Arguments: append(slices.Clip(q.args), g.checkPools, g.checkOrgs, limit, g.checkKeys)}
+	}
+	q.insert = b.Queue(q.first.SQL, q.first.Arguments...)
+	kicks := make([]string, 0, len(rows.poolSet))
+	for p := range rows.poolSet {
+		kicks = append(kicks, "e:"+p)
+	}
+	b.Queue(sqlNotifyEach, kicks)
+	return q
+}
+
+// QueuedEnqueue is an enqueue queued in a caller's batch by QueueEnqueue.
+type QueuedEnqueue struct {
+	// IDs are the items' ids, in order, fixed before the batch is sent, so
+	// that statements queued after the enqueue can refer to them.
+	IDs []uuid.UUID
+	q   firstTry
+}
+
+// ErrNotEnqueued is Read's answer when a queued enqueue inserted nothing:
+// a pool it names does not exist (Enqueue would name it).
+var ErrNotEnqueued = errors.New("nothing was enqueued: a pool does not exist")
+
+// QueueEnqueue queues in b what EnqueueManyTx sends in its one round trip,
+// for a caller that sends b in a transaction of its own beside statements
+// of its own (the wake-up's second transaction: its marks and its commit
+// travel with the enqueue). It takes only work already owed, whose enqueue
+// never needs a second try: every item BypassPendingCap, none with an
+// IdempotencyKey. Invalid items are an *apperr.InvalidError, as from
+// EnqueueMany. The items are counted, inserted and their loops woken when
+// the caller's transaction commits; Read reports whether they were
+// inserted. When they were not, what else the transaction did may still
+// commit: their counts then only overstate the bound, which a recount
+// repairs, so statements that depend on the items should test for them.
+func (m *Manager) QueueEnqueue(b *pgx.Batch, ps []EnqueueParams) (*QueuedEnqueue, error) {
+	for i, p := range ps {
+		if !p.BypassPendingCap || p.IdempotencyKey != "" {
+			return nil, fmt.Errorf("workpool: QueueEnqueue takes owed work without idempotency keys (item %d)", i)
+		}
+	}
+	rows, err := m.enqueueRows(ps)
+	if err != nil {
+		return nil, err
+	}
+	return &QueuedEnqueue{IDs: rows.ids, q: m.queueFirstTry(b, ps, rows, nil)}, nil
+}
+
+// Read takes the enqueue's results from br, in b's queue order: nil once
+// every item was inserted, ErrNotEnqueued when none was.
+func (e *QueuedEnqueue) Read(br pgx.BatchResults) error {
+	for range e.q.others {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("enqueueing %d work items: %w", len(e.IDs), err)
+		}
+	}
+	tag, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec() // the loops' wake-up
+	}
+	if err != nil {
+		return fmt.Errorf("enqueueing %d work items: %w", len(e.IDs), err)
+	}
+	if tag.RowsAffected() != int64(len(e.IDs)) {
+		return ErrNotEnqueued
+	}
+	return nil
 }
 
 // unknownPools names the items whose pool does not exist.

@@ -312,3 +312,75 @@ func TestUpdatePool_AppliesEveryFieldTogether(t *testing.T) {
 	require.Nil(t, info.MaxParallelismPerOrg, "a nil per-org cap removes it")
 	require.ErrorIs(t, h.m.UpdatePool(h.ctx, "missing", PoolUpdate{MaxParallelism: ptr(3)}), ErrPoolNotFound)
 }
+
+// An enqueue queued in a caller's batch travels with the caller's own
+// statements, which can name its items by the ids fixed in advance, and
+// commits or rolls back with the caller's transaction.
+func TestQueueEnqueue_TravelsWithTheCallersStatementsAndTransaction(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		pool     string
+		commit   bool
+		readErr  error
+		enqueued int // items there afterwards
+	}{
+		{name: "committed", pool: "default", commit: true, enqueued: 2},
+		{name: "rolled back", pool: "default"},
+		{name: "an unknown pool", pool: "missing", commit: true, readErr: ErrNotEnqueued},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxPending(1))
+			item := EnqueueParams{OrgID: "org-1", Pool: tt.pool, Handler: "test_handle", BypassPendingCap: true}
+			b := &pgx.Batch{}
+			b.BeginTx(pgx.TxOptions{})
+			q, err := h.m.QueueEnqueue(b, []EnqueueParams{item, item})
+			require.NoError(t, err)
+			require.Len(t, q.IDs, 2)
+			b.Queue(`SELECT count(*) FROM workpool_work WHERE org_id = 'org-1' AND id = ANY($1)`, q.IDs)
+			br := h.db.SendBatch(h.ctx, b)
+			tx := br.Tx()
+			defer func() { _ = tx.Rollback(h.ctx) }()
+			_, err = br.Exec()
+			require.NoError(t, err)
+			require.ErrorIs(t, q.Read(br), tt.readErr)
+			var seen int
+			require.NoError(t, br.QueryRow().Scan(&seen))
+			require.NoError(t, br.Close())
+			if tt.commit {
+				require.NoError(t, tx.Commit(h.ctx))
+			}
+
+			if tt.readErr == nil {
+				require.Equal(t, 2, seen, "the statement after the enqueue sees its items by their ids")
+			}
+			require.Equal(t, tt.enqueued, h.workCount())
+			for _, id := range q.IDs[:tt.enqueued] {
+				st, err := h.m.Status(h.ctx, "org-1", id)
+				require.NoError(t, err)
+				require.Equal(t, StatePending, st.State)
+			}
+			if tt.enqueued > 0 {
+				require.EqualValues(t, 2, h.pendingBound("org-1"), "counted toward the cap, never refused by it")
+			}
+		})
+	}
+}
+
+func TestQueueEnqueue_TakesOnlyOwedWorkWithoutKeysAndValidItems(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	owed := EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "test_handle", BypassPendingCap: true}
+	keyed, capped, invalid := owed, owed, owed
+	keyed.IdempotencyKey = "k"
+	capped.BypassPendingCap = false
+	invalid.Handler = "nope"
+	for name, p := range map[string]EnqueueParams{"keyed": keyed, "capped": capped} {
+		_, err := h.m.QueueEnqueue(&pgx.Batch{}, []EnqueueParams{owed, p})
+		require.Error(t, err, name)
+	}
+	_, err := h.m.QueueEnqueue(&pgx.Batch{}, []EnqueueParams{owed, invalid})
+	requireInvalid(t, err, "[1].handler")
+}

@@ -203,30 +203,75 @@ func (m *Manager) CheckPending(ctx context.Context, q Querier, orgID, pool strin
 	if !m.capOn() {
 		return nil
 	}
-	var (
-		pending   int64
-		countedAt time.Time
-	)
-	err := q.QueryRow(ctx, sqlReadPending, pool, orgID).Scan(&pending, &countedAt)
-	if errors.Is(err, pgx.ErrNoRows) {
+	c := &PendingCheck{m: m, org: orgID, pool: pool}
+	if err := c.scan(q.QueryRow(ctx, sqlReadPending, pool, orgID)); err != nil {
+		return err
+	}
+	return c.Decide(ctx, q)
+}
+
+// PendingCheck is CheckPending for a caller that sends the read in a batch
+// of its own, beside statements of its own (the wake-up gate's first round
+// trip): QueuePendingCheck queues the read, Read takes its row from the
+// batch's results, and Decide decides once the batch is closed. A nil
+// check (the cap is off) reads and decides nothing.
+type PendingCheck struct {
+	m         *Manager
+	org, pool string
+	found     bool // the pair has a count
+	pending   int64
+	countedAt time.Time
+}
+
+// QueuePendingCheck queues in b the read of orgID's pending count in pool;
+// nil when the cap is off.
+func (m *Manager) QueuePendingCheck(b *pgx.Batch, orgID, pool string) *PendingCheck {
+	if !m.capOn() {
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("reading the pending count of %s in %s: %w", orgID, pool, err)
+	b.Queue(sqlReadPending, pool, orgID)
+	return &PendingCheck{m: m, org: orgID, pool: pool}
+}
+
+// Read takes the count from br, in b's queue order.
+func (c *PendingCheck) Read(br pgx.BatchResults) error {
+	if c == nil {
+		return nil
 	}
+	return c.scan(br.QueryRow())
+}
+
+func (c *PendingCheck) scan(row pgx.Row) error {
+	err := row.Scan(&c.pending, &c.countedAt)
+	c.found = err == nil
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("reading the pending count of %s in %s: %w", c.org, c.pool, err)
+	}
+	return nil
+}
+
+// Decide reports ErrTooManyPending when one more item would take the org
+// past its cap. A count past the cap is counted again on q first, unless
+// it was counted within pendingRecountAfter.
+func (c *PendingCheck) Decide(ctx context.Context, q Querier) error {
+	if c == nil || !c.found {
+		return nil
+	}
+	m := c.m
 	limit := int64(m.cfg.MaxPendingPerOrg)
-	if pending+1 <= limit {
+	if c.pending+1 <= limit {
 		return nil
 	}
-	if m.recounts.due(pool, orgID, countedAt, m.now()) {
-		if pending, err = m.countPending(ctx, q, pool, orgID); err != nil {
+	if m.recounts.due(c.pool, c.org, c.countedAt, m.now()) {
+		pending, err := m.countPending(ctx, q, c.pool, c.org)
+		if err != nil {
 			return err
 		}
 		if pending+1 <= limit {
 			return nil
 		}
 	}
-	return m.refuse(pool, orgID, 1)
+	return m.refuse(c.pool, c.org, 1)
 }
 
 // refreshPending counts again the pool's stalest counts (the leader, on

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 )
@@ -228,4 +230,63 @@ func TestPendingCap_AReplayTakesNoRoomUnderTheCap(t *testing.T) {
 	require.ErrorIs(t, err, ErrTooManyPending)
 	require.Equal(t, 2, h.workCount())
 	require.EqualValues(t, 2, h.pendingBound("org-1"))
+}
+
+// queuedCheck is CheckPending as a caller pipelining it does it: the read
+// in a batch beside a statement of its own, the decision after.
+func (h *harness) queuedCheck(org string) error {
+	h.t.Helper()
+	b := &pgx.Batch{}
+	b.Queue(`SELECT 1`)
+	c := h.m.QueuePendingCheck(b, org, "default")
+	br := h.db.SendBatch(h.ctx, b)
+	_, err := br.Exec()
+	require.NoError(h.t, err)
+	require.NoError(h.t, c.Read(br))
+	require.NoError(h.t, br.Close())
+	return c.Decide(h.ctx, h.db)
+}
+
+func TestPendingCap_AQueuedCheckDecidesAsCheckPending(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		cap     int
+		org     string
+		prepare func(h *harness, id uuid.UUID)
+		refused bool
+	}{
+		{name: "an org with nothing pending", cap: 1, org: "org-2"},
+		{name: "an org at its cap, counted just now", cap: 1, org: "org-1", refused: true},
+		{name: "an org whose stale bound is counted again and has room", cap: 1, org: "org-1", prepare: func(h *harness, id uuid.UUID) {
+			h.runMain()
+			h.complete(id, "success", 1)
+			h.runMain()
+			h.clock.Advance(pendingRecountAfter)
+		}},
+		{name: "the cap off", cap: NoPendingLimit, org: "org-1"},
+	}
+	for _, tt := range tests {
+		for _, how := range []string{"CheckPending", "queued"} {
+			t.Run(tt.name+"/"+how, func(t *testing.T) {
+				t.Parallel()
+				h := newHarness(t, withMaxPending(tt.cap))
+				id := h.enqueue()
+				if tt.prepare != nil {
+					tt.prepare(h, id)
+				}
+				var err error
+				if how == "queued" {
+					err = h.queuedCheck(tt.org)
+				} else {
+					err = h.m.CheckPending(h.ctx, h.db, tt.org, "default")
+				}
+				if tt.refused {
+					require.ErrorIs(t, err, ErrTooManyPending)
+				} else {
+					require.NoError(t, err)
+				}
+			})
+		}
+	}
 }

@@ -65,7 +65,8 @@ type Manager struct {
 	peersMu sync.Mutex
 	peers   map[string]time.Time // other replicas' executors, by origin, last heard
 
-	recounts recountLog // orgs this replica counted over their pending caps
+	recounts   recountLog // orgs this replica counted over their pending caps
+	knownPools knownPools // pools found to exist, for Check
 
 	reportsMu sync.Mutex
 	reports   map[string]*poolReport // what this replica did, per pool

@@ -16,6 +16,7 @@ import (
 // and runs internal/bench's.
 var benches = map[string]func(ctx context.Context, s settings, args []string) error{
 	"pool":    benchPool,
+	"rest":    benchRest,
 	"spend":   benchSpend,
 	"streams": benchStreams,
 	"wake":    benchWake,
@@ -135,4 +136,27 @@ Flags:
 		return err
 	}
 	return bench.Wake(ctx, c)
+}
+
+func benchRest(ctx context.Context, s settings, args []string) error {
+	fs := flag.NewFlagSet("bench rest", flag.ContinueOnError)
+	c := bench.RestConfig{Service: s.serviceConfig(nil)}
+	fs.StringVar(&c.Route, "route", bench.RestWakeup, "the route measured: wakeup (POST /v1/wakeups), spend (POST /v1/mandates/spend) or append (POST …/streams/{name}/chunks)")
+	fs.IntVar(&c.Clients, "clients", 32, "concurrent clients, each sending its next request when its last is answered")
+	fs.IntVar(&c.Agents, "agents", 16, "agents (each with its own mandate) the wake-ups and spends are spread over; 1 = one hot mandate row")
+	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "how long each measured phase (whoami, then the route) runs")
+	fs.DurationVar(&c.Warmup, "warmup", 2*time.Second, "how long each phase is warmed up first, unmeasured")
+	fs.BoolVar(&c.Keyed, "keyed", false, "send an Idempotency-Key with every request")
+	fs.BoolVar(&c.Hold, "hold", true, "wake-ups' work holds its slot until the run ends, so the pool starts max_parallelism items and then nothing (the nearest thing to a paused pool); false: it returns at once and the pool runs it beside the requests")
+	fs.StringVar(&c.DataDir, "data-dir", "", "where to start a local Postgres when DATABASE_URL is unset (default: a temporary directory)")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the route's measured phase to this file")
+	fs.Usage = benchUsage(fs, "engine bench rest [flags]", localPostgres+`Builds the engine as serve does (no Temporal: the wake-ups' signals are
+accepted in process), with the per-org rate limit off, and prints
+  rest: route=whoami rate=…/s p50=…ms p99=…ms   GET /v1/whoami, the same clients
+  rest: route=<route> rate=…/s p50=…ms p99=…ms
+`)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return bench.Rest(ctx, c)
 }

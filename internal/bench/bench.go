@@ -1,5 +1,6 @@
 // Package bench holds the `engine bench` benchmarks: pool (burn-down),
-// spend, streams and wake (latency beside a bare Temporal signal). Each
+// spend, streams, wake (latency beside a bare Temporal signal) and rest (a
+// REST route's rate beside whoami's). Each
 // builds the engine through internal/service, as serve does, on a fresh
 // database of its own that it drops at the end, so that runs share no rows
 // and no benchmark writes into a domain table behind its package's back.

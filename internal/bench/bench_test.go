@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -88,4 +89,20 @@ func TestTheSpendBenchChecksTheLedgerThroughTheMandatesAPI(t *testing.T) {
 	err := Spend(context.Background(), SpendConfig{Service: service.Config{DatabaseURL: admin}, Clients: 4, N: 100, Mandates: 4, Batch: 8, Keyed: true})
 	require.NoError(t, err, "every spend granted within budget, the ledger matching")
 	require.Empty(t, databases(t, admin, "bench_spend_"))
+}
+
+func TestTheRestBenchAnswersEachRouteOverHTTPAndLeavesNothing(t *testing.T) {
+	admin := testkit.ServerURL(t)
+	for _, route := range []string{RestWakeup, RestSpend, RestAppend} {
+		t.Run(route, func(t *testing.T) {
+			err := Rest(context.Background(), RestConfig{Service: service.Config{DatabaseURL: admin}, Route: route,
+				Clients: 2, Agents: 2, Duration: 100 * time.Millisecond, Keyed: route == RestSpend, Hold: true})
+			require.NoError(t, err, "every request answered with its route's success status")
+			require.Empty(t, databases(t, admin, "bench_rest_"))
+		})
+	}
+	t.Run("an unknown route is refused", func(t *testing.T) {
+		err := Rest(context.Background(), RestConfig{Route: "nope", Clients: 1, Agents: 1, Duration: time.Second})
+		require.ErrorContains(t, err, `unknown route "nope"`)
+	})
 }

@@ -1,0 +1,311 @@
+package wakeup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/workpool"
+)
+
+// createTogether runs ps through one group, as Create calls that arrive
+// together go, and returns what each Create returns.
+func (f *fixture) createTogether(t *testing.T, ps ...CreateParams) ([]Wakeup, []error) {
+	t.Helper()
+	ctx := context.Background()
+	ws, errs := make([]Wakeup, len(ps)), make([]error, len(ps))
+	var reqs []*createRequest
+	index := map[*createRequest]int{}
+	for i := range ps {
+		if errs[i] = f.svc.validate(ctx, &ps[i]); errs[i] != nil {
+			continue
+		}
+		r := &createRequest{p: ps[i], reply: make(chan createReply, 1)}
+		reqs, index[r] = append(reqs, r), i
+	}
+	f.svc.createGroup(ctx, reqs)
+	for _, r := range reqs {
+		i := index[r]
+		ws[i], errs[i] = f.svc.settle(ctx, ps[i], <-r.reply)
+	}
+	return ws, errs
+}
+
+// A group decides each of its requests as the request alone would be
+// decided: funded and enqueued, refused by its mandate, refused as invalid
+// before anything is written, or replayed under its idempotency key.
+func TestAGroupDecidesEachRequestAsItWouldBeDecidedAlone(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	keyed := params("")
+	keyed.IdempotencyKey = "earlier"
+	earlier, err := f.svc.Create(ctx, keyed)
+	require.NoError(t, err)
+
+	overBudget, otherOrg, tooDear, twice := params(""), params(""), params(""), params("")
+	overBudget.Cost = 50
+	otherOrg.OrgID, otherOrg.WorkflowID = "o2", "o2/wf"
+	tooDear.Cost = mandates.MaxAmount + 1
+	twice.IdempotencyKey = "twice"
+	ws, errs := f.createTogether(t, params(""), overBudget, otherOrg, tooDear, keyed, twice, twice)
+
+	t.Run("funded and enqueued", func(t *testing.T) {
+		require.NoError(t, errs[0])
+		require.Equal(t, "enqueued", f.state(t, ws[0].ID))
+		require.NotNil(t, ws[0].WorkID)
+		got, err := f.svc.Get(ctx, "o", AnyAgent, ws[0].ID)
+		require.NoError(t, err)
+		require.Equal(t, got.WorkID, ws[0].WorkID)
+		require.Equal(t, got.CreatedAt, ws[0].CreatedAt, "what Create returns is what was written")
+		require.Equal(t, got.UpdatedAt, ws[0].UpdatedAt)
+		require.Equal(t, StatusPending, ws[0].Status)
+		require.Equal(t, DeliveryWaiting, ws[0].Delivery.State)
+	})
+	t.Run("refused by its mandate", func(t *testing.T) {
+		var refused *RefusedError
+		require.ErrorAs(t, errs[1], &refused)
+		require.Equal(t, mandates.RefusalInsufficient, refused.Refusal)
+		require.Equal(t, "awaiting_approval", f.state(t, ws[1].ID))
+		got, err := f.svc.Get(ctx, "o", AnyAgent, ws[1].ID)
+		require.NoError(t, err)
+		require.Equal(t, &Approval{ID: refused.ApprovalID, State: mandates.StatePending}, got.Approval)
+		require.Equal(t, got.Approval, ws[1].Approval)
+	})
+	t.Run("another org's, refused by its own mandates", func(t *testing.T) {
+		var refused *RefusedError
+		require.ErrorAs(t, errs[2], &refused)
+		require.Equal(t, mandates.RefusalNoMandate, refused.Refusal)
+		_, err := f.svc.Get(ctx, "o", AnyAgent, ws[2].ID)
+		require.ErrorIs(t, err, ErrNotFound, "filed under its own org")
+		_, err = f.svc.Get(ctx, "o2", AnyAgent, ws[2].ID)
+		require.NoError(t, err)
+	})
+	t.Run("invalid for its mandate, refused before anything is written", func(t *testing.T) {
+		var inv *apperr.InvalidError
+		require.ErrorAs(t, errs[3], &inv)
+		require.Equal(t, "cost", inv.Fields[0].Field)
+		require.Equal(t, uuid.Nil, ws[3].ID)
+	})
+	t.Run("an earlier key, replayed", func(t *testing.T) {
+		require.NoError(t, errs[4])
+		require.Equal(t, earlier.ID, ws[4].ID)
+	})
+	t.Run("a key twice in the group, created once", func(t *testing.T) {
+		require.NoError(t, errs[5])
+		require.NoError(t, errs[6])
+		require.Equal(t, ws[5].ID, ws[6].ID)
+	})
+	require.Equal(t, 5, f.wakeupCount(t), "earlier, funded, over budget, the other org's, twice")
+	require.EqualValues(t, 9, f.spent(t), "earlier, funded and twice: one spend each")
+}
+
+// A group shares its transactions: however many requests it carries, it
+// costs three round trips, two commits and one NOTIFY.
+func TestAGroupOfRequestsSharesItsRoundTripsCommitsAndNotify(t *testing.T) {
+	rt := &roundTrips{}
+	f := newFixtureWith(t, fixtureOptions{trace: rt})
+	_, err := f.mandates.Create(context.Background(), "o", mandates.CreateParams{AgentID: "b", Scope: "s", Budget: 10})
+	require.NoError(t, err)
+	ps := make([]CreateParams, 6)
+	for i := range ps {
+		ps[i] = params("")
+		ps[i].WorkflowID = fmt.Sprintf("o/wf-%d", i)
+		if i%2 == 1 {
+			ps[i].AgentID = "b"
+		}
+	}
+	f.createTogether(t, ps[:1]...) // warm-up: statements prepared
+	rt.take()
+
+	ws, errs := f.createTogether(t, ps[1:]...)
+
+	trips := rt.take()
+	for i := range ws {
+		require.NoError(t, errs[i])
+		require.Equal(t, "enqueued", f.state(t, ws[i].ID))
+	}
+	all := strings.Join(trips, "\n")
+	require.Len(t, trips, 3, all)
+	require.Equal(t, 2, strings.Count(all, "COMMIT"), all)
+	require.Equal(t, 1, strings.Count(all, "pg_notify"), all)
+}
+
+// A statement the server refuses rolls the whole gate of a group back; its
+// requests then go alone, so one request's failure is its own.
+func TestARequestThatFailsInItsGroupFailsAloneAndTheOthersAreCreated(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	// A fault valid input cannot cause: a trigger refuses agent "faulty"'s
+	// intents.
+	_, err := f.db.Exec(ctx, `
+		CREATE FUNCTION refuse_faulty() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.agent_id = 'faulty' THEN RAISE EXCEPTION 'faulty agent'; END IF; RETURN NEW; END $$;
+		CREATE TRIGGER refuse_faulty BEFORE INSERT ON wakeups FOR EACH ROW EXECUTE FUNCTION refuse_faulty();`)
+	require.NoError(t, err)
+	faulty := params("")
+	faulty.AgentID = "faulty"
+
+	ws, errs := f.createTogether(t, params(""), faulty, params(""))
+
+	require.ErrorContains(t, errs[1], "faulty agent")
+	for _, i := range []int{0, 2} {
+		require.NoError(t, errs[i])
+		require.Equal(t, "enqueued", f.state(t, ws[i].ID))
+	}
+	require.Equal(t, 2, f.wakeupCount(t))
+	require.EqualValues(t, 6, f.spent(t))
+}
+
+// The pending cap is decided per org in a group, before the spend: the org
+// at its cap is refused and leaves nothing; the other org's request goes on.
+func TestAGroupRefusesOnlyTheOrgAtItsPendingCapAndBeforeItsSpend(t *testing.T) {
+	f := newFixtureCapped(t, 1)
+	ctx := context.Background()
+	_, err := f.svc.Create(ctx, params(""))
+	require.NoError(t, err)
+	_, err = f.mandates.Create(ctx, "o2", mandates.CreateParams{AgentID: "a", Scope: "s", Budget: 10})
+	require.NoError(t, err)
+	other := params("")
+	other.OrgID, other.WorkflowID = "o2", "o2/wf"
+
+	ws, errs := f.createTogether(t, params(""), other)
+
+	require.ErrorIs(t, errs[0], workpool.ErrTooManyPending)
+	require.NoError(t, errs[1])
+	require.Equal(t, "enqueued", f.state(t, ws[1].ID))
+	require.Equal(t, 2, f.wakeupCount(t), "the refused intent is not left behind")
+	require.EqualValues(t, 3, f.spent(t), "nothing spent for the refused one")
+}
+
+// Concurrent requests, grouped however they arrive, never spend past a
+// budget, and every one is settled: enqueued with its own work, or
+// awaiting approval with its own request; a key sent twice is one wake-up.
+func TestConcurrentRequestsNeverOverspendAndEachIsSettled(t *testing.T) {
+	tests := []struct {
+		name    string
+		keyed   bool // each key is sent by two requests
+		created int
+	}{
+		{name: "without keys", created: 40},
+		{name: "each key sent twice", keyed: true, created: 20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t)
+			ctx := context.Background()
+			_, err := f.mandates.Create(ctx, "o", mandates.CreateParams{AgentID: "c", Scope: "s", Budget: 15})
+			require.NoError(t, err)
+			ws, errs := make([]Wakeup, 40), make([]error, 40)
+			var wg sync.WaitGroup
+			for i := range 40 {
+				wg.Go(func() {
+					p := params("")
+					p.AgentID, p.Cost = "c", 1
+					if tt.keyed {
+						p.IdempotencyKey = fmt.Sprintf("k-%d", i/2)
+					}
+					ws[i], errs[i] = f.svc.Create(ctx, p)
+				})
+			}
+			wg.Wait()
+
+			ids, works := map[uuid.UUID]bool{}, map[uuid.UUID]bool{}
+			funded, refused := 0, 0
+			for i := range ws {
+				var r *RefusedError
+				switch {
+				case errs[i] == nil:
+					// (a replay may come before its first request's enqueue)
+					if ws[i].WorkID != nil {
+						works[*ws[i].WorkID] = true
+					}
+					funded++
+				case errors.As(errs[i], &r):
+					refused++
+				default:
+					require.NoError(t, errs[i])
+				}
+				ids[ws[i].ID] = true
+			}
+			require.Len(t, ids, tt.created)
+			m, err := f.mandates.Find(ctx, "o", "c", "s")
+			require.NoError(t, err)
+			require.EqualValues(t, 15, m.Spent, "the budget, exactly")
+			var enqueued, awaiting, approvals, work int
+			require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'enqueued'), count(*) FILTER (WHERE state = 'awaiting_approval')
+				FROM wakeups WHERE agent_id = 'c'`).Scan(&enqueued, &awaiting))
+			require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM mandate_approvals WHERE agent_id = 'c'`).Scan(&approvals))
+			require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM workpool_work`).Scan(&work))
+			require.Equal(t, 15, enqueued)
+			require.Equal(t, tt.created-15, awaiting)
+			require.Equal(t, tt.created-15, approvals)
+			require.Equal(t, 15, work)
+			var distinct int
+			require.NoError(t, f.db.QueryRow(ctx, `SELECT count(DISTINCT work_id) FROM wakeups WHERE agent_id = 'c'`).Scan(&distinct))
+			require.Equal(t, 15, distinct, "each enqueued wake-up has its own work")
+			require.LessOrEqual(t, len(works), 15)
+			require.Equal(t, 40, funded+refused)
+		})
+	}
+}
+
+// roundTrips is a pgx tracer noting each round trip a pool makes: a
+// statement sent alone is one, a pipelined batch one however many
+// statements it carries.
+type roundTrips struct {
+	mu   sync.Mutex
+	sent []string
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.add(abbreviate(d.SQL))
+	return ctx
+}
+
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	var stmts []string
+	for _, q := range d.Batch.QueuedQueries {
+		stmts = append(stmts, abbreviate(q.SQL))
+	}
+	r.add("batch[" + strings.Join(stmts, "; ") + "]")
+	return ctx
+}
+
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+func (r *roundTrips) add(sql string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sent = append(r.sent, sql)
+}
+
+// abbreviate is a statement's first words, enough to tell it: its verb
+// and what it reads or writes, and the whole of a short one.
+func abbreviate(sql string) string {
+	s := strings.Join(strings.Fields(sql), " ")
+	if len(s) > 60 && !strings.Contains(s, "pg_notify") {
+		s = s[:60] + "…"
+	}
+	return s
+}
+
+// take returns what was sent since the last take, and forgets it.
+func (r *roundTrips) take() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.sent
+	r.sent = nil
+	return out
+}
