@@ -50,8 +50,8 @@ type createBatcher struct {
 // meanwhile. More split the same requests into smaller groups that queue
 // on the same rows — a hot mandate, an org's pending count in a pool — and
 // on the commits a NOTIFY serialises (docs/benchmarks.md § rest: at 32
-// clients, 8 groups carried 3 requests each and served ~1,100/s, 2 carried
-// 10 and served ~1,700–2,600/s). Groups take the rows they share in one
+// clients, 8 groups carried 3 requests each and served ~2,500/s, 2
+// carried 9 and served ~3,500/s). Groups take the rows they share in one
 // order.
 const createBatchers = 2
 
