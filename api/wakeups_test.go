@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -57,61 +55,8 @@ func TestWakeupRefusalIsA402NamingBothIDs(t *testing.T) {
 	do(t, s.Handler(), http.MethodPost, "/v1/wakeups", token(t, "org-a", "agent"), body).requireProblem(t, http.StatusBadRequest, "work.handler")
 }
 
-// roundTrips is a pgx tracer counting the round trips a pool makes: a
-// statement sent alone is one, a pipelined batch is one however many
-// statements it carries. (Preparing a statement a connection has not seen
-// is a round trip too; the counted requests follow a warm-up, so each
-// connection's statement cache already holds what they send.)
-type roundTrips struct {
-	mu  sync.Mutex
-	sql []string // what each round trip sent, first statement first
-}
-
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	r.add(abbreviate(d.SQL))
-	return ctx
-}
-
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	var stmts []string
-	for _, q := range d.Batch.QueuedQueries {
-		stmts = append(stmts, abbreviate(q.SQL))
-	}
-	r.add("batch[" + strings.Join(stmts, "; ") + "]")
-	return ctx
-}
-
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-func (r *roundTrips) add(sql string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.sql = append(r.sql, sql)
-}
-
-// abbreviate is a statement's first words, enough to tell it.
-func abbreviate(sql string) string {
-	s := strings.Join(strings.Fields(sql), " ")
-	if len(s) > 60 {
-		s = s[:60] + "…"
-	}
-	return s
-}
-
-// take returns what was counted since the last take, and forgets it.
-func (r *roundTrips) take() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.sql
-	r.sql = nil
-	return out
-}
-
 // withCountedDB puts the server on a database whose round trips rt counts.
-func withCountedDB(t *testing.T, rt *roundTrips) func(*Config, *Services) {
+func withCountedDB(t *testing.T, rt *testkit.RoundTrips) func(*Config, *Services) {
 	return func(_ *Config, sv *Services) {
 		cfg, err := pgxpool.ParseConfig(testkit.NewDatabase(t))
 		require.NoError(t, err)
@@ -140,7 +85,7 @@ func TestAWakeupRequestTakesAtMostFourRoundTripsOnTheAllowedPath(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rt := &roundTrips{}
+			rt := &testkit.RoundTrips{}
 			s := newTestServer(t, withCountedDB(t, rt), withWakeups(t))
 			ctx := context.Background()
 			_, err := s.svc.Mandates.Create(ctx, "org-a", mandates.CreateParams{AgentID: "a1", Scope: "llm", Budget: 1000})
@@ -165,12 +110,12 @@ func TestAWakeupRequestTakesAtMostFourRoundTripsOnTheAllowedPath(t *testing.T) {
 			for i := range 3 {
 				require.Equal(t, tt.status, post(i).Status)
 			}
-			rt.take()
+			rt.Take()
 
 			r := post(100)
 
 			require.Equal(t, tt.status, r.Status, string(r.Body))
-			trips := rt.take()
+			trips := rt.Take()
 			require.LessOrEqual(t, len(trips), tt.maxTrips, "round trips:\n%s", strings.Join(trips, "\n"))
 			t.Logf("%d round trips:\n%s", len(trips), strings.Join(trips, "\n"))
 		})

@@ -9,10 +9,10 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/workpool"
 )
@@ -111,7 +111,7 @@ func TestAGroupDecidesEachRequestAsItWouldBeDecidedAlone(t *testing.T) {
 // A group shares its transactions: however many requests it carries, it
 // costs three round trips, two commits and one NOTIFY.
 func TestAGroupOfRequestsSharesItsRoundTripsCommitsAndNotify(t *testing.T) {
-	rt := &roundTrips{}
+	rt := &testkit.RoundTrips{}
 	f := newFixtureWith(t, fixtureOptions{trace: rt})
 	_, err := f.mandates.Create(context.Background(), "o", mandates.CreateParams{AgentID: "b", Scope: "s", Budget: 10})
 	require.NoError(t, err)
@@ -124,11 +124,11 @@ func TestAGroupOfRequestsSharesItsRoundTripsCommitsAndNotify(t *testing.T) {
 		}
 	}
 	f.createTogether(t, ps[:1]...) // warm-up: statements prepared
-	rt.take()
+	rt.Take()
 
 	ws, errs := f.createTogether(t, ps[1:]...)
 
-	trips := rt.take()
+	trips := rt.Take()
 	for i := range ws {
 		require.NoError(t, errs[i])
 		require.Equal(t, "enqueued", f.state(t, ws[i].ID))
@@ -256,56 +256,4 @@ func TestConcurrentRequestsNeverOverspendAndEachIsSettled(t *testing.T) {
 			require.Equal(t, 40, funded+refused)
 		})
 	}
-}
-
-// roundTrips is a pgx tracer noting each round trip a pool makes: a
-// statement sent alone is one, a pipelined batch one however many
-// statements it carries.
-type roundTrips struct {
-	mu   sync.Mutex
-	sent []string
-}
-
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	r.add(abbreviate(d.SQL))
-	return ctx
-}
-
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	var stmts []string
-	for _, q := range d.Batch.QueuedQueries {
-		stmts = append(stmts, abbreviate(q.SQL))
-	}
-	r.add("batch[" + strings.Join(stmts, "; ") + "]")
-	return ctx
-}
-
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-func (r *roundTrips) add(sql string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.sent = append(r.sent, sql)
-}
-
-// abbreviate is a statement's first words, enough to tell it: its verb
-// and what it reads or writes, and the whole of a short one.
-func abbreviate(sql string) string {
-	s := strings.Join(strings.Fields(sql), " ")
-	if len(s) > 60 && !strings.Contains(s, "pg_notify") {
-		s = s[:60] + "…"
-	}
-	return s
-}
-
-// take returns what was sent since the last take, and forgets it.
-func (r *roundTrips) take() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.sent
-	r.sent = nil
-	return out
 }

@@ -53,7 +53,7 @@ type fixtureOptions struct {
 	signals      queue.Signaler
 	handoffLease time.Duration
 	// trace, when set, counts the round trips of the fixture's database.
-	trace *roundTrips
+	trace *testkit.RoundTrips
 }
 
 func newFixtureWith(t *testing.T, o fixtureOptions) *fixture {
