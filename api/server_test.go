@@ -111,7 +111,15 @@ func TestSlowClientsAreDisconnected(t *testing.T) {
 			go dribble(conn, tc.first, tc.rest, stop)
 			got := requireDisconnected(t, conn)
 			if tc.response == "" {
-				require.Empty(t, got, "no response to a request never fully sent")
+				// Never served. net/http closes without a word when the
+				// header timeout surfaces as a timeout; under load it can
+				// surface mid-line as a malformed header instead, which
+				// net/http answers with a bare 400 before closing (seen once
+				// in CI). Either way the slow client is cut off unserved.
+				if got != "" {
+					status, _, _ := strings.Cut(got, "\r\n")
+					require.Equal(t, "HTTP/1.1 400 Bad Request", status, "no response to a request never fully sent, or net/http's bare 400")
+				}
 			} else if got != "" { // a reset may beat the response to the client
 				status, _, _ := strings.Cut(got, "\r\n")
 				require.Equal(t, tc.response, status)
