@@ -40,6 +40,24 @@ type PoolConfig struct {
 	Orgs, Rounds int
 }
 
+// poolService builds the engine of a pool bench on a fresh database: the
+// bench pool at c.Parallelism, connections for it, and a pending cap the
+// bench's enqueues (all n items before the pool starts) are counted against
+// as in production but never reach. The caller closes the service, then
+// tears w down (also when err is set).
+func poolService(ctx context.Context, c PoolConfig) (*service.Service, *where, error) {
+	w, err := setUp(ctx, c.Service, "pool", c.DataDir, false)
+	if err != nil {
+		return nil, w, err
+	}
+	cfg, _ := serviceConfig(c.Service, w, quiet)
+	cfg.ConfigureDB = func(pc *pgxpool.Config) { pc.MaxConns = int32(min(max(c.Parallelism/10, 16), 64)) }
+	cfg.Workpool.Pools = map[string]int{poolName: c.Parallelism}
+	cfg.Workpool.MaxPendingPerOrg = max(c.N, workpool.DefaultMaxPendingPerOrg)
+	svc, err := service.New(ctx, cfg)
+	return svc, w, err
+}
+
 // Pool enqueues n no-op work items that each carry an onComplete hook (in
 // batches, as River's InsertMany does), then starts the service and times
 // the burn-down until every item's completion is committed.
@@ -50,18 +68,8 @@ func Pool(ctx context.Context, c PoolConfig) error {
 	if c.Orgs > 1 {
 		return poolFairShare(ctx, c)
 	}
-	w, err := setUp(ctx, c.Service, "pool", c.DataDir, false)
+	svc, w, err := poolService(ctx, c)
 	defer w.tearDown(false)
-	if err != nil {
-		return err
-	}
-	cfg, _ := serviceConfig(c.Service, w, quiet)
-	cfg.ConfigureDB = func(pc *pgxpool.Config) { pc.MaxConns = int32(min(max(c.Parallelism/10, 16), 64)) }
-	cfg.Workpool.Pools = map[string]int{poolName: c.Parallelism}
-	// The one bench org enqueues all n items before the pool starts: the
-	// cap is counted as in production but never reached.
-	cfg.Workpool.MaxPendingPerOrg = max(c.N, workpool.DefaultMaxPendingPerOrg)
-	svc, err := service.New(ctx, cfg)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/reveille/reveille/internal/service"
 	"github.com/reveille/reveille/workpool"
 )
 
@@ -36,16 +35,8 @@ type fairPhase struct {
 // the fair one (weights, caps and keys unused: plain fair share).
 func poolFairShare(ctx context.Context, c PoolConfig) error {
 	c.Rounds = max(c.Rounds, 1)
-	w, err := setUp(ctx, c.Service, "pool", c.DataDir, false)
+	svc, w, err := poolService(ctx, c)
 	defer w.tearDown(false)
-	if err != nil {
-		return err
-	}
-	cfg, _ := serviceConfig(c.Service, w, quiet)
-	cfg.ConfigureDB = func(pc *pgxpool.Config) { pc.MaxConns = int32(min(max(c.Parallelism/10, 16), 64)) }
-	cfg.Workpool.Pools = map[string]int{poolName: c.Parallelism}
-	cfg.Workpool.MaxPendingPerOrg = max(c.N, workpool.DefaultMaxPendingPerOrg)
-	svc, err := service.New(ctx, cfg)
 	if err != nil {
 		return err
 	}
