@@ -80,8 +80,8 @@ type Config struct {
 	// MaxWorkers bounds the handlers this replica runs at once, across
 	// pools (default 10,000).
 	MaxWorkers int
-	// MaxPendingPerOrg caps the unfinished work (pending, running or
-	// retrying) one org may have in one pool: an enqueue past it is
+	// MaxPendingPerOrg caps the unfinished work (pending, retries
+	// included, or running) one org may have in one pool: an enqueue past it is
 	// ErrTooManyPending (REVEILLE_ORG_MAX_PENDING, default 100,000;
 	// NoPendingLimit turns it off, as REVEILLE_ORG_MAX_PENDING=0 does).
 	MaxPendingPerOrg int
