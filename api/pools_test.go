@@ -259,6 +259,8 @@ func TestPoolOrgWeightsThreeToOneSplitStartsThreeToOne(t *testing.T) {
 	// Attempts of equal length: the one started first finishes first, and
 	// the loop fills its slot.
 	for i := range 12 {
+		// A start commits before its handler runs: wait for the handler.
+		require.Eventually(t, func() bool { return len(started()) > i }, testWait, pollEvery)
 		id := started()[i]
 		require.Equal(t, http.StatusOK, f.post("/v1/work/"+id+"/cancel", tokOf[id]).Status)
 		waitWork(t, f.s, tokOf[id], id)
