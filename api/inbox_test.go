@@ -468,3 +468,33 @@ func TestNoApprovalIsLostBetweenListAndSubscribe(t *testing.T) {
 		return true
 	})
 }
+
+func TestMandateApprovalsShowWhoAskedAndTheMandatesBudgetAndSpentThen(t *testing.T) {
+	f := newInboxFixture(t, time.Minute)
+	h := f.s.Handler()
+	admin := subToken(t, "org-a", "root", "", RoleAdmin)
+	r := do(t, h, http.MethodPost, "/v1/mandates", admin, map[string]any{"agent_id": "agent-1", "scope": "funded", "budget": 10})
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	r = do(t, h, http.MethodPost, "/v1/mandates/spend", f.agent, map[string]any{"agent_id": "agent-1", "scope": "funded", "cost": 7})
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+
+	tests := []struct {
+		scope         string
+		budget, spent any
+	}{
+		{"funded", float64(10), float64(7)},
+		{"unfunded", nil, nil}, // no mandate: nothing to show
+	}
+	for _, tt := range tests {
+		t.Run(tt.scope, func(t *testing.T) {
+			r := do(t, h, http.MethodPost, "/v1/mandates/spend", f.agent, map[string]any{"agent_id": "agent-1", "scope": tt.scope, "cost": 5})
+			require.Equal(t, http.StatusPaymentRequired, r.Status, "body: %s", r.Body)
+			got := do(t, h, http.MethodGet, "/v1/mandate-approvals/"+r.JSON(t)["approval_id"].(string), f.alice, nil)
+			require.Equal(t, http.StatusOK, got.Status)
+			body := got.JSON(t)
+			require.Equal(t, "runtime", body["requested_by"])
+			require.Equal(t, tt.budget, body["budget"])
+			require.Equal(t, tt.spent, body["spent"])
+		})
+	}
+}
