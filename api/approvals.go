@@ -62,13 +62,6 @@ type sessionEventJSON struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-func strOrNil(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
 func (s *Server) requestToolCall(c echo.Context) error {
 	sessionID, err := pathParam(c, "session_id")
 	if err != nil {

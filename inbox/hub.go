@@ -33,7 +33,6 @@ type Hub struct {
 
 	mu   sync.Mutex
 	subs map[string]map[*Subscription]struct{} // by org
-	pid  uint32                                // backend pid of the LISTEN connection (tests)
 }
 
 // How long the LISTEN connection may stay silent before it is pinged, and
@@ -70,9 +69,6 @@ func (h *Hub) connect(ctx context.Context) (*pgx.Conn, error) {
 		_ = conn.Close(context.Background())
 		return nil, fmt.Errorf("LISTEN: %w", err)
 	}
-	h.mu.Lock()
-	h.pid = conn.PgConn().PID()
-	h.mu.Unlock()
 	return conn, nil
 }
 
@@ -175,12 +171,6 @@ func (h *Hub) Subscribe(orgID string) (*Subscription, error) {
 	}
 	h.subs[orgID][sub] = struct{}{}
 	return sub, nil
-}
-
-func (h *Hub) backendPID() uint32 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.pid
 }
 
 // Subscription is one reader's interest in one org's events.
