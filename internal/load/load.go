@@ -228,7 +228,10 @@ func newRun(ctx context.Context, c Config) (*run, error) {
 		r.target.Close()
 		return nil, fmt.Errorf("connect to Temporal at %s: %w", c.TemporalAddress, err)
 	}
-	r.worker = worker.New(r.tc, "reveille-load-"+r.id, worker.Options{})
+	// Pollers on every partition of the task queue: with the SDK's two, a
+	// workflow task queued in a partition nobody polls waited for a poll
+	// to expire (a minute) under load.
+	r.worker = worker.New(r.tc, "reveille-load-"+r.id, worker.Options{MaxConcurrentWorkflowTaskPollers: 16})
 	r.worker.RegisterWorkflowWithOptions(parkedWorkflow(r.recorder.woke), workflow.RegisterOptions{Name: WorkflowName})
 	if err := r.worker.Start(); err != nil {
 		r.close()
