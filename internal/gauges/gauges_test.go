@@ -129,4 +129,3 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string, labels map[
 	require.FailNow(t, "no such series", "%s %v", name, labels)
 	return 0
 }
-
