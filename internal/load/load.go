@@ -134,11 +134,15 @@ func (c Config) validate() error {
 type Report struct {
 	// Wakeups were asked for; Accepted of them had the request that
 	// settles them (create, approve or cancel) accepted; Woken of those
-	// woke their workflow, Lost did not within the deadline.
+	// woke their workflow, Lost did not within the deadline (and
+	// Interrupted were still within it when the run was interrupted).
 	Wakeups, Accepted, Woken, Lost int
 	// Refused, Canceled and ToolCalls count the accepted wake-ups of each
 	// kind (the rest were funded at once).
 	Refused, Canceled, ToolCalls int
+	// Interrupted were still within their deadline when the run was
+	// interrupted: neither woken nor lost.
+	Interrupted int
 	// WrongOutcomes woke with another outcome (or decision) than theirs.
 	WrongOutcomes int
 	// Duplicates are repeated deliveries the workflows ignored.
@@ -180,8 +184,8 @@ func Run(ctx context.Context, c Config) (Report, error) {
 	defer r.close()
 	rep := r.drive(ctx)
 	fmt.Fprintln(c.Out, rep.Line())
-	fmt.Fprintf(c.Out, "load: accepted=%d refused_then_approved=%d canceled=%d tool_calls=%d wrong_outcomes=%d max=%.1fms elapsed=%s rate=%.0f/s\n",
-		rep.Accepted, rep.Refused, rep.Canceled, rep.ToolCalls, rep.WrongOutcomes, ms(rep.Max), rep.Elapsed.Round(time.Millisecond),
+	fmt.Fprintf(c.Out, "load: accepted=%d refused_then_approved=%d canceled=%d tool_calls=%d wrong_outcomes=%d interrupted=%d max=%.1fms elapsed=%s rate=%.0f/s\n",
+		rep.Accepted, rep.Refused, rep.Canceled, rep.ToolCalls, rep.WrongOutcomes, rep.Interrupted, ms(rep.Max), rep.Elapsed.Round(time.Millisecond),
 		float64(rep.Accepted)/rep.Elapsed.Seconds())
 	if rep.Lost > 0 || rep.WrongOutcomes > 0 {
 		return rep, fmt.Errorf("%w: %d never woke within %s, %d woke with the wrong outcome", ErrLost, rep.Lost, c.Deadline, rep.WrongOutcomes)
@@ -384,7 +388,7 @@ func (r *run) drive(ctx context.Context) Report {
 	wg.Wait()
 	r.recorder.awaitAll(ctx, r.cfg.Deadline)
 	stopProgress()
-	rep := r.recorder.summary(time.Since(start))
+	rep := r.recorder.summary(time.Since(start), r.cfg.Deadline)
 	rep.Wakeups, rep.Errors = r.cfg.Wakeups, int(r.errs.Load())
 	return rep
 }
@@ -606,10 +610,11 @@ func (rc *recorder) awaitAll(ctx context.Context, deadline time.Duration) {
 }
 
 // summary sums up the entries.
-func (rc *recorder) summary(elapsed time.Duration) Report {
+func (rc *recorder) summary(elapsed, deadline time.Duration) Report {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	rep := Report{Elapsed: elapsed}
+	now := time.Now()
 	var lat []time.Duration
 	for _, e := range rc.entries {
 		if e.accepted.IsZero() {
@@ -624,6 +629,10 @@ func (rc *recorder) summary(elapsed time.Duration) Report {
 		}
 		if e.kind.tool {
 			rep.ToolCalls++
+		}
+		if e.woken == nil && now.Before(e.accepted.Add(deadline)) {
+			rep.Interrupted++
+			continue
 		}
 		if e.woken == nil {
 			rep.Lost++
