@@ -35,6 +35,7 @@ func commands() []command {
 		{"migrate", "apply (up) or list (status) database migrations", runMigrate},
 		{"token", "print a signed dev token", runToken},
 		{"demo", "run the reference workflow for a success, a failure, a cancel and an approved overrun, printing timelines", runDemo},
+		{"load", "drive a running engine's REST API as an agent platform would and count the wake-ups lost", runLoad},
 		{"bench", "run a benchmark: " + strings.Join(benchNames(), ", "), runBench},
 		{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
 	}

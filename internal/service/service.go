@@ -27,6 +27,7 @@ import (
 	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/approvals"
 	"github.com/reveille/reveille/inbox"
+	"github.com/reveille/reveille/internal/gauges"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/migrations"
 	"github.com/reveille/reveille/queue"
@@ -70,6 +71,9 @@ type Config struct {
 	WrapSignaler func(queue.Signaler) queue.Signaler
 	// Worker, when set, runs the reference workflow's Temporal worker.
 	Worker *WorkerConfig
+	// GaugePeriod is how often the promise's gauges (outbox, open
+	// wake-ups, pending approvals) are read (default 15 s).
+	GaugePeriod time.Duration
 
 	// StopTimeout bounds each part's Stop once Run's context ends
 	// (default 30 s).
@@ -259,6 +263,8 @@ func (s *Service) buildDomain() error {
 		{name: "wakeup", c: s.wakeups},
 		{name: "approvals", c: s.approvals},
 		{name: "signal dispatcher", c: s.dispatcher, stopLast: true},
+		// On every replica: see package gauges for why not the leader only.
+		{name: "gauges", c: gauges.New(s.db, gauges.Config{Period: c.GaugePeriod, Logger: logger, Registry: reg})},
 	}
 	if c.Worker != nil {
 		w := reference.NewWorker(s.temporal, c.Worker.TaskQueue, s.wakeups, s.approvals)
