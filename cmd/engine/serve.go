@@ -90,6 +90,7 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_STREAM_MAX_REQUEST   largest stream append request in bytes (default 8388608)
   REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST most chunks in one JSON stream append (default 1000)
   REVEILLE_STREAM_RETENTION     how long closed streams are kept (default 168h)
+  REVEILLE_SHUTDOWN_GRACE       on SIGTERM/Ctrl-C, how long running work may finish before it is handed back (default 30s)
   REVEILLE_WORKER               run the reference workflow's Temporal worker (default false; dev: true)
   REVEILLE_LOG_LEVEL            debug, info, warn or error (default info)
 `
