@@ -29,6 +29,7 @@ type settings struct {
 	Addr           string         // --addr / REVEILLE_ADDR
 	DataDir        string         // --data-dir / REVEILLE_DATA_DIR
 	TemporalPort   int            // --temporal-port (dev, devstack)
+	PostgresPort   int            // --postgres-port (devstack)
 	DatabaseURL    string         // DATABASE_URL
 	TemporalAddr   string         // TEMPORAL_ADDRESS
 	Namespace      string         // TEMPORAL_NAMESPACE

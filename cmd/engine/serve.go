@@ -38,7 +38,9 @@ func runServe(ctx context.Context, args []string) error {
 // serve runs the service built from s until ctx ends. ready, if set, is
 // called once the API listens.
 func serve(ctx context.Context, s settings, logger *slog.Logger, ready func(net.Addr)) error {
-	svc, err := service.New(ctx, s.serviceConfig(logger))
+	cfg := s.serviceConfig(logger)
+	applyFaultHooks(&cfg, logger)
+	svc, err := service.New(ctx, cfg)
 	if err != nil {
 		return err
 	}
