@@ -24,6 +24,7 @@ import (
 func TestToolApprovalsAreDecidedOnceUnderKills(t *testing.T) {
 	e := newEnv(t)
 	clients := []*client.Client{e.client(0), e.client(1)}
+	approvers := []*client.Client{e.clientAs(0, "approver"), e.clientAs(1, "approver")}
 	ctx := context.Background()
 	const session = "session-1"
 	const n = 8
@@ -62,7 +63,7 @@ func TestToolApprovalsAreDecidedOnceUnderKills(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, c := range calls {
 		if c.human {
-			wg.Go(func() { failed[i] = answer(clients[0], c.id) != nil })
+			wg.Go(func() { failed[i] = answer(approvers[0], c.id) != nil })
 		}
 	}
 	time.Sleep(5 * time.Millisecond)
@@ -70,7 +71,7 @@ func TestToolApprovalsAreDecidedOnceUnderKills(t *testing.T) {
 	wg.Wait()
 	for i, c := range calls {
 		if c.human && failed[i] {
-			if err := answer(clients[1], c.id); err != nil {
+			if err := answer(approvers[1], c.id); err != nil {
 				require.True(t, client.IsConflict(err), "answered already, or now: %v", err)
 			}
 		}
