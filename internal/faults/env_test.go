@@ -70,7 +70,6 @@ type env struct {
 	taskQueue string
 	responses *recorder
 	maxRun    atomic.Int64 // most wakeup-pool items seen running at once
-	stopWatch func()
 }
 
 type envOptions struct {
@@ -294,7 +293,6 @@ type replica struct {
 	port     int
 	settings map[string]string
 	p        *proc
-	starts   int
 }
 
 func (r *replica) url() string { return "http://127.0.0.1:" + strconv.Itoa(r.port) }
@@ -303,7 +301,6 @@ func (r *replica) url() string { return "http://127.0.0.1:" + strconv.Itoa(r.por
 func (r *replica) start() {
 	t := r.env.t
 	t.Helper()
-	r.starts++
 	envv := []string{"DATABASE_URL=" + pgURL(r.env.dbName), "TEMPORAL_ADDRESS=" + tempStack.addr}
 	for k, v := range r.settings {
 		envv = append(envv, k+"="+v)

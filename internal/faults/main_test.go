@@ -34,7 +34,6 @@ type devstack struct {
 	port    int // fixed after the first start
 	addr    string
 	p       *proc
-	starts  int
 }
 
 func TestMain(m *testing.M) {
@@ -91,7 +90,6 @@ func buildEngine() error {
 // start starts the devstack and waits for the line that names its
 // address; the first start picks a free port, later ones reuse it.
 func (d *devstack) start() error {
-	d.starts++
 	args := []string{"devstack", "--only", d.part, "--data-dir", d.dataDir}
 	prefix := "DATABASE_URL="
 	if d.part == "postgres" {
