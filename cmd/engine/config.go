@@ -29,6 +29,7 @@ type settings struct {
 	Addr           string         // --addr / REVEILLE_ADDR
 	DataDir        string         // --data-dir / REVEILLE_DATA_DIR
 	TemporalPort   int            // --temporal-port (dev, devstack)
+	PostgresPort   int            // --postgres-port (devstack)
 	DatabaseURL    string         // DATABASE_URL
 	TemporalAddr   string         // TEMPORAL_ADDRESS
 	Namespace      string         // TEMPORAL_NAMESPACE
@@ -56,6 +57,7 @@ type settings struct {
 	StreamRequest  int64          // REVEILLE_STREAM_MAX_REQUEST
 	StreamChunks   int            // REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST
 	StreamKeep     time.Duration  // REVEILLE_STREAM_RETENTION
+	ShutdownGrace  time.Duration  // REVEILLE_SHUTDOWN_GRACE
 	Worker         bool           // --worker / REVEILLE_WORKER: run the Temporal worker (on in dev)
 	LogLevel       string         // REVEILLE_LOG_LEVEL ("": info; the wake bench's default is error)
 	APIURL         string         // REVEILLE_API_URL: the engine the demo talks to
@@ -98,6 +100,7 @@ func envConfig() (settings, error) {
 	s.ToolTTL = envDuration("REVEILLE_TOOL_APPROVAL_TTL", time.Hour, &errs)
 	s.NotFoundGrace = envDuration("REVEILLE_SIGNAL_NOTFOUND_GRACE", 60*time.Second, &errs)
 	s.StreamKeep = envDuration("REVEILLE_STREAM_RETENTION", 7*24*time.Hour, &errs)
+	s.ShutdownGrace = envDuration("REVEILLE_SHUTDOWN_GRACE", service.DefaultShutdownGrace, &errs)
 	s.Worker = envBool("REVEILLE_WORKER", false, &errs)
 	s.Pools = envPools("REVEILLE_POOLS", workpool.DefaultPools, &errs)
 	s.OrgMaxPending = envCap("REVEILLE_ORG_MAX_PENDING", workpool.DefaultMaxPendingPerOrg, &errs)
@@ -130,14 +133,15 @@ func (s settings) serviceConfig(logger *slog.Logger) service.Config {
 		DatabaseURL: s.DatabaseURL, TemporalAddress: s.TemporalAddr, Namespace: s.Namespace,
 		API: api.Config{Addr: s.Addr, MaxBody: s.MaxBody, ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout,
 			IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate, Auth: s.authConfig()},
-		Workpool:   s.workpoolConfig(),
-		HTTPWork:   httpwork.Config{AllowedHosts: s.HTTPAllowed, AllowedNets: s.HTTPNets},
-		Mandates:   mandates.Config{ApprovalTTL: s.ApprovalTTL},
-		Streams:    s.streamsConfig(),
-		Approvals:  approvals.Config{TTL: s.ToolTTL},
-		Dispatcher: queue.DispatcherConfig{NotFoundGrace: s.NotFoundGrace},
-		Version:    version,
-		Logger:     logger,
+		Workpool:      s.workpoolConfig(),
+		HTTPWork:      httpwork.Config{AllowedHosts: s.HTTPAllowed, AllowedNets: s.HTTPNets},
+		Mandates:      mandates.Config{ApprovalTTL: s.ApprovalTTL},
+		Streams:       s.streamsConfig(),
+		Approvals:     approvals.Config{TTL: s.ToolTTL},
+		Dispatcher:    queue.DispatcherConfig{NotFoundGrace: s.NotFoundGrace},
+		ShutdownGrace: s.ShutdownGrace,
+		Version:       version,
+		Logger:        logger,
 	}
 	if s.Worker {
 		c.Worker = &service.WorkerConfig{}

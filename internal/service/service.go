@@ -76,8 +76,13 @@ type Config struct {
 	GaugePeriod time.Duration
 
 	// StopTimeout bounds each part's Stop once Run's context ends
-	// (default 30 s).
+	// (default 30 s; with ShutdownGrace, long enough for it).
 	StopTimeout time.Duration
+	// ShutdownGrace, when set, is how long running work may finish once
+	// Run's context ends before it is canceled and handed back to another
+	// replica (REVEILLE_SHUTDOWN_GRACE; engine commands default it to
+	// DefaultShutdownGrace). It overrides Workpool.StopGrace.
+	ShutdownGrace time.Duration
 	// Version is logged when the API listens.
 	Version string
 	// Logger (default slog.Default()).
@@ -96,6 +101,13 @@ type WorkerConfig struct {
 // DefaultTemporalAddress is where serve finds Temporal when not told.
 const DefaultTemporalAddress = "127.0.0.1:7233"
 
+// DefaultShutdownGrace is REVEILLE_SHUTDOWN_GRACE's default.
+const DefaultShutdownGrace = 30 * time.Second
+
+// handBackTime is what a stop needs beyond the grace: canceling the
+// handlers that did not finish, recording their hand-backs.
+const handBackTime = 10 * time.Second
+
 // minDBConns is the least size of the database pool: the pool's loops,
 // the dispatcher, the hubs' listeners and the API share it.
 const minDBConns = 20
@@ -104,6 +116,13 @@ func (c Config) withDefaults() Config {
 	c.TemporalAddress = cmp.Or(c.TemporalAddress, DefaultTemporalAddress)
 	c.Namespace = cmp.Or(c.Namespace, "default")
 	c.StopTimeout = cmp.Or(c.StopTimeout, 30*time.Second)
+	if c.ShutdownGrace > 0 {
+		c.Workpool.StopGrace = c.ShutdownGrace
+		// The pool gives its handlers at most three quarters of its Stop's
+		// time (workpool.Manager.Stop): leave it the whole grace, and the
+		// hand-backs their time after it.
+		c.StopTimeout = max(c.StopTimeout, c.ShutdownGrace*4/3+handBackTime)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
