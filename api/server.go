@@ -27,6 +27,7 @@ import (
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/wakeup"
+	"github.com/reveille/reveille/webhooks"
 	"github.com/reveille/reveille/workpool"
 )
 
@@ -115,6 +116,8 @@ type Services struct {
 	Workpool *workpool.Manager
 	// Approvals serves sessions, tool calls and tool policies (SPEC §7).
 	Approvals *approvals.Service
+	// Webhooks serves the approval webhooks (issue 14).
+	Webhooks *webhooks.Store
 }
 
 // Server is the HTTP API.
@@ -184,6 +187,7 @@ func (s *Server) routes() {
 	s.wakeupRoutes()
 	s.workRoutes()
 	s.approvalRoutes()
+	s.webhookRoutes()
 }
 
 // anyRole lets every authenticated principal through.

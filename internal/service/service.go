@@ -31,6 +31,7 @@ import (
 	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/wakeup"
+	"github.com/reveille/reveille/webhooks"
 	"github.com/reveille/reveille/workflows"
 	"github.com/reveille/reveille/workflows/reference"
 	"github.com/reveille/reveille/workpool"
@@ -60,6 +61,9 @@ type Config struct {
 	Streams   streams.Config
 	Wakeup    wakeup.Config
 	Approvals approvals.Config
+	// Webhooks configures the approval webhooks (their CheckURL is the
+	// HTTPWork allow-list's, set here).
+	Webhooks webhooks.Config
 	// Dispatcher sends the queued signals through the Temporal client.
 	Dispatcher queue.DispatcherConfig
 	// WrapSignaler, when set, wraps the Temporal client as the dispatcher
@@ -122,6 +126,7 @@ type Service struct {
 	streams    *streams.Service
 	wakeups    *wakeup.Service
 	approvals  *approvals.Service
+	webhooks   *webhooks.Store
 	dispatcher *queue.Dispatcher
 	api        *api.Server
 	// parts are the background loops, in start order.
@@ -212,6 +217,15 @@ func (s *Service) buildDomain() error {
 	if err := httpwork.Register(s.workpool, httpCfg); err != nil {
 		return err
 	}
+	// Webhook URLs are checked against the http handler's own allow-list
+	// when they are registered; deliveries go through the handler.
+	urlRules, err := httpwork.NewURLRules(httpCfg)
+	if err != nil {
+		return err
+	}
+	webhooksCfg := c.Webhooks
+	webhooksCfg.CheckURL = urlRules.CheckURL
+	s.webhooks = webhooks.New(s.db, s.workpool, webhooksCfg)
 
 	mandatesCfg := c.Mandates
 	mandatesCfg.Logger, mandatesCfg.Registry = logger, reg
@@ -270,6 +284,7 @@ func (s *Service) buildAPI(ctx context.Context) error {
 	s.api, err = api.New(ctx, apiCfg, api.Services{
 		DB: s.db, Ready: []api.ReadinessCheck{temporalReady},
 		Workpool: s.workpool, Mandates: s.mandates, Streams: s.streams, Wakeups: s.wakeups, Approvals: s.approvals,
+		Webhooks: s.webhooks,
 	})
 	return err
 }
@@ -383,6 +398,10 @@ func (s *Service) Wakeups() *wakeup.Service { return s.wakeups }
 
 // Approvals is the tool-approvals service.
 func (s *Service) Approvals() *approvals.Service { return s.approvals }
+
+// Webhooks is the approval webhooks' store: its Enqueue delivers an
+// approvals event to the org's webhooks in the event's transaction.
+func (s *Service) Webhooks() *webhooks.Store { return s.webhooks }
 
 // temporalWorker gives a Temporal worker the parts' Start/Stop.
 type temporalWorker struct{ w worker.Worker }
