@@ -37,6 +37,7 @@ type Client struct {
 	Streams          *StreamsService
 	ToolApprovals    *ToolApprovalsService
 	ToolPolicies     *ToolPoliciesService
+	ApprovalWebhooks *ApprovalWebhooksService
 }
 
 // Option configures a Client.
@@ -93,6 +94,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	c.Streams = &StreamsService{c}
 	c.ToolApprovals = &ToolApprovalsService{c}
 	c.ToolPolicies = &ToolPoliciesService{c}
+	c.ApprovalWebhooks = &ApprovalWebhooksService{c}
 	return c, nil
 }
 
