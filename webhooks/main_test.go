@@ -46,9 +46,16 @@ type fixture struct {
 
 func newFixture(t *testing.T, mutate ...func(*Config)) fixture {
 	t.Helper()
+	return newFixtureWithPool(t, workpool.Config{}, mutate...)
+}
+
+// newFixtureWithPool is newFixture with the pool's config (its timings
+// are the test's).
+func newFixtureWithPool(t *testing.T, poolCfg workpool.Config, mutate ...func(*Config)) fixture {
+	t.Helper()
 	db := testkit.NewPool(t)
-	pool, err := workpool.New(db, workpool.Config{Logger: testkit.Logger(t), Cooldown: 50 * time.Millisecond,
-		LeaderRetry: 50 * time.Millisecond, StopGrace: time.Second})
+	poolCfg.Logger, poolCfg.Cooldown, poolCfg.LeaderRetry, poolCfg.StopGrace = testkit.Logger(t), 50*time.Millisecond, 50*time.Millisecond, time.Second
+	pool, err := workpool.New(db, poolCfg)
 	require.NoError(t, err)
 	require.NoError(t, httpwork.Register(pool, allowLocal))
 	require.NoError(t, pool.Start(context.Background()))

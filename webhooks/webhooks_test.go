@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/workpool"
 )
 
 // verify is what a receiver does: HMAC-SHA256 of the body it read, keyed
@@ -260,6 +261,17 @@ func TestDeliveriesCommitWithTheEventOrNotAtAll(t *testing.T) {
 	// Outside a transaction the store opens its own.
 	require.NoError(t, f.store.Enqueue(ctx, f.db, toolEvent(orgA, 2, TypeResolved, approvedCall)))
 	require.Equal(t, 4, f.workCount(t, orgA))
+}
+
+// A notification never undoes the approval it announces: an org at its
+// pending-work cap still gets its deliveries enqueued (and the event's
+// transaction commits).
+func TestAnOrgAtItsPendingCapStillGetsItsDeliveries(t *testing.T) {
+	f := newFixtureWithPool(t, workpool.Config{MaxPendingPerOrg: 1})
+	f.put(t, orgA, "one", "http://127.0.0.1:9/hook", FormatJSON)
+	f.put(t, orgA, "two", "http://127.0.0.1:9/hook", FormatJSON)
+	f.emit(t, toolEvent(orgA, 1, TypeRequested, pendingCall))
+	require.Equal(t, 2, f.workCount(t, orgA))
 }
 
 func TestADeliveryOfAHugeApprovalCarriesItsIDAlone(t *testing.T) {
