@@ -63,10 +63,13 @@ func toolCallText(typ string, a approvalFields) string {
 func overrunText(typ string, a approvalFields) string {
 	if typ == TypeRequested {
 		what := fmt.Sprintf("Agent %s asks to spend %s on %s", slackCode(a.AgentID), money(a.Cost), slackCode(a.Scope))
-		if len(a.Budget) > 0 && string(a.Budget) != "null" {
+		switch {
+		case a.Refusal == "no_mandate":
+			what += " without a mandate"
+		case a.Refusal == "revoked" || a.Refusal == "expired":
+			what += " under a mandate that is " + a.Refusal
+		case len(a.Budget) > 0 && string(a.Budget) != "null":
 			what += fmt.Sprintf(" past its mandate (budget %s, spent %s)", money(a.Budget), money(a.Spent))
-		} else if a.Refusal != "" {
-			what += " (" + slackEscape(strings.ReplaceAll(a.Refusal, "_", " ")) + ")"
 		}
 		if a.Reason != "" {
 			what += ", for " + slackCode(a.Reason)
@@ -103,7 +106,7 @@ func money(raw json.RawMessage) string {
 		return slackCode(s)
 	}
 	if t := bytes.TrimSpace(raw); len(t) > 0 && string(t) != "null" {
-		return slackEscape(string(t))
+		return slackCode(string(t))
 	}
 	return "?"
 }
