@@ -28,6 +28,7 @@ import (
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/wakeup"
+	"github.com/reveille/reveille/webhooks"
 	"github.com/reveille/reveille/workpool"
 )
 
@@ -123,6 +124,8 @@ type Services struct {
 	// Inbox serves the approvals event stream and the lists' events_seq
 	// (issue 14).
 	Inbox *inbox.Log
+	// Webhooks serves the approval webhooks (issue 14).
+	Webhooks *webhooks.Store
 }
 
 // Server is the HTTP API.
@@ -196,6 +199,7 @@ func (s *Server) routes() {
 	s.workRoutes()
 	s.approvalRoutes()
 	s.inboxRoutes()
+	s.webhookRoutes()
 }
 
 // anyRole lets every authenticated principal through.

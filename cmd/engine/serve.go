@@ -95,4 +95,7 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_SHUTDOWN_GRACE       on SIGTERM/Ctrl-C, how long running work may finish before it is handed back (default 30s)
   REVEILLE_WORKER               run the reference workflow's Temporal worker (default false; dev: true)
   REVEILLE_LOG_LEVEL            debug, info, warn or error (default info)
+  REVEILLE_WEBHOOK_POOL         pool approval webhooks are delivered on, one of REVEILLE_POOLS (default "default",
+                                else the first of REVEILLE_POOLS by name)
+  REVEILLE_PUBLIC_URL           the engine's address as people reach it; Slack webhook messages link to its /inbox
 `

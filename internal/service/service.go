@@ -27,12 +27,14 @@ import (
 	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/approvals"
 	"github.com/reveille/reveille/inbox"
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/gauges"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/migrations"
 	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/wakeup"
+	"github.com/reveille/reveille/webhooks"
 	"github.com/reveille/reveille/workflows"
 	"github.com/reveille/reveille/workflows/reference"
 	"github.com/reveille/reveille/workpool"
@@ -64,6 +66,9 @@ type Config struct {
 	Approvals approvals.Config
 	// Inbox is the approvals event log's retention.
 	Inbox inbox.Config
+	// Webhooks configures the approval webhooks (their CheckURL is the
+	// HTTPWork allow-list's, set here).
+	Webhooks webhooks.Config
 	// Dispatcher sends the queued signals through the Temporal client.
 	Dispatcher queue.DispatcherConfig
 	// WrapSignaler, when set, wraps the Temporal client as the dispatcher
@@ -149,6 +154,7 @@ type Service struct {
 	wakeups    *wakeup.Service
 	approvals  *approvals.Service
 	inbox      *inbox.Log
+	webhooks   *webhooks.Store
 	dispatcher *queue.Dispatcher
 	api        *api.Server
 	// parts are the background loops, in start order.
@@ -239,10 +245,24 @@ func (s *Service) buildDomain() error {
 	if err := httpwork.Register(s.workpool, httpCfg); err != nil {
 		return err
 	}
+	// Webhook URLs are checked against the http handler's own allow-list
+	// when they are registered; deliveries go through the handler.
+	urlRules, err := httpwork.NewURLRules(httpCfg)
+	if err != nil {
+		return err
+	}
+	webhooksCfg := c.Webhooks
+	webhooksCfg.CheckURL = urlRules.CheckURL
+	s.webhooks = webhooks.New(s.db, s.workpool, webhooksCfg)
 
 	inboxCfg := c.Inbox
 	inboxCfg.Logger = logger
 	s.inbox = inbox.New(s.db, inboxCfg)
+	// Each event's webhook deliveries are enqueued in the event's own
+	// transaction: they commit together or not at all.
+	s.inbox.OnAppend = func(ctx context.Context, q db.Querier, ev inbox.Event) error {
+		return s.webhooks.Enqueue(ctx, q, webhooks.Event(ev))
+	}
 
 	mandatesCfg := c.Mandates
 	mandatesCfg.Logger, mandatesCfg.Registry = logger, reg
@@ -306,7 +326,8 @@ func (s *Service) buildAPI(ctx context.Context) error {
 	s.api, err = api.New(ctx, apiCfg, api.Services{
 		DB: s.db, Ready: []api.ReadinessCheck{temporalReady},
 		Workpool: s.workpool, Mandates: s.mandates, Streams: s.streams, Wakeups: s.wakeups, Approvals: s.approvals,
-		Inbox: s.inbox,
+		Inbox:    s.inbox,
+		Webhooks: s.webhooks,
 	})
 	return err
 }
@@ -423,6 +444,10 @@ func (s *Service) Inbox() *inbox.Log { return s.inbox }
 
 // Approvals is the tool-approvals service.
 func (s *Service) Approvals() *approvals.Service { return s.approvals }
+
+// Webhooks is the approval webhooks' store: its Enqueue delivers an
+// approvals event to the org's webhooks in the event's transaction.
+func (s *Service) Webhooks() *webhooks.Store { return s.webhooks }
 
 // temporalWorker gives a Temporal worker the parts' Start/Stop.
 type temporalWorker struct{ w worker.Worker }
