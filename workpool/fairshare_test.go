@@ -1,6 +1,10 @@
 package workpool
 
 import (
+	"cmp"
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -391,5 +395,153 @@ func TestFairShare_RefillsOneSlotAtATimeKeepTheWeightedShare(t *testing.T) {
 			want := float64(tc.wantHeavyRuns) / float64(4-tc.wantHeavyRuns)
 			require.InDelta(t, want, float64(started["heavy"])/float64(started["light"]), want/4, "starts split as the weights: %v", started)
 		})
+	}
+}
+
+// The fair pick reads each org's queue only as far as the org's share of
+// the free slots can reach (queries.go, sqlPickFair's bound), not the free
+// slots' worth from every org. Whatever the weights, the slots the orgs
+// already hold, their backlogs and the per-org cap, it must start what the
+// whole fair order would: every iteration starts the next items of that
+// order (all of the free slots' worth when every org has work enough, a
+// first part of it when some org's queue runs out first), and the loop
+// ends up with exactly the order's first free slots' worth. The order is
+// computed here from every ready item: an org's n-th ready item (within
+// the cap's room) ranks (running + n) / weight, ties in run_at order.
+func TestFairShare_APickStartsTheNextItemsOfTheWholeFairOrder(t *testing.T) {
+	type org struct {
+		name                     string
+		weight, running, backlog int
+	}
+	type scenario struct {
+		maxPar int
+		cap    *int
+		orgs   []org
+		queued []int // the orgs (by index) of the ready items, in run_at order
+		// enough: every org has more ready items than there are slots
+		enough bool
+	}
+	rng := rand.New(rand.NewPCG(13, 18))
+	var scenarios []scenario
+	for i := range 12 {
+		sc := scenario{maxPar: 2 + rng.IntN(30), enough: i%2 == 0}
+		if rng.IntN(3) == 0 {
+			sc.cap = ptr(1 + rng.IntN(6))
+		}
+		held := 0
+		for i := range 2 + rng.IntN(7) {
+			o := org{name: fmt.Sprintf("org-%d", i), weight: 1 + rng.IntN(4), backlog: rng.IntN(12)}
+			if sc.enough {
+				o.backlog = sc.maxPar + 1
+			}
+			if rng.IntN(4) == 0 {
+				o.weight = 1 + rng.IntN(100)
+			}
+			o.running = min(rng.IntN(4), sc.maxPar-1-held) // at least one slot stays free
+			held += o.running
+			sc.orgs = append(sc.orgs, o)
+		}
+		// One org far past its share, as after a burst of its own.
+		sc.orgs[0].running += min(rng.IntN(sc.maxPar), sc.maxPar-1-held)
+		for i, o := range sc.orgs {
+			for range o.backlog {
+				sc.queued = append(sc.queued, i)
+			}
+		}
+		rng.Shuffle(len(sc.queued), func(i, j int) { sc.queued[i], sc.queued[j] = sc.queued[j], sc.queued[i] })
+		scenarios = append(scenarios, sc)
+	}
+	for i, sc := range scenarios {
+		for _, fullOnly := range []bool{false, true} {
+			t.Run(fmt.Sprintf("scenario %d, full iteration %t", i, fullOnly), func(t *testing.T) {
+				t.Parallel()
+				h := newHarness(t, withMaxParallelism(sc.maxPar))
+				h.l.fullOnly = fullOnly
+				if sc.cap != nil {
+					require.NoError(t, h.m.SetMaxParallelismPerOrg(h.ctx, "default", sc.cap))
+				}
+				type item struct {
+					id    uuid.UUID
+					org   org
+					n     int // the item's place among its org's ready items, from 1
+					runAt time.Time
+				}
+				var ready []item
+				running := 0
+				for _, o := range sc.orgs {
+					if o.weight != 1 {
+						require.NoError(t, h.m.SetOrgWeight(h.ctx, "default", o.name, o.weight))
+					}
+					for range o.running {
+						id := h.enqueue(withOrg(o.name))
+						h.exec(`UPDATE workpool_work SET state = 'running', started_at = $2 WHERE id = $1`, id, h.clock.Now())
+						running++
+					}
+				}
+				// The orgs' backlogs interleave, each item at its own run_at
+				// (so that the order has no ties left to chance).
+				seen := map[int]int{}
+				for at, i := range sc.queued {
+					o := sc.orgs[i]
+					seen[i]++
+					runAt := h.clock.Now().Add(-time.Hour + time.Duration(at)*time.Millisecond)
+					ready = append(ready, item{id: h.enqueue(withOrg(o.name), withRunAt(runAt)), org: o, n: seen[i], runAt: runAt})
+				}
+				// The whole fair order, and how many of it the free slots take.
+				var order []item
+				for _, it := range ready {
+					if sc.cap == nil || it.n <= *sc.cap-it.org.running {
+						order = append(order, it)
+					}
+				}
+				slices.SortFunc(order, func(a, b item) int {
+					// (running + n) / weight, compared exactly
+					if c := cmp.Compare((a.org.running+a.n)*b.org.weight, (b.org.running+b.n)*a.org.weight); c != 0 {
+						return c
+					}
+					return a.runAt.Compare(b.runAt)
+				})
+				want := order[:min(len(order), sc.maxPar-running)]
+				if !fullOnly {
+					// The fast statement that shares fairly, as while a busy
+					// pool's orgs share it (no recovery due).
+					h.l.shared, h.l.lastRecovery = true, h.clock.Now()
+				}
+
+				startedIDs := func() []uuid.UUID {
+					var ids []uuid.UUID
+					for _, it := range order {
+						if h.work(it.id).state == "running" {
+							ids = append(ids, it.id)
+						}
+					}
+					return ids
+				}
+				ids := func(items []item) []uuid.UUID {
+					out := make([]uuid.UUID, len(items))
+					for i, it := range items {
+						out[i] = it.id
+					}
+					return out
+				}
+				h.runMain()
+				first := startedIDs()
+				if len(want) > 0 {
+					require.NotEmpty(t, first, "the first iteration starts work")
+					if !fullOnly {
+						require.Positive(t, h.l.fastStarts, "the fast statement started them")
+					}
+				}
+				require.ElementsMatch(t, ids(order[:len(first)]), first, "the first iteration starts the first of the fair order")
+				if sc.enough {
+					require.Len(t, first, len(want), "every org has work enough: one iteration fills the free slots")
+				}
+				for range 5 {
+					h.runMain()
+				}
+				require.ElementsMatch(t, ids(want), startedIDs(), "the loop starts exactly the fair order's first %d", len(want))
+				require.Equal(t, running+len(want), slotsInUse(t, h.db, "default"), "no other work started")
+			})
+		}
 	}
 }

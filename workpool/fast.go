@@ -47,16 +47,12 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 		return iterResult{}, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
 	}
 	l.gen++
-	// Its bump published "running, not saturated": enqueue kicks count
-	// again, unless the pool is paused.
-	l.startsBlocked.Store(paused)
 	l.paused.Store(paused)
 	l.launch(s)
 	didWork := len(s.lags) > 0
 	if didWork {
 		l.fastStarts++
 		l.lastActivity = now
-		l.startsBlocked.Store(false)
 	}
 	res := iterResult{didWork: didWork, clean: (plain || shared) && !cancels, plain: plain, status: RunStatus{Kind: "running"}}
 	if nextAt != nil {

@@ -61,6 +61,12 @@ func withMaxParallelism(n int) harnessOpt {
 
 func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	t.Helper()
+	return newHarnessOn(t, testkit.NewPool(t), opts...)
+}
+
+// newHarnessOn is newHarness on db (a migrated database's pool).
+func newHarnessOn(t *testing.T, db *pgxpool.Pool, opts ...harnessOpt) *harness {
+	t.Helper()
 	clock := newFakeClock()
 	cfg := Config{
 		Pools:  map[string]int{"default": 10},
@@ -70,7 +76,6 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	db := testkit.NewPool(t)
 	m, err := New(db, cfg)
 	require.NoError(t, err)
 	m.Register("test_handle", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })

@@ -29,6 +29,12 @@ func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 	t0 := time.Now()
 	l.iterations.Add(1)
 	defer func() { l.m.metrics.iteration.WithLabelValues(l.pool).Observe(time.Since(t0).Seconds()) }()
+	// Whatever this iteration publishes, it reads the tables first: an
+	// enqueue that commits after its reads must wake the loop again, or the
+	// pool could publish "idle" (or a paused pool never say that work
+	// waits) and sleep on work it never saw. Only the published status of
+	// an iteration that saw the work may drop enqueue kicks again.
+	l.startsBlocked.Store(false)
 	now := l.m.now()
 	if l.freed.Swap(false) {
 		// Slots were freed or work canceled since the last iteration: the

@@ -38,7 +38,8 @@ type loop struct {
 	// startsBlocked: the last published status was "scheduled" and nothing
 	// can start (every slot taken, or the pool paused), so enqueue kicks
 	// cannot help. (Not while "idle": the first enqueue must make the loop
-	// publish that work waits.)
+	// publish that work waits; and never while an iteration runs, since what
+	// it publishes may predate the enqueue.)
 	startsBlocked atomic.Bool
 	paused        atomic.Bool  // the pool row said so at the last iteration
 	freed         atomic.Bool  // a kick said slots were freed or work canceled since the last iteration

@@ -3,12 +3,17 @@ package workpool
 import (
 	"context"
 	"encoding/json"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
 )
 
 // paths are the ways an iteration starts work: a pause must hold on each.
@@ -229,4 +234,88 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name, pool string) float
 		}
 	}
 	return -1
+}
+
+// beforeStatement is a pgx tracer that calls do, once, just before the
+// first statement whose SQL is sql is sent.
+type beforeStatement struct {
+	sql   string
+	armed atomic.Pointer[func()]
+}
+
+func (b *beforeStatement) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == b.sql {
+		if do := b.armed.Swap(nil); do != nil {
+			(*do)()
+		}
+	}
+	return ctx
+}
+
+func (b *beforeStatement) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// An iteration publishes what it read; work enqueued after its reads must
+// wake the loop again, or the loop sleeps on work it never saw (a paused
+// pool has no timer: it would say "idle" until the resume, and an enqueue
+// kick dropped there once made a running manager's pause test time out).
+// The enqueue commits between the iteration's reads and its publishing of
+// "idle", and its kick (what the listener does on its NOTIFY) arrives
+// while the iteration runs.
+func TestPause_WorkEnqueuedWhileAnIterationPublishesIdleWakesTheLoop(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		prepare func(h *harness)
+	}{
+		{"an idle paused pool", func(h *harness) {
+			require.NoError(h.t, h.m.Pause(h.ctx, "default"))
+			h.runMain()
+			require.Equal(h.t, "idle", h.observe().runStatus.Kind)
+		}},
+		{"a paused pool whose running work just finished", func(h *harness) {
+			id := h.enqueue()
+			h.runMain()
+			require.NoError(h.t, h.m.Pause(h.ctx, "default"))
+			h.runMain()
+			require.Equal(h.t, "scheduled", h.observe().runStatus.Kind, "work runs")
+			h.complete(id, "success", 1)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			hook := &beforeStatement{sql: sqlSetRunStatus}
+			cfg, err := pgxpool.ParseConfig(testkit.NewDatabase(t))
+			require.NoError(t, err)
+			cfg.ConnConfig.Tracer = hook
+			db, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			require.NoError(t, err)
+			t.Cleanup(db.Close)
+			h := newHarnessOn(t, db)
+			tc.prepare(h)
+			select { // what the loop would have consumed already
+			case <-h.l.kickc:
+			default:
+			}
+
+			var late uuid.UUID
+			hook.armed.Store(ptr(func() {
+				// (On another connection: the iteration's transaction waits.)
+				ctx, cancel := context.WithTimeout(h.ctx, 10*time.Second)
+				defer cancel()
+				var err error
+				late, err = h.m.Enqueue(ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "test_handle"})
+				require.NoError(t, err)
+				h.l.kick(kickEnqueue)
+			}))
+			h.runMain()
+			require.NotEqual(t, uuid.Nil, late, "the enqueue ran during the iteration")
+			require.Equal(t, "idle", h.observe().runStatus.Kind, "the iteration read the tables before the enqueue")
+
+			require.Len(t, h.l.kickc, 1, "the enqueue's kick wakes the loop")
+			<-h.l.kickc
+			h.runMain()
+			o := h.observe()
+			require.Equal(t, "scheduled", o.runStatus.Kind, "the next iteration says that work waits")
+			require.Equal(t, []uuid.UUID{late}, o.pending)
+		})
+	}
 }

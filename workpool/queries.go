@@ -480,15 +480,18 @@ free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
 // none). It needs WITH RECURSIVE.
 func sqlPickFair(perOrgCap string) string {
 	return `
-orgs(org_id) AS (
-  SELECT (SELECT org_id FROM workpool_work
-          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
-          ORDER BY org_id LIMIT 1)
+orgs(org_id, id, run_at) AS (
+  -- each org with ready plain work and its oldest ready item (its queue's
+  -- head), one index probe per org
+  (SELECT org_id, id, run_at FROM workpool_work
+   WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
+   ORDER BY org_id, run_at LIMIT 1)
   UNION ALL
-  SELECT (SELECT w.org_id FROM workpool_work w
-          WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $2 AND w.org_id > o.org_id
-          ORDER BY w.org_id LIMIT 1)
-  FROM orgs o WHERE o.org_id IS NOT NULL
+  SELECT n.org_id, n.id, n.run_at
+  FROM orgs o CROSS JOIN LATERAL (
+    SELECT w.org_id, w.id, w.run_at FROM workpool_work w
+    WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $2 AND w.org_id > o.org_id
+    ORDER BY w.org_id, w.run_at LIMIT 1) n
 ),
 keys(org_id, ckey, klimit) AS (
   (SELECT org_id, concurrency_key, key_limit FROM workpool_work
@@ -502,42 +505,80 @@ keys(org_id, ckey, klimit) AS (
       AND (w.org_id, w.concurrency_key) > (k.org_id, k.ckey)
     ORDER BY w.org_id, w.concurrency_key, w.run_at LIMIT 1) n
 ),
-cand AS (
-  SELECT c.id, o.org_id, c.run_at
-  FROM orgs o CROSS JOIN free f CROSS JOIN LATERAL (
-    SELECT w.id, w.run_at FROM workpool_work w
-    WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $2
-    ORDER BY w.run_at LIMIT f.n) c
-  WHERE o.org_id IS NOT NULL AND f.n > 0
-  UNION ALL
-  SELECT c.id, k.org_id, c.run_at
-  FROM keys k CROSS JOIN free f CROSS JOIN LATERAL (
-    SELECT w.id, w.run_at FROM workpool_work w
-    WHERE w.pool = $1 AND w.org_id = k.org_id AND w.concurrency_key = k.ckey AND w.state = 'pending' AND w.run_at <= $2
-    ORDER BY w.run_at
-    LIMIT least(f.n, greatest(coalesce(k.klimit, 1) - (
-      SELECT count(*) FROM workpool_work a
-      WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state = 'running' AND a.concurrency_key = k.ckey), 0))) c
-  WHERE f.n > 0
-),
 held AS (
-  -- (one pass over the running set for every org: a probe per org would
-  -- walk the running index's dead entries once per org)
-  SELECT d.org_id, coalesce(wt.weight, 1) AS weight, coalesce(r.n, 0) AS running
-  FROM (SELECT DISTINCT org_id FROM cand) d
+  -- every org with ready work: its weight, its running attempts (one pass
+  -- over the running set for every org: a probe per org would walk the
+  -- running index's dead entries once per org), and its room, the most it
+  -- may start now (the free slots, within the per-org cap)
+  SELECT d.org_id, coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
+    greatest(least((SELECT n FROM free),
+      CASE WHEN ` + perOrgCap + ` IS NULL THEN 2147483647 ELSE ` + perOrgCap + ` - coalesce(r.n, 0) END), 0) AS room
+  FROM (SELECT org_id FROM orgs UNION SELECT org_id FROM keys) d
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
   LEFT JOIN (SELECT org_id, count(*) AS n FROM workpool_work WHERE pool = $1 AND state = 'running' GROUP BY org_id) r
     ON r.org_id = d.org_id
+  WHERE (SELECT n FROM free) > 0
+),
+-- How far down its queue each org can get: the pick takes the free
+-- slots' worth (F) of the lowest turns (running + n) / weight, and, over a
+-- set of orgs of total weight W holding R slots between N of them, turns up
+-- to T = (F + R + N) / W number at least F (each org's count is
+-- floor(T * weight) - running, at least T * weight - running - 1). So no
+-- org needs more than floor(T * weight) - running candidates: the pick
+-- reads F + N of them, not F from every org. Orgs with nothing below T are
+-- left out and T taken again over the rest (a tighter bound: one org far
+-- past its share no longer raises everyone's). When the per-org cap stops
+-- the counts short of F, every org reads up to its room, as without the
+-- bound. If some orgs have fewer ready items than their bound, the pick is
+-- still the first of the fair order; the next iteration takes the rest.
+share1 AS (
+  SELECT (SELECT n FROM free) + sum(running)::bigint + count(*) AS num, sum(weight)::bigint AS den FROM held WHERE room > 0
+),
+under AS (
+  SELECT h.* FROM held h CROSS JOIN share1 t WHERE h.room > 0 AND (t.num * h.weight) / t.den > h.running
+),
+share2 AS (
+  SELECT (SELECT n FROM free) + sum(running)::bigint + count(*) AS num, sum(weight)::bigint AS den FROM under
+),
+bound AS (
+  SELECT u.org_id, least(u.room, (t.num * u.weight) / t.den - u.running) AS n FROM under u CROSS JOIN share2 t
+),
+lim AS (
+  SELECT h.org_id, h.weight, h.running,
+    CASE WHEN (SELECT coalesce(sum(n), 0) FROM bound) >= (SELECT n FROM free) THEN coalesce(b.n, 0) ELSE h.room END AS n
+  FROM held h LEFT JOIN bound b ON b.org_id = h.org_id
+),
+cand AS (
+  -- an org's plain candidates: its head, found by orgs, then (when it may
+  -- take more) those after it, read from the head on
+  SELECT h.id, h.org_id, h.run_at FROM orgs h JOIN lim o ON o.org_id = h.org_id WHERE o.n > 0
+  UNION ALL
+  SELECT c.id, h.org_id, c.run_at
+  FROM orgs h JOIN lim o ON o.org_id = h.org_id CROSS JOIN LATERAL (
+    SELECT w.id, w.run_at FROM workpool_work w
+    WHERE w.pool = $1 AND w.org_id = h.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
+      AND w.run_at >= h.run_at AND w.run_at <= $2 AND w.id <> h.id
+    ORDER BY w.run_at LIMIT o.n - 1) c
+  WHERE o.n > 1
+  UNION ALL
+  SELECT c.id, k.org_id, c.run_at
+  FROM keys k JOIN lim o ON o.org_id = k.org_id CROSS JOIN LATERAL (
+    SELECT w.id, w.run_at FROM workpool_work w
+    WHERE w.pool = $1 AND w.org_id = k.org_id AND w.concurrency_key = k.ckey AND w.state = 'pending' AND w.run_at <= $2
+    ORDER BY w.run_at
+    LIMIT least(o.n, greatest(coalesce(k.klimit, 1) - (
+      SELECT count(*) FROM workpool_work a
+      WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state = 'running' AND a.concurrency_key = k.ckey), 0))) c
+  WHERE o.n > 0
 ),
 ranked AS (
-  SELECT c.id, c.run_at, r.weight, r.running,
-    CASE WHEN ` + perOrgCap + ` IS NULL THEN 2147483647 ELSE ` + perOrgCap + ` - r.running END AS room,
+  SELECT c.id, c.run_at, o.weight, o.running, o.n,
     row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at) AS rn
-  FROM cand c JOIN held r ON r.org_id = c.org_id
+  FROM cand c JOIN lim o ON o.org_id = c.org_id
 ),
 pick AS (
   SELECT w.id, w.handler FROM workpool_work w
-  WHERE w.id IN (SELECT id FROM ranked WHERE rn <= room
+  WHERE w.id IN (SELECT id FROM ranked WHERE rn <= n
                  ORDER BY (running + rn)::float8 / weight, run_at LIMIT (SELECT n FROM free))
     AND w.state = 'pending'
   FOR UPDATE SKIP LOCKED

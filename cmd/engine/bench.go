@@ -147,11 +147,12 @@ func benchRest(ctx context.Context, s settings, args []string) error {
 	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "how long each measured phase (whoami, then the route) runs")
 	fs.DurationVar(&c.Warmup, "warmup", 2*time.Second, "how long each phase is warmed up first, unmeasured")
 	fs.BoolVar(&c.Keyed, "keyed", false, "send an Idempotency-Key with every request")
-	fs.BoolVar(&c.Hold, "hold", true, "wake-ups' work holds its slot until the run ends, so the pool starts max_parallelism items and then nothing (the nearest thing to a paused pool); false: it returns at once and the pool runs it beside the requests")
 	fs.StringVar(&c.DataDir, "data-dir", "", "where to start a local Postgres when DATABASE_URL is unset (default: a temporary directory)")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the route's measured phase to this file")
 	fs.Usage = benchUsage(fs, "engine bench rest [flags]", localPostgres+`Builds the engine as serve does (no Temporal: the wake-ups' signals are
-accepted in process), with the per-org rate limit off, and prints
+accepted in process), with the per-org rate limit off; the wake-ups are
+measured with the wakeup pool paused through POST /v1/pools/wakeup/pause
+(resumed at the end). It prints
   rest: route=whoami rate=…/s p50=…ms p99=…ms   GET /v1/whoami, the same clients
   rest: route=<route> rate=…/s p50=…ms p99=…ms
 `)

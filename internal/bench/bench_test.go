@@ -96,7 +96,7 @@ func TestTheRestBenchAnswersEachRouteOverHTTPAndLeavesNothing(t *testing.T) {
 	for _, route := range []string{RestWakeup, RestSpend, RestAppend} {
 		t.Run(route, func(t *testing.T) {
 			err := Rest(context.Background(), RestConfig{Service: service.Config{DatabaseURL: admin}, Route: route,
-				Clients: 2, Agents: 2, Duration: 100 * time.Millisecond, Keyed: route == RestSpend, Hold: true})
+				Clients: 2, Agents: 2, Duration: 100 * time.Millisecond, Keyed: route == RestSpend})
 			require.NoError(t, err, "every request answered with its route's success status")
 			require.Empty(t, databases(t, admin, "bench_rest_"))
 		})

@@ -19,9 +19,11 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/reveille/reveille/api"
+	reveille "github.com/reveille/reveille/client"
 	"github.com/reveille/reveille/internal/service"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/queue"
+	"github.com/reveille/reveille/wakeup"
 	"github.com/reveille/reveille/workpool"
 )
 
@@ -53,11 +55,6 @@ type RestConfig struct {
 	Duration, Warmup time.Duration
 	// Keyed sends an Idempotency-Key with every request.
 	Keyed bool
-	// Hold keeps every wake-up's work running until the run ends, so that
-	// the pool starts max_parallelism items and then nothing: the nearest
-	// thing to a paused pool. False: the handler returns at once and the
-	// pool runs each item to its completion beside the requests.
-	Hold bool
 	// DataDir is where a local Postgres starts when Service has no
 	// database (a temporary directory when empty).
 	DataDir string
@@ -97,6 +94,9 @@ func Rest(ctx context.Context, c RestConfig) error {
 	}
 	cfg, secret := serviceConfig(c.Service, w, quiet)
 	cfg.API.OrgRate = 0
+	// The bench's org operates its engine, as engine dev's does: it pauses
+	// the wakeup pool and reads its own counts there.
+	cfg.API.Auth.OperatorOrgs = []string{restOrg}
 	cfg.Workpool.Pools = maps.Clone(cfg.Workpool.Pools)
 	if cfg.Workpool.Pools == nil {
 		cfg.Workpool.Pools, _ = workpool.ParsePools(workpool.DefaultPools)
@@ -109,23 +109,14 @@ func Rest(ctx context.Context, c RestConfig) error {
 		return err
 	}
 	defer svc.Close()
-	release := make(chan struct{})
-	svc.Workpool().Register(restHandler, func(ctx context.Context, _ workpool.Job) (json.RawMessage, error) {
-		if c.Hold {
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		return nil, nil
-	})
+	// (The wakeup pool is paused while the wake-ups are measured: this
+	// handler runs only after the resume.)
+	svc.Workpool().Register(restHandler, func(context.Context, workpool.Job) (json.RawMessage, error) { return nil, nil })
 	run, err := start(ctx, svc)
 	if err != nil {
 		return err
 	}
 	defer run.stop()
-	defer close(release) // before the stop: the held handlers return
 	for i := range c.Agents {
 		_, err := svc.Mandates().Create(ctx, restOrg, mandates.CreateParams{AgentID: restAgent(i), Scope: restScope, Budget: mandates.MaxAmount})
 		if err != nil {
@@ -136,7 +127,16 @@ func Rest(ctx context.Context, c RestConfig) error {
 	if err != nil {
 		return err
 	}
-	r := &restRunner{c: c, base: "http://" + run.addr, tok: tok, tag: uuid.NewString()[:8], hc: &http.Client{
+	opTok, err := api.SignToken(secret, api.TokenSpec{OrgID: restOrg, Sub: "bench-operator", Roles: []string{api.RoleOperator, api.RoleAdmin}, TTL: time.Hour})
+	if err != nil {
+		return err
+	}
+	base := "http://" + run.addr
+	operator, err := reveille.New(base, reveille.WithToken(opTok))
+	if err != nil {
+		return err
+	}
+	r := &restRunner{c: c, base: base, tok: tok, tag: uuid.NewString()[:8], operator: operator, hc: &http.Client{
 		Timeout:   time.Minute,
 		Transport: &http.Transport{MaxIdleConns: c.Clients, MaxIdleConnsPerHost: c.Clients, MaxConnsPerHost: c.Clients},
 	}}
@@ -158,9 +158,24 @@ type restRunner struct {
 	tag  string // makes the run's workflow ids and keys its own
 	hc   *http.Client
 	seq  atomic.Int64
+	// operator pauses and resumes the wakeup pool over REST.
+	operator *reveille.Client
 }
 
 func (r *restRunner) run(ctx context.Context) error {
+	if r.c.Route == RestWakeup {
+		// The wake-ups are measured with their pool paused, through the
+		// pause route: a paused pool takes exactly the request path of a
+		// running one (its NOTIFY included) but starts nothing, so the
+		// figure is the request's alone, not the pool's work beside it.
+		p, err := r.operator.Pools.Pause(ctx, wakeup.DefaultPool)
+		if err != nil {
+			return fmt.Errorf("pausing the %s pool: %w", wakeup.DefaultPool, err)
+		}
+		if !p.Paused {
+			return fmt.Errorf("POST /v1/pools/%s/pause answered paused=false", wakeup.DefaultPool)
+		}
+	}
 	for _, route := range []string{"whoami", r.c.Route} {
 		if _, err := r.phase(ctx, route, r.c.Warmup); err != nil {
 			return fmt.Errorf("warm-up of %s: %w", route, err)
@@ -189,13 +204,36 @@ func (r *restRunner) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	extra := fmt.Sprintf(", clients=%d agents=%d keyed=%t hold=%t", r.c.Clients, r.c.Agents, r.c.Keyed, r.c.Hold)
+	extra := fmt.Sprintf(", clients=%d agents=%d keyed=%t", r.c.Clients, r.c.Agents, r.c.Keyed)
 	if count1 > count0 {
 		extra += fmt.Sprintf(", %.1f requests per shared commit", (sum1-sum0)/(count1-count0))
+	}
+	if r.c.Route == RestWakeup {
+		held, err := r.resume(ctx)
+		if err != nil {
+			return err
+		}
+		extra += held
 	}
 	fmt.Println(who.line("whoami", fmt.Sprintf(", clients=%d", r.c.Clients)))
 	fmt.Println(route.line(r.c.Route, extra))
 	return nil
+}
+
+// resume checks that the paused wakeup pool started none of the run's
+// wake-ups, and resumes it; it describes what waited.
+func (r *restRunner) resume(ctx context.Context) (string, error) {
+	p, err := r.operator.Pools.Get(ctx, wakeup.DefaultPool)
+	if err != nil {
+		return "", fmt.Errorf("reading the %s pool: %w", wakeup.DefaultPool, err)
+	}
+	if !p.Paused || p.Running > 0 {
+		return "", fmt.Errorf("the %s pool started work while paused (paused=%t running=%d)", wakeup.DefaultPool, p.Paused, p.Running)
+	}
+	if _, err := r.operator.Pools.Resume(ctx, wakeup.DefaultPool); err != nil {
+		return "", fmt.Errorf("resuming the %s pool: %w", wakeup.DefaultPool, err)
+	}
+	return fmt.Sprintf(", %s pool paused (%d items waited)", wakeup.DefaultPool, p.Pending), nil
 }
 
 // restGroupMetric is the histogram of requests per shared commit of each
