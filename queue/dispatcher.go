@@ -40,7 +40,8 @@ type DispatcherConfig struct {
 	// it to be retried after that. Default: long enough for a whole batch of
 	// sends that all time out, plus 5 s (at least 30 s).
 	Lease time.Duration
-	// SendTimeout bounds one SignalWorkflow call (default 10 s).
+	// SendTimeout bounds one SignalWorkflow call, with the history check
+	// that may follow it (default 10 s).
 	SendTimeout time.Duration
 	// HandoffLease is how long a message written by EnqueueForHandoff is
 	// hidden from every dispatcher's claim while it waits to be handed off
@@ -52,8 +53,14 @@ type DispatcherConfig struct {
 	// BatchSize is how many messages one claim takes; Concurrency how many
 	// signals are in flight at once (defaults 100 and 32).
 	BatchSize, Concurrency int
-	Logger                 *slog.Logger
-	Registry               prometheus.Registerer
+	// History, when a signal meets a closed workflow, tells whether that
+	// workflow got the signal all the same (a send whose "delivered" record
+	// was lost): then the message is delivered, else undeliverable at once.
+	// Default: the Signaler, if it is one. Without it such a message is
+	// retried as not found until NotFoundGrace, then fails.
+	History  HistoryReader
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
 }
 
 func (c DispatcherConfig) withDefaults() DispatcherConfig {
@@ -79,6 +86,7 @@ func (c DispatcherConfig) withDefaults() DispatcherConfig {
 type Dispatcher struct {
 	db      *pgxpool.Pool
 	signals Signaler
+	history HistoryReader // nil: closed workflows are not looked into
 	cfg     DispatcherConfig
 	metrics *dispatchMetrics
 	life    startstop.Base
@@ -91,7 +99,11 @@ type Dispatcher struct {
 // NewDispatcher builds a dispatcher sending through signals.
 func NewDispatcher(db *pgxpool.Pool, signals Signaler, cfg DispatcherConfig) *Dispatcher {
 	cfg = cfg.withDefaults()
-	return &Dispatcher{db: db, signals: signals, cfg: cfg, metrics: newDispatchMetrics(cfg.Registry),
+	history := cfg.History
+	if h, ok := signals.(HistoryReader); ok && history == nil {
+		history = h
+	}
+	return &Dispatcher{db: db, signals: signals, history: history, cfg: cfg, metrics: newDispatchMetrics(cfg.Registry),
 		handoffs: make(chan *Handoff, cfg.BatchSize)}
 }
 
@@ -316,7 +328,7 @@ func (p *pipeline) settler(ctx context.Context) {
 				p.d.cfg.Logger.Error("recording signal outcomes failed", "error", err)
 			}
 		}
-		retry := slices.ContainsFunc(results, func(r sendResult) bool { return classify(r.err) != sendOK })
+		retry := slices.ContainsFunc(results, func(r sendResult) bool { k := r.kind(); return k != sendOK && k != sendRecovered })
 		p.mu.Lock()
 		p.pending -= len(batch)
 		wake := p.wake
@@ -379,6 +391,22 @@ type sendResult struct {
 	err           error
 	notFoundSince *time.Time
 	attempts      int
+	// closed is what a NotFound's workflow told on a closer look (zero:
+	// not looked into).
+	closed closedVerdict
+}
+
+// kind is what the send's outcome means for the message.
+func (r sendResult) kind() sendKind {
+	switch r.closed {
+	case closedWithSignal:
+		return sendRecovered
+	case closedWithoutSignal:
+		return sendClosed
+	case running:
+		return sendTransient
+	}
+	return classify(r.err)
 }
 
 // DispatchOnce claims the due signal messages (up to BatchSize), sends them
@@ -405,14 +433,26 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 	return len(msgs), d.settle(context.WithoutCancel(ctx), msgs, results)
 }
 
-// send makes one SignalWorkflow call for m.
+// send makes one SignalWorkflow call for m and, should it meet NotFound,
+// looks into the workflow (within the same SendTimeout, which the Lease
+// allows for).
 func (d *Dispatcher) send(ctx context.Context, m claimed) sendResult {
 	sctx, cancel := context.WithTimeout(ctx, d.cfg.SendTimeout)
 	defer cancel()
 	start := time.Now()
 	err := d.signals.SignalWorkflow(sctx, m.Signal.WorkflowID, m.Signal.RunID, m.Signal.Name, m.Payload)
 	d.metrics.sendSeconds.Observe(time.Since(start).Seconds())
-	return sendResult{id: m.ID, err: err, notFoundSince: m.notFoundSince, attempts: m.Attempts}
+	r := sendResult{id: m.ID, err: err, notFoundSince: m.notFoundSince, attempts: m.Attempts}
+	if d.history != nil && classify(err) == sendNotFound {
+		verdict, cerr := d.checkClosed(sctx, m)
+		if cerr != nil {
+			// Left to the NotFound grace, looked into again at the next send.
+			d.cfg.Logger.Info("could not look into the workflow a signal did not find", "org_id", m.OrgID, "message_id", m.ID,
+				"workflow_id", m.Signal.WorkflowID, "error", cerr)
+		}
+		r.closed = verdict
+	}
+	return r
 }
 
 // claim leases up to limit due messages. The claim commits without waiting
@@ -477,7 +517,21 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 	now := time.Now()
 	for i, r := range results {
 		m := msgs[i]
-		switch kind := classify(r.err); kind {
+		switch kind := r.kind(); kind {
+		case sendRecovered:
+			// Temporal took an earlier send whose "delivered" record was
+			// lost; the workflow closed since, so this send found it gone.
+			delivered = append(delivered, r.id)
+			d.metrics.results.WithLabelValues("recovered").Inc()
+			d.cfg.Logger.Info("lost delivery record recovered from the workflow's history: the closed workflow got the signal",
+				"org_id", m.OrgID, "message_id", m.ID, subjectKey(m.Queue), m.IdempotencyKey, "workflow_id", m.Signal.WorkflowID)
+		case sendClosed:
+			// A closed run never takes a signal: no grace to wait out.
+			failedIDs, failedAttempts = append(failedIDs, r.id), append(failedAttempts, int32(r.attempts))
+			failedReasons = append(failedReasons, "workflow closed without this signal: "+r.err.Error())
+			d.metrics.results.WithLabelValues("failed").Inc()
+			d.cfg.Logger.Warn("signal undeliverable: its workflow closed without it", "org_id", m.OrgID, "message_id", m.ID,
+				subjectKey(m.Queue), m.IdempotencyKey, "workflow_id", m.Signal.WorkflowID)
 		case sendOK:
 			delivered = append(delivered, r.id)
 			d.cfg.Logger.DebugContext(ctx, "signal sent", "org_id", m.OrgID, "message_id", m.ID, subjectKey(m.Queue), m.IdempotencyKey, "workflow_id", m.Signal.WorkflowID)
@@ -555,6 +609,9 @@ const (
 	sendTransient
 	sendNotFound
 	sendPermanent
+	// Only from a closer look at a NotFound's workflow (sendResult.kind):
+	sendRecovered // closed, having got this signal: delivered
+	sendClosed    // closed without it: undeliverable at once
 )
 
 // classify decides what a SignalWorkflow error means. NotFound may be a

@@ -281,6 +281,10 @@ func (s *Service) buildDomain() error {
 	}
 	dispatcherCfg := c.Dispatcher
 	dispatcherCfg.Logger, dispatcherCfg.Registry = logger, reg
+	if dispatcherCfg.History == nil {
+		// The wrapper wraps the sends; closed workflows are read from Temporal.
+		dispatcherCfg.History = s.temporal
+	}
 	s.dispatcher = queue.NewDispatcher(s.db, signals, dispatcherCfg)
 
 	wakeupCfg := c.Wakeup
