@@ -129,7 +129,7 @@ type Server struct {
 	bodyLimits map[string]int64 // route pattern → limit, where not cfg.MaxBody
 	metrics    *httpMetrics
 	limiter    *orgLimiter // nil: no rate limit
-	inbox      *web.Inbox
+	inboxHTML  *web.Inbox
 }
 
 // New builds the server and its routes.
@@ -142,7 +142,7 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	inbox, err := web.NewInbox()
+	inboxHTML, err := web.NewInbox()
 	if err != nil {
 		return nil, fmt.Errorf("loading the inbox page: %w", err)
 	}
@@ -152,7 +152,7 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 		bodyLimits: map[string]int64{},
 		metrics:    newHTTPMetrics(cfg.Registry),
 		limiter:    newOrgLimiter(cfg.OrgRate, cfg.OrgBurst),
-		inbox:      inbox,
+		inboxHTML:  inboxHTML,
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -184,7 +184,7 @@ func (s *Server) routes() {
 	e.GET("/readyz", s.readyz)
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
 	e.GET("/openapi.json", s.openapi)
-	s.inboxRoutes()
+	s.inboxPageRoutes()
 
 	s.route(http.MethodGet, "/v1/whoami", func(c echo.Context) error { return c.JSON(http.StatusOK, PrincipalFrom(c)) }, anyRole)
 	s.streamRoutes()

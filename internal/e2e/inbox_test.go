@@ -46,7 +46,7 @@ func itemJS(id, expr string) string {
 func (b *browser) itemText(id string) string {
 	b.t.Helper()
 	var text string
-	b.eval(`(document.querySelector(`+js(itemSel(id))+`) || {}).innerText || ''`, &text)
+	b.eval(`(document.querySelector(`+js(itemSel(id))+`) || {}).textContent || ''`, &text)
 	return text
 }
 

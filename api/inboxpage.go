@@ -8,10 +8,10 @@ import (
 	"github.com/reveille/reveille/web"
 )
 
-// inboxRoutes serve the approvals inbox page (web.Inbox) without auth: the
+// inboxPageRoutes serve the approvals inbox page (web.Inbox) without auth: the
 // page holds no data; everything it shows it fetches from /v1 with the
 // token the user gives it.
-func (s *Server) inboxRoutes() {
+func (s *Server) inboxPageRoutes() {
 	// "/inbox/" is the page too (a typed or pasted address often ends so);
 	// rewritten, not routed, so it is one documented route.
 	s.echo.Pre(func(next echo.HandlerFunc) echo.HandlerFunc {
@@ -22,12 +22,12 @@ func (s *Server) inboxRoutes() {
 			return next(c)
 		}
 	})
-	s.echo.GET("/inbox", func(c echo.Context) error { return s.serveInbox(c, "") })
-	s.echo.GET("/inbox/:asset", func(c echo.Context) error { return s.serveInbox(c, c.Param("asset")) })
+	s.echo.GET("/inbox", func(c echo.Context) error { return s.serveInboxPage(c, "") })
+	s.echo.GET("/inbox/:asset", func(c echo.Context) error { return s.serveInboxPage(c, c.Param("asset")) })
 }
 
-func (s *Server) serveInbox(c echo.Context, name string) error {
-	if s.inbox.Serve(c.Response(), c.Request(), name) {
+func (s *Server) serveInboxPage(c echo.Context, name string) error {
+	if s.inboxHTML.Serve(c.Response(), c.Request(), name) {
 		return nil
 	}
 	web.SetHeaders(c.Response().Header())
