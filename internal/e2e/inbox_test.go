@@ -110,6 +110,8 @@ func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
 
 	t.Run("a pending tool call and a pending overrun made over REST appear, newest first", func(t *testing.T) {
 		b.waitFor("both items", itemJS(toolID, "true")+" && "+itemJS(overrunID, "true"))
+		b.screenshot("docs/img/inbox-desktop.png", 1280, 800)
+		b.screenshot("docs/img/inbox-360.png", 360, 740)
 		tool := b.itemText(toolID)
 		for _, want := range []string{"shell", agent, "s1", "user-agent", `"cmd": "ls -la"`, `"DRY_RUN": true`, "Pending"} {
 			require.Contains(t, tool, want)
@@ -122,8 +124,6 @@ func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
 		var first string
 		b.eval(`document.querySelector('#list > li').dataset.id`, &first)
 		require.Equal(t, overrunID, first, "the newest request leads")
-		b.screenshot("docs/img/inbox-desktop.png", 1280, 800)
-		b.screenshot("docs/img/inbox-360.png", 360, 740)
 	})
 
 	t.Run("answering one's own request is refused in words and the item stays", func(t *testing.T) {

@@ -77,7 +77,7 @@
     const abs = Math.abs(s);
     if (abs < 45) return rtf.format(s, 'second');
     if (abs < 2700) return rtf.format(Math.round(s / 60), 'minute');
-    if (abs < 64800) return rtf.format(Math.round(s / 3600), 'hour');
+    if (abs < 172800) return rtf.format(Math.round(s / 3600), 'hour');
     return rtf.format(Math.round(s / 86400), 'day');
   }
 
