@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
 	"github.com/reveille/reveille/approvals"
@@ -51,58 +50,16 @@ func toolPolicyOut(p approvals.Policy) toolPolicyJSON {
 	return out
 }
 
-type deliveryJSON struct {
-	State     string `json:"state"`
-	Attempts  int    `json:"attempts"`
-	LastError string `json:"last_error,omitempty"`
-}
-
-type toolApprovalJSON struct {
-	ID          uuid.UUID     `json:"id"`
-	SessionID   string        `json:"session_id"`
-	AgentID     string        `json:"agent_id"`
-	ToolName    string        `json:"tool_name"`
-	Input       rawJSON       `json:"input"`
-	Status      string        `json:"status"`
-	Source      *string       `json:"source"`
-	RequestedBy string        `json:"requested_by"`
-	ResolvedBy  *string       `json:"resolved_by"`
-	Note        *string       `json:"note"`
-	WorkflowID  *string       `json:"workflow_id"`
-	RunID       *string       `json:"run_id"`
-	Signal      *string       `json:"signal"`
-	Delivery    *deliveryJSON `json:"delivery"`
-	CreatedAt   time.Time     `json:"created_at"`
-	ExpiresAt   time.Time     `json:"expires_at"`
-	ResolvedAt  *time.Time    `json:"resolved_at"`
-}
-
-func toolApprovalOut(a approvals.ToolApproval) toolApprovalJSON {
-	out := toolApprovalJSON{ID: a.ID, SessionID: a.SessionID, AgentID: a.AgentID, ToolName: a.ToolName, Input: rawJSON("null"),
-		Status: a.Status, Source: strOrNil(a.Source), RequestedBy: a.RequestedBy, ResolvedBy: strOrNil(a.ResolvedBy),
-		Note: strOrNil(a.Note), WorkflowID: strOrNil(a.WorkflowID), RunID: strOrNil(a.RunID), Signal: strOrNil(a.Signal),
-		CreatedAt: a.CreatedAt.UTC(), ExpiresAt: a.ExpiresAt.UTC(), ResolvedAt: utcPtr(a.ResolvedAt)}
-	if len(a.Input) > 0 {
-		out.Input = rawJSON(a.Input)
-	}
-	if a.Delivery != nil {
-		out.Delivery = &deliveryJSON{State: a.Delivery.State, Attempts: a.Delivery.Attempts, LastError: a.Delivery.LastError}
-	}
-	return out
-}
+// toolApprovalOut is the tool approval as its routes show it: its JSON is
+// the domain type's (approvals.ToolApproval.MarshalJSON), which the
+// approvals inbox's events carry too.
+func toolApprovalOut(a approvals.ToolApproval) approvals.ToolApproval { return a }
 
 type sessionEventJSON struct {
 	Seq       int64     `json:"seq"`
 	Name      string    `json:"name"`
 	Payload   rawJSON   `json:"payload"`
 	CreatedAt time.Time `json:"created_at"`
-}
-
-func strOrNil(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
 }
 
 func (s *Server) requestToolCall(c echo.Context) error {
@@ -221,11 +178,15 @@ func (s *Server) listToolApprovals(c echo.Context) error {
 		return err
 	}
 	f := approvals.ListFilter{Status: c.QueryParam("status"), AgentID: agentID, SessionID: c.QueryParam("session_id")}
+	seq, err := s.eventsSeq(c)
+	if err != nil {
+		return err
+	}
 	items, next, err := s.svc.Approvals.List(c.Request().Context(), p.OrgID, f, page)
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, newMandateList(items, next, toolApprovalOut))
+	return c.JSON(http.StatusOK, approvalList[approvals.ToolApproval]{newMandateList(items, next, toolApprovalOut), seq})
 }
 
 func (s *Server) getToolApproval(c echo.Context) error {

@@ -15,6 +15,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/approvals"
+	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/streams"
@@ -166,7 +168,7 @@ func isoRows() []isoRow {
 			owner: "a1", ownerStatus: 200, ownerSees: "mandate"},
 		{route: "GET /v1/mandates/{id}/ledger", roles: admin, idOf: "mandate", crossOrg: crossOrgAsAbsent, bound: boundAsAbsent,
 			owner: "a1", ownerStatus: 200},
-		{route: "GET /v1/mandate-approvals", roles: approver, crossOrg: crossOrgAsEmptyOrg, bound: boundList, listFilter: "agent_id",
+		{route: "GET /v1/mandate-approvals", roles: approver, crossOrg: crossOrgAsEmptyOrg, volatile: []string{"requested_by"}, bound: boundList, listFilter: "agent_id",
 			owner: "a1", ownerStatus: 200, ownerSees: "approval"},
 		{route: "GET /v1/mandate-approvals/{id}", roles: approver, idOf: "approval", crossOrg: crossOrgAsAbsent, bound: boundAsAbsent,
 			owner: "a1", ownerStatus: 200, ownerSees: "approval"},
@@ -197,6 +199,11 @@ func isoRows() []isoRow {
 			owner: "a1", ownerStatus: 200, ownerSees: "toolApproval"},
 		{route: "GET /v1/tool-approvals/{id}", roles: []string{RoleAgent, RoleApprover}, idOf: "toolApproval", crossOrg: crossOrgAsAbsent,
 			bound: boundAsAbsent, owner: "a1", ownerStatus: 200, ownerSees: "toolApproval"},
+		// From the current end: B's own events (of the rows' calls) carry
+		// ids and times that differ from an empty org's; that B never sees
+		// A's events on a replay is TestAnotherOrgsApprovalEventsNeverAppear….
+		{route: "GET /v1/approvals/events", roles: approver, sse: true, crossOrg: crossOrgAsEmptyOrg, bound: boundForbidden,
+			owner: "approverA", ownerStatus: 200},
 		{route: "GET /v1/agents/{agent_id}/tool-policies", roles: []string{RoleAdmin, RoleApprover}, crossOrg: crossOrgAsEmptyOrg,
 			bound: boundAgentInPath, owner: "adminA", ownerStatus: 200},
 
@@ -271,9 +278,12 @@ func newIsoFixture(t *testing.T) *isoFixture {
 		require.NoError(t, st.Start(context.Background()))
 		t.Cleanup(func() { _ = st.Stop(context.Background()) })
 		sv.Workpool, sv.Streams = pool, st
-		sv.Mandates = mandates.New(sv.DB, mandates.Config{Logger: testkit.Logger(t), Registry: c.Registry})
+		sv.Inbox = inbox.New(sv.DB, inbox.Config{Logger: testkit.Logger(t)})
+		require.NoError(t, sv.Inbox.Start(context.Background()))
+		t.Cleanup(func() { _ = sv.Inbox.Stop(context.Background()) })
+		sv.Mandates = mandates.New(sv.DB, mandates.Config{Logger: testkit.Logger(t), Registry: c.Registry, Inbox: sv.Inbox})
 		sv.Wakeups = wakeup.New(sv.DB, pool, sv.Mandates, wakeup.Config{Logger: testkit.Logger(t)})
-		withApprovals(t)(c, sv)
+		sv.Approvals = approvals.New(sv.DB, approvals.Config{Logger: testkit.Logger(t), Registry: c.Registry, Inbox: sv.Inbox})
 	})
 	all := []string{RoleAdmin, RoleAgent, RoleApprover}
 	f := &isoFixture{s: s, tokens: map[string]string{

@@ -70,26 +70,10 @@ func ledgerEntryOut(e mandates.LedgerEntry) ledgerEntryJSON {
 	return out
 }
 
-type mandateApprovalJSON struct {
-	ID         uuid.UUID  `json:"id"`
-	AgentID    string     `json:"agent_id"`
-	Scope      string     `json:"scope"`
-	Cost       int64      `json:"cost"`
-	Reason     string     `json:"reason"`
-	Refusal    string     `json:"refusal,omitempty"`
-	State      string     `json:"state"`
-	ExpiresAt  time.Time  `json:"expires_at"`
-	CreatedAt  time.Time  `json:"created_at"`
-	ResolvedAt *time.Time `json:"resolved_at,omitempty"`
-	ResolvedBy string     `json:"resolved_by,omitempty"`
-	Note       string     `json:"note,omitempty"`
-}
-
-func mandateApprovalOut(a mandates.Approval) mandateApprovalJSON {
-	return mandateApprovalJSON{ID: a.ID, AgentID: a.AgentID, Scope: a.Scope, Cost: a.Cost, Reason: a.Reason, Refusal: a.Refusal,
-		State: a.State, ExpiresAt: a.ExpiresAt.UTC(), CreatedAt: a.CreatedAt.UTC(), ResolvedAt: utcPtr(a.ResolvedAt),
-		ResolvedBy: a.ResolvedBy, Note: a.Note}
-}
+// mandateApprovalOut is the request as its routes show it: its JSON is the
+// domain type's (mandates.Approval.MarshalJSON), which the approvals
+// inbox's events carry too.
+func mandateApprovalOut(a mandates.Approval) mandates.Approval { return a }
 
 func utcPtr(t *time.Time) *time.Time {
 	if t == nil {
@@ -115,6 +99,14 @@ func newMandateList[S, T any](items []S, next *uuid.UUID, out func(S) T) mandate
 		l.NextCursor = &cur
 	}
 	return l
+}
+
+// approvalList is a page of an approvals list with the approvals event seq
+// it reflects (events_seq): a client subscribes to GET /v1/approvals/events
+// from there and misses nothing.
+type approvalList[T any] struct {
+	mandateList[T]
+	EventsSeq int64 `json:"events_seq"`
 }
 
 // mandatePage reads ?cursor=&limit= (limit 1–500, default 50).
@@ -272,11 +264,15 @@ func (s *Server) listMandateApprovals(c echo.Context) error {
 		return err
 	}
 	f := mandates.ApprovalFilter{State: c.QueryParam("status"), AgentID: agent}
+	seq, err := s.eventsSeq(c)
+	if err != nil {
+		return err
+	}
 	items, next, err := s.svc.Mandates.ListApprovals(c.Request().Context(), PrincipalFrom(c).OrgID, f, page)
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, newMandateList(items, next, mandateApprovalOut))
+	return c.JSON(http.StatusOK, approvalList[mandates.Approval]{newMandateList(items, next, mandateApprovalOut), seq})
 }
 
 func (s *Server) getMandateApproval(c echo.Context) error {

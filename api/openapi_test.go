@@ -27,7 +27,7 @@ var echoParam = regexp.MustCompile(`:([a-z_]+)`)
 
 // Every registered route is documented and every documented route exists.
 func TestOpenAPIDocumentMatchesTheRoutes(t *testing.T) {
-	s := newTestServer(t, withStreams(t, streams.Config{}), withMandates(t), withWakeups(t), withWorkpool(t), withApprovals(t))
+	s := newTestServer(t, withStreams(t, streams.Config{}), withMandates(t), withWakeups(t), withWorkpool(t), withApprovals(t), withInbox(t, 0))
 	r := do(t, s.Handler(), http.MethodGet, "/openapi.json", "", nil)
 	require.Equal(t, http.StatusOK, r.Status)
 	var doc struct {

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/reveille/reveille/approvals"
+	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/wakeup"
@@ -62,6 +63,9 @@ type Config struct {
 	OrgRate float64
 	// OrgBurst is the bucket size of OrgRate (default twice OrgRate).
 	OrgBurst int
+	// InboxKeepAlive is how often an idle approvals event stream gets a
+	// keep-alive comment (default 15 s).
+	InboxKeepAlive time.Duration
 }
 
 // Defaults of Config's HTTP server timeouts.
@@ -90,6 +94,7 @@ func (c Config) withDefaults() Config {
 	c.ReadHeaderTimeout = cmp.Or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
 	c.ReadTimeout = cmp.Or(c.ReadTimeout, DefaultReadTimeout)
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.InboxKeepAlive = cmp.Or(c.InboxKeepAlive, DefaultInboxKeepAlive)
 	return c
 }
 
@@ -116,6 +121,9 @@ type Services struct {
 	Workpool *workpool.Manager
 	// Approvals serves sessions, tool calls and tool policies (SPEC §7).
 	Approvals *approvals.Service
+	// Inbox serves the approvals event stream and the lists' events_seq
+	// (issue 14).
+	Inbox *inbox.Log
 }
 
 // Server is the HTTP API.
@@ -192,6 +200,7 @@ func (s *Server) routes() {
 	s.wakeupRoutes()
 	s.workRoutes()
 	s.approvalRoutes()
+	s.inboxRoutes()
 }
 
 // anyRole lets every authenticated principal through.

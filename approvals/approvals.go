@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/internal/page"
@@ -126,6 +127,10 @@ type Config struct {
 	// LeaderRetry is how often a standby tries to become the sweeper's
 	// leader (default: the elector's, 2 s).
 	LeaderRetry time.Duration
+	// Inbox, when set, receives an event when a call goes pending for a
+	// human and when it is answered or expires, in the transaction that
+	// makes the change (package inbox).
+	Inbox *inbox.Log
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Registry receives the metrics (default: none registered).

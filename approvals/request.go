@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/workflows/signals"
 )
@@ -96,13 +97,16 @@ func (s *Service) Request(ctx context.Context, p RequestParams) (RequestResult, 
 			}
 			return errReplay // a replay writes nothing, not even a new session
 		}
-		var ev newEvent
-		if status == StatusPending {
-			ev = newEvent{EventRequested, map[string]any{"approval_id": id, "tool_name": p.ToolName, "input": rawOrNull(input)}}
-		} else {
-			ev = newEvent{EventResolved, map[string]any{"approval_id": id, "tool_name": p.ToolName, "decision": status, "source": SourcePolicy}}
+		if status != StatusPending {
+			return appendEvents(ctx, tx, p.OrgID, p.SessionID,
+				newEvent{EventResolved, map[string]any{"approval_id": id, "tool_name": p.ToolName, "decision": status, "source": SourcePolicy}})
 		}
-		return appendEvents(ctx, tx, p.OrgID, p.SessionID, ev)
+		err = appendEvents(ctx, tx, p.OrgID, p.SessionID,
+			newEvent{EventRequested, map[string]any{"approval_id": id, "tool_name": p.ToolName, "input": rawOrNull(input)}})
+		if err != nil {
+			return err
+		}
+		return s.appendInbox(ctx, tx, inbox.TypeRequested, p.OrgID, id)
 	})
 	if err != nil && !errors.Is(err, errReplay) {
 		return RequestResult{}, err

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/workflows/signals"
@@ -101,7 +102,10 @@ func (s *Service) Respond(ctx context.Context, p RespondParams) (RespondResult, 
 		} else if res.Policy, err = unconditionalPolicy(ctx, tx, p.OrgID, agentID, tool); err != nil {
 			return err
 		}
-		return appendEvents(ctx, tx, p.OrgID, p.SessionID, events...)
+		if err := appendEvents(ctx, tx, p.OrgID, p.SessionID, events...); err != nil {
+			return err
+		}
+		return s.appendInbox(ctx, tx, inbox.TypeResolved, p.OrgID, res.Resolved...)
 	})
 	if err != nil {
 		return RespondResult{}, err

@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/workflows/signals"
 )
@@ -81,10 +82,14 @@ func (s *Service) expire(ctx context.Context, d dueApproval) (bool, error) {
 		if err := queueDecision(ctx, tx, d.orgID, d.id, r, DecisionDenied, SourceExpired, signals.ReasonExpired); err != nil {
 			return err
 		}
-		return appendEvents(ctx, tx, d.orgID, d.sessionID,
+		err = appendEvents(ctx, tx, d.orgID, d.sessionID,
 			newEvent{EventResolved, map[string]any{"approval_id": d.id, "tool_name": r.tool, "decision": DecisionDenied,
 				"source": SourceExpired, "reason": signals.ReasonExpired, "updated_policy": nil}},
 			newEvent{EventDenied, map[string]any{"approval_id": d.id, "tool_name": r.tool, "reason": signals.ReasonExpired}})
+		if err != nil {
+			return err
+		}
+		return s.appendInbox(ctx, tx, inbox.TypeResolved, d.orgID, d.id)
 	})
 	switch {
 	case errors.Is(err, ErrAlreadyResolved):

@@ -36,6 +36,7 @@ type Client struct {
 	Work             *WorkService
 	Streams          *StreamsService
 	ToolApprovals    *ToolApprovalsService
+	Approvals        *ApprovalsService
 	ToolPolicies     *ToolPoliciesService
 }
 
@@ -92,6 +93,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	c.Work = &WorkService{c}
 	c.Streams = &StreamsService{c}
 	c.ToolApprovals = &ToolApprovalsService{c}
+	c.Approvals = &ApprovalsService{c}
 	c.ToolPolicies = &ToolPoliciesService{c}
 	return c, nil
 }

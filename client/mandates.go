@@ -144,7 +144,13 @@ type MandateApproval struct {
 	AgentID string `json:"agent_id"`
 	Scope   string `json:"scope"`
 	Cost    int64  `json:"cost"`
-	Reason  string `json:"reason"`
+	// Budget and Spent are the mandate's when the spend was refused (nil:
+	// there was no mandate).
+	Budget *int64 `json:"budget"`
+	Spent  *int64 `json:"spent"`
+	// RequestedBy is the sub of the token that made the refused spend.
+	RequestedBy string `json:"requested_by"`
+	Reason      string `json:"reason"`
 	// Refusal is why the spend was refused: no_mandate, revoked, expired
 	// or insufficient.
 	Refusal string `json:"refusal,omitempty"`

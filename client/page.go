@@ -12,6 +12,10 @@ import (
 type Page[T any] struct {
 	Items      []T     `json:"items"`
 	NextCursor *string `json:"next_cursor"`
+	// EventsSeq (the approval lists only) is the org's approvals event seq
+	// this page reflects: follow Approvals.Events from the smaller of the
+	// two lists' values to miss nothing.
+	EventsSeq int64 `json:"events_seq,omitempty"`
 }
 
 // PageParams are the paging parameters every list takes.

@@ -213,6 +213,13 @@ func TestEveryRouteIsReachableThroughTheClient(t *testing.T) {
 	ta, err := asAgent.ToolApprovals.Get(ctx, ans.ApprovalID)
 	require.NoError(t, err)
 	require.JSONEq(t, `{"cmd": "ls"}`, string(ta.Input))
+	var fromStart int64
+	for ev, err := range asApprover.Approvals.Events(ctx, client.ApprovalEventsParams{After: &fromStart}) {
+		require.NoError(t, err)
+		if ev.ApprovalID == ans.ApprovalID { // the pending call is in the approvals inbox
+			break
+		}
+	}
 	res, err := asApprover.ToolApprovals.Respond(ctx, "session/1", client.ToolCallResponse{ToolName: "shell", Decision: "approved", UpdatePolicy: "always"})
 	require.NoError(t, err)
 	require.Equal(t, []string{ans.ApprovalID}, res.Resolved)

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/internal/page"
 )
@@ -116,17 +117,21 @@ func (s *Service) resolveTx(ctx context.Context, tx pgx.Tx, orgID string, id uui
 			return Approval{}, fmt.Errorf("charging approved overrun: %w", err)
 		}
 	}
-	if a.OnResolve == nil {
-		return a, nil
+	if a.OnResolve != nil {
+		h, ok := s.hook(a.OnResolve.Kind)
+		if !ok {
+			return Approval{}, fmt.Errorf("%w %q", ErrNoHook, a.OnResolve.Kind)
+		}
+		r := Resolution{ApprovalID: a.ID, OrgID: a.OrgID, AgentID: a.AgentID, Scope: a.Scope, Cost: a.Cost,
+			State: state, Payload: *a.OnResolve, ResolvedBy: a.ResolvedBy, Note: a.Note}
+		if err := h(ctx, tx, r); err != nil {
+			return Approval{}, fmt.Errorf("resolve hook %q: %w", a.OnResolve.Kind, err)
+		}
 	}
-	h, ok := s.hook(a.OnResolve.Kind)
-	if !ok {
-		return Approval{}, fmt.Errorf("%w %q", ErrNoHook, a.OnResolve.Kind)
-	}
-	r := Resolution{ApprovalID: a.ID, OrgID: a.OrgID, AgentID: a.AgentID, Scope: a.Scope, Cost: a.Cost,
-		State: state, Payload: *a.OnResolve, ResolvedBy: a.ResolvedBy, Note: a.Note}
-	if err := h(ctx, tx, r); err != nil {
-		return Approval{}, fmt.Errorf("resolve hook %q: %w", a.OnResolve.Kind, err)
+	// Last, so that the org's event counter is locked only until commit,
+	// not across the hook.
+	if err := s.appendEvent(ctx, tx, inbox.TypeResolved, a); err != nil {
+		return Approval{}, err
 	}
 	return a, nil
 }
@@ -156,12 +161,16 @@ func (s *Service) diagnose(ctx context.Context, tx pgx.Tx, orgID string, id uuid
 // no hook is called, as the caller is the one withdrawing. It reports false
 // when the request was not pending (or does not exist).
 func (s *Service) CancelApprovalTx(ctx context.Context, tx pgx.Tx, orgID string, id uuid.UUID) (bool, error) {
-	tag, err := tx.Exec(ctx, qCancelApproval, orgID, id)
+	a, err := scanApproval(tx.QueryRow(ctx, qCancelApproval, orgID, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
 	if err != nil {
 		return false, fmt.Errorf("canceling approval request: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
-		return false, nil
+	// The inbox learns that the request no longer waits for anyone.
+	if err := s.appendEvent(ctx, tx, inbox.TypeResolved, a); err != nil {
+		return false, err
 	}
 	s.metrics.resolve(StateCanceled)
 	return true, nil
@@ -218,7 +227,7 @@ func scanApproval(row pgx.Row) (Approval, error) {
 	var resolvedAt *time.Time
 	var resolvedBy, note *string
 	err := row.Scan(&a.ID, &a.OrgID, &a.AgentID, &a.Scope, &a.Cost, &a.Reason, &a.State, &a.RequestedBy, &a.Refusal,
-		&kind, &data, &a.ExpiresAt, &a.CreatedAt, &resolvedAt, &resolvedBy, &note)
+		&kind, &data, &a.ExpiresAt, &a.CreatedAt, &resolvedAt, &resolvedBy, &note, &a.Budget, &a.Spent)
 	if err != nil {
 		return Approval{}, err
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/reveille/reveille/internal/db"
 )
 
 // spendBatcher is group commit for Spend. Concurrent Spend calls are sent
@@ -145,7 +147,7 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 	defer cancel()
 	b.s.metrics.batch.Observe(float64(len(batch)))
 	if len(batch) == 1 {
-		res, decided, err := b.s.spend(ctx, b.s.db, batch[0].p)
+		res, decided, err := b.s.spendAlone(ctx, batch[0].p)
 		batch[0].reply <- spendReply{res, decided, err}
 		return
 	}
@@ -153,19 +155,27 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 	for _, r := range batch {
 		b.s.queueSpend(pb, r.p)
 	}
-	br := b.s.db.SendBatch(ctx, pb)
 	replies := make([]spendReply, len(batch))
 	var failed error
-	for i := range batch {
-		res, decided, err := readSpend(br)
-		if err != nil {
+	if b.s.cfg.Inbox == nil {
+		br := b.s.db.SendBatch(ctx, pb)
+		failed = readBatch(br, replies)
+		if err := br.Close(); failed == nil && err != nil {
 			failed = err
-			break
 		}
-		replies[i] = spendReply{res: res, decided: decided}
-	}
-	if err := br.Close(); failed == nil && err != nil {
-		failed = err
+	} else {
+		// The refusals' inbox events commit with their requests.
+		failed = decideInTx(ctx, b.s.db, pb, func(br pgx.BatchResults) error { return readBatch(br, replies) },
+			func(q db.Querier) error {
+				for i, r := range batch {
+					if replies[i].decided && !replies[i].res.OK {
+						if err := b.s.appendRequested(ctx, q, r.p.OrgID, replies[i].res.ApprovalID); err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			})
 	}
 	if failed != nil {
 		b.retryAlone(ctx, batch, failed)
@@ -182,6 +192,18 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 	}
 }
 
+// readBatch reads the decisions of a batch in order.
+func readBatch(br pgx.BatchResults, replies []spendReply) error {
+	for i := range replies {
+		res, decided, err := readSpend(br)
+		if err != nil {
+			return err
+		}
+		replies[i] = spendReply{res: res, decided: decided}
+	}
+	return nil
+}
+
 // retryAlone decides each request of a failed batch on its own. Only an
 // error the server reported (it then rolled the transaction back) is safe
 // to retry; after any other failure the commit's outcome is unknown and the
@@ -196,7 +218,7 @@ func (b *spendBatcher) retryAlone(ctx context.Context, batch []*spendRequest, fa
 	}
 	b.s.logger.Debug("spend batch failed; deciding its spends one by one", "spends", len(batch), "error", failed.Error())
 	for _, r := range batch {
-		res, decided, err := b.s.spend(ctx, b.s.db, r.p)
+		res, decided, err := b.s.spendAlone(ctx, r.p)
 		r.reply <- spendReply{res, decided, err}
 	}
 }

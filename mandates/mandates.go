@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/internal/page"
@@ -96,6 +97,9 @@ type Config struct {
 	// LeaderRetry is how often a standby tries to become the sweeper's
 	// leader (default: the elector's, 2 s).
 	LeaderRetry time.Duration
+	// Inbox, when set, receives an event for every change of a request's
+	// state, in the transaction that makes it (package inbox).
+	Inbox *inbox.Log
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Registry receives the metrics (default: none registered).
@@ -185,7 +189,11 @@ type Approval struct {
 	RequestedBy string
 	// Refusal is why the spend was refused (no_mandate, revoked, expired,
 	// insufficient).
-	Refusal    string
+	Refusal string
+	// Budget and Spent are the mandate's when the spend was refused (nil:
+	// there was no mandate, or the request predates their recording).
+	Budget     *int64
+	Spent      *int64
 	OnResolve  *Payload
 	ExpiresAt  time.Time
 	CreatedAt  time.Time

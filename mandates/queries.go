@@ -7,7 +7,7 @@ package mandates
 const mandateColumns = `id, org_id, agent_id, scope, budget, spent, status, valid_until, created_at, updated_at`
 
 const approvalColumns = `id, org_id, agent_id, scope, cost, reason, state, requested_by, refusal, on_resolve_kind,
-	on_resolve_data, expires_at, created_at, resolved_at, resolved_by, note`
+	on_resolve_data, expires_at, created_at, resolved_at, resolved_by, note, budget, spent`
 
 const ledgerColumns = `id, mandate_id, kind, amount, reason, idempotency_key, approval_id, created_at`
 
@@ -46,14 +46,14 @@ WITH claim AS (
                 WHEN m.status <> 'active' THEN 'revoked'
                 WHEN m.valid_until IS NOT NULL AND m.valid_until <= now() THEN 'expired'
                 ELSE 'insufficient' END AS why,
-           GREATEST(COALESCE(m.budget - m.spent, 0), 0) AS remaining
+           GREATEST(COALESCE(m.budget - m.spent, 0), 0) AS remaining, m.budget, m.spent
       FROM (SELECT 1) AS one
       LEFT JOIN mandates m ON m.org_id = $1 AND m.agent_id = $2 AND m.scope = $3
      WHERE EXISTS (SELECT 1 FROM proceed) AND NOT EXISTS (SELECT 1 FROM debit)
 ), request AS (
     INSERT INTO mandate_approvals (id, org_id, agent_id, scope, cost, reason, requested_by, refusal, remaining,
-                                   on_resolve_kind, on_resolve_data, expires_at)
-    SELECT $8, $1, $2, $3, $4, $5, $9, why, remaining, $11, $12, now() + $10::bigint * interval '1 microsecond'
+                                   on_resolve_kind, on_resolve_data, expires_at, budget, spent)
+    SELECT $8, $1, $2, $3, $4, $5, $9, why, remaining, $11, $12, now() + $10::bigint * interval '1 microsecond', budget, spent
       FROM refusal
     RETURNING id
 )
@@ -126,7 +126,8 @@ SELECT state, requested_by, expires_at <= now() FROM mandate_approvals WHERE org
 // qCancelApproval withdraws a pending request for its caller.
 const qCancelApproval = `
 UPDATE mandate_approvals SET state = 'canceled', resolved_at = now()
- WHERE org_id = $1 AND id = $2 AND state = 'pending'`
+ WHERE org_id = $1 AND id = $2 AND state = 'pending'
+RETURNING ` + approvalColumns
 
 // qExpiredApprovals lists pending requests past expires_at, across orgs.
 const qExpiredApprovals = `

@@ -80,7 +80,7 @@ func (s *Service) Spend(ctx context.Context, p SpendParams) (SpendResult, error)
 	if s.batcher != nil {
 		res, decided, err = s.batcher.do(ctx, p)
 	} else {
-		res, decided, err = s.spend(ctx, s.db, p)
+		res, decided, err = s.spendAlone(ctx, p)
 	}
 	if err != nil {
 		return SpendResult{}, err
@@ -119,10 +119,39 @@ func (s *Service) spend(ctx context.Context, q db.Batcher, p SpendParams) (res S
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("committing spend: %w", cerr)
 	}
+	if err == nil && decided && !res.OK {
+		err = s.appendRequested(ctx, q, p.OrgID, res.ApprovalID)
+	}
 	if err != nil || decided {
 		return res, decided, err
 	}
 	res, err = s.answer(ctx, q, p)
+	return res, false, err
+}
+
+// spendAlone decides p in a transaction of its own. With an inbox, a
+// refusal's event must commit with its request, so the decision runs in an
+// explicit transaction (decideInTx); without one, in the implicit
+// transaction of a single round trip.
+func (s *Service) spendAlone(ctx context.Context, p SpendParams) (res SpendResult, decided bool, err error) {
+	if s.cfg.Inbox == nil {
+		return s.spend(ctx, s.db, p)
+	}
+	b := &pgx.Batch{}
+	s.queueSpend(b, p)
+	err = decideInTx(ctx, s.db, b, func(br pgx.BatchResults) error {
+		res, decided, err = readSpend(br)
+		return err
+	}, func(q db.Querier) error {
+		if decided && !res.OK {
+			return s.appendRequested(ctx, q, p.OrgID, res.ApprovalID)
+		}
+		return nil
+	})
+	if err != nil || decided {
+		return res, decided, err
+	}
+	res, err = s.answer(ctx, s.db, p)
 	return res, false, err
 }
 

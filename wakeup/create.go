@@ -29,12 +29,15 @@ import (
 // after another. Nothing waits to fill a group: a group is whatever queued
 // while the previous ones ran, so a lone request goes at once.
 //
-// A group is three round trips (createGroup): its BEGIN travels with the
-// intents' inserts and the pending-cap reads; the spends, their commit, the
-// second transaction's BEGIN and its row locks travel together; the
-// enqueue travels with the intents' marks and the commit. So no lock
-// another group waits for — a mandate, an org's pending count in a pool —
-// is held across a round trip.
+// A group is four round trips (createGroup): its BEGIN travels with the
+// intents' inserts and the pending-cap reads; then the spends; then their
+// commit, the second transaction's BEGIN and its row locks; the enqueue
+// travels with the intents' marks and the commit. The spends' commit waits
+// one round trip for the approvals inbox's events of the refusals, which
+// are written once the decisions are known (in the same transaction, so a
+// request never commits without its event): a group's mandates stay locked
+// across that round trip. No other lock another group waits for — an org's
+// pending count in a pool — is held across a round trip.
 type createBatcher struct {
 	s          *Service
 	maxBatch   int
@@ -391,9 +394,9 @@ func (s *Service) insertIntents(ctx context.Context, c groupConn, ms []*member) 
 }
 
 // decideGroup sends the spends queued in b with the refused intents'
-// deletion before them and their marks after them, and commits; then it
-// begins the second transaction and locks the funded intents (in id order)
-// in the same round trip.
+// deletion before them and their marks after them (readDecisions), and
+// commits; then it begins the second transaction and locks the funded
+// intents (in id order) in the same round trip as the commit.
 func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, spenders, dropped []*member) error {
 	decisions := b.QueuedQueries
 	b.QueuedQueries = nil
@@ -404,6 +407,10 @@ func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, sp
 	for _, m := range spenders {
 		b.Queue(qAwaitApproval, m.req.p.OrgID, m.id, m.spend.ApprovalID)
 	}
+	if err := s.readDecisions(ctx, c, b, spenders, dropped); err != nil {
+		return err
+	}
+	b = &pgx.Batch{}
 	b.Queue("COMMIT")
 	byID := slices.Clone(spenders)
 	slices.SortFunc(byID, func(a, b *member) int { return bytes.Compare(a.id[:], b.id[:]) })
@@ -413,6 +420,40 @@ func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, sp
 			b.Queue(qLockFunded, m.req.p.OrgID, m.id)
 		}
 	}
+	br := c.SendBatch(ctx, b)
+	defer br.Close()
+	tag, err := br.Exec()
+	if err == nil && tag.String() != "COMMIT" {
+		err = pgx.ErrTxCommitRollback
+	}
+	if err != nil {
+		return fmt.Errorf("committing the wake-up gate: %w", err)
+	}
+	if len(byID) == 0 {
+		return br.Close()
+	}
+	// Committed: from here on a failure leaves the funded intents to be
+	// enqueued one by one.
+	if _, err = br.Exec(); err == nil {
+		err = readLocked(br, byID)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		s.logger.Warn("locking funded wake-ups failed; enqueueing them one by one", "error", err.Error())
+		c.rollback(ctx)
+		markFundedAlone(spenders)
+	}
+	return nil
+}
+
+// readDecisions sends the refused intents' deletion, the spends and the
+// refused intents' marks, reads the decisions, and appends the approvals
+// inbox's events of the refusals' requests, all in the gate's transaction
+// (so the COMMIT goes in a round trip of its own: the events are written
+// only once the decisions are known).
+func (s *Service) readDecisions(ctx context.Context, c groupConn, b *pgx.Batch, spenders, dropped []*member) error {
 	br := c.SendBatch(ctx, b)
 	defer br.Close()
 	for range dropped {
@@ -436,28 +477,13 @@ func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, sp
 			return fmt.Errorf("mark refused wake-ups: %w", err)
 		}
 	}
-	tag, err := br.Exec()
-	if err == nil && tag.String() != "COMMIT" {
-		err = pgx.ErrTxCommitRollback
+	if err := br.Close(); err != nil {
+		return err
 	}
-	if err != nil {
-		return fmt.Errorf("committing the wake-up gate: %w", err)
-	}
-	if len(byID) == 0 {
-		return br.Close()
-	}
-	// Committed: from here on a failure leaves the funded intents to be
-	// enqueued one by one.
-	if _, err = br.Exec(); err == nil {
-		err = readLocked(br, byID)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		s.logger.Warn("locking funded wake-ups failed; enqueueing them one by one", "error", err.Error())
-		c.rollback(ctx)
-		markFundedAlone(spenders)
+	for _, m := range spenders {
+		if err := m.spend.AppendRequested(ctx, c, m.res, true); err != nil {
+			return fmt.Errorf("spend for wake-up: %w", err)
+		}
 	}
 	return nil
 }

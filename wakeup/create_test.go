@@ -109,7 +109,8 @@ func TestAGroupDecidesEachRequestAsItWouldBeDecidedAlone(t *testing.T) {
 }
 
 // A group shares its transactions: however many requests it carries, it
-// costs three round trips, two commits and one NOTIFY.
+// costs four round trips (the spends' commit waits one for the approvals
+// inbox's events of refusals), two commits and one NOTIFY.
 func TestAGroupOfRequestsSharesItsRoundTripsCommitsAndNotify(t *testing.T) {
 	rt := &testkit.RoundTrips{}
 	f := newFixtureWith(t, fixtureOptions{trace: rt})
@@ -134,7 +135,7 @@ func TestAGroupOfRequestsSharesItsRoundTripsCommitsAndNotify(t *testing.T) {
 		require.Equal(t, "enqueued", f.state(t, ws[i].ID))
 	}
 	all := strings.Join(trips, "\n")
-	require.Len(t, trips, 3, all)
+	require.Len(t, trips, 4, all)
 	require.Equal(t, 2, strings.Count(all, "COMMIT"), all)
 	require.Equal(t, 1, strings.Count(all, "pg_notify"), all)
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/approvals"
+	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/migrations"
 	"github.com/reveille/reveille/queue"
@@ -60,6 +61,8 @@ type Config struct {
 	Streams   streams.Config
 	Wakeup    wakeup.Config
 	Approvals approvals.Config
+	// Inbox is the approvals event log's retention.
+	Inbox inbox.Config
 	// Dispatcher sends the queued signals through the Temporal client.
 	Dispatcher queue.DispatcherConfig
 	// WrapSignaler, when set, wraps the Temporal client as the dispatcher
@@ -122,6 +125,7 @@ type Service struct {
 	streams    *streams.Service
 	wakeups    *wakeup.Service
 	approvals  *approvals.Service
+	inbox      *inbox.Log
 	dispatcher *queue.Dispatcher
 	api        *api.Server
 	// parts are the background loops, in start order.
@@ -213,8 +217,13 @@ func (s *Service) buildDomain() error {
 		return err
 	}
 
+	inboxCfg := c.Inbox
+	inboxCfg.Logger = logger
+	s.inbox = inbox.New(s.db, inboxCfg)
+
 	mandatesCfg := c.Mandates
 	mandatesCfg.Logger, mandatesCfg.Registry = logger, reg
+	mandatesCfg.Inbox = s.inbox
 	s.mandates = mandates.New(s.db, mandatesCfg)
 
 	streamsCfg := c.Streams
@@ -239,9 +248,11 @@ func (s *Service) buildDomain() error {
 
 	approvalsCfg := c.Approvals
 	approvalsCfg.Logger, approvalsCfg.Registry = logger, reg
+	approvalsCfg.Inbox = s.inbox
 	s.approvals = approvals.New(s.db, approvalsCfg)
 
 	s.parts = []part{
+		{name: "approvals inbox", c: s.inbox},
 		{name: "workpool", c: s.workpool},
 		{name: "mandates", c: s.mandates},
 		{name: "streams", c: s.streams},
@@ -270,6 +281,7 @@ func (s *Service) buildAPI(ctx context.Context) error {
 	s.api, err = api.New(ctx, apiCfg, api.Services{
 		DB: s.db, Ready: []api.ReadinessCheck{temporalReady},
 		Workpool: s.workpool, Mandates: s.mandates, Streams: s.streams, Wakeups: s.wakeups, Approvals: s.approvals,
+		Inbox: s.inbox,
 	})
 	return err
 }
@@ -380,6 +392,9 @@ func (s *Service) Streams() *streams.Service { return s.streams }
 
 // Wakeups is the wake-up service.
 func (s *Service) Wakeups() *wakeup.Service { return s.wakeups }
+
+// Inbox is the approvals event log.
+func (s *Service) Inbox() *inbox.Log { return s.inbox }
 
 // Approvals is the tool-approvals service.
 func (s *Service) Approvals() *approvals.Service { return s.approvals }

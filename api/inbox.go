@@ -1,0 +1,157 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/reveille/reveille/inbox"
+)
+
+// DefaultInboxKeepAlive is how often an idle approvals event stream gets a
+// keep-alive comment.
+const DefaultInboxKeepAlive = 15 * time.Second
+
+// inboxPage is how many events one read of the log takes.
+const inboxPage = 100
+
+// inboxRoutes serves the approvals inbox's live events (issue 14).
+func (s *Server) inboxRoutes() {
+	if s.svc.Inbox == nil {
+		return
+	}
+	s.route(http.MethodGet, "/v1/approvals/events", s.approvalEvents, []string{RoleApprover},
+		refuseBoundTokens("the approvals inbox is for people who answer approvals, not agents"))
+}
+
+// eventsSeq is the org's approvals event seq for a list's events_seq: read
+// before the list's rows, so the page reflects at least every event up to
+// it (0 without an inbox).
+func (s *Server) eventsSeq(c echo.Context) (int64, error) {
+	if s.svc.Inbox == nil {
+		return 0, nil
+	}
+	return s.svc.Inbox.Seq(c.Request().Context(), s.svc.DB, PrincipalFrom(c).OrgID)
+}
+
+// approvalEvents streams the org's approvals events as Server-Sent Events:
+// those after Last-Event-ID (or ?after=; the header wins; neither: only
+// new ones), then each as it commits, with keep-alive comments while idle.
+// A resume point older than what retention kept starts with a `reset`
+// event. The subscription is taken before the first read and before the
+// response starts, so nothing committed after the client sees the headers
+// is missed.
+func (s *Server) approvalEvents(c echo.Context) error {
+	after, given, err := inboxResumePoint(c)
+	if err != nil {
+		return err
+	}
+	org := PrincipalFrom(c).OrgID
+	ctx := c.Request().Context()
+	sub, err := s.svc.Inbox.Subscribe(org)
+	if err != nil {
+		return NewProblem(http.StatusServiceUnavailable, "unavailable", "the approvals event stream is unavailable while the server starts or stops; retry")
+	}
+	defer sub.Close()
+	oldest, last, err := s.svc.Inbox.Window(ctx, org)
+	if err != nil {
+		return err
+	}
+	var buf []byte
+	switch {
+	case !given:
+		after = last
+	case after < oldest-1:
+		after = oldest - 1
+		buf = fmt.Appendf(buf, "event: reset\ndata: {\"seq\":%d}\n\n", after)
+	}
+	res := c.Response()
+	res.Header().Set(echo.HeaderContentType, "text/event-stream")
+	res.Header().Set(echo.HeaderCacheControl, "no-cache")
+	res.Header().Set("X-Accel-Buffering", "no") // proxies must not hold events back
+	res.WriteHeader(http.StatusOK)
+
+	keepAlive := time.NewTicker(s.cfg.InboxKeepAlive)
+	defer keepAlive.Stop()
+	for {
+		events, err := s.svc.Inbox.After(ctx, org, after, inboxPage)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.logger.Warn("approvals event stream read failed; closing the connection", "error", err.Error(), "org_id", org)
+			}
+			return nil // the client resumes with Last-Event-ID
+		}
+		if buf, err = appendInboxEvents(buf, events); err != nil {
+			return err
+		}
+		if len(buf) > 0 {
+			if _, err := res.Write(buf); err != nil {
+				return nil // the client left
+			}
+			buf = buf[:0]
+		}
+		res.Flush() // the first flush sends the headers
+		if len(events) > 0 {
+			after = events[len(events)-1].Seq
+		}
+		if len(events) == inboxPage {
+			continue // more may be stored already
+		}
+		if !s.awaitInbox(c, sub, keepAlive) {
+			return nil
+		}
+	}
+}
+
+// awaitInbox waits until the org's log may have grown, writing keep-alive
+// comments meanwhile; each keep-alive also rereads, so a notification lost
+// with a LISTEN connection delays a reader at most that long. It reports
+// false when the client left or the server is stopping.
+func (s *Server) awaitInbox(c echo.Context, sub *inbox.Subscription, keepAlive *time.Ticker) bool {
+	select {
+	case <-sub.Ready():
+		return true
+	case <-c.Request().Context().Done():
+		return false
+	case <-sub.Done():
+		return false
+	case <-keepAlive.C:
+		if _, err := c.Response().Write([]byte(": keep-alive\n\n")); err != nil {
+			return false
+		}
+		c.Response().Flush()
+		return true
+	}
+}
+
+func appendInboxEvents(buf []byte, events []inbox.Event) ([]byte, error) {
+	for _, ev := range events {
+		data, err := json.Marshal(ev)
+		if err != nil {
+			return buf, fmt.Errorf("encoding approval event %d: %w", ev.Seq, err)
+		}
+		buf = fmt.Appendf(buf, "id: %d\nevent: %s\ndata: %s\n\n", ev.Seq, ev.Type, data)
+	}
+	return buf, nil
+}
+
+// inboxResumePoint reads the seq to resume after: Last-Event-ID, else
+// ?after=; given is false when neither is set.
+func inboxResumePoint(c echo.Context) (after int64, given bool, err error) {
+	field, raw := "Last-Event-ID", c.Request().Header.Get("Last-Event-ID")
+	if raw == "" {
+		field, raw = "after", c.QueryParam("after")
+	}
+	if raw == "" {
+		return 0, false, nil
+	}
+	n, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || n < 0 {
+		return 0, false, Invalid(field, "must be an approvals event seq (an integer ≥ 0)")
+	}
+	return n, true, nil
+}

@@ -1,0 +1,108 @@
+package mandates
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/reveille/reveille/inbox"
+	"github.com/reveille/reveille/internal/db"
+)
+
+// Every change of a request's state is an event of the approvals inbox
+// (package inbox), appended in the transaction that makes the change: the
+// request a refusal creates (requested), and its approval, denial, expiry
+// or withdrawal (resolved).
+
+// appendEvent appends an inbox event about a, as its GET route shows it
+// now, in the caller's transaction. Without an inbox it does nothing.
+func (s *Service) appendEvent(ctx context.Context, q db.Querier, typ string, a Approval) error {
+	if s.cfg.Inbox == nil {
+		return nil
+	}
+	body, err := json.Marshal(a)
+	if err != nil {
+		return fmt.Errorf("encoding approval request for the inbox: %w", err)
+	}
+	_, err = s.cfg.Inbox.Append(ctx, q, inbox.Event{OrgID: a.OrgID, Type: typ, Kind: inbox.KindMandateOverrun, ApprovalID: a.ID, Approval: body})
+	return err
+}
+
+// appendRequested appends the requested event of the request a refusal
+// just created in q's transaction.
+func (s *Service) appendRequested(ctx context.Context, q db.Querier, orgID string, id uuid.UUID) error {
+	if s.cfg.Inbox == nil {
+		return nil
+	}
+	a, err := scanApproval(q.QueryRow(ctx, qGetApproval, orgID, id, AnyAgent))
+	if err != nil {
+		return fmt.Errorf("reading the new approval request: %w", err)
+	}
+	return s.appendEvent(ctx, q, inbox.TypeRequested, a)
+}
+
+// AppendRequested appends the inbox event of the request res's refusal
+// created, for a caller that decided a spend through QueueSpend: call it
+// in that transaction, after Read and before commit. A granted spend, or a
+// replayed key, appends nothing.
+func (q *QueuedSpend) AppendRequested(ctx context.Context, tx db.Querier, res SpendResult, decided bool) error {
+	if !decided || res.OK {
+		return nil
+	}
+	return q.s.appendRequested(ctx, tx, q.p.OrgID, res.ApprovalID)
+}
+
+// decideInTx sends b's decisions after a BEGIN, in one round trip on a
+// connection of its own, hands the results to read, then lets then write
+// in the same transaction (the inbox events of refusals) and commits. A
+// refusal's request and its event thus commit together, at the price of
+// the COMMIT's own round trip.
+func decideInTx(ctx context.Context, pool *pgxpool.Pool, b *pgx.Batch, read func(pgx.BatchResults) error, then func(db.Querier) error) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquiring a connection: %w", err)
+	}
+	defer conn.Release()
+	defer rollbackOpen(ctx, conn)
+	full := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(b.QueuedQueries)+1)}
+	full.Queue("BEGIN")
+	full.QueuedQueries = append(full.QueuedQueries, b.QueuedQueries...)
+	br := conn.SendBatch(ctx, full)
+	_, err = br.Exec()
+	if err == nil {
+		err = read(br)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := then(conn); err != nil {
+		return err
+	}
+	tag, err := conn.Exec(ctx, "COMMIT")
+	if err == nil && tag.String() != "COMMIT" {
+		err = pgx.ErrTxCommitRollback
+	}
+	if err != nil {
+		return fmt.Errorf("committing spend: %w", err)
+	}
+	return nil
+}
+
+// rollbackOpen ends a transaction a failure left open on conn; a
+// connection that cannot is closed, so the pool drops it.
+func rollbackOpen(ctx context.Context, conn *pgxpool.Conn) {
+	if conn.Conn().PgConn().TxStatus() == 'I' {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+		_ = conn.Conn().Close(ctx)
+	}
+}
