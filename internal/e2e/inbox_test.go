@@ -277,8 +277,12 @@ func TestInboxShowsHostileDataAsTextAndRunsNothing(t *testing.T) {
 	t.Run("pending", func(t *testing.T) {
 		b.openInbox(s.http.URL, approverTok)
 		nothingRan(t, pendingTool, pendingSpend)
-		for _, want := range []string{"agent " + hostile, "session " + hostile, "sub " + hostile, "scope " + hostile, `"payload": ` + js(hostile)} {
-			require.Contains(t, b.itemText(pendingTool)+b.itemText(pendingSpend), want)
+		tool, spend := b.itemText(pendingTool), b.itemText(pendingSpend)
+		for _, want := range []string{"agent " + hostile, "session " + hostile, "sub " + hostile, shortHostile, `"payload": ` + js(hostile)} {
+			require.Contains(t, tool, want)
+		}
+		for _, want := range []string{"agent " + hostile, "sub " + hostile, "scope " + hostile, hostile} {
+			require.Contains(t, spend, want)
 		}
 		var option string
 		b.eval(`Array.from(document.querySelectorAll('#filter-agent option')).map(o => o.textContent).join('\n')`, &option)
