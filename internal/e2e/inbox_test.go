@@ -80,11 +80,11 @@ func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
 	agentTok := token(t, org, "agent")
 	b := newBrowser(t)
 
-	// Made before the page opens: a tool call, one the approver made
-	// itself (as an agent), and a spend over the mandate, parked on.
+	// Made before the page opens: a tool call the approver made itself (as
+	// an agent), another tool call, and a spend over the mandate, parked on.
+	ownID := s.toolCall(signedToken(t, "user-approver", "agent"), "s2", map[string]any{"agent_id": agent, "tool_name": "deploy"})
 	toolID := s.toolCall(agentTok, "s1", map[string]any{"agent_id": agent, "tool_name": "shell",
 		"input": map[string]any{"cmd": "ls -la", "cwd": "/srv/app", "env": map[string]any{"DRY_RUN": true}}})
-	ownID := s.toolCall(signedToken(t, "user-approver", "agent"), "s2", map[string]any{"agent_id": agent, "tool_name": "deploy"})
 	wf := s.workflowID()
 	body := wakeupBody(wf, "echo", map[string]any{"x": 1})
 	body["cost"], body["reason"] = 5, "summarise the incident report with the large model"
