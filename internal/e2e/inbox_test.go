@@ -187,6 +187,14 @@ func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
 		})
 	})
 
+	t.Run("a dropped stream reconnects by itself and misses nothing", func(t *testing.T) {
+		s.http.CloseClientConnections() // the server side of the event stream goes away
+		http.DefaultClient.CloseIdleConnections() // and the test's own, which it would reuse
+		id := s.toolCall(agentTok, "s4", map[string]any{"agent_id": agent, "tool_name": "fetch_url"})
+		b.waitFor("the item made while the stream was down", itemJS(id, "true"))
+		b.waitFor("the live indicator", `document.getElementById('conn').dataset.state === 'live'`)
+	})
+
 	t.Run("the token travels only in the Authorization header", func(t *testing.T) {
 		sent := b.sent()
 		require.NotEmpty(t, sent)
