@@ -127,7 +127,7 @@ func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
 	})
 
 	t.Run("answering one's own request is refused in words and the item stays", func(t *testing.T) {
-		b.run(chromedp.Click(chromedp.CSS(itemSel(ownID)+` [data-role="approve"]`)))
+		b.run(chromedp.Click(chromedp.CSS(itemSel(ownID) + ` [data-role="approve"]`)))
 		b.waitFor("the 403 in words", itemJS(ownID, `el.querySelector('[data-role="error"]').textContent.includes('You cannot approve or deny your own request')`))
 		require.Contains(t, b.itemText(ownID), "Pending")
 		require.Equal(t, "pending", s.toolApproval(ownID)["status"])
@@ -159,7 +159,7 @@ func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
 		r := s.call(http.MethodGet, "/v1/mandate-approvals/"+overrunID, approver, nil)
 		require.Equal(t, "pending", r.body["state"])
 
-		b.run(chromedp.Click(chromedp.CSS(itemSel(overrunID)+` [data-role="deny"]`)))
+		b.run(chromedp.Click(chromedp.CSS(itemSel(overrunID) + ` [data-role="deny"]`)))
 		b.waitFor("the confirmation", `document.getElementById('confirm').open`)
 		var question string
 		b.eval(`document.getElementById('confirm-title').textContent`, &question)
@@ -188,7 +188,7 @@ func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
 	})
 
 	t.Run("a dropped stream reconnects by itself and misses nothing", func(t *testing.T) {
-		s.http.CloseClientConnections() // the server side of the event stream goes away
+		s.http.CloseClientConnections()           // the server side of the event stream goes away
 		http.DefaultClient.CloseIdleConnections() // and the test's own, which it would reuse
 		id := s.toolCall(agentTok, "s4", map[string]any{"agent_id": agent, "tool_name": "fetch_url"})
 		b.waitFor("the item made while the stream was down", itemJS(id, "true"))
