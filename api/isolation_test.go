@@ -206,6 +206,12 @@ func isoRows() []isoRow {
 			owner: "approverA", ownerStatus: 200},
 		{route: "GET /v1/agents/{agent_id}/tool-policies", roles: []string{RoleAdmin, RoleApprover}, crossOrg: crossOrgAsEmptyOrg,
 			bound: boundAgentInPath, owner: "adminA", ownerStatus: 200},
+		// Approval webhooks are the org's: {name} is the fixture's stream
+		// name, which org A's webhook has too; its URL holds the marker.
+		{route: "GET /v1/approvals/webhooks", roles: admin, crossOrg: crossOrgAsEmptyOrg, bound: boundForbidden,
+			owner: "adminA", ownerStatus: 200},
+		{route: "GET /v1/approvals/webhooks/{name}", roles: admin, crossOrg: crossOrgAsAbsent, bound: boundForbidden,
+			owner: "adminA", ownerStatus: 200},
 
 		// Writes last: their owner calls change the objects.
 		{route: "PATCH /v1/mandates/{id}", roles: admin, idOf: "mandate", body: func(string) any { return map[string]any{"budget": 11} },
@@ -232,6 +238,12 @@ func isoRows() []isoRow {
 			owner: "adminA", ownerStatus: 204},
 		{route: "PUT /v1/agents/{agent_id}/tool-policies/{tool_name}", roles: admin, body: func(string) any { return map[string]any{"approval": "always"} },
 			crossOrg: crossOrgAsEmptyOrg, volatile: []string{"updated_by"}, bound: boundForbidden, owner: "adminA", ownerStatus: 200},
+		// Before the PUT: org B's PUT makes a webhook of that name in org B.
+		{route: "DELETE /v1/approvals/webhooks/{name}", roles: admin, crossOrg: crossOrgAsAbsent, bound: boundForbidden,
+			owner: "adminA", ownerStatus: 204},
+		{route: "PUT /v1/approvals/webhooks/{name}", roles: admin,
+			body:     func(string) any { return map[string]any{"url": "http://127.0.0.1:9/row", "format": "json"} },
+			crossOrg: crossOrgAsEmptyOrg, volatile: []string{"secret"}, bound: boundForbidden, owner: "adminA", ownerStatus: 201},
 		// Last: org B's call makes a session of that name in org B, which the
 		// rows above look for in org B as absent.
 		{route: "POST /v1/sessions/{session_id}/tool-calls", roles: agent, body: toolCall, crossOrg: crossOrgAsEmptyOrg, bound: boundForbidden,
@@ -284,6 +296,7 @@ func newIsoFixture(t *testing.T) *isoFixture {
 		sv.Mandates = mandates.New(sv.DB, mandates.Config{Logger: testkit.Logger(t), Registry: c.Registry, Inbox: sv.Inbox})
 		sv.Wakeups = wakeup.New(sv.DB, pool, sv.Mandates, wakeup.Config{Logger: testkit.Logger(t)})
 		sv.Approvals = approvals.New(sv.DB, approvals.Config{Logger: testkit.Logger(t), Registry: c.Registry, Inbox: sv.Inbox})
+		withWebhooks(t)(c, sv)
 	})
 	all := []string{RoleAdmin, RoleAgent, RoleApprover}
 	f := &isoFixture{s: s, tokens: map[string]string{
@@ -331,6 +344,8 @@ func newIsoFixture(t *testing.T) *isoFixture {
 	policies := "/v1/agents/" + isoAgent1 + "/tool-policies/" + isoTool
 	created(do(t, h, "PUT", policies, adminA, map[string]any{"approval": "once"}), 200)
 	created(do(t, h, "PUT", policies, adminA, map[string]any{"approval": "never", "match": map[string]any{"m": isoMarker}}), 200)
+	created(do(t, h, "PUT", "/v1/approvals/webhooks/"+f.a.stream, adminA,
+		map[string]any{"url": "http://127.0.0.1:9/" + isoMarker, "format": "json"}), 201)
 
 	f.absent = isoTarget{ids: map[string]string{}, pool: "default", run: "run-absent", stream: "out",
 		agent: "agent-absent", session: "session-absent", tool: isoTool}
@@ -430,7 +445,7 @@ func (f *isoFixture) snapshot(t *testing.T) map[string]string {
 		"/v1/wakeups/" + f.a.ids["wakeup"], "/v1/work/" + f.a.ids["work"], "/v1/work/" + f.a.ids["plainWork"],
 		"/v1/pools/default", "/v1/pools/wakeup",
 		"/v1/tool-approvals/" + f.a.ids["toolApproval"], "/v1/sessions/" + isoSession + "/events",
-		"/v1/agents/" + isoAgent1 + "/tool-policies",
+		"/v1/agents/" + isoAgent1 + "/tool-policies", "/v1/approvals/webhooks",
 	} {
 		r := do(t, f.s.Handler(), "GET", path, f.tokens["allA"], nil)
 		require.Equal(t, http.StatusOK, r.Status, "%s: %s", path, r.Body)

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"strconv"
 	"time"
 
@@ -39,3 +40,31 @@ func (m *httpMetrics) observe(method, route string, status int, elapsed time.Dur
 }
 
 func newRequestID() string { return uuid.Must(uuid.NewV7()).String() }
+
+// dependencyUp is reveille_dependency_up{dependency}: 1 when the dependency
+// answers, 0 when not. It asks at scrape time, as /readyz does, so that it
+// tells the truth whether or not anything probes /readyz.
+type dependencyUp struct {
+	s    *Server
+	desc *prometheus.Desc
+}
+
+func newDependencyUp(s *Server) *dependencyUp {
+	return &dependencyUp{s: s, desc: prometheus.NewDesc("reveille_dependency_up",
+		"Whether a dependency answers (1) or not (0): postgres (the replica is not ready without it) and temporal (signals wait in the outbox while it is down).",
+		[]string{"dependency"}, nil)}
+}
+
+func (d *dependencyUp) Describe(ch chan<- *prometheus.Desc) { ch <- d.desc }
+
+func (d *dependencyUp) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	for _, r := range d.s.checkDependencies(ctx) {
+		up := 1.0
+		if r.err != nil {
+			up = 0
+		}
+		ch <- prometheus.MustNewConstMetric(d.desc, prometheus.GaugeValue, up, r.name)
+	}
+}

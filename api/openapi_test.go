@@ -27,7 +27,7 @@ var echoParam = regexp.MustCompile(`:([a-z_]+)`)
 
 // Every registered route is documented and every documented route exists.
 func TestOpenAPIDocumentMatchesTheRoutes(t *testing.T) {
-	s := newTestServer(t, withStreams(t, streams.Config{}), withMandates(t), withWakeups(t), withWorkpool(t), withApprovals(t), withInbox(t, 0))
+	s := newTestServer(t, withStreams(t, streams.Config{}), withMandates(t), withWakeups(t), withWorkpool(t), withApprovals(t), withInbox(t, 0), withWebhooks(t))
 	r := do(t, s.Handler(), http.MethodGet, "/openapi.json", "", nil)
 	require.Equal(t, http.StatusOK, r.Status)
 	var doc struct {
@@ -64,7 +64,7 @@ func TestEveryV1OperationDeclaresItsRefusals(t *testing.T) {
 	for i := range 200 {
 		orgs = append(orgs, fmt.Sprintf("org-%d", i))
 	}
-	s := newTestServer(t, withStreams(t, streams.Config{}), withMandates(t), withWakeups(t), withWorkpool(t), withApprovals(t),
+	s := newTestServer(t, withStreams(t, streams.Config{}), withMandates(t), withWakeups(t), withWorkpool(t), withApprovals(t), withWebhooks(t),
 		func(c *Config, _ *Services) {
 			c.OrgRate, c.OrgBurst = 0.001, 1 // one request per org, then 429
 			c.Auth.OperatorOrgs = orgs       // so the operator role counts and the 400 is reached

@@ -19,7 +19,7 @@ import (
 // naming the parameter. Postgres rejects such text, which made some of
 // these 500s.
 func TestNULOrInvalidUTF8InAnyParameterIs400NamingIt(t *testing.T) {
-	s := newTestServer(t, withStreams(t, streams.Config{}), withMandates(t), withWakeups(t), withWorkpool(t), withApprovals(t))
+	s := newTestServer(t, withStreams(t, streams.Config{}), withMandates(t), withWakeups(t), withWorkpool(t), withApprovals(t), withInbox(t, 0), withWebhooks(t))
 	tok := token(t, "ops-org", AllRoles...)
 	bad := []struct {
 		name, escaped, decoded string // decoded: as the problem names it

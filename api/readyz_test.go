@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,11 +30,14 @@ func TestReadyzFollowsPostgres(t *testing.T) {
 
 	s := newTestServer(t, func(_ *Config, svc *Services) { svc.DB = pool })
 	require.Equal(t, http.StatusOK, do(t, s.Handler(), "GET", "/readyz", "", nil).Status)
+	require.Equal(t, "1", metricDependencyUp(t, s, "postgres"))
 
 	port := pg.Port()
 	require.NoError(t, pg.Stop(ctx))
 	p := do(t, s.Handler(), "GET", "/readyz", "", nil).requireProblem(t, http.StatusServiceUnavailable)
 	require.Contains(t, p["detail"], "postgres")
+	require.Contains(t, p["checks"].(map[string]any)["postgres"], "down: ")
+	require.Equal(t, "0", metricDependencyUp(t, s, "postgres"))
 	require.Equal(t, http.StatusOK, do(t, s.Handler(), "GET", "/healthz", "", nil).Status, "liveness does not depend on Postgres")
 
 	pg, err = devstack.StartPostgres(ctx, devstack.PostgresOptions{DataDir: dir, Port: port})
@@ -42,10 +46,50 @@ func TestReadyzFollowsPostgres(t *testing.T) {
 	require.Eventually(t, func() bool { return do(t, s.Handler(), "GET", "/readyz", "", nil).Status == http.StatusOK }, testWait, pollEvery)
 }
 
-func TestReadyzReportsAFailingExtraCheck(t *testing.T) {
-	s := newTestServer(t, func(_ *Config, svc *Services) {
-		svc.Ready = []ReadinessCheck{{Name: "temporal", Check: func(context.Context) error { return context.DeadlineExceeded }}}
-	})
-	p := do(t, s.Handler(), "GET", "/readyz", "", nil).requireProblem(t, http.StatusServiceUnavailable)
-	require.Contains(t, p["detail"], "temporal")
+// Only Postgres makes a replica unready: with Temporal down it still takes
+// work (the signals wait in the outbox), so /readyz stays 200 and says
+// which dependency is down, as reveille_dependency_up does (issue 15
+// overrides SPEC §2 here).
+func TestReadyzIsUnreadyOnlyWithoutPostgres(t *testing.T) {
+	down := func(context.Context) error { return context.DeadlineExceeded }
+	up := func(context.Context) error { return nil }
+	cases := []struct {
+		name       string
+		temporal   func(context.Context) error
+		wantCheck  string
+		wantMetric string
+	}{
+		{name: "temporal up", temporal: up, wantCheck: "ok", wantMetric: "1"},
+		{name: "temporal down", temporal: down, wantCheck: "down: context deadline exceeded", wantMetric: "0"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestServer(t, func(_ *Config, svc *Services) {
+				svc.Ready = []ReadinessCheck{{Name: "temporal", Check: tc.temporal}}
+			})
+			r := do(t, s.Handler(), "GET", "/readyz", "", nil)
+			require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+			body := r.JSON(t)
+			require.Equal(t, "ready", body["status"])
+			require.Equal(t, map[string]any{"postgres": "ok", "temporal": tc.wantCheck}, body["checks"])
+			require.Equal(t, tc.wantMetric, metricDependencyUp(t, s, "temporal"))
+			require.Equal(t, "1", metricDependencyUp(t, s, "postgres"))
+		})
+	}
+}
+
+// metricDependencyUp is the value of reveille_dependency_up{dependency=name} in
+// the server's /metrics.
+func metricDependencyUp(t *testing.T, s *Server, name string) string {
+	t.Helper()
+	r := do(t, s.Handler(), "GET", "/metrics", "", nil)
+	require.Equal(t, http.StatusOK, r.Status)
+	prefix := `reveille_dependency_up{dependency="` + name + `"} `
+	for _, line := range strings.Split(string(r.Body), "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			return v
+		}
+	}
+	t.Fatalf("no %s in /metrics", prefix)
+	return ""
 }

@@ -14,7 +14,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,6 +29,7 @@ import (
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/wakeup"
 	"github.com/reveille/reveille/web"
+	"github.com/reveille/reveille/webhooks"
 	"github.com/reveille/reveille/workpool"
 )
 
@@ -124,6 +125,8 @@ type Services struct {
 	// Inbox serves the approvals event stream and the lists' events_seq
 	// (issue 14).
 	Inbox *inbox.Log
+	// Webhooks serves the approval webhooks (issue 14).
+	Webhooks *webhooks.Store
 }
 
 // Server is the HTTP API.
@@ -175,6 +178,9 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 	}}))
 	e.Use(s.limitBody)
 	s.echo = e
+	if err := cfg.Registry.Register(newDependencyUp(s)); err != nil {
+		return nil, fmt.Errorf("api: register reveille_dependency_up: %w", err)
+	}
 	s.routes()
 	return s, nil
 }
@@ -201,6 +207,7 @@ func (s *Server) routes() {
 	s.workRoutes()
 	s.approvalRoutes()
 	s.inboxRoutes()
+	s.webhookRoutes()
 }
 
 // anyRole lets every authenticated principal through.
@@ -231,24 +238,49 @@ func (s *Server) idempotent() echo.MiddlewareFunc { return s.idem.middleware }
 // setBodyLimit gives a route its own body limit (streams).
 func (s *Server) setBodyLimit(routePath string, limit int64) { s.bodyLimits[routePath] = limit }
 
+// readyz is 503 only when Postgres does not answer: every request needs
+// it. Another dependency that is down (Temporal) is reported in checks as
+// "down: <reason>" with a 200, for the replica still does its work — wake
+// signals wait in the outbox until Temporal is back — and a load balancer
+// that took it out of rotation would refuse that work for nothing (issue
+// 15, which overrides SPEC §2 here).
 func (s *Server) readyz(c echo.Context) error {
-	ctx, cancel := context.WithTimeout(c.Request().Context(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(c.Request().Context(), readyTimeout)
 	defer cancel()
-	checks := append([]ReadinessCheck{{Name: "postgres", Check: s.svc.DB.Ping}}, s.svc.Ready...)
+	results := s.checkDependencies(ctx)
 	status := map[string]string{}
-	var failed []string
-	for _, chk := range checks {
-		if err := chk.Check(ctx); err != nil {
-			status[chk.Name] = err.Error()
-			failed = append(failed, chk.Name)
-		} else {
-			status[chk.Name] = "ok"
+	for _, r := range results {
+		status[r.name] = "ok"
+		if r.err != nil {
+			status[r.name] = "down: " + r.err.Error()
 		}
 	}
-	if len(failed) > 0 {
-		return NewProblem(http.StatusServiceUnavailable, "not-ready", "not ready: "+strings.Join(failed, ", ")+" unreachable").With("checks", status)
+	if pg := results[0]; pg.err != nil {
+		return NewProblem(http.StatusServiceUnavailable, "not-ready", "not ready: postgres unreachable").With("checks", status)
 	}
 	return c.JSON(http.StatusOK, map[string]any{"status": "ready", "checks": status})
+}
+
+// readyTimeout bounds each dependency check of /readyz and of a scrape.
+const readyTimeout = 3 * time.Second
+
+// dependencyResult is one readiness check's answer.
+type dependencyResult struct {
+	name string
+	err  error
+}
+
+// checkDependencies asks Postgres (always first in the answer) and every
+// extra check at once, so that a hung one does not delay the others.
+func (s *Server) checkDependencies(ctx context.Context) []dependencyResult {
+	checks := append([]ReadinessCheck{{Name: "postgres", Check: s.svc.DB.Ping}}, s.svc.Ready...)
+	results := make([]dependencyResult, len(checks))
+	var wg sync.WaitGroup
+	for i, chk := range checks {
+		wg.Go(func() { results[i] = dependencyResult{name: chk.Name, err: chk.Check(ctx)} })
+	}
+	wg.Wait()
+	return results
 }
 
 func (s *Server) openapi(c echo.Context) error {

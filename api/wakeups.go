@@ -150,7 +150,8 @@ func (s *Server) listWakeups(c echo.Context) error {
 		return err
 	}
 	items, next, err := s.svc.Wakeups.List(c.Request().Context(), PrincipalFrom(c).OrgID,
-		wakeup.ListFilter{WorkflowID: c.QueryParam("workflow_id"), Status: c.QueryParam("status"), AgentID: agent}, cursor, limit)
+		wakeup.ListFilter{WorkflowID: c.QueryParam("workflow_id"), Status: c.QueryParam("status"), AgentID: agent,
+			Delivery: c.QueryParam("delivery")}, cursor, limit)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/wakeup"
 	"github.com/reveille/reveille/workpool"
 )
@@ -118,6 +119,73 @@ func TestAWakeupRequestTakesAtMostFourRoundTripsOnTheAllowedPath(t *testing.T) {
 			trips := rt.Take()
 			require.LessOrEqual(t, len(trips), tt.maxTrips, "round trips:\n%s", strings.Join(trips, "\n"))
 			t.Logf("%d round trips:\n%s", len(trips), strings.Join(trips, "\n"))
+		})
+	}
+}
+
+// An admin lists the wake-ups by their signal's delivery state — waiting
+// (not resolved yet), queued, sent, undeliverable — and sees only its own
+// org's: another org's undeliverable wake-up is as absent as none. A
+// state outside the four is a 400 naming delivery.
+func TestWakeupsListByDeliveryStateShowsOnlyTheOrgsWakeupsInThatState(t *testing.T) {
+	var db *pgxpool.Pool
+	s := newTestServer(t, withWakeups(t), func(_ *Config, sv *Services) { db = sv.DB })
+	h, ctx := s.Handler(), context.Background()
+	_, err := s.svc.Mandates.Create(ctx, "org-a", mandates.CreateParams{AgentID: "a1", Scope: "paid", Budget: 10})
+	require.NoError(t, err)
+	// A refused wake-up (no mandate for its scope) canceled at once is
+	// resolved, its signal queued; settle moves that signal on.
+	newWakeup := func(org, scope, settle string) string {
+		t.Helper()
+		body := map[string]any{"agent_id": "a1", "workflow_id": org + "/wf", "signal": "wake", "scope": scope, "cost": 1,
+			"work": map[string]any{"handler": "echo"}}
+		r := do(t, h, http.MethodPost, "/v1/wakeups", token(t, org, "agent"), body)
+		if scope == "paid" {
+			require.Equal(t, http.StatusCreated, r.Status, string(r.Body))
+			return r.JSON(t)["id"].(string)
+		}
+		id := r.requireProblem(t, http.StatusPaymentRequired)["wakeup_id"].(string)
+		require.Equal(t, http.StatusOK, do(t, h, http.MethodPost, "/v1/wakeups/"+id+"/cancel", token(t, org, "agent"), nil).Status)
+		if settle != "" {
+			msg, err := queue.GetByKey(ctx, db, org, wakeup.Queue, id)
+			require.NoError(t, err)
+			require.NoError(t, queue.Settle(ctx, db, org, msg.ID, settle, "test"))
+		}
+		return id
+	}
+	waiting := newWakeup("org-a", "paid", "")
+	queued := newWakeup("org-a", "free", "")
+	sent := newWakeup("org-a", "free", queue.StatusDelivered)
+	undeliverable := newWakeup("org-a", "free", queue.StatusFailed)
+	otherOrgs := newWakeup("org-b", "free", queue.StatusFailed)
+
+	for _, tc := range []struct {
+		org, delivery string
+		want          []string
+	}{
+		{"org-a", "waiting", []string{waiting}},
+		{"org-a", "queued", []string{queued}},
+		{"org-a", "sent", []string{sent}},
+		{"org-a", "undeliverable", []string{undeliverable}},
+		{"org-b", "undeliverable", []string{otherOrgs}},
+		{"org-b", "sent", nil},
+		{"org-c", "undeliverable", nil},
+	} {
+		t.Run(tc.org+"/"+tc.delivery, func(t *testing.T) {
+			r := do(t, h, http.MethodGet, "/v1/wakeups?delivery="+tc.delivery, token(t, tc.org, "admin"), nil)
+			require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+			var got []string
+			for _, it := range r.JSON(t)["items"].([]any) {
+				w := it.(map[string]any)
+				got = append(got, w["id"].(string))
+				require.Equal(t, tc.delivery, w["delivery"].(map[string]any)["state"])
+			}
+			require.Equal(t, tc.want, got)
+		})
+	}
+	for _, bad := range []string{"lost", "failed", "SENT"} {
+		t.Run("invalid "+bad, func(t *testing.T) {
+			do(t, h, http.MethodGet, "/v1/wakeups?delivery="+bad, token(t, "org-a", "admin"), nil).requireProblem(t, http.StatusBadRequest, "delivery")
 		})
 	}
 }

@@ -38,6 +38,7 @@ type Client struct {
 	ToolApprovals    *ToolApprovalsService
 	Approvals        *ApprovalsService
 	ToolPolicies     *ToolPoliciesService
+	ApprovalWebhooks *ApprovalWebhooksService
 }
 
 // Option configures a Client.
@@ -95,6 +96,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	c.ToolApprovals = &ToolApprovalsService{c}
 	c.Approvals = &ApprovalsService{c}
 	c.ToolPolicies = &ToolPoliciesService{c}
+	c.ApprovalWebhooks = &ApprovalWebhooksService{c}
 	return c, nil
 }
 

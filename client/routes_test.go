@@ -73,7 +73,7 @@ func routeAnswered(route string, reqs []recorded) bool {
 // route's answer (decoded into its type) or the typed error the state
 // calls for.
 func TestEveryRouteIsReachableThroughTheClient(t *testing.T) {
-	e := startEngine(t)
+	e := startEngine(t, allowLocalHTTP)
 	ctx := context.Background()
 	rec := &recorder{}
 	asAdmin, asAgent := newClient(t, e.url, admin, rec), newClient(t, e.url, agent, rec)
@@ -232,6 +232,23 @@ func TestEveryRouteIsReachableThroughTheClient(t *testing.T) {
 	require.Len(t, policies, 2, "the unconditional policy the answer set, and the conditional one")
 	require.NoError(t, asAdmin.ToolPolicies.Delete(ctx, "agent-1", "shell", map[string]string{"cmd": "rm"}))
 	require.Len(t, collect(t, asApprover.ToolPolicies.List(ctx, "agent-1", client.PageParams{})), 1)
+
+	// Approval webhooks.
+	hook, err := asAdmin.ApprovalWebhooks.Put(ctx, "ops", client.ApprovalWebhookRequest{URL: "http://127.0.0.1:9/hook", Format: "json"})
+	require.NoError(t, err)
+	require.NotEmpty(t, hook.Secret, "shown at creation")
+	hook, err = asAdmin.ApprovalWebhooks.Put(ctx, "ops", client.ApprovalWebhookRequest{URL: "http://127.0.0.1:9/v2", Format: "slack"})
+	require.NoError(t, err)
+	require.Empty(t, hook.Secret, "kept, not shown, on a replace")
+	hook, err = asAdmin.ApprovalWebhooks.Get(ctx, "ops")
+	require.NoError(t, err)
+	require.Equal(t, "slack", hook.Format)
+	hooks, err := asAdmin.ApprovalWebhooks.List(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"ops"}, ids(hooks, func(w client.ApprovalWebhook) string { return w.Name }))
+	require.NoError(t, asAdmin.ApprovalWebhooks.Delete(ctx, "ops"))
+	_, err = asAdmin.ApprovalWebhooks.Get(ctx, "ops")
+	require.True(t, client.IsNotFound(err), "%v", err)
 
 	var unreached []string
 	for _, route := range documentedRoutes(t, asAdmin) {

@@ -17,7 +17,8 @@ type Principal struct {
 	AgentID string `json:"agent_id,omitempty"`
 }
 
-// Readiness is the answer of GET /readyz: each dependency's state.
+// Readiness is the answer of GET /readyz: each dependency's state, "ok" or
+// "down: <reason>".
 type Readiness struct {
 	Status string            `json:"status"`
 	Checks map[string]string `json:"checks"`
@@ -33,8 +34,10 @@ func (c *Client) Healthz(ctx context.Context, opts ...CallOption) error {
 	return doNoContent(ctx, c, endpoint{method: http.MethodGet, path: "/healthz"}, nil, opts)
 }
 
-// Readyz reports whether the server's dependencies answer. Not ready is an
-// *Error with status 503 whose Extensions["checks"] names the failing ones.
+// Readyz reports whether the server is ready: Postgres answers. Not ready
+// is an *Error with status 503 whose Extensions["checks"] says, per
+// dependency, "ok" or "down: <reason>"; a ready answer may still report
+// Temporal down in Checks (the server queues the signals meanwhile).
 // It is not retried: a probe wants the state now.
 func (c *Client) Readyz(ctx context.Context, opts ...CallOption) (Readiness, error) {
 	return doJSON[Readiness](ctx, c, endpoint{method: http.MethodGet, path: "/readyz", safety: unsafe}, nil, opts)

@@ -106,6 +106,9 @@ type WakeupListParams struct {
 	AgentID    string
 	// Status is pending, delivered or failed.
 	Status string
+	// Delivery is the signal's delivery state: waiting, queued, sent or
+	// undeliverable.
+	Delivery string
 	PageParams
 }
 
@@ -136,6 +139,7 @@ func (s *WakeupsService) ListPage(ctx context.Context, p WakeupListParams, opts 
 	setIf(q, "workflow_id", p.WorkflowID)
 	setIf(q, "agent_id", p.AgentID)
 	setIf(q, "status", p.Status)
+	setIf(q, "delivery", p.Delivery)
 	ep := endpoint{method: http.MethodGet, path: "/v1/wakeups", query: p.addTo(q)}
 	return doJSON[Page[Wakeup]](ctx, s.c, ep, nil, opts)
 }

@@ -480,13 +480,15 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 		switch kind := classify(r.err); kind {
 		case sendOK:
 			delivered = append(delivered, r.id)
+			d.cfg.Logger.DebugContext(ctx, "signal sent", "org_id", m.OrgID, "message_id", m.ID, subjectKey(m.Queue), m.IdempotencyKey, "workflow_id", m.Signal.WorkflowID)
 			d.metrics.results.WithLabelValues("delivered").Inc()
 			d.metrics.deliverySeconds.Observe(now.Sub(m.CreatedAt).Seconds())
 		case sendPermanent:
 			failedIDs, failedReasons = append(failedIDs, r.id), append(failedReasons, "rejected by Temporal: "+r.err.Error())
 			failedAttempts = append(failedAttempts, int32(r.attempts))
 			d.metrics.results.WithLabelValues("failed").Inc()
-			d.cfg.Logger.Warn("signal rejected; message failed", "org_id", m.OrgID, "message_id", m.ID, "workflow_id", m.Signal.WorkflowID, "error", r.err)
+			d.cfg.Logger.Warn("signal rejected; message failed", "org_id", m.OrgID, "message_id", m.ID, subjectKey(m.Queue), m.IdempotencyKey,
+				"workflow_id", m.Signal.WorkflowID, "error", r.err)
 		case sendNotFound:
 			since := r.notFoundSince
 			if since == nil {
@@ -496,7 +498,8 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 				failedIDs, failedAttempts = append(failedIDs, r.id), append(failedAttempts, int32(r.attempts))
 				failedReasons = append(failedReasons, fmt.Sprintf("workflow not found for %s (grace %s): %v", now.Sub(*since).Round(time.Second), d.cfg.NotFoundGrace, r.err))
 				d.metrics.results.WithLabelValues("failed").Inc()
-				d.cfg.Logger.Warn("signal undeliverable: workflow not found past the grace period", "org_id", m.OrgID, "message_id", m.ID, "workflow_id", m.Signal.WorkflowID)
+				d.cfg.Logger.Warn("signal undeliverable: workflow not found past the grace period", "org_id", m.OrgID, "message_id", m.ID,
+					subjectKey(m.Queue), m.IdempotencyKey, "workflow_id", m.Signal.WorkflowID)
 				continue
 			}
 			retryIDs, retryReasons = append(retryIDs, r.id), append(retryReasons, "workflow not found (yet): "+r.err.Error())
@@ -531,6 +534,11 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 	}
 	return nil
 }
+
+// subjectKey names a message's idempotency key in the log lines: every
+// signal's key is its subject's id (the wake-up's in queue "wakeup", the
+// tool approval's in "tool_approval"), logged as "<queue>_id".
+func subjectKey(queue string) string { return queue + "_id" }
 
 // backoff is the capped exponential delay after the given attempt, with
 // ±25 % jitter so that a Temporal outage does not end in a thundering herd.

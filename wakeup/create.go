@@ -278,10 +278,12 @@ func (s *Service) createGroup(ctx context.Context, reqs []*createRequest) {
 			m.answer(createReply{replay: true})
 		case m.spend != nil && !m.res.OK:
 			s.metrics.created.WithLabelValues("refused").Inc()
+			s.logRefused(ctx, m.req.p.OrgID, m.id, m.res.ApprovalID, m.res.Refusal)
 			w := m.wakeup()
 			m.answer(createReply{w: w, err: &RefusedError{Wakeup: w, ApprovalID: m.res.ApprovalID, Refusal: m.res.Refusal}})
 		case m.spend != nil:
 			s.metrics.created.WithLabelValues("funded").Inc()
+			s.logger.DebugContext(ctx, "wake-up created, funded", "org_id", m.req.p.OrgID, "wakeup_id", m.id, "workflow_id", m.req.p.WorkflowID)
 		}
 	}
 	s.enqueueGroup(ctx, c, ms)

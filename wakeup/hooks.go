@@ -60,6 +60,7 @@ func (s *Service) onWorkComplete(ctx context.Context, tx pgx.Tx, c workpool.Comp
 	if hc.OrgID != c.OrgID {
 		return fmt.Errorf("wakeup hook: context org %q differs from the work's org %q", hc.OrgID, c.OrgID)
 	}
+	s.logger.DebugContext(ctx, "wake-up's work finished", "org_id", c.OrgID, "wakeup_id", hc.WakeupID, "outcome", string(c.Outcome))
 	_, err := s.resolveTx(ctx, tx, c.OrgID, hc.WakeupID, string(c.Outcome), c.Result, c.Error)
 	return err
 }
@@ -82,6 +83,7 @@ func (s *Service) onApprovalResolved(ctx context.Context, tx pgx.Tx, r mandates.
 		if tag.RowsAffected() == 0 {
 			return nil // canceled meanwhile: nothing to run
 		}
+		s.logger.DebugContext(ctx, "wake-up's spend approved, funded", "org_id", r.OrgID, "wakeup_id", data.WakeupID)
 		_, err = s.enqueueFundedTx(ctx, tx, r.OrgID, data.WakeupID, false)
 		var inv *apperr.InvalidError
 		if errors.As(err, &inv) {
@@ -160,6 +162,7 @@ func (s *Service) Cancel(ctx context.Context, orgID, agentID string, id uuid.UUI
 	if err != nil {
 		return Wakeup{}, err
 	}
+	s.logger.DebugContext(ctx, "wake-up canceled", "org_id", orgID, "wakeup_id", id)
 	return s.Get(ctx, orgID, AnyAgent, id)
 }
 

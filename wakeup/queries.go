@@ -96,6 +96,18 @@ type ListFilter struct {
 	WorkflowID string
 	AgentID    string // empty: every agent's
 	Status     string // pending | delivered | failed
+	// Delivery is the signal's delivery state: waiting (not yet queued),
+	// queued, sent or undeliverable.
+	Delivery string
+}
+
+// deliveryConds are the List conditions of each delivery state on the
+// wake-up's signal message m (SPEC §5's state table).
+var deliveryConds = map[string]string{
+	DeliveryWaiting:       ` AND m.status IS NULL`,
+	DeliveryQueued:        ` AND m.status = 'pending'`,
+	DeliverySent:          ` AND m.status = 'delivered'`,
+	DeliveryUndeliverable: ` AND m.status = 'failed'`,
 }
 
 // List returns the org's wake-ups, newest first, after cursor (exclusive);
@@ -108,6 +120,9 @@ func (s *Service) List(ctx context.Context, orgID string, f ListFilter, cursor *
 	case "", StatusPending, StatusDelivered, StatusFailed:
 	default:
 		inv.Add("status", "must be pending, delivered or failed")
+	}
+	if _, ok := deliveryConds[f.Delivery]; f.Delivery != "" && !ok {
+		inv.Add("delivery", "must be waiting, queued, sent or undeliverable")
 	}
 	if err := inv.OrNil(); err != nil {
 		return nil, nil, err
@@ -123,7 +138,7 @@ func (s *Service) List(ctx context.Context, orgID string, f ListFilter, cursor *
 	}
 	rows, err := s.db.Query(ctx, selectWakeup+`
 		WHERE w.org_id = $1 AND ($2 = '' OR w.workflow_id = $2) AND ($3::uuid IS NULL OR w.id < $3)
-		  AND ($5 = '' OR w.agent_id = $5)`+statusCond+`
+		  AND ($5 = '' OR w.agent_id = $5)`+statusCond+deliveryConds[f.Delivery]+`
 		ORDER BY w.id DESC LIMIT $4`, orgID, f.WorkflowID, cursor, limit+1, f.AgentID)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list wake-ups: %w", err)

@@ -339,9 +339,11 @@ func (s *Service) createAlone(ctx context.Context, p CreateParams) (Wakeup, erro
 	}
 	if w.Approval != nil {
 		s.metrics.created.WithLabelValues("refused").Inc()
+		s.logRefused(ctx, p.OrgID, id, w.Approval.ID, refusal)
 		return w, &RefusedError{Wakeup: w, ApprovalID: w.Approval.ID, Refusal: refusal}
 	}
 	s.metrics.created.WithLabelValues("funded").Inc()
+	s.logger.DebugContext(ctx, "wake-up created, funded", "org_id", p.OrgID, "wakeup_id", id, "workflow_id", p.WorkflowID)
 	if s.cfg.BeforeEnqueue != nil {
 		if err := s.cfg.BeforeEnqueue(ctx, id); err != nil {
 			return w, fmt.Errorf("wake-up %s is funded; its work will be enqueued by the reconciler: %w", id, err)
@@ -533,7 +535,15 @@ func (s *Service) resolveTx(ctx context.Context, tx pgx.Tx, orgID string, id uui
 		return false, err
 	}
 	s.metrics.resolved.WithLabelValues(outcome).Inc()
+	// In the resolving transaction: the signal is queued when it commits.
+	s.logger.DebugContext(ctx, "wake-up resolved, signal queued", "org_id", orgID, "wakeup_id", id, "outcome", outcome, "workflow_id", workflowID)
 	return true, nil
+}
+
+// logRefused is the debug line of a wake-up whose spend was refused.
+func (s *Service) logRefused(ctx context.Context, orgID string, id, approvalID uuid.UUID, refusal string) {
+	s.logger.DebugContext(ctx, "wake-up created, spend refused: awaiting approval", "org_id", orgID, "wakeup_id", id,
+		"approval_id", approvalID, "refusal", refusal)
 }
 
 func nullJSON(b json.RawMessage) json.RawMessage {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -54,11 +55,17 @@ type fixtureOptions struct {
 	handoffLease time.Duration
 	// trace, when set, counts the round trips of the fixture's database.
 	trace *testkit.RoundTrips
+	// logger, when set, is the service's and the dispatcher's (default
+	// testkit.Logger).
+	logger *slog.Logger
 }
 
 func newFixtureWith(t *testing.T, o fixtureOptions) *fixture {
 	t.Helper()
 	f := &fixture{}
+	if o.logger == nil {
+		o.logger = testkit.Logger(t)
+	}
 	if o.trace != nil {
 		cfg, err := pgxpool.ParseConfig(testkit.NewDatabase(t))
 		require.NoError(t, err)
@@ -70,7 +77,7 @@ func newFixtureWith(t *testing.T, o fixtureOptions) *fixture {
 		f.db = testkit.NewPool(t)
 	}
 	if o.signals != nil {
-		f.dispatcher = queue.NewDispatcher(f.db, o.signals, queue.DispatcherConfig{HandoffLease: o.handoffLease, Logger: testkit.Logger(t)})
+		f.dispatcher = queue.NewDispatcher(f.db, o.signals, queue.DispatcherConfig{HandoffLease: o.handoffLease, Logger: o.logger})
 		require.NoError(t, f.dispatcher.Start(context.Background()))
 		t.Cleanup(func() { require.NoError(t, f.dispatcher.Stop(context.Background())) })
 	}
@@ -80,7 +87,7 @@ func newFixtureWith(t *testing.T, o fixtureOptions) *fixture {
 	require.NoError(t, err)
 	f.pool.Register("echo", func(_ context.Context, j workpool.Job) (json.RawMessage, error) { return j.Args, nil })
 	f.mandates = mandates.New(f.db, mandates.Config{Logger: testkit.Logger(t)})
-	f.svc = New(f.db, f.pool, f.mandates, Config{ReconcileAfter: time.Millisecond, Logger: testkit.Logger(t), Dispatcher: f.dispatcher,
+	f.svc = New(f.db, f.pool, f.mandates, Config{ReconcileAfter: time.Millisecond, Logger: o.logger, Dispatcher: f.dispatcher,
 		BeforeEnqueue: func(context.Context, uuid.UUID) error {
 			if f.crash {
 				return errors.New("crash between the transactions")

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/streams"
+	"github.com/reveille/reveille/webhooks"
 	"github.com/reveille/reveille/workpool"
 	"github.com/reveille/reveille/workpool/httpwork"
 )
@@ -29,6 +32,7 @@ type settings struct {
 	Addr           string         // --addr / REVEILLE_ADDR
 	DataDir        string         // --data-dir / REVEILLE_DATA_DIR
 	TemporalPort   int            // --temporal-port (dev, devstack)
+	PostgresPort   int            // --postgres-port (devstack)
 	DatabaseURL    string         // DATABASE_URL
 	TemporalAddr   string         // TEMPORAL_ADDRESS
 	Namespace      string         // TEMPORAL_NAMESPACE
@@ -56,9 +60,12 @@ type settings struct {
 	StreamRequest  int64          // REVEILLE_STREAM_MAX_REQUEST
 	StreamChunks   int            // REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST
 	StreamKeep     time.Duration  // REVEILLE_STREAM_RETENTION
+	ShutdownGrace  time.Duration  // REVEILLE_SHUTDOWN_GRACE
 	Worker         bool           // --worker / REVEILLE_WORKER: run the Temporal worker (on in dev)
 	LogLevel       string         // REVEILLE_LOG_LEVEL ("": info; the wake bench's default is error)
 	APIURL         string         // REVEILLE_API_URL: the engine the demo talks to
+	WebhookPool    string         // REVEILLE_WEBHOOK_POOL: the pool approval webhooks are delivered on
+	PublicURL      string         // REVEILLE_PUBLIC_URL: the engine as people reach it (Slack messages link to its /inbox)
 }
 
 // envConfig reads settings from the environment — the one place in the
@@ -98,6 +105,7 @@ func envConfig() (settings, error) {
 	s.ToolTTL = envDuration("REVEILLE_TOOL_APPROVAL_TTL", time.Hour, &errs)
 	s.NotFoundGrace = envDuration("REVEILLE_SIGNAL_NOTFOUND_GRACE", 60*time.Second, &errs)
 	s.StreamKeep = envDuration("REVEILLE_STREAM_RETENTION", 7*24*time.Hour, &errs)
+	s.ShutdownGrace = envDuration("REVEILLE_SHUTDOWN_GRACE", service.DefaultShutdownGrace, &errs)
 	s.Worker = envBool("REVEILLE_WORKER", false, &errs)
 	s.Pools = envPools("REVEILLE_POOLS", workpool.DefaultPools, &errs)
 	s.OrgMaxPending = envCap("REVEILLE_ORG_MAX_PENDING", workpool.DefaultMaxPendingPerOrg, &errs)
@@ -110,6 +118,8 @@ func envConfig() (settings, error) {
 	if _, err := httpwork.ParseNets(s.HTTPNets); err != nil {
 		errs = append(errs, err)
 	}
+	s.WebhookPool = webhookPool(os.Getenv("REVEILLE_WEBHOOK_POOL"), s.Pools, &errs)
+	s.PublicURL = publicURL(os.Getenv("REVEILLE_PUBLIC_URL"), &errs)
 	return s, errors.Join(errs...)
 }
 
@@ -130,14 +140,16 @@ func (s settings) serviceConfig(logger *slog.Logger) service.Config {
 		DatabaseURL: s.DatabaseURL, TemporalAddress: s.TemporalAddr, Namespace: s.Namespace,
 		API: api.Config{Addr: s.Addr, MaxBody: s.MaxBody, ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout,
 			IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate, Auth: s.authConfig()},
-		Workpool:   s.workpoolConfig(),
-		HTTPWork:   httpwork.Config{AllowedHosts: s.HTTPAllowed, AllowedNets: s.HTTPNets},
-		Mandates:   mandates.Config{ApprovalTTL: s.ApprovalTTL},
-		Streams:    s.streamsConfig(),
-		Approvals:  approvals.Config{TTL: s.ToolTTL},
-		Dispatcher: queue.DispatcherConfig{NotFoundGrace: s.NotFoundGrace},
-		Version:    version,
-		Logger:     logger,
+		Workpool:      s.workpoolConfig(),
+		HTTPWork:      httpwork.Config{AllowedHosts: s.HTTPAllowed, AllowedNets: s.HTTPNets},
+		Mandates:      mandates.Config{ApprovalTTL: s.ApprovalTTL},
+		Streams:       s.streamsConfig(),
+		Approvals:     approvals.Config{TTL: s.ToolTTL},
+		Webhooks:      webhooks.Config{Pool: s.WebhookPool, PublicURL: s.PublicURL},
+		Dispatcher:    queue.DispatcherConfig{NotFoundGrace: s.NotFoundGrace},
+		ShutdownGrace: s.ShutdownGrace,
+		Version:       version,
+		Logger:        logger,
 	}
 	if s.Worker {
 		c.Worker = &service.WorkerConfig{}
@@ -172,6 +184,37 @@ func (s settings) signingSecret() string {
 		return ""
 	}
 	return s.JWTSecrets[0]
+}
+
+// webhookPool is the pool approval webhooks are delivered on: the one
+// named, which must be created at start (one of REVEILLE_POOLS), else
+// "default", else — REVEILLE_POOLS without it — the first pool by name, so
+// a delivery never names a pool that may not exist.
+func webhookPool(v string, pools map[string]int, errs *[]error) string {
+	names := slices.Sorted(maps.Keys(pools))
+	if v = strings.TrimSpace(v); v != "" {
+		if _, ok := pools[v]; !ok {
+			*errs = append(*errs, fmt.Errorf("REVEILLE_WEBHOOK_POOL=%q: not one of REVEILLE_POOLS' pools (%s)", v, strings.Join(names, ", ")))
+		}
+		return v
+	}
+	if _, ok := pools["default"]; ok || len(names) == 0 {
+		return "default"
+	}
+	return names[0]
+}
+
+// publicURL reads the engine's public base URL: absolute http(s), or "".
+func publicURL(v string, errs *[]error) string {
+	if v = strings.TrimSpace(v); v == "" {
+		return ""
+	}
+	u, err := url.Parse(v)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		*errs = append(*errs, fmt.Errorf("REVEILLE_PUBLIC_URL=%q: want an absolute http(s) URL such as https://reveille.example.com", v))
+		return ""
+	}
+	return strings.TrimRight(v, "/")
 }
 
 func envOr(name, def string) string {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"go/ast"
 	"go/parser"
@@ -368,4 +369,33 @@ func TestOnlyTheEngineCommandReadsTheEnvironment(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
+}
+
+// REVEILLE_SHUTDOWN_GRACE reaches the service, which gives it to the pool's
+// drain; unset, it is the documented 30 s.
+func TestEnvConfigHandsTheServiceTheShutdownGrace(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		want time.Duration
+	}{
+		{env: "", want: 30 * time.Second},
+		{env: "5s", want: 5 * time.Second},
+		{env: "2m", want: 2 * time.Minute},
+	} {
+		t.Run(cmp.Or(tc.env, "unset"), func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("REVEILLE_SHUTDOWN_GRACE", tc.env)
+			s, err := envConfig()
+			require.NoError(t, err)
+			require.Equal(t, tc.want, s.serviceConfig(nil).ShutdownGrace)
+		})
+	}
+	for _, bad := range []string{"0", "-1s", "soon"} {
+		t.Run("rejects "+bad, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("REVEILLE_SHUTDOWN_GRACE", bad)
+			_, err := envConfig()
+			require.ErrorContains(t, err, "REVEILLE_SHUTDOWN_GRACE")
+		})
+	}
 }

@@ -35,14 +35,16 @@ func commands() []command {
 		{"migrate", "apply (up) or list (status) database migrations", runMigrate},
 		{"token", "print a signed dev token", runToken},
 		{"demo", "run the reference workflow for a success, a failure, a cancel and an approved overrun, printing timelines", runDemo},
+		{"load", "drive a running engine's REST API as an agent platform would and count the wake-ups lost", runLoad},
 		{"bench", "run a benchmark: " + strings.Join(benchNames(), ", "), runBench},
 		{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
 	}
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
+	go stopOnSignal(stop)
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
 		usage()
 		if len(os.Args) < 2 {
@@ -66,6 +68,23 @@ func main() {
 	fmt.Fprintf(os.Stderr, "engine: unknown command %q\n\n", os.Args[1])
 	usage()
 	os.Exit(2)
+}
+
+// stopOnSignal ends the command's context on the first SIGTERM or SIGINT —
+// serve then drains within REVEILLE_SHUTDOWN_GRACE and exits 0 — and exits
+// at once, with status 1, on a second: an operator who cannot wait for the
+// drain is not made to reach for SIGKILL. The work this leaves running is
+// recovered after the heartbeat timeout, as after a kill; a local Postgres
+// that devstack or dev started keeps running and the next run reuses it.
+func stopOnSignal(stop context.CancelFunc) {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	sig := <-sigs
+	fmt.Fprintf(os.Stderr, "engine: %v: stopping (send it again to exit at once)\n", sig)
+	stop()
+	sig = <-sigs
+	fmt.Fprintf(os.Stderr, "engine: %v again: exiting without waiting for the drain\n", sig)
+	os.Exit(1)
 }
 
 func usage() {

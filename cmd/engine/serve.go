@@ -38,7 +38,9 @@ func runServe(ctx context.Context, args []string) error {
 // serve runs the service built from s until ctx ends. ready, if set, is
 // called once the API listens.
 func serve(ctx context.Context, s settings, logger *slog.Logger, ready func(net.Addr)) error {
-	svc, err := service.New(ctx, s.serviceConfig(logger))
+	cfg := s.serviceConfig(logger)
+	applyFaultHooks(&cfg, logger)
+	svc, err := service.New(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -90,6 +92,10 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_STREAM_MAX_REQUEST   largest stream append request in bytes (default 8388608)
   REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST most chunks in one JSON stream append (default 1000)
   REVEILLE_STREAM_RETENTION     how long closed streams are kept (default 168h)
+  REVEILLE_SHUTDOWN_GRACE       on SIGTERM/Ctrl-C, how long running work may finish before it is handed back (default 30s)
   REVEILLE_WORKER               run the reference workflow's Temporal worker (default false; dev: true)
   REVEILLE_LOG_LEVEL            debug, info, warn or error (default info)
+  REVEILLE_WEBHOOK_POOL         pool approval webhooks are delivered on, one of REVEILLE_POOLS (default "default",
+                                else the first of REVEILLE_POOLS by name)
+  REVEILLE_PUBLIC_URL           the engine's address as people reach it; Slack webhook messages link to its /inbox
 `

@@ -415,14 +415,19 @@ func TestIdempotentWakeupCreatesOneWakeupAndOneSpend(t *testing.T) {
 	require.True(t, assertEventually(func() bool { return s.count(`SELECT count(*) FROM workpool_work`) == 1 }))
 }
 
-func TestReadyzAnswersForTemporal(t *testing.T) {
+func TestReadyzStaysReadyWhileTemporalIsDown(t *testing.T) {
 	s := newStack(t)
 	r := s.call(http.MethodGet, "/readyz", "", nil)
 	require.Equal(t, http.StatusOK, r.status, string(r.raw))
 	s.proxy.setCut(true)
+	// Still ready: work is accepted and its signals wait in the outbox.
 	r = s.call(http.MethodGet, "/readyz", "", nil)
-	require.Equal(t, http.StatusServiceUnavailable, r.status, string(r.raw))
-	require.Contains(t, r.body["detail"], "temporal")
+	require.Equal(t, http.StatusOK, r.status, string(r.raw))
+	require.Contains(t, r.body["checks"].(map[string]any)["temporal"], "down: ")
 	s.proxy.setCut(false)
-	require.True(t, assertEventually(func() bool { return s.call(http.MethodGet, "/readyz", "", nil).status == http.StatusOK }))
+	require.True(t, assertEventually(func() bool {
+		r := s.call(http.MethodGet, "/readyz", "", nil)
+		checks, _ := r.body["checks"].(map[string]any)
+		return r.status == http.StatusOK && checks["temporal"] == "ok"
+	}))
 }

@@ -27,11 +27,14 @@ import (
 	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/approvals"
 	"github.com/reveille/reveille/inbox"
+	"github.com/reveille/reveille/internal/db"
+	"github.com/reveille/reveille/internal/gauges"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/migrations"
 	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/wakeup"
+	"github.com/reveille/reveille/webhooks"
 	"github.com/reveille/reveille/workflows"
 	"github.com/reveille/reveille/workflows/reference"
 	"github.com/reveille/reveille/workpool"
@@ -63,6 +66,9 @@ type Config struct {
 	Approvals approvals.Config
 	// Inbox is the approvals event log's retention.
 	Inbox inbox.Config
+	// Webhooks configures the approval webhooks (their CheckURL is the
+	// HTTPWork allow-list's, set here).
+	Webhooks webhooks.Config
 	// Dispatcher sends the queued signals through the Temporal client.
 	Dispatcher queue.DispatcherConfig
 	// WrapSignaler, when set, wraps the Temporal client as the dispatcher
@@ -70,10 +76,18 @@ type Config struct {
 	WrapSignaler func(queue.Signaler) queue.Signaler
 	// Worker, when set, runs the reference workflow's Temporal worker.
 	Worker *WorkerConfig
+	// GaugePeriod is how often the promise's gauges (outbox, open
+	// wake-ups, pending approvals) are read (default 15 s).
+	GaugePeriod time.Duration
 
 	// StopTimeout bounds each part's Stop once Run's context ends
-	// (default 30 s).
+	// (default 30 s; with ShutdownGrace, long enough for it).
 	StopTimeout time.Duration
+	// ShutdownGrace, when set, is how long running work may finish once
+	// Run's context ends before it is canceled and handed back to another
+	// replica (REVEILLE_SHUTDOWN_GRACE; engine commands default it to
+	// DefaultShutdownGrace). It overrides Workpool.StopGrace.
+	ShutdownGrace time.Duration
 	// Version is logged when the API listens.
 	Version string
 	// Logger (default slog.Default()).
@@ -92,6 +106,13 @@ type WorkerConfig struct {
 // DefaultTemporalAddress is where serve finds Temporal when not told.
 const DefaultTemporalAddress = "127.0.0.1:7233"
 
+// DefaultShutdownGrace is REVEILLE_SHUTDOWN_GRACE's default.
+const DefaultShutdownGrace = 30 * time.Second
+
+// handBackTime is what a stop needs beyond the grace: canceling the
+// handlers that did not finish, recording their hand-backs.
+const handBackTime = 10 * time.Second
+
 // minDBConns is the least size of the database pool: the pool's loops,
 // the dispatcher, the hubs' listeners and the API share it.
 const minDBConns = 20
@@ -100,6 +121,13 @@ func (c Config) withDefaults() Config {
 	c.TemporalAddress = cmp.Or(c.TemporalAddress, DefaultTemporalAddress)
 	c.Namespace = cmp.Or(c.Namespace, "default")
 	c.StopTimeout = cmp.Or(c.StopTimeout, 30*time.Second)
+	if c.ShutdownGrace > 0 {
+		c.Workpool.StopGrace = c.ShutdownGrace
+		// The pool gives its handlers at most three quarters of its Stop's
+		// time (workpool.Manager.Stop): leave it the whole grace, and the
+		// hand-backs their time after it.
+		c.StopTimeout = max(c.StopTimeout, c.ShutdownGrace*4/3+handBackTime)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -126,6 +154,7 @@ type Service struct {
 	wakeups    *wakeup.Service
 	approvals  *approvals.Service
 	inbox      *inbox.Log
+	webhooks   *webhooks.Store
 	dispatcher *queue.Dispatcher
 	api        *api.Server
 	// parts are the background loops, in start order.
@@ -216,10 +245,24 @@ func (s *Service) buildDomain() error {
 	if err := httpwork.Register(s.workpool, httpCfg); err != nil {
 		return err
 	}
+	// Webhook URLs are checked against the http handler's own allow-list
+	// when they are registered; deliveries go through the handler.
+	urlRules, err := httpwork.NewURLRules(httpCfg)
+	if err != nil {
+		return err
+	}
+	webhooksCfg := c.Webhooks
+	webhooksCfg.CheckURL = urlRules.CheckURL
+	s.webhooks = webhooks.New(s.db, s.workpool, webhooksCfg)
 
 	inboxCfg := c.Inbox
 	inboxCfg.Logger = logger
 	s.inbox = inbox.New(s.db, inboxCfg)
+	// Each event's webhook deliveries are enqueued in the event's own
+	// transaction: they commit together or not at all.
+	s.inbox.OnAppend = func(ctx context.Context, q db.Querier, ev inbox.Event) error {
+		return s.webhooks.Enqueue(ctx, q, webhooks.Event(ev))
+	}
 
 	mandatesCfg := c.Mandates
 	mandatesCfg.Logger, mandatesCfg.Registry = logger, reg
@@ -259,6 +302,8 @@ func (s *Service) buildDomain() error {
 		{name: "wakeup", c: s.wakeups},
 		{name: "approvals", c: s.approvals},
 		{name: "signal dispatcher", c: s.dispatcher, stopLast: true},
+		// On every replica: see package gauges for why not the leader only.
+		{name: "gauges", c: gauges.New(s.db, gauges.Config{Period: c.GaugePeriod, Logger: logger, Registry: reg})},
 	}
 	if c.Worker != nil {
 		w := reference.NewWorker(s.temporal, c.Worker.TaskQueue, s.wakeups, s.approvals)
@@ -281,7 +326,8 @@ func (s *Service) buildAPI(ctx context.Context) error {
 	s.api, err = api.New(ctx, apiCfg, api.Services{
 		DB: s.db, Ready: []api.ReadinessCheck{temporalReady},
 		Workpool: s.workpool, Mandates: s.mandates, Streams: s.streams, Wakeups: s.wakeups, Approvals: s.approvals,
-		Inbox: s.inbox,
+		Inbox:    s.inbox,
+		Webhooks: s.webhooks,
 	})
 	return err
 }
@@ -398,6 +444,10 @@ func (s *Service) Inbox() *inbox.Log { return s.inbox }
 
 // Approvals is the tool-approvals service.
 func (s *Service) Approvals() *approvals.Service { return s.approvals }
+
+// Webhooks is the approval webhooks' store: its Enqueue delivers an
+// approvals event to the org's webhooks in the event's transaction.
+func (s *Service) Webhooks() *webhooks.Store { return s.webhooks }
 
 // temporalWorker gives a Temporal worker the parts' Start/Stop.
 type temporalWorker struct{ w worker.Worker }

@@ -193,3 +193,48 @@ func TestShutdownSendsTheSignalsOfWorkThatFinishesDuringThePoolsDrain(t *testing
 	defer rec.mu.Unlock()
 	require.Equal(t, []string{"o/wf-drain/wake"}, rec.sent, "sent before Run returned")
 }
+
+// ShutdownGrace (REVEILLE_SHUTDOWN_GRACE) is the pool's drain: work that
+// needs longer than the pool's own grace but less than ShutdownGrace
+// finishes on stop instead of being handed back.
+func TestShutdownGraceLetsRunningWorkFinish(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	cfg.Workpool.StopGrace = 10 * time.Millisecond // overridden by ShutdownGrace
+	cfg.ShutdownGrace = 20 * time.Second
+	svc, err := service.New(ctx, cfg)
+	require.NoError(t, err)
+	defer svc.Close()
+	started, release := make(chan struct{}), make(chan struct{})
+	svc.Workpool().Register("test.held", func(ctx context.Context, _ workpool.Job) (json.RawMessage, error) {
+		close(started)
+		select {
+		case <-release:
+			return json.RawMessage(`"done"`), nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	})
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	listening := make(chan struct{})
+	go func() { done <- svc.Run(runCtx, func(net.Addr) { close(listening) }) }()
+	<-listening
+	id, err := svc.Workpool().Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: "test.held"})
+	require.NoError(t, err)
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the work never started")
+	}
+
+	stop()
+	// Released well after the pool's own 10 ms grace, within ShutdownGrace.
+	time.AfterFunc(500*time.Millisecond, func() { close(release) })
+	require.NoError(t, <-done)
+
+	st, err := svc.Workpool().Status(ctx, "o", id)
+	require.NoError(t, err)
+	require.Equal(t, workpool.StateFinished, st.State, "finished during the drain, not handed back")
+	require.Equal(t, workpool.OutcomeSucceeded, st.Outcome)
+}

@@ -33,6 +33,9 @@ type Options struct {
 	Postgres, Temporal bool
 	// TemporalPort is the embedded Temporal's frontend port (0: a free one).
 	TemporalPort int
+	// PostgresPort is the local Postgres's port (0: a free one; a reused
+	// live postmaster keeps its own).
+	PostgresPort int
 	// Namespace is registered in the embedded Temporal (default "default").
 	Namespace string
 	// Holder names this process in the error a second one gets while it
@@ -71,7 +74,7 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	}
 	st.lock = lock
 	if o.Postgres {
-		if err := st.startPostgres(ctx, o.DataDir, logger); err != nil {
+		if err := st.startPostgres(ctx, o.DataDir, o.PostgresPort, logger); err != nil {
 			st.Stop()
 			return nil, err
 		}
@@ -90,8 +93,8 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	return st, nil
 }
 
-func (st *Stack) startPostgres(ctx context.Context, dataDir string, logger *slog.Logger) error {
-	pg, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{DataDir: dataDir})
+func (st *Stack) startPostgres(ctx context.Context, dataDir string, port int, logger *slog.Logger) error {
+	pg, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{DataDir: dataDir, Port: port})
 	if err != nil {
 		return fmt.Errorf("local Postgres: %w", err)
 	}

@@ -1,0 +1,62 @@
+package client
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// ApprovalWebhooksService calls the approval webhook routes
+// (/v1/approvals/webhooks): where an org's approval events are posted.
+type ApprovalWebhooksService struct{ c *Client }
+
+// ApprovalWebhook is a registered approval webhook.
+type ApprovalWebhook struct {
+	Name string `json:"name"`
+	URL  string `json:"url"`
+	// Format is json (signed) or slack ({"text": …}).
+	Format    string    `json:"format"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// Secret is set only in the answer to the Put that created the
+	// webhook: the key of its X-Reveille-Signature HMACs. Keep it.
+	Secret string `json:"secret,omitempty"`
+}
+
+// ApprovalWebhookRequest is the body of PUT /v1/approvals/webhooks/{name}.
+type ApprovalWebhookRequest struct {
+	// URL is an absolute http(s) URL the engine's REVEILLE_HTTP_ALLOWED_HOSTS
+	// admits.
+	URL string `json:"url"`
+	// Format is json or slack.
+	Format string `json:"format"`
+}
+
+type approvalWebhookList struct {
+	Items []ApprovalWebhook `json:"items"`
+}
+
+// Put creates the webhook (its answer carries the secret, once) or
+// replaces its url and format (the secret is kept). It is retried under an
+// Idempotency-Key, so a lost answer to a create is answered again with its
+// secret.
+func (s *ApprovalWebhooksService) Put(ctx context.Context, name string, req ApprovalWebhookRequest, opts ...CallOption) (ApprovalWebhook, error) {
+	ep := endpoint{method: http.MethodPut, path: pathOf("v1", "approvals", "webhooks", name), safety: keyed}
+	return doJSON[ApprovalWebhook](ctx, s.c, ep, req, opts)
+}
+
+// Get returns one webhook (without its secret).
+func (s *ApprovalWebhooksService) Get(ctx context.Context, name string, opts ...CallOption) (ApprovalWebhook, error) {
+	return doJSON[ApprovalWebhook](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "approvals", "webhooks", name)}, nil, opts)
+}
+
+// List returns the org's webhooks by name (at most 20: one call).
+func (s *ApprovalWebhooksService) List(ctx context.Context, opts ...CallOption) ([]ApprovalWebhook, error) {
+	out, err := doJSON[approvalWebhookList](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "approvals", "webhooks")}, nil, opts)
+	return out.Items, err
+}
+
+// Delete removes a webhook; deliveries already enqueued still run.
+func (s *ApprovalWebhooksService) Delete(ctx context.Context, name string, opts ...CallOption) error {
+	return doNoContent(ctx, s.c, endpoint{method: http.MethodDelete, path: pathOf("v1", "approvals", "webhooks", name)}, nil, opts)
+}

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+	"github.com/reveille/reveille/webhooks"
+)
+
+func TestEnvConfigHandsTheWebhooksTheirPoolAndPublicURL(t *testing.T) {
+	cases := []struct {
+		name                 string
+		pools, pool, public  string
+		wantPool, wantPublic string
+	}{
+		{name: "the defaults", wantPool: "default"},
+		{name: "a pool of REVEILLE_POOLS", pools: "default=5,hooks=2", pool: "hooks", wantPool: "hooks"},
+		{name: "pools without default: the first by name", pools: "zeta=1,alpha=2", wantPool: "alpha"},
+		{name: "a public URL, its trailing slash dropped", public: "https://reveille.example.com/", wantPool: "default",
+			wantPublic: "https://reveille.example.com"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("REVEILLE_POOLS", tc.pools)
+			t.Setenv("REVEILLE_WEBHOOK_POOL", tc.pool)
+			t.Setenv("REVEILLE_PUBLIC_URL", tc.public)
+			s, err := envConfig()
+			require.NoError(t, err)
+			require.Equal(t, webhooks.Config{Pool: tc.wantPool, PublicURL: tc.wantPublic}, s.serviceConfig(testkit.Logger(t)).Webhooks)
+		})
+	}
+}
+
+func TestEnvConfigNamesABadWebhookSetting(t *testing.T) {
+	for _, tc := range []struct{ name, value, contains string }{
+		{"REVEILLE_WEBHOOK_POOL", "nope", `REVEILLE_WEBHOOK_POOL="nope": not one of REVEILLE_POOLS' pools (default, wakeup)`},
+		{"REVEILLE_PUBLIC_URL", "reveille.example.com", `REVEILLE_PUBLIC_URL="reveille.example.com"`},
+		{"REVEILLE_PUBLIC_URL", "ftp://reveille.example.com", "REVEILLE_PUBLIC_URL"},
+		{"REVEILLE_PUBLIC_URL", "https://reveille.example.com/?a=1", "REVEILLE_PUBLIC_URL"},
+	} {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv(tc.name, tc.value)
+			_, err := envConfig()
+			require.ErrorContains(t, err, tc.contains)
+		})
+	}
+}

@@ -1,0 +1,73 @@
+//go:build faults
+
+package faults
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/client"
+)
+
+// wakeMany parks n workflows and creates their wake-ups through the
+// replicas in turn, each running workMS of work, concurrently.
+func (e *env) wakeMany(clients []*client.Client, n, workMS int) []parked {
+	e.t.Helper()
+	ws := make([]parked, n)
+	for i := range ws {
+		ws[i].workflowID, ws[i].run = e.park()
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range ws {
+		wg.Go(func() {
+			created, err := clients[i%len(clients)].Wakeups.Create(context.Background(), e.wakeRequest(ws[i].workflowID, workMS))
+			ws[i].wakeupID, errs[i] = created.ID, err
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(e.t, err)
+	}
+	return ws
+}
+
+// SIGKILL in the middle of running work: with the other replica alive it
+// recovers the dead one's work after the heartbeat timeout; with both
+// killed and restarted, the new processes do. Either way every wake-up
+// ends with one outcome, delivered; the workflow is woken once; the pool
+// limit holds throughout; no spend is debited twice.
+func TestKilledReplicasLoseNoWake(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fault func(e *env)
+	}{
+		{name: "one killed, the other alive", fault: func(e *env) {
+			e.replicas[0].kill()
+		}},
+		{name: "both killed, then restarted", fault: func(e *env) {
+			e.replicas[0].kill()
+			e.replicas[1].kill()
+			time.Sleep(time.Second)
+			e.replicas[0].start()
+			e.replicas[1].start()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			clients := []*client.Client{e.client(0), e.client(1)}
+			e.fund(clients[0], 1000)
+			ws := e.wakeMany(clients, 12, 1500)
+			e.waitRunning(poolLimit)
+
+			tc.fault(e)
+
+			e.requireWoken(ws)
+			require.EqualValues(t, 12, e.count(`SELECT spent FROM mandates WHERE org_id = $1`, org), "twelve spends of 1")
+		})
+	}
+}

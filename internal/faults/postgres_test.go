@@ -1,0 +1,181 @@
+//go:build faults
+
+package faults
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	tclient "go.temporal.io/sdk/client"
+
+	"github.com/reveille/reveille/client"
+)
+
+// postgresOutage is how long Postgres stays stopped.
+const postgresOutage = 5 * time.Second
+
+// Postgres restarted under load: the replicas reconnect by themselves; the
+// pool loops, the dispatchers and an SSE tail resume; no answer is a 500
+// without a problem+json body; /readyz is 503 while Postgres is down and
+// 200 once it is back; every wake-up that was created is woken once.
+func TestPostgresRestartUnderLoad(t *testing.T) {
+	e := newEnv(t)
+	clients := []*client.Client{e.client(0), e.client(1)}
+	e.fund(clients[0], 100_000)
+	ctx, stopLoad := context.WithCancel(context.Background())
+	defer stopLoad()
+
+	// Load: wake-ups through both replicas, each for a workflow of its own.
+	var (
+		mu       sync.Mutex
+		runs     = map[string]tclient.WorkflowRun{}
+		failures atomic.Int64
+		created  atomic.Int64
+		load     sync.WaitGroup
+	)
+	for g := range 4 {
+		load.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				id, run := e.park()
+				mu.Lock()
+				runs[id] = run
+				mu.Unlock()
+				if _, err := clients[(g+i)%2].Wakeups.Create(ctx, e.wakeRequest(id, 300)); err != nil {
+					failures.Add(1)
+					time.Sleep(200 * time.Millisecond)
+				} else {
+					created.Add(1)
+				}
+			}
+		})
+	}
+
+	// A live tail through replica b of a stream written through replica a.
+	tailClient := e.client(1, client.WithRetry(client.RetryPolicy{MaxAttempts: 10_000, MaxBackoff: 500 * time.Millisecond}))
+	_, err := clients[0].Streams.Append(ctx, "run-1", "out", []byte("chunk-0"), client.WithIdempotencyKey("chunk-0"))
+	require.NoError(t, err)
+	var tailed []string
+	tailDone := make(chan error, 1)
+	go func() {
+		for ch, err := range tailClient.Streams.Tail(context.Background(), "run-1", "out", client.TailParams{IdleTimeout: 3 * time.Second}) {
+			if err != nil {
+				tailDone <- err
+				return
+			}
+			tailed = append(tailed, string(ch.Data))
+		}
+		tailDone <- nil
+	}()
+	var appended atomic.Int64
+	appended.Store(1)
+	var appender sync.WaitGroup
+	appender.Go(func() {
+		for ctx.Err() == nil {
+			data := fmt.Sprintf("chunk-%d", appended.Load())
+			// The same key until it lands: a retry never appends twice.
+			if _, err := clients[0].Streams.Append(context.Background(), "run-1", "out", []byte(data), client.WithIdempotencyKey(data)); err == nil {
+				appended.Add(1)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+
+	// /readyz of both replicas, sampled throughout.
+	type sample struct {
+		at     time.Time
+		status int
+		ctype  string
+	}
+	var samples []sample
+	var sampler sync.WaitGroup
+	sampler.Go(func() {
+		for ctx.Err() == nil {
+			for _, r := range e.replicas {
+				status, _, ctype := r.readyz()
+				mu.Lock()
+				samples = append(samples, sample{time.Now(), status, ctype})
+				mu.Unlock()
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+
+	time.Sleep(3 * time.Second) // load before the fault
+	t.Cleanup(func() {
+		if !pgStack.up() {
+			require.NoError(t, pgStack.start())
+		}
+	})
+	pgStack.stop()
+	down := time.Now()
+	for _, r := range e.replicas {
+		require.Eventually(t, func() bool { status, _, _ := r.readyz(); return status == http.StatusServiceUnavailable },
+			10*time.Second, 50*time.Millisecond, "%s is unready without Postgres", r.name)
+	}
+	time.Sleep(time.Until(down.Add(postgresOutage)))
+	upCalled := time.Now()
+	require.NoError(t, pgStack.start())
+	for _, r := range e.replicas {
+		require.Eventually(t, func() bool { status, _, _ := r.readyz(); return status == http.StatusOK },
+			60*time.Second, 50*time.Millisecond, "%s is ready again by itself", r.name)
+	}
+	before := created.Load()
+	appendedBefore := appended.Load()
+	require.Eventually(t, func() bool { return created.Load() >= before+8 }, 60*time.Second, 50*time.Millisecond,
+		"wake-ups are created again after the restart")
+	time.Sleep(2 * time.Second) // load after the fault
+	stopLoad()
+	load.Wait()
+	appender.Wait()
+	sampler.Wait()
+	require.Greater(t, appended.Load(), appendedBefore, "appends resume")
+
+	// The tail follows every chunk, in order, once, across the outage.
+	require.NoError(t, clients[0].Streams.Close(context.Background(), "run-1", "out", client.WithIdempotencyKey("close")))
+	select {
+	case err := <-tailDone:
+		require.NoError(t, err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the tail did not end after the stream closed")
+	}
+	want := make([]string, appended.Load())
+	for i := range want {
+		want[i] = fmt.Sprintf("chunk-%d", i)
+	}
+	require.Equal(t, want, tailed, "the SSE tail resumed after the restart and saw every chunk once")
+
+	// /readyz told the truth: never 200 while Postgres was down, and
+	// every 503 a problem.
+	for _, s := range samples {
+		if s.at.After(down) && s.at.Before(upCalled) {
+			require.NotEqual(t, http.StatusOK, s.status, "ready at %s while Postgres was down", s.at)
+		}
+		if s.status == http.StatusServiceUnavailable {
+			require.Equal(t, "application/problem+json", s.ctype)
+		}
+	}
+
+	// Every wake-up that exists was woken once; workflows whose create
+	// never committed are not waited for.
+	rows, err := e.db.Query(context.Background(), `SELECT id::text, workflow_id FROM wakeups WHERE org_id = $1`, org)
+	require.NoError(t, err)
+	var ws []parked
+	for rows.Next() {
+		var w parked
+		require.NoError(t, rows.Scan(&w.wakeupID, &w.workflowID))
+		w.run = runs[w.workflowID]
+		ws = append(ws, w)
+	}
+	require.NoError(t, rows.Err())
+	require.GreaterOrEqual(t, int64(len(ws)), created.Load())
+	e.requireWoken(ws)
+	total, fivexx := e.responses.requireNoBare5xx(t)
+	t.Logf("wake-ups %d (create calls failed: %d), answers %d (5xx: %d, each a problem), chunks %d, readyz samples %d",
+		len(ws), failures.Load(), total, fivexx, appended.Load(), len(samples))
+}

@@ -1,0 +1,38 @@
+package load
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A wake-up not woken counts as lost only once its deadline has passed:
+// one still within it when the run ends (interrupted) is not lost.
+func TestSummaryCountsAWakeupLostOnlyPastItsDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		name                      string
+		acceptedAgo               time.Duration
+		woken                     bool
+		wantWoken, wantLost, want int
+	}{
+		{name: "woken", acceptedAgo: time.Hour, woken: true, wantWoken: 1},
+		{name: "not woken past its deadline", acceptedAgo: time.Hour, wantLost: 1},
+		{name: "not woken within its deadline", acceptedAgo: 0, want: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := newRecorder()
+			e := rc.expect("org/wf", kind{})
+			rc.accepted(e)
+			e.accepted = e.accepted.Add(-tc.acceptedAgo)
+			if tc.woken {
+				require.NoError(t, rc.woke(t.Context(), woken{WorkflowID: "org/wf", Outcome: "succeeded"}))
+			}
+			rep := rc.summary(time.Second, time.Minute)
+			require.Equal(t, 1, rep.Accepted)
+			require.Equal(t, tc.wantWoken, rep.Woken)
+			require.Equal(t, tc.wantLost, rep.Lost)
+			require.Equal(t, tc.want, rep.Interrupted)
+		})
+	}
+}

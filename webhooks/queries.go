@@ -1,0 +1,33 @@
+package webhooks
+
+// The package's SQL. The table is in migrations/00015_approval_webhooks.sql;
+// every query filters on org_id.
+
+const webhookColumns = `name, url, format, created_at, updated_at`
+
+// qUpsert creates a webhook with its secret, or replaces its url and format
+// and keeps its secret; created says which (xmax is 0 only for a row this
+// statement inserted). A new name is inserted only while the org has fewer
+// than $6 webhooks: two creates racing past the count may exceed it by one
+// each, which bounds an org's deliveries per event all the same.
+// $1 org, $2 name, $3 url, $4 format, $5 secret, $6 the cap.
+const qUpsert = `
+INSERT INTO approval_webhooks (org_id, name, url, format, secret, created_at, updated_at)
+SELECT $1, $2, $3, $4, $5, now(), now()
+ WHERE (SELECT count(*) FROM approval_webhooks WHERE org_id = $1) < $6
+    OR EXISTS (SELECT 1 FROM approval_webhooks WHERE org_id = $1 AND name = $2)
+ON CONFLICT (org_id, name) DO UPDATE SET url = EXCLUDED.url, format = EXCLUDED.format, updated_at = EXCLUDED.updated_at
+RETURNING ` + webhookColumns + `, xmax = 0 AS created`
+
+// qGet reads one webhook. $1 org, $2 name.
+const qGet = `SELECT ` + webhookColumns + ` FROM approval_webhooks WHERE org_id = $1 AND name = $2`
+
+// qList reads an org's webhooks by name. $1 org.
+const qList = `SELECT ` + webhookColumns + ` FROM approval_webhooks WHERE org_id = $1 ORDER BY name`
+
+// qDelete removes one webhook. $1 org, $2 name.
+const qDelete = `DELETE FROM approval_webhooks WHERE org_id = $1 AND name = $2`
+
+// qTargets reads what a delivery needs of each of an org's webhooks, in
+// the event's transaction. $1 org.
+const qTargets = `SELECT name, url, format, secret FROM approval_webhooks WHERE org_id = $1 ORDER BY name`

@@ -1,0 +1,295 @@
+package webhooks
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/workpool"
+)
+
+// verify is what a receiver does: HMAC-SHA256 of the body it read, keyed
+// with the secret it was shown, against the signature header.
+func verify(secret string, d delivery) bool {
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write(d.body)
+	want := "sha256=" + hex.EncodeToString(mac.Sum(nil))
+	return hmac.Equal([]byte(want), []byte(d.header.Get(HeaderSignature)))
+}
+
+func TestAJSONWebhookReceivesBothEventsSignedWithTheSecretShownAtCreation(t *testing.T) {
+	f := newFixture(t)
+	rcv := newReceiver(t, 0)
+	created := f.put(t, orgA, "ops", rcv.srv.URL+"/hook", FormatJSON)
+	require.True(t, created.Created)
+	require.NotEmpty(t, created.Secret)
+
+	requested, resolved := toolEvent(orgA, 7, TypeRequested, pendingCall), toolEvent(orgA, 8, TypeResolved, approvedCall)
+	f.emit(t, requested)
+	f.emit(t, resolved)
+
+	got := rcv.await(t, 2)
+	for i, ev := range []Event{requested, resolved} {
+		d := got[i]
+		require.True(t, verify(created.Secret, d), "the signature verifies with the secret: %s", d.header.Get(HeaderSignature))
+		require.False(t, verify("another secret", d))
+		require.Equal(t, "application/json", d.header.Get("Content-Type"))
+		require.Equal(t, "approval."+ev.Type, d.header.Get(HeaderEvent))
+		require.Equal(t, fmt.Sprintf("%s:%d", orgA, ev.Seq), d.header.Get(HeaderDelivery))
+		var body map[string]any
+		require.NoError(t, json.Unmarshal(d.body, &body))
+		require.Equal(t, "approval."+ev.Type, body["type"])
+		require.EqualValues(t, ev.Seq, body["seq"])
+		require.Equal(t, KindToolCall, body["kind"])
+		require.Equal(t, ev.ApprovalID.String(), body["approval_id"])
+		require.Equal(t, ev.At.Format("2006-01-02T15:04:05Z07:00"), body["at"])
+		approval, err := json.Marshal(body["approval"])
+		require.NoError(t, err)
+		require.JSONEq(t, string(ev.Approval), string(approval), "the approval as its GET route shows it")
+	}
+}
+
+func TestASlackWebhookGetsOneHumanLineAndNoSignature(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.PublicURL = "https://reveille.example.com/" })
+	rcv := newReceiver(t, 0)
+	f.put(t, orgA, "team-channel", rcv.srv.URL+"/services/T0/B0/x", FormatSlack)
+	f.emit(t, toolEvent(orgA, 1, TypeRequested, pendingCall))
+
+	d := rcv.await(t, 1)[0]
+	require.Empty(t, d.header.Get(HeaderSignature))
+	require.Equal(t, "application/json", d.header.Get("Content-Type"))
+	var body map[string]string
+	require.NoError(t, json.Unmarshal(d.body, &body))
+	require.Equal(t, map[string]string{"text": "Agent `a1` asks to call `shell` in session `s1` (requested by `runtime`)." +
+		" Approve or deny: <https://reveille.example.com/inbox|the approvals inbox>"}, body)
+}
+
+// The Slack line of each kind of event; approval text is agents' and is
+// shown as escaped code that can neither mention nor link.
+func TestSlackLinesSayWhoAsksForWhatAndWhoAnswered(t *testing.T) {
+	overrun := func(extra string) string {
+		return `{"agent_id":"a1","scope":"llm","cost":"100","budget":"10","spent":"5","reason":"a big prompt","requested_by":"runtime"` + extra + `}`
+	}
+	cases := []struct {
+		name      string
+		kind, typ string
+		approval  string
+		publicURL string
+		want      string
+	}{
+		{"a tool call asked, without a public URL", KindToolCall, TypeRequested, pendingCall, "",
+			"Agent `a1` asks to call `shell` in session `s1` (requested by `runtime`)."},
+		{"a tool call approved by a human", KindToolCall, TypeResolved, approvedCall, "https://r.example",
+			"The call of `shell` by agent `a1` in session `s1` was approved by `alice`."},
+		{"a tool call denied by a policy", KindToolCall, TypeResolved,
+			`{"agent_id":"a1","session_id":"s1","tool_name":"shell","status":"denied","source":"policy"}`, "",
+			"The call of `shell` by agent `a1` in session `s1` was denied by a standing policy."},
+		{"a tool call expired", KindToolCall, TypeResolved,
+			`{"agent_id":"a1","session_id":"s1","tool_name":"shell","status":"expired","source":"expired"}`, "",
+			"The call of `shell` by agent `a1` in session `s1` was not answered in time (expired)."},
+		{"an overrun asked", KindMandateOverrun, TypeRequested, overrun(``), "https://r.example",
+			"Agent `a1` asks to spend `100` on `llm` past its mandate (budget `10`, spent `5`), for `a big prompt` (requested by `runtime`)." +
+				" Approve or deny: <https://r.example/inbox|the approvals inbox>"},
+		{"an overrun without a mandate", KindMandateOverrun, TypeRequested,
+			`{"agent_id":"a1","scope":"llm","cost":3,"refusal":"no_mandate","requested_by":"runtime"}`, "",
+			"Agent `a1` asks to spend `3` on `llm` without a mandate (requested by `runtime`)."},
+		{"an overrun under a revoked mandate", KindMandateOverrun, TypeRequested,
+			`{"agent_id":"a1","scope":"llm","cost":3,"refusal":"revoked","budget":"10","spent":"0","requested_by":"runtime"}`, "",
+			"Agent `a1` asks to spend `3` on `llm` under a mandate that is revoked (requested by `runtime`)."},
+		{"an overrun denied with a note", KindMandateOverrun, TypeResolved,
+			overrun(`,"state":"denied","resolved_by":"bob","note":"too much"`), "",
+			"The spend of `100` on `llm` by agent `a1` was denied by `bob` (note: `too much`)."},
+		{"hostile text", KindToolCall, TypeRequested,
+			"{\"agent_id\":\"<!channel> `x`\",\"session_id\":\"<http://evil.example|click>\",\"tool_name\":\"a\\nb & c\",\"requested_by\":\"r\"}", "",
+			"Agent `&lt;!channel&gt; 'x'` asks to call `a b &amp; c` in session `&lt;http://evil.example|click&gt;` (requested by `r`)."},
+		{"an approval that says nothing", KindToolCall, TypeRequested, `null`, "",
+			"Agent (none) asks to call (none) in session (none) (requested by (none))."},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ev := toolEvent(orgA, 1, tc.typ, tc.approval)
+			ev.Kind = tc.kind
+			require.Equal(t, tc.want, slackText(ev, tc.publicURL))
+		})
+	}
+}
+
+func TestALongValueIsCutInASlackLine(t *testing.T) {
+	long := strings.Repeat("é", maxShown+10)
+	require.Equal(t, "`"+strings.Repeat("é", maxShown)+"…`", slackCode(long))
+}
+
+func TestAFailingReceiverIsRetriedUntilItTakesTheDelivery(t *testing.T) {
+	f := newFixture(t)
+	rcv := newReceiver(t, 3)
+	secret := f.put(t, orgA, "flaky", rcv.srv.URL, FormatJSON).Secret
+	f.emit(t, toolEvent(orgA, 1, TypeRequested, pendingCall))
+
+	d := rcv.await(t, 1)[0]
+	require.True(t, verify(secret, d), "every attempt carries the same signed body")
+	require.Equal(t, 4, rcv.callCount(), "three 500s, then the delivery")
+}
+
+func TestAnotherOrgsWebhooksAreAbsentAndNeverGetItsEvents(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	rcv := newReceiver(t, 0)
+	f.put(t, orgA, "ops", rcv.srv.URL, FormatJSON)
+
+	_, err := f.store.Get(ctx, orgB, "ops")
+	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, f.store.Delete(ctx, orgB, "ops"), ErrNotFound)
+	list, err := f.store.List(ctx, orgB)
+	require.NoError(t, err)
+	require.Empty(t, list)
+
+	f.emit(t, toolEvent(orgB, 1, TypeRequested, pendingCall))
+	require.Zero(t, f.workCount(t, orgB), "org B's event enqueues nothing: it has no webhooks")
+	require.Zero(t, f.workCount(t, orgA))
+
+	// Org B's own webhook of the same name is its own.
+	theirs := f.put(t, orgB, "ops", rcv.srv.URL+"/b", FormatSlack)
+	require.True(t, theirs.Created)
+	mine, err := f.store.Get(ctx, orgA, "ops")
+	require.NoError(t, err)
+	require.Equal(t, FormatJSON, mine.Format)
+	require.Equal(t, rcv.srv.URL, mine.URL)
+
+	f.emit(t, toolEvent(orgA, 1, TypeRequested, pendingCall))
+	d := rcv.await(t, 1)[0]
+	require.Equal(t, orgA+":1", d.header.Get(HeaderDelivery))
+	require.Equal(t, 1, f.workCount(t, orgA), "one delivery: org A's one webhook")
+}
+
+func TestReplacingAWebhookKeepsItsSecret(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	first, second := newReceiver(t, 0), newReceiver(t, 0)
+	created := f.put(t, orgA, "ops", first.srv.URL, FormatSlack)
+
+	replaced := f.put(t, orgA, "ops", second.srv.URL+"/v2", FormatJSON)
+	require.False(t, replaced.Created)
+	require.Empty(t, replaced.Secret, "the secret is shown once")
+	require.Equal(t, Webhook{Name: "ops", URL: second.srv.URL + "/v2", Format: FormatJSON,
+		CreatedAt: created.Webhook.CreatedAt, UpdatedAt: replaced.Webhook.UpdatedAt}, replaced.Webhook)
+	got, err := f.store.Get(ctx, orgA, "ops")
+	require.NoError(t, err)
+	require.Equal(t, replaced.Webhook, got)
+
+	f.emit(t, toolEvent(orgA, 1, TypeRequested, pendingCall))
+	require.True(t, verify(created.Secret, second.await(t, 1)[0]), "signed with the secret shown at creation")
+}
+
+func TestBadInputIsRefusedNamingTheFieldAndStoresNothing(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	good := "http://127.0.0.1:9/hook"
+	cases := []struct {
+		name, hook, url, format string
+		field, detail           string
+	}{
+		{"an upper-case name", "Ops", good, FormatJSON, "name", "a-z"},
+		{"an empty name", "", good, FormatJSON, "name", "a-z"},
+		{"a name with a slash", "a/b", good, FormatJSON, "name", "a-z"},
+		{"a name starting with a dash", "-ops", good, FormatJSON, "name", "a-z"},
+		{"a name of 65 characters", strings.Repeat("a", 65), good, FormatJSON, "name", "1-64"},
+		{"no url", "ops", "", FormatJSON, "url", "required"},
+		{"a relative url", "ops", "/hook", FormatJSON, "url", "absolute http"},
+		{"an ftp url", "ops", "ftp://127.0.0.1/hook", FormatJSON, "url", "absolute http"},
+		{"a url without a host", "ops", "http:///hook", FormatJSON, "url", "absolute http"},
+		{"a url with a space", "ops", "http://127.0.0.1/a b", FormatJSON, "url", "spaces"},
+		{"a url too long", "ops", good + strings.Repeat("a", MaxURLBytes), FormatJSON, "url", "at most"},
+		{"a private address no rule allows", "ops", "http://10.0.0.5/hook", FormatJSON, "url", "REVEILLE_HTTP_ALLOWED_HOSTS"},
+		{"the cloud metadata endpoint", "ops", "http://169.254.169.254/latest", FormatJSON, "url", "REVEILLE_HTTP_ALLOWED_HOSTS"},
+		{"a host outside the allow-list", "ops", "https://hooks.example/x", FormatJSON, "url", "REVEILLE_HTTP_ALLOWED_HOSTS"},
+		{"no format", "ops", good, "", "format", "json"},
+		{"an unknown format", "ops", good, "xml", "format", "json"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := f.store.Put(ctx, orgA, tc.hook, PutParams{URL: tc.url, Format: tc.format})
+			var inv *apperr.InvalidError
+			require.ErrorAs(t, err, &inv)
+			require.Len(t, inv.Fields, 1, "%v", err)
+			require.Equal(t, tc.field, inv.Fields[0].Field)
+			require.Contains(t, inv.Fields[0].Detail, tc.detail)
+		})
+	}
+	list, err := f.store.List(ctx, orgA)
+	require.NoError(t, err)
+	require.Empty(t, list)
+}
+
+func TestAnOrgHasAtMostMaxPerOrgWebhooks(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	for i := range MaxPerOrg {
+		f.put(t, orgA, fmt.Sprint("hook-", i), "http://127.0.0.1:9/hook", FormatJSON)
+	}
+	_, err := f.store.Put(ctx, orgA, "one-more", PutParams{URL: "http://127.0.0.1:9/hook", Format: FormatJSON})
+	require.ErrorIs(t, err, ErrTooMany)
+	require.ErrorIs(t, err, apperr.ErrConflict)
+	require.False(t, f.put(t, orgA, "hook-0", "http://127.0.0.1:9/other", FormatSlack).Created, "replacing one still works")
+	f.put(t, orgB, "one-more", "http://127.0.0.1:9/hook", FormatJSON) // another org's count is its own
+	list, err := f.store.List(ctx, orgA)
+	require.NoError(t, err)
+	require.Len(t, list, MaxPerOrg)
+}
+
+func TestDeliveriesCommitWithTheEventOrNotAtAll(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.put(t, orgA, "one", "http://127.0.0.1:9/hook", FormatJSON)
+	f.put(t, orgA, "two", "http://127.0.0.1:9/hook", FormatSlack)
+	// (Their URL answers nothing; the work rows are what is counted.)
+	tx, err := f.db.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.store.Enqueue(ctx, tx, toolEvent(orgA, 1, TypeRequested, pendingCall)))
+	require.NoError(t, tx.Rollback(ctx))
+	require.Zero(t, f.workCount(t, orgA), "a rolled-back event has no deliveries")
+
+	require.NoError(t, pgx.BeginFunc(ctx, f.db, func(tx pgx.Tx) error {
+		return f.store.Enqueue(ctx, tx, toolEvent(orgA, 1, TypeRequested, pendingCall))
+	}))
+	require.Equal(t, 2, f.workCount(t, orgA), "one delivery per webhook")
+	// Outside a transaction the store opens its own.
+	require.NoError(t, f.store.Enqueue(ctx, f.db, toolEvent(orgA, 2, TypeResolved, approvedCall)))
+	require.Equal(t, 4, f.workCount(t, orgA))
+}
+
+// A notification never undoes the approval it announces: an org at its
+// pending-work cap still gets its deliveries enqueued (and the event's
+// transaction commits).
+func TestAnOrgAtItsPendingCapStillGetsItsDeliveries(t *testing.T) {
+	f := newFixtureWithPool(t, workpool.Config{MaxPendingPerOrg: 1})
+	f.put(t, orgA, "one", "http://127.0.0.1:9/hook", FormatJSON)
+	f.put(t, orgA, "two", "http://127.0.0.1:9/hook", FormatJSON)
+	f.emit(t, toolEvent(orgA, 1, TypeRequested, pendingCall))
+	require.Equal(t, 2, f.workCount(t, orgA))
+}
+
+func TestADeliveryOfAHugeApprovalCarriesItsIDAlone(t *testing.T) {
+	ev := toolEvent(orgA, 1, TypeRequested, `{"input":"`+strings.Repeat("x", MaxBodyBytes)+`"}`)
+	body, err := jsonBody(ev)
+	require.NoError(t, err)
+	require.LessOrEqual(t, len(body), MaxBodyBytes)
+	var got map[string]any
+	require.NoError(t, json.Unmarshal(body, &got))
+	require.Equal(t, true, got["approval_truncated"])
+	require.Equal(t, map[string]any{"id": ev.ApprovalID.String()}, got["approval"])
+}
+
+func TestAnEventOfAnUnknownTypeIsAnError(t *testing.T) {
+	f := newFixture(t)
+	err := f.store.Enqueue(context.Background(), f.db, toolEvent(orgA, 1, "maybe", pendingCall))
+	require.ErrorContains(t, err, `"maybe"`)
+}
