@@ -141,6 +141,8 @@ func isoRows() []isoRow {
 		{route: "GET /readyz", public: true, owner: "none", ownerStatus: 200},
 		{route: "GET /metrics", public: true, owner: "none", ownerStatus: 200},
 		{route: "GET /openapi.json", public: true, owner: "none", ownerStatus: 200},
+		{route: "GET /inbox", public: true, owner: "none", ownerStatus: 200},
+		{route: "GET /inbox/{asset}", public: true, owner: "none", ownerStatus: 200},
 		{route: "GET /v1/whoami", crossOrg: crossOrgNone, why: "the principal is the caller's own", bound: boundAsOwner, owner: "a1", ownerStatus: 200},
 
 		// Pools are shared; each org sees its own counts in them.
@@ -371,7 +373,8 @@ func (f *isoFixture) call(t *testing.T, row isoRow, tok string, tgt isoTarget, o
 		tgt.stream = row.stream
 	}
 	path = strings.NewReplacer("{id}", tgt.ids[row.idOf], "{pool}", tgt.pool, "{run_id}", tgt.run, "{name}", tgt.stream,
-		"{agent_id}", tgt.agent, "{session_id}", tgt.session, "{tool_name}", tgt.tool).Replace(path)
+		"{agent_id}", tgt.agent, "{session_id}", tgt.session, "{tool_name}", tgt.tool,
+		"{asset}", "inbox.js").Replace(path) // the inbox page's files are the same for everyone
 	if q := strings.Join(slices.DeleteFunc([]string{row.query, query}, func(s string) bool { return s == "" }), "&"); q != "" {
 		path += "?" + q
 	}

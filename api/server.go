@@ -28,6 +28,7 @@ import (
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/wakeup"
+	"github.com/reveille/reveille/web"
 	"github.com/reveille/reveille/webhooks"
 	"github.com/reveille/reveille/workpool"
 )
@@ -139,6 +140,7 @@ type Server struct {
 	bodyLimits map[string]int64 // route pattern → limit, where not cfg.MaxBody
 	metrics    *httpMetrics
 	limiter    *orgLimiter // nil: no rate limit
+	inboxHTML  *web.Inbox
 }
 
 // New builds the server and its routes.
@@ -151,12 +153,17 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	inboxHTML, err := web.NewInbox()
+	if err != nil {
+		return nil, fmt.Errorf("loading the inbox page: %w", err)
+	}
 	s := &Server{
 		cfg: cfg, svc: svc, logger: cfg.Logger, auth: auth,
 		idem:       &idempotencyStore{db: svc.DB, logger: cfg.Logger},
 		bodyLimits: map[string]int64{},
 		metrics:    newHTTPMetrics(cfg.Registry),
 		limiter:    newOrgLimiter(cfg.OrgRate, cfg.OrgBurst),
+		inboxHTML:  inboxHTML,
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -191,6 +198,7 @@ func (s *Server) routes() {
 	e.GET("/readyz", s.readyz)
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
 	e.GET("/openapi.json", s.openapi)
+	s.inboxPageRoutes()
 
 	s.route(http.MethodGet, "/v1/whoami", func(c echo.Context) error { return c.JSON(http.StatusOK, PrincipalFrom(c)) }, anyRole)
 	s.streamRoutes()

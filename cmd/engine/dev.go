@@ -71,7 +71,28 @@ func runDev(ctx context.Context, args []string) error {
 			tok = "(could not sign: " + err.Error() + ")"
 		}
 		printDevInfo(s, secretPath, tok)
+		link, err := devInboxLink(s)
+		if err != nil {
+			link = "(could not sign: " + err.Error() + ")"
+		}
+		fmt.Printf("  approvals inbox (signed in as %s, approver of org %s, 24h):\n  %s\n\n", devApprover, devOrg, link)
 	})
+}
+
+// devApprover is the sub of the inbox link's token: not dev-user, whose
+// token makes the demo's requests, since no one may answer their own.
+const devApprover = "dev-approver"
+
+// devInboxLink is the inbox page's address with an approver token in its
+// fragment, which the browser never sends: the page reads it, keeps it in
+// the tab's session storage and removes it from the address bar.
+func devInboxLink(s settings) (string, error) {
+	tok, err := api.SignToken([]byte(s.signingSecret()), api.TokenSpec{OrgID: devOrg, Sub: devApprover, Roles: []string{api.RoleApprover},
+		TTL: 24 * time.Hour, Issuer: s.JWTIssuer, Audience: s.JWTAudience})
+	if err != nil {
+		return "", err
+	}
+	return apiURL(s.Addr) + "/inbox#token=" + tok, nil
 }
 
 // startStack starts what s lacks: Postgres when DATABASE_URL is unset,

@@ -24,6 +24,7 @@ import (
 
 	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/approvals"
+	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/queue"
@@ -64,6 +65,7 @@ type stack struct {
 	mandates   *mandates.Service
 	wakeups    *wakeup.Service
 	approvals  *approvals.Service
+	inbox      *inbox.Log
 	dispatcher *queue.Dispatcher
 	http       *httptest.Server
 	proxy      *tcpProxy
@@ -98,8 +100,9 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 	})
 	require.NoError(t, err)
 	s.handler.register(s.pool)
-	s.mandates = mandates.New(s.db, mandates.Config{SweepInterval: 100 * time.Millisecond, LeaderRetry: 200 * time.Millisecond, Logger: logger, Registry: reg})
-	s.approvals = approvals.New(s.db, approvals.Config{SweepInterval: 50 * time.Millisecond, LeaderRetry: 200 * time.Millisecond, Logger: logger, Registry: reg})
+	s.inbox = inbox.New(s.db, inbox.Config{LeaderRetry: 200 * time.Millisecond, Logger: logger})
+	s.mandates = mandates.New(s.db, mandates.Config{SweepInterval: 100 * time.Millisecond, LeaderRetry: 200 * time.Millisecond, Inbox: s.inbox, Logger: logger, Registry: reg})
+	s.approvals = approvals.New(s.db, approvals.Config{SweepInterval: 50 * time.Millisecond, LeaderRetry: 200 * time.Millisecond, Inbox: s.inbox, Logger: logger, Registry: reg})
 
 	s.proxy = newTCPProxy(t, temporalServer.GetFrontendHostPort())
 	s.engineTC, err = client.NewLazyClient(client.Options{HostPort: s.proxy.Addr(), Namespace: temporalServer.GetDefaultNamespace(), Logger: quietTemporalLogger{}})
@@ -124,7 +127,7 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 	for _, c := range []interface {
 		Start(context.Context) error
 		Stop(context.Context) error
-	}{s.pool, s.mandates, s.wakeups, s.approvals, s.dispatcher} {
+	}{s.inbox, s.pool, s.mandates, s.wakeups, s.approvals, s.dispatcher} {
 		require.NoError(t, c.Start(ctx))
 		t.Cleanup(func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -134,7 +137,7 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 	}
 
 	srv, err := api.New(ctx, api.Config{Auth: api.AuthConfig{Secrets: [][]byte{secret}}, Logger: logger, Registry: reg}, api.Services{
-		DB: s.db, Mandates: s.mandates, Wakeups: s.wakeups, Approvals: s.approvals,
+		DB: s.db, Mandates: s.mandates, Wakeups: s.wakeups, Approvals: s.approvals, Inbox: s.inbox,
 		Ready: []api.ReadinessCheck{{Name: "temporal", Check: func(ctx context.Context) error {
 			_, err := s.engineTC.CheckHealth(ctx, &client.CheckHealthRequest{})
 			return err

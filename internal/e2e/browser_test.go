@@ -1,0 +1,210 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+)
+
+// chromiumNames are the executables a headless Chromium may be found as.
+var chromiumNames = []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"}
+
+// findChromium returns the browser's path, or fails the test: the browser
+// tests are part of the suite and never skip (.ci/run installs Debian's
+// chromium package when it is missing).
+func findChromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range chromiumNames {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Fatalf("no Chromium on PATH (looked for %s): the inbox browser tests need one — apt-get install -y chromium", strings.Join(chromiumNames, ", "))
+	return ""
+}
+
+// sentRequest is a request the page made, as the browser sent it.
+type sentRequest struct {
+	URL     string
+	Headers map[string]string
+}
+
+// browser is one headless Chromium tab, shared by a test function's steps.
+// It records every request the page makes and every uncaught exception.
+type browser struct {
+	t   *testing.T
+	ctx context.Context
+
+	mu         sync.Mutex
+	requests   map[network.RequestID]*sentRequest
+	order      []network.RequestID
+	exceptions []string
+}
+
+func newBrowser(t *testing.T) *browser {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(findChromium(t)),
+		chromedp.NoSandbox, // CI runs as root, where Chromium's sandbox refuses to start
+		chromedp.WindowSize(1280, 800),
+		chromedp.Flag("lang", "en-US"),
+	)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancelAlloc)
+	b := &browser{t: t, requests: map[network.RequestID]*sentRequest{}}
+	// The listener is on before the tab's first command, so it sees every
+	// request the page makes.
+	ctx, cancel := chromedp.NewContext(allocCtx, chromedp.WithListener(b.observe))
+	t.Cleanup(cancel)
+	b.ctx = ctx
+	// The first Run starts the browser, which lives as long as its context:
+	// no timeout on it.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tgt, network.Enable, network.EnableParams{})
+		return err
+	}), chromedp.EmulateViewport(1280, 800)), "starting Chromium")
+	return b
+}
+
+func (b *browser) observe(ev any) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch ev := ev.(type) {
+	case *network.EventRequestWillBeSent:
+		r := b.request(ev.RequestID)
+		r.URL = ev.Request.URL // without the fragment, as it goes on the wire
+		for k, v := range ev.Request.Headers {
+			r.Headers[strings.ToLower(k)] = fmt.Sprint(v)
+		}
+	case *network.EventRequestWillBeSentExtraInfo:
+		// The headers as sent, cookies included.
+		r := b.request(ev.RequestID)
+		for k, v := range ev.Headers {
+			r.Headers[strings.ToLower(k)] = fmt.Sprint(v)
+		}
+	case *runtime.EventExceptionThrown:
+		d := ev.ExceptionDetails
+		text := d.Text
+		if d.Exception != nil {
+			text += " " + d.Exception.Description
+		}
+		b.exceptions = append(b.exceptions, text)
+	}
+}
+
+func (b *browser) request(id network.RequestID) *sentRequest {
+	r, ok := b.requests[id]
+	if !ok {
+		r = &sentRequest{Headers: map[string]string{}}
+		b.requests[id] = r
+		b.order = append(b.order, id)
+	}
+	return r
+}
+
+// sent returns the requests made so far, in order.
+func (b *browser) sent() []sentRequest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]sentRequest, 0, len(b.order))
+	for _, id := range b.order {
+		r := b.requests[id]
+		h := make(map[string]string, len(r.Headers))
+		for k, v := range r.Headers {
+			h[k] = v
+		}
+		out = append(out, sentRequest{URL: r.URL, Headers: h})
+	}
+	return out
+}
+
+// run runs actions in the tab, failing the test on error.
+func (b *browser) run(actions ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, wait)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		require.NoError(b.t, err, b.diagnose())
+	}
+}
+
+// eval evaluates a JavaScript expression into out (a pointer), through
+// JSON so that out may be any type.
+func (b *browser) eval(js string, out any) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, wait)
+	defer cancel()
+	raw, err := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.stringify((() => (`+js+`))()) ?? 'null'`))
+	require.NoError(b.t, err, b.diagnose())
+	require.NoError(b.t, json.Unmarshal([]byte(raw), out), raw)
+}
+
+// waitFor waits until the JavaScript expression is truthy in the page
+// (polled on each animation frame); what names the condition on failure.
+func (b *browser) waitFor(what, js string) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, wait)
+	defer cancel()
+	if _, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(wait))); err != nil {
+		require.NoError(b.t, err, "waiting for %s\n%s", what, b.diagnose())
+	}
+}
+
+// diagnose describes the page for a failure message.
+func (b *browser) diagnose() string {
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancel()
+	text, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.body ? document.body.innerText : '') + '\nURL: ' + location.href`))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return "page text:\n" + text + "\nexceptions: " + strings.Join(b.exceptions, "; ")
+}
+
+// noExceptions requires that the page threw nothing uncaught.
+func (b *browser) noExceptions() {
+	b.t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	require.Empty(b.t, b.exceptions, "uncaught exceptions in the page")
+}
+
+// screenshot saves the viewport at width×height as a PNG to path (relative
+// to the repository root) when REVEILLE_SCREENSHOTS=1, so CI leaves the
+// tree as it found it; it restores the desktop viewport afterwards.
+func (b *browser) screenshot(path string, width, height int64) {
+	b.t.Helper()
+	if os.Getenv("REVEILLE_SCREENSHOTS") != "1" {
+		return
+	}
+	b.run(chromedp.EmulateViewport(width, height))
+	ctx, cancel := context.WithTimeout(b.ctx, wait)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	require.NoError(b.t, err)
+	b.run(chromedp.EmulateViewport(1280, 800))
+	require.NoError(b.t, os.WriteFile("../../"+path, png, 0o644))
+	b.t.Logf("wrote %s", path)
+}
+
+// js quotes a Go string as a JavaScript string literal, as the page's
+// JSON.stringify writes it (no HTML escapes).
+func js(s string) string {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(s)
+	return strings.TrimSuffix(buf.String(), "\n")
+}

@@ -1,0 +1,320 @@
+package e2e
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/api"
+)
+
+// The inbox page in headless Chromium, against the engine and a real
+// Temporal server: approvals are made over REST as agents make them, and
+// answered in the page as a person does.
+
+const inboxTokenKey = "reveille.inbox.token" // the page's sessionStorage key
+
+// signedToken signs a token for org with sub and roles.
+func signedToken(t *testing.T, sub string, roles ...string) string {
+	t.Helper()
+	tok, err := api.SignToken(secret, api.TokenSpec{OrgID: org, Sub: sub, Roles: roles, TTL: time.Hour})
+	require.NoError(t, err)
+	return tok
+}
+
+// openInbox opens the page with tok in the fragment and waits for the
+// pending list to load.
+func (b *browser) openInbox(base, tok string) {
+	b.t.Helper()
+	b.run(chromedp.Navigate(base + "/inbox#token=" + tok))
+	b.waitFor("the signed-in inbox", `!document.getElementById('inbox-view').hidden && document.getElementById('loading').hidden`)
+}
+
+func itemSel(id string) string { return `li.item[data-id="` + id + `"]` }
+
+// itemJS is a JavaScript expression on the item's element (null-safe).
+func itemJS(id, expr string) string {
+	return `(() => { const el = document.querySelector(` + js(itemSel(id)) + `); return !!el && (` + expr + `); })()`
+}
+
+func (b *browser) itemText(id string) string {
+	b.t.Helper()
+	var text string
+	b.eval(`(document.querySelector(`+js(itemSel(id))+`) || {}).textContent || ''`, &text)
+	return text
+}
+
+func (b *browser) waitStatus(id, status string) {
+	b.t.Helper()
+	b.waitFor("item "+id+" to show "+status, itemJS(id, `el.querySelector('.status').textContent === `+js(status)))
+}
+
+// overrun posts a wake-up that the mandate refuses and returns its
+// approval request's id.
+func (s *stack) overrun(tok string, body map[string]any) string {
+	s.t.Helper()
+	r := s.call(http.MethodPost, "/v1/wakeups", tok, body)
+	require.Equal(s.t, http.StatusPaymentRequired, r.status, string(r.raw))
+	return r.body["approval_id"].(string)
+}
+
+// toolCall posts a tool call with tok and returns its pending approval id.
+func (s *stack) toolCall(tok, session string, body map[string]any) string {
+	s.t.Helper()
+	r := s.call(http.MethodPost, "/v1/sessions/"+url.PathEscape(session)+"/tool-calls", tok, body)
+	require.Equal(s.t, http.StatusOK, r.status, string(r.raw))
+	require.Equal(s.t, "pending", r.body["decision"], string(r.raw))
+	return r.body["approval_id"].(string)
+}
+
+func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
+	s := newStack(t)
+	s.fund(2)
+	approver := token(t, org, "approver") // sub user-approver
+	agentTok := token(t, org, "agent")
+	b := newBrowser(t)
+
+	// Made before the page opens: a tool call the approver made itself (as
+	// an agent), another tool call, and a spend over the mandate, parked on.
+	ownID := s.toolCall(signedToken(t, "user-approver", "agent"), "s2", map[string]any{"agent_id": agent, "tool_name": "deploy"})
+	toolID := s.toolCall(agentTok, "s1", map[string]any{"agent_id": agent, "tool_name": "shell",
+		"input": map[string]any{"cmd": "ls -la", "cwd": "/srv/app", "env": map[string]any{"DRY_RUN": true}}})
+	wf := s.workflowID()
+	body := wakeupBody(wf, "echo", map[string]any{"x": 1})
+	body["cost"], body["reason"] = 5, "summarise the incident report with the large model"
+	overrunID := s.overrun(agentTok, body)
+	run := s.park(wf, "wake", 1, 0)
+
+	t.Run("signs in with a fragment token and removes it from the address bar", func(t *testing.T) {
+		b.openInbox(s.http.URL, approver)
+		var href, stored, cookie string
+		var localItems int
+		b.eval(`location.href`, &href)
+		b.eval(`sessionStorage.getItem(`+js(inboxTokenKey)+`)`, &stored)
+		b.eval(`document.cookie`, &cookie)
+		b.eval(`localStorage.length`, &localItems)
+		require.Equal(t, s.http.URL+"/inbox", href)
+		require.Equal(t, approver, stored)
+		require.Empty(t, cookie)
+		require.Zero(t, localItems)
+		var who string
+		b.eval(`document.getElementById('who').textContent`, &who)
+		require.Equal(t, "user-approver · "+org, who)
+	})
+
+	t.Run("a pending tool call and a pending overrun made over REST appear, newest first", func(t *testing.T) {
+		b.waitFor("both items", itemJS(toolID, "true")+" && "+itemJS(overrunID, "true"))
+		b.screenshot("docs/img/inbox-desktop.png", 1280, 800)
+		b.screenshot("docs/img/inbox-360.png", 360, 740)
+		tool := b.itemText(toolID)
+		for _, want := range []string{"shell", agent, "s1", "user-agent", `"cmd": "ls -la"`, `"DRY_RUN": true`, "Pending"} {
+			require.Contains(t, tool, want)
+		}
+		over := b.itemText(overrunID)
+		for _, want := range []string{"Spending overrun", scope, agent, "user-agent", "summarise the incident report with the large model",
+			"Cost 5", "budget of 2", "of which 0 is spent", "3 over"} {
+			require.Contains(t, over, want)
+		}
+		var first string
+		b.eval(`document.querySelector('#list > li').dataset.id`, &first)
+		require.Equal(t, overrunID, first, "the newest request leads")
+	})
+
+	t.Run("answering one's own request is refused in words and the item stays", func(t *testing.T) {
+		b.run(chromedp.Click(chromedp.CSS(itemSel(ownID) + ` [data-role="approve"]`)))
+		b.waitFor("the 403 in words", itemJS(ownID, `el.querySelector('[data-role="error"]').textContent.includes('You cannot approve or deny your own request')`))
+		require.Contains(t, b.itemText(ownID), "Pending")
+		require.Equal(t, "pending", s.toolApproval(ownID)["status"])
+	})
+
+	t.Run("approving a tool call with always resolves it, and the agent's next call is approved by policy", func(t *testing.T) {
+		b.run(
+			chromedp.SendKeys(chromedp.CSS(itemSel(toolID)+` [data-role="note"]`), "fine for the staging box"),
+			chromedp.Click(chromedp.CSS(itemSel(toolID)+` [data-role="policy-always"]`)),
+			chromedp.Click(chromedp.CSS(itemSel(toolID)+` [data-role="approve"]`)),
+		)
+		b.waitStatus(toolID, "Approved")
+		b.waitFor("who approved", itemJS(toolID, `el.querySelector('[data-role="outcome"]').textContent.includes('by user-approver (you)')`))
+		a := s.toolApproval(toolID)
+		require.Equal(t, "approved", a["status"])
+		require.Equal(t, "fine for the staging box", a["note"])
+		next := s.askTool("s1", "shell", "", map[string]any{"input": map[string]any{"cmd": "pwd"}})
+		require.Equal(t, "approved", next["decision"])
+		require.Equal(t, "policy", next["source"])
+	})
+
+	t.Run("denying an overrun asks for confirmation, and the parked workflow wakes denied", func(t *testing.T) {
+		// By keyboard: focus the item, press d.
+		b.run(chromedp.Focus(chromedp.CSS(itemSel(overrunID))), chromedp.KeyEvent("d"))
+		b.waitFor("the confirmation", `document.getElementById('confirm').open`)
+		b.run(chromedp.KeyEvent(kb.Escape)) // changing one's mind keeps it pending
+		b.waitFor("the dialog to close", `!document.getElementById('confirm').open`)
+		require.Contains(t, b.itemText(overrunID), "Pending")
+		r := s.call(http.MethodGet, "/v1/mandate-approvals/"+overrunID, approver, nil)
+		require.Equal(t, "pending", r.body["state"])
+
+		b.run(chromedp.Click(chromedp.CSS(itemSel(overrunID) + ` [data-role="deny"]`)))
+		b.waitFor("the confirmation", `document.getElementById('confirm').open`)
+		var question string
+		b.eval(`document.getElementById('confirm-title').textContent`, &question)
+		require.Equal(t, "Deny this spending overrun?", question)
+		b.run(chromedp.Click(chromedp.CSS(`#confirm-deny`)))
+		b.waitStatus(overrunID, "Denied")
+		wakes := s.wakesOf(run)
+		require.Equal(t, "denied", wakes[0].Outcome)
+	})
+
+	t.Run("a request made while the page is open appears without a reload", func(t *testing.T) {
+		b.waitFor("the live indicator", `document.getElementById('conn').dataset.state === 'live'`)
+		id := s.toolCall(agentTok, "s3", map[string]any{"agent_id": agent, "tool_name": "send_email", "input": map[string]any{"to": "cfo@example.com"}})
+		b.waitFor("the new item", itemJS(id, "true"))
+		require.Contains(t, b.itemText(id), "cfo@example.com")
+
+		t.Run("and another approver's answer shows it resolved", func(t *testing.T) {
+			r := s.call(http.MethodPost, "/v1/sessions/s3/tool-approvals", signedToken(t, "bob", "approver"),
+				map[string]any{"approval_id": id, "decision": "denied", "note": "not to the CFO"})
+			require.Equal(t, http.StatusOK, r.status, string(r.raw))
+			b.waitStatus(id, "Denied")
+			out := b.itemText(id)
+			require.Contains(t, out, "Denied by bob")
+			require.Contains(t, out, "not to the CFO")
+		})
+	})
+
+	t.Run("a dropped stream reconnects by itself and misses nothing", func(t *testing.T) {
+		s.http.CloseClientConnections()           // the server side of the event stream goes away
+		http.DefaultClient.CloseIdleConnections() // and the test's own, which it would reuse
+		id := s.toolCall(agentTok, "s4", map[string]any{"agent_id": agent, "tool_name": "fetch_url"})
+		b.waitFor("the item made while the stream was down", itemJS(id, "true"))
+		b.waitFor("the live indicator", `document.getElementById('conn').dataset.state === 'live'`)
+	})
+
+	t.Run("the token travels only in the Authorization header", func(t *testing.T) {
+		sent := b.sent()
+		require.NotEmpty(t, sent)
+		escaped := url.QueryEscape(approver)
+		var api, events int
+		for _, r := range sent {
+			require.NotContains(t, r.URL, approver, "a URL carries the token")
+			require.NotContains(t, r.URL, escaped, "a URL carries the token")
+			for name, value := range r.Headers {
+				if name != "authorization" {
+					require.NotContains(t, value, approver, "header %s of %s carries the token", name, r.URL)
+				}
+			}
+			require.Empty(t, r.Headers["cookie"], r.URL)
+			u, err := url.Parse(r.URL)
+			require.NoError(t, err)
+			if strings.HasPrefix(u.Path, "/v1/") {
+				api++
+				require.Equal(t, "Bearer "+approver, r.Headers["authorization"], r.URL)
+				if u.Path == "/v1/approvals/events" {
+					events++
+				}
+			} else {
+				require.Empty(t, r.Headers["authorization"], "the page's own files need no token: %s", r.URL)
+			}
+		}
+		require.Positive(t, api)
+		require.Positive(t, events, "the page follows the events stream")
+	})
+	b.noExceptions()
+}
+
+// hostile is an attack in every field an agent or a token controls: if
+// any of it became HTML, the browser would load /pwned-… (img-src allows
+// the page's own origin) or set window.__pwned.
+const hostile = `<img src=/pwned-img onerror="window.__pwned='img';fetch('/pwned-fetch')"></script>` +
+	`<script>window.__pwned='script'</script><a href="javascript:window.__pwned='link'">click me</a>`
+
+// shortHostile fits a tool name (128 bytes).
+const shortHostile = `<img src=/pwned-tool onerror="window.__pwned='tool'">`
+
+func TestInboxShowsHostileDataAsTextAndRunsNothing(t *testing.T) {
+	s := newStack(t)
+	hostileAgent := "agent " + hostile
+	agentTok := signedToken(t, "sub "+hostile, "agent")
+	approverTok := signedToken(t, "approver "+hostile, "approver")
+	b := newBrowser(t)
+
+	session := "session " + hostile
+	call := func(tool string) string {
+		return s.toolCall(agentTok, session, map[string]any{"agent_id": hostileAgent, "tool_name": tool, "input": map[string]any{
+			"payload": hostile, hostile: []any{hostile, "javascript:window.__pwned='input'"}, "link": "javascript:alert(1)"}})
+	}
+	spend := func(reason string) string {
+		body := wakeupBody(s.workflowID(), "echo", map[string]any{"x": hostile})
+		body["agent_id"], body["scope"], body["reason"] = hostileAgent, "scope "+hostile, reason
+		return s.overrun(agentTok, body)
+	}
+	pendingTool, resolvedTool := call(shortHostile), call("second "+shortHostile)
+	pendingSpend, resolvedSpend := spend(hostile), spend("second "+hostile)
+	// Answered by an approver whose sub and note are hostile too.
+	r := s.call(http.MethodPost, "/v1/sessions/"+url.PathEscape(session)+"/tool-approvals", approverTok,
+		map[string]any{"approval_id": resolvedTool, "decision": "approved", "note": "note " + hostile})
+	require.Equal(t, http.StatusOK, r.status, string(r.raw))
+	r = s.call(http.MethodPost, "/v1/mandate-approvals/"+resolvedSpend+"/deny", approverTok, map[string]any{"note": "note " + hostile})
+	require.Equal(t, http.StatusOK, r.status, string(r.raw))
+
+	nothingRan := func(t *testing.T, ids ...string) {
+		t.Helper()
+		for _, id := range ids {
+			b.waitFor("item "+id, itemJS(id, "true"))
+		}
+		var pwned any
+		var elements int
+		var text string
+		b.eval(`window.__pwned`, &pwned)
+		b.eval(`document.querySelectorAll('img, script:not([src]), iframe, #list a, a[href^="javascript"]').length`, &elements)
+		b.eval(`document.getElementById('list').innerText`, &text)
+		require.Nil(t, pwned, "a payload ran")
+		require.Zero(t, elements, "data became elements")
+		require.Contains(t, text, hostile, "the payload shows as text")
+		require.Contains(t, text, shortHostile)
+		for _, req := range b.sent() {
+			require.NotContains(t, req.URL, "pwned", "a payload made the browser fetch")
+		}
+	}
+
+	t.Run("pending", func(t *testing.T) {
+		b.openInbox(s.http.URL, approverTok)
+		nothingRan(t, pendingTool, pendingSpend)
+		tool, spend := b.itemText(pendingTool), b.itemText(pendingSpend)
+		for _, want := range []string{"agent " + hostile, "session " + hostile, "sub " + hostile, shortHostile, `"payload": ` + js(hostile)} {
+			require.Contains(t, tool, want)
+		}
+		for _, want := range []string{"agent " + hostile, "sub " + hostile, "scope " + hostile, hostile} {
+			require.Contains(t, spend, want)
+		}
+		var option string
+		b.eval(`Array.from(document.querySelectorAll('#filter-agent option')).map(o => o.textContent).join('\n')`, &option)
+		require.Contains(t, option, hostileAgent)
+	})
+	t.Run("resolved", func(t *testing.T) {
+		b.run(chromedp.Click(chromedp.CSS(`#tab-resolved`)))
+		nothingRan(t, resolvedTool, resolvedSpend)
+		for _, id := range []string{resolvedTool, resolvedSpend} {
+			out := b.itemText(id)
+			require.Contains(t, out, "by approver "+hostile)
+			require.Contains(t, out, "Note: note "+hostile)
+		}
+	})
+	t.Run("in the deny confirmation", func(t *testing.T) {
+		b.run(chromedp.Click(chromedp.CSS(`#tab-pending`)),
+			chromedp.SendKeys(chromedp.CSS(itemSel(pendingSpend)+` [data-role="note"]`), hostile),
+			chromedp.Click(chromedp.CSS(itemSel(pendingSpend)+` [data-role="deny"]`)))
+		b.waitFor("the confirmation", `document.getElementById('confirm').open`)
+		var note string
+		b.eval(`document.getElementById('confirm').innerText`, &note)
+		require.Contains(t, note, hostile)
+		nothingRan(t)
+		b.run(chromedp.Click(chromedp.CSS(`#confirm-cancel`)))
+	})
+	b.noExceptions()
+}
