@@ -61,6 +61,11 @@ type Config struct {
 	OrgRate float64
 	// OrgBurst is the bucket size of OrgRate (default twice OrgRate).
 	OrgBurst int
+	// IdempotencyRetention is how long the first response to an
+	// Idempotency-Key is replayed (REVEILLE_IDEMPOTENCY_RETENTION; default
+	// DefaultIdempotencyRetention). internal/retention purges the records
+	// after it.
+	IdempotencyRetention time.Duration
 }
 
 // Defaults of Config's HTTP server timeouts.
@@ -89,6 +94,7 @@ func (c Config) withDefaults() Config {
 	c.ReadHeaderTimeout = cmp.Or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
 	c.ReadTimeout = cmp.Or(c.ReadTimeout, DefaultReadTimeout)
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, DefaultIdempotencyRetention)
 	return c
 }
 
@@ -142,7 +148,7 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, svc: svc, logger: cfg.Logger, auth: auth,
-		idem:       &idempotencyStore{db: svc.DB, logger: cfg.Logger},
+		idem:       &idempotencyStore{db: svc.DB, logger: cfg.Logger, retention: cfg.IdempotencyRetention},
 		bodyLimits: map[string]int64{},
 		metrics:    newHTTPMetrics(cfg.Registry),
 		limiter:    newOrgLimiter(cfg.OrgRate, cfg.OrgBurst),
@@ -288,8 +294,7 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 // Run serves until ctx is canceled, then drains in-flight requests for up to
-// ShutdownTimeout. Meanwhile it takes part in the election of the replica
-// that purges expired idempotency records.
+// ShutdownTimeout.
 func (s *Server) Run(ctx context.Context) error {
 	ln, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
@@ -307,16 +312,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		Handler: s.echo, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout, IdleTimeout: s.cfg.IdleTimeout,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
-	if err := s.idem.Start(ctx); err != nil {
-		return err
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
-		defer cancel()
-		if err := s.idem.Stop(sctx); err != nil {
-			s.logger.Warn("stopping the idempotency purge failed", "error", err.Error())
-		}
-	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/approvals"
+	"github.com/reveille/reveille/internal/retention"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/migrations"
 	"github.com/reveille/reveille/queue"
@@ -60,6 +61,10 @@ type Config struct {
 	Streams   streams.Config
 	Wakeup    wakeup.Config
 	Approvals approvals.Config
+	// Retention purges old rows (internal/retention). Its
+	// IdempotencyRecords is ignored: the purge keeps the API's records for
+	// API.IdempotencyRetention, the window the API replays them in.
+	Retention retention.Config
 	// Dispatcher sends the queued signals through the Temporal client.
 	Dispatcher queue.DispatcherConfig
 	// WrapSignaler, when set, wraps the Temporal client as the dispatcher
@@ -123,6 +128,7 @@ type Service struct {
 	wakeups    *wakeup.Service
 	approvals  *approvals.Service
 	dispatcher *queue.Dispatcher
+	retention  *retention.Purger
 	api        *api.Server
 	// parts are the background loops, in start order.
 	parts []part
@@ -241,12 +247,20 @@ func (s *Service) buildDomain() error {
 	approvalsCfg.Logger, approvalsCfg.Registry = logger, reg
 	s.approvals = approvals.New(s.db, approvalsCfg)
 
+	retentionCfg := c.Retention
+	retentionCfg.Logger, retentionCfg.Registry = logger, reg
+	retentionCfg.IdempotencyRecords = cmp.Or(c.API.IdempotencyRetention, api.DefaultIdempotencyRetention)
+	if s.retention, err = retention.New(s.db, retentionCfg); err != nil {
+		return err
+	}
+
 	s.parts = []part{
 		{name: "workpool", c: s.workpool},
 		{name: "mandates", c: s.mandates},
 		{name: "streams", c: s.streams},
 		{name: "wakeup", c: s.wakeups},
 		{name: "approvals", c: s.approvals},
+		{name: "retention", c: s.retention},
 		{name: "signal dispatcher", c: s.dispatcher, stopLast: true},
 	}
 	if c.Worker != nil {
