@@ -256,6 +256,18 @@ func TestAPassPurgesOnlyWhatIsPastRetentionAndNoLongerNeeded(t *testing.T) {
 				{"tool_approvals", "true", nil, 3}, {"queue_messages", "true", nil, 1}},
 		},
 		{
+			name: "rows written long ago but settled recently stay: retention counts from the settling",
+			write: func(r rows) {
+				r.mandateApproval(id(1), "approved", recent)
+				r.toolApproval(id(2), "s1", "denied", recent)
+				r.message("other", "redelivered", "delivered", recent)
+				r.exec(`UPDATE mandate_approvals SET created_at = now() - interval '30 days'`)
+				r.exec(`UPDATE tool_approvals SET created_at = now() - interval '30 days'`)
+				r.exec(`UPDATE queue_messages SET created_at = now() - interval '30 days'`)
+			},
+			left: []left{{"mandate_approvals", "true", nil, 1}, {"tool_approvals", "true", nil, 1}, {"queue_messages", "true", nil, 1}},
+		},
+		{
 			name: "old session events go unless their session has a call pending; their sessions stay",
 			write: func(r rows) {
 				r.sessionEvent("idle", 1, old)
