@@ -552,6 +552,7 @@ func TestRefundWritesTheCompensatingRowOncePerKey(t *testing.T) {
 	t.Run("RefundTx commits with the caller", func(t *testing.T) {
 		tx, err := db.Begin(ctx)
 		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }() // a failure must not leave the pool waiting on it at cleanup
 		require.NoError(t, s.RefundTx(ctx, tx, "org-a", "agent-1", "llm", 2, "", "r3"))
 		require.NoError(t, tx.Rollback(ctx))
 		require.EqualValues(t, 2, mustGet(t, s, "org-a", m).Spent)
