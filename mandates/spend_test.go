@@ -600,6 +600,28 @@ func TestARepeatedRefundKeyLowersSpentOnceEvenWhileSpentStillCoversIt(t *testing
 	}
 }
 
+// A refund key another org used is absent to an org: its own refund under
+// that key is decided as any other (refused when it exceeds what was
+// spent), never answered as a replay of the other org's.
+func TestAnotherOrgsRefundKeyIsAbsentToAnOrg(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	for _, org := range []string{"org-a", "org-b"} {
+		mustCreate(t, s, org, "agent-1", "llm", 10)
+	}
+	_, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 5})
+	require.NoError(t, err)
+	require.NoError(t, s.Refund(ctx, "org-a", "agent-1", "llm", 5, "", "shared"))
+
+	var inv *apperr.InvalidError
+	require.ErrorAs(t, s.Refund(ctx, "org-b", "agent-1", "llm", 5, "", "shared"), &inv, "org-b spent nothing")
+	require.Equal(t, "amount", inv.Fields[0].Field)
+	_, err = s.Spend(ctx, SpendParams{OrgID: "org-b", AgentID: "agent-1", Scope: "llm", Cost: 5})
+	require.NoError(t, err)
+	require.NoError(t, s.Refund(ctx, "org-b", "agent-1", "llm", 5, "", "shared"), "and the key is org-b's own to use")
+	requireLedgerMatches(t, db)
+}
+
 func TestSpendMetricsCountDecisionsNotReplays(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	s, _ := newTestService(t, Config{Registry: reg})
