@@ -404,7 +404,7 @@ func TestThePurgeRunsOnOneLeaderForAllReplicas(t *testing.T) {
 	r := rows{t: t, db: db, org: "org-a"}
 	r.idempotencyKey("old", old)
 	r.idempotencyKey("fresh", recent)
-	replicas := []*Purger{newPurger(t, db, Config{LeaderRetry: 50 * time.Millisecond}), newPurger(t, db, Config{LeaderRetry: 50 * time.Millisecond})}
+	replicas := []*Purger{newPurger(t, db, Config{}), newPurger(t, db, Config{})}
 	for _, p := range replicas {
 		require.NoError(t, p.Start(ctx))
 	}
