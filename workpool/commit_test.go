@@ -135,7 +135,7 @@ func TestAnIterationWhoseLeadershipEndsAsItsCommitLandsStillRunsWhatItStarted(t 
 	require.False(t, la.armed.Load(), "the iteration committed")
 	select {
 	case <-ran:
-	case <-time.After(5 * time.Second):
+	case <-time.After(testWait):
 		t.Fatal("the started work's handler never ran: its start committed but was not launched")
 	}
 }
