@@ -14,12 +14,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
-	"github.com/reveille/reveille/internal/leader"
 )
 
+// DefaultIdempotencyRetention is how long a first response is replayed
+// unless Config.IdempotencyRetention says otherwise.
+const DefaultIdempotencyRetention = 24 * time.Hour
+
 const (
-	// idempotencyRetention is how long a first response is replayed.
-	idempotencyRetention = 24 * time.Hour
 	// idempotencyAbandoned is when an in-flight claim is considered dead (its
 	// replica crashed mid-request) and a retry may take it over.
 	idempotencyAbandoned = 2 * time.Minute
@@ -57,11 +58,13 @@ func idempotencyScope(c echo.Context) string {
 
 // idempotencyStore keeps first responses per (org, caller, route, key): the
 // caller is the token's sub and, for a bound token, its agent
-// (idempotencyScope).
+// (idempotencyScope). Records past retention are taken over here and
+// purged by internal/retention, whose one leader-only loop purges every
+// table's old rows.
 type idempotencyStore struct {
-	db     *pgxpool.Pool
-	logger *slog.Logger
-	purger leader.Background
+	db        *pgxpool.Pool
+	logger    *slog.Logger
+	retention time.Duration // how long a first response is replayed
 }
 
 // middleware replays the first response to a repeated (org, route, key),
@@ -139,7 +142,7 @@ func (s *idempotencyStore) claim(ctx context.Context, org, route, key string, ha
 		 WHERE idempotency_keys.created_at < now() - $5::interval
 		    OR (idempotency_keys.completed_at IS NULL AND idempotency_keys.created_at < now() - $6::interval)
 		RETURNING created_at`,
-		org, route, key, hash, idempotencyRetention, idempotencyAbandoned).Scan(&claimedAt)
+		org, route, key, hash, s.retention, idempotencyAbandoned).Scan(&claimedAt)
 	switch {
 	case err == nil:
 		return idempotencyRecord{claimedAt: claimedAt}, true, nil
@@ -209,62 +212,6 @@ func keptUnderKey(status int) bool {
 		return false
 	}
 	return true
-}
-
-// idempotencyPurgeLeadership names the purge's leadership
-// (internal/leader), and idempotencyPurgeEvery is how often its leader
-// deletes expired records.
-const (
-	idempotencyPurgeLeadership = "api.idempotency-purge"
-	idempotencyPurgeEvery      = 10 * time.Minute
-)
-
-// Start runs the purge of expired records on whichever replica leads
-// idempotencyPurgeLeadership, at once and then every idempotencyPurgeEvery:
-// a DELETE per replica every period would only contend for the same rows.
-// It returns at once.
-func (s *idempotencyStore) Start(ctx context.Context) error {
-	el := &leader.Elector{DB: s.db, Name: idempotencyPurgeLeadership, Logger: s.logger}
-	return s.purger.Start(ctx, el, leader.Every(idempotencyPurgeEvery, s.purgeRound, func(err error) {
-		s.logger.Warn("purging idempotency records failed", "error", err.Error())
-	}))
-}
-
-// Stop stops the purge and waits for it (until ctx ends).
-func (s *idempotencyStore) Stop(ctx context.Context) error { return s.purger.Stop(ctx) }
-
-func (s *idempotencyStore) purgeRound(ctx context.Context) error {
-	n, err := s.purge(ctx)
-	if n > 0 {
-		s.logger.Info("purged idempotency records", "count", n)
-	}
-	return err
-}
-
-// purge deletes records past retention, across orgs, in bounded batches,
-// each fenced by the leadership term in ctx: once another replica has
-// taken the leadership it deletes nothing more and returns
-// leader.ErrDeposed.
-func (s *idempotencyStore) purge(ctx context.Context) (int64, error) {
-	var total int64
-	for {
-		var n int64
-		err := leader.FencedTx(ctx, s.db, func(tx pgx.Tx) error {
-			tag, err := tx.Exec(ctx, `
-				DELETE FROM idempotency_keys WHERE ctid IN (
-				  SELECT ctid FROM idempotency_keys WHERE created_at < now() - $1::interval LIMIT 1000)`,
-				idempotencyRetention)
-			n = tag.RowsAffected()
-			return err
-		})
-		if err != nil {
-			return total, err
-		}
-		total += n
-		if n < 1000 {
-			return total, nil
-		}
-	}
 }
 
 // recorder tees the response body into a buffer.

@@ -8,10 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
-	"github.com/reveille/reveille/internal/leader"
 	"github.com/stretchr/testify/require"
 )
 
@@ -167,63 +164,28 @@ func TestAnotherCallersKeyReplaysNothing(t *testing.T) {
 	require.JSONEq(t, string(r.Body), string(again.Body))
 }
 
-// expiredRecord stores an idempotency record past retention, and keys
-// reports which records are left.
-func expiredRecord(t *testing.T, db *pgxpool.Pool, key string) {
-	t.Helper()
-	_, err := db.Exec(context.Background(), `INSERT INTO idempotency_keys (org_id, route, key, request_hash, created_at)
-		VALUES ('org-a', 'POST /v1/things', $1, '\x00', now() - $2::interval - interval '1 minute')`, key, idempotencyRetention)
-	require.NoError(t, err)
-}
-
-func keys(t *testing.T, db *pgxpool.Pool) []string {
-	t.Helper()
-	rows, err := db.Query(context.Background(), `SELECT key FROM idempotency_keys ORDER BY key`)
-	require.NoError(t, err)
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return got
-}
-
-// A purge whose replica lost the leadership without noticing yet (another
-// replica started a newer term) deletes nothing; the current leader's does.
-func TestADeposedLeadersIdempotencyPurgeWritesNothing(t *testing.T) {
-	s := newTestServer(t)
-	db, ctx := s.svc.DB, context.Background()
-	expiredRecord(t, db, "old")
-	deposed, err := leader.NewTerm(ctx, db, idempotencyPurgeLeadership)
-	require.NoError(t, err)
-	current, err := leader.NewTerm(ctx, db, idempotencyPurgeLeadership) // another replica took over
-	require.NoError(t, err)
-
-	n, err := s.idem.purge(leader.WithTerm(ctx, deposed))
-	require.ErrorIs(t, err, leader.ErrDeposed)
-	require.Zero(t, n)
-	require.Equal(t, []string{"old"}, keys(t, db))
-
-	n, err = s.idem.purge(leader.WithTerm(ctx, current))
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
-	require.Empty(t, keys(t, db))
-}
-
-// Two replicas run the purge: one of them leads (one term was ever
-// started) and purges at once what is past retention, and nothing else.
-func TestTheIdempotencyPurgeRunsOnOneLeaderForAllReplicas(t *testing.T) {
-	s := newTestServer(t)
-	db, ctx := s.svc.DB, context.Background()
-	expiredRecord(t, db, "old")
-	_, err := db.Exec(ctx, `INSERT INTO idempotency_keys (org_id, route, key, request_hash) VALUES ('org-a', 'POST /v1/things', 'fresh', '\x00')`)
-	require.NoError(t, err)
-	replicas := []*idempotencyStore{s.idem, {db: db, logger: s.logger}}
-	for _, r := range replicas {
-		require.NoError(t, r.Start(ctx))
+// A record past the configured retention, not yet purged
+// (internal/retention purges it), is no longer replayed: the request runs
+// again and its response is kept afresh; a record inside it still is.
+func TestARecordPastTheConfiguredRetentionIsNotReplayed(t *testing.T) {
+	s := newTestServer(t, func(c *Config, _ *Services) { c.IdempotencyRetention = time.Hour })
+	var runs atomic.Int64
+	countingRoute(s, &runs, nil)
+	tok := token(t, "org-a", "admin")
+	first := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusCreated, first.Status)
+	age := func(d time.Duration) {
+		_, err := s.svc.DB.Exec(context.Background(), `UPDATE idempotency_keys SET created_at = now() - $1::interval`, d)
+		require.NoError(t, err)
 	}
-	require.Eventually(t, func() bool { k := keys(t, db); return len(k) == 1 && k[0] == "fresh" }, 10*time.Second, 5*time.Millisecond)
-	var terms int64
-	require.NoError(t, db.QueryRow(ctx, `SELECT term FROM leader_terms WHERE name = $1`, idempotencyPurgeLeadership).Scan(&terms))
-	require.EqualValues(t, 1, terms, "one replica led")
-	for _, r := range replicas {
-		require.NoError(t, r.Stop(ctx))
-	}
+
+	age(59 * time.Minute)
+	again := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`, "Idempotency-Key", "k1")
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"), "inside the hour: replayed")
+	age(61 * time.Minute)
+	late := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`, "Idempotency-Key", "k1")
+
+	require.Equal(t, http.StatusCreated, late.Status)
+	require.Empty(t, late.Header.Get("Idempotent-Replayed"), "past the hour: run again")
+	require.EqualValues(t, 2, runs.Load())
 }

@@ -67,6 +67,11 @@ type Config struct {
 	// InboxKeepAlive is how often an idle approvals event stream gets a
 	// keep-alive comment (default 15 s).
 	InboxKeepAlive time.Duration
+	// IdempotencyRetention is how long the first response to an
+	// Idempotency-Key is replayed (REVEILLE_IDEMPOTENCY_RETENTION; default
+	// DefaultIdempotencyRetention). internal/retention purges the records
+	// after it.
+	IdempotencyRetention time.Duration
 }
 
 // Defaults of Config's HTTP server timeouts.
@@ -96,6 +101,7 @@ func (c Config) withDefaults() Config {
 	c.ReadTimeout = cmp.Or(c.ReadTimeout, DefaultReadTimeout)
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
 	c.InboxKeepAlive = cmp.Or(c.InboxKeepAlive, DefaultInboxKeepAlive)
+	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, DefaultIdempotencyRetention)
 	return c
 }
 
@@ -159,7 +165,7 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, svc: svc, logger: cfg.Logger, auth: auth,
-		idem:       &idempotencyStore{db: svc.DB, logger: cfg.Logger},
+		idem:       &idempotencyStore{db: svc.DB, logger: cfg.Logger, retention: cfg.IdempotencyRetention},
 		bodyLimits: map[string]int64{},
 		metrics:    newHTTPMetrics(cfg.Registry),
 		limiter:    newOrgLimiter(cfg.OrgRate, cfg.OrgBurst),
@@ -337,8 +343,7 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 // Run serves until ctx is canceled, then drains in-flight requests for up to
-// ShutdownTimeout. Meanwhile it takes part in the election of the replica
-// that purges expired idempotency records.
+// ShutdownTimeout.
 func (s *Server) Run(ctx context.Context) error {
 	ln, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
@@ -356,16 +361,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		Handler: s.echo, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout, IdleTimeout: s.cfg.IdleTimeout,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
-	if err := s.idem.Start(ctx); err != nil {
-		return err
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
-		defer cancel()
-		if err := s.idem.Stop(sctx); err != nil {
-			s.logger.Warn("stopping the idempotency purge failed", "error", err.Error())
-		}
-	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

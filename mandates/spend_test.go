@@ -552,6 +552,7 @@ func TestRefundWritesTheCompensatingRowOncePerKey(t *testing.T) {
 	t.Run("RefundTx commits with the caller", func(t *testing.T) {
 		tx, err := db.Begin(ctx)
 		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }() // a failure must not leave the pool waiting on it at cleanup
 		require.NoError(t, s.RefundTx(ctx, tx, "org-a", "agent-1", "llm", 2, "", "r3"))
 		require.NoError(t, tx.Rollback(ctx))
 		require.EqualValues(t, 2, mustGet(t, s, "org-a", m).Spent)
@@ -560,6 +561,64 @@ func TestRefundWritesTheCompensatingRowOncePerKey(t *testing.T) {
 		}))
 		require.EqualValues(t, 0, mustGet(t, s, "org-a", m).Spent)
 	})
+	requireLedgerMatches(t, db)
+}
+
+// A repeated refund key refunds nothing again, whether or not spent would
+// still cover a second refund: the key, not the balance, is what stops it.
+func TestARepeatedRefundKeyLowersSpentOnceEvenWhileSpentStillCoversIt(t *testing.T) {
+	tests := []struct {
+		name      string
+		spend     int64
+		refunds   []int64 // amounts refunded under the one key, in order
+		wantSpent int64
+	}{
+		{name: "repeated while spent still covers it", spend: 10, refunds: []int64{3, 3}, wantSpent: 7},
+		{name: "repeated three times while spent covers them all", spend: 10, refunds: []int64{2, 2, 2}, wantSpent: 8},
+		{name: "repeated with another amount spent covers", spend: 10, refunds: []int64{3, 5}, wantSpent: 7},
+		{name: "repeated once spent no longer covers it", spend: 6, refunds: []int64{4, 4}, wantSpent: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, db := newTestService(t)
+			ctx := context.Background()
+			m := mustCreate(t, s, "org-a", "agent-1", "llm", 10)
+			_, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: tt.spend})
+			require.NoError(t, err)
+
+			for _, amount := range tt.refunds {
+				require.NoError(t, s.Refund(ctx, "org-a", "agent-1", "llm", amount, "work never ran", "r1"))
+			}
+
+			require.Equal(t, tt.wantSpent, mustGet(t, s, "org-a", m).Spent)
+			entries, _, err := s.Ledger(ctx, "org-a", AnyAgent, m.ID, Page{})
+			require.NoError(t, err)
+			require.Len(t, entries, 2, "one debit, one refund")
+			require.Equal(t, -tt.refunds[0], entries[1].Amount)
+			requireLedgerMatches(t, db)
+		})
+	}
+}
+
+// A refund key another org used is absent to an org: its own refund under
+// that key is decided as any other (refused when it exceeds what was
+// spent), never answered as a replay of the other org's.
+func TestAnotherOrgsRefundKeyIsAbsentToAnOrg(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	for _, org := range []string{"org-a", "org-b"} {
+		mustCreate(t, s, org, "agent-1", "llm", 10)
+	}
+	_, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 5})
+	require.NoError(t, err)
+	require.NoError(t, s.Refund(ctx, "org-a", "agent-1", "llm", 5, "", "shared"))
+
+	var inv *apperr.InvalidError
+	require.ErrorAs(t, s.Refund(ctx, "org-b", "agent-1", "llm", 5, "", "shared"), &inv, "org-b spent nothing")
+	require.Equal(t, "amount", inv.Fields[0].Field)
+	_, err = s.Spend(ctx, SpendParams{OrgID: "org-b", AgentID: "agent-1", Scope: "llm", Cost: 5})
+	require.NoError(t, err)
+	require.NoError(t, s.Refund(ctx, "org-b", "agent-1", "llm", 5, "", "shared"), "and the key is org-b's own to use")
 	requireLedgerMatches(t, db)
 }
 

@@ -127,7 +127,13 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 			return iterResult{}, fmt.Errorf("iteration commit mode: %w", err)
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
+	// Committed under its own timeout, not the leadership's context (as
+	// the fast path's statement): a commit cut off by the leadership's end
+	// may land all the same, and the work it handed to this executor would
+	// then sit claimed and unrun until the heartbeat timeout recovered it.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
 		return iterResult{}, fmt.Errorf("commit iteration: %w", err)
 	}
 	l.gen = it.gen

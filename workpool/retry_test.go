@@ -95,11 +95,14 @@ func TestRetry_TheDelayAtTheLimitsIsScheduledAndNeverExceeds24h(t *testing.T) {
 
 // Retry jitter is real: items of one policy that fail in the same
 // iteration are scheduled apart (a herd retried at one instant stays a
-// herd), each within [0.5, 1.5) of the policy's delay.
+// herd), each within [0.5, 1.5) of the policy's delay, and spread over
+// that whole range: some fall in its lowest quarter, some in its highest
+// (a factor narrowed to ±25 % would put none there; with 64 items a
+// correct factor misses one of them with odds of about 2·0.75^64 ≈ 10^-8).
 func TestRetry_ItemsFailingTogetherAreRetriedAtDifferentTimes(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
-	const n = 8
+	const n = 64
+	h := newHarness(t, withMaxParallelism(n)) // all of them start in one iteration, and fail together
 	ids := make([]uuid.UUID, n)
 	for i := range ids {
 		ids[i] = h.enqueue(withRetry(3, 60_000, 2))
@@ -112,6 +115,7 @@ func TestRetry_ItemsFailingTogetherAreRetriedAtDifferentTimes(t *testing.T) {
 	h.runMain()
 
 	seen := map[time.Time]bool{}
+	lowest, highest := 90*time.Second, time.Duration(0)
 	for _, id := range ids {
 		var runAt time.Time
 		require.NoError(t, h.db.QueryRow(h.ctx, `SELECT run_at FROM workpool_work WHERE id = $1 AND state = 'pending'`, id).Scan(&runAt))
@@ -119,8 +123,11 @@ func TestRetry_ItemsFailingTogetherAreRetriedAtDifferentTimes(t *testing.T) {
 		require.GreaterOrEqual(t, delay, 30*time.Second-time.Microsecond)
 		require.Less(t, delay, 90*time.Second+time.Microsecond)
 		seen[runAt] = true
+		lowest, highest = min(lowest, delay), max(highest, delay)
 	}
 	require.Greater(t, len(seen), n/2, "jitter spreads the retries of one policy")
+	require.Less(t, lowest, 45*time.Second, "some retries come in the lowest quarter of [0.5, 1.5) × 60 s")
+	require.Greater(t, highest, 75*time.Second, "and some in the highest")
 }
 
 // The Go spellings of the bounds agree with the SQL ones, and the exponent

@@ -16,6 +16,7 @@ import (
 
 	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/approvals"
+	"github.com/reveille/reveille/internal/retention"
 	"github.com/reveille/reveille/internal/service"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/queue"
@@ -66,6 +67,40 @@ type settings struct {
 	APIURL         string         // REVEILLE_API_URL: the engine the demo talks to
 	WebhookPool    string         // REVEILLE_WEBHOOK_POOL: the pool approval webhooks are delivered on
 	PublicURL      string         // REVEILLE_PUBLIC_URL: the engine as people reach it (Slack messages link to its /inbox)
+	Retention      retentionSettings
+}
+
+// retentionSettings are how long each table's settled rows are kept
+// (internal/retention) and how often they are purged.
+type retentionSettings struct {
+	IdempotencyRecords time.Duration // REVEILLE_IDEMPOTENCY_RETENTION
+	SpendKeys          time.Duration // REVEILLE_SPEND_KEY_RETENTION
+	MandateApprovals   time.Duration // REVEILLE_MANDATE_APPROVAL_RETENTION
+	Wakeups            time.Duration // REVEILLE_WAKEUP_RETENTION
+	ToolApprovals      time.Duration // REVEILLE_TOOL_APPROVAL_RETENTION
+	QueueMessages      time.Duration // REVEILLE_QUEUE_RETENTION
+	SessionEvents      time.Duration // REVEILLE_SESSION_EVENT_RETENTION
+	Interval           time.Duration // REVEILLE_RETENTION_INTERVAL
+}
+
+func envRetention(errs *[]error) retentionSettings {
+	return retentionSettings{
+		IdempotencyRecords: envDuration("REVEILLE_IDEMPOTENCY_RETENTION", api.DefaultIdempotencyRetention, errs),
+		SpendKeys:          envDuration("REVEILLE_SPEND_KEY_RETENTION", retention.DefaultSpendKeys, errs),
+		MandateApprovals:   envDuration("REVEILLE_MANDATE_APPROVAL_RETENTION", retention.DefaultSettled, errs),
+		Wakeups:            envDuration("REVEILLE_WAKEUP_RETENTION", retention.DefaultSettled, errs),
+		ToolApprovals:      envDuration("REVEILLE_TOOL_APPROVAL_RETENTION", retention.DefaultSettled, errs),
+		QueueMessages:      envDuration("REVEILLE_QUEUE_RETENTION", retention.DefaultSettled, errs),
+		SessionEvents:      envDuration("REVEILLE_SESSION_EVENT_RETENTION", retention.DefaultSettled, errs),
+		Interval:           envDuration("REVEILLE_RETENTION_INTERVAL", retention.DefaultInterval, errs),
+	}
+}
+
+// config is the purge's part of the settings (the API's records' window
+// is the API's: serviceConfig passes it there).
+func (r retentionSettings) config() retention.Config {
+	return retention.Config{SpendKeys: r.SpendKeys, MandateApprovals: r.MandateApprovals, Wakeups: r.Wakeups,
+		ToolApprovals: r.ToolApprovals, QueueMessages: r.QueueMessages, SessionEvents: r.SessionEvents, Interval: r.Interval}
 }
 
 // envConfig reads settings from the environment — the one place in the
@@ -109,6 +144,7 @@ func envConfig() (settings, error) {
 	s.Worker = envBool("REVEILLE_WORKER", false, &errs)
 	s.Pools = envPools("REVEILLE_POOLS", workpool.DefaultPools, &errs)
 	s.OrgMaxPending = envCap("REVEILLE_ORG_MAX_PENDING", workpool.DefaultMaxPendingPerOrg, &errs)
+	s.Retention = envRetention(&errs)
 	if s.StreamChunk > s.StreamRequest {
 		errs = append(errs, fmt.Errorf("REVEILLE_STREAM_MAX_CHUNK=%d exceeds REVEILLE_STREAM_MAX_REQUEST=%d: a chunk must fit in a request", s.StreamChunk, s.StreamRequest))
 	}
@@ -139,7 +175,7 @@ func (s settings) serviceConfig(logger *slog.Logger) service.Config {
 	c := service.Config{
 		DatabaseURL: s.DatabaseURL, TemporalAddress: s.TemporalAddr, Namespace: s.Namespace,
 		API: api.Config{Addr: s.Addr, MaxBody: s.MaxBody, ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout,
-			IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate, Auth: s.authConfig()},
+			IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate, Auth: s.authConfig(), IdempotencyRetention: s.Retention.IdempotencyRecords},
 		Workpool:      s.workpoolConfig(),
 		HTTPWork:      httpwork.Config{AllowedHosts: s.HTTPAllowed, AllowedNets: s.HTTPNets},
 		Mandates:      mandates.Config{ApprovalTTL: s.ApprovalTTL},
@@ -147,6 +183,7 @@ func (s settings) serviceConfig(logger *slog.Logger) service.Config {
 		Approvals:     approvals.Config{TTL: s.ToolTTL},
 		Webhooks:      webhooks.Config{Pool: s.WebhookPool, PublicURL: s.PublicURL},
 		Dispatcher:    queue.DispatcherConfig{NotFoundGrace: s.NotFoundGrace},
+		Retention:     s.Retention.config(),
 		ShutdownGrace: s.ShutdownGrace,
 		Version:       version,
 		Logger:        logger,

@@ -19,6 +19,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/internal/retention"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/workpool"
 	"github.com/reveille/reveille/workpool/httpwork"
@@ -171,6 +172,28 @@ func TestEnvConfigHandsTheStreamsTheirTypedConfig(t *testing.T) {
 	require.Equal(t, streams.Config{MaxChunk: 2048, MaxRequest: 4096, MaxChunksPerRequest: 20, Retention: 48 * time.Hour}, s.streamsConfig())
 }
 
+func TestEnvConfigHandsTheRetentionItsTypedConfigAndTheAPIItsWindow(t *testing.T) {
+	clearEnv(t)
+	s, err := envConfig()
+	require.NoError(t, err)
+	week := 7 * 24 * time.Hour
+	require.Equal(t, retention.Config{SpendKeys: 24 * time.Hour, MandateApprovals: week, Wakeups: week, ToolApprovals: week,
+		QueueMessages: week, SessionEvents: week, Interval: 10 * time.Minute}, s.serviceConfig(nil).Retention, "the README's defaults")
+	require.Equal(t, 24*time.Hour, s.serviceConfig(nil).API.IdempotencyRetention)
+
+	for name, v := range map[string]string{"REVEILLE_IDEMPOTENCY_RETENTION": "36h", "REVEILLE_SPEND_KEY_RETENTION": "48h",
+		"REVEILLE_MANDATE_APPROVAL_RETENTION": "1h", "REVEILLE_WAKEUP_RETENTION": "2h", "REVEILLE_TOOL_APPROVAL_RETENTION": "3h",
+		"REVEILLE_QUEUE_RETENTION": "4h", "REVEILLE_SESSION_EVENT_RETENTION": "5h", "REVEILLE_RETENTION_INTERVAL": "1m"} {
+		t.Setenv(name, v)
+	}
+	s, err = envConfig()
+	require.NoError(t, err)
+	require.Equal(t, retention.Config{SpendKeys: 48 * time.Hour, MandateApprovals: time.Hour, Wakeups: 2 * time.Hour,
+		ToolApprovals: 3 * time.Hour, QueueMessages: 4 * time.Hour, SessionEvents: 5 * time.Hour, Interval: time.Minute},
+		s.serviceConfig(nil).Retention)
+	require.Equal(t, 36*time.Hour, s.serviceConfig(nil).API.IdempotencyRetention)
+}
+
 // Every malformed value stops the service at start with an error that
 // names the variable and the value.
 func TestEnvConfigNamesTheMalformedVariable(t *testing.T) {
@@ -190,6 +213,8 @@ func TestEnvConfigNamesTheMalformedVariable(t *testing.T) {
 		{"REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST", "0", "REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST"},
 		{"REVEILLE_STREAM_MAX_CHUNK", "9999999999", "REVEILLE_STREAM_MAX_CHUNK=9999999999 exceeds REVEILLE_STREAM_MAX_REQUEST"},
 		{"REVEILLE_WORKER", "yes please", "REVEILLE_WORKER"},
+		{"REVEILLE_WAKEUP_RETENTION", "a week", `REVEILLE_WAKEUP_RETENTION="a week"`},
+		{"REVEILLE_IDEMPOTENCY_RETENTION", "0s", "REVEILLE_IDEMPOTENCY_RETENTION"},
 	} {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
 			clearEnv(t)

@@ -29,6 +29,7 @@ import (
 	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/gauges"
+	"github.com/reveille/reveille/internal/retention"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/migrations"
 	"github.com/reveille/reveille/queue"
@@ -69,6 +70,10 @@ type Config struct {
 	// Webhooks configures the approval webhooks (their CheckURL is the
 	// HTTPWork allow-list's, set here).
 	Webhooks webhooks.Config
+	// Retention purges old rows (internal/retention). Its
+	// IdempotencyRecords is ignored: the purge keeps the API's records for
+	// API.IdempotencyRetention, the window the API replays them in.
+	Retention retention.Config
 	// Dispatcher sends the queued signals through the Temporal client.
 	Dispatcher queue.DispatcherConfig
 	// WrapSignaler, when set, wraps the Temporal client as the dispatcher
@@ -156,6 +161,7 @@ type Service struct {
 	inbox      *inbox.Log
 	webhooks   *webhooks.Store
 	dispatcher *queue.Dispatcher
+	retention  *retention.Purger
 	api        *api.Server
 	// parts are the background loops, in start order.
 	parts []part
@@ -298,6 +304,13 @@ func (s *Service) buildDomain() error {
 	approvalsCfg.Inbox = s.inbox
 	s.approvals = approvals.New(s.db, approvalsCfg)
 
+	retentionCfg := c.Retention
+	retentionCfg.Logger, retentionCfg.Registry = logger, reg
+	retentionCfg.IdempotencyRecords = cmp.Or(c.API.IdempotencyRetention, api.DefaultIdempotencyRetention)
+	if s.retention, err = retention.New(s.db, retentionCfg); err != nil {
+		return err
+	}
+
 	s.parts = []part{
 		{name: "approvals inbox", c: s.inbox},
 		{name: "workpool", c: s.workpool},
@@ -305,6 +318,7 @@ func (s *Service) buildDomain() error {
 		{name: "streams", c: s.streams},
 		{name: "wakeup", c: s.wakeups},
 		{name: "approvals", c: s.approvals},
+		{name: "retention", c: s.retention},
 		{name: "signal dispatcher", c: s.dispatcher, stopLast: true},
 		// On every replica: see package gauges for why not the leader only.
 		{name: "gauges", c: gauges.New(s.db, gauges.Config{Period: c.GaugePeriod, Logger: logger, Registry: reg})},

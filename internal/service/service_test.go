@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -237,4 +238,41 @@ func TestShutdownGraceLetsRunningWorkFinish(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, workpool.StateFinished, st.State, "finished during the drain, not handed back")
 	require.Equal(t, workpool.OutcomeSucceeded, st.Outcome)
+}
+
+// The retention loop is one of the service's parts, and purges the API's
+// Idempotency-Key records past the API's own window (the API no longer
+// runs a purge of its own).
+func TestRunPurgesIdempotencyRecordsPastTheAPIsWindow(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	cfg.API.IdempotencyRetention = time.Hour
+	svc, err := service.New(ctx, cfg)
+	require.NoError(t, err)
+	_, err = svc.DB().Exec(ctx, `INSERT INTO idempotency_keys (org_id, route, key, request_hash, created_at)
+		VALUES ('o', 'POST /v1/x', 'past', '\x00', now() - interval '61 minutes'),
+		       ('o', 'POST /v1/x', 'inside', '\x00', now() - interval '59 minutes')`)
+	require.NoError(t, err)
+	addr := run(t, svc)
+
+	require.Eventually(t, func() bool {
+		var left []string
+		rows, err := svc.DB().Query(ctx, `SELECT key FROM idempotency_keys`)
+		if err != nil {
+			return false
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k string
+			_ = rows.Scan(&k)
+			left = append(left, k)
+		}
+		return len(left) == 1 && left[0] == "inside"
+	}, 30*time.Second, 10*time.Millisecond)
+	res, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	require.Contains(t, string(body), `reveille_retention_purged_total{table="idempotency_keys"} 1`)
 }

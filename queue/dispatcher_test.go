@@ -1,0 +1,129 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/api/serviceerror"
+
+	"github.com/reveille/reveille/internal/testkit"
+)
+
+// What Temporal's answer to a signal means: NotFound is not final — the
+// workflow may be about to start — the request's own faults are, and
+// anything else is worth a retry.
+func TestClassifyTellsWhatEachSignalErrorMeans(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want sendKind
+	}{
+		{"accepted", nil, sendOK},
+		{"workflow not found: perhaps not started yet", serviceerror.NewNotFound("workflow execution not found"), sendNotFound},
+		{"workflow not found, wrapped", fmt.Errorf("signal: %w", serviceerror.NewNotFound("gone")), sendNotFound},
+		{"invalid argument", serviceerror.NewInvalidArgument("bad signal name"), sendPermanent},
+		{"permission denied", serviceerror.NewPermissionDenied("no", ""), sendPermanent},
+		{"permission denied, wrapped", fmt.Errorf("signal: %w", serviceerror.NewPermissionDenied("no", "")), sendPermanent},
+		{"unavailable", serviceerror.NewUnavailable("frontend down"), sendTransient},
+		{"resource exhausted", serviceerror.NewResourceExhausted(0, "busy"), sendTransient},
+		{"server deadline", serviceerror.NewDeadlineExceeded("slow"), sendTransient},
+		{"our own send timeout", context.DeadlineExceeded, sendTransient},
+		{"canceled at shutdown", context.Canceled, sendTransient},
+		{"connection reset", errors.New("read: connection reset by peer"), sendTransient},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, classify(tt.err))
+		})
+	}
+}
+
+// Settling NotFound answers: the message stays pending, counting its
+// grace from the first NotFound, until the grace has passed; only then
+// does it fail. A NotFound classified final would fail it at once.
+func TestANotFoundSignalIsRetriedUntilItsGraceHasPassed(t *testing.T) {
+	const grace = time.Minute
+	notFound := serviceerror.NewNotFound("workflow execution not found")
+	tests := []struct {
+		name          string
+		firstNotFound time.Duration // how long ago the first NotFound came (0: this is the first)
+		wantStatus    string
+	}{
+		{name: "the first NotFound", firstNotFound: 0, wantStatus: StatusPending},
+		{name: "inside the grace", firstNotFound: grace - 5*time.Second, wantStatus: StatusPending},
+		{name: "past the grace", firstNotFound: grace + 5*time.Second, wantStatus: StatusFailed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			db := testkit.NewPool(t)
+			ctx := context.Background()
+			d := NewDispatcher(db, nil, DispatcherConfig{NotFoundGrace: grace, Logger: testkit.Logger(t)})
+			m, _, err := Enqueue(ctx, db, signalParams("o/wf"))
+			require.NoError(t, err)
+			msgs, err := d.claim(ctx, 10)
+			require.NoError(t, err)
+			require.Len(t, msgs, 1)
+			r := sendResult{id: m.ID, err: notFound, attempts: msgs[0].Attempts}
+			if tt.firstNotFound > 0 {
+				since := time.Now().Add(-tt.firstNotFound)
+				r.notFoundSince = &since
+			}
+
+			require.NoError(t, d.settle(ctx, msgs, []sendResult{r}))
+
+			got, err := Get(ctx, db, "o", m.ID)
+			require.NoError(t, err)
+			require.Equal(t, tt.wantStatus, got.Status, got.LastError)
+			if tt.wantStatus == StatusPending {
+				var since *time.Time
+				require.NoError(t, db.QueryRow(ctx, `SELECT not_found_since FROM queue_messages WHERE id = $1`, m.ID).Scan(&since))
+				require.NotNil(t, since, "the grace is counted from the first NotFound")
+				if r.notFoundSince != nil {
+					require.WithinDuration(t, *r.notFoundSince, *since, time.Millisecond, "and kept across retries")
+				}
+			}
+		})
+	}
+}
+
+// startingWorkflow answers NotFound until the workflow has "started" (after
+// a number of calls), then accepts: a signal sent just before its workflow
+// starts.
+type startingWorkflow struct {
+	mu       sync.Mutex
+	notFound int // NotFound answers left
+	accepted int
+}
+
+func (s *startingWorkflow) SignalWorkflow(context.Context, string, string, string, any) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.notFound > 0 {
+		s.notFound--
+		return serviceerror.NewNotFound("workflow execution not found")
+	}
+	s.accepted++
+	return nil
+}
+
+// A signal to a workflow that starts moments after it is queued is
+// delivered once the workflow exists, by the running dispatcher.
+func TestASignalToAWorkflowAboutToStartIsDeliveredWithinTheGrace(t *testing.T) {
+	db := testkit.NewPool(t)
+	wf := &startingWorkflow{notFound: 3}
+	startDispatcher(t, db, wf, DispatcherConfig{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	_, _, err := Enqueue(context.Background(), db, signalParams("o/starting"))
+	require.NoError(t, err)
+
+	m := requireDelivered(t, db, "o/starting")
+
+	require.Equal(t, 4, m.Attempts, "three NotFound answers, then the delivery")
+	wf.mu.Lock()
+	defer wf.mu.Unlock()
+	require.Equal(t, 1, wf.accepted)
+}
