@@ -21,11 +21,19 @@ import (
 const DefaultIdempotencyRetention = 24 * time.Hour
 
 const (
+	// idempotencyRunLimit bounds the first request under a key: its handler
+	// runs under this deadline, so a claim older than it plus the time its
+	// record may take to write (idempotencyRecordLimit) has no live request
+	// behind it.
+	idempotencyRunLimit    = 30 * time.Second
+	idempotencyRecordLimit = 10 * time.Second
 	// idempotencyAbandoned is when an in-flight claim is considered dead (its
 	// replica crashed mid-request) and a retry may take it over.
-	idempotencyAbandoned = 2 * time.Minute
+	idempotencyAbandoned = idempotencyRunLimit + idempotencyRecordLimit + 5*time.Second
 	// idempotencyWait bounds how long a concurrent duplicate waits for the
-	// first request to finish.
+	// first request to finish. It outlasts idempotencyAbandoned, so a retry
+	// behind a crashed replica's claim takes it over within one wait
+	// instead of being told 409.
 	idempotencyWait   = 60 * time.Second
 	maxIdempotencyKey = 255
 )
@@ -176,12 +184,16 @@ func (s *idempotencyStore) claim(ctx context.Context, org, route, key string, ha
 func (s *idempotencyStore) runFirst(c echo.Context, next echo.HandlerFunc, org, route, key string, claimedAt time.Time) error {
 	rec := &recorder{ResponseWriter: c.Response().Writer}
 	c.Response().Writer = rec
+	req := c.Request()
+	runCtx, cancelRun := context.WithTimeout(req.Context(), idempotencyRunLimit)
+	defer cancelRun()
+	c.SetRequest(req.WithContext(runCtx))
 	err := next(c)
 	if err != nil {
 		c.Error(err) // write the problem now, so it is recorded
 	}
 	// The request context may be canceled by now; the record must be written.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), idempotencyRecordLimit)
 	defer cancel()
 	status := c.Response().Status
 	if !keptUnderKey(status) || !c.Response().Committed {

@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -101,7 +103,7 @@ func TestConcurrentDuplicatesRunTheHandlerOnce(t *testing.T) {
 	}
 }
 
-// A request that outlives its claim (abandoned after two minutes, then
+// A request that outlives its claim (abandoned after idempotencyAbandoned, then
 // taken over by a retry) keeps nothing when it ends: the retry's response
 // is the one replayed.
 func TestARequestWhoseClaimWasTakenOverDoesNotOverwriteTheNewOne(t *testing.T) {
@@ -188,4 +190,37 @@ func TestARecordPastTheConfiguredRetentionIsNotReplayed(t *testing.T) {
 	require.Equal(t, http.StatusCreated, late.Status)
 	require.Empty(t, late.Header.Get("Idempotent-Replayed"), "past the hour: run again")
 	require.EqualValues(t, 2, runs.Load())
+}
+
+// A replica that crashed mid-request leaves its claim in flight. A retry
+// under the same key waits, and takes the claim over as soon as it is
+// idempotencyAbandoned old — within one wait, not a 409 — because the
+// first request's handler ran under idempotencyRunLimit: no live request
+// is that old.
+func TestARetryBehindACrashedReplicasClaimIsServedWithinOneWait(t *testing.T) {
+	s := newTestServer(t)
+	var deadline atomic.Value
+	s.Echo().POST("/v1/test/crash", func(c echo.Context) error {
+		d, _ := c.Request().Context().Deadline()
+		deadline.Store(d)
+		return c.JSON(http.StatusCreated, map[string]any{"ok": true})
+	}, s.auth.middleware, s.idempotent())
+	tok := token(t, "org-a", "admin")
+	// The crashed request's claim: body {} under key k, never completed,
+	// a second short of abandoned.
+	sum := sha256.Sum256([]byte(`{}`))
+	_, err := s.svc.DB.Exec(context.Background(), `
+		INSERT INTO idempotency_keys (org_id, route, key, request_hash, created_at)
+		VALUES ('org-a', $1, 'k', $2, now() - $3::interval)`,
+		`sub "user-org-a" POST /v1/test/crash`, sum[:], fmt.Sprintf("%d milliseconds", (idempotencyAbandoned-time.Second).Milliseconds()))
+	require.NoError(t, err)
+
+	retry := do(t, s.Handler(), "POST", "/v1/test/crash", tok, `{}`, "Idempotency-Key", "k")
+
+	require.Equal(t, http.StatusCreated, retry.Status, "the dead claim is taken over: %s", retry.Body)
+	d, _ := deadline.Load().(time.Time)
+	require.False(t, d.IsZero(), "the first request runs under a deadline")
+	require.WithinDuration(t, time.Now().Add(idempotencyRunLimit), d, idempotencyRunLimit/2)
+	require.Less(t, idempotencyRunLimit+idempotencyRecordLimit, idempotencyAbandoned, "no live request is abandoned")
+	require.Less(t, idempotencyAbandoned, idempotencyWait, "a waiter outlasts a dead claim")
 }

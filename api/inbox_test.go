@@ -368,12 +368,10 @@ func TestApprovalEventsStartWithResetWhenTheResumePointWasPruned(t *testing.T) {
 	for range 4 {
 		f.overrun(t, f.agent, 1)
 	}
-	// Events 1 and 2 are past retention.
-	_, err := f.s.svc.DB.Exec(context.Background(), `UPDATE approval_events SET created_at = now() - interval '30 days' WHERE seq <= 2`)
+	// Events 1 and 2 were purged past their retention (internal/retention).
+	tag, err := f.s.svc.DB.Exec(context.Background(), `DELETE FROM approval_events WHERE seq <= 2`)
 	require.NoError(t, err)
-	n, err := f.s.svc.Inbox.Prune(context.Background(), time.Now().Add(-24*time.Hour))
-	require.NoError(t, err)
-	require.EqualValues(t, 2, n)
+	require.EqualValues(t, 2, tag.RowsAffected())
 
 	tests := []struct {
 		after     string

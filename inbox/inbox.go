@@ -12,10 +12,8 @@
 package inbox
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -25,7 +23,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/reveille/reveille/internal/db"
-	"github.com/reveille/reveille/internal/leader"
 )
 
 // Event types.
@@ -59,21 +56,11 @@ type Event struct {
 
 // Config configures the log. Zero values take the defaults noted.
 type Config struct {
-	// Retention is how long events are kept (default 7 days); a reader
-	// resuming from before what is kept is told to reload (Window).
-	Retention time.Duration
-	// PruneInterval is how often the leader prunes (default 1 min).
-	PruneInterval time.Duration
-	// LeaderRetry is how often a standby tries to become the pruner's
-	// leader (default: the elector's).
-	LeaderRetry time.Duration
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
-	c.Retention = cmp.Or(c.Retention, 7*24*time.Hour)
-	c.PruneInterval = cmp.Or(c.PruneInterval, time.Minute)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -90,8 +77,6 @@ type Log struct {
 	// what it writes commits with the event, and its error rolls the state
 	// change back. Set it before the log is used.
 	OnAppend func(ctx context.Context, q db.Querier, ev Event) error
-
-	pruner leader.Background
 }
 
 // New returns the log.
@@ -100,30 +85,14 @@ func New(pool *pgxpool.Pool, cfg Config) *Log {
 	return &Log{db: pool, cfg: cfg, hub: newHub(pool, cfg.Logger)}
 }
 
-// PrunerLeadership names the retention pruner's leadership.
-const PrunerLeadership = "inbox.pruner"
+// Start starts the hub: it LISTENs before Start returns. Old events are
+// purged by internal/retention (REVEILLE_APPROVAL_EVENT_RETENTION); a
+// reader resuming from before what is kept is told to reload (Window).
+func (l *Log) Start(ctx context.Context) error { return l.hub.Start(ctx) }
 
-// Start starts the hub (it LISTENs before Start returns) and the retention
-// pruner (on whichever replica leads it). It starts once.
-func (l *Log) Start(ctx context.Context) error {
-	if err := l.hub.Start(ctx); err != nil {
-		return err
-	}
-	el := &leader.Elector{DB: l.db, Name: PrunerLeadership, Retry: l.cfg.LeaderRetry, Logger: l.cfg.Logger}
-	prune := func(ctx context.Context) error { _, err := l.Prune(ctx, time.Now().Add(-l.cfg.Retention)); return err }
-	logFailure := func(err error) { l.cfg.Logger.Warn("pruning approval events failed", "error", err.Error()) }
-	if err := l.pruner.Start(ctx, el, leader.Every(l.cfg.PruneInterval, prune, logFailure)); err != nil {
-		_ = l.hub.Stop(ctx)
-		return err
-	}
-	return nil
-}
-
-// Stop stops the pruner and the hub, which ends every subscription.
-// Stopping twice, or without Start, is safe.
-func (l *Log) Stop(ctx context.Context) error {
-	return errors.Join(l.pruner.Stop(ctx), l.hub.Stop(ctx))
-}
+// Stop stops the hub, which ends every subscription. Stopping twice, or
+// without Start, is safe.
+func (l *Log) Stop(ctx context.Context) error { return l.hub.Stop(ctx) }
 
 // Append appends ev to its org's log in the caller's transaction q and
 // returns it with Seq and At filled; OnAppend then runs in the same
@@ -185,16 +154,6 @@ func (l *Log) After(ctx context.Context, orgID string, after int64, limit int) (
 		return nil, fmt.Errorf("reading approval events: %w", err)
 	}
 	return events, nil
-}
-
-// Prune deletes events created before cutoff, across orgs (the counters
-// stay: seq never restarts), and returns how many it deleted.
-func (l *Log) Prune(ctx context.Context, cutoff time.Time) (int64, error) {
-	tag, err := l.db.Exec(ctx, qPrune, cutoff)
-	if err != nil {
-		return 0, fmt.Errorf("pruning approval events: %w", err)
-	}
-	return tag.RowsAffected(), nil
 }
 
 // Subscribe registers interest in the org's new events. Subscribe before

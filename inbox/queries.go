@@ -35,5 +35,3 @@ const qAfter = `
 SELECT seq, type, kind, approval_id, payload, created_at FROM approval_events
  WHERE org_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`
 
-// qPrune: $1 cutoff.
-const qPrune = `DELETE FROM approval_events WHERE created_at < $1`

@@ -80,6 +80,7 @@ type retentionSettings struct {
 	ToolApprovals      time.Duration // REVEILLE_TOOL_APPROVAL_RETENTION
 	QueueMessages      time.Duration // REVEILLE_QUEUE_RETENTION
 	SessionEvents      time.Duration // REVEILLE_SESSION_EVENT_RETENTION
+	ApprovalEvents     time.Duration // REVEILLE_APPROVAL_EVENT_RETENTION
 	Interval           time.Duration // REVEILLE_RETENTION_INTERVAL
 }
 
@@ -92,6 +93,7 @@ func envRetention(errs *[]error) retentionSettings {
 		ToolApprovals:      envDuration("REVEILLE_TOOL_APPROVAL_RETENTION", retention.DefaultSettled, errs),
 		QueueMessages:      envDuration("REVEILLE_QUEUE_RETENTION", retention.DefaultSettled, errs),
 		SessionEvents:      envDuration("REVEILLE_SESSION_EVENT_RETENTION", retention.DefaultSettled, errs),
+		ApprovalEvents:     envDuration("REVEILLE_APPROVAL_EVENT_RETENTION", retention.DefaultSettled, errs),
 		Interval:           envDuration("REVEILLE_RETENTION_INTERVAL", retention.DefaultInterval, errs),
 	}
 }
@@ -100,7 +102,8 @@ func envRetention(errs *[]error) retentionSettings {
 // is the API's: serviceConfig passes it there).
 func (r retentionSettings) config() retention.Config {
 	return retention.Config{SpendKeys: r.SpendKeys, MandateApprovals: r.MandateApprovals, Wakeups: r.Wakeups,
-		ToolApprovals: r.ToolApprovals, QueueMessages: r.QueueMessages, SessionEvents: r.SessionEvents, Interval: r.Interval}
+		ToolApprovals: r.ToolApprovals, QueueMessages: r.QueueMessages, SessionEvents: r.SessionEvents,
+		ApprovalEvents: r.ApprovalEvents, Interval: r.Interval}
 }
 
 // envConfig reads settings from the environment — the one place in the

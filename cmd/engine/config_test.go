@@ -178,18 +178,18 @@ func TestEnvConfigHandsTheRetentionItsTypedConfigAndTheAPIItsWindow(t *testing.T
 	require.NoError(t, err)
 	week := 7 * 24 * time.Hour
 	require.Equal(t, retention.Config{SpendKeys: 24 * time.Hour, MandateApprovals: week, Wakeups: week, ToolApprovals: week,
-		QueueMessages: week, SessionEvents: week, Interval: 10 * time.Minute}, s.serviceConfig(nil).Retention, "the README's defaults")
+		QueueMessages: week, SessionEvents: week, ApprovalEvents: week, Interval: 10 * time.Minute}, s.serviceConfig(nil).Retention, "the README's defaults")
 	require.Equal(t, 24*time.Hour, s.serviceConfig(nil).API.IdempotencyRetention)
 
 	for name, v := range map[string]string{"REVEILLE_IDEMPOTENCY_RETENTION": "36h", "REVEILLE_SPEND_KEY_RETENTION": "48h",
 		"REVEILLE_MANDATE_APPROVAL_RETENTION": "1h", "REVEILLE_WAKEUP_RETENTION": "2h", "REVEILLE_TOOL_APPROVAL_RETENTION": "3h",
-		"REVEILLE_QUEUE_RETENTION": "4h", "REVEILLE_SESSION_EVENT_RETENTION": "5h", "REVEILLE_RETENTION_INTERVAL": "1m"} {
+		"REVEILLE_QUEUE_RETENTION": "4h", "REVEILLE_SESSION_EVENT_RETENTION": "5h", "REVEILLE_APPROVAL_EVENT_RETENTION": "6h", "REVEILLE_RETENTION_INTERVAL": "1m"} {
 		t.Setenv(name, v)
 	}
 	s, err = envConfig()
 	require.NoError(t, err)
 	require.Equal(t, retention.Config{SpendKeys: 48 * time.Hour, MandateApprovals: time.Hour, Wakeups: 2 * time.Hour,
-		ToolApprovals: 3 * time.Hour, QueueMessages: 4 * time.Hour, SessionEvents: 5 * time.Hour, Interval: time.Minute},
+		ToolApprovals: 3 * time.Hour, QueueMessages: 4 * time.Hour, SessionEvents: 5 * time.Hour, ApprovalEvents: 6 * time.Hour, Interval: time.Minute},
 		s.serviceConfig(nil).Retention)
 	require.Equal(t, 36*time.Hour, s.serviceConfig(nil).API.IdempotencyRetention)
 }

@@ -100,6 +100,7 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_TOOL_APPROVAL_RETENTION how long a decided tool call is kept (default 168h; at least the idempotency retention)
   REVEILLE_QUEUE_RETENTION      how long a delivered or undeliverable signal is kept (default 168h; as long as its wake-up or tool call at least)
   REVEILLE_SESSION_EVENT_RETENTION how long a session event is kept, once the session has no call pending (default 168h)
+  REVEILLE_APPROVAL_EVENT_RETENTION how long an approvals inbox event is kept for readers resuming the stream (default 168h)
   REVEILLE_RETENTION_INTERVAL   how often the leader purges rows past their retention (default 10m)
   REVEILLE_WORKER               run the reference workflow's Temporal worker (default false; dev: true)
   REVEILLE_LOG_LEVEL            debug, info, warn or error (default info)

@@ -89,3 +89,12 @@ DELETE FROM session_events WHERE ctid = ANY(ARRAY(
      AND NOT EXISTS (SELECT 1 FROM tool_approvals a
                       WHERE a.org_id = e.org_id AND a.session_id = e.session_id AND a.status = 'pending')
    LIMIT $2 FOR UPDATE OF e SKIP LOCKED))`
+
+// qPurgeApprovalEvents deletes old approvals inbox events. The per-org
+// counters stay, so seq never restarts; a reader resuming from a purged
+// seq is sent a reset (inbox.Log.Window).
+const qPurgeApprovalEvents = `
+DELETE FROM approval_events WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM approval_events
+   WHERE created_at < $1
+   LIMIT $2 FOR UPDATE SKIP LOCKED))`

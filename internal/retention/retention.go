@@ -67,6 +67,10 @@ type Config struct {
 	// SessionEvents keeps tool-approval session events, of sessions with
 	// no call pending (REVEILLE_SESSION_EVENT_RETENTION; 7 days).
 	SessionEvents time.Duration
+	// ApprovalEvents keeps the approvals inbox's events (package inbox); a
+	// reader resuming from before what is kept is told to reload
+	// (REVEILLE_APPROVAL_EVENT_RETENTION; 7 days).
+	ApprovalEvents time.Duration
 
 	// Interval is how often the leader purges (REVEILLE_RETENTION_INTERVAL;
 	// default 10 min).
@@ -96,6 +100,7 @@ func (c Config) WithDefaults() Config {
 	c.ToolApprovals = cmp.Or(c.ToolApprovals, DefaultSettled)
 	c.QueueMessages = cmp.Or(c.QueueMessages, DefaultSettled)
 	c.SessionEvents = cmp.Or(c.SessionEvents, DefaultSettled)
+	c.ApprovalEvents = cmp.Or(c.ApprovalEvents, DefaultSettled)
 	c.Interval = cmp.Or(c.Interval, DefaultInterval)
 	c.Batch = cmp.Or(c.Batch, DefaultBatch)
 	c.Pause = cmp.Or(c.Pause, DefaultPause)
@@ -110,7 +115,7 @@ func (c Config) WithDefaults() Config {
 
 func (c Config) validate() error {
 	for _, d := range []time.Duration{c.IdempotencyRecords, c.SpendKeys, c.MandateApprovals, c.Wakeups, c.ToolApprovals,
-		c.QueueMessages, c.SessionEvents, c.Interval, c.Pause, c.LeaderRetry} {
+		c.QueueMessages, c.SessionEvents, c.ApprovalEvents, c.Interval, c.Pause, c.LeaderRetry} {
 		if d < 0 {
 			return errors.New("retention: durations must not be negative")
 		}
@@ -142,6 +147,7 @@ func (c Config) Tables() []Table {
 		{Name: "tool_approvals", Keep: keyed(c.ToolApprovals), SQL: qPurgeToolApprovals},
 		{Name: "queue_messages", Keep: c.QueueMessages, SQL: qPurgeQueueMessages},
 		{Name: "session_events", Keep: c.SessionEvents, SQL: qPurgeSessionEvents},
+		{Name: "approval_events", Keep: c.ApprovalEvents, SQL: qPurgeApprovalEvents},
 	}
 }
 

@@ -278,6 +278,18 @@ func TestAPassPurgesOnlyWhatIsPastRetentionAndNoLongerNeeded(t *testing.T) {
 			left: []left{{"session_events", "session_id = 'idle'", nil, 1}, {"session_events", "session_id = 'idle' AND seq = 2", nil, 1},
 				{"session_events", "session_id = 'waiting'", nil, 1}, {"approval_sessions", "true", nil, 2}},
 		},
+		{
+			name: "old approvals inbox events go; recent ones and the per-org counters stay",
+			write: func(r rows) {
+				for seq, age := range []time.Duration{old, old, recent} {
+					r.exec(`INSERT INTO approval_events (org_id, seq, type, kind, approval_id, payload, created_at)
+						VALUES ($1, $2, 'requested', 'tool_call', gen_random_uuid(), '{}', now() - $3::interval)`, r.org, seq+1, ago(age))
+				}
+				r.exec(`INSERT INTO approval_event_counters (org_id, seq) VALUES ($1, 3)`, r.org)
+			},
+			left: []left{{"approval_events", "seq = 3", nil, 1}, {"approval_events", "true", nil, 1},
+				{"approval_event_counters", "seq = 3", nil, 1}},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -419,7 +431,7 @@ func TestThePurgeRunsOnOneLeaderForAllReplicas(t *testing.T) {
 
 func TestRetentionsOfKeyedRowsAreNeverShorterThanTheIdempotencyWindow(t *testing.T) {
 	cfg := Config{IdempotencyRecords: 48 * time.Hour, SpendKeys: time.Hour, Wakeups: time.Hour, ToolApprovals: time.Hour,
-		MandateApprovals: time.Hour, QueueMessages: time.Hour, SessionEvents: time.Hour}.WithDefaults()
+		MandateApprovals: time.Hour, QueueMessages: time.Hour, SessionEvents: time.Hour, ApprovalEvents: time.Hour}.WithDefaults()
 	keep := map[string]time.Duration{}
 	for _, tb := range cfg.Tables() {
 		keep[tb.Name] = tb.Keep
@@ -427,5 +439,6 @@ func TestRetentionsOfKeyedRowsAreNeverShorterThanTheIdempotencyWindow(t *testing
 	require.Equal(t, map[string]time.Duration{
 		"idempotency_keys": 48 * time.Hour, "mandate_spends": 48 * time.Hour, "wakeups": 48 * time.Hour, "tool_approvals": 48 * time.Hour,
 		"mandate_approvals": time.Hour, "queue_messages": time.Hour, "session_events": time.Hour,
+		"approval_events": time.Hour,
 	}, keep)
 }

@@ -65,7 +65,8 @@ type Config struct {
 	Streams   streams.Config
 	Wakeup    wakeup.Config
 	Approvals approvals.Config
-	// Inbox is the approvals event log's retention.
+	// Inbox configures the approvals event log (its events' retention is
+	// Retention.ApprovalEvents).
 	Inbox inbox.Config
 	// Webhooks configures the approval webhooks (their CheckURL is the
 	// HTTPWork allow-list's, set here).
