@@ -34,4 +34,3 @@ SELECT COALESCE((SELECT min(seq) FROM approval_events WHERE org_id = $1), l.seq 
 const qAfter = `
 SELECT seq, type, kind, approval_id, payload, created_at FROM approval_events
  WHERE org_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`
-
