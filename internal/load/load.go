@@ -182,6 +182,9 @@ func Run(ctx context.Context, c Config) (Report, error) {
 		return Report{}, err
 	}
 	defer r.close()
+	// The run's id finds its workflows in Temporal and its wake-ups in the
+	// engine, to look into a slow one.
+	fmt.Fprintf(c.Out, "load: run=%s workflows=%s/load-%s-<i> task_queue=%s\n", r.id, r.org, r.id, r.taskQueue())
 	rep := r.drive(ctx)
 	fmt.Fprintln(c.Out, rep.Line())
 	fmt.Fprintf(c.Out, "load: accepted=%d refused_then_approved=%d canceled=%d tool_calls=%d wrong_outcomes=%d interrupted=%d max=%.1fms elapsed=%s rate=%.0f/s\n",
@@ -232,10 +235,11 @@ func newRun(ctx context.Context, c Config) (*run, error) {
 		r.target.Close()
 		return nil, fmt.Errorf("connect to Temporal at %s: %w", c.TemporalAddress, err)
 	}
-	// Pollers on every partition of the task queue: with the SDK's two, a
-	// workflow task queued in a partition nobody polls waited for a poll
-	// to expire (a minute) under load.
-	r.worker = worker.New(r.tc, "reveille-load-"+r.id, worker.Options{MaxConcurrentWorkflowTaskPollers: 16})
+	// Sixteen workflow-task pollers: every load workflow's one workflow
+	// task waits in the queue until polled, and the SDK's two (split
+	// between the sticky and the normal queue) took about 50 tasks/s from
+	// `engine dev`, 16 about 66/s (docs/benchmarks.md § load).
+	r.worker = worker.New(r.tc, r.taskQueue(), worker.Options{MaxConcurrentWorkflowTaskPollers: 16})
 	r.worker.RegisterWorkflowWithOptions(parkedWorkflow(r.recorder.woke), workflow.RegisterOptions{Name: WorkflowName})
 	if err := r.worker.Start(); err != nil {
 		r.close()
@@ -247,6 +251,9 @@ func newRun(ctx context.Context, c Config) (*run, error) {
 	}
 	return r, nil
 }
+
+// taskQueue is the run's own: its worker is the only one polling it.
+func (r *run) taskQueue() string { return "reveille-load-" + r.id }
 
 func (r *run) close() {
 	if r.worker != nil {
@@ -443,7 +450,7 @@ func (r *run) one(ctx context.Context, i int) {
 		}
 	}
 	e := r.recorder.expect(wf, k)
-	_, err := r.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: wf, TaskQueue: "reveille-load-" + r.id,
+	_, err := r.tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: wf, TaskQueue: r.taskQueue(),
 		WorkflowExecutionTimeout: 3 * r.cfg.Deadline}, WorkflowName, workflowInput{ApprovalID: approvalID, Timeout: 2 * r.cfg.Deadline})
 	if err != nil {
 		r.recorder.forget(wf)

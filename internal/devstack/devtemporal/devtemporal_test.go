@@ -2,6 +2,7 @@ package devtemporal
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 	sdklog "go.temporal.io/sdk/log"
+	"go.temporal.io/server/common/dynamicconfig"
 )
 
 func dial(t *testing.T, s *Server) client.Client {
@@ -100,6 +102,41 @@ func TestServerPersistsAcrossRestart(t *testing.T) {
 	began = time.Now()
 	require.NoError(t, s2.Stop())
 	t.Logf("second stop took %s", time.Since(began))
+}
+
+func TestServerWritesItsDatabaseInWALMode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dataDir := t.TempDir()
+	s, err := Start(ctx, Options{DataDir: dataDir})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Stop() })
+
+	// Bytes 18 and 19 of an SQLite file's header are its write and read
+	// format versions: 2 in WAL mode, 1 with the rollback journal.
+	f, err := os.Open(filepath.Join(dataDir, "temporal.sqlite"))
+	require.NoError(t, err)
+	defer f.Close()
+	header := make([]byte, 20)
+	_, err = io.ReadFull(f, header)
+	require.NoError(t, err)
+	require.Equal(t, []byte{2, 2}, header[18:20], "the database is not in WAL mode: every commit pays the rollback journal's fsyncs")
+}
+
+func TestServerGivesEveryTaskQueueOnePartition(t *testing.T) {
+	// Four partitions (Temporal's default) left workflow tasks in the
+	// backlogs of partitions no poller was on, for up to a long poll (a
+	// minute); one host needs no spreading. Checked on the configuration:
+	// the stall itself needs a loaded machine to show.
+	conf := dynamicConfig()
+	for _, key := range []dynamicconfig.Key{
+		dynamicconfig.MatchingNumTaskqueueReadPartitions.Key(),
+		dynamicconfig.MatchingNumTaskqueueWritePartitions.Key(),
+	} {
+		t.Run(key.String(), func(t *testing.T) {
+			require.Equal(t, 1, conf[key])
+		})
+	}
 }
 
 func portOf(t *testing.T, addr string) int {

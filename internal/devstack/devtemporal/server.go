@@ -272,6 +272,15 @@ func (s *Server) probe(ctx context.Context) error {
 	return err
 }
 
+// sqliteAttributes open the file in WAL mode with synchronous=NORMAL: the
+// plugin runs every service's persistence through one connection, and with
+// SQLite's default rollback journal and FULL sync each commit's fsyncs
+// were the dev server's ceiling (`engine load`: 36 → 66 wake-ups/s,
+// docs/benchmarks.md § load). A commit still survives the process being
+// killed; only an OS crash may lose the last ones, which a dev server
+// accepts.
+var sqliteAttributes = map[string]string{"mode": "rwc", "journal_mode": "wal", "synchronous": "normal"}
+
 // prepareDB returns the SQLite persistence config for dbPath, creating the
 // schema when the file does not exist yet and registering namespace.
 //
@@ -281,7 +290,7 @@ func prepareDB(dbPath, namespace string) (*config.SQL, error) {
 	sqlConf := &config.SQL{
 		PluginName:        sqliteplugin.PluginName,
 		DatabaseName:      dbPath,
-		ConnectAttributes: map[string]string{"mode": "rwc"},
+		ConnectAttributes: sqliteAttributes,
 	}
 	if _, err := os.Stat(dbPath); errors.Is(err, os.ErrNotExist) {
 		if err := sqliteschema.SetupSchema(sqlConf); err != nil {
@@ -405,13 +414,7 @@ func buildServerOptions(sqlConf *config.SQL, ports servicePorts, logger serverLo
 	hostPort := func(port int) static.Hosts {
 		return static.SingleLocalHost(net.JoinHostPort(localhost, strconv.Itoa(port)))
 	}
-	dynConf := dynamicconfig.StaticClient{
-		// Same tuning as the Temporal CLI dev server.
-		dynamicconfig.HistoryCacheHostLevelMaxSize.Key():                 8096,
-		dynamicconfig.FrontendMaxNamespaceVisibilityRPSPerInstance.Key(): 100,
-		// Make newly added search attributes usable immediately.
-		dynamicconfig.ForceSearchAttributesCacheRefreshOnRead.Key(): true,
-	}
+	dynConf := dynamicConfig()
 
 	return []temporal.ServerOption{
 		temporal.WithConfig(conf),
@@ -427,6 +430,25 @@ func buildServerOptions(sqlConf *config.SQL, ports servicePorts, logger serverLo
 		temporal.WithClaimMapper(func(*config.Config) authorization.ClaimMapper { return claimMapper }),
 		temporal.WithDynamicConfigClient(dynConf),
 	}, nil
+}
+
+// dynamicConfig is the server's dynamic configuration.
+func dynamicConfig() dynamicconfig.StaticClient {
+	return dynamicconfig.StaticClient{
+		// Same tuning as the Temporal CLI dev server.
+		dynamicconfig.HistoryCacheHostLevelMaxSize.Key():                 8096,
+		dynamicconfig.FrontendMaxNamespaceVisibilityRPSPerInstance.Key(): 100,
+		// Make newly added search attributes usable immediately.
+		dynamicconfig.ForceSearchAttributesCacheRefreshOnRead.Key(): true,
+		// One partition per task queue (Temporal's default is four, for
+		// spreading a queue over matching hosts; here there is one host). With
+		// four, a burst of workflow tasks went to the backlogs of partitions no
+		// poller was on, and sat there until a poll landed on them: under
+		// `engine load` every workflow stalled for 5 s to a minute at a time,
+		// p99 10–56 s for a wake the engine had signalled in 0.3 s.
+		dynamicconfig.MatchingNumTaskqueueReadPartitions.Key():  1,
+		dynamicconfig.MatchingNumTaskqueueWritePartitions.Key(): 1,
+	}
 }
 
 // catchFatal runs fn and turns a *fatalError panic raised by serverLogger
