@@ -100,7 +100,7 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 	})
 	require.NoError(t, err)
 	s.handler.register(s.pool)
-	s.inbox = inbox.New(s.db, inbox.Config{LeaderRetry: 200 * time.Millisecond, Logger: logger})
+	s.inbox = inbox.New(s.db, inbox.Config{Logger: logger})
 	s.mandates = mandates.New(s.db, mandates.Config{SweepInterval: 100 * time.Millisecond, LeaderRetry: 200 * time.Millisecond, Inbox: s.inbox, Logger: logger, Registry: reg})
 	s.approvals = approvals.New(s.db, approvals.Config{SweepInterval: 50 * time.Millisecond, LeaderRetry: 200 * time.Millisecond, Inbox: s.inbox, Logger: logger, Registry: reg})
 
