@@ -414,7 +414,9 @@ func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, sp
 	}
 	b = &pgx.Batch{}
 	b.Queue("COMMIT")
-	byID := slices.Clone(spenders)
+	// Only granted spends funded an intent: a group the mandates refused
+	// whole opens no second transaction (it would only be rolled back).
+	byID := slices.DeleteFunc(slices.Clone(spenders), func(m *member) bool { return !m.res.OK })
 	slices.SortFunc(byID, func(a, b *member) int { return bytes.Compare(a.id[:], b.id[:]) })
 	if len(byID) > 0 {
 		b.Queue("BEGIN")
