@@ -3,15 +3,14 @@ package inbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/reveille/reveille/internal/listen"
 	"github.com/reveille/reveille/internal/startstop"
 )
 
@@ -49,88 +48,18 @@ func newHub(db *pgxpool.Pool, logger *slog.Logger) *Hub {
 // Start connects and LISTENs, and returns once notifications flow.
 func (h *Hub) Start(ctx context.Context) error {
 	return h.life.StartWith(ctx, "approvals event hub", func(ctx context.Context) (func(context.Context), error) {
-		conn, err := h.connect(ctx)
+		loop := listen.Loop{DB: h.db, Channel: notifyChannel, Name: "approvals event hub", Logger: h.logger,
+			PingEvery: hubPingEvery, PingTimeout: hubPingTimeout, Notify: h.dispatch, Reconnected: h.wakeAll}
+		conn, err := loop.Connect(ctx)
 		if err != nil {
 			return nil, err
 		}
-		return func(ctx context.Context) { h.run(ctx, conn) }, nil
+		return func(ctx context.Context) { loop.Run(ctx, conn) }, nil
 	})
 }
 
 // Stop closes the LISTEN connection and ends every subscription.
 func (h *Hub) Stop(ctx context.Context) error { return h.life.Stop(ctx) }
-
-func (h *Hub) connect(ctx context.Context) (*pgx.Conn, error) {
-	conn, err := pgx.ConnectConfig(ctx, h.db.Config().ConnConfig)
-	if err != nil {
-		return nil, fmt.Errorf("connecting: %w", err)
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
-		_ = conn.Close(context.Background())
-		return nil, fmt.Errorf("LISTEN: %w", err)
-	}
-	return conn, nil
-}
-
-func (h *Hub) run(ctx context.Context, conn *pgx.Conn) {
-	for {
-		err := h.listen(ctx, conn)
-		_ = conn.Close(context.Background())
-		if ctx.Err() != nil {
-			return
-		}
-		h.logger.Warn("approvals event hub: LISTEN connection failed; reconnecting", "error", err.Error())
-		if conn = h.reconnect(ctx); conn == nil {
-			return
-		}
-		h.wakeAll()
-	}
-}
-
-// listen dispatches notifications until the connection fails or ctx ends,
-// pinging a connection that stayed silent for hubPingEvery.
-func (h *Hub) listen(ctx context.Context, conn *pgx.Conn) error {
-	for {
-		wctx, cancel := context.WithTimeout(ctx, hubPingEvery)
-		n, err := conn.WaitForNotification(wctx)
-		cancel()
-		switch {
-		case err == nil:
-			h.dispatch(n.Payload)
-			continue
-		case ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded):
-			return err
-		}
-		pctx, cancel := context.WithTimeout(ctx, hubPingTimeout)
-		err = conn.Ping(pctx)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("ping: %w", err)
-		}
-	}
-}
-
-// reconnect retries with capped backoff until it listens again or ctx
-// ends (then nil).
-func (h *Hub) reconnect(ctx context.Context) *pgx.Conn {
-	backoff := 50 * time.Millisecond
-	for {
-		conn, err := h.connect(ctx)
-		if err == nil {
-			return conn
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		h.logger.Warn("approvals event hub: reconnect failed", "error", err.Error(), "retry_in", backoff.String())
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
-}
 
 // dispatch wakes the subscribers of the org a "<seq>/<org>" names.
 func (h *Hub) dispatch(payload string) {

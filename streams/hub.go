@@ -2,8 +2,6 @@ package streams
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/reveille/reveille/internal/listen"
 	"github.com/reveille/reveille/internal/startstop"
 )
 
@@ -62,100 +61,26 @@ func newHub(db *pgxpool.Pool, logger *slog.Logger, m *metrics) *Hub {
 // be retried).
 func (h *Hub) Start(ctx context.Context) error {
 	return h.life.StartWith(ctx, "streams hub", func(ctx context.Context) (func(context.Context), error) {
-		conn, err := h.connect(ctx)
+		loop := listen.Loop{DB: h.db, Channel: notifyChannel, Name: "streams hub", Logger: h.logger,
+			PingEvery: h.pingEvery, PingTimeout: h.pingTimeout, Notify: h.dispatch,
+			Reconnected: func() { h.metrics.reconnects.Inc(); h.wakeAll() },
+			Connected: func(conn *pgx.Conn) {
+				h.mu.Lock()
+				h.pid = conn.PgConn().PID()
+				h.mu.Unlock()
+			},
+			Pinged: func() { h.pings.Add(1) }}
+		conn, err := loop.Connect(ctx)
 		if err != nil {
 			return nil, err
 		}
-		h.mu.Lock()
-		h.pid = conn.PgConn().PID()
-		h.mu.Unlock()
-		return func(ctx context.Context) { h.run(ctx, conn) }, nil
+		return func(ctx context.Context) { loop.Run(ctx, conn) }, nil
 	})
 }
 
 // Stop closes the LISTEN connection and ends every subscription (their
 // Done channels close). Stopping twice, or a hub never started, is safe.
 func (h *Hub) Stop(ctx context.Context) error { return h.life.Stop(ctx) }
-
-// connect opens the dedicated LISTEN connection (outside the pool: it is
-// held for the life of the hub).
-func (h *Hub) connect(ctx context.Context) (*pgx.Conn, error) {
-	conn, err := pgx.ConnectConfig(ctx, h.db.Config().ConnConfig)
-	if err != nil {
-		return nil, fmt.Errorf("connecting: %w", err)
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
-		_ = conn.Close(context.Background())
-		return nil, fmt.Errorf("LISTEN: %w", err)
-	}
-	return conn, nil
-}
-
-func (h *Hub) run(ctx context.Context, conn *pgx.Conn) {
-	for {
-		err := h.listen(ctx, conn)
-		_ = conn.Close(context.Background())
-		if ctx.Err() != nil {
-			return
-		}
-		h.logger.Warn("streams hub: LISTEN connection failed; reconnecting", "error", err.Error())
-		if conn = h.reconnect(ctx); conn == nil {
-			return
-		}
-		h.metrics.reconnects.Inc()
-		h.wakeAll()
-	}
-}
-
-// listen dispatches notifications until the connection fails or ctx ends.
-// A connection whose peer vanished without a word would wait forever, so
-// after pingEvery without a notification it is pinged.
-func (h *Hub) listen(ctx context.Context, conn *pgx.Conn) error {
-	for {
-		wctx, cancel := context.WithTimeout(ctx, h.pingEvery)
-		n, err := conn.WaitForNotification(wctx)
-		cancel()
-		switch {
-		case err == nil:
-			h.dispatch(n.Payload)
-			continue
-		case ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded):
-			return err
-		}
-		pctx, cancel := context.WithTimeout(ctx, h.pingTimeout)
-		err = conn.Ping(pctx)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("ping: %w", err)
-		}
-		h.pings.Add(1)
-	}
-}
-
-// reconnect retries with capped backoff until it listens again or ctx ends
-// (then nil).
-func (h *Hub) reconnect(ctx context.Context) *pgx.Conn {
-	backoff := 50 * time.Millisecond
-	for {
-		conn, err := h.connect(ctx)
-		if err == nil {
-			h.mu.Lock()
-			h.pid = conn.PgConn().PID()
-			h.mu.Unlock()
-			return conn
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		h.logger.Warn("streams hub: reconnect failed", "error", err.Error(), "retry_in", backoff.String())
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
-}
 
 // dispatch passes a notification ("a<last index>/<run>/<name>/<org>" for
 // an append, "c…" for a close) to the subscribers of its stream.
