@@ -81,6 +81,14 @@ func TestADeposedLeadersPurgeWritesNothing(t *testing.T) {
 	ctx := context.Background()
 	mustAppend(t, svc, org, "run-1", "done", "a", "b")
 	require.NoError(t, svc.Close(ctx, org, "run-1", "done"))
+	// The service's own retention loop takes its term first, so that no
+	// term of its own lands after the two below (on a loaded machine it
+	// could campaign late and depose "current").
+	require.Eventually(t, func() bool {
+		var terms int64
+		err := db.QueryRow(ctx, `SELECT term FROM leader_terms WHERE name = $1`, streams.RetentionLeadership).Scan(&terms)
+		return err == nil && terms >= 1
+	}, testWait, pollTick, "the service's retention loop leads")
 	deposed, err := leader.NewTerm(ctx, db, streams.RetentionLeadership)
 	require.NoError(t, err)
 	current, err := leader.NewTerm(ctx, db, streams.RetentionLeadership) // another replica took over
