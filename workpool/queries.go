@@ -119,7 +119,7 @@ WITH counted AS (
   INSERT INTO workpool_org_pending (pool, org_id, pending, counted_at) VALUES ($18, $19, $21, $16)
   ON CONFLICT (pool, org_id) DO UPDATE SET pending = workpool_org_pending.pending + excluded.pending
   RETURNING pending
-)` + sqlEnqueueInsert + `
+), ` + sqlQueueOrgs + sqlEnqueueRows + `
   AND (NOT $22::bool OR (SELECT pending FROM counted) <= $20)`
 
 const sqlEnqueueGroups = sqlEnqueueInsert + `
@@ -130,6 +130,26 @@ const sqlEnqueue = sqlEnqueueInsert + `
   AND NOT EXISTS (SELECT 1 FROM workpool_org_pending c WHERE c.pool = $18 AND c.org_id = $19 AND c.pending > $20)`
 
 const sqlEnqueueInsert = `
+WITH ` + sqlQueueOrgs + sqlEnqueueRows
+
+// sqlQueueOrgs is the CTE of every enqueue that keeps the fair pick's org
+// queues (queues.go): each (pool, org) of the batch's plain items gets its
+// row, its head lowered to the batch's earliest run_at. Not referenced by
+// the insert, it runs after it, so an enqueue locks its pending counts
+// (counted, sqlAddPending) before its queues, in (pool, org) order. A batch
+// that inserts nothing (past a cap) may leave a head too early, which
+// costs the loop one probe; a batch naming an unknown pool writes none.
+const sqlQueueOrgs = `queued AS (
+  INSERT INTO workpool_org_queues (pool, org_id, head_at)
+  SELECT u.pool, u.org_id, min(u.run_at)
+  FROM unnest($2::text[], $3::text[], $6::timestamptz[], $13::text[], $17::bool[]) AS u(org_id, pool, run_at, ckey, replay)
+  WHERE u.replay IS NOT TRUE AND u.ckey IS NULL AND (SELECT count(*) FROM workpool_pools WHERE name = ANY($3)) = $15
+  GROUP BY u.pool, u.org_id
+  ORDER BY u.pool, u.org_id
+  ON CONFLICT (pool, org_id) DO UPDATE SET head_at = least(workpool_org_queues.head_at, excluded.head_at)
+)`
+
+const sqlEnqueueRows = `
 INSERT INTO workpool_work (id, org_id, pool, handler, args, state, run_at, max_attempts, initial_backoff_ms,
   backoff_base, timeout_ms, on_complete_hook, on_complete_context, concurrency_key, key_limit, created_at)
 SELECT u.id, u.org_id, u.pool, u.handler, u.args::jsonb, 'pending', u.run_at, u.max_attempts, u.backoff_ms,
@@ -213,6 +233,18 @@ func sqlFreeSlots(limit string) string {
 	return `greatest(` + limit + ` - ` + sqlSlotsInUse + `, 0)::int`
 }
 
+// sqlRunningByOrg is the CTE running: pool $1's slots in use per org, for
+// the fair picks, which count the free slots from it (sqlFreeSlotsOfOrgs)
+// rather than pass over the running set twice.
+const sqlRunningByOrg = `running AS (
+  SELECT org_id, count(*) AS n FROM workpool_work WHERE pool = $1 AND state = 'running' GROUP BY org_id
+)`
+
+// sqlFreeSlotsOfOrgs is sqlFreeSlots counted from the CTE running.
+func sqlFreeSlotsOfOrgs(limit string) string {
+	return `greatest(` + limit + ` - (SELECT coalesce(sum(n), 0) FROM running), 0)::int`
+}
+
 // Next-state predicates of sqlComplete, over the work row w (before the
 // update) and the reported attempt c. A canceled item always finishes (as
 // canceled); an attempt handed back at shutdown goes back to pending without
@@ -255,7 +287,7 @@ var sqlComplete = `
 WITH c AS (
   SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::bool[])
     AS c(id, attempt, kind, result, error, retryable)
-)
+), done AS (
 UPDATE workpool_work w SET
   state = CASE WHEN ` + sqlRunsAgain + ` THEN 'pending' ELSE 'finished' END,
   attempts = w.attempts + CASE WHEN ` + sqlHandedBack + ` THEN 0 ELSE 1 END,
@@ -278,7 +310,18 @@ FROM c
 WHERE w.id = c.id AND w.state = 'running' AND w.attempts = c.attempt - 1
   AND (c.kind <> 'handback' OR w.claimed_by = $8::uuid)
 RETURNING w.id, w.org_id, w.pool, w.handler, w.state, w.outcome, w.result, w.error, w.attempts,
-  w.on_complete_hook, w.on_complete_context, c.kind`
+  w.on_complete_hook, w.on_complete_context, c.kind, w.run_at, w.concurrency_key
+), requeued AS (
+  -- work pending again goes back into its org's queue (queues.go), rows
+  -- locked in (pool, org) order as an enqueue locks them
+  INSERT INTO workpool_org_queues (pool, org_id, head_at)
+  SELECT pool, org_id, min(run_at) FROM done WHERE state = 'pending' AND concurrency_key IS NULL
+  GROUP BY pool, org_id
+  ORDER BY pool, org_id
+  ON CONFLICT (pool, org_id) DO UPDATE SET head_at = least(workpool_org_queues.head_at, excluded.head_at)
+)
+SELECT id, org_id, pool, handler, state, outcome, result, error, attempts, on_complete_hook, on_complete_context, kind
+FROM done`
 
 // sqlCompleteUnstorable finishes attempts whose reported result could not
 // be recorded (sqlComplete failed on that item alone: a value Postgres
@@ -471,7 +514,8 @@ WITH free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
 // max_parallelism.
 var sqlStartFair = `
 WITH RECURSIVE
-free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
+` + sqlRunningByOrg + `,
+free AS (SELECT ` + sqlFreeSlotsOfOrgs("$8::int") + ` AS n),
 ` + sqlPickFair("$9::int") + `,
 ` + sqlStartPicked("")
 
@@ -480,18 +524,22 @@ free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
 // none). It needs WITH RECURSIVE.
 func sqlPickFair(perOrgCap string) string {
 	return `
-orgs(org_id, id, run_at) AS (
-  -- each org with ready plain work and its oldest ready item (its queue's
-  -- head), one index probe per org
-  (SELECT org_id, id, run_at FROM workpool_work
-   WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
-   ORDER BY org_id, run_at LIMIT 1)
-  UNION ALL
-  SELECT n.org_id, n.id, n.run_at
-  FROM orgs o CROSS JOIN LATERAL (
-    SELECT w.org_id, w.id, w.run_at FROM workpool_work w
-    WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $2 AND w.org_id > o.org_id
-    ORDER BY w.org_id, w.run_at LIMIT 1) n
+queues AS (
+  -- the orgs whose plain queues may hold ready work (workpool_org_queues:
+  -- a superset, each head at or before the org's oldest pending item),
+  -- each with its oldest ready item if it has one: one short index probe
+  -- per org, from the recorded head on
+  SELECT q.org_id, q.head_at, q.xmin AS seen, h.tid, h.run_at
+  FROM workpool_org_queues q LEFT JOIN LATERAL (
+    SELECT w.ctid AS tid, w.run_at FROM workpool_work w
+    WHERE w.pool = $1 AND w.org_id = q.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
+      AND w.run_at >= q.head_at AND w.run_at <= $2
+    ORDER BY w.run_at LIMIT 1) h ON true
+  WHERE q.pool = $1 AND q.head_at <= $2 AND (SELECT n FROM free) > 0
+),
+orgs AS (
+  -- each org with ready plain work and its queue's head
+  SELECT org_id, tid, run_at FROM queues WHERE tid IS NOT NULL
 ),
 keys(org_id, ckey, klimit) AS (
   (SELECT org_id, concurrency_key, key_limit FROM workpool_work
@@ -506,64 +554,35 @@ keys(org_id, ckey, klimit) AS (
     ORDER BY w.org_id, w.concurrency_key, w.run_at LIMIT 1) n
 ),
 held AS (
-  -- every org with ready work: its weight, its running attempts (one pass
-  -- over the running set for every org: a probe per org would walk the
-  -- running index's dead entries once per org), and its room, the most it
-  -- may start now (the free slots, within the per-org cap)
+  -- every org with ready work: its weight, its running attempts (CTE
+  -- running: one pass over the running set for every org, as a probe per
+  -- org would walk the running index's dead entries once per org), and its
+  -- room, the most it may start now (the free slots, within the per-org cap)
   SELECT d.org_id, coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
     greatest(least((SELECT n FROM free),
       CASE WHEN ` + perOrgCap + ` IS NULL THEN 2147483647 ELSE ` + perOrgCap + ` - coalesce(r.n, 0) END), 0) AS room
   FROM (SELECT org_id FROM orgs UNION SELECT org_id FROM keys) d
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
-  LEFT JOIN (SELECT org_id, count(*) AS n FROM workpool_work WHERE pool = $1 AND state = 'running' GROUP BY org_id) r
-    ON r.org_id = d.org_id
+  LEFT JOIN running r ON r.org_id = d.org_id
   WHERE (SELECT n FROM free) > 0
 ),
--- How far down its queue each org can get: the pick takes the free
--- slots' worth (F) of the lowest turns (running + n) / weight, and, over a
--- set of orgs of total weight W holding R slots between N of them, turns up
--- to T = (F + R + N) / W number at least F (each org's count is
--- floor(T * weight) - running, at least T * weight - running - 1). So no
--- org needs more than floor(T * weight) - running candidates: the pick
--- reads F + N of them, not F from every org. Orgs with nothing below T are
--- left out and T taken again over the rest (a tighter bound: one org far
--- past its share no longer raises everyone's). When the per-org cap stops
--- the counts short of F, every org reads up to its room, as without the
--- bound. If some orgs have fewer ready items than their bound, the pick is
--- still the first of the fair order; the next iteration takes the rest.
-share1 AS (
-  SELECT (SELECT n FROM free) + sum(running)::bigint + count(*) AS num, sum(weight)::bigint AS den FROM held WHERE room > 0
-),
-under AS (
-  SELECT h.* FROM held h CROSS JOIN share1 t WHERE h.room > 0 AND (t.num * h.weight) / t.den > h.running
-),
-share2 AS (
-  SELECT (SELECT n FROM free) + sum(running)::bigint + count(*) AS num, sum(weight)::bigint AS den FROM under
-),
-bound AS (
-  SELECT u.org_id, least(u.room, (t.num * u.weight) / t.den - u.running) AS n FROM under u CROSS JOIN share2 t
-),
-lim AS (
-  SELECT h.org_id, h.weight, h.running,
-    CASE WHEN (SELECT coalesce(sum(n), 0) FROM bound) >= (SELECT n FROM free) THEN coalesce(b.n, 0) ELSE h.room END AS n
-  FROM held h LEFT JOIN bound b ON b.org_id = h.org_id
-),
+` + sqlShareBound("held") + `,
 cand AS (
-  -- an org's plain candidates: its head, found by orgs, then (when it may
-  -- take more) those after it, read from the head on
-  SELECT h.id, h.org_id, h.run_at FROM orgs h JOIN lim o ON o.org_id = h.org_id WHERE o.n > 0
+  -- an org's plain candidates: its head, found by queues, then (when it
+  -- may take more) those after it, read from the head on
+  SELECT h.tid, h.org_id, h.run_at FROM orgs h JOIN lim o ON o.org_id = h.org_id WHERE o.n > 0
   UNION ALL
-  SELECT c.id, h.org_id, c.run_at
+  SELECT c.tid, h.org_id, c.run_at
   FROM orgs h JOIN lim o ON o.org_id = h.org_id CROSS JOIN LATERAL (
-    SELECT w.id, w.run_at FROM workpool_work w
+    SELECT w.ctid AS tid, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = h.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
-      AND w.run_at >= h.run_at AND w.run_at <= $2 AND w.id <> h.id
+      AND w.run_at >= h.run_at AND w.run_at <= $2 AND w.ctid <> h.tid
     ORDER BY w.run_at LIMIT o.n - 1) c
   WHERE o.n > 1
   UNION ALL
-  SELECT c.id, k.org_id, c.run_at
+  SELECT c.tid, k.org_id, c.run_at
   FROM keys k JOIN lim o ON o.org_id = k.org_id CROSS JOIN LATERAL (
-    SELECT w.id, w.run_at FROM workpool_work w
+    SELECT w.ctid AS tid, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = k.org_id AND w.concurrency_key = k.ckey AND w.state = 'pending' AND w.run_at <= $2
     ORDER BY w.run_at
     LIMIT least(o.n, greatest(coalesce(k.klimit, 1) - (
@@ -572,16 +591,78 @@ cand AS (
   WHERE o.n > 0
 ),
 ranked AS (
-  SELECT c.id, c.run_at, o.weight, o.running, o.n,
+  SELECT c.tid, c.run_at, o.weight, o.running, o.n,
     row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at) AS rn
   FROM cand c JOIN lim o ON o.org_id = c.org_id
 ),
 pick AS (
+  -- (by tuple id: no index lookup per started item)
   SELECT w.id, w.handler FROM workpool_work w
-  WHERE w.id IN (SELECT id FROM ranked WHERE rn <= n
-                 ORDER BY (running + rn)::float8 / weight, run_at LIMIT (SELECT n FROM free))
+  WHERE w.ctid = ANY(ARRAY(SELECT tid FROM ranked WHERE rn <= n
+                           ORDER BY (running + rn)::float8 / weight, run_at LIMIT (SELECT n FROM free)))
     AND w.state = 'pending'
   FOR UPDATE SKIP LOCKED
+),
+moved AS (
+  -- each queue whose recorded head is behind: to the head the probe found
+  -- (past what the last picks started), or, with no ready item, to the
+  -- org's first future item (null: nothing pending, the row goes)
+  SELECT q.org_id, q.seen, coalesce(q.run_at, (SELECT min(w.run_at) FROM workpool_work w
+    WHERE w.pool = $1 AND w.org_id = q.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
+      AND w.run_at > $2)) AS head_at
+  FROM queues q
+  WHERE q.run_at IS DISTINCT FROM q.head_at
+),
+untouched AS (
+  -- only rows no other transaction wrote since this snapshot (xmin) or
+  -- holds now: an enqueue or a retry that raced this pick keeps its head
+  SELECT q.org_id, m.head_at FROM workpool_org_queues q JOIN moved m ON m.org_id = q.org_id
+  WHERE q.pool = $1 AND q.xmin = m.seen
+  FOR UPDATE OF q SKIP LOCKED
+),
+raised AS (
+  UPDATE workpool_org_queues q SET head_at = u.head_at FROM untouched u
+  WHERE q.pool = $1 AND q.org_id = u.org_id AND u.head_at IS NOT NULL
+),
+dropped AS (
+  DELETE FROM workpool_org_queues q USING untouched u
+  WHERE q.pool = $1 AND q.org_id = u.org_id AND u.head_at IS NULL
+)`
+}
+
+// sqlShareBound is the CTEs share1, under, share2, bound and lim of a fair
+// pick: lim is each org of CTE orgs (org_id, weight, running, room: the
+// most it may start now) with n, how far down its queue it can get.
+//
+// The pick takes the free slots' worth (F) of the lowest turns (running +
+// n) / weight, and, over a set of orgs of total weight W holding R slots
+// between N of them, turns up to T = (F + R + N) / W number at least F
+// (each org's count is floor(T * weight) - running, at least T * weight -
+// running - 1). So no org needs more than floor(T * weight) - running
+// turns: the pick deals F + N of them, not F to every org. Orgs with
+// nothing below T are left out and T taken again over the rest (a tighter
+// bound: one org far past its share no longer raises everyone's). When the
+// per-org cap stops the counts short of F, every org gets up to its room,
+// as without the bound. If some orgs have fewer ready items than their
+// bound, the pick is still the first of the fair order; the next iteration
+// takes the rest.
+func sqlShareBound(orgs string) string {
+	return `share1 AS (
+  SELECT (SELECT n FROM free) + sum(running)::bigint + count(*) AS num, sum(weight)::bigint AS den FROM ` + orgs + ` WHERE room > 0
+),
+under AS (
+  SELECT h.* FROM ` + orgs + ` h CROSS JOIN share1 t WHERE h.room > 0 AND (t.num * h.weight) / t.den > h.running
+),
+share2 AS (
+  SELECT (SELECT n FROM free) + sum(running)::bigint + count(*) AS num, sum(weight)::bigint AS den FROM under
+),
+bound AS (
+  SELECT u.org_id, least(u.room, (t.num * u.weight) / t.den - u.running) AS n FROM under u CROSS JOIN share2 t
+),
+lim AS (
+  SELECT h.*,
+    CASE WHEN (SELECT coalesce(sum(n), 0) FROM bound) >= (SELECT n FROM free) THEN coalesce(b.n, 0) ELSE h.room END AS n
+  FROM ` + orgs + ` h LEFT JOIN bound b ON b.org_id = h.org_id
 )`
 }
 
@@ -642,13 +723,26 @@ WITH bump AS (` + bumpSQL("$8", "$2") + `
 // many orgs then costs one statement per iteration, as one org's does.
 var sqlIterateFastShared = `
 WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
-), ` + sqlPlainCensus + `, free AS (
+), plain AS (
+  -- (the queues hold every org with ready plain work, perhaps more: "one
+  -- org" read from them may say "several", which only keeps fair share)
+  SELECT EXISTS (SELECT 1 FROM bump WHERE max_parallelism_per_org IS NULL)
+    AND (SELECT count(*) FROM (SELECT 1 FROM workpool_org_queues WHERE pool = $1 AND head_at <= $2 LIMIT 2) q) <= 1
+    AND (SELECT org_id FROM workpool_work
+         WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
+         ORDER BY org_id LIMIT 1) IS NULL AS ok
+), ` + sqlRunningByOrg + `, free AS (
   SELECT CASE WHEN NOT coalesce((SELECT paused FROM bump), true)
       AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)
-    THEN ` + sqlFreeSlots("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
+    THEN ` + sqlFreeSlotsOfOrgs("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
 ),
 ` + sqlPickFair("(SELECT max_parallelism_per_org FROM bump)") + `,
-` + sqlStartPicked(sqlFastTail)
+` + sqlStartPicked(`EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM bump), false), (SELECT ok FROM plain),
+  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),
+  -- the next start of plain work the queues know of (a retry, say), so
+  -- that the loop waiting out its cooldown wakes for it in time
+  least((SELECT min(head_at) FROM workpool_org_queues WHERE pool = $1 AND head_at > $2),
+        (SELECT min(head_at) FROM moved WHERE head_at > $2)),`)
 
 // sqlCensus tells an iteration whether fair share has anything to share:
 // how many orgs (up to 2) have ready plain work, and whether keyed work is

@@ -1,0 +1,254 @@
+package workpool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+)
+
+// queueHeads reads the default pool's org queues (workpool_org_queues).
+func (h *harness) queueHeads() map[string]time.Time {
+	h.t.Helper()
+	rows, err := h.db.Query(h.ctx, `SELECT org_id, head_at FROM workpool_org_queues WHERE pool = 'default'`)
+	require.NoError(h.t, err)
+	heads, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
+		org string
+		at  time.Time
+	}, error) {
+		var v struct {
+			org string
+			at  time.Time
+		}
+		err := r.Scan(&v.org, &v.at)
+		return v, err
+	})
+	require.NoError(h.t, err)
+	out := map[string]time.Time{}
+	for _, v := range heads {
+		out[v.org] = v.at.UTC()
+	}
+	return out
+}
+
+// withPerOrgCap keeps every start on the fair pick (a per-org cap is
+// something only fair share enforces).
+func withPerOrgCap(t *testing.T, h *harness, n int) {
+	t.Helper()
+	require.NoError(t, h.m.SetMaxParallelismPerOrg(h.ctx, "default", &n))
+}
+
+func TestOrgQueues_EveryEnqueuePathRecordsEachOrgsEarliestPlainRunAt(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cap  int // MaxPendingPerOrg
+		many bool
+	}{
+		{"one org per batch, capped", 0, false},
+		{"several orgs per batch, capped", 0, true},
+		{"one org per batch, cap off", NoPendingLimit, false},
+		{"several orgs per batch, cap off", NoPendingLimit, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, func(cfg *Config) { cfg.MaxPendingPerOrg = c.cap })
+			now := h.clock.Now()
+			item := func(org string, at time.Duration, key string) EnqueueParams {
+				return EnqueueParams{OrgID: org, Pool: "default", Handler: "test_handle", RunAt: now.Add(at), ConcurrencyKey: key}
+			}
+			batches := [][]EnqueueParams{
+				{item("a", 5*time.Second, ""), item("a", 3*time.Second, "")},
+				{item("a", 9*time.Second, "")}, // later: a's head stays
+				{item("b", time.Second, "k")},  // keyed: no queue
+				{item("c", 2*time.Second, "")},
+				{item("a", time.Second, "")}, // earlier: a's head moves back
+			}
+			if c.many {
+				batches = [][]EnqueueParams{{
+					item("a", 5*time.Second, ""), item("c", 2*time.Second, ""), item("b", time.Second, "k"),
+					item("a", 9*time.Second, ""), item("a", time.Second, ""),
+				}}
+			}
+			for _, b := range batches {
+				_, err := h.m.EnqueueMany(h.ctx, b)
+				require.NoError(t, err)
+			}
+			require.Equal(t, map[string]time.Time{"a": now.Add(time.Second), "c": now.Add(2 * time.Second)}, h.queueHeads())
+		})
+	}
+}
+
+func TestOrgQueues_AnEnqueueNamingAnUnknownPoolQueuesNothing(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	_, err := h.m.EnqueueMany(h.ctx, []EnqueueParams{
+		{OrgID: "a", Pool: "default", Handler: "test_handle"},
+		{OrgID: "a", Pool: "nope", Handler: "test_handle"},
+	})
+	require.Error(t, err)
+	require.Empty(t, h.queueHeads())
+}
+
+func TestOrgQueues_TheFairPickMovesHeadsPastStartedWorkAndDropsEmptyQueues(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(10))
+	withPerOrgCap(t, h, 10)
+	now := h.clock.Now()
+	a1 := h.enqueue(withOrg("a"))
+	h.clock.Advance(time.Millisecond)
+	a2 := h.enqueue(withOrg("a"))
+	h.clock.Advance(time.Millisecond)
+	h.enqueue(withOrg("b"))
+	future := now.Add(time.Hour)
+	h.enqueue(withOrg("c"), withRunAt(future))
+
+	h.runMain() // starts everything ready
+	obs := h.observe()
+	require.True(t, obs.isRunning(a1) && obs.isRunning(a2))
+	h.runMain() // finds a's and b's queues empty
+	require.Equal(t, map[string]time.Time{"c": future}, h.queueHeads())
+
+	// a queue whose head is behind moves to the head the probe finds
+	h.exec(`UPDATE workpool_org_queues SET head_at = $1 WHERE org_id = 'c'`, now.Add(-time.Hour))
+	h.enqueue(withOrg("c"), withRunAt(now.Add(30*time.Minute)))
+	h.exec(`UPDATE workpool_org_queues SET head_at = $1 WHERE org_id = 'c'`, now.Add(-time.Hour))
+	h.runMain()
+	require.Equal(t, map[string]time.Time{"c": now.Add(30 * time.Minute)}, h.queueHeads())
+}
+
+func TestOrgQueues_ARetryGoesBackIntoItsOrgsQueueAndStartsWhenDue(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(10))
+	withPerOrgCap(t, h, 10)
+	id := h.enqueue(withOrg("a"), withRetry(3, 1000, 1))
+	h.enqueue(withOrg("b"))
+	h.runMain()
+	h.runMain() // both queues now empty
+	require.Empty(t, h.queueHeads())
+
+	h.complete(id, "failed", 1)
+	require.Contains(t, h.queueHeads(), "a", "a retry is pending work of its org's queue")
+	h.clock.Advance(2 * time.Second)
+	h.runMain()
+	require.True(t, h.observe().isRunning(id), "the retry started on the fair pick")
+}
+
+func TestOrgQueues_AHandBackGoesBackIntoItsOrgsQueue(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(10))
+	withPerOrgCap(t, h, 10)
+	id := h.enqueue(withOrg("a"))
+	h.runMain()
+	h.runMain()
+	require.Empty(t, h.queueHeads())
+	h.exec(`UPDATE workpool_work SET claimed_by = $1 WHERE id = $2`, h.m.exec.id, id)
+
+	err := pgx.BeginFunc(h.ctx, h.db, func(tx pgx.Tx) error {
+		_, err := h.m.completeTx(h.ctx, tx, []attemptResult{{id: id, pool: "default", attempt: 1, kind: kindHandBack}})
+		return err
+	})
+	require.NoError(t, err)
+
+	require.Contains(t, h.queueHeads(), "a")
+	h.runMain()
+	require.True(t, h.observe().isRunning(id))
+}
+
+// The pick moves a queue's head only if no other transaction holds its
+// row: an enqueue still in flight keeps the head it lowered, and the loop
+// does not wait for it.
+func TestOrgQueues_AnEnqueueInFlightKeepsItsHeadAndDoesNotHoldUpTheLoop(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(10))
+	withPerOrgCap(t, h, 10)
+	h.enqueue(withOrg("a"))
+	h.runMain()
+	h.exec(`UPDATE workpool_org_queues SET head_at = $1 WHERE org_id = 'a'`, h.clock.Now().Add(-time.Hour))
+	// a's queue row is stale (nothing ready) and about to be dropped; an
+	// enqueue for a holds it
+	tx, err := h.db.Begin(h.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(h.ctx) }()
+	id, err := h.m.EnqueueTx(h.ctx, tx, EnqueueParams{OrgID: "a", Pool: "default", Handler: "test_handle"})
+	require.NoError(t, err)
+
+	done := make(chan struct{})
+	go func() { defer close(done); h.runMain() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the loop waited for the enqueue's transaction")
+	}
+	require.NoError(t, tx.Commit(h.ctx))
+
+	require.Contains(t, h.queueHeads(), "a")
+	h.runMain()
+	require.True(t, h.observe().isRunning(id), "the enqueued item started")
+}
+
+// Many writers at once — enqueues of several orgs with run_at in the past
+// and future, retries — against a running loop held on the fair pick: the
+// queues never lose a pending item, so every item finishes.
+func TestOrgQueues_UnderConcurrentEnqueuesAndRetriesEveryItemFinishes(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewPool(t)
+	m, err := New(db, liveConfig(t, Config{Pools: map[string]int{"default": 8}}))
+	require.NoError(t, err)
+	var attempts sync.Map
+	m.Register("flaky", func(_ context.Context, j Job) (json.RawMessage, error) {
+		n, _ := attempts.LoadOrStore(j.ID, new(atomic.Int32))
+		if n.(*atomic.Int32).Add(1) == 1 && j.ID[15]%3 == 0 {
+			return nil, errors.New("first attempt fails")
+		}
+		return nil, nil
+	})
+	ctx := context.Background()
+	perOrg := 3
+	require.NoError(t, m.SetMaxParallelismPerOrg(ctx, "default", &perOrg))
+	require.NoError(t, m.Start(ctx))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = m.Stop(ctx)
+	})
+
+	const writers, batches = 6, 15
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range batches {
+				ps := make([]EnqueueParams, 0, 4)
+				for i := range 4 {
+					ps = append(ps, EnqueueParams{
+						OrgID: fmt.Sprintf("org-%d", (w+b+i)%5), Pool: "default", Handler: "flaky",
+						// some behind every head already recorded, some ahead
+						RunAt: time.Now().Add(time.Duration((b+i)%5-2) * 100 * time.Millisecond),
+						Retry: &RetryPolicy{MaxAttempts: 2, InitialBackoffMS: 20, Base: 1},
+					})
+				}
+				_, err := m.EnqueueMany(ctx, ps)
+				require.NoError(t, err)
+			}
+		}()
+	}
+	wg.Wait()
+	require.Eventually(t, func() bool {
+		var unfinished int
+		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM workpool_work WHERE state <> 'finished'`).Scan(&unfinished))
+		return unfinished == 0
+	}, 60*time.Second, 50*time.Millisecond, "every item finished")
+	var succeeded int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM workpool_work WHERE outcome = 'succeeded'`).Scan(&succeeded))
+	require.Equal(t, writers*batches*4, succeeded)
+}
