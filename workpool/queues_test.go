@@ -67,10 +67,10 @@ func TestOrgQueues_EveryEnqueuePathRecordsEachOrgsEarliestPlainRunAt(t *testing.
 			}
 			batches := [][]EnqueueParams{
 				{item("a", 5*time.Second, ""), item("a", 3*time.Second, "")},
-				{item("a", 9*time.Second, "")}, // later: a's head stays
-				{item("b", time.Second, "k")},  // keyed: no queue
+				{item("a", time.Second, "")},  // earlier: a's head moves back
+				{item("b", time.Second, "k")}, // keyed: no queue
 				{item("c", 2*time.Second, "")},
-				{item("a", time.Second, "")}, // earlier: a's head moves back
+				{item("a", 9*time.Second, "")}, // later: a's head stays
 			}
 			if c.many {
 				batches = [][]EnqueueParams{{
