@@ -570,9 +570,9 @@ held AS (
 cand AS (
   -- an org's plain candidates: its head, found by queues, then (when it
   -- may take more) those after it, read from the head on
-  SELECT h.tid, h.org_id, h.run_at FROM orgs h JOIN lim o ON o.org_id = h.org_id WHERE o.n > 0
+  SELECT h.tid, h.org_id, h.run_at, o.weight, o.running, o.n FROM orgs h JOIN lim o ON o.org_id = h.org_id WHERE o.n > 0
   UNION ALL
-  SELECT c.tid, h.org_id, c.run_at
+  SELECT c.tid, h.org_id, c.run_at, o.weight, o.running, o.n
   FROM orgs h JOIN lim o ON o.org_id = h.org_id CROSS JOIN LATERAL (
     SELECT w.ctid AS tid, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = h.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
@@ -580,7 +580,7 @@ cand AS (
     ORDER BY w.run_at LIMIT o.n - 1) c
   WHERE o.n > 1
   UNION ALL
-  SELECT c.tid, k.org_id, c.run_at
+  SELECT c.tid, k.org_id, c.run_at, o.weight, o.running, o.n
   FROM keys k JOIN lim o ON o.org_id = k.org_id CROSS JOIN LATERAL (
     SELECT w.ctid AS tid, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = k.org_id AND w.concurrency_key = k.ckey AND w.state = 'pending' AND w.run_at <= $2
@@ -591,9 +591,9 @@ cand AS (
   WHERE o.n > 0
 ),
 ranked AS (
-  SELECT c.tid, c.run_at, o.weight, o.running, o.n,
+  SELECT c.tid, c.run_at, c.weight, c.running, c.n,
     row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at) AS rn
-  FROM cand c JOIN lim o ON o.org_id = c.org_id
+  FROM cand c
 ),
 pick AS (
   -- (by tuple id: no index lookup per started item)
