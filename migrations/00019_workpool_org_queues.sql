@@ -1,9 +1,9 @@
 -- +goose Up
 -- Per pool, the orgs whose plain work (no concurrency key) may be pending,
--- each with a lower bound of its earliest run_at (workpool/queues.go), so
--- that the fair pick reads a small table instead of probing the pending
--- index once per org — a probe that walks the index entries of the org's
--- started work before it reaches its queue's head. The invariant every
+-- each with a lower bound of its earliest run_at (docs/workpool.md § "Org
+-- queues"), so that the fair pick reads a small table instead of walking
+-- the pending index org by org — a probe that passes the index entries of
+-- the org's started work before it reaches its queue's head. The invariant every
 -- writer keeps: each pending plain item has its (pool, org) row here, with
 -- head_at at or before the item's run_at. Enqueue and a result that makes
 -- work pending again lower head_at (or insert the row); only the pool's

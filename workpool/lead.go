@@ -107,6 +107,14 @@ func (l *loop) lead(ctx context.Context) {
 	l.leading.Store(true)
 	defer l.leading.Store(false)
 	log.Info("leading the pool's loop", "generation", l.gen)
+	// (a new term may follow replicas of a version that did not keep the
+	// org queues: repair them before the first fair pick reads them)
+	if err := l.repairQueues(ctx); err != nil {
+		if ctx.Err() == nil {
+			log.Warn("repairing org queues failed; standing down to retry", "error", err.Error())
+		}
+		return
+	}
 	maint, stopMaint := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -176,6 +184,7 @@ func (l *loop) maintain(ctx context.Context) {
 				{"purging finished work", func(ctx context.Context) error { _, err := l.purge(ctx); return err }},
 				{"purging idempotency keys", func(ctx context.Context) error { _, err := l.purgeKeys(ctx); return err }},
 				{"refreshing pending counts", l.refreshPending},
+				{"repairing org queues", l.repairQueues},
 			} {
 				err := c.do(ctx)
 				if errors.Is(err, leader.ErrDeposed) {
@@ -218,4 +227,25 @@ func (l *loop) purgeBatches(ctx context.Context, sql string, cutoff time.Time, w
 		}
 	}
 	return total, nil
+}
+
+// repairQueues runs sqlRepairQueues, fenced by the leadership's term, and
+// says so when it wrote anything: the queues' writers keep them, so a
+// repair means work was made pending by something that did not.
+func (l *loop) repairQueues(ctx context.Context) error {
+	var n int64
+	err := leader.FencedTx(ctx, l.m.db, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, sqlRepairQueues, l.pool)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("repairing the org queues of pool %s: %w", l.pool, err)
+	}
+	if n > 0 {
+		l.m.metrics.queueRepairs.WithLabelValues(l.pool).Add(float64(n))
+		l.m.logger.Warn("pending work had no org queue (or one whose head was past it): repaired; expected only during a rolling upgrade from a version before the queues",
+			"pool", l.pool, "orgs", n)
+	}
+	return nil
 }

@@ -17,9 +17,13 @@ type metrics struct {
 	hookRetries                                   *prometheus.CounterVec
 	// refused is labelled by pool only: an org label would let tenants
 	// grow the series without bound.
-	refused   *prometheus.CounterVec
-	iteration *prometheus.HistogramVec
-	startLag  *prometheus.HistogramVec
+	refused *prometheus.CounterVec
+	// queueRepairs counts org queues the leader's repair had to write:
+	// work that was pending without its queue (docs/workpool.md § "Org
+	// queues"). Anything but 0 outside a rolling upgrade is a bug.
+	queueRepairs *prometheus.CounterVec
+	iteration    *prometheus.HistogramVec
+	startLag     *prometheus.HistogramVec
 	// Executor-side batching (this replica, all pools).
 	claimBatch, reportBatch     prometheus.Histogram
 	claimSeconds, reportSeconds prometheus.Histogram
@@ -40,6 +44,8 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 		hookRetries: counter("hook_retries_total", "Retried onComplete hook calls."),
 		refused: counter("enqueue_refused_total",
 			"Work items refused at enqueue because their org reached its cap of unfinished work in the pool (REVEILLE_ORG_MAX_PENDING)."),
+		queueRepairs: counter("queue_repairs_total",
+			"Org queues the leader's repair wrote: orgs whose pending work had no queue row, or a head after it (0 but during a rolling upgrade from a version before the queues)."),
 		iteration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "reveille_workpool_loop_iteration_seconds",
 			Help:    "Duration of one main loop iteration.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}}, []string{"pool"}),
@@ -61,7 +67,7 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 		return mt, nil
 	}
 	for _, c := range []prometheus.Collector{mt.started, mt.succeeded, mt.failed, mt.retried, mt.canceled,
-		mt.hookCalls, mt.hookRetries, mt.refused, mt.iteration, mt.startLag, mt.claimBatch, mt.reportBatch, mt.claimSeconds,
+		mt.hookCalls, mt.hookRetries, mt.refused, mt.queueRepairs, mt.iteration, mt.startLag, mt.claimBatch, mt.reportBatch, mt.claimSeconds,
 		mt.reportSeconds, &depthCollector{m: m}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("workpool metrics: %w", err)

@@ -114,40 +114,54 @@ const sqlNotifyEach = `SELECT pg_notify('` + notifyChannel + `', p) FROM unnest(
 // uncorrelated probe otherwise: with array parameters, or a join with the
 // batch, the plan cache re-planned the statement at every call, which
 // doubled an enqueue's cost.
-const sqlEnqueueCounted = `
+var sqlEnqueueCounted = `
 WITH counted AS (
   INSERT INTO workpool_org_pending (pool, org_id, pending, counted_at) VALUES ($18, $19, $21, $16)
   ON CONFLICT (pool, org_id) DO UPDATE SET pending = workpool_org_pending.pending + excluded.pending
   RETURNING pending
-), ` + sqlQueueOrgs + sqlEnqueueRows + `
+), ` + sqlQueueOrgsAfter("counted") + sqlEnqueueRows + `
   AND (NOT $22::bool OR (SELECT pending FROM counted) <= $20)`
 
-const sqlEnqueueGroups = sqlEnqueueInsert + `
+var sqlEnqueueGroups = sqlEnqueueInsert + `
   AND NOT EXISTS (SELECT 1 FROM workpool_org_pending c
     WHERE c.pool = ANY($18) AND c.org_id = ANY($19) AND c.pool || '/' || c.org_id = ANY($21) AND c.pending > $20)`
 
-const sqlEnqueue = sqlEnqueueInsert + `
+var sqlEnqueue = sqlEnqueueInsert + `
   AND NOT EXISTS (SELECT 1 FROM workpool_org_pending c WHERE c.pool = $18 AND c.org_id = $19 AND c.pending > $20)`
 
-const sqlEnqueueInsert = `
-WITH ` + sqlQueueOrgs + sqlEnqueueRows
+var sqlEnqueueInsert = `
+WITH ` + sqlQueueOrgsAfter("") + sqlEnqueueRows
 
-// sqlQueueOrgs is the CTE of every enqueue that keeps the fair pick's org
-// queues (queues.go): each (pool, org) of the batch's plain items gets its
-// row, its head lowered to the batch's earliest run_at. Not referenced by
-// the insert, it runs after it, so an enqueue locks its pending counts
-// (counted, sqlAddPending) before its queues, in (pool, org) order. A batch
-// that inserts nothing (past a cap) may leave a head too early, which
-// costs the loop one probe; a batch naming an unknown pool writes none.
-const sqlQueueOrgs = `queued AS (
+// sqlQueueOrgsAfter is the CTE queued of every enqueue, which keeps the
+// fair pick's org queues (docs/workpool.md § "Org queues"): each (pool,
+// org) of the batch's plain items gets its row, its head lowered to the
+// batch's earliest run_at. Not referenced by the insert, it runs after it;
+// given counted (the CTE that raises the batch's pending count), it runs
+// after that too even when the insert does not read the count (every item
+// BypassPendingCap), so that every enqueue locks an org's pending count
+// before its queue row (sqlAddPending, before sqlEnqueueGroups, does too)
+// and two enqueues of one org cannot deadlock. Rows are locked in (pool,
+// org) order. The upsert always writes the row, even when the head stays:
+// the pick moves a head only where the row's xmin is unchanged since its
+// snapshot, so an enqueue that locked the row without writing it could
+// have its items passed over. A batch that inserts nothing (past a cap)
+// may leave a head too early, which costs the loop one probe; a batch
+// naming an unknown pool writes none.
+func sqlQueueOrgsAfter(counted string) string {
+	after := ""
+	if counted != "" {
+		after = " AND (SELECT pending FROM " + counted + ") IS NOT NULL"
+	}
+	return `queued AS (
   INSERT INTO workpool_org_queues (pool, org_id, head_at)
   SELECT u.pool, u.org_id, min(u.run_at)
   FROM unnest($2::text[], $3::text[], $6::timestamptz[], $13::text[], $17::bool[]) AS u(org_id, pool, run_at, ckey, replay)
-  WHERE u.replay IS NOT TRUE AND u.ckey IS NULL AND (SELECT count(*) FROM workpool_pools WHERE name = ANY($3)) = $15
+  WHERE u.replay IS NOT TRUE AND u.ckey IS NULL AND (SELECT count(*) FROM workpool_pools WHERE name = ANY($3)) = $15` + after + `
   GROUP BY u.pool, u.org_id
   ORDER BY u.pool, u.org_id
   ON CONFLICT (pool, org_id) DO UPDATE SET head_at = least(workpool_org_queues.head_at, excluded.head_at)
 )`
+}
 
 const sqlEnqueueRows = `
 INSERT INTO workpool_work (id, org_id, pool, handler, args, state, run_at, max_attempts, initial_backoff_ms,
@@ -312,8 +326,9 @@ WHERE w.id = c.id AND w.state = 'running' AND w.attempts = c.attempt - 1
 RETURNING w.id, w.org_id, w.pool, w.handler, w.state, w.outcome, w.result, w.error, w.attempts,
   w.on_complete_hook, w.on_complete_context, c.kind, w.run_at, w.concurrency_key
 ), requeued AS (
-  -- work pending again goes back into its org's queue (queues.go), rows
-  -- locked in (pool, org) order as an enqueue locks them
+  -- work pending again goes back into its org's queue (docs/workpool.md §
+  -- "Org queues"), rows locked in (pool, org) order as an enqueue locks
+  -- them, and always written (see sqlQueueOrgsAfter)
   INSERT INTO workpool_org_queues (pool, org_id, head_at)
   SELECT pool, org_id, min(run_at) FROM done WHERE state = 'pending' AND concurrency_key IS NULL
   GROUP BY pool, org_id
@@ -743,6 +758,31 @@ WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
   -- that the loop waiting out its cooldown wakes for it in time
   least((SELECT min(head_at) FROM workpool_org_queues WHERE pool = $1 AND head_at > $2),
         (SELECT min(head_at) FROM moved WHERE head_at > $2)),`)
+
+// sqlRepairQueues gives every org with pending plain work in pool $1 its
+// queue row, or lowers a row's head to the org's earliest pending run_at
+// when it is later (a chore of the leader, and the first thing a new term
+// does): the writers keep the queues in the transactions that make work
+// pending, so this finds nothing — unless something else wrote work (a
+// replica of a version before the queues, during a rolling upgrade, or a
+// hand-made INSERT). It only lowers heads, so it cannot hide work either.
+// It returns the rows it wrote. One probe per org walks the pending index.
+const sqlRepairQueues = `
+WITH RECURSIVE orgs(org_id) AS (
+  SELECT (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
+          ORDER BY org_id LIMIT 1)
+  UNION ALL
+  SELECT (SELECT w.org_id FROM workpool_work w WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL
+            AND w.org_id > o.org_id ORDER BY w.org_id LIMIT 1)
+  FROM orgs o WHERE o.org_id IS NOT NULL
+)
+INSERT INTO workpool_org_queues (pool, org_id, head_at)
+SELECT $1, o.org_id, (SELECT min(w.run_at) FROM workpool_work w
+  WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL)
+FROM orgs o WHERE o.org_id IS NOT NULL
+ORDER BY o.org_id
+ON CONFLICT (pool, org_id) DO UPDATE SET head_at = excluded.head_at
+WHERE excluded.head_at < workpool_org_queues.head_at`
 
 // sqlCensus tells an iteration whether fair share has anything to share:
 // how many orgs (up to 2) have ready plain work, and whether keyed work is

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
@@ -251,4 +252,84 @@ func TestOrgQueues_UnderConcurrentEnqueuesAndRetriesEveryItemFinishes(t *testing
 	var succeeded int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM workpool_work WHERE outcome = 'succeeded'`).Scan(&succeeded))
 	require.Equal(t, writers*batches*4, succeeded)
+}
+
+// An enqueue locks its org's pending count before its queue row, whatever
+// its items say about the cap: a wake-up's owed work (BypassPendingCap)
+// once took the queue row first and deadlocked with an API enqueue of the
+// same org, which takes the count first.
+func TestOrgQueues_AnEnqueueLocksItsPendingCountBeforeItsQueue(t *testing.T) {
+	for _, bypass := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bypass=%v", bypass), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			h.enqueue(withOrg("a")) // both rows exist
+			holder, err := h.db.Begin(h.ctx)
+			require.NoError(t, err)
+			defer func() { _ = holder.Rollback(h.ctx) }()
+			_, err = holder.Exec(h.ctx, sqlLockPending, "default", "a")
+			require.NoError(t, err)
+
+			done := make(chan error, 1)
+			go func() {
+				_, err := h.m.EnqueueMany(h.ctx, []EnqueueParams{{OrgID: "a", Pool: "default", Handler: "test_handle", BypassPendingCap: bypass}})
+				done <- err
+			}()
+			require.Eventually(t, func() bool { // the enqueue waits for the count
+				var waiting bool
+				require.NoError(t, h.db.QueryRow(h.ctx,
+					`SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND locktype = 'transactionid')`).Scan(&waiting))
+				return waiting
+			}, 10*time.Second, 10*time.Millisecond)
+			// …and does not hold the queue row meanwhile
+			_, err = h.db.Exec(h.ctx, `SELECT 1 FROM workpool_org_queues WHERE pool = 'default' AND org_id = 'a' FOR UPDATE NOWAIT`)
+			require.NoError(t, err, "the waiting enqueue holds the org's queue row")
+
+			require.NoError(t, holder.Rollback(h.ctx))
+			require.NoError(t, <-done)
+		})
+	}
+}
+
+// A retry does not move a queue's head past work that was already waiting.
+func TestOrgQueues_ARetryLaterThanTheHeadKeepsIt(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(10))
+	withPerOrgCap(t, h, 1)
+	first := h.enqueue(withOrg("a"), withRetry(3, 60_000, 1))
+	h.clock.Advance(time.Millisecond)
+	second := h.enqueue(withOrg("a"))
+	h.runMain() // the cap lets one start: first
+	require.True(t, h.observe().isRunning(first))
+	h.runMain() // a's head moves to second
+
+	h.complete(first, "failed", 1) // its retry is due a minute from now
+
+	h.runMain()
+	require.True(t, h.observe().isRunning(second), "the item queued before the retry started")
+}
+
+// The leader writes back a queue that work was made pending without (a
+// replica of a version before the queues, during a rolling upgrade), and
+// leaves correct queues as they are.
+func TestOrgQueues_TheRepairWritesBackAMissingQueueAndCountsIt(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(10))
+	withPerOrgCap(t, h, 10)
+	now := h.clock.Now()
+	lost := h.enqueue(withOrg("a"), withRunAt(now.Add(-time.Second)))
+	h.enqueue(withOrg("b"))
+	h.exec(`DELETE FROM workpool_org_queues WHERE org_id = 'a'`)
+	var xmin string
+	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT xmin::text FROM workpool_org_queues WHERE org_id = 'b'`).Scan(&xmin))
+
+	require.NoError(t, h.l.repairQueues(h.ctx))
+
+	require.Equal(t, now.Add(-time.Second), h.queueHeads()["a"])
+	var after string
+	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT xmin::text FROM workpool_org_queues WHERE org_id = 'b'`).Scan(&after))
+	require.Equal(t, xmin, after, "a correct queue is not rewritten")
+	require.Equal(t, 1.0, testutil.ToFloat64(h.m.metrics.queueRepairs.WithLabelValues("default")))
+	h.runMain()
+	require.True(t, h.observe().isRunning(lost))
 }
