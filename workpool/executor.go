@@ -104,11 +104,20 @@ func (e *executor) kick() {
 
 func (e *executor) claimLoop() {
 	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
+	// Claims follow kicks (a loop's NOTIFY, a registration, freed
+	// capacity), and a poll every heartbeat interval besides: a
+	// notification lost while this replica's LISTEN connection was not up
+	// (starting, reconnecting) would otherwise leave work started for this
+	// replica's handlers unclaimed until the heartbeat timeout recovered it
+	// and counted an attempt it never ran.
+	poll := time.NewTicker(e.m.cfg.HeartbeatInterval)
+	defer poll.Stop()
 	for {
 		select {
 		case <-e.claimCtx.Done():
 			return
 		case <-e.kickc:
+		case <-poll.C:
 		}
 		for e.claimCtx.Err() == nil {
 			n, limit, err := e.claimOnce()

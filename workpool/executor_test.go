@@ -239,3 +239,24 @@ func TestStop_WithADeadlineShorterThanTheGraceStillHandsTheWorkBack(t *testing.T
 	require.Equal(t, StatePending, s.State, "handed back, not left running until recovery")
 	require.Zero(t, s.Attempts)
 }
+
+// Work started for this replica's handlers whose notification never came
+// (a replica ignores its own notifications, and a handler registered just
+// after its loop started the work elsewhere missed the kick) is claimed by
+// the executor's poll within a heartbeat interval, not left to the
+// heartbeat timeout, which would count an attempt that never ran.
+func TestExecutor_ClaimsStartedWorkWhoseNotificationWasLost(t *testing.T) {
+	t.Parallel()
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5},
+		HeartbeatTimeout: 10 * time.Minute, HeartbeatInterval: 100 * time.Millisecond})
+	ctx := context.Background()
+	require.NoError(t, m.Pause(ctx, "default"))
+	id := enqueueOn(t, m, EnqueueParams{Handler: "noop"})
+	// started elsewhere, silently: as a loop's start whose NOTIFY was lost
+	_, err := db.Exec(ctx, `UPDATE workpool_work SET state = 'running', started_at = now(), claimed_by = NULL, heartbeat_at = NULL
+		WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	s := requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+	require.Equal(t, 1, s.Attempts)
+}

@@ -759,6 +759,19 @@ WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
   least((SELECT min(head_at) FROM workpool_org_queues WHERE pool = $1 AND head_at > $2),
         (SELECT min(head_at) FROM moved WHERE head_at > $2)),`)
 
+// sqlPendingOrgsWalk is the recursive CTE orgs: every org with pending
+// plain work in pool $1 (and a last row of null), one probe of the pending
+// index per org — a walk for the chores and the idle outlook, not for a
+// start, which reads the orgs from their queues.
+const sqlPendingOrgsWalk = `orgs(org_id) AS (
+  SELECT (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
+          ORDER BY org_id LIMIT 1)
+  UNION ALL
+  SELECT (SELECT w.org_id FROM workpool_work w WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL
+            AND w.org_id > o.org_id ORDER BY w.org_id LIMIT 1)
+  FROM orgs o WHERE o.org_id IS NOT NULL
+)`
+
 // sqlRepairQueues gives every org with pending plain work in pool $1 its
 // queue row, or lowers a row's head to the org's earliest pending run_at
 // when it is later (a chore of the leader, and the first thing a new term
@@ -768,14 +781,7 @@ WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
 // hand-made INSERT). It only lowers heads, so it cannot hide work either.
 // It returns the rows it wrote. One probe per org walks the pending index.
 const sqlRepairQueues = `
-WITH RECURSIVE orgs(org_id) AS (
-  SELECT (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
-          ORDER BY org_id LIMIT 1)
-  UNION ALL
-  SELECT (SELECT w.org_id FROM workpool_work w WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL
-            AND w.org_id > o.org_id ORDER BY w.org_id LIMIT 1)
-  FROM orgs o WHERE o.org_id IS NOT NULL
-)
+WITH RECURSIVE ` + sqlPendingOrgsWalk + `
 INSERT INTO workpool_org_queues (pool, org_id, head_at)
 SELECT $1, o.org_id, (SELECT min(w.run_at) FROM workpool_work w
   WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL)
@@ -806,14 +812,7 @@ SELECT
 // in use, whether ready work waits, the earliest future start and the
 // earliest hook retry.
 const sqlOutlook = `
-WITH RECURSIVE orgs(org_id) AS (
-  SELECT (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
-          ORDER BY org_id LIMIT 1)
-  UNION ALL
-  SELECT (SELECT w.org_id FROM workpool_work w WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL
-            AND w.org_id > o.org_id ORDER BY w.org_id LIMIT 1)
-  FROM orgs o WHERE o.org_id IS NOT NULL
-), heads AS (
+WITH RECURSIVE ` + sqlPendingOrgsWalk + `, heads AS (
   SELECT (SELECT min(w.run_at) FROM workpool_work w WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending'
             AND w.concurrency_key IS NULL) AS first_at,
          (SELECT min(w.run_at) FROM workpool_work w WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending'
