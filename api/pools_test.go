@@ -400,3 +400,39 @@ func TestWakeupWorkTakesAConcurrencyKey(t *testing.T) {
 	require.Equal(t, "customer-7", key)
 	require.Equal(t, 2, limit)
 }
+
+// A work item shows the key it was enqueued with, and its limit; unkeyed
+// work shows neither.
+func TestWorkShowsItsConcurrencyKeyAndLimit(t *testing.T) {
+	f := newPoolsFixture(t)
+	_, _ = f.gate()
+	require.Equal(t, http.StatusOK, f.post("/v1/pools/default/pause", f.operator).Status)
+	for _, c := range []struct {
+		name string
+		body map[string]any
+		want map[string]any // the key fields expected, absent when nil
+	}{
+		{"keyed with a limit", map[string]any{"handler": "gate", "concurrency_key": "customer-7", "key_limit": 3},
+			map[string]any{"concurrency_key": "customer-7", "key_limit": 3.0}},
+		{"keyed without a limit", map[string]any{"handler": "gate", "concurrency_key": "customer-8"},
+			map[string]any{"concurrency_key": "customer-8", "key_limit": 1.0}},
+		{"unkeyed", map[string]any{"handler": "gate"}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			id := f.enqueue(f.admin, c.body)
+			r := do(t, f.h, http.MethodGet, "/v1/work/"+id, f.admin, nil)
+			require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+			got := map[string]any{}
+			for _, k := range []string{"concurrency_key", "key_limit"} {
+				if v, ok := r.JSON(t)[k]; ok {
+					got[k] = v
+				}
+			}
+			if c.want == nil {
+				require.Empty(t, got)
+				return
+			}
+			require.Equal(t, c.want, got)
+		})
+	}
+}

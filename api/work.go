@@ -53,12 +53,14 @@ type workJSON struct {
 	RunAt            time.Time       `json:"run_at"`
 	CreatedAt        time.Time       `json:"created_at"`
 	FinishedAt       *time.Time      `json:"finished_at,omitempty"`
+	ConcurrencyKey   string          `json:"concurrency_key,omitempty"`
+	KeyLimit         int             `json:"key_limit,omitempty"`
 }
 
 func workOut(st workpool.Status) workJSON {
 	out := workJSON{
 		ID: st.ID.String(), Pool: st.Pool, Handler: st.Handler, State: string(st.State), PreviousAttempts: st.PreviousAttempts,
-		RunAt: st.RunAt.UTC(), CreatedAt: st.CreatedAt.UTC(),
+		RunAt: st.RunAt.UTC(), CreatedAt: st.CreatedAt.UTC(), ConcurrencyKey: st.ConcurrencyKey, KeyLimit: st.KeyLimit,
 	}
 	if st.State != workpool.StateFinished {
 		return out

@@ -96,6 +96,10 @@ type Work struct {
 	RunAt      time.Time       `json:"run_at"`
 	CreatedAt  time.Time       `json:"created_at"`
 	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+	// ConcurrencyKey and KeyLimit are set when the work was enqueued with
+	// a key.
+	ConcurrencyKey string `json:"concurrency_key,omitempty"`
+	KeyLimit       int    `json:"key_limit,omitempty"`
 }
 
 // List iterates over the pools.

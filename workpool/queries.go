@@ -198,7 +198,8 @@ DELETE FROM workpool_idempotency_keys WHERE ctid = ANY(ARRAY(
 const sqlKnownPools = `SELECT name FROM workpool_pools WHERE name = ANY($1)`
 
 const sqlStatus = `
-SELECT id, org_id, pool, handler, state, attempts, canceled, outcome, result, error, run_at, created_at, finished_at
+SELECT id, org_id, pool, handler, state, attempts, canceled, outcome, result, error, run_at, created_at, finished_at,
+  coalesce(concurrency_key, ''), coalesce(key_limit, CASE WHEN concurrency_key IS NOT NULL THEN 1 ELSE 0 END)
 FROM workpool_work WHERE id = $1 AND org_id = $2`
 
 // sqlCancel records a cancelation for unfinished work (at most one pending

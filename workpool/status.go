@@ -25,7 +25,7 @@ func (m *Manager) StatusTx(ctx context.Context, q Querier, orgID string, id uuid
 		errText *string
 	)
 	err := q.QueryRow(ctx, sqlStatus, id, orgID).Scan(&s.ID, &s.OrgID, &s.Pool, &s.Handler, &state, &s.Attempts,
-		&s.Canceled, &outcome, &s.Result, &errText, &s.RunAt, &s.CreatedAt, &s.FinishedAt)
+		&s.Canceled, &outcome, &s.Result, &errText, &s.RunAt, &s.CreatedAt, &s.FinishedAt, &s.ConcurrencyKey, &s.KeyLimit)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Status{}, ErrNotFound
 	}

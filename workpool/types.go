@@ -185,6 +185,10 @@ type Status struct {
 	RunAt            time.Time
 	CreatedAt        time.Time
 	FinishedAt       *time.Time
+	// ConcurrencyKey and KeyLimit, when the work was enqueued with a key
+	// ("" and 0 otherwise).
+	ConcurrencyKey string
+	KeyLimit       int
 }
 
 // RunStatus is a pool main loop's published state: "running" while it
