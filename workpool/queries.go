@@ -540,18 +540,54 @@ free AS (SELECT ` + sqlFreeSlotsOfOrgs("$8::int") + ` AS n),
 // none). It needs WITH RECURSIVE.
 func sqlPickFair(perOrgCap string) string {
 	return `
-queues AS (
+queued AS (
   -- the orgs whose plain queues may hold ready work (workpool_org_queues:
   -- a superset, each head at or before the org's oldest pending item),
-  -- each with its oldest ready item if it has one: one short index probe
-  -- per org, from the recorded head on
-  SELECT q.org_id, q.head_at, q.xmin AS seen, h.tid, h.run_at
-  FROM workpool_org_queues q LEFT JOIN LATERAL (
+  -- each with the turn its next start would take, (running + 1) / weight,
+  -- and whether the per-org cap lets it start one
+  SELECT q.org_id, q.head_at, q.xmin AS seen,
+    (coalesce(r.n, 0) + 1)::float8 / coalesce(wt.weight, 1) AS t1,
+    ` + perOrgCap + ` IS NULL OR coalesce(r.n, 0) < ` + perOrgCap + ` AS open
+  FROM workpool_org_queues q
+  LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = q.org_id
+  LEFT JOIN running r ON r.org_id = q.org_id
+  WHERE q.pool = $1 AND q.head_at <= $2 AND (SELECT n FROM free) > 0
+),
+level AS (
+  -- the free slots' worth of the lowest next turns
+  SELECT max(t1) AS t FROM (SELECT t1 FROM queued WHERE open ORDER BY t1 LIMIT (SELECT n FROM free)) x
+),
+near AS (
+  -- the orgs whose next turn is within that level, each with its oldest
+  -- ready item if it has one: one short index probe per org, from the
+  -- recorded head on
+  SELECT q.org_id, q.head_at, q.seen, h.tid, h.run_at
+  FROM queued q LEFT JOIN LATERAL (
     SELECT w.ctid AS tid, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = q.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
       AND w.run_at >= q.head_at AND w.run_at <= $2
     ORDER BY w.run_at LIMIT 1) h ON true
-  WHERE q.pool = $1 AND q.head_at <= $2 AND (SELECT n FROM free) > 0
+  WHERE q.open AND q.t1 <= (SELECT t FROM level)
+),
+near_ok AS (
+  -- When each of them has ready work (and no keyed work waits), they hold
+  -- at least the free slots' worth of turns up to the level, and no other
+  -- org has one: the pick needs nothing from the others. For a slot or
+  -- two freed in a busy pool, that is one org probed, not every org.
+  SELECT NOT EXISTS (SELECT 1 FROM near WHERE tid IS NULL) AND (SELECT org_id FROM keys LIMIT 1) IS NULL AS ok
+),
+queues AS (
+  -- the orgs the pick considers: the near ones, or (a head gone stale,
+  -- keyed work) every queued org, each with its head
+  SELECT * FROM near
+  UNION ALL
+  SELECT q.org_id, q.head_at, q.seen, h.tid, h.run_at
+  FROM queued q LEFT JOIN LATERAL (
+    SELECT w.ctid AS tid, w.run_at FROM workpool_work w
+    WHERE w.pool = $1 AND w.org_id = q.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
+      AND w.run_at >= q.head_at AND w.run_at <= $2
+    ORDER BY w.run_at LIMIT 1) h ON true
+  WHERE NOT (SELECT ok FROM near_ok) AND NOT coalesce(q.open AND q.t1 <= (SELECT t FROM level), false)
 ),
 orgs AS (
   -- each org with ready plain work and its queue's head

@@ -333,3 +333,30 @@ func TestOrgQueues_TheRepairWritesBackAMissingQueueAndCountsIt(t *testing.T) {
 	h.runMain()
 	require.True(t, h.observe().isRunning(lost))
 }
+
+// The pick probes only the orgs nearest in turn when each of them has
+// ready work; a stale queue among them (its work all gone) makes it probe
+// every org, so that the free slot still goes to the next org in the fair
+// order rather than to nobody.
+func TestOrgQueues_AStaleQueueNearestInTurnDoesNotHoldUpAFreeSlot(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(3))
+	withPerOrgCap(t, h, 10)
+	h.enqueue(withOrg("b"))
+	h.enqueue(withOrg("c"))
+	h.runMain() // b and c hold a slot each
+	h.clock.Advance(time.Millisecond)
+	b2 := h.enqueue(withOrg("b"))
+	h.clock.Advance(time.Millisecond)
+	c2 := h.enqueue(withOrg("c"))
+	// a queue for org a, which holds no slot (the lowest next turn) and
+	// has no work
+	h.exec(`INSERT INTO workpool_org_queues (pool, org_id, head_at) VALUES ('default', 'a', $1)`, h.clock.Now().Add(-time.Hour))
+
+	h.runMain() // one free slot
+
+	obs := h.observe()
+	require.True(t, obs.isRunning(b2), "the slot went to the next org in the fair order")
+	require.True(t, obs.isPending(c2))
+	require.NotContains(t, h.queueHeads(), "a", "the stale queue is dropped")
+}
