@@ -535,6 +535,15 @@ free AS (SELECT ` + sqlFreeSlotsOfOrgs("$8::int") + ` AS n),
 ` + sqlPickFair("$9::int") + `,
 ` + sqlStartPicked("")
 
+// sqlHeadProbe joins each queued org q (org_id, head_at) with its oldest
+// ready plain item h (tid, run_at; null when it has none): one short index
+// probe from the recorded head on.
+const sqlHeadProbe = `LEFT JOIN LATERAL (
+    SELECT w.ctid AS tid, w.run_at FROM workpool_work w
+    WHERE w.pool = $1 AND w.org_id = q.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
+      AND w.run_at >= q.head_at AND w.run_at <= $2
+    ORDER BY w.run_at LIMIT 1) h ON true`
+
 // sqlPickFair picks ready work into the free slots (CTE free) fairly, as
 // sqlStartFair describes; perOrgCap is the SQL of the per-org cap (null:
 // none). It needs WITH RECURSIVE.
@@ -562,11 +571,7 @@ near AS (
   -- ready item if it has one: one short index probe per org, from the
   -- recorded head on
   SELECT q.org_id, q.head_at, q.seen, h.tid, h.run_at
-  FROM queued q LEFT JOIN LATERAL (
-    SELECT w.ctid AS tid, w.run_at FROM workpool_work w
-    WHERE w.pool = $1 AND w.org_id = q.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
-      AND w.run_at >= q.head_at AND w.run_at <= $2
-    ORDER BY w.run_at LIMIT 1) h ON true
+  FROM queued q ` + sqlHeadProbe + `
   WHERE q.open AND q.t1 <= (SELECT t FROM level)
 ),
 near_ok AS (
@@ -582,11 +587,7 @@ queues AS (
   SELECT * FROM near
   UNION ALL
   SELECT q.org_id, q.head_at, q.seen, h.tid, h.run_at
-  FROM queued q LEFT JOIN LATERAL (
-    SELECT w.ctid AS tid, w.run_at FROM workpool_work w
-    WHERE w.pool = $1 AND w.org_id = q.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
-      AND w.run_at >= q.head_at AND w.run_at <= $2
-    ORDER BY w.run_at LIMIT 1) h ON true
+  FROM queued q ` + sqlHeadProbe + `
   WHERE NOT (SELECT ok FROM near_ok) AND NOT coalesce(q.open AND q.t1 <= (SELECT t FROM level), false)
 ),
 orgs AS (
