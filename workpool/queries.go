@@ -463,7 +463,7 @@ FOR UPDATE SKIP LOCKED`
 // makes the same choice.
 const sqlPickPlain = `
 pick AS (
-  SELECT id, handler FROM workpool_work
+  SELECT id, handler, ctid AS tid FROM workpool_work
   WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
   ORDER BY org_id, run_at
   LIMIT (SELECT n FROM free)
@@ -480,7 +480,7 @@ pick AS (
 func sqlStartPicked(extra string) string {
 	return `
 split AS (
-  SELECT id, coalesce(handler = ANY($4), false)
+  SELECT tid, coalesce(handler = ANY($4), false)
     AND row_number() OVER (PARTITION BY coalesce(handler = ANY($4), false))
         <= least($5::int, ceil((SELECT count(*) FROM pick) * $6::float8)) AS mine
   FROM pick
@@ -488,11 +488,11 @@ split AS (
   -- (two updates over disjoint rows, each by its id array: no per-row
   -- search of one set in the other, which grows with the square of a batch)
   UPDATE workpool_work w SET state = 'running', started_at = $2, claimed_by = $7::uuid, heartbeat_at = $2
-  WHERE w.id = ANY(ARRAY(SELECT id FROM split WHERE mine))
+  WHERE w.ctid = ANY(ARRAY(SELECT tid FROM split WHERE mine))
   RETURNING w.id, w.org_id, w.handler, w.args, w.attempts, w.timeout_ms, w.on_complete_hook IS NOT NULL AS hook, w.run_at
 ), started_elsewhere AS (
   UPDATE workpool_work w SET state = 'running', started_at = $2, claimed_by = NULL, heartbeat_at = NULL
-  WHERE w.id = ANY(ARRAY(SELECT id FROM split WHERE NOT mine))
+  WHERE w.ctid = ANY(ARRAY(SELECT tid FROM split WHERE NOT mine))
   RETURNING w.id, w.run_at
 ), started AS (
   SELECT id, org_id, handler, args, attempts, timeout_ms, hook, run_at, true AS mine FROM started_here
@@ -547,16 +547,25 @@ const sqlHeadProbe = `LEFT JOIN LATERAL (
 // sqlPickFair picks ready work into the free slots (CTE free) fairly, as
 // sqlStartFair describes; perOrgCap is the SQL of the per-org cap (null:
 // none). It needs WITH RECURSIVE.
+//
+// It has two ways to the same pick. The near one reads only the orgs
+// nearest in turn, each with one index range read from its queue's head;
+// when that proves too little (an org among them has no ready work, or
+// keyed work waits), the full one probes every queued org.
 func sqlPickFair(perOrgCap string) string {
 	return `
 queued AS (
   -- the orgs whose plain queues may hold ready work (workpool_org_queues:
   -- a superset, each head at or before the org's oldest pending item),
-  -- each with the turn its next start would take, (running + 1) / weight,
-  -- and whether the per-org cap lets it start one
+  -- each with its weight, its running attempts, the turn its next start
+  -- would take, (running + 1) / weight, whether the per-org cap lets it
+  -- start one, and its room, the most it may start now
   SELECT q.org_id, q.head_at, q.xmin AS seen,
+    coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
     (coalesce(r.n, 0) + 1)::float8 / coalesce(wt.weight, 1) AS t1,
-    ` + perOrgCap + ` IS NULL OR coalesce(r.n, 0) < ` + perOrgCap + ` AS open
+    ` + perOrgCap + ` IS NULL OR coalesce(r.n, 0) < ` + perOrgCap + ` AS open,
+    greatest(least((SELECT n FROM free),
+      CASE WHEN ` + perOrgCap + ` IS NULL THEN 2147483647 ELSE ` + perOrgCap + ` - coalesce(r.n, 0) END), 0) AS room
   FROM workpool_org_queues q
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = q.org_id
   LEFT JOIN running r ON r.org_id = q.org_id
@@ -567,28 +576,36 @@ level AS (
   SELECT max(t1) AS t FROM (SELECT t1 FROM queued WHERE open ORDER BY t1 LIMIT (SELECT n FROM free)) x
 ),
 near AS (
-  -- the orgs whose next turn is within that level, each with its oldest
-  -- ready item if it has one: one short index probe per org, from the
-  -- recorded head on
-  SELECT q.org_id, q.head_at, q.seen, h.tid, h.run_at
-  FROM queued q ` + sqlHeadProbe + `
-  WHERE q.open AND q.t1 <= (SELECT t FROM level)
+  -- the orgs whose next turn is within that level
+  SELECT * FROM queued WHERE open AND t1 <= (SELECT t FROM level)
+),
+` + sqlShareBound("near_", "near") + `,
+near_read AS (
+  -- each near org's candidates (at least its head, to learn that it has
+  -- one): one index range read from its queue's head
+  SELECT o.org_id, o.head_at, o.seen, o.weight, o.running, o.n, c.tid, c.run_at, c.rn
+  FROM near_lim o LEFT JOIN LATERAL (
+    -- (numbered outside the limit: a window beside it would read on to
+    -- the end of the run_at group)
+    SELECT x.tid, x.run_at, row_number() OVER () AS rn FROM (
+      SELECT w.ctid AS tid, w.run_at FROM workpool_work w
+      WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
+        AND w.run_at >= o.head_at AND w.run_at <= $2
+      ORDER BY w.run_at LIMIT greatest(o.n, 1)) x) c ON true
 ),
 near_ok AS (
-  -- When each of them has ready work (and no keyed work waits), they hold
+  -- When no keyed work waits and each near org has ready work, they hold
   -- at least the free slots' worth of turns up to the level, and no other
   -- org has one: the pick needs nothing from the others. For a slot or
-  -- two freed in a busy pool, that is one org probed, not every org.
-  SELECT NOT EXISTS (SELECT 1 FROM near WHERE tid IS NULL) AND (SELECT org_id FROM keys LIMIT 1) IS NULL AS ok
+  -- two freed in a busy pool, that is one org read, not every org.
+  SELECT (SELECT org_id FROM keys LIMIT 1) IS NULL AND NOT EXISTS (SELECT 1 FROM near_read WHERE tid IS NULL) AS ok
 ),
 queues AS (
-  -- the orgs the pick considers: the near ones, or (a head gone stale,
-  -- keyed work) every queued org, each with its head
-  SELECT * FROM near
-  UNION ALL
+  -- otherwise (a head gone stale, keyed work) every queued org, each with
+  -- its oldest ready item (null: none): one short probe per org
   SELECT q.org_id, q.head_at, q.seen, h.tid, h.run_at
   FROM queued q ` + sqlHeadProbe + `
-  WHERE NOT (SELECT ok FROM near_ok) AND NOT coalesce(q.open AND q.t1 <= (SELECT t FROM level), false)
+  WHERE NOT (SELECT ok FROM near_ok)
 ),
 orgs AS (
   -- each org with ready plain work and its queue's head
@@ -619,10 +636,13 @@ held AS (
   LEFT JOIN running r ON r.org_id = d.org_id
   WHERE (SELECT n FROM free) > 0
 ),
-` + sqlShareBound("held") + `,
+` + sqlShareBound("", "held") + `,
 cand AS (
-  -- an org's plain candidates: its head, found by queues, then (when it
-  -- may take more) those after it, read from the head on
+  -- the candidates: the near orgs' as read; or each org's plain head found
+  -- by queues, then (when it may take more) those after it, read from the
+  -- head on, and keyed work
+  SELECT tid, org_id, run_at, weight, running, n FROM near_read WHERE rn <= n AND (SELECT ok FROM near_ok)
+  UNION ALL
   SELECT h.tid, h.org_id, h.run_at, o.weight, o.running, o.n FROM orgs h JOIN lim o ON o.org_id = h.org_id WHERE o.n > 0
   UNION ALL
   SELECT c.tid, h.org_id, c.run_at, o.weight, o.running, o.n
@@ -650,20 +670,26 @@ ranked AS (
 ),
 pick AS (
   -- (by tuple id: no index lookup per started item)
-  SELECT w.id, w.handler FROM workpool_work w
+  SELECT w.id, w.handler, w.ctid AS tid FROM workpool_work w
   WHERE w.ctid = ANY(ARRAY(SELECT tid FROM ranked WHERE rn <= n
                            ORDER BY (running + rn)::float8 / weight, run_at LIMIT (SELECT n FROM free)))
     AND w.state = 'pending'
   FOR UPDATE SKIP LOCKED
 ),
+heads AS (
+  -- each org read, with the head its read found (null: no ready item)
+  SELECT org_id, head_at, seen, run_at FROM near_read WHERE (rn = 1 OR tid IS NULL) AND (SELECT ok FROM near_ok)
+  UNION ALL
+  SELECT org_id, head_at, seen, run_at FROM queues
+),
 moved AS (
-  -- each queue whose recorded head is behind: to the head the probe found
+  -- each queue whose recorded head is behind: to the head the read found
   -- (past what the last picks started), or, with no ready item, to the
   -- org's first future item (null: nothing pending, the row goes)
   SELECT q.org_id, q.seen, coalesce(q.run_at, (SELECT min(w.run_at) FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = q.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
       AND w.run_at > $2)) AS head_at
-  FROM queues q
+  FROM heads q
   WHERE q.run_at IS DISTINCT FROM q.head_at
 ),
 untouched AS (
@@ -684,8 +710,9 @@ dropped AS (
 }
 
 // sqlShareBound is the CTEs share1, under, share2, bound and lim of a fair
-// pick: lim is each org of CTE orgs (org_id, weight, running, room: the
-// most it may start now) with n, how far down its queue it can get.
+// pick, each name prefixed with prefix: lim is each org of CTE orgs
+// (org_id, weight, running, room: the most it may start now, and any
+// other columns) with n, how far down its queue it can get.
 //
 // The pick takes the free slots' worth (F) of the lowest turns (running +
 // n) / weight, and, over a set of orgs of total weight W holding R slots
@@ -699,23 +726,24 @@ dropped AS (
 // as without the bound. If some orgs have fewer ready items than their
 // bound, the pick is still the first of the fair order; the next iteration
 // takes the rest.
-func sqlShareBound(orgs string) string {
-	return `share1 AS (
+func sqlShareBound(prefix, orgs string) string {
+	return prefix + `share1 AS (
   SELECT (SELECT n FROM free) + sum(running)::bigint + count(*) AS num, sum(weight)::bigint AS den FROM ` + orgs + ` WHERE room > 0
 ),
-under AS (
-  SELECT h.* FROM ` + orgs + ` h CROSS JOIN share1 t WHERE h.room > 0 AND (t.num * h.weight) / t.den > h.running
+` + prefix + `under AS (
+  SELECT h.* FROM ` + orgs + ` h CROSS JOIN ` + prefix + `share1 t WHERE h.room > 0 AND (t.num * h.weight) / t.den > h.running
 ),
-share2 AS (
-  SELECT (SELECT n FROM free) + sum(running)::bigint + count(*) AS num, sum(weight)::bigint AS den FROM under
+` + prefix + `share2 AS (
+  SELECT (SELECT n FROM free) + sum(running)::bigint + count(*) AS num, sum(weight)::bigint AS den FROM ` + prefix + `under
 ),
-bound AS (
-  SELECT u.org_id, least(u.room, (t.num * u.weight) / t.den - u.running) AS n FROM under u CROSS JOIN share2 t
+` + prefix + `bound AS (
+  SELECT u.org_id, least(u.room, (t.num * u.weight) / t.den - u.running) AS n
+  FROM ` + prefix + `under u CROSS JOIN ` + prefix + `share2 t
 ),
-lim AS (
+` + prefix + `lim AS (
   SELECT h.*,
-    CASE WHEN (SELECT coalesce(sum(n), 0) FROM bound) >= (SELECT n FROM free) THEN coalesce(b.n, 0) ELSE h.room END AS n
-  FROM ` + orgs + ` h LEFT JOIN bound b ON b.org_id = h.org_id
+    CASE WHEN (SELECT coalesce(sum(n), 0) FROM ` + prefix + `bound) >= (SELECT n FROM free) THEN coalesce(b.n, 0) ELSE h.room END AS n
+  FROM ` + orgs + ` h LEFT JOIN ` + prefix + `bound b ON b.org_id = h.org_id
 )`
 }
 
