@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
@@ -359,4 +360,55 @@ func TestOrgQueues_AStaleQueueNearestInTurnDoesNotHoldUpAFreeSlot(t *testing.T) 
 	require.True(t, obs.isRunning(b2), "the slot went to the next org in the fair order")
 	require.True(t, obs.isPending(c2))
 	require.NotContains(t, h.queueHeads(), "a", "the stale queue is dropped")
+}
+
+// An enqueue that commits after the fair pick took its snapshot, but
+// before the pick locks the org's queue row to move its head, keeps the
+// head it lowered: the pick moves a head only when the row's xmin is the
+// one it read. (The pick is held at its first write — the pool row, locked
+// here — after its snapshot, so the enqueue's commit lands in between.)
+func TestOrgQueues_AnEnqueueCommittedDuringThePickKeepsTheHeadItLowered(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(1))
+	withPerOrgCap(t, h, 1)
+	t0 := h.clock.Now()
+	a1 := h.enqueue(withOrg("a"))
+	h.clock.Advance(10 * time.Millisecond)
+	a2 := h.enqueue(withOrg("a"))
+	h.runMain() // starts a1
+	h.runMain() // nothing to start; from now on the loop starts fairly in one statement
+	require.True(t, h.l.shared)
+	h.complete(a1, "success", 1)
+	require.Equal(t, t0, h.queueHeads()["a"])
+
+	lock, err := h.db.Begin(h.ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(h.ctx) }()
+	_, err = lock.Exec(h.ctx, `SELECT 1 FROM workpool_pools WHERE name = 'default' FOR UPDATE`)
+	require.NoError(t, err)
+	picked := make(chan iterResult, 1)
+	go func() {
+		res, err := h.l.iterate(h.ctx)
+		assert.NoError(t, err)
+		picked <- res
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, h.db.QueryRow(h.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE workpool_pools%')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the pick waits for the pool row after taking its snapshot")
+	// a's next item, a2, is ahead of a's head: this pick would move the
+	// head to it, past the item enqueued now
+	late, err := h.m.Enqueue(h.ctx, EnqueueParams{OrgID: "a", Pool: "default", Handler: "test_handle", RunAt: t0.Add(5 * time.Millisecond)})
+	require.NoError(t, err)
+	require.NoError(t, lock.Rollback(h.ctx))
+	res := <-picked
+	require.True(t, res.didWork)
+	require.True(t, h.observe().isRunning(a2), "the pick started what its snapshot showed")
+
+	require.False(t, h.queueHeads()["a"].After(t0.Add(5*time.Millisecond)), "the head stays at or before the late item")
+	h.complete(a2, "success", 1)
+	h.runMain()
+	require.True(t, h.observe().isRunning(late), "the late item starts on the next pick")
 }
