@@ -328,6 +328,11 @@ func (e *executor) finish(rj *runningJob, r attemptResult) {
 	}
 	defer e.handlerWG.Done()
 	r.id, r.pool, r.attempt, r.hook = rj.id, rj.pool, rj.attempt, rj.hook
+	// The result is queued before the handler counts as returned: a drain
+	// that sees the executor idle stops the completer next, and its last
+	// flush must find this result (queued after it, a hand-back was lost
+	// and the work left running until the heartbeat timeout recovered it).
+	e.completer.add(r)
 	e.mu.Lock()
 	e.active--
 	kick := e.backlog
@@ -340,7 +345,6 @@ func (e *executor) finish(rj *runningJob, r attemptResult) {
 	if kick {
 		e.kick()
 	}
-	e.completer.add(r)
 }
 
 // reported forgets attempts whose results are committed.

@@ -200,6 +200,44 @@ func TestStop_CancelsHandlersThatOutliveTheGraceAndHandsTheirWorkBackUncounted(t
 	require.Equal(t, 1, s.Attempts, "the interrupted attempt was handed back without counting and ran on the other replica")
 }
 
+// A handler's result is queued for recording before the executor counts
+// the handler as returned: a drain that sees the executor idle stops the
+// completer next, and the completer's last flush must find the result.
+// (Queued after, a hand-back at stop missed that flush about one stop in
+// ten under -race: the work stayed running under the stopped executor
+// until the heartbeat timeout recovered it, counting an attempt that never
+// failed.) The test holds the completer's queue while the handler returns.
+func TestExecutor_QueuesAResultBeforeTheHandlerCountsAsReturned(t *testing.T) {
+	t.Parallel()
+	_, m := newStartedManager(t, Config{Pools: map[string]int{"default": 1}})
+	started, release := make(chan struct{}), make(chan struct{})
+	m.Register("gated", func(context.Context, Job) (json.RawMessage, error) {
+		close(started)
+		<-release
+		return nil, nil
+	})
+	enqueueOn(t, m, EnqueueParams{Handler: "gated"})
+	<-started
+	idle := m.exec.idleChan()
+	require.NotNil(t, idle, "the handler runs")
+
+	queue := &m.exec.completer.mu
+	queue.Lock()
+	close(release)
+	select {
+	case <-idle:
+		queue.Unlock()
+		t.Fatal("the executor counted the handler as returned before its result was queued")
+	case <-time.After(200 * time.Millisecond):
+	}
+	queue.Unlock()
+	select {
+	case <-idle:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler never counted as returned")
+	}
+}
+
 // The Manager has the lifecycle every service has (internal/startstop): it
 // starts once, and Stop before Start or twice does nothing.
 func TestManager_StartsOnceAndStopsSafelyBeforeStartAndTwice(t *testing.T) {
