@@ -492,6 +492,15 @@ func (e *executor) drain(ctx context.Context) error {
 	// work would wait for the heartbeat timeout and lose an attempt.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordAtStop)
 	defer cancel()
+	// A handler that returned as the wait above ended may have won its
+	// finish before abandonRunning and still be on its way to queuing the
+	// result: the completer's last flush must come after it.
+	finishing := make(chan struct{})
+	go func() { e.handlerWG.Wait(); close(finishing) }()
+	select {
+	case <-finishing:
+	case <-rctx.Done():
+	}
 	err := e.completer.Stop(rctx)
 	e.stopBg()
 	e.bgWG.Wait()

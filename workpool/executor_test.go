@@ -238,6 +238,33 @@ func TestExecutor_QueuesAResultBeforeTheHandlerCountsAsReturned(t *testing.T) {
 	}
 }
 
+// A stop lets the completer make its last flush only after every handler
+// that finished has queued its result: a handler that ignored its canceled
+// context and returned just as the stop gave up waiting for it wins its
+// finish, and abandonRunning then skips it, with its result still on the
+// way. (Such a finish in flight is simulated here by holding the
+// executor's count of unfinished handlers: the interleaving itself is a
+// few instructions wide.)
+func TestStop_WaitsForAFinishInFlightBeforeTheLastFlush(t *testing.T) {
+	t.Parallel()
+	_, m := newStartedManager(t, Config{Pools: map[string]int{"default": 1}, StopGrace: 50 * time.Millisecond})
+	m.exec.handlerWG.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- m.Stop(ctx) }()
+	<-ctx.Done()
+	time.Sleep(300 * time.Millisecond) // the stop is past its waits for the handlers
+
+	select {
+	case <-m.exec.completer.closing:
+		t.Fatal("the completer began its last flush while a finished handler's result was still on its way")
+	default:
+	}
+	m.exec.handlerWG.Done()
+	require.NoError(t, <-stopped)
+}
+
 // The Manager has the lifecycle every service has (internal/startstop): it
 // starts once, and Stop before Start or twice does nothing.
 func TestManager_StartsOnceAndStopsSafelyBeforeStartAndTwice(t *testing.T) {

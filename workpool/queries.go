@@ -485,8 +485,12 @@ split AS (
         <= least($5::int, ceil((SELECT count(*) FROM pick) * $6::float8)) AS mine
   FROM pick
 ), started_here AS (
-  -- (two updates over disjoint rows, each by its id array: no per-row
-  -- search of one set in the other, which grows with the square of a batch)
+  -- (two updates over disjoint rows, each by its tuple-id array: no index
+  -- lookup per row, and no per-row search of one set in the other, which
+  -- grows with the square of a batch. A picked row is locked, so its tuple
+  -- stays; one that another transaction changed after this statement's
+  -- snapshot, which only a writer the generation does not fence could do,
+  -- would be locked but not started, and left for the next iteration.)
   UPDATE workpool_work w SET state = 'running', started_at = $2, claimed_by = $7::uuid, heartbeat_at = $2
   WHERE w.ctid = ANY(ARRAY(SELECT tid FROM split WHERE mine))
   RETURNING w.id, w.org_id, w.handler, w.args, w.attempts, w.timeout_ms, w.on_complete_hook IS NOT NULL AS hook, w.run_at
@@ -587,7 +591,7 @@ near_read AS (
   FROM near_lim o LEFT JOIN LATERAL (
     -- (numbered outside the limit: a window beside it would read on to
     -- the end of the run_at group)
-    SELECT x.tid, x.run_at, row_number() OVER () AS rn FROM (
+    SELECT x.tid, x.run_at, row_number() OVER (ORDER BY x.run_at) AS rn FROM (
       SELECT w.ctid AS tid, w.run_at FROM workpool_work w
       WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
         AND w.run_at >= o.head_at AND w.run_at <= $2

@@ -394,9 +394,9 @@ func TestOrgQueues_AnEnqueueCommittedDuringThePickKeepsTheHeadItLowered(t *testi
 	}()
 	require.Eventually(t, func() bool {
 		var waiting bool
-		require.NoError(t, h.db.QueryRow(h.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE workpool_pools%')`).Scan(&waiting))
-		return waiting
+		err := h.db.QueryRow(h.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE workpool_pools%')`).Scan(&waiting)
+		return assert.NoError(t, err) && waiting
 	}, 10*time.Second, 5*time.Millisecond, "the pick waits for the pool row after taking its snapshot")
 	// a's next item, a2, is ahead of a's head: this pick would move the
 	// head to it, past the item enqueued now
