@@ -42,6 +42,10 @@ type completer struct {
 	ctx      context.Context // canceled after close, or by a simulated crash
 	cancel   context.CancelFunc
 	started  bool
+	// flushed: the last flush at Stop is over, so a result added later
+	// (work a loop slow to stop handed the executor after its drain) is
+	// recorded by add itself.
+	flushed bool
 }
 
 func newCompleter(m *Manager, recorded func([]attemptResult), crashed func() bool) *completer {
@@ -89,6 +93,11 @@ func (c *completer) Stop(ctx context.Context) error {
 // add queues one attempt's result to be recorded.
 func (c *completer) add(r attemptResult) {
 	c.mu.Lock()
+	if c.flushed {
+		c.mu.Unlock()
+		c.recordLate(r)
+		return
+	}
 	c.pending = append(c.pending, r)
 	c.mu.Unlock()
 	select {
@@ -111,30 +120,62 @@ func (c *completer) take() []attemptResult {
 
 func (c *completer) run() {
 	defer close(c.closed)
-	drain := func(ctx context.Context) error {
-		for batch := c.take(); len(batch) > 0; batch = c.take() {
-			if err := c.record(ctx, batch); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 	for {
 		select {
 		case <-c.ctx.Done(): // a simulated crash
 			return
 		case <-c.wake:
-			if drain(c.ctx) != nil {
+			if c.drain(c.ctx) != nil {
 				return
 			}
 		case <-c.closing:
-			if err := drain(c.flushCtx); err != nil && !errors.Is(err, errCrashed) {
+			if err := c.flushLast(); err != nil && !errors.Is(err, errCrashed) {
 				c.mu.Lock()
 				c.closeErr = err
 				c.mu.Unlock()
 			}
 			return
 		}
+	}
+}
+
+// drain records what is queued, batch by batch.
+func (c *completer) drain(ctx context.Context) error {
+	for batch := c.take(); len(batch) > 0; batch = c.take() {
+		if err := c.record(ctx, batch); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// flushLast is Stop's flush: it records what is queued and marks the
+// completer flushed under the lock that finds the queue empty, so that no
+// result can land in a queue nobody reads any more.
+func (c *completer) flushLast() error {
+	for {
+		if err := c.drain(c.flushCtx); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		if len(c.pending) == 0 {
+			c.flushed = true
+			c.mu.Unlock()
+			return nil
+		}
+		c.mu.Unlock()
+	}
+}
+
+// recordLate records one result that arrived after the last flush, at
+// once and within the bound of a stop's recording: left unrecorded, its
+// work would stay running until the heartbeat timeout counted an attempt.
+func (c *completer) recordLate(r attemptResult) {
+	ctx, cancel := context.WithTimeout(context.Background(), recordAtStop)
+	defer cancel()
+	if err := c.record(ctx, []attemptResult{r}); err != nil {
+		c.m.logger.Warn("recording an attempt's result after the stop failed; the heartbeat timeout will recover its work",
+			"work_id", r.id.String(), "error", err.Error())
 	}
 }
 

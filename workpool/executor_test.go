@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/reveille/reveille/internal/startstop"
 	"github.com/reveille/reveille/internal/testkit"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -263,6 +264,39 @@ func TestStop_WaitsForAFinishInFlightBeforeTheLastFlush(t *testing.T) {
 	}
 	m.exec.handlerWG.Done()
 	require.NoError(t, <-stopped)
+}
+
+// Work a loop hands the executor after the stop drained it (a loop slow
+// to stop: its statement was in flight when the stop's deadline passed) is
+// handed back at once: its handler sees the stop, and its result, which
+// arrives after the completer's last flush, is recorded on the spot.
+func TestStop_HandsBackWorkAdoptedAfterTheDrain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 1}})
+	ended := make(chan error, 1)
+	m.Register("late", func(ctx context.Context, _ Job) (json.RawMessage, error) {
+		<-ctx.Done()
+		ended <- context.Cause(ctx)
+		return nil, ctx.Err()
+	})
+	require.NoError(t, m.Pause(ctx, "default")) // the loop starts nothing itself
+	id := enqueueOn(t, m, EnqueueParams{Handler: "late"})
+	require.NoError(t, m.Stop(ctx))
+	// what the late statement did: started the work for this executor
+	_, err := db.Exec(ctx, `UPDATE workpool_work SET state = 'running', started_at = now(), claimed_by = $1, heartbeat_at = now()
+		WHERE id = $2`, m.exec.id, id)
+	require.NoError(t, err)
+
+	m.exec.adopt([]claimedJob{{Job: Job{ID: id, OrgID: "org-1", Pool: "default", Handler: "late", Attempt: 1}, timeout: time.Minute}})
+
+	require.ErrorIs(t, <-ended, errStopping)
+	require.Eventually(t, func() bool {
+		var state string
+		var attempts int
+		err := db.QueryRow(ctx, `SELECT state, attempts FROM workpool_work WHERE id = $1`, id).Scan(&state, &attempts)
+		return assert.NoError(t, err) && state == string(StatePending) && attempts == 0
+	}, 5*time.Second, 10*time.Millisecond, "handed back, uncounted, not left running under the stopped executor")
 }
 
 // The Manager has the lifecycle every service has (internal/startstop): it
