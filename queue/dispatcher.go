@@ -94,6 +94,10 @@ type Dispatcher struct {
 	// handoffs are committed messages handed over by their writer in this
 	// process, waiting for room in the pipeline (taken while life.Running).
 	handoffs chan *Handoff
+	// handoffMu orders Handoff's send against the stop's last look at
+	// handoffs; handoffsClosed: that look was taken, later ones are dropped.
+	handoffMu      sync.Mutex
+	handoffsClosed bool
 }
 
 // NewDispatcher builds a dispatcher sending through signals.
@@ -158,7 +162,13 @@ func (d *Dispatcher) listenAndDispatch(ctx context.Context) error {
 		p.takeHandoffs(hctx)
 	}()
 	// Before the pipeline closes: it may add sends until it returns.
-	defer func() { stopHandoffs(); <-handoffsDone }()
+	defer func() {
+		stopHandoffs()
+		<-handoffsDone
+		if ctx.Err() != nil {
+			d.releaseHandoffs(context.WithoutCancel(ctx))
+		}
+	}()
 	for {
 		free := p.free()
 		if free > 0 {

@@ -4,7 +4,12 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/google/uuid"
 )
+
+// releaseTimeout bounds the stop's release of the handoffs it did not send.
+const releaseTimeout = 5 * time.Second
 
 // Handoff is a signal message written by EnqueueForHandoff, for the
 // dispatcher that wrote it to send once its transaction has committed.
@@ -50,7 +55,9 @@ func (d *Dispatcher) EnqueueForHandoff(ctx context.Context, q Querier, p Enqueue
 // dispatcher is stopped or its handoff queue is full it drops h and reports
 // false, and the message is sent after its lease like a lost handoff.
 func (d *Dispatcher) Handoff(h *Handoff) bool {
-	if h == nil || !d.life.Running() {
+	d.handoffMu.Lock()
+	defer d.handoffMu.Unlock()
+	if h == nil || d.handoffsClosed || !d.life.Running() {
 		d.metrics.handoffs.WithLabelValues("dropped").Inc()
 		return false
 	}
@@ -61,6 +68,47 @@ func (d *Dispatcher) Handoff(h *Handoff) bool {
 		d.metrics.handoffs.WithLabelValues("dropped").Inc()
 		return false
 	}
+}
+
+// releaseHandoffs is the stop's last look at the handoff queue: the
+// messages still waiting there were written claimed, hidden for their
+// lease, so each is made due again at once — its unmade attempt uncounted —
+// and the dispatchers are told, rather than waiting out the lease (a wake
+// held back by HandoffLease at every rolling restart under load). Handoffs
+// after this are dropped. A message another dispatcher has claimed since
+// (its lease ran out first) is left alone.
+func (d *Dispatcher) releaseHandoffs(ctx context.Context) {
+	d.handoffMu.Lock()
+	d.handoffsClosed = true
+	var ids []uuid.UUID
+	for more := true; more; {
+		select {
+		case h := <-d.handoffs:
+			ids = append(ids, h.m.ID)
+		default:
+			more = false
+		}
+	}
+	d.handoffMu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
+	// Spans orgs: the stopping dispatcher's own handoffs, by id.
+	tag, err := d.db.Exec(ctx, `
+		WITH released AS (
+		  UPDATE queue_messages SET attempts = attempts - 1, next_attempt_at = now(), updated_at = now()
+		  WHERE id = ANY($1) AND status = 'pending' AND attempts = 1 AND next_attempt_at > now()
+		  RETURNING 1)
+		SELECT pg_notify($2, '') FROM (SELECT 1 FROM released LIMIT 1) r`, ids, notifyChannel)
+	if err != nil {
+		d.metrics.handoffs.WithLabelValues("dropped").Add(float64(len(ids)))
+		d.cfg.Logger.Warn("releasing handed-off signals at stop failed; they are sent after their lease", "count", len(ids), "error", err.Error())
+		return
+	}
+	d.metrics.handoffs.WithLabelValues("released").Add(float64(len(ids)))
+	d.cfg.Logger.Info("released handed-off signals at stop for any dispatcher", "count", len(ids), "notified", tag.RowsAffected() > 0)
 }
 
 // takeHandoffs moves handed-off messages into the pipeline while it has

@@ -330,3 +330,41 @@ func TestStopLetsASendInFlightFinishAndRecordsIt(t *testing.T) {
 	require.Equal(t, StatusDelivered, m.Status, "the send finished and was recorded")
 	require.Equal(t, 1, s.count("o/inflight"))
 }
+
+// A handoff still waiting for room when the dispatcher stops is made due
+// again at once, for any dispatcher, its unmade attempt uncounted — not
+// left hidden for its lease (here an hour), which would hold a wake back
+// at every rolling restart under load.
+func TestStopReleasesTheHandoffsItDidNotSendToAnyDispatcher(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	sig := newRecordingSignaler()
+	sig.hold = make(chan struct{})
+	d := NewDispatcher(db, sig, DispatcherConfig{Logger: testkit.Logger(t), BatchSize: 1, Concurrency: 1, HandoffLease: time.Hour})
+	require.NoError(t, d.Start(ctx))
+	first := enqueueForHandoff(t, db, d, signalParams("o/first"))
+	require.True(t, d.Handoff(first))
+	require.Eventually(t, func() bool { return sig.count("o/first") == 1 }, testWait, testTick, "in flight, holding the one slot")
+	waiting := enqueueForHandoff(t, db, d, signalParams("o/waiting"))
+	require.True(t, d.Handoff(waiting), "waits in the handoff queue")
+	l := listener(t, db)
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- d.Stop(ctx) }()
+	require.Eventually(t, func() bool { return !d.life.Running() }, testWait, testTick)
+	close(sig.hold) // the send in flight finishes within the stop
+	require.NoError(t, <-stopped)
+
+	m, err := GetByKey(ctx, db, "o", "q", "o/waiting")
+	require.NoError(t, err)
+	require.Equal(t, StatusPending, m.Status)
+	require.Zero(t, m.Attempts, "its attempt was never made")
+	require.False(t, m.NextAttemptAt.After(time.Now()), "due now, not at the end of its lease")
+	wctx, cancel := context.WithTimeout(ctx, testWait)
+	defer cancel()
+	_, err = l.Conn().WaitForNotification(wctx)
+	require.NoError(t, err, "the dispatchers are told")
+	require.False(t, d.Handoff(&Handoff{}), "a handoff after the stop is dropped")
+	requireDelivered(t, db, "o/first")
+}

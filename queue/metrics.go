@@ -18,7 +18,7 @@ func newDispatchMetrics(reg prometheus.Registerer) *dispatchMetrics {
 		}, []string{"result"}),
 		handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "reveille_queue_signal_handoffs_total",
-			Help: "Messages handed to this process's dispatcher after their commit, by fate: sent (taken into the send pipeline at once), expired (lease too short by the time there was room or a send slot) or dropped (dispatcher stopped or queue full); the last two are sent after their lease by a due-poll.",
+			Help: "Messages handed to this process's dispatcher after their commit, by fate: sent (taken into the send pipeline at once), released (still waiting when the dispatcher stopped: made due again at once for any dispatcher), expired (lease too short by the time there was room or a send slot) or dropped (dispatcher stopped or queue full); the last two are sent after their lease by a due-poll.",
 		}, []string{"result"}),
 		sendSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "reveille_queue_signal_send_seconds", Help: "Latency of one SignalWorkflow call.",
