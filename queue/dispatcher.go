@@ -273,8 +273,17 @@ func (p *pipeline) free() int {
 }
 
 // claimAndSend claims up to limit due messages and starts their sends.
+// The claim is not canceled by Stop: one cut off after its commit reached
+// the server would leave its messages claimed, an attempt counted, and
+// unsent until their lease ended; finished, they are sent within the stop
+// like the sends in flight.
 func (p *pipeline) claimAndSend(ctx context.Context, limit int) (int, error) {
-	msgs, err := p.d.claim(ctx, limit)
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	defer cancel()
+	msgs, err := p.d.claim(cctx, limit)
 	if err != nil || len(msgs) == 0 {
 		return 0, err
 	}

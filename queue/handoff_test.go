@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
@@ -367,4 +368,39 @@ func TestStopReleasesTheHandoffsItDidNotSendToAnyDispatcher(t *testing.T) {
 	require.NoError(t, err, "the dispatchers are told")
 	require.False(t, d.Handoff(&Handoff{}), "a handoff after the stop is dropped")
 	requireDelivered(t, db, "o/first")
+}
+
+// A claim in flight when the dispatcher stops is finished and its messages
+// sent within the stop, not cut off: a claim canceled after its commit
+// reached the server would leave its messages claimed, an attempt counted,
+// and unsent until their lease ended. (A test trigger makes the claim's
+// update take a while, so that the stop comes in the middle of it.)
+func TestStopFinishesAClaimInFlightAndSendsWhatItClaimed(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `
+		CREATE FUNCTION test_slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(0.5); RETURN NEW; END $$;
+		CREATE TRIGGER test_slow_claim BEFORE UPDATE ON queue_messages
+		FOR EACH ROW WHEN (OLD.attempts = 0 AND NEW.attempts = 1) EXECUTE FUNCTION test_slow_claim()`)
+	require.NoError(t, err)
+	sig := newRecordingSignaler()
+	d := NewDispatcher(db, sig, DispatcherConfig{Logger: testkit.Logger(t)})
+	require.NoError(t, d.Start(ctx))
+	_, _, err = Enqueue(ctx, db, signalParams("o/claimed"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var claiming bool
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event = 'PgSleep')`).Scan(&claiming)
+		return assert.NoError(t, err) && claiming
+	}, testWait, time.Millisecond, "the claim is under way")
+
+	require.NoError(t, d.Stop(ctx))
+
+	m, err := GetByKey(ctx, db, "o", "q", "o/claimed")
+	require.NoError(t, err)
+	require.Equal(t, StatusDelivered, m.Status, "claimed and sent within the stop")
+	require.Equal(t, 1, sig.count("o/claimed"))
 }
