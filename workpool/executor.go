@@ -58,7 +58,11 @@ type executor struct {
 	stopBg      context.CancelFunc
 	claimDone   chan struct{}
 	bgWG        sync.WaitGroup
-	handlerWG   sync.WaitGroup
+	// finishing orders the finishes in flight before the drain's last
+	// flush: a finish holds it shared from winning its job until its result
+	// is queued. (A lock, not a WaitGroup: work adopted after the drain
+	// would Add while it waits, which a WaitGroup forbids.)
+	finishing sync.RWMutex
 
 	completer *completer
 	started   atomic.Bool
@@ -241,7 +245,6 @@ func (e *executor) launch(j claimedJob) {
 	e.jobs[j.ID] = rj
 	e.active++
 	e.mu.Unlock()
-	e.handlerWG.Add(1)
 	if j.canceled {
 		// Canceled between start and claim: it must not run at all.
 		rj.canceled.Store(true)
@@ -323,16 +326,18 @@ func errorText(err error) string {
 
 // finish hands an attempt's result to the completer, once.
 func (e *executor) finish(rj *runningJob, r attemptResult) {
+	e.finishing.RLock()
 	if !rj.finished.CompareAndSwap(false, true) {
+		e.finishing.RUnlock()
 		return
 	}
-	defer e.handlerWG.Done()
 	r.id, r.pool, r.attempt, r.hook = rj.id, rj.pool, rj.attempt, rj.hook
 	// The result is queued before the handler counts as returned: a drain
 	// that sees the executor idle stops the completer next, and its last
 	// flush must find this result (queued after it, a hand-back was lost
 	// and the work left running until the heartbeat timeout recovered it).
 	e.completer.add(r)
+	e.finishing.RUnlock()
 	e.mu.Lock()
 	e.active--
 	kick := e.backlog
@@ -495,12 +500,9 @@ func (e *executor) drain(ctx context.Context) error {
 	// A handler that returned as the wait above ended may have won its
 	// finish before abandonRunning and still be on its way to queuing the
 	// result: the completer's last flush must come after it.
-	finishing := make(chan struct{})
-	go func() { e.handlerWG.Wait(); close(finishing) }()
-	select {
-	case <-finishing:
-	case <-rctx.Done():
-	}
+	e.finishing.Lock()
+	//lint:ignore SA2001 the wait for the finishes in flight is the point
+	e.finishing.Unlock()
 	err := e.completer.Stop(rctx)
 	e.stopBg()
 	e.bgWG.Wait()

@@ -243,13 +243,13 @@ func TestExecutor_QueuesAResultBeforeTheHandlerCountsAsReturned(t *testing.T) {
 // that finished has queued its result: a handler that ignored its canceled
 // context and returned just as the stop gave up waiting for it wins its
 // finish, and abandonRunning then skips it, with its result still on the
-// way. (Such a finish in flight is simulated here by holding the
-// executor's count of unfinished handlers: the interleaving itself is a
+// way. (Such a finish in flight is simulated here by holding the lock a
+// finish holds until its result is queued: the interleaving itself is a
 // few instructions wide.)
 func TestStop_WaitsForAFinishInFlightBeforeTheLastFlush(t *testing.T) {
 	t.Parallel()
 	_, m := newStartedManager(t, Config{Pools: map[string]int{"default": 1}, StopGrace: 50 * time.Millisecond})
-	m.exec.handlerWG.Add(1)
+	m.exec.finishing.RLock()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	stopped := make(chan error, 1)
@@ -262,7 +262,7 @@ func TestStop_WaitsForAFinishInFlightBeforeTheLastFlush(t *testing.T) {
 		t.Fatal("the completer began its last flush while a finished handler's result was still on its way")
 	default:
 	}
-	m.exec.handlerWG.Done()
+	m.exec.finishing.RUnlock()
 	require.NoError(t, <-stopped)
 }
 
