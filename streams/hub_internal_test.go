@@ -219,3 +219,31 @@ func TestAnAppendTooLargeForAnInboxIsReadFromTheTable(t *testing.T) {
 	require.True(t, sub.needsRead(0), "announced, to be read from the table")
 	require.False(t, sub.needsRead(2))
 }
+
+// A stop whose wait for the notifications in flight runs out still stops
+// the hub: live tails end, or the API's shutdown would wait on them to its
+// own timeout. (The notification that never finishes is simulated.)
+func TestAStopThatCannotWaitForANotificationStillEndsTheLiveTails(t *testing.T) {
+	db := testkit.NewPool(t)
+	svc, err := New(db, Config{Logger: testkit.Logger(t), Registry: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, svc.Start(ctx))
+	sub, err := svc.hub.Subscribe("org", "run", "out")
+	require.NoError(t, err)
+	defer sub.Close()
+	svc.notifier.mu.Lock()
+	svc.notifier.sending = make(chan struct{}) // a send that never ends
+	svc.notifier.mu.Unlock()
+
+	sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	err = svc.Stop(sctx)
+
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the wait is reported")
+	select {
+	case <-sub.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hub kept running: live tails would not end")
+	}
+}

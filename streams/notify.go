@@ -23,8 +23,10 @@ type notifier struct {
 
 	mu      sync.Mutex
 	pending []string
-	running bool
-	idle    sync.WaitGroup // the sending goroutine, while it runs
+	// sending is closed when the sending goroutine ends; nil while none
+	// runs. (A channel, not a WaitGroup: an append may start a goroutine
+	// while Stop waits, which a WaitGroup forbids when its count is zero.)
+	sending chan struct{}
 }
 
 // add queues a payload; it never blocks on the database.
@@ -32,23 +34,22 @@ func (n *notifier) add(payload string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.pending = append(n.pending, payload)
-	if n.running {
+	if n.sending != nil {
 		return
 	}
-	n.running = true
-	n.idle.Add(1)
-	go n.send()
+	n.sending = make(chan struct{})
+	go n.send(n.sending)
 }
 
-func (n *notifier) send() {
-	defer n.idle.Done()
+func (n *notifier) send(done chan struct{}) {
 	for {
 		n.mu.Lock()
 		batch := n.pending
 		n.pending = nil
 		if len(batch) == 0 {
-			n.running = false
+			n.sending = nil
 			n.mu.Unlock()
+			close(done)
 			return
 		}
 		n.mu.Unlock()
@@ -65,12 +66,17 @@ func (n *notifier) send() {
 
 // wait returns once nothing is being sent, or ctx ends.
 func (n *notifier) wait(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() { n.idle.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	for {
+		n.mu.Lock()
+		sending := n.sending
+		n.mu.Unlock()
+		if sending == nil {
+			return nil
+		}
+		select {
+		case <-sending:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }

@@ -125,13 +125,14 @@ func (s *Service) Start(ctx context.Context) error {
 // waits for the notifications of finished appends to be sent. Stopping
 // twice, or a service never started, is safe.
 func (s *Service) Stop(ctx context.Context) error {
+	var errs []error
 	if err := s.notifier.wait(ctx); err != nil {
-		return fmt.Errorf("stopping stream notifications: %w", err)
+		errs = append(errs, fmt.Errorf("stopping stream notifications: %w", err))
 	}
-	if err := s.retention.Stop(ctx); err != nil {
-		return err
-	}
-	return s.hub.Stop(ctx)
+	// (stopped whatever the wait returned: live tails must end for the
+	// API's shutdown to finish)
+	errs = append(errs, s.retention.Stop(ctx), s.hub.Stop(ctx))
+	return errors.Join(errs...)
 }
 
 // Append appends chunks to the stream (org, runID, name), creating it on
