@@ -272,6 +272,9 @@ func (p *pipeline) free() int {
 	return p.d.cfg.BatchSize - p.pending
 }
 
+// claimTimeout bounds a claim, which a stop lets finish.
+const claimTimeout = 10 * time.Second
+
 // claimAndSend claims up to limit due messages and starts their sends.
 // The claim is not canceled by Stop: one cut off after its commit reached
 // the server would leave its messages claimed, an attempt counted, and

@@ -8,12 +8,8 @@ import (
 	"github.com/google/uuid"
 )
 
-const (
-	// releaseTimeout bounds the stop's release of the handoffs it did not send.
-	releaseTimeout = 5 * time.Second
-	// claimTimeout bounds a claim, which a stop lets finish.
-	claimTimeout = 10 * time.Second
-)
+// releaseTimeout bounds the stop's release of the handoffs it did not send.
+const releaseTimeout = 5 * time.Second
 
 // Handoff is a signal message written by EnqueueForHandoff, for the
 // dispatcher that wrote it to send once its transaction has committed.

@@ -548,6 +548,14 @@ const sqlHeadProbe = `LEFT JOIN LATERAL (
       AND w.run_at >= q.head_at AND w.run_at <= $2
     ORDER BY w.run_at LIMIT 1) h ON true`
 
+// sqlOrgRoom is the most an org may start now: the free slots (CTE free),
+// within the per-org cap (perOrgCap, null: none) less its running attempts
+// (r.n, from the CTE running).
+func sqlOrgRoom(perOrgCap string) string {
+	return `greatest(least((SELECT n FROM free),
+      CASE WHEN ` + perOrgCap + ` IS NULL THEN 2147483647 ELSE ` + perOrgCap + ` - coalesce(r.n, 0) END), 0)`
+}
+
 // sqlPickFair picks ready work into the free slots (CTE free) fairly, as
 // sqlStartFair describes; perOrgCap is the SQL of the per-org cap (null:
 // none). It needs WITH RECURSIVE.
@@ -568,8 +576,7 @@ queued AS (
     coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
     (coalesce(r.n, 0) + 1)::float8 / coalesce(wt.weight, 1) AS t1,
     ` + perOrgCap + ` IS NULL OR coalesce(r.n, 0) < ` + perOrgCap + ` AS open,
-    greatest(least((SELECT n FROM free),
-      CASE WHEN ` + perOrgCap + ` IS NULL THEN 2147483647 ELSE ` + perOrgCap + ` - coalesce(r.n, 0) END), 0) AS room
+    ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM workpool_org_queues q
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = q.org_id
   LEFT JOIN running r ON r.org_id = q.org_id
@@ -633,8 +640,7 @@ held AS (
   -- org would walk the running index's dead entries once per org), and its
   -- room, the most it may start now (the free slots, within the per-org cap)
   SELECT d.org_id, coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
-    greatest(least((SELECT n FROM free),
-      CASE WHEN ` + perOrgCap + ` IS NULL THEN 2147483647 ELSE ` + perOrgCap + ` - coalesce(r.n, 0) END), 0) AS room
+    ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM (SELECT org_id FROM orgs UNION SELECT org_id FROM keys) d
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
   LEFT JOIN running r ON r.org_id = d.org_id
