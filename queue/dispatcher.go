@@ -214,10 +214,11 @@ func (d *Dispatcher) listenAndDispatch(ctx context.Context) error {
 // pipeline sends claimed messages as they are claimed and settles their
 // outcomes in batches as they come in.
 type pipeline struct {
-	d       *Dispatcher
-	ctx     context.Context // the sends run under it
-	sem     chan struct{}   // Concurrency: signals in flight
-	results chan sent
+	d        *Dispatcher
+	ctx      context.Context // the sends run under it
+	stopping <-chan struct{} // closed by Stop: start no send that must wait for a slot
+	sem      chan struct{}   // Concurrency: signals in flight
+	results  chan sent
 	// A settle made room under BatchSize: for the claims, for takeHandoffs.
 	room, handoffRoom chan struct{}
 	sends             sync.WaitGroup
@@ -235,13 +236,16 @@ type sent struct {
 	// skipped: a handoff whose lease ran short while it waited for a
 	// send slot; it was not sent and is left to the due-poll.
 	skipped bool
+	// released: still waiting for a send slot when the dispatcher
+	// stopped; it was not sent and is made due again for any dispatcher.
+	released bool
 }
 
 func (d *Dispatcher) newPipeline(ctx context.Context) *pipeline {
 	// Sends are not canceled by Stop: a signal in flight finishes (each is
 	// bounded by SendTimeout) and its outcome is recorded, rather than being
 	// cut off after Temporal may have received it.
-	p := &pipeline{d: d, ctx: context.WithoutCancel(ctx), sem: make(chan struct{}, d.cfg.Concurrency), results: make(chan sent, d.cfg.BatchSize),
+	p := &pipeline{d: d, ctx: context.WithoutCancel(ctx), stopping: ctx.Done(), sem: make(chan struct{}, d.cfg.Concurrency), results: make(chan sent, d.cfg.BatchSize),
 		room: make(chan struct{}, 1), handoffRoom: make(chan struct{}, 1), settled: make(chan struct{})}
 	// Outcomes are recorded even after ctx ends: the signals went out.
 	go p.settler(context.WithoutCancel(ctx))
@@ -304,7 +308,10 @@ func (p *pipeline) start(msgs []claimed) {
 		p.sends.Add(1)
 		go func() {
 			defer p.sends.Done()
-			p.sem <- struct{}{}
+			if !p.acquire() {
+				p.results <- sent{m: m, released: true}
+				return
+			}
 			if !m.handoffLeaseEnd.IsZero() && time.Until(m.handoffLeaseEnd) <= p.d.cfg.SendTimeout {
 				// Its lease may end mid-send, and another dispatcher claim it.
 				<-p.sem
@@ -316,6 +323,31 @@ func (p *pipeline) start(msgs []claimed) {
 			<-p.sem
 			p.results <- sent{m: m, r: r}
 		}()
+	}
+}
+
+// acquire takes a send slot. Once the dispatcher is stopping it takes only
+// a free one: a message that would wait for a slot is released instead
+// (settler), so that a stop waits for one round of sends at most — with
+// Temporal slow, BatchSize/Concurrency rounds of SendTimeout each would
+// outlast the service's stop timeout.
+func (p *pipeline) acquire() bool {
+	select {
+	case p.sem <- struct{}{}:
+		return true
+	default:
+	}
+	select {
+	case p.sem <- struct{}{}:
+	case <-p.stopping:
+		return false
+	}
+	select {
+	case <-p.stopping: // (both were ready, and select chose at random)
+		<-p.sem
+		return false
+	default:
+		return true
 	}
 }
 
@@ -338,10 +370,17 @@ func (p *pipeline) settler(ctx context.Context) {
 			}
 		}
 		msgs, results := make([]claimed, 0, len(batch)), make([]sendResult, 0, len(batch))
+		var released []claimed
 		for _, s := range batch {
-			if !s.skipped {
+			switch {
+			case s.released:
+				released = append(released, s.m)
+			case !s.skipped:
 				msgs, results = append(msgs, s.m), append(results, s.r)
 			}
+		}
+		if len(released) > 0 {
+			p.d.release(ctx, released)
 		}
 		// (A batch of skipped handoffs only has nothing to record.)
 		if len(msgs) > 0 {
@@ -609,6 +648,34 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 		return fmt.Errorf("record signal outcomes: %w", err)
 	}
 	return nil
+}
+
+// release makes messages this dispatcher claimed but did not send (it
+// stopped first) due again at once, their unmade attempt uncounted, and
+// tells the dispatchers, rather than leaving them hidden until their lease
+// ends. A message claimed again since (its lease ran out first) is left
+// alone: its attempt count moved on.
+func (d *Dispatcher) release(ctx context.Context, msgs []claimed) {
+	ids, attempts := make([]uuid.UUID, len(msgs)), make([]int32, len(msgs))
+	for i, m := range msgs {
+		ids[i], attempts[i] = m.ID, int32(m.Attempts)
+	}
+	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
+	// Spans orgs: the stopping dispatcher's own claims, by id.
+	_, err := d.db.Exec(ctx, `
+		WITH released AS (
+		  UPDATE queue_messages m SET attempts = m.attempts - 1, next_attempt_at = now(), updated_at = now()
+		  FROM unnest($1::uuid[], $2::int[]) AS r(id, attempts)
+		  WHERE m.id = r.id AND m.attempts = r.attempts AND m.status = 'pending' AND m.next_attempt_at > now()
+		  RETURNING 1)
+		SELECT pg_notify($3, '') FROM (SELECT 1 FROM released LIMIT 1) r`, ids, attempts, notifyChannel)
+	if err != nil {
+		d.cfg.Logger.Warn("releasing unsent signals at stop failed; they are sent after their lease", "count", len(msgs), "error", err.Error())
+		return
+	}
+	d.metrics.results.WithLabelValues("released").Add(float64(len(msgs)))
+	d.cfg.Logger.Info("released claimed signals the stop left unsent, for any dispatcher", "count", len(msgs))
 }
 
 // subjectKey names a message's idempotency key in the log lines: every

@@ -404,3 +404,58 @@ func TestStopFinishesAClaimInFlightAndSendsWhatItClaimed(t *testing.T) {
 	require.Equal(t, StatusDelivered, m.Status, "claimed and sent within the stop")
 	require.Equal(t, 1, sig.count("o/claimed"))
 }
+
+// Claimed messages still waiting for a send slot when the dispatcher stops
+// are not sent within the stop — with Temporal slow, the rounds of sends
+// they would wait for could outlast the service's stop timeout — but made
+// due again at once for any dispatcher, their unmade attempt uncounted.
+// The send in flight finishes and is recorded.
+func TestStopReleasesClaimedSignalsStillWaitingForASendSlot(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	keys := []string{"o/a", "o/b", "o/c"}
+	for _, k := range keys {
+		_, _, err := Enqueue(ctx, db, signalParams(k))
+		require.NoError(t, err)
+	}
+	sig := newRecordingSignaler()
+	sig.hold = make(chan struct{})
+	d := NewDispatcher(db, sig, DispatcherConfig{Logger: testkit.Logger(t), Concurrency: 1})
+	require.NoError(t, d.Start(ctx))
+	sends := func() (n int) {
+		for _, k := range keys {
+			n += sig.count(k)
+		}
+		return n
+	}
+	require.Eventually(t, func() bool {
+		var claimed int
+		err := db.QueryRow(ctx, `SELECT count(*) FROM queue_messages WHERE attempts = 1`).Scan(&claimed)
+		return assert.NoError(t, err) && claimed == len(keys) && sends() == 1
+	}, testWait, testTick, "all claimed, one in flight holding the one slot")
+	l := listener(t, db)
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- d.Stop(ctx) }()
+	require.Eventually(t, func() bool { return !d.life.Running() }, testWait, testTick)
+	close(sig.hold) // the send in flight finishes within the stop
+	require.NoError(t, <-stopped)
+
+	require.Equal(t, 1, sends(), "only the send in flight went out")
+	for _, k := range keys {
+		if sig.count(k) == 1 {
+			requireDelivered(t, db, k)
+			continue
+		}
+		m, err := GetByKey(ctx, db, "o", "q", k)
+		require.NoError(t, err)
+		require.Equal(t, StatusPending, m.Status, k)
+		require.Zero(t, m.Attempts, "%s: its attempt was never made", k)
+		require.False(t, m.NextAttemptAt.After(time.Now()), "%s: due now, not at the end of its lease", k)
+	}
+	wctx, cancel := context.WithTimeout(ctx, testWait)
+	defer cancel()
+	_, err := l.Conn().WaitForNotification(wctx)
+	require.NoError(t, err, "the dispatchers are told")
+}

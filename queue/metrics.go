@@ -14,7 +14,7 @@ type dispatchMetrics struct {
 func newDispatchMetrics(reg prometheus.Registerer) *dispatchMetrics {
 	m := &dispatchMetrics{
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "reveille_queue_signal_sends_total", Help: "Signal sends by result: delivered, retry, failed, or recovered (the workflow had closed, and its history shows it got the signal from an earlier send whose delivered record was lost).",
+			Name: "reveille_queue_signal_sends_total", Help: "Signal sends by result: delivered, retry, failed, recovered (the workflow had closed, and its history shows it got the signal from an earlier send whose delivered record was lost), or released (claimed, but still waiting for a send slot when the dispatcher stopped: not sent, made due again at once for any dispatcher).",
 		}, []string{"result"}),
 		handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "reveille_queue_signal_handoffs_total",
