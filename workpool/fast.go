@@ -11,29 +11,47 @@ import (
 // iterateFast runs sqlIterateFast: a whole iteration in one statement that
 // fences itself and starts one org's plain ready work, handing this
 // replica's executor its share — or, while the last start needed fair
-// share (l.shared), sqlIterateFastShared, which starts any ready work
-// fairly. The result is not clean when the full iteration must follow: it
-// found a cancelation to process, ready work that needs fair share (the
-// plain statement), or nothing at all (the full iteration then publishes
-// the run status; so does a paused pool's, which starts nothing). Its
-// plain says whether the ready work needs fair share; its wakeAt is the
-// next start it saw.
+// share (l.shared), a fair one: sqlIterateFastNear, or, while keyed work
+// waits (l.keyed) or when the near pick could not decide,
+// sqlIterateFastShared. The result is not clean when the full iteration
+// must follow: it found a cancelation to process, ready work that needs
+// fair share (the plain statement), or nothing at all (the full iteration
+// then publishes the run status; so does a paused pool's, which starts
+// nothing). Its plain says whether the ready work needs fair share; its
+// wakeAt is the next start it saw.
 func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, error) {
-	sql, shared := sqlIterateFast, l.shared
-	if shared {
+	sql := sqlIterateFast
+	switch {
+	case l.shared && l.keyed:
 		sql = sqlIterateFastShared
+	case l.shared:
+		sql = sqlIterateFastNear
 	}
+	res, decided, err := l.runFast(ctx, now, sql)
+	if err == nil && !decided {
+		// Keyed work waits, or a near org's queue head is stale: the
+		// full fair pick decides, at once.
+		res, _, err = l.runFast(ctx, now, sqlIterateFastShared)
+	}
+	return res, err
+}
+
+// runFast runs one fast iteration's statement and launches what it
+// started; decided is false when it was sqlIterateFastNear and could not
+// pick (it then wrote nothing but the fence).
+func (l *loop) runFast(ctx context.Context, now time.Time, sql string) (res iterResult, decided bool, err error) {
+	shared := sql != sqlIterateFast
 	var (
-		fenced, paused, plain, cancels bool
-		nextAt                         *time.Time
-		s                              startedWork
+		fenced, paused, plain, cancels, keyed bool
+		nextAt                                *time.Time
+		s                                     startedWork
 	)
 	b := &pgx.Batch{}
 	// Losing this commit in a crash loses only starts (made again): nothing
 	// promised.
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
 	b.Queue(sql, append(l.startArgs(now), l.gen)...).QueryRow(func(r pgx.Row) error {
-		return r.Scan(append([]any{&fenced, &paused, &plain, &cancels, &nextAt}, s.dest()...)...)
+		return r.Scan(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &decided, &keyed}, s.dest()...)...)
 	})
 	// Not canceled with the leadership: once sent, the statement's result
 	// must be read, or the work it handed to this executor would sit claimed
@@ -41,22 +59,25 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
 	defer cancel()
 	if err := l.m.db.SendBatch(sctx, b).Close(); err != nil {
-		return iterResult{}, fmt.Errorf("fast iteration: %w", err)
+		return iterResult{}, false, fmt.Errorf("fast iteration: %w", err)
 	}
 	if !fenced {
-		return iterResult{}, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
+		return iterResult{}, false, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
 	}
 	l.gen++
 	l.paused.Store(paused)
+	if shared {
+		l.keyed = keyed
+	}
 	l.launch(s)
 	didWork := len(s.lags) > 0
 	if didWork {
 		l.fastStarts++
 		l.lastActivity = now
 	}
-	res := iterResult{didWork: didWork, clean: (plain || shared) && !cancels, plain: plain, status: RunStatus{Kind: "running"}}
+	res = iterResult{didWork: didWork, clean: (plain || shared) && !cancels, plain: plain, status: RunStatus{Kind: "running"}}
 	if nextAt != nil {
 		res.wakeAt = *nextAt
 	}
-	return res, nil
+	return res, decided, nil
 }

@@ -53,9 +53,13 @@ type loop struct {
 	fullOnly     bool // tests: never take the fast path
 	// shared: the last iteration found ready work that fair share must
 	// share (several orgs, keys or a per-org cap), so the next fast
-	// iteration starts fairly (sqlIterateFastShared) rather than hand over
-	// to the full one.
-	shared     bool
+	// iteration starts fairly (sqlIterateFastNear or sqlIterateFastShared)
+	// rather than hand over to the full one.
+	shared bool
+	// keyed: the last fair fast iteration saw keyed work waiting, so the
+	// next one takes the full fair pick (sqlIterateFastShared) rather than
+	// the near one, which would only defer to it.
+	keyed      bool
 	fastStarts int64 // fast iterations that started work (tests)
 }
 

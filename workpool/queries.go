@@ -556,15 +556,12 @@ func sqlOrgRoom(perOrgCap string) string {
       CASE WHEN ` + perOrgCap + ` IS NULL THEN 2147483647 ELSE ` + perOrgCap + ` - coalesce(r.n, 0) END), 0)`
 }
 
-// sqlPickFair picks ready work into the free slots (CTE free) fairly, as
-// sqlStartFair describes; perOrgCap is the SQL of the per-org cap (null:
-// none). It needs WITH RECURSIVE.
-//
-// It has two ways to the same pick. The near one reads only the orgs
-// nearest in turn, each with one index range read from its queue's head;
-// when that proves too little (an org among them has no ready work, or
-// keyed work waits), the full one probes every queued org.
-func sqlPickFair(perOrgCap string) string {
+// sqlNearRead is the CTEs queued, level, near (with near_share1 …
+// near_lim) and near_read that both fair picks begin with: the orgs
+// nearest in turn, each read once, from its queue's head, as far as its
+// share of the free slots (CTE free) reaches. perOrgCap is the SQL of the
+// per-org cap (null: none).
+func sqlNearRead(perOrgCap string) string {
 	return `
 queued AS (
   -- the orgs whose plain queues may hold ready work (workpool_org_queues:
@@ -603,7 +600,20 @@ near_read AS (
       WHERE w.pool = $1 AND w.org_id = o.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
         AND w.run_at >= o.head_at AND w.run_at <= $2
       ORDER BY w.run_at LIMIT greatest(o.n, 1)) x) c ON true
-),
+)`
+}
+
+// sqlPickFair picks ready work into the free slots (CTE free) fairly, as
+// sqlStartFair describes; perOrgCap is the SQL of the per-org cap (null:
+// none). It needs WITH RECURSIVE.
+//
+// It has two ways to the same pick. The near one reads only the orgs
+// nearest in turn, each with one index range read from its queue's head;
+// when that proves too little (an org among them has no ready work, or
+// keyed work waits), the full one probes every queued org. (sqlPickNear
+// is the near way alone.)
+func sqlPickFair(perOrgCap string) string {
+	return sqlNearRead(perOrgCap) + `,
 near_ok AS (
   -- When no keyed work waits and each near org has ready work, they hold
   -- at least the free slots' worth of turns up to the level, and no other
@@ -692,7 +702,40 @@ heads AS (
   UNION ALL
   SELECT org_id, head_at, seen, run_at FROM queues
 ),
-moved AS (
+` + sqlMoveHeads
+}
+
+// sqlPickNear is sqlPickFair's near way alone, for the fast iteration of a
+// pool without keyed work (sqlIterateFastNear): the same pick whenever
+// that way can decide it (near_ok), and nothing at all, not even a head
+// moved, when it cannot — keyed work waits, or a near org has no ready
+// work — so that the loop takes sqlIterateFastShared at once. Without the
+// other way's CTEs its plan has half the nodes, which every execution
+// initialises (docs/benchmarks.md § pool: a fifth of the fair statement's
+// time). It needs the CTE keyed (sqlIterateFair's).
+func sqlPickNear(perOrgCap string) string {
+	return sqlNearRead(perOrgCap) + `,
+near_ok AS (
+  SELECT NOT (SELECT waits FROM keyed) AND NOT EXISTS (SELECT 1 FROM near_read WHERE tid IS NULL) AS ok
+),
+pick AS (
+  -- (by tuple id: no index lookup per started item)
+  SELECT w.id, w.handler, w.ctid AS tid FROM workpool_work w
+  WHERE w.ctid = ANY(ARRAY(SELECT tid FROM near_read WHERE rn <= n AND (SELECT ok FROM near_ok)
+                           ORDER BY (running + rn)::float8 / weight, run_at LIMIT (SELECT n FROM free)))
+    AND w.state = 'pending'
+  FOR UPDATE SKIP LOCKED
+),
+heads AS (
+  SELECT org_id, head_at, seen, run_at FROM near_read WHERE (rn = 1 OR tid IS NULL) AND (SELECT ok FROM near_ok)
+),
+` + sqlMoveHeads
+}
+
+// sqlMoveHeads is the CTEs moved, untouched, raised and dropped of a fair
+// pick: they move the queue heads of CTE heads (org_id, head_at and seen
+// as read from the queue, run_at the head its read found, null for none).
+const sqlMoveHeads = `moved AS (
   -- each queue whose recorded head is behind: to the head the read found
   -- (past what the last picks started), or, with no ready item, to the
   -- org's first future item (null: nothing pending, the row goes)
@@ -717,7 +760,6 @@ dropped AS (
   DELETE FROM workpool_org_queues q USING untouched u
   WHERE q.pool = $1 AND q.org_id = u.org_id AND u.head_at IS NULL
 )`
-}
 
 // sqlShareBound is the CTEs share1, under, share2, bound and lim of a fair
 // pick, each name prefixed with prefix: lim is each org of CTE orgs
@@ -777,8 +819,9 @@ const sqlPlainCensus = `census AS (
          ORDER BY org_id LIMIT 1) IS NULL AS ok
 )`
 
-// sqlFastTail ends both fast iterations: what they report besides the
-// starts (fenced, paused, plain, cancelations waiting).
+// sqlFastTail ends sqlIterateFast: what it reports besides the starts
+// (fenced, paused, plain, cancelations waiting, the next start, and, in
+// the fair iterations' shape, decided and keyed: true and false).
 const sqlFastTail = `EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM bump), false), (SELECT ok FROM plain),
   EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),
   -- the next start of the first org's plain work (a retry, say): two index
@@ -786,7 +829,8 @@ const sqlFastTail = `EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM b
   (SELECT min(run_at) FROM workpool_work
    WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at > $2
      AND org_id = (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
-                   ORDER BY org_id LIMIT 1)),`
+                   ORDER BY org_id LIMIT 1)),
+  true, false,`
 
 // sqlIterateFast is a whole iteration in one statement for the common
 // case: no cancelation to process, and ready work of one org only, without
@@ -810,30 +854,52 @@ WITH bump AS (` + bumpSQL("$8", "$2") + `
 // sqlIterateFastShared is sqlIterateFast for work that fair share must
 // share (several orgs, keys, a per-org cap): the same fence and
 // conditions, and sqlStartFair's pick, the cap read from the bumped row.
-// The loop takes it while the last start needed fair share: a busy pool of
-// many orgs then costs one statement per iteration, as one org's does.
-var sqlIterateFastShared = `
+// The loop takes it while the last start needed fair share and keyed work
+// waited, or when sqlIterateFastNear could not decide: a busy pool of many
+// orgs then costs one statement per iteration, as one org's does.
+var sqlIterateFastShared = sqlIterateFair(sqlPickFair("(SELECT max_parallelism_per_org FROM bump)"),
+	"true", "(SELECT org_id FROM keys LIMIT 1) IS NOT NULL")
+
+// sqlIterateFastNear is sqlIterateFastShared with sqlPickNear, for a pool
+// whose last fair start saw no keyed work: the same pick when it can
+// decide; when it cannot it starts nothing and says so (decided false),
+// and the loop runs sqlIterateFastShared at once.
+var sqlIterateFastNear = sqlIterateFair(sqlPickNear("(SELECT max_parallelism_per_org FROM bump)"),
+	"(SELECT ok FROM near_ok) OR (SELECT n FROM free) = 0", "(SELECT waits FROM keyed)")
+
+// sqlIterateFair is a fair fast iteration with pick, the CTEs of a fair
+// pick; decided and keyed are the SQL of what it reports besides
+// sqlFastTail's: whether the pick was made (false: nothing was written but
+// the fence) and whether keyed work waits (CTE keyed: whether keyed work
+// is ready).
+func sqlIterateFair(pick, decided, keyed string) string {
+	return `
 WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
+), keyed AS (
+  -- (an ordered probe: a generic plan would rather seq-scan for "any row")
+  SELECT (SELECT org_id FROM workpool_work
+          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
+          ORDER BY org_id LIMIT 1) IS NOT NULL AS waits
 ), plain AS (
   -- (the queues hold every org with ready plain work, perhaps more: "one
   -- org" read from them may say "several", which only keeps fair share)
   SELECT EXISTS (SELECT 1 FROM bump WHERE max_parallelism_per_org IS NULL)
     AND (SELECT count(*) FROM (SELECT 1 FROM workpool_org_queues WHERE pool = $1 AND head_at <= $2 LIMIT 2) q) <= 1
-    AND (SELECT org_id FROM workpool_work
-         WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
-         ORDER BY org_id LIMIT 1) IS NULL AS ok
+    AND NOT (SELECT waits FROM keyed) AS ok
 ), ` + sqlRunningByOrg + `, free AS (
   SELECT CASE WHEN NOT coalesce((SELECT paused FROM bump), true)
       AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)
     THEN ` + sqlFreeSlotsOfOrgs("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
 ),
-` + sqlPickFair("(SELECT max_parallelism_per_org FROM bump)") + `,
+` + pick + `,
 ` + sqlStartPicked(`EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM bump), false), (SELECT ok FROM plain),
   EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),
   -- the next start of plain work the queues know of (a retry, say), so
   -- that the loop waiting out its cooldown wakes for it in time
   least((SELECT min(head_at) FROM workpool_org_queues WHERE pool = $1 AND head_at > $2),
-        (SELECT min(head_at) FROM moved WHERE head_at > $2)),`)
+        (SELECT min(head_at) FROM moved WHERE head_at > $2)),
+  `+decided+`, `+keyed+`,`)
+}
 
 // sqlPendingOrgsWalk is the recursive CTE orgs: every org with pending
 // plain work in pool $1 (and a last row of null), one probe of the pending

@@ -1,0 +1,163 @@
+package workpool
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// pickOutcome is what one fair fast statement did: the items it started,
+// the org queues' heads after it, and whether it decided the pick.
+type pickOutcome struct {
+	started []uuid.UUID
+	heads   map[string]time.Time
+	decided bool
+}
+
+// tryFairPick runs one fair fast statement on the default pool in a
+// transaction it rolls back, and reads what it did.
+func (h *harness) tryFairPick(sql string) pickOutcome {
+	h.t.Helper()
+	tx, err := h.db.Begin(h.ctx)
+	require.NoError(h.t, err)
+	defer func() { _ = tx.Rollback(h.ctx) }()
+	now := h.clock.Now()
+	var (
+		fenced, paused, plain, cancels, keyed bool
+		nextAt                                *time.Time
+		s                                     startedWork
+		out                                   pickOutcome
+	)
+	err = tx.QueryRow(h.ctx, sql, append(h.l.startArgs(now), h.l.gen)...).
+		Scan(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &out.decided, &keyed}, s.dest()...)...)
+	require.NoError(h.t, err)
+	require.True(h.t, fenced)
+	rows, err := tx.Query(h.ctx, `SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'running' AND started_at = $1 ORDER BY id`, now)
+	require.NoError(h.t, err)
+	out.started, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(h.t, err)
+	rows, err = tx.Query(h.ctx, `SELECT org_id, head_at FROM workpool_org_queues WHERE pool = 'default'`)
+	require.NoError(h.t, err)
+	out.heads = map[string]time.Time{}
+	var (
+		org string
+		at  time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&org, &at}, func() error { out.heads[org] = at.UTC(); return nil })
+	require.NoError(h.t, err)
+	return out
+}
+
+// The near pick (sqlIterateFastNear) makes the full fair pick's choice
+// whenever it decides, and writes nothing but the fence when it does not:
+// both statements run on the same random pools — weights, a per-org cap,
+// running work, items not yet due, queue heads gone stale — and must start
+// the same items and leave the same heads. (Every run_at differs, so that
+// neither order has ties to break differently.)
+func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	rng := rand.New(rand.NewPCG(13, 2026))
+	decided, deferred, starts := 0, 0, 0
+	for round := range 150 {
+		h.exec(`DELETE FROM workpool_work`)
+		h.exec(`DELETE FROM workpool_org_queues`)
+		h.exec(`DELETE FROM workpool_org_weights`)
+		h.exec(`DELETE FROM workpool_org_pending`)
+		maxPar := 1 + rng.IntN(10)
+		var perOrg *int32
+		if rng.IntN(3) == 0 {
+			perOrg = ptr(int32(1 + rng.IntN(4)))
+		}
+		h.exec(`UPDATE workpool_pools SET max_parallelism = $1, max_parallelism_per_org = $2 WHERE name = 'default'`, maxPar, perOrg)
+		now := h.clock.Now()
+		tick := 0
+		for o := range 1 + rng.IntN(6) {
+			org := fmt.Sprintf("org-%d", o)
+			if rng.IntN(3) == 0 {
+				h.exec(`INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ('default', $1, $2)`, org, 2+rng.IntN(3))
+			}
+			var params []EnqueueParams
+			for range rng.IntN(7) {
+				tick++
+				at := now.Add(-time.Duration(tick) * time.Millisecond)
+				if rng.IntN(6) == 0 {
+					at = now.Add(time.Duration(tick) * time.Millisecond) // not yet due
+				}
+				params = append(params, EnqueueParams{OrgID: org, Pool: "default", Handler: "test_handle", RunAt: at})
+			}
+			if len(params) == 0 {
+				continue
+			}
+			ids, err := h.m.EnqueueMany(h.ctx, params)
+			require.NoError(t, err)
+			for _, id := range ids {
+				if rng.IntN(3) == 0 { // started by an earlier pick: the head lags behind it
+					h.exec(`UPDATE workpool_work SET state = 'running', started_at = $2 WHERE id = $1`, id, now.Add(-time.Second))
+				}
+			}
+		}
+		near, full := h.tryFairPick(sqlIterateFastNear), h.tryFairPick(sqlIterateFastShared)
+		require.True(t, full.decided, "round %d", round)
+		if !near.decided {
+			deferred++
+			require.Empty(t, near.started, "round %d: an undecided near pick starts nothing", round)
+			before := h.queueHeads()
+			require.Equal(t, before, near.heads, "round %d: an undecided near pick moves no head", round)
+			continue
+		}
+		decided++
+		if len(near.started) > 0 {
+			starts++
+		}
+		require.Equal(t, full.started, near.started, "round %d: the same items start", round)
+		require.Equal(t, full.heads, near.heads, "round %d: the same heads remain", round)
+	}
+	require.Greater(t, decided, 50, "most rounds are decided by the near pick")
+	require.Greater(t, starts, 50, "most decided rounds start work")
+	require.Positive(t, deferred, "some rounds need the full pick")
+	t.Logf("near pick decided %d rounds (%d of them started work), deferred %d", decided, starts, deferred)
+}
+
+// Keyed work that appears while the loop starts fairly on the near pick is
+// started by the full pick in the same iteration, within its key's limit;
+// the loop stays on the full pick while keyed work waits, and goes back to
+// the near one once none does.
+func TestFairPick_KeyedWorkHandsTheLoopToTheFullPickAndBack(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(10))
+	a1 := h.enqueue(withOrg("a"))
+	b1 := h.enqueue(withOrg("b"))
+	h.runMain()
+	require.True(t, h.l.shared, "two orgs' work: the loop starts fairly")
+	require.False(t, h.l.keyed)
+
+	h.clock.Advance(time.Millisecond)
+	k1 := h.enqueue(withOrg("a"), withKey("k", 1))
+	h.clock.Advance(time.Millisecond)
+	k2 := h.enqueue(withOrg("a"), withKey("k", 1))
+	a2 := h.enqueue(withOrg("a"))
+	starts := h.l.fastStarts
+	h.runMain()
+	o := h.observe()
+	require.Equal(t, starts+1, h.l.fastStarts, "started on the fast path")
+	require.True(t, o.isRunning(k1) && o.isRunning(a2), "the full pick started the keyed and the plain work")
+	require.True(t, o.isPending(k2), "within the key's limit")
+	require.True(t, h.l.keyed, "keyed work waits: the next fast iteration takes the full pick")
+
+	for _, id := range []uuid.UUID{a1, b1, k1} {
+		h.complete(id, "success", 1)
+	}
+	h.runMain()
+	require.True(t, h.observe().isRunning(k2))
+	h.clock.Advance(time.Millisecond)
+	b2 := h.enqueue(withOrg("b"))
+	h.runMain()
+	require.True(t, h.observe().isRunning(b2))
+	require.False(t, h.l.keyed, "no keyed work waits any more: back to the near pick")
+}
