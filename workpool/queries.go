@@ -575,7 +575,8 @@ queued AS (
     ` + perOrgCap + ` IS NULL OR coalesce(r.n, 0) < ` + perOrgCap + ` AS open,
     ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM workpool_org_queues q
-  LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = q.org_id
+  -- (the pool's weights read once, not probed for each queued org)
+  LEFT JOIN (SELECT org_id, weight FROM workpool_org_weights WHERE pool = $1 OFFSET 0) wt ON wt.org_id = q.org_id
   LEFT JOIN running r ON r.org_id = q.org_id
   WHERE q.pool = $1 AND q.head_at <= $2 AND (SELECT n FROM free) > 0
 ),
@@ -761,8 +762,8 @@ dropped AS (
   WHERE q.pool = $1 AND q.org_id = u.org_id AND u.head_at IS NULL
 )`
 
-// sqlShareBound is the CTEs share1, under, share2, bound and lim of a fair
-// pick, each name prefixed with prefix: lim is each org of CTE orgs
+// sqlShareBound is the CTEs share1, under, bound and lim of a fair pick,
+// each name prefixed with prefix: lim is each org of CTE orgs
 // (org_id, weight, running, room: the most it may start now, and any
 // other columns) with n, how far down its queue it can get.
 //
@@ -777,20 +778,21 @@ dropped AS (
 // per-org cap stops the counts short of F, every org gets up to its room,
 // as without the bound. If some orgs have fewer ready items than their
 // bound, the pick is still the first of the fair order; the next iteration
-// takes the rest.
+// takes the rest. (T's sums are window aggregates over the rows they
+// bound: a sum joined to every row is evaluated again for each of them.)
 func sqlShareBound(prefix, orgs string) string {
 	return prefix + `share1 AS (
-  SELECT (SELECT n FROM free) + sum(running)::bigint + count(*) AS num, sum(weight)::bigint AS den FROM ` + orgs + ` WHERE room > 0
+  SELECT h.org_id, h.weight, h.running, h.room,
+    (SELECT n FROM free) + (sum(h.running) OVER ())::bigint + count(*) OVER () AS num, (sum(h.weight) OVER ())::bigint AS den
+  FROM ` + orgs + ` h WHERE h.room > 0
 ),
 ` + prefix + `under AS (
-  SELECT h.* FROM ` + orgs + ` h CROSS JOIN ` + prefix + `share1 t WHERE h.room > 0 AND (t.num * h.weight) / t.den > h.running
-),
-` + prefix + `share2 AS (
-  SELECT (SELECT n FROM free) + sum(running)::bigint + count(*) AS num, sum(weight)::bigint AS den FROM ` + prefix + `under
+  SELECT org_id, weight, running, room FROM ` + prefix + `share1 WHERE (num * weight) / den > running
 ),
 ` + prefix + `bound AS (
-  SELECT u.org_id, least(u.room, (t.num * u.weight) / t.den - u.running) AS n
-  FROM ` + prefix + `under u CROSS JOIN ` + prefix + `share2 t
+  SELECT org_id, least(room, (((SELECT n FROM free) + (sum(running) OVER ())::bigint + count(*) OVER ()) * weight)
+    / (sum(weight) OVER ())::bigint - running) AS n
+  FROM ` + prefix + `under
 ),
 ` + prefix + `lim AS (
   SELECT h.*,
