@@ -134,6 +134,42 @@ func TestPause_APausedPoolIsNotReportedSaturatedAndDoesNotPoll(t *testing.T) {
 	require.True(t, h.l.startsBlocked.Load(), "enqueue kicks are dropped while paused")
 }
 
+// A paused pool starts nothing, so it never shows "running" (the contract:
+// scheduled while work runs or waits, else idle): the pause itself turns a
+// running status into scheduled, and the iterations of the pause — woken by
+// completions, enqueues, recovery — keep what the loop last published
+// rather than say "running" between their first statement and the one
+// that publishes.
+func TestPause_APausedPoolNeverShowsRunning(t *testing.T) {
+	for _, p := range paths {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(5))
+			h.l.fullOnly = p.fullOnly
+			first := h.enqueue()
+			h.enqueue(withOrg(p.otherOrg))
+			h.runMain()
+			require.Equal(t, "running", h.observe().runStatus.Kind, "before the pause: starting work")
+
+			require.NoError(t, h.m.Pause(h.ctx, "default"))
+			require.Equal(t, "scheduled", h.observe().runStatus.Kind, "the pause itself: its work runs")
+
+			h.complete(first, "success", 1)
+			h.enqueue()
+			for range 3 {
+				if !p.fullOnly {
+					_, err := h.l.iterateFast(h.ctx, h.clock.Now())
+					require.NoError(t, err)
+					require.NotEqual(t, "running", h.observe().runStatus.Kind, "after the fast statement")
+				}
+				h.runMain()
+				require.Equal(t, "scheduled", h.observe().runStatus.Kind, "after the iteration")
+				h.clock.Advance(time.Second)
+			}
+		})
+	}
+}
+
 // An idle paused pool still hears enqueues, so that its status comes to
 // say that work waits; once it does, further enqueues need not wake it.
 func TestPause_AnIdlePausedPoolPublishesIdleUntilWorkArrives(t *testing.T) {

@@ -63,11 +63,17 @@ ORDER BY p.name`
 
 // sqlUpdatePool changes the settings given and locks the pool row for the
 // rest of the transaction: $2 max_parallelism (null: keep), $3 whether $4
-// replaces max_parallelism_per_org, $5 paused (null: keep).
+// replaces max_parallelism_per_org, $5 paused (null: keep). A pause turns a
+// published "running" into "scheduled" and drops "saturated" at once: a
+// paused pool starts nothing (the loop, woken by the change, publishes the
+// precise status — idle when nothing is left).
 const sqlUpdatePool = `
 UPDATE workpool_pools SET max_parallelism = coalesce($2, max_parallelism),
   max_parallelism_per_org = CASE WHEN $3 THEN $4 ELSE max_parallelism_per_org END,
-  paused = coalesce($5, paused), updated_at = now()
+  paused = coalesce($5, paused),
+  run_kind = CASE WHEN $5 AND run_kind = 'running' THEN 'scheduled' ELSE run_kind END,
+  run_saturated = CASE WHEN $5 THEN false ELSE run_saturated END,
+  updated_at = now()
 WHERE name = $1`
 
 // sqlSetOrgWeights sets the weights of orgs $2 to $3 in pool $1.
@@ -405,9 +411,13 @@ UPDATE workpool_pools SET generation = generation + 1 WHERE name = $1 RETURNING 
 var sqlBump = bumpSQL("$2", "$3")
 
 // bumpSQL is sqlBump with the generation and now at the parameters given.
+// It marks the pool "running" — unless it is paused: a paused pool starts
+// nothing and keeps the status its loop last published (scheduled or idle).
 func bumpSQL(gen, now string) string {
 	return `
-UPDATE workpool_pools SET generation = generation + 1, run_kind = 'running', run_saturated = false, run_at = NULL, updated_at = ` + now + `
+UPDATE workpool_pools SET generation = generation + 1,
+  run_kind = CASE WHEN paused THEN run_kind ELSE 'running' END,
+  run_saturated = paused AND run_saturated, run_at = CASE WHEN paused THEN run_at END, updated_at = ` + now + `
 WHERE name = $1 AND generation = ` + gen + `
 RETURNING max_parallelism, max_parallelism_per_org, paused`
 }
