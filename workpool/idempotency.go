@@ -28,8 +28,8 @@ func (m *Manager) keyRetention() time.Duration {
 // requestHash fingerprints what an enqueue asks for, so that a repeated
 // idempotency key tells a retry of the same request from a different one.
 // JSON values count by content (key order and spacing aside), and an
-// omitted timeout or backoff base as its default; an omitted retry policy
-// differs from an explicit one.
+// omitted timeout, backoff base or key limit as its default; an omitted
+// retry policy differs from an explicit one.
 func requestHash(p EnqueueParams) []byte {
 	type onComplete struct {
 		Hook    string          `json:"hook"`
@@ -47,6 +47,11 @@ func requestHash(p EnqueueParams) []byte {
 	}{
 		Handler: p.Handler, Args: canonicalJSON(p.Args, "{}"), TimeoutMS: cmp.Or(p.TimeoutMS, DefaultTimeoutMS),
 		ConcurrencyKey: p.ConcurrencyKey, KeyLimit: p.KeyLimit,
+	}
+	if canon.KeyLimit == 1 {
+		// 0 means 1; spelled 0, so that a key stored before this spelling
+		// of the default still matches a retry that leaves it out
+		canon.KeyLimit = 0
 	}
 	if !p.RunAt.IsZero() {
 		at := p.RunAt.UTC()

@@ -228,3 +228,32 @@ func TestEnqueue_AReplayWaitsForTheFirstEnqueuesOpenTransaction(t *testing.T) {
 		})
 	}
 }
+
+// A value left out and its default spelled out are the same request: a
+// retry that spells a default the first attempt left out (or the other way
+// round) replays the first work instead of being refused as different.
+func TestEnqueue_ADefaultLeftOutOrSpelledOutIsTheSameRequest(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name          string
+		first, second workOpt
+	}{
+		{"timeout", func(p *EnqueueParams) {}, func(p *EnqueueParams) { p.TimeoutMS = DefaultTimeoutMS }},
+		{"backoff base", withRetry(3, 10, 0), withRetry(3, 10, 2)},
+		{"key limit", withKey("k", 0), withKey("k", 1)},
+		{"key limit, the other way round", withKey("k", 1), withKey("k", 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			first, err := h.enqueueKeyed("idem", tc.first)
+			require.NoError(t, err)
+			again, err := h.enqueueKeyed("idem", tc.second)
+			require.NoError(t, err)
+			require.Equal(t, first, again)
+			require.Equal(t, 1, h.workCount())
+			_, err = h.enqueueKeyed("idem", withKey("k", 2))
+			require.ErrorIs(t, err, ErrIdempotencyKeyReused, "a limit that differs is a different request")
+		})
+	}
+}
