@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"regexp"
 	"sort"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -49,6 +51,34 @@ func mergedOpenAPI() (map[string]any, error) {
 	}
 	return doc, nil
 }
+
+// bodylessOperations lists the document's operations that take no request
+// body, as "METHOD /echo/:pattern".
+func bodylessOperations() (map[string]bool, error) {
+	doc, err := mergedOpenAPI()
+	if err != nil {
+		return nil, err
+	}
+	paths, _ := doc["paths"].(map[string]any)
+	out := map[string]bool{}
+	for p, item := range paths {
+		ops, _ := item.(map[string]any)
+		route := openapiParam.ReplaceAllString(p, ":$1")
+		for method, op := range ops {
+			o, ok := op.(map[string]any)
+			if !ok {
+				continue // (parameters shared by the path's operations)
+			}
+			if _, body := o["requestBody"]; !body {
+				out[strings.ToUpper(method)+" "+route] = true
+			}
+		}
+	}
+	return out, nil
+}
+
+// openapiParam is a path parameter as the document spells it: {name}.
+var openapiParam = regexp.MustCompile(`\{([^}]+)\}`)
 
 // mergeInto merges src into dst: maps merge recursively; any other value
 // defined twice is an error, except under paths where methods merge.

@@ -436,3 +436,20 @@ func TestWorkShowsItsConcurrencyKeyAndLimit(t *testing.T) {
 		})
 	}
 }
+
+// An operation that takes no body never reads one, so an oversize body is
+// not refused there (a 413 is not among its declared answers); one that
+// takes a body still refuses it. The operations without a body come from
+// the OpenAPI document.
+func TestPoolPause_AnOversizeBodyToAnOperationWithoutOneIsNotRefused(t *testing.T) {
+	f := newPoolsFixture(t)
+	big := []byte(`{"x":"` + strings.Repeat("x", 2<<20) + `"}`)
+	require.True(t, f.s.bodyless["POST /v1/pools/:pool/pause"])
+	require.False(t, f.s.bodyless["POST /v1/pools/:pool/work"])
+
+	r := sendBody(t, f.h, "/v1/pools/default/pause", f.operator, "application/json", big, false)
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	require.Equal(t, true, r.JSON(t)["paused"])
+	sendBody(t, f.h, "/v1/pools/default/work", f.admin, "application/json", big, false).
+		requireProblem(t, http.StatusRequestEntityTooLarge, "body")
+}

@@ -144,6 +144,7 @@ type Server struct {
 	auth       *authenticator
 	idem       *idempotencyStore
 	bodyLimits map[string]int64 // route pattern → limit, where not cfg.MaxBody
+	bodyless   map[string]bool  // "METHOD pattern" of the operations that take no body
 	metrics    *httpMetrics
 	limiter    *orgLimiter // nil: no rate limit
 	inboxHTML  *web.Inbox
@@ -184,6 +185,9 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 	}}))
 	e.Use(s.limitBody)
 	s.echo = e
+	if s.bodyless, err = bodylessOperations(); err != nil {
+		return nil, err
+	}
 	if err := cfg.Registry.Register(newDependencyUp(s)); err != nil {
 		return nil, fmt.Errorf("api: register reveille_dependency_up: %w", err)
 	}
@@ -298,7 +302,10 @@ func (s *Server) openapi(c echo.Context) error {
 }
 
 // limitBody caps the request body: Content-Length over the limit is refused
-// at once, a longer chunked body fails when read (both 413).
+// at once, a longer chunked body fails when read (both 413). An operation
+// that takes no body (the OpenAPI document declares none) never reads one,
+// so its size is not refused: a 413 there would be an answer its contract
+// does not declare.
 func (s *Server) limitBody(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		limit, ok := s.bodyLimits[c.Path()]
@@ -306,7 +313,7 @@ func (s *Server) limitBody(next echo.HandlerFunc) echo.HandlerFunc {
 			limit = s.cfg.MaxBody
 		}
 		req := c.Request()
-		if req.ContentLength > limit {
+		if req.ContentLength > limit && !s.bodyless[req.Method+" "+c.Path()] {
 			return tooLargeProblem("body-too-large", "body", "request body exceeds "+strconv.FormatInt(limit, 10)+" bytes")
 		}
 		req.Body = http.MaxBytesReader(c.Response(), req.Body, limit)
