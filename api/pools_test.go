@@ -1,9 +1,11 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -452,4 +454,21 @@ func TestPoolPause_AnOversizeBodyToAnOperationWithoutOneIsNotRefused(t *testing.
 	require.Equal(t, true, r.JSON(t)["paused"])
 	sendBody(t, f.h, "/v1/pools/default/work", f.admin, "application/json", big, false).
 		requireProblem(t, http.StatusRequestEntityTooLarge, "body")
+
+	// nor is it read to fingerprint an Idempotency-Key: a retry that sends
+	// another (ignored) body is the same request
+	id := f.enqueue(f.admin, map[string]any{"handler": "echo", "args": map[string]any{}})
+	cancel := func(body []byte) response {
+		req := httptest.NewRequest(http.MethodPost, "/v1/work/"+id+"/cancel", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+f.admin)
+		req.Header.Set("Idempotency-Key", "cancel-1")
+		rec := httptest.NewRecorder()
+		f.h.ServeHTTP(rec, req)
+		return response{Status: rec.Code, Header: rec.Header(), Body: rec.Body.Bytes()}
+	}
+	first := cancel(big)
+	require.Less(t, first.Status, 300, string(first.Body))
+	again := cancel([]byte(`{"other": true}`))
+	require.Equal(t, first.Status, again.Status, string(again.Body))
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
 }

@@ -303,17 +303,22 @@ func (s *Server) openapi(c echo.Context) error {
 
 // limitBody caps the request body: Content-Length over the limit is refused
 // at once, a longer chunked body fails when read (both 413). An operation
-// that takes no body (the OpenAPI document declares none) never reads one,
-// so its size is not refused: a 413 there would be an answer its contract
-// does not declare.
+// that takes no body (the OpenAPI document declares none) is given none,
+// whatever was sent: nothing reads it — not even to hash it for an
+// Idempotency-Key — so it can neither be refused with a 413 its contract
+// does not declare nor make a retry "a different request".
 func (s *Server) limitBody(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
+		req := c.Request()
+		if s.bodyless[req.Method+" "+c.Path()] {
+			req.Body, req.ContentLength = http.NoBody, 0
+			return next(c)
+		}
 		limit, ok := s.bodyLimits[c.Path()]
 		if !ok {
 			limit = s.cfg.MaxBody
 		}
-		req := c.Request()
-		if req.ContentLength > limit && !s.bodyless[req.Method+" "+c.Path()] {
+		if req.ContentLength > limit {
 			return tooLargeProblem("body-too-large", "body", "request body exceeds "+strconv.FormatInt(limit, 10)+" bytes")
 		}
 		req.Body = http.MaxBytesReader(c.Response(), req.Body, limit)
