@@ -331,6 +331,24 @@ func TestPoolPatchSetsRemovesAndClearsOrgWeights(t *testing.T) {
 	require.NotContains(t, f.pool(f.admin), "org_weights", "an admin's answer holds no other org's weight")
 }
 
+// null for concurrency_key or key_limit is the same as leaving it out (an
+// empty key too), and the document says so: the test server's contract
+// check refuses a request the document does not describe.
+func TestWorkEnqueueWithNullKeyFieldsIsWorkWithoutAKey(t *testing.T) {
+	f := newPoolsFixture(t)
+	for _, body := range []map[string]any{
+		{"handler": "echo", "concurrency_key": nil, "key_limit": nil},
+		{"handler": "echo", "concurrency_key": ""},
+	} {
+		r := do(t, f.h, http.MethodPost, "/v1/pools/default/work", f.admin, body)
+		require.Equal(t, http.StatusCreated, r.Status, string(r.Body))
+		require.NotContains(t, r.JSON(t), "concurrency_key")
+	}
+	r := do(t, f.h, http.MethodPost, "/v1/pools/default/work", f.admin, map[string]any{"handler": "echo", "concurrency_key": "k", "key_limit": nil})
+	require.Equal(t, http.StatusCreated, r.Status, string(r.Body))
+	require.EqualValues(t, 1, r.JSON(t)["key_limit"], "a null limit is the default, 1")
+}
+
 func TestWorkEnqueueBadConcurrencyKeyOrKeyLimitIsA400AndWritesNothing(t *testing.T) {
 	f := newPoolsFixture(t)
 	for _, tc := range []struct {

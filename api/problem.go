@@ -68,12 +68,15 @@ func Invalid(field, detail string) *Problem {
 	return invalidFields([]apperr.FieldError{{Field: field, Detail: detail}})
 }
 
+// invalidFields is a 400 naming every field with its own detail (the
+// detail text too: one message for several fields would claim the first
+// field's reason for all of them).
 func invalidFields(fields []apperr.FieldError) *Problem {
-	names := make([]string, len(fields))
+	parts := make([]string, len(fields))
 	for i, f := range fields {
-		names[i] = f.Field
+		parts[i] = f.Field + ": " + f.Detail
 	}
-	p := NewProblem(http.StatusBadRequest, "invalid-request", "invalid "+strings.Join(names, ", ")+": "+fields[0].Detail)
+	p := NewProblem(http.StatusBadRequest, "invalid-request", "invalid "+strings.Join(parts, "; "))
 	p.Errors = fields
 	return p
 }

@@ -279,6 +279,23 @@ func TestPoolPatchWithOneInvalidFieldChangesNothing(t *testing.T) {
 	require.Equal(t, before["max_parallelism_per_org"], after["max_parallelism_per_org"])
 }
 
+// A problem that names several fields gives each its own reason, in the
+// detail text as in errors[]: one message for all would claim the first
+// field's reason for the others.
+func TestAProblemNamingSeveralFieldsGivesEachItsOwnReason(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t))
+	operator := token(t, "ops-org", "operator")
+	p := do(t, s.Handler(), http.MethodPatch, "/v1/pools/default", operator,
+		map[string]any{"max_parallelism": 0, "org_weights": map[string]any{"org-a": 0}, "max_parallelism_per_org": -1}).
+		requireProblem(t, http.StatusBadRequest, "max_parallelism", "org_weights.org-a", "max_parallelism_per_org")
+	detail := p["detail"].(string)
+	for _, e := range p["errors"].([]any) {
+		f := e.(map[string]any)
+		require.Contains(t, detail, f["field"].(string)+": "+f["detail"].(string))
+	}
+	require.Contains(t, detail, "or null for no cap", "the per-org cap's own reason")
+}
+
 // The HTTP layer keeps no record of a 5xx answer, so a retry after a 5xx
 // that followed the commit reaches the pool again: the pool's own key
 // makes it return the first work. (The record is deleted here as the HTTP
