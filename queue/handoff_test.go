@@ -82,6 +82,17 @@ func enqueueForHandoff(t *testing.T, db *pgxpool.Pool, d *Dispatcher, p EnqueueP
 	return h
 }
 
+// stopWhileASendIsHeld stops d while sig holds a send in flight, then lets
+// that send finish within the stop, and waits for the stop to end.
+func stopWhileASendIsHeld(t *testing.T, d *Dispatcher, sig *recordingSignaler) {
+	t.Helper()
+	stopped := make(chan error, 1)
+	go func() { stopped <- d.Stop(context.Background()) }()
+	require.Eventually(t, func() bool { return !d.life.Running() }, testWait, testTick)
+	close(sig.hold)
+	require.NoError(t, <-stopped)
+}
+
 // requireDelivered waits until the org's message with the key is delivered.
 func requireDelivered(t *testing.T, db *pgxpool.Pool, key string) Message {
 	t.Helper()
@@ -351,11 +362,7 @@ func TestStopReleasesTheHandoffsItDidNotSendToAnyDispatcher(t *testing.T) {
 	require.True(t, d.Handoff(waiting), "waits in the handoff queue")
 	l := listener(t, db)
 
-	stopped := make(chan error, 1)
-	go func() { stopped <- d.Stop(ctx) }()
-	require.Eventually(t, func() bool { return !d.life.Running() }, testWait, testTick)
-	close(sig.hold) // the send in flight finishes within the stop
-	require.NoError(t, <-stopped)
+	stopWhileASendIsHeld(t, d, sig)
 
 	m, err := GetByKey(ctx, db, "o", "q", "o/waiting")
 	require.NoError(t, err)
@@ -436,11 +443,7 @@ func TestStopReleasesClaimedSignalsStillWaitingForASendSlot(t *testing.T) {
 	}, testWait, testTick, "all claimed, one in flight holding the one slot")
 	l := listener(t, db)
 
-	stopped := make(chan error, 1)
-	go func() { stopped <- d.Stop(ctx) }()
-	require.Eventually(t, func() bool { return !d.life.Running() }, testWait, testTick)
-	close(sig.hold) // the send in flight finishes within the stop
-	require.NoError(t, <-stopped)
+	stopWhileASendIsHeld(t, d, sig)
 
 	require.Equal(t, 1, sends(), "only the send in flight went out")
 	for _, k := range keys {
