@@ -1,12 +1,18 @@
 package api
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -133,6 +139,49 @@ func TestRequestsAtALimitPassAndOneMoreIs413StoringNothing(t *testing.T) {
 			before := tc.state(t)
 			sendBody(t, tc.h, tc.path, tc.tok, tc.ct, tc.over, tc.chunked).requireProblem(t, http.StatusRequestEntityTooLarge, tc.field)
 			require.Equal(t, before, tc.state(t), "the refused request stored nothing")
+		})
+	}
+}
+
+// The body sent to an operation that takes none is never read as the next
+// request on the connection, however long it is: over a real connection,
+// a body holding a request of its own gets one answer (the connection is
+// closed after a long one, the short one is drained and the connection
+// reused for the next real request).
+func TestABodySentToAnOperationWithoutOneIsNeverReadAsTheNextRequest(t *testing.T) {
+	s := newTestServer(t)
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	smuggled := "GET /v1/whoami HTTP/1.1\r\nHost: x\r\nX-Smuggled: yes\r\n\r\n"
+	for _, tc := range []struct {
+		name    string
+		padding int
+	}{{"a body past what the server drains", 300_000}, {"a short body", 10}} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+			require.NoError(t, err)
+			defer conn.Close()
+			body := smuggled + strings.Repeat("a", tc.padding)
+			req := fmt.Sprintf("GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			follow := "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+			go func() { _, _ = io.WriteString(conn, req+follow) }()
+			require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+			br := bufio.NewReader(conn)
+			var statuses []int
+			for {
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					break
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+				statuses = append(statuses, resp.StatusCode)
+			}
+			require.NotEmpty(t, statuses)
+			for _, st := range statuses {
+				require.Equal(t, http.StatusOK, st, "only /healthz answered, never the smuggled /v1/whoami (401): %v", statuses)
+			}
+			require.LessOrEqual(t, len(statuses), 2, "the first request and at most the real one after it")
 		})
 	}
 }

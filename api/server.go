@@ -306,12 +306,16 @@ func (s *Server) openapi(c echo.Context) error {
 // that takes no body (the OpenAPI document declares none) is given none,
 // whatever was sent: nothing reads it — not even to hash it for an
 // Idempotency-Key — so it can neither be refused with a 413 its contract
-// does not declare nor make a retry "a different request".
+// does not declare nor make a retry "a different request". Its
+// ContentLength stays as sent: net/http, seeing an unread body after the
+// handler, drains it or closes the connection, so its bytes are never read
+// as the next request (set to 0, a body past 256 KiB was left on the
+// connection and parsed as one: request smuggling).
 func (s *Server) limitBody(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		req := c.Request()
 		if s.bodyless[req.Method+" "+c.Path()] {
-			req.Body, req.ContentLength = http.NoBody, 0
+			req.Body = http.NoBody
 			return next(c)
 		}
 		limit, ok := s.bodyLimits[c.Path()]

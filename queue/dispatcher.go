@@ -663,19 +663,23 @@ func (d *Dispatcher) release(ctx context.Context, msgs []claimed) {
 	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 	defer cancel()
 	// Spans orgs: the stopping dispatcher's own claims, by id.
-	_, err := d.db.Exec(ctx, `
+	var released int64
+	err := d.db.QueryRow(ctx, `
 		WITH released AS (
 		  UPDATE queue_messages m SET attempts = m.attempts - 1, next_attempt_at = now(), updated_at = now()
 		  FROM unnest($1::uuid[], $2::int[]) AS r(id, attempts)
 		  WHERE m.id = r.id AND m.attempts = r.attempts AND m.status = 'pending' AND m.next_attempt_at > now()
 		  RETURNING 1)
-		SELECT pg_notify($3, '') FROM (SELECT 1 FROM released LIMIT 1) r`, ids, attempts, notifyChannel)
+		SELECT (SELECT count(*) FROM released),
+		       (SELECT count(*) FROM (SELECT pg_notify($3, '') FROM (SELECT 1 FROM released LIMIT 1) r) n)`,
+		ids, attempts, notifyChannel).Scan(&released, new(int64))
 	if err != nil {
 		d.cfg.Logger.Warn("releasing unsent signals at stop failed; they are sent after their lease", "count", len(msgs), "error", err.Error())
 		return
 	}
-	d.metrics.results.WithLabelValues("released").Add(float64(len(msgs)))
-	d.cfg.Logger.Info("released claimed signals the stop left unsent, for any dispatcher", "count", len(msgs))
+	// (a message claimed again since, its lease run out, is not counted)
+	d.metrics.results.WithLabelValues("released").Add(float64(released))
+	d.cfg.Logger.Info("released claimed signals the stop left unsent, for any dispatcher", "count", released)
 }
 
 // subjectKey names a message's idempotency key in the log lines: every

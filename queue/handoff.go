@@ -96,19 +96,24 @@ func (d *Dispatcher) releaseHandoffs(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 	defer cancel()
 	// Spans orgs: the stopping dispatcher's own handoffs, by id.
-	tag, err := d.db.Exec(ctx, `
+	var released int64
+	err := d.db.QueryRow(ctx, `
 		WITH released AS (
 		  UPDATE queue_messages SET attempts = attempts - 1, next_attempt_at = now(), updated_at = now()
 		  WHERE id = ANY($1) AND status = 'pending' AND attempts = 1 AND next_attempt_at > now()
 		  RETURNING 1)
-		SELECT pg_notify($2, '') FROM (SELECT 1 FROM released LIMIT 1) r`, ids, notifyChannel)
+		SELECT (SELECT count(*) FROM released),
+		       (SELECT count(*) FROM (SELECT pg_notify($2, '') FROM (SELECT 1 FROM released LIMIT 1) r) n)`,
+		ids, notifyChannel).Scan(&released, new(int64))
 	if err != nil {
 		d.metrics.handoffs.WithLabelValues("dropped").Add(float64(len(ids)))
 		d.cfg.Logger.Warn("releasing handed-off signals at stop failed; they are sent after their lease", "count", len(ids), "error", err.Error())
 		return
 	}
-	d.metrics.handoffs.WithLabelValues("released").Add(float64(len(ids)))
-	d.cfg.Logger.Info("released handed-off signals at stop for any dispatcher", "count", len(ids), "notified", tag.RowsAffected() > 0)
+	// (a handoff another dispatcher claimed since, its lease run out, is
+	// not counted)
+	d.metrics.handoffs.WithLabelValues("released").Add(float64(released))
+	d.cfg.Logger.Info("released handed-off signals at stop for any dispatcher", "count", released)
 }
 
 // takeHandoffs moves handed-off messages into the pipeline while it has

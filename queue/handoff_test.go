@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -374,6 +375,7 @@ func TestStopReleasesTheHandoffsItDidNotSendToAnyDispatcher(t *testing.T) {
 	_, err = l.Conn().WaitForNotification(wctx)
 	require.NoError(t, err, "the dispatchers are told")
 	require.False(t, d.Handoff(&Handoff{}), "a handoff after the stop is dropped")
+	require.Equal(t, 1.0, testutil.ToFloat64(d.metrics.handoffs.WithLabelValues("released")))
 	requireDelivered(t, db, "o/first")
 }
 
@@ -446,6 +448,7 @@ func TestStopReleasesClaimedSignalsStillWaitingForASendSlot(t *testing.T) {
 	stopWhileASendIsHeld(t, d, sig)
 
 	require.Equal(t, 1, sends(), "only the send in flight went out")
+	require.Equal(t, 2.0, testutil.ToFloat64(d.metrics.results.WithLabelValues("released")))
 	for _, k := range keys {
 		if sig.count(k) == 1 {
 			requireDelivered(t, db, k)

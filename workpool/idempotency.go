@@ -50,7 +50,9 @@ func requestHash(p EnqueueParams) []byte {
 	}
 	if canon.KeyLimit == 1 {
 		// 0 means 1; spelled 0, so that a key stored before this spelling
-		// of the default still matches a retry that leaves it out
+		// of the default still matches a retry that leaves it out (one
+		// stored with an explicit 1 does not match its retry: a one-off,
+		// for the keys of the upgrade's retention window)
 		canon.KeyLimit = 0
 	}
 	if !p.RunAt.IsZero() {
