@@ -274,12 +274,18 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 	if begin {
 		b.Queue("BEGIN")
 	}
+	// (the hooks' bound, set before either savepoint: rolling back to one
+	// keeps it)
+	b.Queue(sqlHookStatementTimeout, m.hookStatementTimeout())
 	b.Queue(sqlCompleteSavepoint)
 	b.Queue(sqlComplete, m.completeArgs(results)...)
 	b.Queue(sqlSavepoint) // cheap, and saves a round trip before the hooks
 	br := tx.SendBatch(ctx, b)
 	var err error
 	if begin {
+		_, err = br.Exec()
+	}
+	if err == nil {
 		_, err = br.Exec()
 	}
 	if err == nil {

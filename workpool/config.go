@@ -25,6 +25,7 @@ const (
 	DefaultCooldown          = 2 * time.Second
 	DefaultLeaderRetry       = 2 * time.Second
 	DefaultStopGrace         = 10 * time.Second
+	DefaultHookTimeout       = 10 * time.Second
 	DefaultMaxWorkers        = 10_000
 
 	// DefaultMaxPendingPerOrg caps an org's unfinished work in one pool.
@@ -77,6 +78,12 @@ type Config struct {
 	// onComplete hook call; it doubles per failure up to 5 minutes
 	// (default 1 s).
 	HookRetryBackoff time.Duration
+	// HookTimeout bounds one onComplete hook call: each statement it runs
+	// (a statement timeout on the transaction the hooks run in) and the
+	// call's context, a second longer (default 10 s). A call past it fails
+	// and is retried like any failed hook call, so that a hook stuck on a
+	// lock cannot hold up every completion this replica records.
+	HookTimeout time.Duration
 	// MaxWorkers bounds the handlers this replica runs at once, across
 	// pools (default 10,000).
 	MaxWorkers int
@@ -110,6 +117,7 @@ func (c Config) withDefaults() Config {
 	c.MaxWorkers = cmp.Or(c.MaxWorkers, DefaultMaxWorkers)
 	c.MaxPendingPerOrg = cmp.Or(c.MaxPendingPerOrg, DefaultMaxPendingPerOrg)
 	c.HookRetryBackoff = cmp.Or(c.HookRetryBackoff, time.Second)
+	c.HookTimeout = cmp.Or(c.HookTimeout, DefaultHookTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -130,7 +138,7 @@ func (c Config) validate() error {
 	}
 	switch {
 	case c.RecoveryPeriod < 0, c.HeartbeatTimeout < 0, c.HeartbeatInterval < 0, c.WorkRetention < 0,
-		c.Cooldown < 0, c.LeaderRetry < 0, c.StopGrace < 0, c.HookRetryBackoff < 0:
+		c.Cooldown < 0, c.LeaderRetry < 0, c.StopGrace < 0, c.HookRetryBackoff < 0, c.HookTimeout < 0:
 		return errors.New("workpool: durations must not be negative")
 	case c.HeartbeatInterval >= c.HeartbeatTimeout:
 		return fmt.Errorf("workpool: heartbeat interval %s must be shorter than the heartbeat timeout %s", c.HeartbeatInterval, c.HeartbeatTimeout)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,17 +19,39 @@ import (
 const (
 	sqlSavepoint         = "SAVEPOINT workpool_hooks"
 	sqlRollbackSavepoint = "ROLLBACK TO SAVEPOINT workpool_hooks"
+	// sqlHookStatementTimeout bounds every later statement of the
+	// transaction — a hook's among them — to $1 ms. It is set before the
+	// hooks' savepoint, so that rolling back to it keeps the bound.
+	sqlHookStatementTimeout = "SELECT set_config('statement_timeout', $1, true)"
 )
+
+// hookTimeoutSlack is how much longer a hook call's context lasts than its
+// statements may: a statement past the bound fails on the server, which
+// leaves the transaction usable from the savepoint on, while a context
+// that ends mid-statement closes the connection, and the transaction with
+// it.
+const hookTimeoutSlack = time.Second
+
+// hookStatementTimeout is HookTimeout as sqlHookStatementTimeout's
+// parameter.
+func (m *Manager) hookStatementTimeout() string {
+	return strconv.FormatInt(max(m.cfg.HookTimeout.Milliseconds(), 1), 10)
+}
 
 // runHooks calls hooks inside tx, one savepoint for the whole batch; when a
 // hook fails the batch is bisected so that every hook that can succeed
 // does, and each failing call is scheduled for a retry. The completion
 // commits either way. retrying says the calls come from the retry queue
 // (successes must then be marked done); open says the savepoint was just
-// set.
+// set, and the statement timeout before it (completeIn does both).
 func (m *Manager) runHooks(ctx context.Context, tx pgx.Tx, calls []hookCall, retrying, open bool) error {
 	if len(calls) == 0 {
 		return nil
+	}
+	if !open {
+		if _, err := tx.Exec(ctx, sqlHookStatementTimeout, m.hookStatementTimeout()); err != nil {
+			return fmt.Errorf("hook statement timeout: %w", err)
+		}
 	}
 	failed := map[uuid.UUID]error{}
 	if err := m.hookBatch(ctx, tx, calls, failed, open); err != nil {
@@ -137,7 +160,12 @@ func (m *Manager) callHook(ctx context.Context, tx pgx.Tx, c hookCall) (err erro
 			err = fmt.Errorf("hook %q panicked: %v", c.hook, r)
 		}
 	}()
-	if err := h(ctx, tx, c.c); err != nil {
+	hctx, cancel := context.WithTimeout(ctx, m.cfg.HookTimeout+hookTimeoutSlack)
+	defer cancel()
+	if err := h(hctx, tx, c.c); err != nil {
+		if errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+			return fmt.Errorf("hook %q did not return within the hook timeout (%s): %w", c.hook, m.cfg.HookTimeout, err)
+		}
 		return fmt.Errorf("hook %q: %w", c.hook, err)
 	}
 	if tx.Conn().PgConn().TxStatus() == 'E' {

@@ -296,3 +296,83 @@ func TestHooks_RetentionKeepsWorkWhoseHookStillWaits(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotFound)
 	require.Equal(t, StateFinished, h.status(keep).State)
 }
+
+// completeAsync records one successful attempt of id the way the completer
+// does, in a goroutine; the channel gets its error.
+func (h *harness) completeAsync(id uuid.UUID) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		done <- pgx.BeginFunc(h.ctx, h.db, func(tx pgx.Tx) error {
+			_, err := h.m.completeTx(h.ctx, tx, []attemptResult{{id: id, pool: "default", attempt: 1, kind: kindSucceeded, result: json.RawMessage(`null`)}})
+			return err
+		})
+	}()
+	return done
+}
+
+// A hook that cannot return in time fails at the hook timeout, like any
+// failed call: the completion commits and the call is retried later — one
+// stuck hook does not hold up every completion this replica records. A
+// hook waiting on a lock fails on the statement timeout (the transaction
+// stays usable from the hooks' savepoint on); one that waits in Go, on
+// its context.
+func TestHooks_AHookThatCannotReturnFailsAtTheHookTimeoutAndIsRetried(t *testing.T) {
+	for _, tc := range []struct {
+		name, reason string
+		hook         func(context.Context, pgx.Tx, Completion) error
+	}{
+		{"waiting on a row lock", "statement timeout", func(ctx context.Context, tx pgx.Tx, _ Completion) error {
+			_, err := tx.Exec(ctx, `SELECT 1 FROM test_hook_lock WHERE id = 1 FOR UPDATE`)
+			return err
+		}},
+		{"waiting on its context", "did not return within the hook timeout", func(ctx context.Context, _ pgx.Tx, _ Completion) error {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Minute):
+				return nil
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, func(c *Config) { c.HookTimeout = 200 * time.Millisecond })
+			h.exec(`CREATE TABLE test_hook_lock (id int PRIMARY KEY)`)
+			h.exec(`INSERT INTO test_hook_lock VALUES (1)`)
+			var stuck atomic.Bool
+			stuck.Store(true)
+			h.m.RegisterHook("stuck", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+				if stuck.Load() {
+					return tc.hook(ctx, tx, c)
+				}
+				return nil
+			})
+			id := h.enqueue(withHook("stuck", `{}`))
+			h.runMain()
+			lock, err := h.db.Begin(h.ctx)
+			require.NoError(t, err)
+			defer func() { _ = lock.Rollback(h.ctx) }()
+			_, err = lock.Exec(h.ctx, `SELECT 1 FROM test_hook_lock WHERE id = 1 FOR UPDATE`)
+			require.NoError(t, err)
+
+			select {
+			case err := <-h.completeAsync(id):
+				require.NoError(t, err)
+			case <-time.After(testWait):
+				t.Fatal("the completion still waits on the hook")
+			}
+			w := h.work(id)
+			require.Equal(t, "finished", w.state, "the completion committed")
+			require.Equal(t, "retry", *w.hook)
+			var msg string
+			require.NoError(t, h.db.QueryRow(h.ctx, `SELECT hook_error FROM workpool_work WHERE id = $1`, id).Scan(&msg))
+			require.Contains(t, msg, tc.reason)
+
+			stuck.Store(false)
+			require.NoError(t, lock.Rollback(h.ctx))
+			h.clock.Advance(time.Minute)
+			h.runMain()
+			require.Equal(t, "done", *h.work(id).hook, "the retry ran")
+		})
+	}
+}
