@@ -651,11 +651,23 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 }
 
 // release makes messages this dispatcher claimed but did not send (it
-// stopped first) due again at once, their unmade attempt uncounted, and
-// tells the dispatchers, rather than leaving them hidden until their lease
-// ends. A message claimed again since (its lease ran out first) is left
-// alone: its attempt count moved on.
+// stopped first) due again for any dispatcher (unclaim).
 func (d *Dispatcher) release(ctx context.Context, msgs []claimed) {
+	released, err := d.unclaim(ctx, msgs)
+	if err != nil {
+		d.cfg.Logger.Warn("releasing unsent signals at stop failed; they are sent after their lease", "count", len(msgs), "error", err.Error())
+		return
+	}
+	d.metrics.results.WithLabelValues("released").Add(float64(released))
+	d.cfg.Logger.Info("released claimed signals the stop left unsent, for any dispatcher", "count", released)
+}
+
+// unclaim makes msgs, claimed by this dispatcher and not sent, due again at
+// once, their unmade attempt uncounted, and tells the dispatchers, rather
+// than leave them hidden until their lease ends. A message claimed again
+// since (its lease ran out first) is left alone: its attempt count moved
+// on. It returns how many it made due.
+func (d *Dispatcher) unclaim(ctx context.Context, msgs []claimed) (int64, error) {
 	ids, attempts := make([]uuid.UUID, len(msgs)), make([]int32, len(msgs))
 	for i, m := range msgs {
 		ids[i], attempts[i] = m.ID, int32(m.Attempts)
@@ -673,13 +685,7 @@ func (d *Dispatcher) release(ctx context.Context, msgs []claimed) {
 		SELECT (SELECT count(*) FROM released),
 		       (SELECT count(*) FROM (SELECT pg_notify($3, '') FROM (SELECT 1 FROM released LIMIT 1) r) n)`,
 		ids, attempts, notifyChannel).Scan(&released, new(int64))
-	if err != nil {
-		d.cfg.Logger.Warn("releasing unsent signals at stop failed; they are sent after their lease", "count", len(msgs), "error", err.Error())
-		return
-	}
-	// (a message claimed again since, its lease run out, is not counted)
-	d.metrics.results.WithLabelValues("released").Add(float64(released))
-	d.cfg.Logger.Info("released claimed signals the stop left unsent, for any dispatcher", "count", released)
+	return released, err
 }
 
 // subjectKey names a message's idempotency key in the log lines: every

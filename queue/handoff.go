@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"time"
-
-	"github.com/google/uuid"
 )
 
-// releaseTimeout bounds the stop's release of the handoffs it did not send.
+// releaseTimeout bounds a stop's release of the messages it did not send.
 const releaseTimeout = 5 * time.Second
 
 // Handoff is a signal message written by EnqueueForHandoff, for the
@@ -72,46 +70,31 @@ func (d *Dispatcher) Handoff(h *Handoff) bool {
 
 // releaseHandoffs is the stop's last look at the handoff queue: the
 // messages still waiting there were written claimed, hidden for their
-// lease, so each is made due again at once — its unmade attempt uncounted —
-// and the dispatchers are told, rather than waiting out the lease (a wake
-// held back by HandoffLease at every rolling restart under load). Handoffs
-// after this are dropped. A message another dispatcher has claimed since
-// (its lease ran out first) is left alone.
+// lease, so each is made due again at once for any dispatcher (unclaim) —
+// rather than left hidden, which held those wakes back by HandoffLease at
+// every rolling restart under load. Handoffs after this are dropped.
 func (d *Dispatcher) releaseHandoffs(ctx context.Context) {
 	d.handoffMu.Lock()
 	d.handoffsClosed = true
-	var ids []uuid.UUID
+	var msgs []claimed
 	for more := true; more; {
 		select {
 		case h := <-d.handoffs:
-			ids = append(ids, h.m.ID)
+			msgs = append(msgs, h.m)
 		default:
 			more = false
 		}
 	}
 	d.handoffMu.Unlock()
-	if len(ids) == 0 {
+	if len(msgs) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-	defer cancel()
-	// Spans orgs: the stopping dispatcher's own handoffs, by id.
-	var released int64
-	err := d.db.QueryRow(ctx, `
-		WITH released AS (
-		  UPDATE queue_messages SET attempts = attempts - 1, next_attempt_at = now(), updated_at = now()
-		  WHERE id = ANY($1) AND status = 'pending' AND attempts = 1 AND next_attempt_at > now()
-		  RETURNING 1)
-		SELECT (SELECT count(*) FROM released),
-		       (SELECT count(*) FROM (SELECT pg_notify($2, '') FROM (SELECT 1 FROM released LIMIT 1) r) n)`,
-		ids, notifyChannel).Scan(&released, new(int64))
+	released, err := d.unclaim(ctx, msgs)
 	if err != nil {
-		d.metrics.handoffs.WithLabelValues("dropped").Add(float64(len(ids)))
-		d.cfg.Logger.Warn("releasing handed-off signals at stop failed; they are sent after their lease", "count", len(ids), "error", err.Error())
+		d.metrics.handoffs.WithLabelValues("dropped").Add(float64(len(msgs)))
+		d.cfg.Logger.Warn("releasing handed-off signals at stop failed; they are sent after their lease", "count", len(msgs), "error", err.Error())
 		return
 	}
-	// (a handoff another dispatcher claimed since, its lease run out, is
-	// not counted)
 	d.metrics.handoffs.WithLabelValues("released").Add(float64(released))
 	d.cfg.Logger.Info("released handed-off signals at stop for any dispatcher", "count", released)
 }

@@ -27,20 +27,20 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 	case l.shared:
 		sql = sqlIterateFastNear
 	}
-	res, decided, err := l.runFast(ctx, now, sql)
+	res, decided, err := l.runFast(ctx, now, sql, l.shared)
 	if err == nil && !decided {
 		// Keyed work waits, or a near org's queue head is stale: the
 		// full fair pick decides, at once.
-		res, _, err = l.runFast(ctx, now, sqlIterateFastShared)
+		res, _, err = l.runFast(ctx, now, sqlIterateFastShared, true)
 	}
 	return res, err
 }
 
-// runFast runs one fast iteration's statement and launches what it
-// started; decided is false when it was sqlIterateFastNear and could not
-// pick (it then wrote nothing but the fence).
-func (l *loop) runFast(ctx context.Context, now time.Time, sql string) (res iterResult, decided bool, err error) {
-	shared := sql != sqlIterateFast
+// runFast runs one fast iteration's statement (shared: a fair one) and
+// launches what it started; decided is false when it was
+// sqlIterateFastNear and could not pick (it then wrote nothing but the
+// fence).
+func (l *loop) runFast(ctx context.Context, now time.Time, sql string, shared bool) (res iterResult, decided bool, err error) {
 	var (
 		fenced, paused, plain, cancels, keyed bool
 		nextAt                                *time.Time

@@ -703,13 +703,13 @@ pick AS (
   -- (by tuple id: no index lookup per started item)
   SELECT w.id, w.handler, w.ctid AS tid FROM workpool_work w
   WHERE w.ctid = ANY(ARRAY(SELECT tid FROM ranked WHERE rn <= n
-                           ORDER BY (running + rn)::float8 / weight, run_at LIMIT (SELECT n FROM free)))
+                           ORDER BY ` + sqlTurnOrder + ` LIMIT (SELECT n FROM free)))
     AND w.state = 'pending'
   FOR UPDATE SKIP LOCKED
 ),
 heads AS (
   -- each org read, with the head its read found (null: no ready item)
-  SELECT org_id, head_at, seen, run_at FROM near_read WHERE (rn = 1 OR tid IS NULL) AND (SELECT ok FROM near_ok)
+  ` + sqlNearHeads + `
   UNION ALL
   SELECT org_id, head_at, seen, run_at FROM queues
 ),
@@ -733,15 +733,23 @@ pick AS (
   -- (by tuple id: no index lookup per started item)
   SELECT w.id, w.handler, w.ctid AS tid FROM workpool_work w
   WHERE w.ctid = ANY(ARRAY(SELECT tid FROM near_read WHERE rn <= n AND (SELECT ok FROM near_ok)
-                           ORDER BY (running + rn)::float8 / weight, run_at LIMIT (SELECT n FROM free)))
+                           ORDER BY ` + sqlTurnOrder + ` LIMIT (SELECT n FROM free)))
     AND w.state = 'pending'
   FOR UPDATE SKIP LOCKED
 ),
 heads AS (
-  SELECT org_id, head_at, seen, run_at FROM near_read WHERE (rn = 1 OR tid IS NULL) AND (SELECT ok FROM near_ok)
+  ` + sqlNearHeads + `
 ),
 ` + sqlMoveHeads
 }
+
+// sqlTurnOrder is the fair order of a pick's candidates (running, weight,
+// rn: the candidate's place in its org's queue), both picks' spelling.
+const sqlTurnOrder = `(running + rn)::float8 / weight, run_at`
+
+// sqlNearHeads is, for CTE heads, each near org read with the head its
+// read found (null: no ready item), when the near way decided the pick.
+const sqlNearHeads = `SELECT org_id, head_at, seen, run_at FROM near_read WHERE (rn = 1 OR tid IS NULL) AND (SELECT ok FROM near_ok)`
 
 // sqlMoveHeads is the CTEs moved, untouched, raised and dropped of a fair
 // pick: they move the queue heads of CTE heads (org_id, head_at and seen
