@@ -30,11 +30,12 @@ func (h *harness) tryFairPick(sql string) pickOutcome {
 	var (
 		fenced, paused, plain, cancels, keyed bool
 		nextAt                                *time.Time
+		free                                  int32
 		s                                     startedWork
 		out                                   pickOutcome
 	)
 	err = tx.QueryRow(h.ctx, sql, append(h.l.startArgs(now), h.l.gen)...).
-		Scan(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &out.decided, &keyed}, s.dest()...)...)
+		Scan(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &out.decided, &keyed, &free}, s.dest()...)...)
 	require.NoError(h.t, err)
 	require.True(h.t, fenced)
 	rows, err := tx.Query(h.ctx, `SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'running' AND started_at = $1 ORDER BY id`, now)

@@ -44,6 +44,7 @@ func (l *loop) runFast(ctx context.Context, now time.Time, sql string, shared bo
 	var (
 		fenced, paused, plain, cancels, keyed bool
 		nextAt                                *time.Time
+		free                                  int32
 		s                                     startedWork
 	)
 	b := &pgx.Batch{}
@@ -51,7 +52,7 @@ func (l *loop) runFast(ctx context.Context, now time.Time, sql string, shared bo
 	// promised.
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
 	b.Queue(sql, append(l.startArgs(now), l.gen)...).QueryRow(func(r pgx.Row) error {
-		return r.Scan(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &decided, &keyed}, s.dest()...)...)
+		return r.Scan(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &decided, &keyed, &free}, s.dest()...)...)
 	})
 	// Not canceled with the leadership: once sent, the statement's result
 	// must be read, or the work it handed to this executor would sit claimed
@@ -75,7 +76,8 @@ func (l *loop) runFast(ctx context.Context, now time.Time, sql string, shared bo
 		l.fastStarts++
 		l.lastActivity = now
 	}
-	res = iterResult{didWork: didWork, clean: (plain || shared) && !cancels, plain: plain, status: RunStatus{Kind: "running"}}
+	res = iterResult{didWork: didWork, clean: (plain || shared) && !cancels, plain: plain, status: RunStatus{Kind: "running"},
+		filled: didWork && len(s.lags) >= int(free)}
 	if nextAt != nil {
 		res.wakeAt = *nextAt
 	}

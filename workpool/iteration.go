@@ -20,6 +20,7 @@ type iterResult struct {
 	status  RunStatus
 	clean   bool // (fast path) nothing it could not handle was waiting
 	plain   bool // (fast path) the ready work was one org's plain work (or none)
+	filled  bool // (fast path) it started work into every free slot
 }
 
 // iterate runs one iteration: the one-statement fast path (fast.go) when
@@ -35,6 +36,15 @@ func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 	// waits) and sleep on work it never saw. Only the published status of
 	// an iteration that saw the work may drop enqueue kicks again.
 	l.startsBlocked.Store(false)
+	// A kick sent before this iteration reads announced a change committed
+	// before it reads (every kick follows its commit): it has nothing more
+	// to say. Left in the channel, it would wake the loop for an iteration
+	// that finds nothing — after each start of a busy pool, since the
+	// completions that kick it land while the start runs.
+	select {
+	case <-l.kickc:
+	default:
+	}
 	now := l.m.now()
 	if l.freed.Swap(false) {
 		// Slots were freed or work canceled since the last iteration: the
@@ -50,11 +60,13 @@ func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 	if err == nil {
 		l.shared = !fast.plain
 	}
-	if err != nil || (fast.didWork && fast.clean) {
+	if err != nil || (fast.didWork && fast.clean && !fast.filled) {
 		return fast, err
 	}
-	if !fast.didWork && fast.clean && !l.paused.Load() && now.Sub(l.lastActivity) < l.m.cfg.Cooldown {
-		// Nothing new: still "running" through the cooldown, so there is no
+	if fast.clean && (fast.filled || !fast.didWork && !l.paused.Load() && now.Sub(l.lastActivity) < l.m.cfg.Cooldown) {
+		// Nothing new, or every free slot just taken (nothing more can
+		// start until a slot frees, and whatever frees one kicks the
+		// loop): still "running" through the cooldown, so there is no
 		// status to publish; wake at its end to decide one, or sooner for
 		// work due before it (a retry the completer scheduled).
 		wake := l.lastActivity.Add(l.m.cfg.Cooldown)

@@ -840,8 +840,9 @@ const sqlPlainCensus = `census AS (
 )`
 
 // sqlFastTail ends sqlIterateFast: what it reports besides the starts
-// (fenced, paused, plain, cancelations waiting, the next start, and, in
-// the fair iterations' shape, decided and keyed: true and false).
+// (fenced, paused, plain, cancelations waiting, the next start, in the
+// fair iterations' shape decided and keyed: true and false, and the free
+// slots it filled from).
 const sqlFastTail = `EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM bump), false), (SELECT ok FROM plain),
   EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),
   -- the next start of the first org's plain work (a retry, say): two index
@@ -850,7 +851,7 @@ const sqlFastTail = `EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM b
    WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at > $2
      AND org_id = (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
                    ORDER BY org_id LIMIT 1)),
-  true, false,`
+  true, false, (SELECT n FROM free),`
 
 // sqlIterateFast is a whole iteration in one statement for the common
 // case: no cancelation to process, and ready work of one org only, without
@@ -918,7 +919,7 @@ WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
   -- that the loop waiting out its cooldown wakes for it in time
   least((SELECT min(head_at) FROM workpool_org_queues WHERE pool = $1 AND head_at > $2),
         (SELECT min(head_at) FROM moved WHERE head_at > $2)),
-  `+decided+`, `+keyed+`,`)
+  `+decided+`, `+keyed+`, (SELECT n FROM free),`)
 }
 
 // sqlPendingOrgsWalk is the recursive CTE orgs: every org with pending

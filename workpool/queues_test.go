@@ -403,8 +403,7 @@ func TestOrgQueues_AnEnqueueCommittedDuringThePickKeepsTheHeadItLowered(t *testi
 	late, err := h.m.Enqueue(h.ctx, EnqueueParams{OrgID: "a", Pool: "default", Handler: "test_handle", RunAt: t0.Add(5 * time.Millisecond)})
 	require.NoError(t, err)
 	require.NoError(t, lock.Rollback(h.ctx))
-	res := <-picked
-	require.True(t, res.didWork)
+	<-picked
 	require.True(t, h.observe().isRunning(a2), "the pick started what its snapshot showed")
 
 	require.False(t, h.queueHeads()["a"].After(t0.Add(5*time.Millisecond)), "the head stays at or before the late item")

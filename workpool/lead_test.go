@@ -1,0 +1,68 @@
+package workpool
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A fast start that takes every free slot leaves nothing for an iteration
+// run at once to start: whatever frees a slot kicks the loop. So the loop
+// waits (for that kick, or the cooldown's end) instead of iterating again,
+// while a start that leaves a slot free looks again at once (the fair
+// pick may stop short of the free slots).
+func TestLoop_AStartThatFillsEveryFreeSlotWaitsForAKick(t *testing.T) {
+	cases := []struct {
+		name string
+		orgs []string // of the items, in enqueue order
+		// complete: how many running items complete before the fast start
+		complete int
+		// loopsAgain: the fast start leaves a free slot, so the loop
+		// iterates again at once
+		loopsAgain bool
+	}{
+		{name: "one org, backlog left", orgs: []string{"a", "a", "a", "a"}, complete: 1},
+		{name: "two orgs (fair), backlog left", orgs: []string{"a", "b", "a", "b", "a"}, complete: 2},
+		{name: "one org, a slot left free", orgs: []string{"a", "a", "a"}, complete: 2, loopsAgain: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(2))
+			for _, org := range tc.orgs {
+				h.enqueue(withOrg(org))
+			}
+			h.runMain()
+			running := h.observe().running
+			require.Len(t, running, 2)
+			for _, id := range running[:tc.complete] {
+				h.complete(id, "success", 1)
+			}
+
+			starts := h.l.fastStarts
+			res := h.runMain()
+			require.Equal(t, starts+1, h.l.fastStarts, "the fast path started work")
+			require.Equal(t, tc.loopsAgain, res.didWork)
+			if !tc.loopsAgain {
+				require.Len(t, h.observe().running, 2, "every slot taken")
+				require.Equal(t, "running", res.status.Kind)
+				require.False(t, res.wakeAt.IsZero(), "it wakes by the cooldown's end at the latest")
+				require.False(t, res.wakeAt.After(h.clock.Now().Add(h.m.cfg.Cooldown)))
+			}
+		})
+	}
+}
+
+// A kick sent before an iteration reads the tables announced a change
+// that iteration sees: it is spent, not left to wake the loop for an
+// iteration that would find nothing.
+func TestLoop_AKickSentBeforeAnIterationReadsIsSpentByIt(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(2))
+	h.enqueue()
+	h.runMain()
+
+	h.l.kick(kickWork)
+	h.runMain()
+	require.Empty(t, h.l.kickc)
+}
