@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -174,6 +175,13 @@ func decodePoolPatch(body []byte) (workpool.PoolUpdate, error) {
 	var in poolPatch
 	if err := decodeJSON(body, &in); err != nil {
 		return workpool.PoolUpdate{}, err
+	}
+	// A pool always has a limit: a null max_parallelism is refused, not
+	// read as absent (the document declares an integer).
+	var present map[string]json.RawMessage
+	if json.Unmarshal(body, &present) == nil && string(present["max_parallelism"]) == "null" {
+		return workpool.PoolUpdate{}, Invalid("max_parallelism",
+			fmt.Sprintf("must be between 1 and %d (a pool's limit cannot be removed)", workpool.MaxParallelismLimit))
 	}
 	if in.MaxParallelism == nil && in.MaxParallelismPerOrg == nil && in.OrgWeights == nil {
 		return workpool.PoolUpdate{}, Invalid("max_parallelism", "is required unless max_parallelism_per_org or org_weights is given")
