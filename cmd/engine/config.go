@@ -50,6 +50,7 @@ type settings struct {
 	Pools          map[string]int // REVEILLE_POOLS
 	RecoveryPeriod time.Duration  // REVEILLE_RECOVERY_PERIOD
 	HeartbeatLimit time.Duration  // REVEILLE_HEARTBEAT_TIMEOUT
+	HookTimeout    time.Duration  // REVEILLE_HOOK_TIMEOUT
 	WorkRetention  time.Duration  // REVEILLE_WORK_RETENTION
 	OrgMaxPending  int            // REVEILLE_ORG_MAX_PENDING: 0 turns the cap off (workpool.NoPendingLimit)
 	HTTPAllowed    []string       // REVEILLE_HTTP_ALLOWED_HOSTS
@@ -138,6 +139,7 @@ func envConfig() (settings, error) {
 	s.StreamChunks = int(envInt("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST", streams.DefaultMaxChunks, &errs))
 	s.RecoveryPeriod = envDuration("REVEILLE_RECOVERY_PERIOD", 10*time.Second, &errs)
 	s.HeartbeatLimit = envDuration("REVEILLE_HEARTBEAT_TIMEOUT", 30*time.Second, &errs)
+	s.HookTimeout = envDuration("REVEILLE_HOOK_TIMEOUT", workpool.DefaultHookTimeout, &errs)
 	s.WorkRetention = envDuration("REVEILLE_WORK_RETENTION", 24*time.Hour, &errs)
 	s.ApprovalTTL = envDuration("REVEILLE_APPROVAL_TTL", 24*time.Hour, &errs)
 	s.ToolTTL = envDuration("REVEILLE_TOOL_APPROVAL_TTL", time.Hour, &errs)
@@ -200,7 +202,7 @@ func (s settings) serviceConfig(logger *slog.Logger) service.Config {
 // workpoolConfig is the pool's part of the settings.
 func (s settings) workpoolConfig() workpool.Config {
 	return workpool.Config{Pools: maps.Clone(s.Pools), RecoveryPeriod: s.RecoveryPeriod, HeartbeatTimeout: s.HeartbeatLimit,
-		WorkRetention: s.WorkRetention, MaxPendingPerOrg: s.OrgMaxPending}
+		WorkRetention: s.WorkRetention, MaxPendingPerOrg: s.OrgMaxPending, HookTimeout: s.HookTimeout}
 }
 
 // streamsConfig is the streams' part of the settings.

@@ -128,18 +128,19 @@ func TestEnvConfigHandsTheWorkpoolItsTypedConfig(t *testing.T) {
 	s, err := envConfig()
 	require.NoError(t, err)
 	require.Equal(t, workpool.Config{Pools: map[string]int{"default": 25, "wakeup": 25}, RecoveryPeriod: 10 * time.Second,
-		HeartbeatTimeout: 30 * time.Second, WorkRetention: 24 * time.Hour, MaxPendingPerOrg: workpool.DefaultMaxPendingPerOrg},
-		s.workpoolConfig(), "the documented defaults")
+		HeartbeatTimeout: 30 * time.Second, WorkRetention: 24 * time.Hour, MaxPendingPerOrg: workpool.DefaultMaxPendingPerOrg,
+		HookTimeout: workpool.DefaultHookTimeout}, s.workpoolConfig(), "the documented defaults")
 
 	t.Setenv("REVEILLE_POOLS", "a=2")
 	t.Setenv("REVEILLE_RECOVERY_PERIOD", "3s")
 	t.Setenv("REVEILLE_HEARTBEAT_TIMEOUT", "9s")
 	t.Setenv("REVEILLE_WORK_RETENTION", "1h")
 	t.Setenv("REVEILLE_ORG_MAX_PENDING", "5")
+	t.Setenv("REVEILLE_HOOK_TIMEOUT", "2s")
 	s, err = envConfig()
 	require.NoError(t, err)
 	require.Equal(t, workpool.Config{Pools: map[string]int{"a": 2}, RecoveryPeriod: 3 * time.Second,
-		HeartbeatTimeout: 9 * time.Second, WorkRetention: time.Hour, MaxPendingPerOrg: 5}, s.workpoolConfig())
+		HeartbeatTimeout: 9 * time.Second, WorkRetention: time.Hour, MaxPendingPerOrg: 5, HookTimeout: 2 * time.Second}, s.workpoolConfig())
 }
 
 func TestEnvConfigReadsZeroAsNoOrgPendingCap(t *testing.T) {
