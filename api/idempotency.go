@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -93,7 +94,7 @@ func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 			return readError(err)
 		}
 		c.Request().Body = io.NopCloser(bytes.NewReader(body))
-		sum := sha256.Sum256(body)
+		sum, raw := requestFingerprint(body), sha256.Sum256(body)
 		org, route := PrincipalFrom(c).OrgID, idempotencyScope(c)
 		ctx := c.Request().Context()
 
@@ -106,7 +107,9 @@ func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 			if claimed {
 				return s.runFirst(c, next, org, route, key, rec.claimedAt)
 			}
-			if !bytes.Equal(rec.hash, sum[:]) {
+			// (a record written before fingerprints were JSON values holds
+			// the hash of the raw body)
+			if !bytes.Equal(rec.hash, sum[:]) && !bytes.Equal(rec.hash, raw[:]) {
 				return NewProblem(http.StatusUnprocessableEntity, "idempotency-key-reused",
 					"this Idempotency-Key was used with a different request body")
 			}
@@ -125,6 +128,27 @@ func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 			}
 		}
 	}
+}
+
+// requestFingerprint is what the requests under one key must share: the
+// SHA-256 of the body as a JSON value — object keys sorted, whitespace
+// dropped, strings and numbers as they decode (numbers as written, so 1
+// and 1.0 differ), a repeated key's last value, as the handlers read it —
+// so that a retry which spells the same JSON differently (a client that
+// re-serialises its request, in another key order) is the same request. A
+// body that is not JSON counts byte for byte.
+func requestFingerprint(body []byte) [sha256.Size]byte {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil || dec.More() {
+		return sha256.Sum256(body)
+	}
+	canonical, err := json.Marshal(v)
+	if err != nil {
+		return sha256.Sum256(body)
+	}
+	return sha256.Sum256(canonical)
 }
 
 type idempotencyRecord struct {

@@ -53,6 +53,14 @@ func TestIdempotencyReplaysTheFirstResponse(t *testing.T) {
 		do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"y"}`, "Idempotency-Key", "k1").requireProblem(t, http.StatusUnprocessableEntity)
 		require.EqualValues(t, 1, runs.Load())
 	})
+	t.Run("the same JSON spelt differently is the same request", func(t *testing.T) {
+		for _, body := range []string{"{ \"name\" : \"x\" }\n", `{"name":"\u0078"}`, `{"name":"y","name":"x"}`} {
+			r := do(t, s.Handler(), "POST", "/v1/test/things", tok, body, "Idempotency-Key", "k1")
+			require.Equal(t, http.StatusCreated, r.Status, "%s: %s", body, r.Body)
+			require.Equal(t, "true", r.Header.Get("Idempotent-Replayed"), body)
+		}
+		require.EqualValues(t, 1, runs.Load())
+	})
 	t.Run("another org's key is its own", func(t *testing.T) {
 		r := do(t, s.Handler(), "POST", "/v1/test/things", token(t, "org-b", "admin"), `{"name":"x"}`, "Idempotency-Key", "k1")
 		require.Equal(t, http.StatusCreated, r.Status)
@@ -223,4 +231,26 @@ func TestARetryBehindACrashedReplicasClaimIsServedWithinOneWait(t *testing.T) {
 	require.WithinDuration(t, time.Now().Add(idempotencyRunLimit), d, idempotencyRunLimit/2)
 	require.Less(t, idempotencyRunLimit+idempotencyRecordLimit, idempotencyAbandoned, "no live request is abandoned")
 	require.Less(t, idempotencyAbandoned, idempotencyWait, "a waiter outlasts a dead claim")
+}
+
+// A record written by a version that hashed the raw body (a replica not yet
+// upgraded) still replays a retry that sends those bytes again.
+func TestARecordHoldingTheRawBodysHashStillReplaysItsRetry(t *testing.T) {
+	s := newTestServer(t)
+	var runs atomic.Int64
+	countingRoute(s, &runs, nil)
+	tok := token(t, "org-a", "admin")
+	body := `{ "name": "x" }`
+	sum := sha256.Sum256([]byte(body))
+	_, err := s.svc.DB.Exec(context.Background(), `
+		INSERT INTO idempotency_keys (org_id, route, key, request_hash, status_code, content_type, response_body, completed_at)
+		VALUES ('org-a', $1, 'old', $2, 201, 'application/json', '{"name":"x","run":0}', now())`,
+		`sub "user-org-a" POST /v1/test/things`, sum[:])
+	require.NoError(t, err)
+
+	r := do(t, s.Handler(), "POST", "/v1/test/things", tok, body, "Idempotency-Key", "old")
+	require.Equal(t, http.StatusCreated, r.Status, string(r.Body))
+	require.Equal(t, "true", r.Header.Get("Idempotent-Replayed"))
+	require.Zero(t, runs.Load())
+	do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"y"}`, "Idempotency-Key", "old").requireProblem(t, http.StatusUnprocessableEntity)
 }
