@@ -37,6 +37,9 @@ const (
 	// instead of being told 409.
 	idempotencyWait   = 60 * time.Second
 	maxIdempotencyKey = 255
+	// fingerprintJSONLimit: bodies up to this size are compared as JSON
+	// values under a key, longer ones byte for byte (requestFingerprint).
+	fingerprintJSONLimit = 64 << 10
 )
 
 // IdempotencyKey returns the request's Idempotency-Key header ("" when
@@ -136,8 +139,13 @@ func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 // and 1.0 differ), a repeated key's last value, as the handlers read it —
 // so that a retry which spells the same JSON differently (a client that
 // re-serialises its request, in another key order) is the same request. A
-// body that is not JSON counts byte for byte.
+// body that is not JSON, or is longer than fingerprintJSONLimit (a large
+// stream append, whose decoding would cost more than the hash), counts
+// byte for byte.
 func requestFingerprint(body []byte) [sha256.Size]byte {
+	if len(body) > fingerprintJSONLimit {
+		return sha256.Sum256(body)
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	var v any

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -60,6 +61,9 @@ func TestIdempotencyReplaysTheFirstResponse(t *testing.T) {
 			require.Equal(t, "true", r.Header.Get("Idempotent-Replayed"), body)
 		}
 		require.EqualValues(t, 1, runs.Load())
+		long := `{"name":"x"}` + strings.Repeat(" ", fingerprintJSONLimit)
+		do(t, s.Handler(), "POST", "/v1/test/things", tok, long, "Idempotency-Key", "k1").requireProblem(t, http.StatusUnprocessableEntity)
+		require.EqualValues(t, 1, runs.Load(), "a body past the limit counts byte for byte")
 	})
 	t.Run("another org's key is its own", func(t *testing.T) {
 		r := do(t, s.Handler(), "POST", "/v1/test/things", token(t, "org-b", "admin"), `{"name":"x"}`, "Idempotency-Key", "k1")
