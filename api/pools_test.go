@@ -328,7 +328,9 @@ func TestPoolPatchSetsRemovesAndClearsOrgWeights(t *testing.T) {
 	require.EqualValues(t, 3, f.pool(f.admin)["weight"], "the caller's org's weight")
 	require.Equal(t, map[string]any{"org-b": 100.0}, weightsOf(patch(map[string]any{"org-a": nil})), "null gives one org the default")
 	require.Equal(t, map[string]any{"org-b": 100.0}, weightsOf(patch(map[string]any{})), "orgs not named keep their weights")
-	require.Nil(t, weightsOf(patch(nil)), "null gives every org the default")
+	cleared := patch(nil)
+	require.Contains(t, cleared, "org_weights", "an operator's answer always holds the weights")
+	require.Empty(t, weightsOf(cleared), "null gives every org the default")
 	require.EqualValues(t, 1, f.pool(f.admin)["weight"])
 	require.NotContains(t, f.pool(f.admin), "org_weights", "an admin's answer holds no other org's weight")
 }

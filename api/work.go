@@ -176,8 +176,9 @@ type poolJSON struct {
 	OldestPendingAgeS    float64         `json:"oldest_pending_age_s"`
 	Weight               int             `json:"weight"`
 	Report               workpool.Report `json:"report"`
-	// OrgWeights is in the operator routes' answers only: it spans orgs.
-	OrgWeights map[string]int `json:"org_weights,omitempty"`
+	// OrgWeights is in the operator routes' answers only (it spans orgs),
+	// and always there, {} when every org has the default.
+	OrgWeights *map[string]int `json:"org_weights,omitempty"`
 }
 
 func poolOut(p workpool.PoolInfo) poolJSON {
@@ -265,8 +266,13 @@ func (s *Server) operatorPool(c echo.Context, name string) error {
 		return err
 	}
 	out := poolOut(info)
-	if out.OrgWeights, err = s.svc.Workpool.OrgWeights(ctx, name); err != nil {
+	weights, err := s.svc.Workpool.OrgWeights(ctx, name)
+	if err != nil {
 		return err
 	}
+	if weights == nil {
+		weights = map[string]int{}
+	}
+	out.OrgWeights = &weights
 	return c.JSON(http.StatusOK, out)
 }

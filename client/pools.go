@@ -30,7 +30,8 @@ type Pool struct {
 	BlockedByOrgCap   int64   `json:"blocked_by_org_cap"`
 	OldestPendingAgeS float64 `json:"oldest_pending_age_s"`
 	// Weight is the caller's org's fair-share weight; OrgWeights, in the
-	// operator routes' answers only, every org's that is not the default.
+	// operator routes' answers only, every org's that is not the default
+	// (empty, not nil, when every org has the default).
 	Weight     int            `json:"weight"`
 	OrgWeights map[string]int `json:"org_weights,omitempty"`
 	Report     PoolReport     `json:"report"`
