@@ -8,9 +8,13 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -97,22 +101,20 @@ func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 			return readError(err)
 		}
 		c.Request().Body = io.NopCloser(bytes.NewReader(body))
-		sum, raw := requestFingerprint(body), sha256.Sum256(body)
+		fp := fingerprintRequest(c.Request().Header.Get(echo.HeaderContentType), body)
 		org, route := PrincipalFrom(c).OrgID, idempotencyScope(c)
 		ctx := c.Request().Context()
 
 		deadline := time.Now().Add(idempotencyWait)
 		for {
-			rec, claimed, err := s.claim(ctx, org, route, key, sum[:])
+			rec, claimed, err := s.claim(ctx, org, route, key, fp)
 			if err != nil {
 				return err
 			}
 			if claimed {
 				return s.runFirst(c, next, org, route, key, rec.claimedAt)
 			}
-			// (a record written before fingerprints were JSON values holds
-			// the hash of the raw body)
-			if !bytes.Equal(rec.hash, sum[:]) && !bytes.Equal(rec.hash, raw[:]) {
+			if !fp.matches(rec.fingerprint) {
 				return NewProblem(http.StatusUnprocessableEntity, "idempotency-key-reused",
 					"this Idempotency-Key was used with a different request body")
 			}
@@ -134,33 +136,93 @@ func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 // requestFingerprint is what the requests under one key must share: the
-// SHA-256 of the body as a JSON value — object keys sorted, whitespace
-// dropped, strings and numbers as they decode (numbers as written, so 1
-// and 1.0 differ), a repeated key's last value, as the handlers read it —
-// so that a retry which spells the same JSON differently (a client that
-// re-serialises its request, in another key order) is the same request. A
-// body that is not JSON, or is longer than fingerprintJSONLimit (a large
-// stream append, whose decoding would cost more than the hash), counts
-// byte for byte.
-func requestFingerprint(body []byte) [sha256.Size]byte {
-	if len(body) > fingerprintJSONLimit {
-		return sha256.Sum256(body)
+// SHA-256 of the raw body, and, for a JSON body (by its Content-Type), of
+// the body as a JSON value — object keys sorted, whitespace dropped,
+// strings and numbers as they decode (numbers as written, so 1 and 1.0
+// differ), a repeated key's last value, as the handlers read it — so that
+// a retry which spells the same JSON differently (a client that
+// re-serialises its request, in another key order) is the same request.
+// Two requests match when their raw hashes do, or both have the same value
+// hash. Without a value hash (jsonHash nil) the body counts byte for byte:
+// a body that is not JSON or not sent as JSON (a stream append's raw
+// bytes), longer than fingerprintJSONLimit (decoding would cost more than
+// the hash), not UTF-8, or with keys that differ only in case (a handler
+// reads those as one field, the last one winning, where the value keeps
+// both).
+type requestFingerprint struct {
+	raw, jsonHash []byte
+}
+
+func fingerprintRequest(contentType string, body []byte) requestFingerprint {
+	raw := sha256.Sum256(body)
+	fp := requestFingerprint{raw: raw[:]}
+	if media, _, err := mime.ParseMediaType(contentType); err != nil ||
+		(media != echo.MIMEApplicationJSON && !strings.HasSuffix(media, "+json")) {
+		return fp
+	}
+	if len(body) > fingerprintJSONLimit || !utf8.Valid(body) {
+		return fp
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	var v any
-	if err := dec.Decode(&v); err != nil || dec.More() {
-		return sha256.Sum256(body)
+	if err := dec.Decode(&v); err != nil || dec.More() || hasCaseFoldedKeys(v) {
+		return fp
 	}
 	canonical, err := json.Marshal(v)
 	if err != nil {
-		return sha256.Sum256(body)
+		return fp
 	}
-	return sha256.Sum256(canonical)
+	sum := sha256.Sum256(canonical)
+	fp.jsonHash = sum[:]
+	return fp
+}
+
+// matches says whether a request with fingerprint fp is the one that
+// wrote rec.
+func (fp requestFingerprint) matches(rec requestFingerprint) bool {
+	return bytes.Equal(fp.raw, rec.raw) || fp.jsonHash != nil && bytes.Equal(fp.jsonHash, rec.jsonHash)
+}
+
+// hasCaseFoldedKeys says whether some object in v has two keys equal under
+// Unicode case folding (as encoding/json matches a struct's fields).
+func hasCaseFoldedKeys(v any) bool {
+	switch v := v.(type) {
+	case map[string]any:
+		seen := make(map[string]bool, len(v))
+		for k, e := range v {
+			f := foldKey(k)
+			if seen[f] || hasCaseFoldedKeys(e) {
+				return true
+			}
+			seen[f] = true
+		}
+	case []any:
+		for _, e := range v {
+			if hasCaseFoldedKeys(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// foldKey maps each rune of s to the least of its simple case folds, so
+// that strings.EqualFold(a, b) exactly when foldKey(a) == foldKey(b).
+func foldKey(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b.WriteRune(least)
+	}
+	return b.String()
 }
 
 type idempotencyRecord struct {
-	hash        []byte
+	fingerprint requestFingerprint
 	status      int
 	contentType string
 	body        []byte
@@ -171,18 +233,18 @@ type idempotencyRecord struct {
 // expired or abandoned; otherwise it returns the existing record. A claim's
 // created_at fences it: a request whose abandoned claim was taken over
 // writes nothing when it finally ends.
-func (s *idempotencyStore) claim(ctx context.Context, org, route, key string, hash []byte) (idempotencyRecord, bool, error) {
+func (s *idempotencyStore) claim(ctx context.Context, org, route, key string, fp requestFingerprint) (idempotencyRecord, bool, error) {
 	var claimedAt time.Time
 	err := s.db.QueryRow(ctx, `
-		INSERT INTO idempotency_keys (org_id, route, key, request_hash)
-		VALUES ($1, $2, $3, $4)
+		INSERT INTO idempotency_keys (org_id, route, key, request_hash, request_json_hash)
+		VALUES ($1, $2, $3, $4, $7)
 		ON CONFLICT (org_id, route, key) DO UPDATE
-		   SET request_hash = EXCLUDED.request_hash, created_at = now(),
+		   SET request_hash = EXCLUDED.request_hash, request_json_hash = EXCLUDED.request_json_hash, created_at = now(),
 		       status_code = NULL, content_type = NULL, response_body = NULL, completed_at = NULL
 		 WHERE idempotency_keys.created_at < now() - $5::interval
 		    OR (idempotency_keys.completed_at IS NULL AND idempotency_keys.created_at < now() - $6::interval)
 		RETURNING created_at`,
-		org, route, key, hash, s.retention, idempotencyAbandoned).Scan(&claimedAt)
+		org, route, key, fp.raw, s.retention, idempotencyAbandoned, fp.jsonHash).Scan(&claimedAt)
 	switch {
 	case err == nil:
 		return idempotencyRecord{claimedAt: claimedAt}, true, nil
@@ -193,11 +255,11 @@ func (s *idempotencyStore) claim(ctx context.Context, org, route, key string, ha
 	var status *int32
 	var ct *string
 	err = s.db.QueryRow(ctx, `
-		SELECT request_hash, status_code, content_type, response_body
+		SELECT request_hash, request_json_hash, status_code, content_type, response_body
 		  FROM idempotency_keys WHERE org_id = $1 AND route = $2 AND key = $3`,
-		org, route, key).Scan(&rec.hash, &status, &ct, &rec.body)
+		org, route, key).Scan(&rec.fingerprint.raw, &rec.fingerprint.jsonHash, &status, &ct, &rec.body)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return s.claim(ctx, org, route, key, hash) // deleted after a 5xx: try again
+		return s.claim(ctx, org, route, key, fp) // deleted after a 5xx: try again
 	}
 	if err != nil {
 		return rec, false, err

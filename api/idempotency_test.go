@@ -85,6 +85,15 @@ func TestIdempotencyReplaysTheFirstResponse(t *testing.T) {
 		do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`)
 		require.EqualValues(t, 7, runs.Load())
 	})
+	t.Run("keys that differ only in case count byte for byte", func(t *testing.T) {
+		// (the handler reads both as one field, the last one winning)
+		first := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x","Name":"y"}`, "Idempotency-Key", "k3")
+		require.Equal(t, http.StatusCreated, first.Status, string(first.Body))
+		do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"Name":"y","name":"x"}`, "Idempotency-Key", "k3").
+			requireProblem(t, http.StatusUnprocessableEntity)
+		again := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x","Name":"y"}`, "Idempotency-Key", "k3")
+		require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	})
 }
 
 func TestConcurrentDuplicatesRunTheHandlerOnce(t *testing.T) {
@@ -257,4 +266,58 @@ func TestARecordHoldingTheRawBodysHashStillReplaysItsRetry(t *testing.T) {
 	require.Equal(t, "true", r.Header.Get("Idempotent-Replayed"))
 	require.Zero(t, runs.Load())
 	do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"y"}`, "Idempotency-Key", "old").requireProblem(t, http.StatusUnprocessableEntity)
+}
+
+// Which bodies are the same request under one key: JSON bodies as values,
+// anything else (another media type, a body too long to decode, keys that
+// differ only in case) byte for byte.
+func TestRequestFingerprintsCompareJSONAsValuesAndTheRestAsBytes(t *testing.T) {
+	const js, bin = "application/json", "application/octet-stream"
+	for _, tc := range []struct {
+		name         string
+		typeA, bodyA string
+		typeB, bodyB string
+		sameRequest  bool
+	}{
+		{"the same bytes", bin, "abc", bin, "abc", true},
+		{"JSON in another key order", js, `{"a":1,"b":[true,null]}`, js, "{ \"b\": [true, null],\n \"a\": 1 }", true},
+		{"JSON with a media type suffix", "application/merge-patch+json; charset=utf-8", `{"a":1,"b":2}`, js, `{"b":2,"a":1}`, true},
+		{"an escape for the same character", js, `{"a":"x"}`, js, `{"a":"\u0078"}`, true},
+		{"a repeated key: its last value", js, `{"a":1,"a":2}`, js, `{"a":2}`, true},
+		{"another value", js, `{"a":1}`, js, `{"a":2}`, false},
+		{"a number spelt otherwise", js, `{"a":1}`, js, `{"a":1.0}`, false},
+		{"JSON sent as raw bytes (a stream append)", bin, `{"a":1,"b":2}`, bin, `{"b":2,"a":1}`, false},
+		{"one sent as JSON, one as raw bytes", js, `{"a":1,"b":2}`, bin, `{"b":2,"a":1}`, false},
+		{"keys that differ only in case", js, `{"name":"x","Name":"y"}`, js, `{"Name":"y","name":"x"}`, false},
+		{"nested keys that differ only in case", js, `[{"K":1,"k":2}]`, js, `[{"k":2,"K":1}]`, false},
+		{"the Kelvin sign folds to k", js, "{\"k\":1,\"\u212a\":2}", js, "{\"\u212a\":2,\"k\":1}", false},
+		{"past the decoding limit", js, `{"a":1}` + strings.Repeat(" ", fingerprintJSONLimit), js, `{"a":1}`, false},
+		{"not JSON", js, `{"a":`, js, `{"a": `, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := fingerprintRequest(tc.typeA, []byte(tc.bodyA))
+			b := fingerprintRequest(tc.typeB, []byte(tc.bodyB))
+			require.Equal(t, tc.sameRequest, b.matches(a))
+			require.Equal(t, tc.sameRequest, a.matches(b))
+		})
+	}
+}
+
+// A record keeps the raw body's hash where replicas of earlier versions
+// look for it, so that they match a byte-identical retry during a rolling
+// upgrade; the value's hash goes beside it.
+func TestARecordKeepsTheRawBodysHashForEarlierReplicas(t *testing.T) {
+	s := newTestServer(t)
+	var runs atomic.Int64
+	countingRoute(s, &runs, nil)
+	body := `{ "name": "x" }`
+	r := do(t, s.Handler(), "POST", "/v1/test/things", token(t, "org-a", "admin"), body, "Idempotency-Key", "k")
+	require.Equal(t, http.StatusCreated, r.Status)
+	var raw, value []byte
+	require.NoError(t, s.svc.DB.QueryRow(context.Background(),
+		`SELECT request_hash, request_json_hash FROM idempotency_keys WHERE org_id = 'org-a' AND key = 'k'`).Scan(&raw, &value))
+	sum := sha256.Sum256([]byte(body))
+	require.Equal(t, sum[:], raw)
+	canonical := sha256.Sum256([]byte(`{"name":"x"}`))
+	require.Equal(t, canonical[:], value)
 }

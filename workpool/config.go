@@ -28,6 +28,11 @@ const (
 	DefaultHookTimeout       = 10 * time.Second
 	DefaultMaxWorkers        = 10_000
 
+	// MaxHookTimeout bounds HookTimeout: a hook runs in the transaction that
+	// records its completion, with every other completion of the batch
+	// waiting, and Postgres takes no statement timeout past ~24 days.
+	MaxHookTimeout = time.Hour
+
 	// DefaultMaxPendingPerOrg caps an org's unfinished work in one pool.
 	DefaultMaxPendingPerOrg = 100_000
 	// NoPendingLimit as Config.MaxPendingPerOrg turns the cap off.
@@ -140,6 +145,8 @@ func (c Config) validate() error {
 	case c.RecoveryPeriod < 0, c.HeartbeatTimeout < 0, c.HeartbeatInterval < 0, c.WorkRetention < 0,
 		c.Cooldown < 0, c.LeaderRetry < 0, c.StopGrace < 0, c.HookRetryBackoff < 0, c.HookTimeout < 0:
 		return errors.New("workpool: durations must not be negative")
+	case c.HookTimeout > MaxHookTimeout:
+		return fmt.Errorf("workpool: hook timeout %s exceeds %s: a hook call holds up the completions recorded with it", c.HookTimeout, MaxHookTimeout)
 	case c.HeartbeatInterval >= c.HeartbeatTimeout:
 		return fmt.Errorf("workpool: heartbeat interval %s must be shorter than the heartbeat timeout %s", c.HeartbeatInterval, c.HeartbeatTimeout)
 	case c.MaxWorkers < 0:

@@ -255,6 +255,7 @@ func TestNew_RejectsBadConfig(t *testing.T) {
 		{Pools: map[string]int{"Bad Name": 1}},
 		{HeartbeatTimeout: time.Second, HeartbeatInterval: 2 * time.Second},
 		{RecoveryPeriod: -time.Second},
+		{HookTimeout: MaxHookTimeout + time.Second}, // (Postgres refuses a statement timeout past ~24 days)
 	} {
 		_, err := New(h.db, cfg)
 		require.Error(t, err, "%+v", cfg)

@@ -140,6 +140,9 @@ func envConfig() (settings, error) {
 	s.RecoveryPeriod = envDuration("REVEILLE_RECOVERY_PERIOD", 10*time.Second, &errs)
 	s.HeartbeatLimit = envDuration("REVEILLE_HEARTBEAT_TIMEOUT", 30*time.Second, &errs)
 	s.HookTimeout = envDuration("REVEILLE_HOOK_TIMEOUT", workpool.DefaultHookTimeout, &errs)
+	if s.HookTimeout > workpool.MaxHookTimeout {
+		errs = append(errs, fmt.Errorf("REVEILLE_HOOK_TIMEOUT=%s: want at most %s (a hook call holds up the completions recorded with it)", s.HookTimeout, workpool.MaxHookTimeout))
+	}
 	s.WorkRetention = envDuration("REVEILLE_WORK_RETENTION", 24*time.Hour, &errs)
 	s.ApprovalTTL = envDuration("REVEILLE_APPROVAL_TTL", 24*time.Hour, &errs)
 	s.ToolTTL = envDuration("REVEILLE_TOOL_APPROVAL_TTL", time.Hour, &errs)

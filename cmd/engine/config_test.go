@@ -216,6 +216,8 @@ func TestEnvConfigNamesTheMalformedVariable(t *testing.T) {
 		{"REVEILLE_WORKER", "yes please", "REVEILLE_WORKER"},
 		{"REVEILLE_WAKEUP_RETENTION", "a week", `REVEILLE_WAKEUP_RETENTION="a week"`},
 		{"REVEILLE_IDEMPOTENCY_RETENTION", "0s", "REVEILLE_IDEMPOTENCY_RETENTION"},
+		{"REVEILLE_HOOK_TIMEOUT", "600h", "REVEILLE_HOOK_TIMEOUT=600h0m0s: want at most 1h0m0s"},
+		{"REVEILLE_HOOK_TIMEOUT", "0s", "REVEILLE_HOOK_TIMEOUT"},
 	} {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
 			clearEnv(t)
