@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -184,6 +185,26 @@ func (fp requestFingerprint) matches(rec requestFingerprint) bool {
 	return bytes.Equal(fp.raw, rec.raw) || fp.jsonHash != nil && bytes.Equal(fp.jsonHash, rec.jsonHash)
 }
 
+// stored is what request_json_hash holds for fp: the value's hash after
+// the raw body's, so that it is trusted only beside that raw hash — a
+// replica of an earlier version that takes a record over rewrites
+// request_hash but not this column (migration 00020). Nil without a value
+// hash.
+func (fp requestFingerprint) stored() []byte {
+	if fp.jsonHash == nil {
+		return nil
+	}
+	return append(slices.Clip(fp.raw), fp.jsonHash...)
+}
+
+// loadValueHash sets fp's value hash from request_json_hash as stored
+// wrote it, unless it was written beside another raw hash than fp's.
+func (fp *requestFingerprint) loadValueHash(stored []byte) {
+	if len(stored) == 2*sha256.Size && bytes.Equal(stored[:sha256.Size], fp.raw) {
+		fp.jsonHash = stored[sha256.Size:]
+	}
+}
+
 // hasCaseFoldedKeys says whether some object in v has two keys equal under
 // Unicode case folding (as encoding/json matches a struct's fields).
 func hasCaseFoldedKeys(v any) bool {
@@ -244,7 +265,7 @@ func (s *idempotencyStore) claim(ctx context.Context, org, route, key string, fp
 		 WHERE idempotency_keys.created_at < now() - $5::interval
 		    OR (idempotency_keys.completed_at IS NULL AND idempotency_keys.created_at < now() - $6::interval)
 		RETURNING created_at`,
-		org, route, key, fp.raw, s.retention, idempotencyAbandoned, fp.jsonHash).Scan(&claimedAt)
+		org, route, key, fp.raw, s.retention, idempotencyAbandoned, fp.stored()).Scan(&claimedAt)
 	switch {
 	case err == nil:
 		return idempotencyRecord{claimedAt: claimedAt}, true, nil
@@ -252,18 +273,20 @@ func (s *idempotencyStore) claim(ctx context.Context, org, route, key string, fp
 		return idempotencyRecord{}, false, err
 	}
 	var rec idempotencyRecord
+	var valueHash []byte
 	var status *int32
 	var ct *string
 	err = s.db.QueryRow(ctx, `
 		SELECT request_hash, request_json_hash, status_code, content_type, response_body
 		  FROM idempotency_keys WHERE org_id = $1 AND route = $2 AND key = $3`,
-		org, route, key).Scan(&rec.fingerprint.raw, &rec.fingerprint.jsonHash, &status, &ct, &rec.body)
+		org, route, key).Scan(&rec.fingerprint.raw, &valueHash, &status, &ct, &rec.body)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s.claim(ctx, org, route, key, fp) // deleted after a 5xx: try again
 	}
 	if err != nil {
 		return rec, false, err
 	}
+	rec.fingerprint.loadValueHash(valueHash)
 	if status != nil {
 		rec.status = int(*status)
 	}

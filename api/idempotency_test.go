@@ -319,5 +319,15 @@ func TestARecordKeepsTheRawBodysHashForEarlierReplicas(t *testing.T) {
 	sum := sha256.Sum256([]byte(body))
 	require.Equal(t, sum[:], raw)
 	canonical := sha256.Sum256([]byte(`{"name":"x"}`))
-	require.Equal(t, canonical[:], value)
+	require.Equal(t, append(sum[:], canonical[:]...), value, "the value's hash, bound to the raw hash it was written with")
+
+	// A replica of an earlier version that takes the record over (a new
+	// request, {"name":"y"}, under the reused key) rewrites request_hash
+	// only: the value hash left beside it no longer counts.
+	other := sha256.Sum256([]byte(`{"name":"y"}`))
+	_, err := s.svc.DB.Exec(context.Background(), `UPDATE idempotency_keys SET request_hash = $1 WHERE org_id = 'org-a' AND key = 'k'`, other[:])
+	require.NoError(t, err)
+	do(t, s.Handler(), "POST", "/v1/test/things", token(t, "org-a", "admin"), `{"name":"x"}`, "Idempotency-Key", "k").
+		requireProblem(t, http.StatusUnprocessableEntity)
+	require.EqualValues(t, 1, runs.Load())
 }
