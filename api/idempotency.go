@@ -194,7 +194,7 @@ func (fp requestFingerprint) stored() []byte {
 	if fp.jsonHash == nil {
 		return nil
 	}
-	return append(slices.Clip(fp.raw), fp.jsonHash...)
+	return slices.Concat(fp.raw, fp.jsonHash)
 }
 
 // loadValueHash sets fp's value hash from request_json_hash as stored
