@@ -52,8 +52,9 @@ type Config struct {
 	// addresses requests may connect to. Empty: only the addresses listed
 	// in AllowedHosts.
 	AllowedNets []string
-	// Timeout bounds one request (default 30 s; the work's timeout_ms also
-	// applies through the handler's context).
+	// Timeout, when set, bounds one request below the work's timeout_ms.
+	// Unset (0), a request runs as long as its attempt may: the work's
+	// timeout_ms applies through the handler's context.
 	Timeout time.Duration
 	// Lookup resolves host names (default: the system resolver). Tests
 	// replace it to make a name resolve to a chosen address.
@@ -103,8 +104,8 @@ func Register(m *workpool.Manager, cfg Config) error {
 // New returns the handler, or an error naming every invalid entry of the
 // allow-list and the allowed nets.
 func New(cfg Config) (workpool.Handler, error) {
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 30 * time.Second
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("httpwork: timeout %s is negative", cfg.Timeout)
 	}
 	if cfg.Lookup == nil {
 		cfg.Lookup = systemLookup

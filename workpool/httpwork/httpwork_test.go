@@ -207,3 +207,33 @@ func TestHTTPHandlerKeepsAnyBodyAsJSONPostgresCanStore(t *testing.T) {
 		})
 	}
 }
+
+// A request runs as long as its work's timeout allows: the handler sets no
+// shorter bound of its own (it had one, 30 s, which failed slow requests
+// that the work's timeout_ms, 10 minutes by default, allowed).
+func TestARequestRunsAsLongAsItsWorksTimeoutAllows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits 31 s for a slow answer")
+	}
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(31 * time.Second):
+			w.Write([]byte(`{"late":true}`))
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // the work's timeout_ms
+	defer cancel()
+	res, err := run(t, h, ctx, Args{URL: srv.URL})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"late":true}`, string(res.Body))
+}
+
+func TestANegativeTimeoutIsRefused(t *testing.T) {
+	_, err := New(Config{Timeout: -time.Second})
+	require.ErrorContains(t, err, "negative")
+}
