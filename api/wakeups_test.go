@@ -16,15 +16,20 @@ import (
 	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/wakeup"
 	"github.com/reveille/reveille/workpool"
+	"github.com/reveille/reveille/workpool/httpwork"
 )
 
 // withWakeups adds the wake-up service with its own pool manager (handler
-// "echo"; loops not started) and the mandates service if missing.
-func withWakeups(t *testing.T) func(*Config, *Services) {
+// "echo", and whatever register adds; loops not started) and the mandates
+// service if missing.
+func withWakeups(t *testing.T, register ...func(*workpool.Manager)) func(*Config, *Services) {
 	return func(_ *Config, sv *Services) {
 		pool, err := workpool.New(sv.DB, workpool.Config{Logger: testkit.Logger(t)})
 		require.NoError(t, err)
 		pool.Register("echo", func(_ context.Context, j workpool.Job) (json.RawMessage, error) { return j.Args, nil })
+		for _, r := range register {
+			r(pool)
+		}
 		if sv.Mandates == nil {
 			sv.Mandates = mandates.New(sv.DB, mandates.Config{Logger: testkit.Logger(t)})
 		}
@@ -54,6 +59,46 @@ func TestWakeupRefusalIsA402NamingBothIDs(t *testing.T) {
 
 	body["work"].(map[string]any)["handler"] = "nope"
 	do(t, s.Handler(), http.MethodPost, "/v1/wakeups", token(t, "org-a", "agent"), body).requireProblem(t, http.StatusBadRequest, "work.handler")
+}
+
+// Work the http handler would refuse for good whatever happened later —
+// arguments that are not its object, no http(s) URL, a bad method, a host
+// outside the allow-list — is a 400 naming the field inside work.args, and
+// nothing is spent or written.
+func TestAWakeupWhoseHTTPWorkCouldNeverRunIsA400AndSpendsNothing(t *testing.T) {
+	s := newTestServer(t, withWakeups(t, func(m *workpool.Manager) {
+		require.NoError(t, httpwork.Register(m, httpwork.Config{AllowedHosts: []string{"api.example.com"}}))
+	}))
+	ctx := context.Background()
+	_, err := s.svc.Mandates.Create(ctx, "org-a", mandates.CreateParams{AgentID: "a1", Scope: "llm", Budget: 1000})
+	require.NoError(t, err)
+	post := func(args any) response {
+		body := map[string]any{
+			"agent_id": "a1", "workflow_id": "org-a/wf-1", "signal": "wake", "scope": "llm", "cost": 5,
+			"work": map[string]any{"handler": "http", "args": args},
+		}
+		return do(t, s.Handler(), http.MethodPost, "/v1/wakeups", token(t, "org-a", "agent"), body)
+	}
+	for _, tc := range []struct {
+		name  string
+		args  any
+		field string
+	}{
+		{"arguments that are not an object", "https://api.example.com/x", "work.args"},
+		{"no url", map[string]any{}, "work.args.url"},
+		{"not an http(s) url", map[string]any{"url": "ftp://api.example.com/x"}, "work.args.url"},
+		{"a bad method", map[string]any{"url": "https://api.example.com/x", "method": "GE T"}, "work.args.method"},
+		{"a host outside the allow-list", map[string]any{"url": "https://elsewhere.example.com/x"}, "work.args.url"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			post(tc.args).requireProblem(t, http.StatusBadRequest, tc.field)
+		})
+	}
+	var spent, wakeups int
+	require.NoError(t, s.svc.DB.QueryRow(ctx, `SELECT spent, (SELECT count(*) FROM wakeups) FROM mandates WHERE org_id = 'org-a'`).Scan(&spent, &wakeups))
+	require.Zero(t, spent, "nothing spent")
+	require.Zero(t, wakeups, "no wake-up written")
+	require.Equal(t, http.StatusCreated, post(map[string]any{"url": "https://api.example.com/x", "method": "post"}).Status)
 }
 
 // withCountedDB puts the server on a database whose round trips rt counts.

@@ -382,10 +382,19 @@ func (m *Manager) validate(inv *apperr.InvalidError, prefix string, p EnqueuePar
 	case !m.HasHandler(p.Handler):
 		inv.Add(prefix+"handler", fmt.Sprintf("unknown handler %q", p.Handler))
 	}
-	if len(p.Args) > 0 && !json.Valid(p.Args) {
+	switch check, ok := m.argsCheck(p.Handler); {
+	case len(p.Args) > 0 && !json.Valid(p.Args):
 		inv.Add(prefix+"args", "must be valid JSON")
-	} else if len(p.Args) > maxArgsBytes {
+	case len(p.Args) > maxArgsBytes:
 		inv.Add(prefix+"args", fmt.Sprintf("must be at most %d bytes", maxArgsBytes))
+	case ok:
+		check(p.Args, func(field, detail string) {
+			name := prefix + "args"
+			if field != "" {
+				name += "." + field
+			}
+			inv.Add(name, detail)
+		})
 	}
 	if p.Retry != nil {
 		validateRetry(inv, prefix, *p.Retry)

@@ -26,6 +26,7 @@ package workpool
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -49,6 +50,7 @@ type Manager struct {
 
 	mu       sync.RWMutex
 	handlers map[string]Handler
+	checks   map[string]ArgsCheck
 	hooks    map[string]Hook
 
 	exec     *executor
@@ -114,6 +116,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Manager, error) {
 		logger:   cfg.Logger.With("component", "workpool"),
 		now:      cfg.Now,
 		handlers: map[string]Handler{},
+		checks:   map[string]ArgsCheck{},
 		hooks:    map[string]Hook{},
 		loops:    map[string]*loop{},
 		peers:    map[string]time.Time{},
@@ -141,6 +144,29 @@ func (m *Manager) Register(name string, h Handler) {
 	m.handlers[name] = h
 	m.mu.Unlock()
 	m.exec.kick()
+}
+
+// ArgsCheck checks a handler's arguments when its work is enqueued, so that
+// work that could never run is refused — with every problem named, a 400
+// over REST — before anything is written (a wake-up's spend included). It
+// reports each problem with report(field, detail), field named inside the
+// arguments ("url"; "" for the arguments as a whole). It must not do I/O:
+// it runs on every enqueue, before the transaction.
+type ArgsCheck func(args json.RawMessage, report func(field, detail string))
+
+// RegisterArgsCheck makes check judge the arguments of handler name's work
+// at enqueue (Enqueue, EnqueueMany, EnqueueTx and Check).
+func (m *Manager) RegisterArgsCheck(name string, check ArgsCheck) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.checks[name] = check
+}
+
+func (m *Manager) argsCheck(name string) (ArgsCheck, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	c, ok := m.checks[name]
+	return c, ok
 }
 
 // RegisterHook makes an onComplete hook available under name.

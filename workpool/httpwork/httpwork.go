@@ -91,14 +91,47 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("HTTP %d: %s", e.Status, e.Body)
 }
 
-// Register registers the handler on m.
+// Register registers the handler on m, and the check of its arguments at
+// enqueue (CheckArgs).
 func Register(m *workpool.Manager, cfg Config) error {
 	h, err := New(cfg)
 	if err != nil {
 		return err
 	}
+	list, err := ParseAllowList(cfg.AllowedHosts)
+	if err != nil {
+		return err
+	}
 	m.Register(Name, h)
+	m.RegisterArgsCheck(Name, CheckArgs(list))
 	return nil
+}
+
+// CheckArgs is the check at enqueue of what the handler would refuse for
+// good whatever happens later: arguments that are not {url, method?,
+// headers?, body?}, a URL that is not absolute http(s), an invalid method,
+// a host or port outside the allow-list. (Addresses are checked when a
+// request connects: DNS may answer differently by then.)
+func CheckArgs(list *AllowList) workpool.ArgsCheck {
+	return func(raw json.RawMessage, report func(field, detail string)) {
+		var a Args
+		if len(raw) == 0 || json.Unmarshal(raw, &a) != nil {
+			report("", `must be an object {"url", "method"?, "headers"?, "body"?} (url a string, headers an object of strings)`)
+			return
+		}
+		u, err := url.Parse(a.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			report("url", "must be an absolute http(s) URL")
+			return
+		}
+		if _, err := http.NewRequest(strings.ToUpper(cmpOr(a.Method, http.MethodGet)), u.String(), nil); err != nil {
+			report("method", "must be an HTTP method (GET, POST, …)")
+			return
+		}
+		if r := list.check(u); r != nil {
+			report("url", strings.TrimPrefix(r.Error(), "http: "))
+		}
+	}
 }
 
 // New returns the handler, or an error naming every invalid entry of the

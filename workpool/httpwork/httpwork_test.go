@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/workpool"
 )
@@ -236,4 +237,43 @@ func TestARequestRunsAsLongAsItsWorksTimeoutAllows(t *testing.T) {
 func TestANegativeTimeoutIsRefused(t *testing.T) {
 	_, err := New(Config{Timeout: -time.Second})
 	require.ErrorContains(t, err, "negative")
+}
+
+// Work the handler would refuse for good whatever happened later is refused
+// at enqueue, every problem named inside args, and nothing is written.
+func TestWorkThatCouldNeverRunIsRefusedAtEnqueue(t *testing.T) {
+	db := testkit.NewPool(t)
+	m, err := workpool.New(db, workpool.Config{Pools: map[string]int{"default": 2}, Logger: testkit.Logger(t)})
+	require.NoError(t, err)
+	require.NoError(t, Register(m, Config{AllowedHosts: []string{"api.example.com", "127.0.0.1:*"}}))
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, args, field, detail string
+	}{
+		{"no arguments", ``, "args", "must be an object"},
+		{"a string", `"https://api.example.com/x"`, "args", "must be an object"},
+		{"headers that are not strings", `{"url": "https://api.example.com/x", "headers": {"a": 1}}`, "args", "must be an object"},
+		{"no url", `{}`, "args.url", "absolute http(s) URL"},
+		{"a relative url", `{"url": "/x"}`, "args.url", "absolute http(s) URL"},
+		{"an ftp url", `{"url": "ftp://api.example.com/x"}`, "args.url", "absolute http(s) URL"},
+		{"a bad method", `{"url": "https://api.example.com/x", "method": "GE T"}`, "args.method", "HTTP method"},
+		{"a host outside the allow-list", `{"url": "https://elsewhere.example.com/x"}`, "args.url", "REVEILLE_HTTP_ALLOWED_HOSTS"},
+		{"a port outside the allow-list", `{"url": "https://api.example.com:8443/x"}`, "args.url", "REVEILLE_HTTP_ALLOWED_HOSTS"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: json.RawMessage(tc.args)})
+			var inv *apperr.InvalidError
+			require.ErrorAs(t, err, &inv)
+			require.Len(t, inv.Fields, 1, "%v", inv.Fields)
+			require.Equal(t, tc.field, inv.Fields[0].Field)
+			require.Contains(t, inv.Fields[0].Detail, tc.detail)
+		})
+	}
+	var n int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM workpool_work`).Scan(&n))
+	require.Zero(t, n, "nothing written")
+	for _, args := range []string{`{"url": "https://api.example.com/x"}`, `{"url": "http://127.0.0.1:9/x", "method": "post"}`} {
+		_, err := m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: json.RawMessage(args)})
+		require.NoError(t, err, args)
+	}
 }
