@@ -246,13 +246,27 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 				return fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err)
 			}
 			if werr := c.retry.wait(ctx, attempt, 0); werr != nil {
-				return werr
+				return fmt.Errorf("client: %s %s: waiting to retry after %w: %w", ep.method, ep.path, err, werr)
 			}
 			continue
 		}
 		if res.StatusCode >= 200 && res.StatusCode < 300 {
+			// The whole body first: an answer cut inside it is a lost
+			// answer (the server may have acted), retried as one.
+			raw, rerr := io.ReadAll(res.Body)
+			res.Body.Close()
+			if rerr != nil {
+				err := fmt.Errorf("reading the %d answer: %w", res.StatusCode, rerr)
+				if ctx.Err() != nil || attempt >= c.retry.MaxAttempts || !retryable {
+					return fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err)
+				}
+				if werr := c.retry.wait(ctx, attempt, 0); werr != nil {
+					return fmt.Errorf("client: %s %s: waiting to retry after %w: %w", ep.method, ep.path, err, werr)
+				}
+				continue
+			}
+			res.Body = io.NopCloser(bytes.NewReader(raw))
 			err := read(res)
-			drainAndClose(res)
 			if o.onResponse != nil {
 				o.onResponse(res)
 			}
@@ -270,7 +284,7 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			return apiErr // not worth waiting for within one call
 		}
 		if werr := c.retry.wait(ctx, attempt, apiErr.RetryAfter); werr != nil {
-			return werr
+			return fmt.Errorf("client: %s %s: waiting to retry after %w: %w", ep.method, ep.path, apiErr, werr)
 		}
 	}
 }

@@ -2,7 +2,8 @@
 //
 // One method per route, grouped by resource (c.Wakeups, c.Mandates,
 // c.MandateApprovals, c.Pools, c.Work, c.Streams, c.ToolApprovals,
-// c.ToolPolicies, c.ApprovalWebhooks, and c.Whoami), each taking a context and typed request
+// c.ToolPolicies, c.ApprovalWebhooks, c.Approvals — the approvals inbox's
+// live events — and c.Whoami), each taking a context and typed request
 // structs whose JSON names are the API's:
 //
 //	c, err := client.New("http://localhost:8080", client.WithToken(token))

@@ -14,7 +14,7 @@ import (
 // (tool calls and mandate overruns) of the token's org.
 type ApprovalsService struct{ c *Client }
 
-// Approval event types; EventReset is the client's name for the server's
+// Approval event types; ApprovalReset is the client's name for the server's
 // `reset` event.
 const (
 	ApprovalRequested = "requested"

@@ -142,6 +142,44 @@ func TestAnIdempotentRetryAfterADroppedConnectionProducesOneObject(t *testing.T)
 	})
 }
 
+// An answer cut inside its body — the status and headers came, the rest
+// did not — is a lost answer too: the server may have acted, so a call it
+// acts on once is retried under its key and answered with the first
+// answer, and a GET is retried.
+func TestAnAnswerCutInItsBodyIsRetriedAndActsOnce(t *testing.T) {
+	e := startEngine(t)
+	ctx := context.Background()
+	direct := newClient(t, e.url, agent, nil)
+	proxy := newFaultProxy(t, e.url[len("http://"):])
+	rec := &recorder{}
+	c := newClient(t, proxy.URL(), agent, rec)
+	inBody := cut{pattern: []byte("\r\n\r\n"), offset: 5} // one byte of the body
+
+	proxy.cutAnswers(inBody)
+	var final *http.Response
+	_, err := c.Streams.Append(ctx, "cut", "out", []byte("once"), client.WithResponse(func(r *http.Response) { final = r }))
+	require.NoError(t, err)
+	info, err := direct.Streams.Info(ctx, "cut", "out")
+	require.NoError(t, err)
+	require.EqualValues(t, 0, info.TailIndex, "one chunk appended")
+	attempts := rec.requests(http.MethodPost, "/v1/runs/cut/streams/out/chunks")
+	require.Len(t, attempts, 2, "the cut answer was retried")
+	require.Equal(t, http.StatusCreated, attempts[0].status, "the first answer's status came")
+	require.Equal(t, attempts[0].header.Get("Idempotency-Key"), attempts[1].header.Get("Idempotency-Key"))
+	require.Equal(t, "true", final.Header.Get("Idempotent-Replayed"), "the retry got the first answer")
+
+	proxy.cutAnswers(inBody)
+	again, err := c.Streams.Info(ctx, "cut", "out")
+	require.NoError(t, err)
+	require.Equal(t, info, again)
+
+	proxy.cutAnswers(inBody)
+	once := newClient(t, proxy.URL(), agent, nil, client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
+	_, err = once.Streams.Append(ctx, "cut", "out", []byte("twice"))
+	require.ErrorContains(t, err, "POST /v1/runs/cut/streams/out/chunks", "the error names the call")
+	require.Zero(t, client.StatusOf(err), "a transport error, not an answer")
+}
+
 // Only calls that may be repeated are: a GET, a POST carrying an
 // Idempotency-Key. A POST without one, or one whose repeat would meet its
 // own effect, is tried once. Attempts are bounded.

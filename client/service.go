@@ -38,7 +38,8 @@ func (c *Client) Healthz(ctx context.Context, opts ...CallOption) error {
 // is an *Error with status 503 whose Extensions["checks"] says, per
 // dependency, "ok" or "down: <reason>"; a ready answer may still report
 // Temporal down in Checks (the server queues the signals meanwhile).
-// It is not retried: a probe wants the state now.
+// Its answers are not retried (a probe wants the state now); like any
+// call, it is when its connection could not even be opened (RetryPolicy).
 func (c *Client) Readyz(ctx context.Context, opts ...CallOption) (Readiness, error) {
 	return doJSON[Readiness](ctx, c, endpoint{method: http.MethodGet, path: "/readyz", safety: unsafe}, nil, opts)
 }

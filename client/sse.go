@@ -41,13 +41,15 @@ const maxSSELine = 32 << 20
 // the last event dispatched, so that the server resumes right after it. An
 // event cut short by the connection is never dispatched: the server sends
 // it again. Connection attempts that fail in a row are bounded by the
-// retry policy; each event received resets the count. The iteration ends
+// retry policy; a connection the server opened (200, an event stream)
+// resets the count, however soon it is cut: a quiet stream behind a proxy
+// that ends connections after a while is followed on. The iteration ends
 // when the consumer stops, or with an error (yielded once).
 func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle time.Duration, opts []CallOption) iter.Seq2[Event, error] {
 	return func(yield func(Event, error) bool) {
 		failures := 0
 		for {
-			received, stop, err := c.followOnce(ctx, ep, &lastID, idle, opts, yield)
+			opened, stop, err := c.followOnce(ctx, ep, &lastID, idle, opts, yield)
 			if stop {
 				return
 			}
@@ -55,10 +57,10 @@ func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle ti
 				yield(Event{}, ctx.Err())
 				return
 			}
-			if received {
+			if opened {
 				failures = 0
 			}
-			failures++
+			failures++ // (so the next attempt still waits the first backoff)
 			var retryAfter time.Duration
 			var apiErr *Error
 			if errors.As(err, &apiErr) {
@@ -81,8 +83,9 @@ func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle ti
 }
 
 // followOnce opens one connection and yields its events until it ends. It
-// reports whether any event came, and stop when the consumer stopped.
-func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, idle time.Duration, opts []CallOption, yield func(Event, error) bool) (received, stop bool, err error) {
+// reports whether the server opened the stream, and stop when the
+// consumer stopped.
+func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, idle time.Duration, opts []CallOption, yield func(Event, error) bool) (opened, stop bool, err error) {
 	connCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	hdr := http.Header{"Cache-Control": {"no-cache"}}
@@ -116,13 +119,12 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, id
 			*lastID = r.lastID
 		}
 		if err != nil {
-			return received, false, err
+			return true, false, err
 		}
-		received = true
 		// The consumer's time is not the server's silence.
 		watchdog.Stop()
 		if !yield(ev, nil) {
-			return received, true, nil
+			return true, true, nil
 		}
 		watchdog.Reset(idle)
 	}

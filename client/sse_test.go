@@ -90,6 +90,54 @@ func TestTailResumesAfterACutConnectionWithoutLossOrDuplicates(t *testing.T) {
 	}
 }
 
+// A quiet stream behind a proxy that ends connections after a while is
+// followed on: every connection the server opened counts as healthy,
+// however soon it is cut and though no event came on it, so more cuts in a
+// row than the retry policy's attempts do not end the tail.
+func TestTailFollowsAQuietStreamWhoseConnectionsAreCutAgainAndAgain(t *testing.T) {
+	e := startEngine(t)
+	ctx := context.Background()
+	proxy := newFaultProxy(t, e.url[len("http://"):])
+	writer := newClient(t, e.url, agent, nil)
+	_, err := writer.Streams.Append(ctx, "quiet", "out", []byte("first"))
+	require.NoError(t, err)
+	rec := &recorder{}
+	reader := newClient(t, proxy.URL(), approver, rec)
+	afterHeaders := cut{pattern: []byte("\r\n\r\n"), offset: 4}
+	var got []string
+	done := make(chan struct{})
+	tctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for ch, err := range reader.Streams.Tail(tctx, "quiet", "out", client.TailParams{IdleTimeout: 200 * time.Millisecond}) {
+		require.NoError(t, err)
+		got = append(got, string(ch.Data))
+		if ch.Index == 0 {
+			cuts := make([]cut, 2*client.DefaultRetryPolicy.MaxAttempts)
+			for i := range cuts {
+				cuts[i] = afterHeaders
+			}
+			proxy.cutAnswers(cuts...)
+			// (the tail reconnects only while this body is not running)
+			go func() {
+				defer close(done)
+				for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+					if _, pending := proxy.nextCut(); !pending {
+						break
+					}
+				}
+				if _, err := writer.Streams.Append(ctx, "quiet", "out", []byte("second")); err == nil {
+					_ = writer.Streams.Close(ctx, "quiet", "out")
+				}
+			}()
+		}
+	}
+	<-done
+	_, pending := proxy.nextCut()
+	require.False(t, pending, "every cut was made")
+	require.Equal(t, []string{"first", "second"}, got)
+	require.Greater(t, len(rec.requests(http.MethodGet, "/v1/runs/quiet/streams/out/sse")), 2*client.DefaultRetryPolicy.MaxAttempts)
+}
+
 // A tail gives up at once on an answer retrying cannot change, and
 // connects again after one it can.
 func TestTailRetriesOnlyWhatMaySucceed(t *testing.T) {
