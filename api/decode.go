@@ -2,13 +2,17 @@ package api
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net"
 	"net/http"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -70,6 +74,12 @@ func decodeJSON(body []byte, dst any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
+		if name, ok := unknownField(err); ok {
+			// (the decoder names the key, not where it is)
+			if path, found := unknownFieldPath(body, reflect.TypeOf(dst), name); found {
+				return Invalid(path, "unknown field")
+			}
+		}
 		return jsonProblem(err)
 	}
 	if dec.More() {
@@ -131,10 +141,9 @@ func jsonProblem(err error) error {
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return invalidJSON("malformed JSON: unexpected end of input")
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		quoted := strings.TrimPrefix(err.Error(), "json: unknown field ")
-		name, uerr := strconv.Unquote(quoted)
-		if uerr != nil || name == "" {
-			return Invalid("body", "has an unknown field "+quoted)
+		name, ok := unknownField(err)
+		if !ok {
+			return Invalid("body", "has an unknown field "+strings.TrimPrefix(err.Error(), "json: unknown field "))
 		}
 		return Invalid(name, "unknown field")
 	}
@@ -161,4 +170,100 @@ func jsonTypeName(kind string) string {
 		return "an object"
 	}
 	return "a valid value"
+}
+
+// unknownField is the key an unknown-field error of the decoder names.
+func unknownField(err error) (string, bool) {
+	quoted, ok := strings.CutPrefix(err.Error(), "json: unknown field ")
+	if !ok {
+		return "", false
+	}
+	name, uerr := strconv.Unquote(quoted)
+	return name, uerr == nil && name != ""
+}
+
+// unknownFieldPath finds where in body a key name that no field of t takes
+// stands, as the dotted path a problem names ("work.extra",
+// "chunks[2].x"), matching keys to fields as the decoder does (tag or
+// field name, case-insensitively). Objects' keys are tried in sorted
+// order, so the path is the same on every call.
+func unknownFieldPath(body []byte, t reflect.Type, name string) (string, bool) {
+	var v any
+	if json.Unmarshal(body, &v) != nil {
+		return "", false
+	}
+	return findUnknown(v, t, name, "")
+}
+
+func findUnknown(v any, t reflect.Type, name, path string) (string, bool) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	join := func(key string) string {
+		if path == "" {
+			return key
+		}
+		return path + "." + key
+	}
+	switch x := v.(type) {
+	case map[string]any:
+		keys := slices.Sorted(maps.Keys(x))
+		switch t.Kind() {
+		case reflect.Struct:
+			fields := jsonFields(t)
+			for _, k := range keys {
+				f, ok := fields[strings.ToLower(k)]
+				if !ok {
+					if k == name {
+						return join(k), true
+					}
+					continue
+				}
+				if p, ok := findUnknown(x[k], f, name, join(k)); ok {
+					return p, true
+				}
+			}
+		case reflect.Map:
+			for _, k := range keys {
+				if p, ok := findUnknown(x[k], t.Elem(), name, join(k)); ok {
+					return p, true
+				}
+			}
+		}
+	case []any:
+		if t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
+			for i, e := range x {
+				if p, ok := findUnknown(e, t.Elem(), name, path+"["+strconv.Itoa(i)+"]"); ok {
+					return p, true
+				}
+			}
+		}
+	}
+	return "", false
+}
+
+// jsonFields maps the lower-cased JSON names of t's fields (embedded
+// structs' promoted ones included) to their types.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for f := range t.Fields() {
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if tag == "-" || (!f.IsExported() && !f.Anonymous) {
+			continue
+		}
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		if f.Anonymous && tag == "" && ft.Kind() == reflect.Struct {
+			for k, v := range jsonFields(ft) {
+				if _, taken := out[k]; !taken {
+					out[k] = v
+				}
+			}
+			continue
+		}
+		out[strings.ToLower(cmp.Or(tag, f.Name))] = f.Type
+	}
+	return out
 }

@@ -352,7 +352,7 @@ func TestBadJSONAppendsAre400NamingTheFieldAndStoreNothing(t *testing.T) {
 		{`{"chunks": []}`, "chunks"},
 		{`{}`, "chunks"},
 		{`{"chunks": [{"data_base64": 5}]}`, "chunks.data_base64"},
-		{`{"chunks": [{"data_base64": "aGk=", "extra": 1}]}`, "extra"},
+		{`{"chunks": [{"data_base64": "aGk=", "extra": 1}]}`, "chunks[0].extra"},
 	}
 	for _, c := range cases {
 		do(t, s.Handler(), http.MethodPost, path, tok, c.body).requireProblem(t, http.StatusBadRequest, c.field)
