@@ -180,11 +180,15 @@ func (a *authenticator) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		header := c.Request().Header.Get(echo.HeaderAuthorization)
 		scheme, raw, ok := strings.Cut(header, " ")
+		// (RFC 6750 §3: a 401 says which scheme to use, and for a token
+		// sent, that it was the token at fault)
 		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(raw) == "" {
+			c.Response().Header().Set(echo.HeaderWWWAuthenticate, `Bearer realm="reveille"`)
 			return unauthorized("missing bearer token: send Authorization: Bearer <JWT>")
 		}
 		p, err := a.verify(strings.TrimSpace(raw))
 		if err != nil {
+			c.Response().Header().Set(echo.HeaderWWWAuthenticate, `Bearer realm="reveille", error="invalid_token"`)
 			return unauthorized("invalid token: " + tokenErrorDetail(err))
 		}
 		c.Set("principal", p)

@@ -69,7 +69,14 @@ func TestTokensThatAreRejected(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			do(t, s.Handler(), http.MethodGet, "/v1/whoami", tc.token, nil).requireProblem(t, http.StatusUnauthorized)
+			r := do(t, s.Handler(), http.MethodGet, "/v1/whoami", tc.token, nil)
+			r.requireProblem(t, http.StatusUnauthorized)
+			// RFC 6750 §3: the scheme to use, and whether the token sent was at fault
+			want := `Bearer realm="reveille", error="invalid_token"`
+			if tc.token == "" {
+				want = `Bearer realm="reveille"`
+			}
+			require.Equal(t, want, r.Header.Get("WWW-Authenticate"))
 		})
 	}
 	t.Run("valid token returns the principal", func(t *testing.T) {

@@ -95,7 +95,7 @@ func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 			return next(c)
 		}
 		if len(key) > maxIdempotencyKey {
-			return Invalid("Idempotency-Key", "must be at most 255 characters")
+			return Invalid("Idempotency-Key", "must be at most 255 bytes")
 		}
 		body, err := io.ReadAll(c.Request().Body)
 		if err != nil {

@@ -645,6 +645,9 @@ func TestBadSSEPositionsAre400(t *testing.T) {
 	do(t, s.Handler(), http.MethodGet, streamBase+"out/sse", tok, nil, "Last-Event-ID", "-1").requireProblem(t, http.StatusBadRequest, "Last-Event-ID")
 	do(t, s.Handler(), http.MethodGet, streamBase+"out/sse", tok, nil, "Last-Event-ID", "9223372036854775807").requireProblem(t, http.StatusBadRequest, "Last-Event-ID")
 	do(t, s.Handler(), http.MethodGet, streamBase+"out/sse?start_index=-1", tok, nil).requireProblem(t, http.StatusBadRequest, "start_index")
+	// the last id a chunk can have is a place to resume after, not a 400
+	// naming a parameter the client never sent
+	openSSEURL(t, s.url+streamBase+"out/sse", tok, "Last-Event-ID", fmt.Sprint(int64(streams.MaxIndex)))
 }
 
 func TestSSEIsUnavailableWhileTheHubIsDown(t *testing.T) {

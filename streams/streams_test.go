@@ -473,8 +473,11 @@ func TestBadPagingArgumentsAreRefused(t *testing.T) {
 	requireInvalid(t, "start_index", err)
 	_, err = svc.Chunks(ctx, org, "run-1", "out", math.MaxInt64, 10)
 	requireInvalid(t, "start_index", err)
-	_, err = svc.Tail(org, "run-1", "out", streams.MaxIndex+1)
+	_, err = svc.Tail(org, "run-1", "out", streams.MaxIndex+2)
 	requireInvalid(t, "start_index", err)
+	tail, err := svc.Tail(org, "run-1", "out", streams.MaxIndex+1)
+	require.NoError(t, err, "after the last chunk a stream can hold: where a reader that saw it resumes")
+	tail.Close()
 	_, err = svc.Chunks(ctx, org, "run-1", "out", streams.MaxIndex, 500)
 	require.NoError(t, err, "the largest index is a valid (empty) read")
 }

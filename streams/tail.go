@@ -39,13 +39,15 @@ type Batch struct {
 }
 
 // Tail subscribes to the stream (org, runID, name) and returns a Tail
-// positioned at index from. The stream need not exist yet. Close it when
-// done; it gives ErrStopped when the hub is not running.
+// positioned at index from (MaxIndex+1: after the last chunk a stream can
+// hold, where a reader that saw it resumes). The stream need not exist
+// yet. Close it when done; it gives ErrStopped when the hub is not
+// running.
 func (s *Service) Tail(org, runID, name string, from int64) (*Tail, error) {
 	if err := validateKey(runID, name); err != nil {
 		return nil, err
 	}
-	if from < 0 || from > MaxIndex {
+	if from < 0 || from > MaxIndex+1 {
 		return nil, apperr.Invalid("start_index", fmt.Sprintf("must be a chunk index from 0 to %d", MaxIndex))
 	}
 	sub, err := s.hub.Subscribe(org, runID, name)
