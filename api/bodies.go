@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/reveille/reveille/internal/apperr"
 	"maps"
 	"slices"
 	"strings"
@@ -116,16 +117,30 @@ func decodeWakeup(body []byte) (wakeupRequest, error) {
 	if err := decodeJSON(body, &in); err != nil {
 		return wakeupRequest{}, err
 	}
+	inv := &apperr.InvalidError{}
 	if in.Cost == nil {
-		return wakeupRequest{}, Invalid("cost", "is required (an integer ≥ 0)")
+		inv.Add("cost", "is required (an integer ≥ 0)")
 	}
-	if in.Work == nil {
-		return wakeupRequest{}, Invalid("work", "is required: {handler, args, retry?, timeout_ms?, concurrency_key?, key_limit?}")
+	switch {
+	case in.Work == nil:
+		inv.Add("work", "is required: {handler, args, retry?, timeout_ms?, concurrency_key?, key_limit?}")
+	case in.Work.KeyLimit != nil && *in.Work.KeyLimit < 1:
+		inv.Add("work.key_limit", "must be between 1 and 10000")
 	}
-	if in.Work.KeyLimit != nil {
-		if err := checkKeyLimit("work.key_limit", *in.Work.KeyLimit); err != nil {
-			return wakeupRequest{}, err
+	if len(inv.Fields) > 0 {
+		// Every problem in one answer: the required fields the service
+		// would name too, in the service's words.
+		for _, f := range []struct{ name, v string }{
+			{"agent_id", in.AgentID}, {"workflow_id", in.WorkflowID}, {"signal", in.Signal}, {"scope", in.Scope},
+		} {
+			if f.v == "" {
+				inv.Add(f.name, "must not be empty")
+			}
 		}
+		if in.Work != nil && in.Work.Handler == "" {
+			inv.Add("work.handler", "must not be empty")
+		}
+		return wakeupRequest{}, invalidFields(inv.Fields)
 	}
 	return in, nil
 }

@@ -101,6 +101,18 @@ func TestAWakeupWhoseHTTPWorkCouldNeverRunIsA400AndSpendsNothing(t *testing.T) {
 	require.Equal(t, http.StatusCreated, post(map[string]any{"url": "https://api.example.com/x", "method": "post"}).Status)
 }
 
+// A wake-up request missing its cost or its work names, in the same
+// answer, every other required field it lacks: an integrator fixes them in
+// one round trip, not one per field.
+func TestAWakeupMissingFieldsNamesEveryOneOfThem(t *testing.T) {
+	s := newTestServer(t, withWakeups(t))
+	tok := token(t, "org-a", "agent")
+	do(t, s.Handler(), http.MethodPost, "/v1/wakeups", tok, map[string]any{}).
+		requireProblem(t, http.StatusBadRequest, "cost", "work", "agent_id", "workflow_id", "signal", "scope")
+	do(t, s.Handler(), http.MethodPost, "/v1/wakeups", tok, map[string]any{"work": map[string]any{"key_limit": 0}}).
+		requireProblem(t, http.StatusBadRequest, "cost", "work.key_limit", "work.handler", "agent_id")
+}
+
 // withCountedDB puts the server on a database whose round trips rt counts.
 func withCountedDB(t *testing.T, rt *testkit.RoundTrips) func(*Config, *Services) {
 	return func(_ *Config, sv *Services) {
