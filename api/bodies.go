@@ -3,7 +3,6 @@ package api
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/reveille/reveille/internal/apperr"
 	"maps"
 	"slices"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/reveille/reveille/approvals"
+	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/workpool"
 )

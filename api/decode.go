@@ -187,13 +187,23 @@ func unknownField(err error) (string, bool) {
 // "chunks[2].x"), matching keys to fields as the decoder does (tag or
 // field name, case-insensitively). Objects' keys are tried in sorted
 // order, so the path is the same on every call.
+//
+// Only for bodies up to maxPathWalk bytes: the walk decodes the body again,
+// and a large one (a stream append of thousands of chunks) would cost far
+// more than the strict decode did; such a body's problem names the key.
 func unknownFieldPath(body []byte, t reflect.Type, name string) (string, bool) {
+	if len(body) > maxPathWalk {
+		return "", false
+	}
 	var v any
 	if json.Unmarshal(body, &v) != nil {
 		return "", false
 	}
 	return findUnknown(v, t, name, "")
 }
+
+// maxPathWalk bounds the bodies unknownFieldPath walks.
+const maxPathWalk = 64 << 10
 
 func findUnknown(v any, t reflect.Type, name, path string) (string, bool) {
 	for t.Kind() == reflect.Pointer {
@@ -210,9 +220,9 @@ func findUnknown(v any, t reflect.Type, name, path string) (string, bool) {
 		keys := slices.Sorted(maps.Keys(x))
 		switch t.Kind() {
 		case reflect.Struct:
-			fields := jsonFields(t)
+			fields := jsonFields(t, nil)
 			for _, k := range keys {
-				f, ok := fields[strings.ToLower(k)]
+				f, ok := fields[foldKey(k)]
 				if !ok {
 					if k == name {
 						return join(k), true
@@ -242,10 +252,17 @@ func findUnknown(v any, t reflect.Type, name, path string) (string, bool) {
 	return "", false
 }
 
-// jsonFields maps the lower-cased JSON names of t's fields (embedded
-// structs' promoted ones included) to their types.
-func jsonFields(t reflect.Type) map[string]reflect.Type {
+// jsonFields maps the folded JSON names (foldKey: as encoding/json matches
+// keys to fields, "ſ" matching "s") of t's fields (embedded
+// structs' promoted ones included) to their types; seen holds the embedded
+// structs on the way down (a struct embedding itself through a pointer
+// would recurse for ever).
+func jsonFields(t reflect.Type, seen []reflect.Type) map[string]reflect.Type {
 	out := map[string]reflect.Type{}
+	if slices.Contains(seen, t) {
+		return out
+	}
+	seen = append(seen, t)
 	for f := range t.Fields() {
 		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if tag == "-" || (!f.IsExported() && !f.Anonymous) {
@@ -256,14 +273,14 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 			ft = ft.Elem()
 		}
 		if f.Anonymous && tag == "" && ft.Kind() == reflect.Struct {
-			for k, v := range jsonFields(ft) {
+			for k, v := range jsonFields(ft, seen) {
 				if _, taken := out[k]; !taken {
 					out[k] = v
 				}
 			}
 			continue
 		}
-		out[strings.ToLower(cmp.Or(tag, f.Name))] = f.Type
+		out[foldKey(cmp.Or(tag, f.Name))] = f.Type
 	}
 	return out
 }

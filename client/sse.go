@@ -41,15 +41,18 @@ const maxSSELine = 32 << 20
 // the last event dispatched, so that the server resumes right after it. An
 // event cut short by the connection is never dispatched: the server sends
 // it again. Connection attempts that fail in a row are bounded by the
-// retry policy; a connection the server opened (200, an event stream)
-// resets the count, however soon it is cut: a quiet stream behind a proxy
-// that ends connections after a while is followed on. The iteration ends
-// when the consumer stops, or with an error (yielded once).
+// retry policy; a healthy connection resets the count — one the server
+// opened (200, an event stream) that brought a byte (an event or a
+// keep-alive) or stayed open for healthyAfter: a quiet stream behind a
+// proxy that ends connections after a while is followed on, but a server
+// that answers and hangs up at once is given up on. The iteration ends
+// when the consumer stops, or with an error (yielded once); a line longer
+// than maxSSELine ends it at once (every reconnect would meet it again).
 func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle time.Duration, opts []CallOption) iter.Seq2[Event, error] {
 	return func(yield func(Event, error) bool) {
 		failures := 0
 		for {
-			opened, stop, err := c.followOnce(ctx, ep, &lastID, idle, opts, yield)
+			healthy, stop, err := c.followOnce(ctx, ep, &lastID, idle, opts, yield)
 			if stop {
 				return
 			}
@@ -57,7 +60,7 @@ func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle ti
 				yield(Event{}, ctx.Err())
 				return
 			}
-			if opened {
+			if healthy {
 				failures = 0
 			}
 			failures++ // (so the next attempt still waits the first backoff)
@@ -82,10 +85,14 @@ func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle ti
 	}
 }
 
+// healthyAfter is how long an opened connection must stay open, when
+// nothing came on it, to count as healthy (see events).
+const healthyAfter = time.Second
+
 // followOnce opens one connection and yields its events until it ends. It
-// reports whether the server opened the stream, and stop when the
-// consumer stopped.
-func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, idle time.Duration, opts []CallOption, yield func(Event, error) bool) (opened, stop bool, err error) {
+// reports whether the connection was healthy (see events), and stop when
+// the iteration must end (the consumer stopped, or an error it yielded).
+func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, idle time.Duration, opts []CallOption, yield func(Event, error) bool) (healthy, stop bool, err error) {
 	connCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	hdr := http.Header{"Cache-Control": {"no-cache"}}
@@ -110,16 +117,21 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, id
 	if !isMediaType(res, "text/event-stream") {
 		return false, true, yieldErr(yield, fmt.Errorf("client: %s answered %q, not an event stream", ep.path, res.Header.Get("Content-Type")))
 	}
+	opened := time.Now()
 	watchdog := time.AfterFunc(idle, cancel)
 	defer watchdog.Stop()
-	r := newEventReader(&resettingReader{r: res.Body, reset: func() { watchdog.Reset(idle) }})
+	gotBytes := false
+	r := newEventReader(&resettingReader{r: res.Body, reset: func() { gotBytes = true; watchdog.Reset(idle) }})
 	for {
 		ev, err := r.next()
 		if r.lastID != "" {
 			*lastID = r.lastID
 		}
+		if errors.Is(err, bufio.ErrTooLong) {
+			return true, true, yieldErr(yield, fmt.Errorf("client: following %s: a line longer than %d bytes", ep.path, maxSSELine))
+		}
 		if err != nil {
-			return true, false, err
+			return gotBytes || time.Since(opened) >= healthyAfter, false, err
 		}
 		// The consumer's time is not the server's silence.
 		watchdog.Stop()

@@ -91,9 +91,10 @@ func TestTailResumesAfterACutConnectionWithoutLossOrDuplicates(t *testing.T) {
 }
 
 // A quiet stream behind a proxy that ends connections after a while is
-// followed on: every connection the server opened counts as healthy,
-// however soon it is cut and though no event came on it, so more cuts in a
-// row than the retry policy's attempts do not end the tail.
+// followed on: a connection that stayed open a while counts as healthy,
+// though no event came on it, so more such cuts in a row than the retry
+// policy's attempts do not end the tail. A server that answers and hangs
+// up at once, again and again, is given up on.
 func TestTailFollowsAQuietStreamWhoseConnectionsAreCutAgainAndAgain(t *testing.T) {
 	e := startEngine(t)
 	ctx := context.Background()
@@ -103,24 +104,29 @@ func TestTailFollowsAQuietStreamWhoseConnectionsAreCutAgainAndAgain(t *testing.T
 	require.NoError(t, err)
 	rec := &recorder{}
 	reader := newClient(t, proxy.URL(), approver, rec)
-	afterHeaders := cut{pattern: []byte("\r\n\r\n"), offset: 4}
+	// (the proxy keeps the connection open and silent; the client's idle
+	// timeout, past a second, takes it for dead)
+	silentAfterHeaders := cut{pattern: []byte("\r\n\r\n"), offset: 4, stall: true}
+	attempts := client.DefaultRetryPolicy.MaxAttempts
 	var got []string
 	done := make(chan struct{})
 	tctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	for ch, err := range reader.Streams.Tail(tctx, "quiet", "out", client.TailParams{IdleTimeout: 200 * time.Millisecond}) {
+	for ch, err := range reader.Streams.Tail(tctx, "quiet", "out", client.TailParams{IdleTimeout: 1200 * time.Millisecond}) {
 		require.NoError(t, err)
 		got = append(got, string(ch.Data))
 		if ch.Index == 0 {
-			cuts := make([]cut, 2*client.DefaultRetryPolicy.MaxAttempts)
-			for i := range cuts {
-				cuts[i] = afterHeaders
+			// (this connection ends at its next keep-alive; the next ones
+			// stay open and silent)
+			cuts := []cut{{pattern: []byte(": keep-alive")}}
+			for range attempts + 1 {
+				cuts = append(cuts, silentAfterHeaders)
 			}
 			proxy.cutAnswers(cuts...)
 			// (the tail reconnects only while this body is not running)
 			go func() {
 				defer close(done)
-				for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 					if _, pending := proxy.nextCut(); !pending {
 						break
 					}
@@ -135,7 +141,21 @@ func TestTailFollowsAQuietStreamWhoseConnectionsAreCutAgainAndAgain(t *testing.T
 	_, pending := proxy.nextCut()
 	require.False(t, pending, "every cut was made")
 	require.Equal(t, []string{"first", "second"}, got)
-	require.Greater(t, len(rec.requests(http.MethodGet, "/v1/runs/quiet/streams/out/sse")), 2*client.DefaultRetryPolicy.MaxAttempts)
+	require.Greater(t, len(rec.requests(http.MethodGet, "/v1/runs/quiet/streams/out/sse")), attempts+2)
+
+	t.Run("a server that hangs up at once is given up on", func(t *testing.T) {
+		hangUp := cut{pattern: []byte("\r\n\r\n"), offset: 4}
+		cuts := make([]cut, 2*attempts)
+		for i := range cuts {
+			cuts[i] = hangUp
+		}
+		proxy.cutAnswers(cuts...)
+		var last error
+		for _, err := range reader.Streams.Tail(tctx, "open", "out", client.TailParams{}) {
+			last = err
+		}
+		require.ErrorContains(t, last, "connections in a row failed")
+	})
 }
 
 // A tail gives up at once on an answer retrying cannot change, and

@@ -48,7 +48,7 @@ func (s *Service) Tail(org, runID, name string, from int64) (*Tail, error) {
 		return nil, err
 	}
 	if from < 0 || from > MaxIndex+1 {
-		return nil, apperr.Invalid("start_index", fmt.Sprintf("must be a chunk index from 0 to %d", MaxIndex))
+		return nil, apperr.Invalid("start_index", fmt.Sprintf("must be a chunk index from 0 to %d", int64(MaxIndex+1)))
 	}
 	sub, err := s.hub.Subscribe(org, runID, name)
 	if err != nil {

@@ -293,3 +293,13 @@ func TestAnEventOfAnUnknownTypeIsAnError(t *testing.T) {
 	err := f.store.Enqueue(context.Background(), f.db, toolEvent(orgA, 1, "maybe", pendingCall))
 	require.ErrorContains(t, err, `"maybe"`)
 }
+
+// A webhook whose host the allow-list dropped after it was registered
+// fails its deliveries when they run, not the approval whose transaction
+// enqueues them: the enqueue skips the http handler's check at enqueue.
+func TestAWebhookTheAllowListDroppedSinceDoesNotFailTheApproval(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.CheckURL = nil }) // (registered while the host was allowed)
+	f.put(t, orgA, "gone", "https://hooks.example.com/hook", FormatJSON)
+	f.emit(t, toolEvent(orgA, 1, TypeRequested, pendingCall))
+	require.Equal(t, 1, f.workCount(t, orgA), "the delivery is enqueued, and fails for good when it runs")
+}

@@ -387,7 +387,7 @@ func (m *Manager) validate(inv *apperr.InvalidError, prefix string, p EnqueuePar
 		inv.Add(prefix+"args", "must be valid JSON")
 	case len(p.Args) > maxArgsBytes:
 		inv.Add(prefix+"args", fmt.Sprintf("must be at most %d bytes", maxArgsBytes))
-	case ok:
+	case ok && !p.SkipArgsCheck:
 		check(p.Args, func(field, detail string) {
 			name := prefix + "args"
 			if field != "" {

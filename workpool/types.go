@@ -155,6 +155,11 @@ type EnqueueParams struct {
 	// never refuses it: for work already owed, such as a wake-up whose
 	// spend committed (its caller checked the cap with CheckPending first).
 	BypassPendingCap bool
+	// SkipArgsCheck enqueues the item without its handler's ArgsCheck: for
+	// work the system enqueues on its own behalf inside another change's
+	// transaction (an approval's webhook deliveries), which a refusal
+	// would roll back. The handler still refuses such work when it runs.
+	SkipArgsCheck bool
 }
 
 // State is the coarse state of a work item as callers see it.
