@@ -55,6 +55,7 @@ type settings struct {
 	OrgMaxPending  int            // REVEILLE_ORG_MAX_PENDING: 0 turns the cap off (workpool.NoPendingLimit)
 	HTTPAllowed    []string       // REVEILLE_HTTP_ALLOWED_HOSTS
 	HTTPNets       []string       // REVEILLE_HTTP_ALLOWED_NETS
+	HTTPTimeout    time.Duration  // REVEILLE_HTTP_TIMEOUT (0: the work's timeout alone)
 	ApprovalTTL    time.Duration  // REVEILLE_APPROVAL_TTL
 	ToolTTL        time.Duration  // REVEILLE_TOOL_APPROVAL_TTL
 	NotFoundGrace  time.Duration  // REVEILLE_SIGNAL_NOTFOUND_GRACE
@@ -139,6 +140,7 @@ func envConfig() (settings, error) {
 	s.StreamChunks = int(envInt("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST", streams.DefaultMaxChunks, &errs))
 	s.RecoveryPeriod = envDuration("REVEILLE_RECOVERY_PERIOD", 10*time.Second, &errs)
 	s.HeartbeatLimit = envDuration("REVEILLE_HEARTBEAT_TIMEOUT", 30*time.Second, &errs)
+	s.HTTPTimeout = envDuration("REVEILLE_HTTP_TIMEOUT", 0, &errs)
 	s.HookTimeout = envDuration("REVEILLE_HOOK_TIMEOUT", workpool.DefaultHookTimeout, &errs)
 	if s.HookTimeout > workpool.MaxHookTimeout {
 		errs = append(errs, fmt.Errorf("REVEILLE_HOOK_TIMEOUT=%s: want at most %s (a hook call holds up the completions recorded with it)", s.HookTimeout, workpool.MaxHookTimeout))
@@ -185,7 +187,7 @@ func (s settings) serviceConfig(logger *slog.Logger) service.Config {
 		API: api.Config{Addr: s.Addr, MaxBody: s.MaxBody, ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout,
 			IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate, Auth: s.authConfig(), IdempotencyRetention: s.Retention.IdempotencyRecords},
 		Workpool:      s.workpoolConfig(),
-		HTTPWork:      httpwork.Config{AllowedHosts: s.HTTPAllowed, AllowedNets: s.HTTPNets},
+		HTTPWork:      httpwork.Config{AllowedHosts: s.HTTPAllowed, AllowedNets: s.HTTPNets, Timeout: s.HTTPTimeout},
 		Mandates:      mandates.Config{ApprovalTTL: s.ApprovalTTL},
 		Streams:       s.streamsConfig(),
 		Approvals:     approvals.Config{TTL: s.ToolTTL},

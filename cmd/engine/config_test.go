@@ -143,6 +143,17 @@ func TestEnvConfigHandsTheWorkpoolItsTypedConfig(t *testing.T) {
 		HeartbeatTimeout: 9 * time.Second, WorkRetention: time.Hour, MaxPendingPerOrg: 5, HookTimeout: 2 * time.Second}, s.workpoolConfig())
 }
 
+func TestEnvConfigCapsHTTPRequestsOnlyWhenAsked(t *testing.T) {
+	clearEnv(t)
+	s, err := envConfig()
+	require.NoError(t, err)
+	require.Zero(t, s.serviceConfig(nil).HTTPWork.Timeout, "unset: a request runs as long as its work's timeout_ms")
+	t.Setenv("REVEILLE_HTTP_TIMEOUT", "45s")
+	s, err = envConfig()
+	require.NoError(t, err)
+	require.Equal(t, 45*time.Second, s.serviceConfig(nil).HTTPWork.Timeout)
+}
+
 func TestEnvConfigReadsZeroAsNoOrgPendingCap(t *testing.T) {
 	clearEnv(t)
 	for _, tc := range []struct {
@@ -218,6 +229,7 @@ func TestEnvConfigNamesTheMalformedVariable(t *testing.T) {
 		{"REVEILLE_IDEMPOTENCY_RETENTION", "0s", "REVEILLE_IDEMPOTENCY_RETENTION"},
 		{"REVEILLE_HOOK_TIMEOUT", "600h", "REVEILLE_HOOK_TIMEOUT=600h0m0s: want at most 1h0m0s"},
 		{"REVEILLE_HOOK_TIMEOUT", "0s", "REVEILLE_HOOK_TIMEOUT"},
+		{"REVEILLE_HTTP_TIMEOUT", "-5s", "REVEILLE_HTTP_TIMEOUT"},
 	} {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
 			clearEnv(t)

@@ -81,6 +81,7 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_RECOVERY_PERIOD      how often running work is checked for dead executors (default 10s)
   REVEILLE_HEARTBEAT_TIMEOUT    heartbeat age after which running work is recovered (default 30s)
   REVEILLE_HOOK_TIMEOUT         the most one onComplete hook call may take before it fails and is retried (default 10s, at most 1h)
+  REVEILLE_HTTP_TIMEOUT         the most one request of the http handler may take (default: unset, the work's timeout_ms alone)
   REVEILLE_WORK_RETENTION       how long finished work records are kept (default 24h)
   REVEILLE_ORG_MAX_PENDING      unfinished work items one org may have in one pool (default 100000; 0 = no cap)
   REVEILLE_HTTP_ALLOWED_HOSTS   host, host:port or host:* the built-in http handler may call (comma list;
