@@ -124,8 +124,8 @@ func decodeWakeup(body []byte) (wakeupRequest, error) {
 	switch {
 	case in.Work == nil:
 		inv.Add("work", "is required: {handler, args, retry?, timeout_ms?, concurrency_key?, key_limit?}")
-	case in.Work.KeyLimit != nil && *in.Work.KeyLimit < 1:
-		inv.Add("work.key_limit", "must be between 1 and 10000")
+	case in.Work.KeyLimit != nil:
+		checkKeyLimit(inv, "work.key_limit", *in.Work.KeyLimit)
 	}
 	if len(inv.Fields) > 0 {
 		// Every problem in one answer: the required fields the service
@@ -154,8 +154,9 @@ func decodeWorkEnqueue(body []byte) (workpool.EnqueueParams, error) {
 	}
 	p := workpool.EnqueueParams{Handler: in.Handler, Args: in.Args, Retry: in.Retry, ConcurrencyKey: in.ConcurrencyKey}
 	if in.KeyLimit != nil {
-		if err := checkKeyLimit("key_limit", *in.KeyLimit); err != nil {
-			return workpool.EnqueueParams{}, err
+		inv := &apperr.InvalidError{}
+		if checkKeyLimit(inv, "key_limit", *in.KeyLimit); len(inv.Fields) > 0 {
+			return workpool.EnqueueParams{}, invalidFields(inv.Fields)
 		}
 		p.KeyLimit = *in.KeyLimit
 	}
@@ -178,11 +179,10 @@ func decodeWorkEnqueue(body []byte) (workpool.EnqueueParams, error) {
 // checkKeyLimit refuses a key_limit below 1: the Go API reads 0 as "the
 // default", which a client that sends 0 did not mean. (The domain checks
 // the upper bound.)
-func checkKeyLimit(field string, n int) error {
+func checkKeyLimit(inv *apperr.InvalidError, field string, n int) {
 	if n < 1 {
-		return Invalid(field, "must be between 1 and 10000")
+		inv.Add(field, "must be between 1 and 10000")
 	}
-	return nil
 }
 
 // decodePoolPatch decodes PATCH /v1/pools/{pool}; at least one field must

@@ -94,11 +94,7 @@ func (e *StatusError) Error() string {
 // Register registers the handler on m, and the check of its arguments at
 // enqueue (CheckArgs).
 func Register(m *workpool.Manager, cfg Config) error {
-	h, err := New(cfg)
-	if err != nil {
-		return err
-	}
-	list, err := ParseAllowList(cfg.AllowedHosts)
+	h, list, err := newHandler(cfg)
 	if err != nil {
 		return err
 	}
@@ -119,16 +115,18 @@ func CheckArgs(list *AllowList) workpool.ArgsCheck {
 			report("", `must be an object {"url", "method"?, "headers"?, "body"?} (url a string, headers an object of strings)`)
 			return
 		}
-		u, err := url.Parse(a.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			report("url", "must be an absolute http(s) URL")
+		// (the request the handler would build, so that the two agree)
+		req, err := buildRequest(context.Background(), a)
+		if err != nil {
+			var bad *badArgError
+			if errors.As(err, &bad) {
+				report(bad.field, bad.detail)
+			} else {
+				report("", err.Error())
+			}
 			return
 		}
-		if _, err := http.NewRequest(strings.ToUpper(cmpOr(a.Method, http.MethodGet)), u.String(), nil); err != nil {
-			report("method", "must be an HTTP method (GET, POST, …)")
-			return
-		}
-		if r := list.check(u); r != nil {
+		if r := list.check(req.URL); r != nil {
 			report("url", strings.TrimPrefix(r.Error(), "http: "))
 		}
 	}
@@ -137,8 +135,14 @@ func CheckArgs(list *AllowList) workpool.ArgsCheck {
 // New returns the handler, or an error naming every invalid entry of the
 // allow-list and the allowed nets.
 func New(cfg Config) (workpool.Handler, error) {
+	h, _, err := newHandler(cfg)
+	return h, err
+}
+
+// newHandler is New, with the allow-list it parsed.
+func newHandler(cfg Config) (workpool.Handler, *AllowList, error) {
 	if cfg.Timeout < 0 {
-		return nil, fmt.Errorf("httpwork: timeout %s is negative", cfg.Timeout)
+		return nil, nil, fmt.Errorf("httpwork: timeout %s is negative", cfg.Timeout)
 	}
 	if cfg.Lookup == nil {
 		cfg.Lookup = systemLookup
@@ -146,14 +150,14 @@ func New(cfg Config) (workpool.Handler, error) {
 	list, listErr := ParseAllowList(cfg.AllowedHosts)
 	nets, netsErr := ParseNets(cfg.AllowedNets)
 	if err := errors.Join(listErr, netsErr); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	refusals := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "reveille_http_work_refused_total",
 		Help: "http work requests refused by the network rules, by reason (host, port, url or the address class)."},
 		[]string{"reason"})
 	if cfg.Registry != nil {
 		if err := cfg.Registry.Register(refusals); err != nil {
-			return nil, fmt.Errorf("httpwork metrics: %w", err)
+			return nil, nil, fmt.Errorf("httpwork metrics: %w", err)
 		}
 	}
 	rules := &netRules{nets: nets, list: list}
@@ -204,13 +208,22 @@ func New(cfg Config) (workpool.Handler, error) {
 			return nil, workpool.NonRetryable(r)
 		}
 		return nil, err
-	}, nil
+	}, list, nil
 }
+
+// badArgError is an argument no request can be built from: field names it
+// inside the arguments, detail says why (for the check at enqueue).
+type badArgError struct {
+	field, detail string
+	err           error
+}
+
+func (e *badArgError) Error() string { return e.err.Error() }
 
 func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
 	u, err := url.Parse(a.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("url %q: want an absolute http(s) URL", a.URL)
+		return nil, &badArgError{"url", "must be an absolute http(s) URL", fmt.Errorf("url %q: want an absolute http(s) URL", a.URL)}
 	}
 	method := strings.ToUpper(cmpOr(a.Method, http.MethodGet))
 	var body io.Reader
@@ -224,8 +237,8 @@ func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
 		}
 	}
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
-	if err != nil {
-		return nil, fmt.Errorf("request: %w", err)
+	if err != nil { // (the URL parsed above: the method is at fault)
+		return nil, &badArgError{"method", "must be an HTTP method (GET, POST, …)", fmt.Errorf("request: %w", err)}
 	}
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)

@@ -213,10 +213,7 @@ func TestHTTPHandlerKeepsAnyBodyAsJSONPostgresCanStore(t *testing.T) {
 // shorter bound of its own (it had one, 30 s, which failed slow requests
 // that the work's timeout_ms, 10 minutes by default, allowed).
 func TestARequestRunsAsLongAsItsWorksTimeoutAllows(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits 31 s for a slow answer")
-	}
-	t.Parallel()
+	t.Parallel() // (waits 31 s for a slow answer)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-time.After(31 * time.Second):
