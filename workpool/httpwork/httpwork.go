@@ -18,13 +18,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/reveille/reveille/internal/jsonb"
 	"github.com/reveille/reveille/workpool"
@@ -243,7 +246,15 @@ func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
-	for k, v := range a.Headers {
+	// (in name order, so that the first bad one named is always the same)
+	for _, k := range slices.Sorted(maps.Keys(a.Headers)) {
+		v := a.Headers[k]
+		if !httpguts.ValidHeaderFieldName(k) {
+			return nil, &badArgError{"headers", fmt.Sprintf("%q is not a valid header name", k), fmt.Errorf("header name %q is invalid", k)}
+		}
+		if !httpguts.ValidHeaderFieldValue(v) {
+			return nil, &badArgError{"headers", fmt.Sprintf("the value of %q is not a valid header value (control characters)", k), fmt.Errorf("header %q: invalid value", k)}
+		}
 		req.Header.Set(k, v)
 	}
 	return req, nil

@@ -120,6 +120,7 @@ func TestHTTPHandler(t *testing.T) {
 		{"oversized response is final", Args{URL: srv.URL + "/huge"}, nil, false, "exceeds"},
 		{"oversized headers are refused", Args{URL: srv.URL + "/huge-headers"}, nil, true, "headers exceeded"},
 		{"bad url is final", Args{URL: "ftp://127.0.0.1/x"}, nil, false, "http(s)"},
+		{"a bad header name is final", Args{URL: srv.URL + "/json", Headers: map[string]string{"X Trace": "1"}}, nil, false, "header name"},
 	}
 	for _, tc := range failures {
 		t.Run(tc.name, func(t *testing.T) {
@@ -256,6 +257,9 @@ func TestWorkThatCouldNeverRunIsRefusedAtEnqueue(t *testing.T) {
 		{"a bad method", `{"url": "https://api.example.com/x", "method": "GE T"}`, "args.method", "HTTP method"},
 		{"a host outside the allow-list", `{"url": "https://elsewhere.example.com/x"}`, "args.url", "REVEILLE_HTTP_ALLOWED_HOSTS"},
 		{"a port outside the allow-list", `{"url": "https://api.example.com:8443/x"}`, "args.url", "REVEILLE_HTTP_ALLOWED_HOSTS"},
+		{"a header name with a space", `{"url": "https://api.example.com/x", "headers": {"X Trace": "1"}}`, "args.headers", `"X Trace" is not a valid header name`},
+		{"an empty header name", `{"url": "https://api.example.com/x", "headers": {"": "1"}}`, "args.headers", `"" is not a valid header name`},
+		{"a header value with a line break", `{"url": "https://api.example.com/x", "headers": {"X-A": "1\r\nX-B: 2"}}`, "args.headers", `value of "X-A"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: json.RawMessage(tc.args)})
@@ -269,7 +273,8 @@ func TestWorkThatCouldNeverRunIsRefusedAtEnqueue(t *testing.T) {
 	var n int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM workpool_work`).Scan(&n))
 	require.Zero(t, n, "nothing written")
-	for _, args := range []string{`{"url": "https://api.example.com/x"}`, `{"url": "http://127.0.0.1:9/x", "method": "post"}`} {
+	for _, args := range []string{`{"url": "https://api.example.com/x"}`, `{"url": "http://127.0.0.1:9/x", "method": "post"}`,
+		`{"url": "https://api.example.com/x", "headers": {"X-Trace_Id.v2": "a b\tc", "Accept": ""}}`} {
 		_, err := m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: json.RawMessage(args)})
 		require.NoError(t, err, args)
 	}
