@@ -80,6 +80,14 @@ func decodeJSON(body []byte, dst any) error {
 				return Invalid(path, "unknown field")
 			}
 		}
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			// (the decoder names the field without the array indices on
+			// its way: "chunks.n" for the second chunk's n)
+			if path, found := typeErrorPath(body, typeErr); found {
+				return Invalid(path, typeErrorDetail(typeErr))
+			}
+		}
 		return jsonProblem(err)
 	}
 	if dec.More() {
@@ -135,7 +143,7 @@ func jsonProblem(err error) error {
 		if field == "" {
 			return Invalid("body", "must be a JSON object")
 		}
-		return Invalid(field, fmt.Sprintf("must be %s, not %s", jsonTypeName(typeErr.Type.Kind().String()), typeErr.Value))
+		return Invalid(field, typeErrorDetail(typeErr))
 	case errors.As(err, &syntaxErr):
 		return invalidJSON(fmt.Sprintf("malformed JSON at byte %d: %v", syntaxErr.Offset, err))
 	case errors.Is(err, io.ErrUnexpectedEOF):
@@ -152,6 +160,87 @@ func jsonProblem(err error) error {
 		return readError(err)
 	}
 	return invalidJSON("malformed JSON: " + err.Error())
+}
+
+func typeErrorDetail(typeErr *json.UnmarshalTypeError) string {
+	return fmt.Sprintf("must be %s, not %s", jsonTypeName(typeErr.Type.Kind().String()), typeErr.Value)
+}
+
+// typeErrorPath finds where in body the value of a type error of the
+// decoder stands, as the dotted path a problem names, with the indices
+// the decoder's Field leaves out ("chunks[1].n", "org_weights.acme"): the
+// value whose token ends at the error's Offset (a scalar's end, or just past
+// a container's opening bracket). The path must agree with Field (indices
+// and the keys of a map aside), or it is not used. Bounded as
+// unknownFieldPath is.
+func typeErrorPath(body []byte, typeErr *json.UnmarshalTypeError) (string, bool) {
+	if len(body) > maxPathWalk {
+		return "", false
+	}
+	type frame struct {
+		path    string
+		array   bool
+		next    int  // an array's next index
+		wantKey bool // an object's next token is a key (or its end)
+		key     string
+	}
+	var stack []*frame
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		d, isDelim := tok.(json.Delim)
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		switch {
+		case isDelim && (d == '}' || d == ']'):
+			stack = stack[:len(stack)-1]
+			continue
+		case top != nil && top.wantKey:
+			top.key, top.wantKey = tok.(string), false
+			continue
+		}
+		path := ""
+		switch {
+		case top != nil && top.array:
+			path = top.path + "[" + strconv.Itoa(top.next) + "]"
+			top.next++
+		case top != nil:
+			path = top.key
+			if top.path != "" {
+				path = top.path + "." + top.key
+			}
+			top.wantKey = true
+		}
+		if dec.InputOffset() == typeErr.Offset {
+			field, want := foldKey(withoutIndices(path)), foldKey(typeErr.Field)
+			return path, path != "" && (field == want || strings.HasPrefix(field, want+"."))
+		}
+		if isDelim {
+			stack = append(stack, &frame{path: path, array: d == '[', wantKey: d == '{'})
+		}
+	}
+}
+
+// withoutIndices is path without its array indices ("chunks[1].n" →
+// "chunks.n").
+func withoutIndices(path string) string {
+	var b strings.Builder
+	for {
+		i := strings.IndexByte(path, '[')
+		j := strings.IndexByte(path[max(i, 0):], ']')
+		if i < 0 || j < 0 {
+			b.WriteString(path)
+			return b.String()
+		}
+		b.WriteString(path[:i])
+		path = path[i+j+1:]
+	}
 }
 
 func jsonTypeName(kind string) string {

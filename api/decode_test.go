@@ -59,6 +59,43 @@ func TestAnUnknownFieldIsNamedByItsPath(t *testing.T) {
 	}
 }
 
+func TestAValueOfTheWrongTypeIsNamedByItsPath(t *testing.T) {
+	type body struct {
+		Work struct {
+			Retry *struct {
+				MaxAttempts int `json:"max_attempts"`
+			} `json:"retry"`
+		} `json:"work"`
+		Chunks []struct {
+			Data string `json:"data_base64"`
+			Tags []int  `json:"tags"`
+		} `json:"chunks"`
+		Weights map[string]*int `json:"weights"`
+		Matrix  [][]int         `json:"matrix"`
+	}
+	for _, tc := range []struct{ name, body, field, detail string }{
+		{"at the top", `{"chunks": {}}`, "chunks", "must be an array, not object"},
+		{"in a nested object", `{"work": {"retry": {"max_attempts": "3"}}}`, "work.retry.max_attempts", "must be an integer in range, not string"},
+		{"in an array's element", `{"chunks": [{"data_base64": "YQ=="}, {"data_base64": 5}]}`, "chunks[1].data_base64", "must be a string, not number"},
+		{"an array's element itself", `{"chunks": [{}, {}, 7]}`, "chunks[2]", "must be an object, not number"},
+		{"an object where a string goes", `{"chunks": [{"data_base64": {"a": [1]}}]}`, "chunks[0].data_base64", "must be a string, not object"},
+		{"deep in arrays", `{"chunks": [{"tags": [1, 2]}, {"tags": [3, 4.5]}]}`, "chunks[1].tags[1]", "must be an integer in range, not number 4.5"},
+		{"an array of arrays", `{"matrix": [[1], [2, "x"]]}`, "matrix[1][1]", "must be an integer in range, not string"},
+		{"in a map's value", `{"weights": {"a": 1, "b": "2"}}`, "weights.b", "must be an integer in range, not string"},
+		{"keys spelt in another case", `{"CHUNKS": [{"Data_Base64": 1}]}`, "CHUNKS[0].Data_Base64", "must be a string, not number"},
+		{"after whitespace and escapes", "  {\"chunks\" : [ {\"data_base64\": \"\\\"]\"} , {\"data_base64\" : true} ] }", "chunks[1].data_base64", "must be a string, not bool"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var dst body
+			err := decodeJSON([]byte(tc.body), &dst)
+			var p *Problem
+			require.True(t, errors.As(err, &p), "%v", err)
+			require.Equal(t, http.StatusBadRequest, p.Status)
+			require.Equal(t, []apperr.FieldError{{Field: tc.field, Detail: tc.detail}}, p.Errors)
+		})
+	}
+}
+
 func TestAWakeupWithAnUnknownFieldInItsWorkNamesItsPath(t *testing.T) {
 	s := newTestServer(t, withWakeups(t))
 	body := map[string]any{

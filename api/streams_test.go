@@ -351,7 +351,7 @@ func TestBadJSONAppendsAre400NamingTheFieldAndStoreNothing(t *testing.T) {
 		{`{"chunks": [{"data_base64": "aGk="}, {}]}`, "chunks[1].data_base64"},
 		{`{"chunks": []}`, "chunks"},
 		{`{}`, "chunks"},
-		{`{"chunks": [{"data_base64": 5}]}`, "chunks.data_base64"},
+		{`{"chunks": [{"data_base64": 5}]}`, "chunks[0].data_base64"},
 		{`{"chunks": [{"data_base64": "aGk=", "extra": 1}]}`, "chunks[0].extra"},
 	}
 	for _, c := range cases {
