@@ -1,9 +1,11 @@
 package api
 
 import (
+	"cmp"
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -110,8 +112,12 @@ func (s *Server) createWakeup(c echo.Context) error {
 	var refused *wakeup.RefusedError
 	switch {
 	case errors.As(err, &refused):
-		return NewProblem(http.StatusPaymentRequired, "spend-refused",
-			"the agent's mandate does not cover this wake-up; an approval request was created and the workflow will be woken once it is resolved").
+		detail := "the agent's mandate does not cover this wake-up; an approval request was created and the workflow will be woken once it is resolved"
+		if refused.Settled() {
+			detail = "the agent's mandate did not cover this wake-up and its approval request was " +
+				strings.TrimPrefix(refused.Refusal, "approval ") + ": the wake-up resolved as denied and its workflow was woken"
+		}
+		return NewProblem(http.StatusPaymentRequired, "spend-refused", detail).
 			With("approval_id", refused.ApprovalID).With("wakeup_id", refused.Wakeup.ID).With("refusal", refused.Refusal)
 	case errors.Is(err, wakeup.ErrIdempotencyKeyReused):
 		return NewProblem(http.StatusUnprocessableEntity, "idempotency-key-reused", err.Error())
@@ -122,7 +128,13 @@ func (s *Server) createWakeup(c echo.Context) error {
 	case err != nil:
 		return err
 	}
-	return c.JSON(http.StatusCreated, map[string]any{"id": w.ID.String(), "status": wakeup.StatusPending, "outcome": nil})
+	// (a retry answers with the wake-up as it stands: perhaps resolved)
+	var outcome *string
+	if w.Outcome != "" {
+		outcome = &w.Outcome
+	}
+	return c.JSON(http.StatusCreated, map[string]any{"id": w.ID.String(), "status": cmp.Or(w.Status, wakeup.StatusPending),
+		"outcome": outcome})
 }
 
 // getWakeup answers with the :id wake-up; to a token bound to an agent,

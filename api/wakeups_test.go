@@ -61,6 +61,52 @@ func TestWakeupRefusalIsA402NamingBothIDs(t *testing.T) {
 	do(t, s.Handler(), http.MethodPost, "/v1/wakeups", token(t, "org-a", "agent"), body).requireProblem(t, http.StatusBadRequest, "work.handler")
 }
 
+// A retry of a wake-up request that the server answers from the wake-up
+// (another caller's retry under the same key, or one after the first
+// answer is no longer kept) says how the request stands now: a 402 naming
+// how its approval was settled, never a 201 for a wake-up that will not
+// run; a 201 with the wake-up's outcome once it has one.
+func TestARetriedWakeupRequestAnswersWithTheWakeupAsItStands(t *testing.T) {
+	s := newTestServer(t, withWakeups(t))
+	h := s.Handler()
+	first, second := subToken(t, "org-a", "rt-1", "", RoleAgent), subToken(t, "org-a", "rt-2", "", RoleAgent)
+	body := map[string]any{
+		"agent_id": "a1", "workflow_id": "org-a/wf-1", "signal": "wake", "scope": "llm", "cost": 5,
+		"work": map[string]any{"handler": "echo"},
+	}
+	refused := do(t, h, http.MethodPost, "/v1/wakeups", first, body, "Idempotency-Key", "k-refused").requireProblem(t, http.StatusPaymentRequired)
+	approval := refused["approval_id"].(string)
+	r := do(t, h, http.MethodPost, "/v1/mandate-approvals/"+approval+"/deny", subToken(t, "org-a", "alice", "", RoleApprover), map[string]any{})
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+
+	again := do(t, h, http.MethodPost, "/v1/wakeups", second, body, "Idempotency-Key", "k-refused").requireProblem(t, http.StatusPaymentRequired)
+	require.Equal(t, "approval denied", again["refusal"])
+	require.Equal(t, approval, again["approval_id"])
+	require.Equal(t, refused["wakeup_id"], again["wakeup_id"])
+	require.Contains(t, again["detail"], "was denied")
+
+	var count int
+	require.NoError(t, s.svc.DB.QueryRow(context.Background(), `SELECT count(*) FROM wakeups`).Scan(&count))
+	require.Equal(t, 1, count, "nothing new written")
+
+	// (funded: the outcome written as the work's hook would write it)
+	r = do(t, h, http.MethodPost, "/v1/mandates", token(t, "org-a", RoleAdmin), map[string]any{"agent_id": "a1", "scope": "ok", "budget": 100})
+	require.Equal(t, http.StatusCreated, r.Status, string(r.Body))
+	created := do(t, h, http.MethodPost, "/v1/wakeups", first, map[string]any{
+		"agent_id": "a1", "workflow_id": "org-a/wf-2", "signal": "wake", "scope": "ok", "cost": 1,
+		"work": map[string]any{"handler": "echo"}}, "Idempotency-Key", "k-funded")
+	require.Equal(t, http.StatusCreated, created.Status, string(created.Body))
+	id := created.JSON(t)["id"].(string)
+	require.Equal(t, map[string]any{"id": id, "status": "pending", "outcome": nil}, created.JSON(t))
+	_, err := s.svc.DB.Exec(context.Background(), `UPDATE wakeups SET state = 'resolved', outcome = 'succeeded' WHERE id = $1`, id)
+	require.NoError(t, err)
+	replayed := do(t, h, http.MethodPost, "/v1/wakeups", second, map[string]any{
+		"agent_id": "a1", "workflow_id": "org-a/wf-2", "signal": "wake", "scope": "ok", "cost": 1,
+		"work": map[string]any{"handler": "echo"}}, "Idempotency-Key", "k-funded")
+	require.Equal(t, http.StatusCreated, replayed.Status, string(replayed.Body))
+	require.Equal(t, map[string]any{"id": id, "status": "pending", "outcome": "succeeded"}, replayed.JSON(t))
+}
+
 // Work the http handler would refuse for good whatever happened later —
 // arguments that are not its object, no http(s) URL, a bad method, a host
 // outside the allow-list — is a 400 naming the field inside work.args, and

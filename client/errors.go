@@ -36,7 +36,9 @@ type Error struct {
 	Errors []FieldError `json:"errors,omitempty"`
 
 	// The extension members the API sets: ApprovalID and Refusal on a
-	// refused spend or wake-up (402), WakeupID on a refused wake-up, WorkID
+	// refused spend or wake-up (402; a retried wake-up's Refusal may say
+	// how its approval request was settled: "approval denied", "approval
+	// expired", "approval canceled"), WakeupID on a refused wake-up, WorkID
 	// on a 409 for purged work.
 	ApprovalID string `json:"approval_id,omitempty"`
 	WakeupID   string `json:"wakeup_id,omitempty"`

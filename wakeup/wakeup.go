@@ -87,14 +87,41 @@ var (
 
 // RefusedError is returned by Create when the mandate refused the spend:
 // the intent and its approval request are committed and the workflow will
-// be woken once a human resolves the request.
+// be woken once a human resolves the request. A retry under the same
+// idempotency key finds the request as it stands: still pending, or
+// settled without approval (the wake-up then resolved as denied and its
+// workflow was woken).
 type RefusedError struct {
 	Wakeup     Wakeup
 	ApprovalID uuid.UUID
-	Refusal    string // no_mandate, revoked, expired, insufficient
+	// Refusal: no_mandate, revoked, expired or insufficient; on a retry,
+	// "pending approval", or RefusalApprovalDenied, …Expired, …Canceled.
+	Refusal string
+}
+
+// The refusals a retry finds when the approval request was settled without
+// approval.
+const (
+	RefusalApprovalDenied   = "approval denied"
+	RefusalApprovalExpired  = "approval expired"
+	RefusalApprovalCanceled = "approval canceled"
+)
+
+// Settled reports whether the approval request was settled without
+// approval (the refusal a retry found): no workflow waits on it any more.
+func (e *RefusedError) Settled() bool {
+	switch e.Refusal {
+	case RefusalApprovalDenied, RefusalApprovalExpired, RefusalApprovalCanceled:
+		return true
+	}
+	return false
 }
 
 func (e *RefusedError) Error() string {
+	if e.Settled() {
+		return fmt.Sprintf("spend refused: approval request %s for wake-up %s was %s", e.ApprovalID, e.Wakeup.ID,
+			strings.TrimPrefix(e.Refusal, "approval "))
+	}
 	return fmt.Sprintf("spend refused (%s): approval request %s is pending for wake-up %s", e.Refusal, e.ApprovalID, e.Wakeup.ID)
 }
 
@@ -383,8 +410,14 @@ func (s *Service) replayOf(w Wakeup, p CreateParams) (Wakeup, error) {
 	if !sameRequest(w, p) {
 		return Wakeup{}, ErrIdempotencyKeyReused
 	}
-	if w.Approval != nil && w.Approval.State == mandates.StatePending {
-		return w, &RefusedError{Wakeup: w, ApprovalID: w.Approval.ID, Refusal: "pending approval"}
+	// (the request as it stands now: an approval settled without approval
+	// is still a refusal, never a wake-up that will run)
+	if w.Approval != nil && w.Approval.State != mandates.StateApproved {
+		refusal := "approval " + w.Approval.State
+		if w.Approval.State == mandates.StatePending {
+			refusal = "pending approval"
+		}
+		return w, &RefusedError{Wakeup: w, ApprovalID: w.Approval.ID, Refusal: refusal}
 	}
 	return w, nil
 }

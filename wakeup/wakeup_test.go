@@ -246,6 +246,63 @@ func TestIdempotencyKeyReturnsTheSameWakeup(t *testing.T) {
 	require.ErrorAs(t, err, &refused, "a replayed refusal is still a refusal")
 }
 
+// A retry of a refused wake-up request (the same idempotency key, its
+// first answer no longer kept) finds the request as it stands: a request
+// settled without approval is still a refusal, naming how it was settled,
+// never a wake-up that will run; an approved one is the funded wake-up.
+func TestARetryOfARefusedRequestFindsItAsItStands(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		settle  func(t *testing.T, f *fixture, r *RefusedError)
+		refusal string // "": funded
+	}{
+		{"still pending", func(*testing.T, *fixture, *RefusedError) {}, "pending approval"},
+		{"denied", func(t *testing.T, f *fixture, r *RefusedError) {
+			_, err := f.mandates.Deny(ctx, "o", r.ApprovalID, "approver", "no")
+			require.NoError(t, err)
+		}, RefusalApprovalDenied},
+		{"expired", func(t *testing.T, f *fixture, r *RefusedError) {
+			_, err := f.db.Exec(ctx, `UPDATE mandate_approvals SET expires_at = now() - interval '1 second' WHERE id = $1`, r.ApprovalID)
+			require.NoError(t, err)
+			_, err = f.mandates.Approve(ctx, "o", r.ApprovalID, "approver", "")
+			require.ErrorIs(t, err, mandates.ErrAlreadyResolved, "an overdue request expires instead")
+		}, RefusalApprovalExpired},
+		{"canceled with its wake-up", func(t *testing.T, f *fixture, r *RefusedError) {
+			_, err := f.svc.Cancel(ctx, "o", AnyAgent, r.Wakeup.ID)
+			require.NoError(t, err)
+		}, RefusalApprovalCanceled},
+		{"approved", func(t *testing.T, f *fixture, r *RefusedError) {
+			_, err := f.mandates.Approve(ctx, "o", r.ApprovalID, "approver", "")
+			require.NoError(t, err)
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			p := params("")
+			p.Cost, p.IdempotencyKey = 50, "over-budget" // refused
+			_, err := f.svc.Create(ctx, p)
+			var first *RefusedError
+			require.ErrorAs(t, err, &first)
+			tc.settle(t, f, first)
+
+			w, err := f.svc.Create(ctx, p)
+			require.Equal(t, first.Wakeup.ID, w.ID, "the same wake-up")
+			if tc.refusal == "" {
+				require.NoError(t, err)
+				require.NotNil(t, w.WorkID, "funded: its work is enqueued")
+				return
+			}
+			var again *RefusedError
+			require.ErrorAs(t, err, &again)
+			require.Equal(t, tc.refusal, again.Refusal)
+			require.Equal(t, first.ApprovalID, again.ApprovalID)
+			require.Equal(t, tc.refusal != "pending approval", again.Settled())
+			require.Equal(t, 1, f.wakeupCount(t), "nothing new written")
+		})
+	}
+}
+
 func TestAnotherOrgsWakeupIsAbsent(t *testing.T) {
 	f := newFixture(t)
 	w, err := f.svc.Create(context.Background(), params(""))
