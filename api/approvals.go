@@ -88,8 +88,7 @@ func (s *Server) requestToolCall(c echo.Context) error {
 		return c.JSON(http.StatusOK, out)
 	}
 	out["source"] = res.Source
-	out["policy"] = nil
-	if res.Policy != nil {
+	if res.Policy != nil { // (absent when a human or the expiry decided)
 		out["policy"] = toolPolicyOut(*res.Policy)
 	}
 	return c.JSON(http.StatusOK, out)

@@ -168,6 +168,15 @@ func TestARetriedToolCallWithItsIdempotencyKeyReturnsTheSameApproval(t *testing.
 	again := do(t, f.h, http.MethodPost, "/v1/sessions/s1/tool-calls", f.agent, body, "Idempotency-Key", "k1").JSON(t)
 	require.Equal(t, first["approval_id"], again["approval_id"])
 	require.Equal(t, 1, countRows(t, f.db, `SELECT count(*) FROM tool_approvals`))
+
+	// Answered by a human since: the retry says so, with no policy (none
+	// decided), not a null one.
+	r := do(t, f.h, http.MethodPost, "/v1/sessions/s1/tool-approvals", f.alice, map[string]any{"approval_id": first["approval_id"], "decision": "denied"})
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	_, err = f.db.Exec(context.Background(), `DELETE FROM idempotency_keys`)
+	require.NoError(t, err)
+	answered := do(t, f.h, http.MethodPost, "/v1/sessions/s1/tool-calls", f.agent, body, "Idempotency-Key", "k1").JSON(t)
+	require.Equal(t, map[string]any{"approval_id": first["approval_id"], "decision": "denied", "source": "human"}, answered)
 }
 
 func TestSessionsAndRolesAreEnforcedOnEveryApprovalRoute(t *testing.T) {

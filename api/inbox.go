@@ -41,8 +41,8 @@ func (s *Server) eventsSeq(c echo.Context) (int64, error) {
 // approvalEvents streams the org's approvals events as Server-Sent Events:
 // those after Last-Event-ID (or ?after=; the header wins; neither: only
 // new ones), then each as it commits, with keep-alive comments while idle.
-// A resume point older than what retention kept starts with a `reset`
-// event. The subscription is taken before the first read and before the
+// A resume point older than what retention kept, or past the log's end,
+// starts with a `reset` event. The subscription is taken before the first read and before the
 // response starts, so nothing committed after the client sees the headers
 // is missed.
 func (s *Server) approvalEvents(c echo.Context) error {
@@ -67,6 +67,11 @@ func (s *Server) approvalEvents(c echo.Context) error {
 		after = last
 	case after < oldest-1:
 		after = oldest - 1
+		buf = fmt.Appendf(buf, "event: reset\ndata: {\"seq\":%d}\n\n", after)
+	case after > last:
+		// (a seq this log never reached: from a restored database or another
+		// deployment; waiting for it would hide every event until then)
+		after = last
 		buf = fmt.Appendf(buf, "event: reset\ndata: {\"seq\":%d}\n\n", after)
 	}
 	res := c.Response()

@@ -396,6 +396,26 @@ func TestApprovalEventsStartWithResetWhenTheResumePointWasPruned(t *testing.T) {
 	}
 }
 
+// A resume point past the log's end (a seq from a restored database or
+// another deployment) is not waited for in silence: the stream starts with
+// a reset to the end, and the next event follows.
+func TestApprovalEventsStartWithResetWhenTheResumePointIsPastTheEnd(t *testing.T) {
+	f := newInboxFixture(t, time.Minute)
+	for range 2 {
+		f.overrun(t, f.agent, 1)
+	}
+	for _, resume := range [][]string{{"Last-Event-ID", "999"}, {"Last-Event-ID", "3"}} {
+		sse := f.subscribe(t, f.alice, resume...)
+		ev := sse.next(t)
+		require.Equal(t, "reset", ev.Event, "resuming after %s", resume[1])
+		require.JSONEq(t, `{"seq":2}`, ev.Data)
+	}
+	sse := f.subscribe(t, f.alice, "Last-Event-ID", "999")
+	require.Equal(t, "reset", sse.next(t).Event)
+	f.overrun(t, f.agent, 1)
+	require.EqualValues(t, 3, sse.nextData(t).Seq)
+}
+
 func TestListsAnswerWithTheEventsSeqTheyReflect(t *testing.T) {
 	f := newInboxFixture(t, time.Minute)
 	h := f.s.Handler()

@@ -81,8 +81,11 @@ func (s *Server) listWebhooks(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	// (an org has at most webhooks.MaxPerOrg: one page, next_cursor always null,
+	// in the shape of every list)
 	out := struct {
-		Items []webhookJSON `json:"items"`
+		Items      []webhookJSON `json:"items"`
+		NextCursor *string       `json:"next_cursor"`
 	}{Items: make([]webhookJSON, 0, len(items))}
 	for _, w := range items {
 		out.Items = append(out.Items, webhookOut(w))

@@ -49,6 +49,8 @@ func TestAnAdminCreatesReadsReplacesAndDeletesAnApprovalWebhook(t *testing.T) {
 	require.Equal(t, http.StatusOK, list.Status)
 	items := list.JSON(t)["items"].([]any)
 	require.Len(t, items, 1)
+	require.Contains(t, list.JSON(t), "next_cursor", "a list's shape: {items, next_cursor}")
+	require.Nil(t, list.JSON(t)["next_cursor"])
 	require.Equal(t, "http://127.0.0.1:9/v2", items[0].(map[string]any)["url"])
 	require.NotContains(t, string(list.Body), secret)
 

@@ -24,7 +24,8 @@ const (
 
 // ApprovalEvent is one event of GET /v1/approvals/events. A Type of
 // ApprovalReset says the resume point was older than what the server
-// keeps: reload the lists; the events after Seq follow.
+// keeps, or past the end of its log (a seq from a restored database or
+// another deployment): reload the lists; the events after Seq follow.
 type ApprovalEvent struct {
 	Seq        int64  `json:"seq"`
 	Type       string `json:"type"`
