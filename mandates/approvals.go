@@ -65,7 +65,12 @@ func (s *Service) Deny(ctx context.Context, orgID string, id uuid.UUID, resolver
 
 func (s *Service) resolve(ctx context.Context, orgID string, id uuid.UUID, state, resolverSub, note string) (Approval, error) {
 	inv := &apperr.InvalidError{}
-	checkText(inv, "note", note)
+	if len(note) > MaxNote {
+		// (the note rides in every event, webhook and list page of the request)
+		inv.Add("note", fmt.Sprintf("must be at most %d bytes", MaxNote))
+	} else {
+		checkText(inv, "note", note)
+	}
 	if err := inv.OrNil(); err != nil {
 		return Approval{}, err
 	}

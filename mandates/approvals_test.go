@@ -3,6 +3,7 @@ package mandates
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -173,6 +174,30 @@ func TestDenyingCallsTheHookWithTheDenialAndChargesNothing(t *testing.T) {
 	_, err = s.Approve(ctx, "org-a", id, "human", "")
 	require.ErrorIs(t, err, ErrAlreadyResolved)
 	require.Len(t, rec.snapshot(), 1)
+}
+
+// A note is at most MaxNote bytes of text: a longer or binary one is
+// invalid, naming note, and the request stays pending.
+func TestABadNoteIsRefusedAndLeavesTheRequestPending(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	rec := newRecorder(t, s, db, "test")
+	mustCreate(t, s, "org-a", "agent-1", "llm", 2)
+	id := refuse(t, s, "org-a", "llm", 5, "")
+	for name, note := range map[string]string{"too long": strings.Repeat("n", MaxNote+1), "with a NUL": "a\x00b"} {
+		for _, resolve := range []func(context.Context, string, uuid.UUID, string, string) (Approval, error){s.Approve, s.Deny} {
+			_, err := resolve(ctx, "org-a", id, "human", note)
+			var inv *apperr.InvalidError
+			require.ErrorAs(t, err, &inv, name)
+			require.Equal(t, "note", inv.Fields[0].Field, name)
+		}
+	}
+	a, err := s.GetApproval(ctx, "org-a", AnyAgent, id)
+	require.NoError(t, err)
+	require.Equal(t, StatePending, a.State)
+	require.Empty(t, rec.snapshot(), "no hook called")
+	_, err = s.Deny(ctx, "org-a", id, "human", strings.Repeat("n", MaxNote))
+	require.NoError(t, err, "a note of MaxNote bytes is fine")
 }
 
 func TestAFailingHookRollsTheResolutionBack(t *testing.T) {

@@ -208,6 +208,10 @@ type Page = page.Page
 // MaxLimit is the largest page.
 const MaxLimit = page.MaxLimit
 
+// MaxNote bounds the note of an approval request's resolution, in bytes
+// (as a tool call's answer's).
+const MaxNote = 1000
+
 // spendBatchers is how many spend batches may run at once (never two on
 // one mandate).
 const spendBatchers = 4
