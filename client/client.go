@@ -235,18 +235,30 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 		}
 	}
 	retryable := ep.safety == safe || key != ""
+	// maybeApplied: an attempt reached the server and its answer was lost,
+	// so however the call ends, the server may have acted on it.
+	maybeApplied := false
+	fail := func(err error) error {
+		if maybeApplied && ep.safety != safe {
+			return &MaybeAppliedError{Method: ep.method, Path: ep.path, IdempotencyKey: key, Err: err}
+		}
+		return err
+	}
 	for attempt := 1; ; attempt++ {
 		res, err := c.send(ctx, ep, body, key, o.header)
 		if err != nil {
 			var tokErr *tokenError
-			if ctx.Err() != nil || errors.As(err, &tokErr) {
-				return fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err)
+			if errors.As(err, &tokErr) {
+				return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
 			}
-			if attempt >= c.retry.MaxAttempts || !(retryable || neverSent(err)) {
-				return fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err)
+			if ctx.Err() == nil { // (a call the caller canceled is theirs to judge)
+				maybeApplied = maybeApplied || !neverSent(err)
+			}
+			if ctx.Err() != nil || attempt >= c.retry.MaxAttempts || !(retryable || neverSent(err)) {
+				return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
 			}
 			if werr := c.retry.wait(ctx, attempt, 0); werr != nil {
-				return fmt.Errorf("client: %s %s: waiting to retry after %w: %w", ep.method, ep.path, err, werr)
+				return fail(fmt.Errorf("client: %s %s: waiting to retry after %w: %w", ep.method, ep.path, err, werr))
 			}
 			continue
 		}
@@ -256,12 +268,13 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			raw, rerr := io.ReadAll(res.Body)
 			res.Body.Close()
 			if rerr != nil {
+				maybeApplied = true
 				err := fmt.Errorf("reading the %d answer: %w", res.StatusCode, rerr)
 				if ctx.Err() != nil || attempt >= c.retry.MaxAttempts || !retryable {
-					return fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err)
+					return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
 				}
 				if werr := c.retry.wait(ctx, attempt, 0); werr != nil {
-					return fmt.Errorf("client: %s %s: waiting to retry after %w: %w", ep.method, ep.path, err, werr)
+					return fail(fmt.Errorf("client: %s %s: waiting to retry after %w: %w", ep.method, ep.path, err, werr))
 				}
 				continue
 			}
@@ -278,13 +291,13 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			if o.onResponse != nil {
 				o.onResponse(res)
 			}
-			return apiErr
+			return fail(apiErr)
 		}
 		if apiErr.RetryAfter > c.retry.MaxRetryAfter {
-			return apiErr // not worth waiting for within one call
+			return fail(apiErr) // not worth waiting for within one call
 		}
 		if werr := c.retry.wait(ctx, attempt, apiErr.RetryAfter); werr != nil {
-			return fmt.Errorf("client: %s %s: waiting to retry after %w: %w", ep.method, ep.path, apiErr, werr)
+			return fail(fmt.Errorf("client: %s %s: waiting to retry after %w: %w", ep.method, ep.path, apiErr, werr))
 		}
 	}
 }

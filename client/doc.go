@@ -26,7 +26,10 @@
 // POSTs idempotent by nature (cancels) and POSTs the server deduplicates
 // by Idempotency-Key. Every create, spend, append and answer carries such
 // a key — the caller's (WithIdempotencyKey) or one generated (UUIDv7) once
-// per call — so a retry after a lost answer acts once.
+// per call — so a retry after a lost answer acts once. A call that fails
+// after an attempt lost its answer is a *MaybeAppliedError, naming the key
+// to retry it under: the server may have acted, whatever the last
+// attempt's error says.
 //
 // Lists are iterators over every page (range-over-func), and have a Page
 // method for one page at a time. Streams.Tail follows a stream live over

@@ -185,3 +185,28 @@ func IsSpendRefused(err error) bool { return StatusOf(err) == http.StatusPayment
 // IsRateLimited reports a 429 (the org's request rate, or its cap of
 // unfinished work in a pool); the *Error's RetryAfter says when to retry.
 func IsRateLimited(err error) bool { return StatusOf(err) == http.StatusTooManyRequests }
+
+// MaybeAppliedError is a call that failed after one of its attempts reached
+// the server and lost its answer: the server may have acted on it (a
+// wake-up created and spent, a chunk appended), whatever the last
+// attempt's error (Err: a refused connection, a 503, a canceled context)
+// says. Retry with the same IdempotencyKey (WithIdempotencyKey) and the
+// server acts at most once, answering as it first did; a call sent without
+// a key (IdempotencyKey "") cannot be retried safely — look the object up.
+// errors.As sees through it to Err (an *Error, a *net.OpError …).
+type MaybeAppliedError struct {
+	Method, Path   string
+	IdempotencyKey string
+	Err            error
+}
+
+func (e *MaybeAppliedError) Error() string {
+	if e.IdempotencyKey == "" {
+		return fmt.Sprintf("client: %s %s may have been applied (an answer was lost; no Idempotency-Key, so do not repeat it blindly): %v",
+			e.Method, e.Path, e.Err)
+	}
+	return fmt.Sprintf("client: %s %s may have been applied (an answer was lost); retry with Idempotency-Key %s to apply it at most once: %v",
+		e.Method, e.Path, e.IdempotencyKey, e.Err)
+}
+
+func (e *MaybeAppliedError) Unwrap() error { return e.Err }

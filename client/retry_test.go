@@ -3,7 +3,10 @@ package client_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -178,6 +181,72 @@ func TestAnAnswerCutInItsBodyIsRetriedAndActsOnce(t *testing.T) {
 	_, err = once.Streams.Append(ctx, "cut", "out", []byte("twice"))
 	require.ErrorContains(t, err, "POST /v1/runs/cut/streams/out/chunks", "the error names the call")
 	require.Zero(t, client.StatusOf(err), "a transport error, not an answer")
+}
+
+// A call whose attempt reached the server and lost its answer, and whose
+// retries then failed otherwise (the server gone: a refused connection),
+// says that it may have been applied, with the key to retry it under —
+// not just the last attempt's "connection refused", which reads as "never
+// sent" and would have the caller repeat it under a new key.
+func TestACallWhoseAnswerWasLostSaysItMayHaveBeenApplied(t *testing.T) {
+	e := startEngine(t)
+	ctx := context.Background()
+	direct := newClient(t, e.url, agent, nil)
+	for _, tc := range []struct {
+		name  string
+		opts  []client.CallOption
+		keyed bool
+	}{
+		{"with its Idempotency-Key", nil, true},
+		{"without one", []client.CallOption{client.WithoutIdempotencyKey()}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			proxy := newFaultProxy(t, e.url[len("http://"):])
+			rec := &recorder{next: &closeAfterFirst{next: &http.Transport{DisableKeepAlives: true}, after: func() { proxy.ln.Close() }}}
+			c := newClient(t, proxy.URL(), agent, nil, client.WithHTTPClient(&http.Client{Transport: rec}))
+			run := "lost-" + strings.ReplaceAll(tc.name, " ", "-")
+			proxy.loseNextAnswer()
+
+			_, err := c.Streams.Append(ctx, run, "out", []byte("once"), tc.opts...)
+			var maybe *client.MaybeAppliedError
+			require.ErrorAs(t, err, &maybe)
+			info, ierr := direct.Streams.Info(ctx, run, "out")
+			require.NoError(t, ierr)
+			require.EqualValues(t, 0, info.TailIndex, "it was applied, once")
+			if !tc.keyed {
+				require.Empty(t, maybe.IdempotencyKey)
+				require.Len(t, rec.all(), 1, "tried once: it may not be repeated")
+				return
+			}
+			var opErr *net.OpError
+			require.ErrorAs(t, err, &opErr, "the last attempt's error is still there: %v", err)
+			sent := rec.all()[0].header.Get("Idempotency-Key")
+			require.NotEmpty(t, sent)
+			require.Equal(t, sent, maybe.IdempotencyKey)
+			require.Contains(t, err.Error(), sent)
+			var replayed *http.Response
+			_, err = direct.Streams.Append(ctx, run, "out", []byte("once"), client.WithIdempotencyKey(maybe.IdempotencyKey),
+				client.WithResponse(func(r *http.Response) { replayed = r }))
+			require.NoError(t, err)
+			require.Equal(t, "true", replayed.Header.Get("Idempotent-Replayed"), "retried under its key, it acts once")
+		})
+	}
+	_, err := newClient(t, "http://127.0.0.1:1", agent, nil).Streams.Append(ctx, "never", "out", []byte("x"))
+	var maybe *client.MaybeAppliedError
+	require.False(t, errors.As(err, &maybe), "a call that never reached a server was not applied: %v", err)
+}
+
+// closeAfterFirst runs after once its first round trip is over.
+type closeAfterFirst struct {
+	next  http.RoundTripper
+	after func()
+	once  sync.Once
+}
+
+func (c *closeAfterFirst) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := c.next.RoundTrip(r)
+	c.once.Do(c.after)
+	return res, err
 }
 
 // Only calls that may be repeated are: a GET, a POST carrying an
