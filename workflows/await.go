@@ -108,9 +108,14 @@ func OrgOf(workflowID string) string { return signals.OrgOf(workflowID) }
 
 // AwaitWake parks the workflow on the signal channel named signal until a
 // wake arrives, and returns it. It ignores signals whose org_id is not the
-// workflow's own org (from its id) and repeated deliveries of a wake-up
-// already seen (see WithWakeDedupe). A timeout > 0 bounds the wait:
-// ErrTimeout then. A malformed signal is skipped and logged.
+// workflow's own org (from its id) and, in a WithWakeDedupe context,
+// repeated deliveries of a wake-up already returned. Without that context
+// each call returns the next wake delivered, a repeated delivery included
+// (delivery is at least once; the dedupe state must live in the context
+// the workflow threads through, since a workflow may be replayed from
+// scratch on any worker): a workflow that awaits more than one wake calls
+// WithWakeDedupe first. A timeout > 0 bounds the wait: ErrTimeout then. A
+// malformed signal is skipped and logged.
 func AwaitWake(ctx workflow.Context, signal string, timeout time.Duration) (Wake, error) {
 	return awaitWake(ctx, signal, "", timeout)
 }
