@@ -481,17 +481,27 @@ func (r *run) one(ctx context.Context, i int) {
 	}
 }
 
-// wakeup creates the i-th wake-up and settles it as its kind says; it
-// returns once the request that settles it was accepted.
-func (r *run) wakeup(ctx context.Context, i int, wf string, k kind, key func(string) reveille.CallOption) error {
-	req := reveille.WakeupRequest{AgentID: r.agent, WorkflowID: wf, Signal: wakeSignal, Scope: scopeFunded, Cost: 1,
-		Reason: "engine load", Work: reveille.WakeupWork{Handler: "http", Args: map[string]any{"url": r.target.url + "/ok"}}}
+// wakeupRequest is the wake-up of kind k for workflow wf, whose work calls
+// the load's target at targetURL.
+func wakeupRequest(agentID, wf, targetURL string, k kind) reveille.WakeupRequest {
+	req := reveille.WakeupRequest{AgentID: agentID, WorkflowID: wf, Signal: wakeSignal, Scope: scopeFunded, Cost: 1,
+		Reason: "engine load", Work: reveille.WakeupWork{Handler: "http", Args: map[string]any{"url": targetURL + "/ok"},
+			// (as a platform would: an attempt cut by a replica's death —
+			// a kill drill — is retried, not a wrong outcome)
+			Retry: &reveille.RetryConfig{MaxAttempts: 3, InitialBackoffMS: 100}}}
 	if k.refused {
 		req.Scope = scopeRefused
 	}
 	if k.canceled {
-		req.Work.Args = map[string]any{"url": r.target.url + "/hold"}
+		req.Work.Args = map[string]any{"url": targetURL + "/hold"}
 	}
+	return req
+}
+
+// wakeup creates the i-th wake-up and settles it as its kind says; it
+// returns once the request that settles it was accepted.
+func (r *run) wakeup(ctx context.Context, i int, wf string, k kind, key func(string) reveille.CallOption) error {
+	req := wakeupRequest(r.agent, wf, r.target.url, k)
 	var created reveille.WakeupCreated
 	err := r.call(ctx, i, func(p apiPair) error {
 		var err error

@@ -36,3 +36,14 @@ func TestSummaryCountsAWakeupLostOnlyPastItsDeadline(t *testing.T) {
 		})
 	}
 }
+
+// The load's work survives a replica killed mid-attempt (a kill drill), as
+// a platform's would: every kind carries a retry policy, so a recovered
+// attempt is retried instead of waking its workflow with "failed".
+func TestEveryWakeupsWorkIsRetriedAfterALostAttempt(t *testing.T) {
+	for _, k := range []kind{{}, {refused: true}, {canceled: true}} {
+		req := wakeupRequest("a1", "org/wf", "http://127.0.0.1:9", k)
+		require.NotNil(t, req.Work.Retry, "%+v", k)
+		require.Greater(t, req.Work.Retry.MaxAttempts, 1, "%+v", k)
+	}
+}
