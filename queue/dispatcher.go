@@ -619,14 +619,27 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 			}
 			retryIDs, retryReasons = append(retryIDs, r.id), append(retryReasons, "workflow not found (yet): "+r.err.Error())
 			retryAttempts = append(retryAttempts, int32(r.attempts))
-			retryAt, retryNotFound = append(retryAt, now.Add(d.backoff(r.attempts))), append(retryNotFound, since)
+			// (the last try when the grace ends, not a backoff past it)
+			at := now.Add(d.backoff(r.attempts))
+			if end := since.Add(d.cfg.NotFoundGrace); at.After(end) {
+				at = end
+			}
+			retryAt, retryNotFound = append(retryAt, at), append(retryNotFound, since)
 			d.metrics.results.WithLabelValues("retry").Inc()
 		default:
 			retryIDs, retryReasons = append(retryIDs, r.id), append(retryReasons, r.err.Error())
 			retryAttempts = append(retryAttempts, int32(r.attempts))
 			retryAt, retryNotFound = append(retryAt, now.Add(d.backoff(r.attempts))), append(retryNotFound, nil)
 			d.metrics.results.WithLabelValues("retry").Inc()
-			d.cfg.Logger.Info("signal send failed; will retry", "org_id", m.OrgID, "message_id", m.ID, "attempts", r.attempts, "error", r.err)
+			// (Info, then one Warn per message once it keeps failing: an
+			// outage of Temporal shows at the warn level without a line
+			// per retry of every message)
+			level, msg := slog.LevelInfo, "signal send to Temporal failed; will retry with backoff"
+			if r.attempts == sendFailuresBeforeWarn {
+				level, msg = slog.LevelWarn, "signal send to Temporal keeps failing; retrying with backoff"
+			}
+			d.cfg.Logger.Log(ctx, level, msg, "org_id", m.OrgID, "message_id", m.ID, subjectKey(m.Queue), m.IdempotencyKey,
+				"workflow_id", m.Signal.WorkflowID, "attempts", r.attempts, "error", r.err)
 		}
 	}
 	batch := &pgx.Batch{}
@@ -695,6 +708,10 @@ func subjectKey(queue string) string { return queue + "_id" }
 
 // backoff is the capped exponential delay after the given attempt, with
 // ±25 % jitter so that a Temporal outage does not end in a thundering herd.
+// sendFailuresBeforeWarn is the failed send of a message that is logged at
+// the warn level (once).
+const sendFailuresBeforeWarn = 5
+
 func (d *Dispatcher) backoff(attempts int) time.Duration {
 	exp := float64(d.cfg.MinBackoff) * math.Pow(2, float64(max(attempts-1, 0)))
 	wait := time.Duration(min(exp, float64(d.cfg.MaxBackoff)))

@@ -1,9 +1,12 @@
 package queue
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -56,13 +59,16 @@ func TestANotFoundSignalIsRetriedUntilItsGraceHasPassed(t *testing.T) {
 	}{
 		{name: "the first NotFound", firstNotFound: 0, wantStatus: StatusPending},
 		{name: "inside the grace", firstNotFound: grace - 5*time.Second, wantStatus: StatusPending},
+		{name: "a backoff from the grace's end", firstNotFound: grace - 2*time.Second, wantStatus: StatusPending},
 		{name: "past the grace", firstNotFound: grace + 5*time.Second, wantStatus: StatusFailed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			db := testkit.NewPool(t)
 			ctx := context.Background()
-			d := NewDispatcher(db, nil, DispatcherConfig{NotFoundGrace: grace, Logger: testkit.Logger(t)})
+			// (a first backoff of 7.5–12.5 s: longer than what is left of
+			// the grace in the last case)
+			d := NewDispatcher(db, nil, DispatcherConfig{NotFoundGrace: grace, MinBackoff: 10 * time.Second, Logger: testkit.Logger(t)})
 			m, _, err := Enqueue(ctx, db, signalParams("o/wf"))
 			require.NoError(t, err)
 			msgs, err := d.claim(ctx, 10)
@@ -86,7 +92,45 @@ func TestANotFoundSignalIsRetriedUntilItsGraceHasPassed(t *testing.T) {
 				if r.notFoundSince != nil {
 					require.WithinDuration(t, *r.notFoundSince, *since, time.Millisecond, "and kept across retries")
 				}
+				var next time.Time
+				require.NoError(t, db.QueryRow(ctx, `SELECT next_attempt_at FROM queue_messages WHERE id = $1`, m.ID).Scan(&next))
+				require.False(t, next.After(since.Add(grace).Add(time.Millisecond)),
+					"the last try comes when the grace ends, not a backoff past it: next %s, grace ends %s", next, since.Add(grace))
 			}
+		})
+	}
+}
+
+// A send that fails for a passing reason (Temporal unavailable) is an info
+// line naming Temporal, the message and its workflow; the fifth failure in
+// a row of one message is a warn line, once, so that an outage shows at
+// the warn level without a line per retry of every message.
+func TestASignalThatKeepsFailingIsLoggedAsAWarningOnce(t *testing.T) {
+	for _, tc := range []struct {
+		attemptsBefore int32
+		level          string
+	}{{0, "INFO"}, {sendFailuresBeforeWarn - 1, "WARN"}, {sendFailuresBeforeWarn, "INFO"}} {
+		t.Run(fmt.Sprintf("failure %d", tc.attemptsBefore+1), func(t *testing.T) {
+			db := testkit.NewPool(t)
+			ctx := context.Background()
+			var logs bytes.Buffer
+			d := NewDispatcher(db, nil, DispatcherConfig{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+			m, _, err := Enqueue(ctx, db, signalParams("o/wf"))
+			require.NoError(t, err)
+			_, err = db.Exec(ctx, `UPDATE queue_messages SET attempts = $2 WHERE id = $1`, m.ID, tc.attemptsBefore)
+			require.NoError(t, err)
+			msgs, err := d.claim(ctx, 10)
+			require.NoError(t, err)
+			require.Len(t, msgs, 1)
+			r := sendResult{id: m.ID, err: serviceerror.NewUnavailable("frontend down"), attempts: msgs[0].Attempts}
+			require.NoError(t, d.settle(ctx, msgs, []sendResult{r}))
+
+			var line map[string]any
+			require.NoError(t, json.Unmarshal(logs.Bytes(), &line), logs.String())
+			require.Equal(t, tc.level, line["level"])
+			require.Contains(t, line["msg"], "Temporal")
+			require.Equal(t, "o/wf", line["workflow_id"])
+			require.Equal(t, m.ID.String(), line["message_id"])
 		})
 	}
 }
