@@ -97,12 +97,14 @@ func (e *StatusError) Error() string {
 // Register registers the handler on m, and the check of its arguments at
 // enqueue (CheckArgs).
 func Register(m *workpool.Manager, cfg Config) error {
-	h, list, err := newHandler(cfg)
+	h, list, refusals, err := newHandler(cfg)
 	if err != nil {
 		return err
 	}
 	m.Register(Name, h)
-	m.RegisterArgsCheck(Name, CheckArgs(list))
+	// (work refused at enqueue counts as refused by the network rules too:
+	// a tenant aiming at hosts not allowed shows in the metric either way)
+	m.RegisterArgsCheck(Name, checkArgs(list, func(reason string) { refusals.WithLabelValues(reason).Inc() }))
 	return nil
 }
 
@@ -111,7 +113,11 @@ func Register(m *workpool.Manager, cfg Config) error {
 // headers?, body?}, a URL that is not absolute http(s), an invalid method,
 // a host or port outside the allow-list. (Addresses are checked when a
 // request connects: DNS may answer differently by then.)
-func CheckArgs(list *AllowList) workpool.ArgsCheck {
+func CheckArgs(list *AllowList) workpool.ArgsCheck { return checkArgs(list, func(string) {}) }
+
+// checkArgs is CheckArgs, calling refused with the reason of each refusal
+// by the allow-list.
+func checkArgs(list *AllowList, refused func(reason string)) workpool.ArgsCheck {
 	return func(raw json.RawMessage, report func(field, detail string)) {
 		var a Args
 		if len(raw) == 0 || json.Unmarshal(raw, &a) != nil {
@@ -130,6 +136,7 @@ func CheckArgs(list *AllowList) workpool.ArgsCheck {
 			return
 		}
 		if r := list.check(req.URL); r != nil {
+			refused(r.Reason)
 			report("url", strings.TrimPrefix(r.Error(), "http: "))
 		}
 	}
@@ -138,14 +145,15 @@ func CheckArgs(list *AllowList) workpool.ArgsCheck {
 // New returns the handler, or an error naming every invalid entry of the
 // allow-list and the allowed nets.
 func New(cfg Config) (workpool.Handler, error) {
-	h, _, err := newHandler(cfg)
+	h, _, _, err := newHandler(cfg)
 	return h, err
 }
 
-// newHandler is New, with the allow-list it parsed.
-func newHandler(cfg Config) (workpool.Handler, *AllowList, error) {
+// newHandler is New, with the allow-list it parsed and its refusals
+// counter.
+func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVec, error) {
 	if cfg.Timeout < 0 {
-		return nil, nil, fmt.Errorf("httpwork: timeout %s is negative", cfg.Timeout)
+		return nil, nil, nil, fmt.Errorf("httpwork: timeout %s is negative", cfg.Timeout)
 	}
 	if cfg.Lookup == nil {
 		cfg.Lookup = systemLookup
@@ -153,14 +161,14 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, error) {
 	list, listErr := ParseAllowList(cfg.AllowedHosts)
 	nets, netsErr := ParseNets(cfg.AllowedNets)
 	if err := errors.Join(listErr, netsErr); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	refusals := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "reveille_http_work_refused_total",
-		Help: "http work requests refused by the network rules, by reason (host, port, url or the address class)."},
+		Help: "http work refused by the network rules, at enqueue or when it runs, by reason (host, port, url or the address class)."},
 		[]string{"reason"})
 	if cfg.Registry != nil {
 		if err := cfg.Registry.Register(refusals); err != nil {
-			return nil, nil, fmt.Errorf("httpwork metrics: %w", err)
+			return nil, nil, nil, fmt.Errorf("httpwork metrics: %w", err)
 		}
 	}
 	rules := &netRules{nets: nets, list: list}
@@ -211,7 +219,7 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, error) {
 			return nil, workpool.NonRetryable(r)
 		}
 		return nil, err
-	}, list, nil
+	}, list, refusals, nil
 }
 
 // badArgError is an argument no request can be built from: field names it

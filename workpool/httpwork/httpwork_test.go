@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/apperr"
@@ -239,6 +240,25 @@ func TestANegativeTimeoutIsRefused(t *testing.T) {
 
 // Work the handler would refuse for good whatever happened later is refused
 // at enqueue, every problem named inside args, and nothing is written.
+// Work the allow-list refuses at enqueue counts in
+// reveille_http_work_refused_total as work it refuses when it runs does.
+func TestWorkRefusedAtEnqueueCountsAsRefusedByTheNetworkRules(t *testing.T) {
+	db := testkit.NewPool(t)
+	m, err := workpool.New(db, workpool.Config{Pools: map[string]int{"default": 2}, Logger: testkit.Logger(t)})
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	require.NoError(t, Register(m, Config{AllowedHosts: []string{"api.example.com"}, Registry: reg}))
+	ctx := context.Background()
+	for _, url := range []string{"https://elsewhere.example.com/x", "https://api.example.com:8443/x", "https://elsewhere.example.com/y"} {
+		_, err := m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: json.RawMessage(`{"url": "` + url + `"}`)})
+		require.Error(t, err)
+	}
+	_, err = m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: json.RawMessage(`{"url": "ftp://x/"}`)})
+	require.Error(t, err, "not the network rules: not counted")
+	require.Equal(t, 2.0, counterValue(t, reg, "reveille_http_work_refused_total", "host"))
+	require.Equal(t, 1.0, counterValue(t, reg, "reveille_http_work_refused_total", "port"))
+}
+
 func TestWorkThatCouldNeverRunIsRefusedAtEnqueue(t *testing.T) {
 	db := testkit.NewPool(t)
 	m, err := workpool.New(db, workpool.Config{Pools: map[string]int{"default": 2}, Logger: testkit.Logger(t)})
