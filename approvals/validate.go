@@ -65,7 +65,10 @@ func checkWorkflow(inv *apperr.InvalidError, orgID, workflowID, runID, signal st
 		}
 		return
 	}
-	if !signals.Owns(orgID, workflowID) {
+	switch {
+	case workflowID == orgID+"/":
+		inv.Add("workflow_id", fmt.Sprintf("needs a workflow name after %q", orgID+"/"))
+	case !signals.Owns(orgID, workflowID):
 		inv.Add("workflow_id", fmt.Sprintf("must start with %q: a tool call may only signal its own org's workflows", orgID+"/"))
 	}
 }

@@ -258,7 +258,11 @@ func (s *Service) validate(ctx context.Context, p *CreateParams) error {
 	checkText(inv, "signal", p.Signal, true)
 	checkText(inv, "scope", p.Scope, true)
 	checkText(inv, "reason", p.Reason, false)
-	if p.WorkflowID != "" && !signals.Owns(p.OrgID, p.WorkflowID) {
+	switch {
+	case p.WorkflowID == "":
+	case p.WorkflowID == p.OrgID+"/":
+		inv.Add("workflow_id", fmt.Sprintf("needs a workflow name after %q", p.OrgID+"/"))
+	case !signals.Owns(p.OrgID, p.WorkflowID):
 		inv.Add("workflow_id", fmt.Sprintf("must start with %q: a wake-up may only signal its own org's workflows", p.OrgID+"/"))
 	}
 	if p.Cost < 0 {

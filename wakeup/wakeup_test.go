@@ -388,6 +388,17 @@ func TestTextFieldsAreValidated(t *testing.T) {
 		require.ErrorAs(t, err, &inv, field)
 		require.Equal(t, field, inv.Fields[0].Field)
 	}
+	t.Run("an org prefix without a workflow name says that is what is missing", func(t *testing.T) {
+		for id, detail := range map[string]string{"o/": `needs a workflow name after "o/"`, "other/wf": `must start with "o/"`} {
+			p := params("")
+			p.WorkflowID = id
+			_, err := f.svc.Create(context.Background(), p)
+			var inv *apperr.InvalidError
+			require.ErrorAs(t, err, &inv)
+			require.Equal(t, "workflow_id", inv.Fields[0].Field)
+			require.Contains(t, inv.Fields[0].Detail, detail)
+		}
+	})
 	t.Run("an org id holding a slash names no workflow", func(t *testing.T) {
 		p := params("")
 		p.OrgID, p.WorkflowID = "acme/eu", "acme/eu/wf"
