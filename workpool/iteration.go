@@ -297,6 +297,13 @@ func cancelPayloads(ids []uuid.UUID, origin string) []string {
 
 // recover, every RecoveryPeriod, records attempts whose executor went
 // silent as failed (retried per policy), and retries due hook calls.
+//
+// Silence counts only within the term: in its first heartbeat timeout a
+// term recovers nothing. Terms end when the loop loses the database, and
+// an outage that ended the last one (a Postgres restart or failover) kept
+// every executor from heartbeating too — their handlers ran on, and
+// recovering their attempts the moment the database came back would run
+// them twice, past the pool's limit, and throw their results away.
 func (it *iteration) recover(ctx context.Context) (int, error) {
 	l := it.l
 	due := it.now.Sub(l.lastRecovery) >= l.m.cfg.RecoveryPeriod
@@ -305,6 +312,10 @@ func (it *iteration) recover(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	n := 0
+	if due && it.now.Sub(l.termStart) < l.m.cfg.HeartbeatTimeout {
+		due = false // (see above; the next period looks again)
+		l.lastRecovery = it.now
+	}
 	if due {
 		l.lastRecovery = it.now
 		stale, err := it.stale(ctx)
@@ -318,7 +329,12 @@ func (it *iteration) recover(ctx context.Context) (int, error) {
 				return 0, fmt.Errorf("recovering stale work: %w", err)
 			}
 			l.m.countRecorded(done)
-			l.m.logger.Warn("recovered work whose executor went silent", "pool", l.pool, "count", len(stale))
+			ids := make([]string, 0, min(len(stale), 20))
+			for _, r := range stale[:cap(ids)] {
+				ids = append(ids, r.id.String())
+			}
+			l.m.logger.Warn("recovered work whose executor went silent; its attempts count as failed and are retried per their policy",
+				"pool", l.pool, "count", len(stale), "work_ids", ids, "heartbeat_timeout", l.m.cfg.HeartbeatTimeout.String())
 		}
 		n += len(stale)
 	}

@@ -46,7 +46,12 @@ type loop struct {
 	iterations    atomic.Int64 // iterations run on this replica
 
 	// Owned by the leading goroutine (and tests driving iterate directly).
-	gen          int64
+	gen int64
+	// termStart: when this term took over. Silence before it does not
+	// count against an executor (recovery waits a heartbeat timeout into
+	// the term): a term ends when the loop loses the database, and the
+	// executors could not heartbeat then either.
+	termStart    time.Time
 	lastActivity time.Time
 	lastRecovery time.Time
 	nextHookAt   time.Time
@@ -149,6 +154,7 @@ func (l *loop) takeover(ctx context.Context) error {
 		return fmt.Errorf("taking over pool %s: %w", l.pool, err)
 	}
 	l.lastActivity, l.lastRecovery, l.nextHookAt = time.Time{}, time.Time{}, time.Time{}
+	l.termStart = l.m.now()
 	select { // whatever this kick announced, the first iteration will see
 	case <-l.kickc:
 	default:

@@ -457,6 +457,48 @@ func TestRef003_OldRunningWorkWithAStaleHeartbeat_IsRecoveredAndRetried(t *testi
 	require.Equal(t, 1, w.attempts)
 }
 
+// A term does not count the silence from before it: an outage that ended
+// the last term (Postgres restarted) kept the executors from heartbeating
+// as well. A new term recovers an attempt only once its executor has had a
+// heartbeat timeout within the term to heartbeat — an executor that does
+// keeps its attempt; one that stays silent loses it.
+func TestRecovery_ANewTermLeavesAttemptsSilentSinceBeforeItAHeartbeatTimeoutToHeartbeat(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		heartbeats bool
+	}{{"an executor that heartbeats keeps its attempt", true}, {"a silent one loses it", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			id := h.s2RunningWithRetries()
+			h.claimAll()
+			h.pastRecovery()                        // silent for longer than the timeout …
+			require.NoError(t, h.l.takeover(h.ctx)) // … when a new term began
+
+			h.runMain()
+			require.Equal(t, "running", h.work(id).state, "not recovered at the term's start")
+			h.clock.Advance(DefaultHeartbeatTimeout / 2)
+			h.runMain()
+			require.Equal(t, "running", h.work(id).state, "nor within its first heartbeat timeout")
+
+			if tc.heartbeats {
+				h.exec(`UPDATE workpool_work SET heartbeat_at = $2 WHERE id = $1`, id, h.clock.Now())
+			}
+			h.clock.Advance(DefaultHeartbeatTimeout/2 + DefaultRecoveryPeriod)
+			h.runMain()
+			w := h.work(id)
+			if tc.heartbeats {
+				require.Equal(t, "running", w.state)
+				require.Equal(t, 0, w.attempts)
+				return
+			}
+			require.Equal(t, "pending", w.state, "recovered and scheduled for its retry")
+			require.Equal(t, 1, w.attempts)
+		})
+	}
+}
+
 func TestRef003_S12CanceledRunningPastRecovery_FinishesCanceledWithoutRetry(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
