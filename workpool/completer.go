@@ -401,6 +401,12 @@ func (m *Manager) countRecorded(rows []finishedRow) {
 		switch {
 		case r.state == "finished" && r.outcome != nil:
 			rep.finished(Outcome(*r.outcome))
+			if Outcome(*r.outcome) == OutcomeFailed {
+				// (the one line an operator finds a failure by: retries
+				// are in the metrics, a final failure is here too)
+				m.logger.Info("work failed for good", "work_id", r.id, "org_id", r.orgID, "pool", r.pool,
+					"handler", r.handler, "attempts", r.attempts, "error", textOf(r.errText))
+			}
 		case r.kind == kindFailed:
 			rep.retried(1)
 		}
@@ -427,4 +433,12 @@ func (m *Manager) wakeLoops(ctx context.Context, pools map[string]bool) {
 		// timer runs while slots are in use).
 		m.logger.Warn("waking pool loops failed", "error", err.Error())
 	}
+}
+
+// textOf is *s, "" for nil.
+func textOf(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

@@ -1,6 +1,9 @@
 package workpool
 
 import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -21,4 +24,33 @@ func TestWorkMovesFromPendingThroughRunningToFinished(t *testing.T) {
 	require.Equal(t, OutcomeSucceeded, s.Outcome)
 	require.Equal(t, 1, s.Attempts)
 	require.False(t, h.observe().isRunning(id), "recording the attempt freed its slot")
+}
+
+// Work that fails for good is one info line naming it, its org, handler,
+// attempts and error — the line an operator finds a failure by; a failed
+// attempt that is retried is not.
+func TestWorkThatFailsForGoodIsALogLineNamingIt(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	h := newHarness(t, func(c *Config) { c.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
+	retried := h.enqueue(withRetry(2, 1, 1))
+	final := h.enqueue(withOrg("org-f"))
+	h.runMain()
+	h.complete(retried, "failed", 1)
+	h.complete(final, "final", 1)
+
+	var lines []map[string]any
+	for _, l := range bytes.Split(bytes.TrimSpace(logs.Bytes()), []byte("\n")) {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal(l, &rec))
+		if rec["msg"] == "work failed for good" {
+			lines = append(lines, rec)
+		}
+	}
+	require.Len(t, lines, 1, logs.String())
+	require.Equal(t, final.String(), lines[0]["work_id"])
+	require.Equal(t, "org-f", lines[0]["org_id"])
+	require.Equal(t, "test_handle", lines[0]["handler"])
+	require.Equal(t, "boom", lines[0]["error"])
+	require.Equal(t, "INFO", lines[0]["level"])
 }
