@@ -10,12 +10,30 @@ import (
 	"github.com/reveille/reveille/workflows/signals"
 )
 
-// Decision is the payload of a tool approval's signal:
-// {org_id, approval_id, tool_name, decision: approved|denied, reason?}.
+// Decision is the payload of a tool approval's signal (signals.Decision):
+// {org_id, approval_id, tool_name, decision: approved|denied,
+// source: human|expired, reason?}. Its fields:
+//
+//   - OrgID: the request's org (AwaitApproval returns only decisions of
+//     the workflow's own org, its id's prefix).
+//   - ApprovalID: the tool approval request decided.
+//   - ToolName: the tool the agent asked to call.
+//   - Decision: DecisionApproved or DecisionDenied (Approved reports the
+//     first).
+//   - Source: who decided — signals.SourceHuman (an approver answered) or
+//     signals.SourceExpired (nobody answered before the request expired:
+//     the decision is then DecisionDenied). Expired reports the second.
+//     A standing policy decides at once, with no signal.
+//   - Reason: the approver's note, if any, or ReasonExpired for an expired
+//     request.
+//
+// Tell an expiry by Source (d.Expired()), never by Reason: a human who
+// denies with the note "expired" sends Source human and Reason "expired".
 type Decision = signals.Decision
 
-// Decisions a Decision carries; an expired request is denied with
-// Reason ReasonExpired.
+// Decisions a Decision carries. An expired request is denied with Source
+// signals.SourceExpired (Decision.Expired) and Reason ReasonExpired; tell
+// it by Source, since a human's note may read "expired" too.
 const (
 	DecisionApproved = signals.DecisionApproved
 	DecisionDenied   = signals.DecisionDenied
@@ -39,7 +57,9 @@ var ErrApprovalTimeout = errors.New("workflows: timed out waiting for the tool a
 // not lost: a later AwaitApproval for that approval returns it at once (a
 // workflow that asked for two tool calls may be answered in either order).
 // A timeout > 0 bounds the wait: ErrApprovalTimeout then.
-// An expired request arrives as a denial with Reason ReasonExpired.
+// An expired request arrives as a denial whose Expired method reports true
+// (Source signals.SourceExpired); tell it by that, not by Reason, which a
+// human's note may spell ReasonExpired too.
 func AwaitApproval(ctx workflow.Context, signal, approvalID string, timeout time.Duration) (Decision, error) {
 	if signal == "" {
 		signal = ApprovalSignal

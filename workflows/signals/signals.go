@@ -36,13 +36,17 @@ type Wake struct {
 }
 
 // Decisions a tool approval's Decision carries (SPEC §7). An expired
-// request is denied, with ReasonExpired.
+// request is denied with Source SourceExpired (Decision.Expired) and
+// Reason ReasonExpired; tell it by Source, since a human's note may read
+// "expired" too.
 const (
 	DecisionApproved = "approved"
 	DecisionDenied   = "denied"
 )
 
-// ReasonExpired is the Decision.Reason of a request nobody answered in time.
+// ReasonExpired is the Decision.Reason of a request nobody answered in
+// time. A human's note may read the same: tell an expiry by
+// Decision.Source (Decision.Expired).
 const ReasonExpired = "expired"
 
 // Sources a Decision carries: who decided. A signalled decision is a
@@ -63,7 +67,7 @@ type Decision struct {
 	// by it, not by Reason, which a human's note may spell the same.
 	Source string `json:"source,omitempty"`
 	// Reason is "expired" for an expired request, else the approver's note
-	// (if any).
+	// (if any), which may read "expired" too.
 	Reason string `json:"reason,omitempty"`
 }
 
