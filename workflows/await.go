@@ -20,11 +20,29 @@ import (
 // TaskQueue is the task queue of the engine's worker.
 const TaskQueue = signals.TaskQueue
 
-// Wake is the payload of a wake signal:
+// Wake is the payload of a wake-up's signal (signals.Wake):
 // {org_id, wakeup_id, outcome: succeeded|failed|canceled|denied, result?, error?}.
+// Its fields:
+//
+//   - OrgID: the wake-up's org (AwaitWake returns only wakes of the
+//     workflow's own org, its id's prefix).
+//   - WakeupID: the wake-up's id, as POST /v1/wakeups answered it.
+//   - Outcome: OutcomeSucceeded (the work succeeded), OutcomeFailed (its
+//     last attempt failed, or it could never be enqueued), OutcomeCanceled
+//     (the wake-up was canceled) or OutcomeDenied (its spend was refused
+//     and the approval request was denied or expired: the work never ran).
+//   - Result: the handler's JSON result when the work succeeded (absent
+//     otherwise, and when the result is JSON null). For the built-in http
+//     handler it is {status, headers, body}: the 2xx status, the response
+//     headers (each name's values joined by ", ") and the body — as JSON
+//     when it parses, else as a JSON string.
+//   - Error: why, unless succeeded: the last attempt's error when failed
+//     (for http, e.g. "HTTP 404: " and the start of the body), a cause
+//     when canceled, "spend denied" or "spend expired" (with the
+//     approver's note, if any) when denied.
 type Wake = signals.Wake
 
-// Outcomes a Wake carries.
+// Outcomes a Wake carries (Wake.Outcome).
 const (
 	OutcomeSucceeded = signals.OutcomeSucceeded
 	OutcomeFailed    = signals.OutcomeFailed
