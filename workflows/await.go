@@ -17,7 +17,14 @@ import (
 	"github.com/reveille/reveille/workflows/signals"
 )
 
-// TaskQueue is the task queue of the engine's worker.
+// TaskQueue is the task queue of the engine's own Temporal worker (engine
+// serve --worker, engine dev), which runs the engine's reference workflow
+// and nothing else. It is not for a workflow author's workflows: one
+// started on it never runs — the engine's worker does not register its
+// type, and its workflow tasks fail with "unable to find workflow type".
+// Run your workflows on a task queue of your own, polled by a worker of
+// your own; Reveille signals a workflow by its id (and the run id a
+// request names, if any), whatever queue it runs on.
 const TaskQueue = signals.TaskQueue
 
 // Wake is the payload of a wake-up's signal (signals.Wake):

@@ -10,7 +10,11 @@ import (
 	"strings"
 )
 
-// TaskQueue is the task queue of the engine's own Temporal worker.
+// TaskQueue is the task queue of the engine's own Temporal worker, which
+// runs the engine's reference workflow only: a workflow author's workflow
+// started on it never runs (its workflow tasks fail with "unable to find
+// workflow type"). Authors run their workflows on a task queue of their
+// own, with a worker of their own.
 const TaskQueue = "reveille"
 
 // ApprovalSignal is the signal name a tool approval's decision is sent
