@@ -47,7 +47,10 @@ const (
 	MaxParallelismLimit = 10_000
 	// maxArgsBytes bounds a work item's args (and a handler's result).
 	maxArgsBytes = 1 << 20
-	maxTimeoutMS = 24 * 3600 * 1000
+	// MaxResultBytes bounds the JSON a handler returns: a longer result
+	// fails its attempt for good ("handler result exceeds 1048576 bytes").
+	MaxResultBytes = maxArgsBytes
+	maxTimeoutMS   = 24 * 3600 * 1000
 )
 
 // Config configures a Manager. Zero values take the defaults noted.

@@ -294,8 +294,8 @@ func (e *executor) classify(ctx context.Context, rj *runningJob, j claimedJob, r
 		return failed("canceled", false)
 	case err == nil && len(res) > 0 && !json.Valid(res):
 		return failed("handler returned invalid JSON", false)
-	case err == nil && len(res) > maxArgsBytes:
-		return failed(fmt.Sprintf("handler result exceeds %d bytes", maxArgsBytes), false)
+	case err == nil && len(res) > MaxResultBytes:
+		return failed(fmt.Sprintf("handler result exceeds %d bytes", MaxResultBytes), false)
 	case err == nil && !jsonb.Storable(res):
 		// Postgres would refuse it; recording would find it out, at the
 		// cost of splitting the batch (completeApart).

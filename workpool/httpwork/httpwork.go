@@ -36,7 +36,12 @@ import (
 // Name is the handler's registered name.
 const Name = "http"
 
-// MaxResponseBytes caps the response body a handler reads.
+// MaxResponseBytes caps the response body a handler reads. The result
+// that keeps the body — {status, headers, body} as JSON — must also fit in
+// the pool's workpool.MaxResultBytes (1 MiB as well): headers, quotes and
+// escapes (a string body's quotes, backslashes and control characters; <, >
+// and & anywhere as \u003c…) make it longer than the body, so a body near
+// this cap may not fit (ResultTooLargeError).
 const MaxResponseBytes = 1 << 20
 
 // MaxResponseHeaderBytes caps a response's headers, which the result keeps
@@ -81,6 +86,18 @@ type Result struct {
 	Headers map[string]string `json:"headers"`
 	// Body is the response body as JSON when it parses, else as a string.
 	Body json.RawMessage `json:"body"`
+}
+
+// ResultTooLargeError is a 2xx response whose result — {status, headers,
+// body} as JSON — is longer than the pool keeps (workpool.MaxResultBytes),
+// though its body is within MaxResponseBytes: it fails the work for good.
+type ResultTooLargeError struct {
+	BodyBytes, ResultBytes int
+}
+
+func (e *ResultTooLargeError) Error() string {
+	return fmt.Sprintf("the response (status, headers and a body of %d bytes, as JSON: %d bytes) exceeds the %d-byte (1 MiB) result limit; "+
+		"ask the target for less (a smaller page or range)", e.BodyBytes, e.ResultBytes, workpool.MaxResultBytes)
 }
 
 // StatusError is a response outside 2xx; its Result is kept in the error
@@ -287,7 +304,11 @@ func do(client *http.Client, req *http.Request) (json.RawMessage, error) {
 	}
 	switch s := res.StatusCode; {
 	case s >= 200 && s < 300:
-		return json.Marshal(Result{Status: s, Headers: flatten(res.Header), Body: bodyJSON(raw)})
+		out, err := json.Marshal(Result{Status: s, Headers: flatten(res.Header), Body: bodyJSON(raw)})
+		if err == nil && len(out) > workpool.MaxResultBytes {
+			return nil, workpool.NonRetryable(&ResultTooLargeError{BodyBytes: len(raw), ResultBytes: len(out)})
+		}
+		return out, err
 	case s == http.StatusRequestTimeout, s == http.StatusTooManyRequests, s >= 500:
 		return nil, &StatusError{Status: s, Body: snippet(raw)}
 	default:

@@ -52,6 +52,15 @@ func TestHTTPHandler(t *testing.T) {
 	})
 	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	mux.HandleFunc("/huge", func(w http.ResponseWriter, _ *http.Request) { w.Write(make([]byte, MaxResponseBytes+10)) })
+	// A body within MaxResponseBytes whose result, as JSON, is not: the
+	// quotes and headers around a 1 MiB string, or a JSON body whose <
+	// the result escapes as \u003c (six bytes for one).
+	mux.HandleFunc("/full", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte(strings.Repeat("a", MaxResponseBytes)))
+	})
+	mux.HandleFunc("/escaped", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte(`"` + strings.Repeat("<", MaxResponseBytes/5) + `"`))
+	})
 	mux.HandleFunc("/huge-headers", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("X-Big", strings.Repeat("h", MaxResponseHeaderBytes))
 		w.Write([]byte(`{}`))
@@ -119,6 +128,10 @@ func TestHTTPHandler(t *testing.T) {
 		}, true, "deadline"},
 		{"network error is retried", Args{URL: "http://127.0.0.1:1/x"}, nil, true, "refused"},
 		{"oversized response is final", Args{URL: srv.URL + "/huge"}, nil, false, "exceeds"},
+		{"a body within the cap whose result is over the pool's limit is final", Args{URL: srv.URL + "/full"}, nil, false,
+			"the response (status, headers and a body of 1048576 bytes, as JSON: "},
+		{"a body the result escapes past the pool's limit is final", Args{URL: srv.URL + "/escaped"}, nil, false,
+			"exceeds the 1048576-byte (1 MiB) result limit; ask the target for less"},
 		{"oversized headers are refused", Args{URL: srv.URL + "/huge-headers"}, nil, true, "headers exceeded"},
 		{"bad url is final", Args{URL: "ftp://127.0.0.1/x"}, nil, false, "http(s)"},
 		{"a bad header name is final", Args{URL: srv.URL + "/json", Headers: map[string]string{"X Trace": "1"}}, nil, false, "header name"},
