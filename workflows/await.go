@@ -42,7 +42,8 @@ const TaskQueue = signals.TaskQueue
 //     otherwise, and when the result is JSON null). For the built-in http
 //     handler it is {status, headers, body}: the 2xx status, the response
 //     headers (each name's values joined by ", ") and the body — as JSON
-//     when it parses, else as a JSON string.
+//     when it parses, else as a JSON string; at most 1 MiB in all, as
+//     JSON (a larger one fails the work).
 //   - Error: why, unless succeeded: the last attempt's error when failed
 //     (for http, e.g. "HTTP 404: " and the start of the body), a cause
 //     when canceled, "spend denied" or "spend expired" (with the
