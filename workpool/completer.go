@@ -396,7 +396,17 @@ func (m *Manager) completeArgs(results []attemptResult) []any {
 
 // countRecorded counts what a recording did, per pool.
 func (m *Manager) countRecorded(rows []finishedRow) {
+	var handedBack []string
+	defer func() {
+		if len(handedBack) > 0 {
+			m.logger.Info("handed work back at stop: it is pending again at once, its attempt not counted, for another replica to run",
+				"count", len(handedBack), "work_ids", handedBack[:min(len(handedBack), 20)])
+		}
+	}()
 	for _, r := range rows {
+		if r.kind == kindHandBack {
+			handedBack = append(handedBack, r.id.String())
+		}
 		rep := m.report(r.pool)
 		switch {
 		case r.state == "finished" && r.outcome != nil:

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -53,4 +54,24 @@ func TestWorkThatFailsForGoodIsALogLineNamingIt(t *testing.T) {
 	require.Equal(t, "test_handle", lines[0]["handler"])
 	require.Equal(t, "boom", lines[0]["error"])
 	require.Equal(t, "INFO", lines[0]["level"])
+}
+
+// Work handed back at a stop is one info line naming it: a drain's log
+// says what it left for other replicas.
+func TestWorkHandedBackAtStopIsALogLineNamingIt(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	h := newHarness(t, func(c *Config) { c.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
+	id := h.enqueue()
+	h.runMain()
+	h.claimAll()
+	err := pgx.BeginFunc(h.ctx, h.db, func(tx pgx.Tx) error {
+		done, err := h.m.completeTx(h.ctx, tx, []attemptResult{{id: id, pool: "default", attempt: 1, kind: kindHandBack, err: "interrupted"}})
+		h.m.countRecorded(done)
+		return err
+	})
+	require.NoError(t, err)
+	require.Equal(t, StatePending, h.status(id).State)
+	require.Contains(t, logs.String(), `"msg":"handed work back at stop`)
+	require.Contains(t, logs.String(), id.String())
 }
