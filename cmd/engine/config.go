@@ -127,9 +127,9 @@ func envConfig() (settings, error) {
 		OperatorOrgs: list(os.Getenv("REVEILLE_OPERATOR_ORGS")),
 		HTTPAllowed:  list(os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS")),
 		HTTPNets:     list(os.Getenv("REVEILLE_HTTP_ALLOWED_NETS")),
-		LogLevel:     os.Getenv("REVEILLE_LOG_LEVEL"),
 		APIURL:       envOr("REVEILLE_API_URL", "http://localhost:8080"),
 	}
+	s.LogLevel = envLogLevel("REVEILLE_LOG_LEVEL", &errs)
 	s.MaxBody = envInt("REVEILLE_MAX_BODY", 1<<20, &errs)
 	s.HeaderTimeout = envDuration("REVEILLE_READ_HEADER_TIMEOUT", api.DefaultReadHeaderTimeout, &errs)
 	s.ReadTimeout = envDuration("REVEILLE_READ_TIMEOUT", api.DefaultReadTimeout, &errs)
@@ -347,6 +347,24 @@ func envCap(name string, def int, errs *[]error) int {
 		return workpool.NoPendingLimit
 	}
 	return n
+}
+
+// logLevels are the values REVEILLE_LOG_LEVEL takes.
+var logLevels = []string{"debug", "info", "warn", "error"}
+
+// envLogLevel reads a log level: one of logLevels (any case), or "" for
+// the command's default. A level slog would read but that is not one of
+// them (info+2) is refused as well, so the README's list is the whole truth.
+func envLogLevel(name string, errs *[]error) string {
+	v := os.Getenv(name)
+	if v == "" {
+		return ""
+	}
+	if l := strings.ToLower(strings.TrimSpace(v)); slices.Contains(logLevels, l) {
+		return l
+	}
+	*errs = append(*errs, fmt.Errorf("%s=%q: want one of %s", name, v, strings.Join(logLevels, ", ")))
+	return ""
 }
 
 func envBool(name string, def bool, errs *[]error) bool {

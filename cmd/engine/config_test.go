@@ -230,6 +230,8 @@ func TestEnvConfigNamesTheMalformedVariable(t *testing.T) {
 		{"REVEILLE_HOOK_TIMEOUT", "600h", "REVEILLE_HOOK_TIMEOUT=600h0m0s: want at most 1h0m0s"},
 		{"REVEILLE_HOOK_TIMEOUT", "0s", "REVEILLE_HOOK_TIMEOUT"},
 		{"REVEILLE_HTTP_TIMEOUT", "-5s", "REVEILLE_HTTP_TIMEOUT"},
+		{"REVEILLE_LOG_LEVEL", "verbose", `REVEILLE_LOG_LEVEL="verbose": want one of debug, info, warn, error`},
+		{"REVEILLE_LOG_LEVEL", "info+2", "REVEILLE_LOG_LEVEL"},
 	} {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
 			clearEnv(t)
@@ -438,4 +440,32 @@ func TestEnvConfigHandsTheServiceTheShutdownGrace(t *testing.T) {
 			require.ErrorContains(t, err, "REVEILLE_SHUTDOWN_GRACE")
 		})
 	}
+}
+
+// REVEILLE_LOG_LEVEL takes the README's four levels in any case; unset, the
+// command picks its default.
+func TestEnvConfigReadsTheLogLevel(t *testing.T) {
+	for _, tc := range []struct{ env, want string }{{"", ""}, {"debug", "debug"}, {"WARN", "warn"}, {" error ", "error"}, {"info", "info"}} {
+		t.Run(cmp.Or(tc.env, "unset"), func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("REVEILLE_LOG_LEVEL", tc.env)
+			s, err := envConfig()
+			require.NoError(t, err)
+			require.Equal(t, tc.want, s.LogLevel)
+			require.NotPanics(t, func() { newLogger(s.LogLevel) })
+		})
+	}
+}
+
+// serve checks the log level before it touches Postgres or Temporal: a
+// typo is not a silent info.
+func TestServeRefusesToStartWithAnUnknownLogLevel(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("DATABASE_URL", "postgres://never-dialled.invalid/reveille")
+	t.Setenv("REVEILLE_JWT_SECRET", firstSecret)
+	t.Setenv("REVEILLE_LOG_LEVEL", "verbose")
+
+	err := runServe(context.Background(), nil)
+
+	require.ErrorContains(t, err, `REVEILLE_LOG_LEVEL="verbose": want one of debug, info, warn, error`)
 }

@@ -48,10 +48,14 @@ func serve(ctx context.Context, s settings, logger *slog.Logger, ready func(net.
 	return svc.Run(ctx, ready)
 }
 
+// newLogger is the JSON logger on stderr at level: one of logLevels, or ""
+// for info (envConfig refuses any other REVEILLE_LOG_LEVEL).
 func newLogger(level string) *slog.Logger {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		l = slog.LevelInfo
+	l := slog.LevelInfo
+	if level != "" {
+		if err := l.UnmarshalText([]byte(level)); err != nil {
+			panic(fmt.Sprintf("log level %q: %v", level, err)) // a level envConfig did not check
+		}
 	}
 	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
 }
