@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"net"
 	"net/url"
 	"os"
 	"slices"
@@ -114,14 +115,14 @@ func (r retentionSettings) config() retention.Config {
 func envConfig() (settings, error) {
 	var errs []error
 	s := settings{
-		Addr:         envOr("REVEILLE_ADDR", ":8080"),
+		Addr:         listenAddr("REVEILLE_ADDR", envOr("REVEILLE_ADDR", ":8080"), &errs),
 		DataDir:      envOr("REVEILLE_DATA_DIR", "./.reveille"),
 		TemporalPort: 7233,
 		DatabaseURL:  os.Getenv("DATABASE_URL"),
 		TemporalAddr: os.Getenv("TEMPORAL_ADDRESS"),
 		Namespace:    envOr("TEMPORAL_NAMESPACE", "default"),
 		JWTSecrets:   list(os.Getenv("REVEILLE_JWT_SECRET")),
-		JWKSURL:      os.Getenv("REVEILLE_JWKS_URL"),
+		JWKSURL:      jwksURL(os.Getenv("REVEILLE_JWKS_URL"), &errs),
 		JWTIssuer:    os.Getenv("REVEILLE_JWT_ISSUER"),
 		JWTAudience:  os.Getenv("REVEILLE_JWT_AUDIENCE"),
 		OperatorOrgs: list(os.Getenv("REVEILLE_OPERATOR_ORGS")),
@@ -171,7 +172,7 @@ func envConfig() (settings, error) {
 
 // bindFlags adds the flags shared by serve and dev.
 func (s *settings) bindFlags(fs *flag.FlagSet, dev bool) {
-	fs.StringVar(&s.Addr, "addr", s.Addr, "listen address (REVEILLE_ADDR)")
+	fs.Var(addrFlag{&s.Addr}, "addr", "listen address `host:port` (REVEILLE_ADDR)")
 	fs.StringVar(&s.DataDir, "data-dir", s.DataDir, "data directory: dev Postgres cluster, Temporal SQLite file, dev secret (REVEILLE_DATA_DIR)")
 	if dev {
 		fs.IntVar(&s.TemporalPort, "temporal-port", s.TemporalPort, "frontend port of the embedded Temporal dev server")
@@ -249,6 +250,64 @@ func webhookPool(v string, pools map[string]int, errs *[]error) string {
 		return "default"
 	}
 	return names[0]
+}
+
+// listenAddr checks a listen address as net.Listen("tcp") reads it —
+// host:port, the host empty for every interface, the port a number up to
+// 65535 or a service name — so that a bad one stops the start before the
+// database is touched, named by what set it (name). The host is resolved
+// only when the API listens.
+func listenAddr(name, v string, errs *[]error) string {
+	if err := checkListenAddr(v); err != nil {
+		*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
+	}
+	return v
+}
+
+func checkListenAddr(v string) error {
+	_, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return fmt.Errorf("want a listen address host:port such as :8080 or 127.0.0.1:8080 (%w)", err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err == nil || port == "" {
+		return nil
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil || strings.TrimLeft(port, "0123456789") == "" {
+		return fmt.Errorf("port %q: want a number from 0 to 65535", port)
+	}
+	return nil
+}
+
+// addrFlag is --addr, checked as REVEILLE_ADDR is: the flag package names
+// the flag in the error.
+type addrFlag struct{ p *string }
+
+func (a addrFlag) String() string {
+	if a.p == nil {
+		return ""
+	}
+	return *a.p
+}
+
+func (a addrFlag) Set(v string) error {
+	if err := checkListenAddr(v); err != nil {
+		return err
+	}
+	*a.p = v
+	return nil
+}
+
+// jwksURL reads the JWKS address: absolute http(s), or "" for none.
+func jwksURL(v string, errs *[]error) string {
+	if v = strings.TrimSpace(v); v == "" {
+		return ""
+	}
+	u, err := url.Parse(v)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		*errs = append(*errs, fmt.Errorf("REVEILLE_JWKS_URL=%q: want an absolute http(s) URL such as https://idp.example.com/.well-known/jwks.json", v))
+		return ""
+	}
+	return v
 }
 
 // publicURL reads the engine's public base URL: absolute http(s), or "".

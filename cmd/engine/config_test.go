@@ -232,6 +232,13 @@ func TestEnvConfigNamesTheMalformedVariable(t *testing.T) {
 		{"REVEILLE_HTTP_TIMEOUT", "-5s", "REVEILLE_HTTP_TIMEOUT"},
 		{"REVEILLE_LOG_LEVEL", "verbose", `REVEILLE_LOG_LEVEL="verbose": want one of debug, info, warn, error`},
 		{"REVEILLE_LOG_LEVEL", "info+2", "REVEILLE_LOG_LEVEL"},
+		{"REVEILLE_ADDR", "bad:addr:x", `REVEILLE_ADDR="bad:addr:x": want a listen address host:port`},
+		{"REVEILLE_ADDR", "8080", `REVEILLE_ADDR="8080"`},
+		{"REVEILLE_ADDR", ":99999", `REVEILLE_ADDR=":99999": port "99999": want a number from 0 to 65535`},
+		{"REVEILLE_ADDR", ":no-such-service", `REVEILLE_ADDR=":no-such-service"`},
+		{"REVEILLE_JWKS_URL", "idp.example.com/jwks", `REVEILLE_JWKS_URL="idp.example.com/jwks": want an absolute http(s) URL`},
+		{"REVEILLE_JWKS_URL", "file:///etc/jwks.json", "REVEILLE_JWKS_URL"},
+		{"REVEILLE_JWKS_URL", "https://", "REVEILLE_JWKS_URL"},
 	} {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
 			clearEnv(t)
@@ -468,4 +475,47 @@ func TestServeRefusesToStartWithAnUnknownLogLevel(t *testing.T) {
 	err := runServe(context.Background(), nil)
 
 	require.ErrorContains(t, err, `REVEILLE_LOG_LEVEL="verbose": want one of debug, info, warn, error`)
+}
+
+// A listen address serve could not listen on stops it before it touches
+// the database (never dialled here), named by the variable or the flag
+// that set it; a good one is kept as given.
+func TestServeRefusesABadListenAddressBeforeConnecting(t *testing.T) {
+	for _, tc := range []struct {
+		name, env string
+		args      []string
+		contains  string
+	}{
+		{"variable", "bad:addr:x", nil, `REVEILLE_ADDR="bad:addr:x"`},
+		{"flag", "", []string{"--addr", "bad:addr:x"}, `invalid value "bad:addr:x" for flag -addr: want a listen address host:port`},
+		{"flag over a good variable", ":8080", []string{"--addr=:70000"}, `flag -addr: port "70000"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("DATABASE_URL", "postgres://never-dialled.invalid/reveille")
+			t.Setenv("REVEILLE_JWT_SECRET", firstSecret)
+			t.Setenv("REVEILLE_ADDR", tc.env)
+			err := runServe(context.Background(), tc.args)
+			require.ErrorContains(t, err, tc.contains)
+		})
+	}
+	for _, good := range []string{":8080", "127.0.0.1:0", "[::1]:8080", "localhost:http", "0.0.0.0:65535", "127.0.0.1:"} {
+		t.Run("accepts "+good, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("REVEILLE_ADDR", good)
+			s, err := envConfig()
+			require.NoError(t, err)
+			require.Equal(t, good, s.Addr)
+		})
+	}
+}
+
+func TestEnvConfigAcceptsAnHTTPSOrHTTPJWKSURL(t *testing.T) {
+	for _, good := range []string{"https://idp.example.com/.well-known/jwks.json", "http://127.0.0.1:9000/jwks?kid=a"} {
+		clearEnv(t)
+		t.Setenv("REVEILLE_JWKS_URL", good)
+		s, err := envConfig()
+		require.NoError(t, err, good)
+		require.Equal(t, good, s.JWKSURL)
+	}
 }

@@ -72,7 +72,7 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   TEMPORAL_ADDRESS              Temporal frontend host:port (serve default 127.0.0.1:7233)
   TEMPORAL_NAMESPACE            Temporal namespace for signals (default "default")
   REVEILLE_JWT_SECRET           HS256 secrets, each at least 32 bytes (comma list: the first signs, all verify)
-  REVEILLE_JWKS_URL             JWKS URL for RS256/ES256/EdDSA tokens (instead of the secret)
+  REVEILLE_JWKS_URL             absolute http(s) JWKS URL for RS256/ES256/EdDSA tokens (instead of the secret)
   REVEILLE_JWT_ISSUER           required iss (required with REVEILLE_JWKS_URL; else checked when set)
   REVEILLE_JWT_AUDIENCE         required aud (required with REVEILLE_JWKS_URL; else checked when set)
   REVEILLE_OPERATOR_ORGS        orgs whose operator role counts (comma list)
