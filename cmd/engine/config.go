@@ -109,6 +109,12 @@ func (r retentionSettings) config() retention.Config {
 		ApprovalEvents: r.ApprovalEvents, Interval: r.Interval}
 }
 
+// minHeartbeatTimeout is the least REVEILLE_HEARTBEAT_TIMEOUT: the pool's
+// executors heartbeat every min(5s, timeout/3) (workpool.Config), so at it
+// a heartbeat goes out every second and two in a row may be late before a
+// healthy attempt is recovered as dead.
+const minHeartbeatTimeout = 3 * time.Second
+
 // envConfig reads settings from the environment — the one place in the
 // engine that does — reporting every malformed value at once, each naming
 // its variable.
@@ -141,6 +147,9 @@ func envConfig() (settings, error) {
 	s.StreamChunks = int(envInt("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST", streams.DefaultMaxChunks, &errs))
 	s.RecoveryPeriod = envDuration("REVEILLE_RECOVERY_PERIOD", 10*time.Second, &errs)
 	s.HeartbeatLimit = envDuration("REVEILLE_HEARTBEAT_TIMEOUT", 30*time.Second, &errs)
+	if s.HeartbeatLimit < minHeartbeatTimeout {
+		errs = append(errs, fmt.Errorf("REVEILLE_HEARTBEAT_TIMEOUT=%s: want at least %s (executors heartbeat every third of it, at most 5s apart: a shorter one fails healthy work as stopped heartbeating)", s.HeartbeatLimit, minHeartbeatTimeout))
+	}
 	s.HTTPTimeout = envDuration("REVEILLE_HTTP_TIMEOUT", 0, &errs)
 	s.HookTimeout = envDuration("REVEILLE_HOOK_TIMEOUT", workpool.DefaultHookTimeout, &errs)
 	if s.HookTimeout > workpool.MaxHookTimeout {

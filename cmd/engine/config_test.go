@@ -141,6 +141,11 @@ func TestEnvConfigHandsTheWorkpoolItsTypedConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, workpool.Config{Pools: map[string]int{"a": 2}, RecoveryPeriod: 3 * time.Second,
 		HeartbeatTimeout: 9 * time.Second, WorkRetention: time.Hour, MaxPendingPerOrg: 5, HookTimeout: 2 * time.Second}, s.workpoolConfig())
+
+	t.Setenv("REVEILLE_HEARTBEAT_TIMEOUT", "3s")
+	s, err = envConfig()
+	require.NoError(t, err, "the least heartbeat timeout is accepted (the fault suite's)")
+	require.Equal(t, 3*time.Second, s.workpoolConfig().HeartbeatTimeout)
 }
 
 func TestEnvConfigCapsHTTPRequestsOnlyWhenAsked(t *testing.T) {
@@ -215,6 +220,8 @@ func TestEnvConfigNamesTheMalformedVariable(t *testing.T) {
 		{"REVEILLE_POOLS", "a=1,a=2", "given twice"},
 		{"REVEILLE_RECOVERY_PERIOD", "soon", `REVEILLE_RECOVERY_PERIOD="soon"`},
 		{"REVEILLE_HEARTBEAT_TIMEOUT", "-1s", "REVEILLE_HEARTBEAT_TIMEOUT"},
+		{"REVEILLE_HEARTBEAT_TIMEOUT", "1ms", "REVEILLE_HEARTBEAT_TIMEOUT=1ms: want at least 3s"},
+		{"REVEILLE_HEARTBEAT_TIMEOUT", "2.999s", "REVEILLE_HEARTBEAT_TIMEOUT=2.999s: want at least 3s"},
 		{"REVEILLE_WORK_RETENTION", "1 day", "REVEILLE_WORK_RETENTION"},
 		{"REVEILLE_ORG_MAX_PENDING", "-1", `REVEILLE_ORG_MAX_PENDING="-1"`},
 		{"REVEILLE_ORG_MAX_PENDING", "many", "REVEILLE_ORG_MAX_PENDING"},

@@ -83,7 +83,7 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_ORG_RATE             requests per second per org on this replica, bursts of twice that (default 10000; 0 = no limit)
   REVEILLE_POOLS                pools created at start if missing (default default=25,wakeup=25)
   REVEILLE_RECOVERY_PERIOD      how often running work is checked for dead executors (default 10s)
-  REVEILLE_HEARTBEAT_TIMEOUT    heartbeat age after which running work is recovered (default 30s)
+  REVEILLE_HEARTBEAT_TIMEOUT    heartbeat age after which running work is recovered (default 30s, at least 3s)
   REVEILLE_HOOK_TIMEOUT         the most one onComplete hook call may take before it fails and is retried (default 10s, at most 1h)
   REVEILLE_HTTP_TIMEOUT         the most one request of the http handler may take (default: unset, the work's timeout_ms alone)
   REVEILLE_WORK_RETENTION       how long finished work records are kept (default 24h)
