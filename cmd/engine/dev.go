@@ -34,7 +34,7 @@ func runDev(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	logger := newLogger(s.LogLevel)
+	logger := startLogging(s.LogLevel)
 	if len(s.OperatorOrgs) == 0 {
 		s.OperatorOrgs = []string{devOrg}
 	}
@@ -161,7 +161,7 @@ func runDevstack(ctx context.Context, args []string) error {
 	}
 	// devstack starts its own parts whatever the environment says.
 	s.DatabaseURL, s.TemporalAddr = "", ""
-	st, err := startStack(ctx, &s, *only, "devstack", newLogger(s.LogLevel))
+	st, err := startStack(ctx, &s, *only, "devstack", startLogging(s.LogLevel))
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"sort"
@@ -25,19 +26,22 @@ var version = "dev"
 type command struct {
 	name, summary string
 	run           func(ctx context.Context, args []string) error
+	// logsJSON: the command's stderr is a JSON log stream (startLogging),
+	// so its failure is a JSON line too.
+	logsJSON bool
 }
 
 func commands() []command {
 	return []command{
-		{"serve", "run the API and workers against external Postgres and Temporal (production)", runServe},
-		{"dev", "run everything locally: Postgres cluster, embedded Temporal, API, workers", runDev},
-		{"devstack", "run only the local Postgres cluster and embedded Temporal", runDevstack},
-		{"migrate", "apply (up) or list (status) database migrations", runMigrate},
-		{"token", "print a signed dev token", runToken},
-		{"demo", "run the reference workflow for a success, a failure, a cancel and an approved overrun, printing timelines", runDemo},
-		{"load", "drive a running engine's REST API as an agent platform would and count the wake-ups lost", runLoad},
-		{"bench", "run a benchmark: " + strings.Join(benchNames(), ", "), runBench},
-		{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
+		{"serve", "run the API and workers against external Postgres and Temporal (production)", runServe, true},
+		{"dev", "run everything locally: Postgres cluster, embedded Temporal, API, workers", runDev, true},
+		{"devstack", "run only the local Postgres cluster and embedded Temporal", runDevstack, true},
+		{"migrate", "apply (up) or list (status) database migrations", runMigrate, false},
+		{"token", "print a signed dev token", runToken, false},
+		{"demo", "run the reference workflow for a success, a failure, a cancel and an approved overrun, printing timelines", runDemo, false},
+		{"load", "drive a running engine's REST API as an agent platform would and count the wake-ups lost", runLoad, false},
+		{"bench", "run a benchmark: " + strings.Join(benchNames(), ", "), runBench, false},
+		{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }, false},
 	}
 }
 
@@ -59,7 +63,7 @@ func main() {
 				return
 			}
 			if err != nil {
-				fmt.Fprintf(os.Stderr, "engine %s: %v\n", c.name, err)
+				reportFailure(c, err)
 				os.Exit(1)
 			}
 			return
@@ -79,12 +83,28 @@ func main() {
 func stopOnSignal(stop context.CancelFunc) {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	onSignals(sigs, stop, os.Exit)
+}
+
+// onSignals is stopOnSignal's work on sigs, logged through slog.Default:
+// JSON lines for the commands that log JSON (startLogging).
+func onSignals(sigs <-chan os.Signal, stop context.CancelFunc, exit func(int)) {
 	sig := <-sigs
-	fmt.Fprintf(os.Stderr, "engine: %v: stopping (send it again to exit at once)\n", sig)
+	slog.Info("stopping: send the signal again to exit at once", "signal", sig.String())
 	stop()
 	sig = <-sigs
-	fmt.Fprintf(os.Stderr, "engine: %v again: exiting without waiting for the drain\n", sig)
-	os.Exit(1)
+	slog.Warn("signal again: exiting without waiting for the drain", "signal", sig.String())
+	exit(1)
+}
+
+// reportFailure writes the error a command ended with to stderr: a JSON
+// line for the commands whose stderr is a JSON log stream, else plain text.
+func reportFailure(c command, err error) {
+	if c.logsJSON {
+		slog.New(slog.NewJSONHandler(stderr, nil)).Error("engine "+c.name+" failed", "error", err.Error())
+		return
+	}
+	fmt.Fprintf(stderr, "engine %s: %v\n", c.name, err)
 }
 
 func usage() {

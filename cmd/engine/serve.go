@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -32,7 +33,7 @@ func runServe(ctx context.Context, args []string) error {
 	if err := s.authConfig().Validate(); err != nil {
 		return err
 	}
-	return serve(ctx, s, newLogger(s.LogLevel), nil)
+	return serve(ctx, s, startLogging(s.LogLevel), nil)
 }
 
 // serve runs the service built from s until ctx ends. ready, if set, is
@@ -48,6 +49,20 @@ func serve(ctx context.Context, s settings, logger *slog.Logger, ready func(net.
 	return svc.Run(ctx, ready)
 }
 
+// startLogging makes the JSON logger at level the process's default, for
+// the commands whose stderr is a JSON log stream (serve, dev, devstack):
+// what libraries log to slog.Default (the JWKS refresher) and to the
+// standard library's log package goes through it too, as does the
+// signal handler's line, so no plain-text line interleaves with the JSON.
+func startLogging(level string) *slog.Logger {
+	l := newLogger(level)
+	slog.SetDefault(l) // also points package log at l's handler
+	return l
+}
+
+// stderr is where the JSON logs go (a test captures them).
+var stderr io.Writer = os.Stderr
+
 // newLogger is the JSON logger on stderr at level: one of logLevels, or ""
 // for info (envConfig refuses any other REVEILLE_LOG_LEVEL).
 func newLogger(level string) *slog.Logger {
@@ -57,7 +72,7 @@ func newLogger(level string) *slog.Logger {
 			panic(fmt.Sprintf("log level %q: %v", level, err)) // a level envConfig did not check
 		}
 	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+	return slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: l}))
 }
 
 func flagUsage(fs *flag.FlagSet, synopsis, env string) {
