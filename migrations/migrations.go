@@ -13,6 +13,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -77,11 +78,85 @@ func Status(ctx context.Context, db *sql.DB, w io.Writer) error {
 	for _, s := range statuses {
 		applied := "pending"
 		if s.State == goose.StateApplied {
-			applied = "applied " + s.AppliedAt.UTC().Format("2006-01-02T15:04:05Z")
+			applied = "applied " + s.AppliedAt.UTC().Format(timeFormat)
 		}
 		fmt.Fprintf(w, "%05d  %-40s %s\n", s.Source.Version, s.Source.Path, applied)
 	}
+	unknown, err := unknown(ctx, db, p)
+	if err != nil {
+		return err
+	}
+	for _, u := range unknown {
+		fmt.Fprintf(w, "%05d  %-40s applied %s, unknown to this binary\n", u.Version, "?", u.AppliedAt.UTC().Format(timeFormat))
+	}
 	return nil
+}
+
+const timeFormat = "2006-01-02T15:04:05Z"
+
+// AppliedVersion is a migration version applied to the database.
+type AppliedVersion struct {
+	Version   int64
+	AppliedAt time.Time
+}
+
+// Unknown lists, in version order, the migrations applied to the database
+// that this binary does not embed: a newer binary's, as when a deployment
+// is rolled back to an older one. Up leaves them be and the older binary
+// runs on the newer schema, which it was not tested against: serve says
+// so at start, and `engine migrate status` lists them. A database never
+// migrated has none.
+func Unknown(ctx context.Context, db *sql.DB) ([]AppliedVersion, error) {
+	p, err := provider(db, nil)
+	if err != nil {
+		return nil, err
+	}
+	return unknown(ctx, db, p)
+}
+
+// UnknownPool is Unknown through a pgx pool.
+func UnknownPool(ctx context.Context, pool *pgxpool.Pool) ([]AppliedVersion, error) {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	return Unknown(ctx, db)
+}
+
+func unknown(ctx context.Context, db *sql.DB, p *goose.Provider) ([]AppliedVersion, error) {
+	var exists bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass('goose_db_version') IS NOT NULL`).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("migration versions: %w", err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	// goose records an apply as a row and a rollback by deleting it (older
+	// versions: a later row with is_applied false): a version's latest row
+	// says whether it is applied. Version 0 is goose's own first row.
+	rows, err := db.QueryContext(ctx, `SELECT version_id, tstamp FROM (
+		SELECT DISTINCT ON (version_id) version_id, is_applied, tstamp FROM goose_db_version ORDER BY version_id, id DESC) v
+		WHERE is_applied AND version_id > 0 ORDER BY version_id`)
+	if err != nil {
+		return nil, fmt.Errorf("migration versions: %w", err)
+	}
+	defer rows.Close()
+	known := make(map[int64]bool)
+	for _, src := range p.ListSources() {
+		known[src.Version] = true
+	}
+	var out []AppliedVersion
+	for rows.Next() {
+		var v AppliedVersion
+		if err := rows.Scan(&v.Version, &v.AppliedAt); err != nil {
+			return nil, fmt.Errorf("migration versions: %w", err)
+		}
+		if !known[v.Version] {
+			out = append(out, v)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("migration versions: %w", err)
+	}
+	return out, nil
 }
 
 // Files is the embedded migration source (for tools that hash or list it).

@@ -32,6 +32,52 @@ func TestApplyingTwiceChangesNothing(t *testing.T) {
 	require.NotContains(t, sb.String(), "pending")
 }
 
+// A version a newer binary applied (as after a rollback to this one) is
+// listed by status as unknown to this binary, and by Unknown; Up leaves it.
+func TestStatusListsAppliedVersionsThisBinaryDoesNotKnow(t *testing.T) {
+	db := openDB(t, testkit.NewDatabase(t))
+	ctx := context.Background()
+	unknown, err := migrations.Unknown(ctx, db)
+	require.NoError(t, err)
+	require.Empty(t, unknown, "a database this binary migrated")
+
+	_, err = db.ExecContext(ctx, `INSERT INTO goose_db_version (version_id, is_applied) VALUES (9021, true), (9022, true), (9023, true), (9023, false)`)
+	require.NoError(t, err)
+
+	n, err := migrations.Up(ctx, db, nil)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	unknown, err = migrations.Unknown(ctx, db)
+	require.NoError(t, err)
+	var versions []int64
+	for _, u := range unknown {
+		versions = append(versions, u.Version)
+		require.False(t, u.AppliedAt.IsZero())
+	}
+	require.Equal(t, []int64{9021, 9022}, versions, "9023's latest row says it was rolled back")
+	var sb strings.Builder
+	require.NoError(t, migrations.Status(ctx, db, &sb))
+	lines := strings.Split(strings.TrimSpace(sb.String()), "\n")
+	require.Regexp(t, `^09021  \?\s+applied \S+Z, unknown to this binary$`, lines[len(lines)-2])
+	require.Regexp(t, `^09022  \?\s+applied \S+Z, unknown to this binary$`, lines[len(lines)-1])
+	require.NotContains(t, sb.String(), "09023")
+	require.Contains(t, lines[0], "00001_foundation.sql")
+}
+
+func TestAnUnmigratedDatabaseHasNoUnknownVersions(t *testing.T) {
+	ctx := context.Background()
+	admin := openDB(t, testkit.ServerURL(t))
+	_, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS migrate_empty")
+	require.NoError(t, err)
+	_, err = admin.ExecContext(ctx, "CREATE DATABASE migrate_empty")
+	require.NoError(t, err)
+	url := strings.Replace(testkit.ServerURL(t), "/postgres?", "/migrate_empty?", 1)
+
+	unknown, err := migrations.Unknown(ctx, openDB(t, url))
+	require.NoError(t, err)
+	require.Empty(t, unknown)
+}
+
 func TestConcurrentMigratorsDoNotFail(t *testing.T) {
 	ctx := context.Background()
 	// An empty database: create one beside the test's template-cloned one.

@@ -205,6 +205,9 @@ func (s *Service) build(ctx context.Context) error {
 		return err
 	}
 	s.logger.Info("database migrated", "applied", n)
+	if err := s.warnUnknownMigrations(ctx); err != nil {
+		return err
+	}
 
 	// One Temporal client per process; lazy, so the service starts (and
 	// queues signals) while Temporal is down.
@@ -218,6 +221,27 @@ func (s *Service) build(ctx context.Context) error {
 		return err
 	}
 	return s.buildAPI(ctx)
+}
+
+// warnUnknownMigrations logs one warning when the schema has migrations
+// this binary does not know: an older binary on a newer schema, as after
+// a rollback. It runs — refusing would turn a rollback into an outage —
+// but the operator should know it was not tested on that schema.
+func (s *Service) warnUnknownMigrations(ctx context.Context) error {
+	unknown, err := migrations.UnknownPool(ctx, s.db)
+	if err != nil {
+		return err
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	versions := make([]int64, len(unknown))
+	for i, u := range unknown {
+		versions[i] = u.Version
+	}
+	s.logger.Warn("the database has migrations this binary does not know (a newer binary's, as after a rollback): running on a schema it was not built for",
+		"unknown_versions", versions, "version", s.cfg.Version)
+	return nil
 }
 
 // connect opens the database pool and waits for Postgres to answer.

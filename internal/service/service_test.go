@@ -1,15 +1,19 @@
 package service_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/api"
@@ -275,4 +279,70 @@ func TestRunPurgesIdempotencyRecordsPastTheAPIsWindow(t *testing.T) {
 	body, err := io.ReadAll(res.Body)
 	require.NoError(t, err)
 	require.Contains(t, string(body), `reveille_retention_purged_total{table="idempotency_keys"} 1`)
+}
+
+// A schema with a migration this binary does not know (a newer binary's,
+// as after a rollback) is run on, with one warning at start naming the
+// versions; a schema it knows starts without it.
+func TestNewWarnsOnceOfMigrationsThisBinaryDoesNotKnow(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		applied string
+		want    []any
+	}{
+		{"a known schema", "", nil},
+		{"two newer versions", "(9021, true), (9022, true)", []any{9021.0, 9022.0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			if tc.applied != "" {
+				pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+				require.NoError(t, err)
+				_, err = pool.Exec(ctx, "INSERT INTO goose_db_version (version_id, is_applied) VALUES "+tc.applied)
+				pool.Close()
+				require.NoError(t, err)
+			}
+			var logs syncBuffer
+			cfg.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+			svc, err := service.New(ctx, cfg)
+			require.NoError(t, err, "an older binary on a newer schema still starts")
+			svc.Close()
+
+			var warnings []map[string]any
+			for line := range strings.Lines(logs.String()) {
+				var rec map[string]any
+				require.NoError(t, json.Unmarshal([]byte(line), &rec))
+				if strings.Contains(rec["msg"].(string), "migrations this binary does not know") {
+					warnings = append(warnings, rec)
+				}
+			}
+			if tc.want == nil {
+				require.Empty(t, warnings)
+				return
+			}
+			require.Len(t, warnings, 1)
+			require.Equal(t, "WARN", warnings[0]["level"])
+			require.Equal(t, tc.want, warnings[0]["unknown_versions"])
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
