@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.temporal.io/api/serviceerror"
+	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/worker"
 
@@ -178,8 +180,10 @@ type part struct {
 	}
 }
 
-// New connects to Postgres (waiting up to 30 s for it to answer), applies
-// the migrations, makes the Temporal client and builds every part. Nothing
+// New makes the Temporal client and checks its namespace (a Temporal that
+// answers it has none fails New; one that does not answer does not),
+// connects to Postgres (waiting up to 30 s for it to answer), applies the
+// migrations and builds every part. Nothing
 // runs yet: register extra work handlers, then Run. On error everything
 // New opened is closed again.
 func New(ctx context.Context, cfg Config) (*Service, error) {
@@ -197,6 +201,21 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 }
 
 func (s *Service) build(ctx context.Context) error {
+	// One Temporal client per process; lazy, so the service starts (and
+	// queues signals) while Temporal is down.
+	var err error
+	s.temporal, err = client.NewLazyClient(client.Options{
+		HostPort: s.cfg.TemporalAddress, Namespace: s.cfg.Namespace, Logger: TemporalLogger(s.logger),
+	})
+	if err != nil {
+		return fmt.Errorf("temporal client for %s: %w", s.cfg.TemporalAddress, err)
+	}
+	// Before the database is touched: a namespace Temporal says it does
+	// not have fails every signal, forever.
+	if err := s.checkNamespaceAtStart(ctx); err != nil {
+		return err
+	}
+
 	if err := s.connect(ctx); err != nil {
 		return err
 	}
@@ -208,19 +227,72 @@ func (s *Service) build(ctx context.Context) error {
 	if err := s.warnUnknownMigrations(ctx); err != nil {
 		return err
 	}
-
-	// One Temporal client per process; lazy, so the service starts (and
-	// queues signals) while Temporal is down.
-	s.temporal, err = client.NewLazyClient(client.Options{
-		HostPort: s.cfg.TemporalAddress, Namespace: s.cfg.Namespace, Logger: TemporalLogger(s.logger),
-	})
-	if err != nil {
-		return fmt.Errorf("temporal client for %s: %w", s.cfg.TemporalAddress, err)
-	}
 	if err := s.buildDomain(); err != nil {
 		return err
 	}
 	return s.buildAPI(ctx)
+}
+
+// namespaceCheckTimeout bounds the namespace check at start: a Temporal
+// that refuses connections fails it at once, one that does not answer
+// holds the start up this long.
+const namespaceCheckTimeout = 5 * time.Second
+
+// checkNamespaceAtStart fails the start when Temporal answers that the
+// namespace does not exist. A Temporal that does not answer does not stop
+// the start (signals wait in the outbox until it does, and /readyz then
+// reports the namespace if it is missing).
+func (s *Service) checkNamespaceAtStart(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, namespaceCheckTimeout)
+	defer cancel()
+	err := s.describeNamespace(ctx)
+	var missing namespaceNotFound
+	switch {
+	case errors.As(err, &missing):
+		return err
+	case err != nil:
+		s.logger.Warn("temporal does not answer at start: signals wait in the outbox until it does",
+			"address", s.cfg.TemporalAddress, "namespace", s.cfg.Namespace, "error", err.Error())
+	}
+	return nil
+}
+
+// describeNamespace asks Temporal for the service's namespace: a
+// namespaceNotFound when Temporal says there is none, Temporal's error
+// when it does not answer.
+func (s *Service) describeNamespace(ctx context.Context) error {
+	_, err := s.temporal.WorkflowService().DescribeNamespace(ctx, &workflowservice.DescribeNamespaceRequest{Namespace: s.cfg.Namespace})
+	// A NotFound without the namespace detail (a proxy's) can only be the
+	// namespace's too.
+	var nf *serviceerror.NamespaceNotFound
+	var notFound *serviceerror.NotFound
+	if errors.As(err, &nf) || errors.As(err, &notFound) {
+		return namespaceNotFound{namespace: s.cfg.Namespace, address: s.cfg.TemporalAddress}
+	}
+	return err
+}
+
+// namespaceNotFound is Temporal's answer that the namespace signals go
+// to does not exist: every signal would fail.
+type namespaceNotFound struct{ namespace, address string }
+
+func (e namespaceNotFound) Error() string {
+	return fmt.Sprintf("TEMPORAL_NAMESPACE=%q: Temporal at %s has no such namespace (every signal would fail): register it or name an existing one", e.namespace, e.address)
+}
+
+// temporalReady is /readyz's and reveille_dependency_up's check of
+// Temporal: its frontend answers, and has the namespace. Only Temporal's
+// answer that the namespace is missing fails the second part — one that
+// may not describe it (authorization) still sends signals.
+func (s *Service) temporalReady(ctx context.Context) error {
+	if _, err := s.temporal.CheckHealth(ctx, &client.CheckHealthRequest{}); err != nil {
+		return err
+	}
+	var missing namespaceNotFound
+	if err := s.describeNamespace(ctx); errors.As(err, &missing) {
+		return err
+	}
+	return nil
 }
 
 // warnUnknownMigrations logs one warning when the schema has migrations
@@ -361,10 +433,7 @@ func (s *Service) buildDomain() error {
 func (s *Service) buildAPI(ctx context.Context) error {
 	apiCfg := s.cfg.API
 	apiCfg.Logger, apiCfg.Registry = s.logger, s.registry
-	temporalReady := api.ReadinessCheck{Name: "temporal", Check: func(ctx context.Context) error {
-		_, err := s.temporal.CheckHealth(ctx, &client.CheckHealthRequest{})
-		return err
-	}}
+	temporalReady := api.ReadinessCheck{Name: "temporal", Check: s.temporalReady}
 	var err error
 	s.api, err = api.New(ctx, apiCfg, api.Services{
 		DB: s.db, Ready: []api.ReadinessCheck{temporalReady},
