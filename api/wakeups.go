@@ -1,7 +1,6 @@
 package api
 
 import (
-	"cmp"
 	"errors"
 	"net/http"
 	"strconv"
@@ -115,7 +114,8 @@ func (s *Server) createWakeup(c echo.Context) error {
 		detail := "the agent's mandate does not cover this wake-up; an approval request was created and the workflow will be woken once it is resolved"
 		if refused.Settled() {
 			detail = "the agent's mandate did not cover this wake-up and its approval request was " +
-				strings.TrimPrefix(refused.Refusal, "approval ") + ": the wake-up resolved as denied and its workflow was woken"
+				strings.TrimPrefix(refused.Refusal, "approval ") + ": the wake-up resolved as " + refused.Wakeup.Outcome +
+				" and its workflow was woken"
 		}
 		return NewProblem(http.StatusPaymentRequired, "spend-refused", detail).
 			With("approval_id", refused.ApprovalID).With("wakeup_id", refused.Wakeup.ID).With("refusal", refused.Refusal)
@@ -128,13 +128,8 @@ func (s *Server) createWakeup(c echo.Context) error {
 	case err != nil:
 		return err
 	}
-	// (a retry answers with the wake-up as it stands: perhaps resolved)
-	var outcome *string
-	if w.Outcome != "" {
-		outcome = &w.Outcome
-	}
-	return c.JSON(http.StatusCreated, map[string]any{"id": w.ID.String(), "status": cmp.Or(w.Status, wakeup.StatusPending),
-		"outcome": outcome})
+	// (a funded request's answer, first or retried: as SPEC §5 has it)
+	return c.JSON(http.StatusCreated, map[string]any{"id": w.ID.String(), "status": wakeup.StatusPending, "outcome": nil})
 }
 
 // getWakeup answers with the :id wake-up; to a token bound to an agent,

@@ -63,10 +63,11 @@ func TestWakeupRefusalIsA402NamingBothIDs(t *testing.T) {
 
 // A retry of a wake-up request that the server answers from the wake-up
 // (another caller's retry under the same key, or one after the first
-// answer is no longer kept) says how the request stands now: a 402 naming
-// how its approval was settled, never a 201 for a wake-up that will not
-// run; a 201 with the wake-up's outcome once it has one.
-func TestARetriedWakeupRequestAnswersWithTheWakeupAsItStands(t *testing.T) {
+// answer is no longer kept) gets the first answer's kind: a refused
+// request's 402, naming how its approval was settled since (never a 201
+// for a wake-up that was not funded), and a funded request's 201, as it was
+// (SPEC §5: pending, no outcome) even once the wake-up has resolved.
+func TestARetriedWakeupRequestIsAnsweredAsItsFundingStands(t *testing.T) {
 	s := newTestServer(t, withWakeups(t))
 	h := s.Handler()
 	first, second := subToken(t, "org-a", "rt-1", "", RoleAgent), subToken(t, "org-a", "rt-2", "", RoleAgent)
@@ -83,11 +84,18 @@ func TestARetriedWakeupRequestAnswersWithTheWakeupAsItStands(t *testing.T) {
 	require.Equal(t, "approval denied", again["refusal"])
 	require.Equal(t, approval, again["approval_id"])
 	require.Equal(t, refused["wakeup_id"], again["wakeup_id"])
-	require.Contains(t, again["detail"], "was denied")
+	require.Contains(t, again["detail"], "was denied: the wake-up resolved as denied")
+
+	canceled := do(t, h, http.MethodPost, "/v1/wakeups", first, body, "Idempotency-Key", "k-canceled").requireProblem(t, http.StatusPaymentRequired)
+	r = do(t, h, http.MethodPost, "/v1/wakeups/"+canceled["wakeup_id"].(string)+"/cancel", first, nil)
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	again = do(t, h, http.MethodPost, "/v1/wakeups", second, body, "Idempotency-Key", "k-canceled").requireProblem(t, http.StatusPaymentRequired)
+	require.Equal(t, "approval canceled", again["refusal"])
+	require.Contains(t, again["detail"], "was canceled: the wake-up resolved as canceled")
 
 	var count int
 	require.NoError(t, s.svc.DB.QueryRow(context.Background(), `SELECT count(*) FROM wakeups`).Scan(&count))
-	require.Equal(t, 1, count, "nothing new written")
+	require.Equal(t, 2, count, "nothing new written")
 
 	// (funded: the outcome written as the work's hook would write it)
 	r = do(t, h, http.MethodPost, "/v1/mandates", token(t, "org-a", RoleAdmin), map[string]any{"agent_id": "a1", "scope": "ok", "budget": 100})
@@ -104,7 +112,7 @@ func TestARetriedWakeupRequestAnswersWithTheWakeupAsItStands(t *testing.T) {
 		"agent_id": "a1", "workflow_id": "org-a/wf-2", "signal": "wake", "scope": "ok", "cost": 1,
 		"work": map[string]any{"handler": "echo"}}, "Idempotency-Key", "k-funded")
 	require.Equal(t, http.StatusCreated, replayed.Status, string(replayed.Body))
-	require.Equal(t, map[string]any{"id": id, "status": "pending", "outcome": "succeeded"}, replayed.JSON(t))
+	require.Equal(t, map[string]any{"id": id, "status": "pending", "outcome": nil}, replayed.JSON(t))
 }
 
 // Work the http handler would refuse for good whatever happened later —

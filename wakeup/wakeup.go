@@ -89,8 +89,8 @@ var (
 // the intent and its approval request are committed and the workflow will
 // be woken once a human resolves the request. A retry under the same
 // idempotency key finds the request as it stands: still pending, or
-// settled without approval (the wake-up then resolved as denied and its
-// workflow was woken).
+// settled without approval (the wake-up then resolved — canceled, or
+// denied — and its workflow was woken).
 type RefusedError struct {
 	Wakeup     Wakeup
 	ApprovalID uuid.UUID
