@@ -9,8 +9,10 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -235,25 +237,26 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 		}
 	}
 	retryable := ep.safety == safe || key != ""
-	// maybeApplied: an attempt reached the server and its answer was lost,
-	// so however the call ends, the server may have acted on it.
+	// maybeApplied: an attempt's request was written whole and its answer
+	// was lost, so — unless a later attempt got the server's answer for the
+	// key — the server may have acted on it, however the call ends.
 	maybeApplied := false
 	fail := func(err error) error {
-		if maybeApplied && ep.safety != safe {
+		if maybeApplied && ep.method != http.MethodGet {
 			return &MaybeAppliedError{Method: ep.method, Path: ep.path, IdempotencyKey: key, Err: err}
 		}
 		return err
 	}
 	for attempt := 1; ; attempt++ {
-		res, err := c.send(ctx, ep, body, key, o.header)
+		var written atomic.Bool
+		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) }}
+		res, err := c.send(httptrace.WithClientTrace(ctx, trace), ep, body, key, o.header)
 		if err != nil {
 			var tokErr *tokenError
 			if errors.As(err, &tokErr) {
 				return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
 			}
-			if ctx.Err() == nil { // (a call the caller canceled is theirs to judge)
-				maybeApplied = maybeApplied || !neverSent(err)
-			}
+			maybeApplied = maybeApplied || written.Load()
 			if ctx.Err() != nil || attempt >= c.retry.MaxAttempts || !(retryable || neverSent(err)) {
 				return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
 			}
@@ -287,6 +290,9 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 		}
 		apiErr := errorFrom(res)
 		drainAndClose(res)
+		if key != "" && !apiErr.retryable() {
+			maybeApplied = false // (the server's answer for the key: it stands)
+		}
 		if attempt >= c.retry.MaxAttempts || !retryable || !apiErr.retryable() {
 			if o.onResponse != nil {
 				o.onResponse(res)

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -231,9 +232,54 @@ func TestACallWhoseAnswerWasLostSaysItMayHaveBeenApplied(t *testing.T) {
 			require.Equal(t, "true", replayed.Header.Get("Idempotent-Replayed"), "retried under its key, it acts once")
 		})
 	}
-	_, err := newClient(t, "http://127.0.0.1:1", agent, nil).Streams.Append(ctx, "never", "out", []byte("x"))
-	var maybe *client.MaybeAppliedError
-	require.False(t, errors.As(err, &maybe), "a call that never reached a server was not applied: %v", err)
+	notApplied := func(t *testing.T, err error, why string) {
+		t.Helper()
+		require.Error(t, err)
+		var maybe *client.MaybeAppliedError
+		require.False(t, errors.As(err, &maybe), "%s: %v", why, err)
+	}
+	t.Run("a request never written is not", func(t *testing.T) {
+		_, err := newClient(t, "http://127.0.0.1:1", agent, nil).Streams.Append(ctx, "never", "out", []byte("x"))
+		notApplied(t, err, "no connection")
+		// (TLS to a plain-HTTP server: the handshake fails before a byte of the request)
+		_, err = newClient(t, strings.Replace(e.url, "http://", "https://", 1), agent, nil).Streams.Append(ctx, "never", "out", []byte("x"))
+		notApplied(t, err, "no TLS handshake")
+	})
+	t.Run("a GET is not", func(t *testing.T) {
+		proxy := newFaultProxy(t, e.url[len("http://"):])
+		proxy.loseNextAnswer()
+		_, err := newClient(t, proxy.URL(), agent, nil).Readyz(ctx)
+		notApplied(t, err, "a probe acts on nothing")
+	})
+	t.Run("a retry answered for good by the server is not", func(t *testing.T) {
+		proxy := newFaultProxy(t, e.url[len("http://"):])
+		proxy.loseNextAnswer()
+		_, err := newClient(t, proxy.URL(), admin, nil).Mandates.Create(ctx, client.MandateCreate{AgentID: "a1", Scope: "s", Budget: -1})
+		notApplied(t, err, "the retry's 400 is the server's answer for the key")
+		require.Equal(t, http.StatusBadRequest, client.StatusOf(err))
+	})
+	t.Run("a request written whose answer the caller's deadline cut is", func(t *testing.T) {
+		// (a server that takes the request and never answers)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() { _, _ = io.Copy(io.Discard, conn) }()
+			}
+		}()
+		short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		_, err = newClient(t, "http://"+ln.Addr().String(), agent, nil).Streams.Append(short, "deadline", "out", []byte("x"))
+		var maybe *client.MaybeAppliedError
+		require.ErrorAs(t, err, &maybe)
+		require.NotEmpty(t, maybe.IdempotencyKey)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	})
 }
 
 // closeAfterFirst runs after once its first round trip is over.
