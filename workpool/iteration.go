@@ -328,13 +328,17 @@ func (it *iteration) recover(ctx context.Context) (int, error) {
 			if err != nil {
 				return 0, fmt.Errorf("recovering stale work: %w", err)
 			}
-			l.m.countRecorded(done)
 			ids := make([]string, 0, min(len(stale), 20))
 			for _, r := range stale[:cap(ids)] {
 				ids = append(ids, r.id.String())
 			}
-			l.m.logger.Warn("recovered work whose executor went silent; its attempts count as failed and are retried per their policy",
-				"pool", l.pool, "count", len(stale), "work_ids", ids, "heartbeat_timeout", l.m.cfg.HeartbeatTimeout.String())
+			// (counted and told once the iteration commits: rolled back,
+			// nothing was recovered)
+			AfterCommit(ctx, func() {
+				l.m.countRecorded(done)
+				l.m.logger.Warn("recovered work whose executor went silent; its attempts count as failed and are retried per their policy",
+					"pool", l.pool, "count", len(stale), "work_ids", ids, "heartbeat_timeout", l.m.cfg.HeartbeatTimeout.String())
+			})
 		}
 		n += len(stale)
 	}
