@@ -279,6 +279,10 @@ func (p *pipeline) free() int {
 // claimTimeout bounds a claim, which a stop lets finish.
 const claimTimeout = 10 * time.Second
 
+// sendFailuresBeforeWarn: every this many failed sends of one message, the
+// failure is logged at the warn level (the others at info).
+const sendFailuresBeforeWarn = 5
+
 // claimAndSend claims up to limit due messages and starts their sends.
 // The claim is not canceled by Stop: one cut off after its commit reached
 // the server would leave its messages claimed, an attempt counted, and
@@ -609,7 +613,10 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 			if since == nil {
 				since = &now
 			}
-			if now.Sub(*since) >= d.cfg.NotFoundGrace {
+			// (past the grace, or so near its end that no backoff fits: a
+			// retry set for the end could be due at once by the database's
+			// clock, claimed again and again until ours caught up)
+			if end := since.Add(d.cfg.NotFoundGrace); end.Sub(now) < d.cfg.MinBackoff {
 				failedIDs, failedAttempts = append(failedIDs, r.id), append(failedAttempts, int32(r.attempts))
 				failedReasons = append(failedReasons, fmt.Sprintf("workflow not found for %s (grace %s): %v", now.Sub(*since).Round(time.Second), d.cfg.NotFoundGrace, r.err))
 				d.metrics.results.WithLabelValues("failed").Inc()
@@ -631,11 +638,11 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 			retryAttempts = append(retryAttempts, int32(r.attempts))
 			retryAt, retryNotFound = append(retryAt, now.Add(d.backoff(r.attempts))), append(retryNotFound, nil)
 			d.metrics.results.WithLabelValues("retry").Inc()
-			// (Info, then one Warn per message once it keeps failing: an
-			// outage of Temporal shows at the warn level without a line
-			// per retry of every message)
+			// (Info, but every sendFailuresBeforeWarn-th failure of a
+			// message a Warn: an outage of Temporal shows at the warn level
+			// without a line per retry of every message)
 			level, msg := slog.LevelInfo, "signal send to Temporal failed; will retry with backoff"
-			if r.attempts == sendFailuresBeforeWarn {
+			if r.attempts >= sendFailuresBeforeWarn && r.attempts%sendFailuresBeforeWarn == 0 {
 				level, msg = slog.LevelWarn, "signal send to Temporal keeps failing; retrying with backoff"
 			}
 			d.cfg.Logger.Log(ctx, level, msg, "org_id", m.OrgID, "message_id", m.ID, subjectKey(m.Queue), m.IdempotencyKey,
@@ -708,10 +715,6 @@ func subjectKey(queue string) string { return queue + "_id" }
 
 // backoff is the capped exponential delay after the given attempt, with
 // ±25 % jitter so that a Temporal outage does not end in a thundering herd.
-// sendFailuresBeforeWarn is the failed send of a message that is logged at
-// the warn level (once).
-const sendFailuresBeforeWarn = 5
-
 func (d *Dispatcher) backoff(attempts int) time.Duration {
 	exp := float64(d.cfg.MinBackoff) * math.Pow(2, float64(max(attempts-1, 0)))
 	wait := time.Duration(min(exp, float64(d.cfg.MaxBackoff)))

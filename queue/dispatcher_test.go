@@ -58,18 +58,22 @@ func TestANotFoundSignalIsRetriedUntilItsGraceHasPassed(t *testing.T) {
 		wantStatus    string
 	}{
 		{name: "the first NotFound", firstNotFound: 0, wantStatus: StatusPending},
-		{name: "inside the grace", firstNotFound: grace - 5*time.Second, wantStatus: StatusPending},
-		{name: "a backoff from the grace's end", firstNotFound: grace - 2*time.Second, wantStatus: StatusPending},
+		{name: "inside the grace", firstNotFound: grace - 30*time.Second, wantStatus: StatusPending},
+		{name: "a backoff from the grace's end", firstNotFound: grace - 12*time.Second, wantStatus: StatusPending},
+		{name: "nearer the grace's end than any backoff", firstNotFound: grace - 2*time.Second, wantStatus: StatusFailed},
 		{name: "past the grace", firstNotFound: grace + 5*time.Second, wantStatus: StatusFailed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			db := testkit.NewPool(t)
 			ctx := context.Background()
-			// (a first backoff of 7.5–12.5 s: longer than what is left of
-			// the grace in the last case)
+			// (at least MinBackoff, 10 s, left of the grace for a retry)
 			d := NewDispatcher(db, nil, DispatcherConfig{NotFoundGrace: grace, MinBackoff: 10 * time.Second, Logger: testkit.Logger(t)})
 			m, _, err := Enqueue(ctx, db, signalParams("o/wf"))
+			require.NoError(t, err)
+			// (its third attempt: a backoff of 22.5–37.5 s, longer than
+			// what is left of the grace in the near-end cases)
+			_, err = db.Exec(ctx, `UPDATE queue_messages SET attempts = 2 WHERE id = $1`, m.ID)
 			require.NoError(t, err)
 			msgs, err := d.claim(ctx, 10)
 			require.NoError(t, err)
@@ -102,14 +106,14 @@ func TestANotFoundSignalIsRetriedUntilItsGraceHasPassed(t *testing.T) {
 }
 
 // A send that fails for a passing reason (Temporal unavailable) is an info
-// line naming Temporal, the message and its workflow; the fifth failure in
-// a row of one message is a warn line, once, so that an outage shows at
-// the warn level without a line per retry of every message.
-func TestASignalThatKeepsFailingIsLoggedAsAWarningOnce(t *testing.T) {
+// line naming Temporal, the message and its workflow; every fifth failure
+// of one message is a warn line, so that an outage shows at the warn level
+// without a line per retry of every message.
+func TestASignalThatKeepsFailingIsLoggedAsAWarningNowAndThen(t *testing.T) {
 	for _, tc := range []struct {
 		attemptsBefore int32
 		level          string
-	}{{0, "INFO"}, {sendFailuresBeforeWarn - 1, "WARN"}, {sendFailuresBeforeWarn, "INFO"}} {
+	}{{0, "INFO"}, {sendFailuresBeforeWarn - 1, "WARN"}, {sendFailuresBeforeWarn, "INFO"}, {2*sendFailuresBeforeWarn - 1, "WARN"}} {
 		t.Run(fmt.Sprintf("failure %d", tc.attemptsBefore+1), func(t *testing.T) {
 			db := testkit.NewPool(t)
 			ctx := context.Background()
