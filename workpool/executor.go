@@ -421,7 +421,11 @@ func (e *executor) heartbeat() error {
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := e.m.db.Query(e.bgCtx, sqlHeartbeat, pgUUIDs(ids), [16]byte(e.id), e.m.now())
+	// (bounded: a heartbeat stuck on a dead connection after a failover
+	// would hold up every later one until recovery took the attempts)
+	ctx, cancel := context.WithTimeout(e.bgCtx, e.m.cfg.HeartbeatTimeout/2)
+	defer cancel()
+	rows, err := e.m.db.Query(ctx, sqlHeartbeat, pgUUIDs(ids), [16]byte(e.id), e.m.now())
 	if err != nil {
 		return fmt.Errorf("heartbeating %d attempts: %w", len(ids), err)
 	}
