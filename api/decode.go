@@ -168,11 +168,12 @@ func typeErrorDetail(typeErr *json.UnmarshalTypeError) string {
 
 // typeErrorPath finds where in body the value of a type error of the
 // decoder stands, as the dotted path a problem names, with the indices
-// the decoder's Field leaves out ("chunks[1].n", "org_weights.acme"): the
-// value whose token ends at the error's Offset (a scalar's end, or just past
-// a container's opening bracket). The path must agree with Field (indices
-// and the keys of a map aside), or it is not used. Bounded as
-// unknownFieldPath is.
+// the decoder's Field leaves out ("chunks[1].n"): the value whose token
+// ends at the error's Offset (a scalar's end, or just past a container's
+// opening bracket). The path must agree with Field once its indices are
+// dropped — or extend it, as a map's key does for a map of scalars
+// ("weights.b"); a map of objects (Field "m.y" for "m.k.y") does not agree,
+// and the problem names Field. Bounded as unknownFieldPath is.
 func typeErrorPath(body []byte, typeErr *json.UnmarshalTypeError) (string, bool) {
 	if len(body) > maxPathWalk {
 		return "", false

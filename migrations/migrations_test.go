@@ -72,6 +72,7 @@ func TestAnUnmigratedDatabaseHasNoUnknownVersions(t *testing.T) {
 	_, err = admin.ExecContext(ctx, "CREATE DATABASE migrate_empty")
 	require.NoError(t, err)
 	url := strings.Replace(testkit.ServerURL(t), "/postgres?", "/migrate_empty?", 1)
+	require.NotEqual(t, testkit.ServerURL(t), url, "the empty database, not the server's")
 
 	unknown, err := migrations.Unknown(ctx, openDB(t, url))
 	require.NoError(t, err)
