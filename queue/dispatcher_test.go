@@ -1,7 +1,6 @@
 package queue
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -117,7 +116,7 @@ func TestASignalThatKeepsFailingIsLoggedAsAWarningNowAndThen(t *testing.T) {
 		t.Run(fmt.Sprintf("failure %d", tc.attemptsBefore+1), func(t *testing.T) {
 			db := testkit.NewPool(t)
 			ctx := context.Background()
-			var logs bytes.Buffer
+			var logs testkit.LogBuffer
 			d := NewDispatcher(db, nil, DispatcherConfig{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 			m, _, err := Enqueue(ctx, db, signalParams("o/wf"))
 			require.NoError(t, err)
@@ -130,7 +129,7 @@ func TestASignalThatKeepsFailingIsLoggedAsAWarningNowAndThen(t *testing.T) {
 			require.NoError(t, d.settle(ctx, msgs, []sendResult{r}))
 
 			var line map[string]any
-			require.NoError(t, json.Unmarshal(logs.Bytes(), &line), logs.String())
+			require.NoError(t, json.Unmarshal([]byte(logs.String()), &line), logs.String())
 			require.Equal(t, tc.level, line["level"])
 			require.Contains(t, line["msg"], "Temporal")
 			require.Equal(t, "o/wf", line["workflow_id"])

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
 )
 
 func TestWorkMovesFromPendingThroughRunningToFinished(t *testing.T) {
@@ -32,7 +34,7 @@ func TestWorkMovesFromPendingThroughRunningToFinished(t *testing.T) {
 // attempt that is retried is not.
 func TestWorkThatFailsForGoodIsALogLineNamingIt(t *testing.T) {
 	t.Parallel()
-	var logs bytes.Buffer
+	var logs testkit.LogBuffer
 	h := newHarness(t, func(c *Config) { c.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
 	retried := h.enqueue(withRetry(2, 1, 1))
 	final := h.enqueue(withOrg("org-f"))
@@ -41,7 +43,7 @@ func TestWorkThatFailsForGoodIsALogLineNamingIt(t *testing.T) {
 	h.complete(final, "final", 1)
 
 	var lines []map[string]any
-	for _, l := range bytes.Split(bytes.TrimSpace(logs.Bytes()), []byte("\n")) {
+	for _, l := range bytes.Split(bytes.TrimSpace([]byte(logs.String())), []byte("\n")) {
 		var rec map[string]any
 		require.NoError(t, json.Unmarshal(l, &rec))
 		if rec["msg"] == "work failed for good" {
@@ -60,7 +62,7 @@ func TestWorkThatFailsForGoodIsALogLineNamingIt(t *testing.T) {
 // says what it left for other replicas.
 func TestWorkHandedBackAtStopIsALogLineNamingIt(t *testing.T) {
 	t.Parallel()
-	var logs bytes.Buffer
+	var logs testkit.LogBuffer
 	h := newHarness(t, func(c *Config) { c.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
 	id := h.enqueue()
 	h.runMain()

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,36 +8,19 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
 )
-
-// syncBuffer is a bytes.Buffer safe for the loggers' concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // captureStderr points the engine's stderr at a buffer for the test and
 // puts the process's default loggers back after it.
-func captureStderr(t *testing.T) *syncBuffer {
+func captureStderr(t *testing.T) *testkit.LogBuffer {
 	t.Helper()
-	buf := &syncBuffer{}
+	buf := &testkit.LogBuffer{}
 	saved, savedDefault, savedFlags, savedOut := stderr, slog.Default(), log.Flags(), log.Writer()
 	stderr = buf
 	t.Cleanup(func() {

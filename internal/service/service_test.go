@@ -1,7 +1,6 @@
 package service_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -303,7 +302,7 @@ func TestNewWarnsOnceOfMigrationsThisBinaryDoesNotKnow(t *testing.T) {
 				pool.Close()
 				require.NoError(t, err)
 			}
-			var logs syncBuffer
+			var logs testkit.LogBuffer
 			cfg.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
 			svc, err := service.New(ctx, cfg)
@@ -327,22 +326,4 @@ func TestNewWarnsOnceOfMigrationsThisBinaryDoesNotKnow(t *testing.T) {
 			require.Equal(t, tc.want, warnings[0]["unknown_versions"])
 		})
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
