@@ -1,36 +1,23 @@
 package wakeup
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/api/serviceerror"
+
+	"github.com/reveille/reveille/internal/testkit"
 )
 
-// logBuffer keeps a logger's JSON lines for the test to read.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// messagesOf returns, in order, the messages of the lines naming wake-up id.
-func (b *logBuffer) messagesOf(id string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// messagesOf returns, in order, the messages of the lines logged into b
+// naming wake-up id.
+func messagesOf(b *testkit.LogBuffer, id string) []string {
 	var out []string
-	for _, line := range strings.Split(b.buf.String(), "\n") {
+	for _, line := range strings.Split(b.String(), "\n") {
 		var rec map[string]any
 		if json.Unmarshal([]byte(line), &rec) == nil && rec["wakeup_id"] == id {
 			out = append(out, rec["msg"].(string))
@@ -70,7 +57,7 @@ func TestEveryStateChangeOfAWakeupIsADebugLineNamingItsID(t *testing.T) {
 			want: []string{"wake-up created, funded", "wake-up's work finished", "wake-up resolved, signal queued", "signal rejected; message failed"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			logs := &logBuffer{}
+			logs := &testkit.LogBuffer{}
 			logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			f := newFixtureWith(t, fixtureOptions{signals: rejectingSignaler{}, logger: logger})
 			ctx := context.Background()
@@ -83,10 +70,10 @@ func TestEveryStateChangeOfAWakeupIsADebugLineNamingItsID(t *testing.T) {
 				_, err = f.svc.Cancel(ctx, "o", AnyAgent, w.ID)
 			}
 			require.NoError(t, err)
-			require.Eventually(t, func() bool { return len(logs.messagesOf(w.ID.String())) >= len(tc.want) }, testWait, testTick)
+			require.Eventually(t, func() bool { return len(messagesOf(logs, w.ID.String())) >= len(tc.want) }, testWait, testTick)
 			// The cancel's own line and the signal's send both follow its commit,
 			// in either order.
-			require.ElementsMatch(t, tc.want, logs.messagesOf(w.ID.String()))
+			require.ElementsMatch(t, tc.want, messagesOf(logs, w.ID.String()))
 		})
 	}
 }
