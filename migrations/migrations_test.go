@@ -64,15 +64,24 @@ func TestStatusListsAppliedVersionsThisBinaryDoesNotKnow(t *testing.T) {
 	require.Contains(t, lines[0], "00001_foundation.sql")
 }
 
-func TestAnUnmigratedDatabaseHasNoUnknownVersions(t *testing.T) {
+// emptyDatabase creates (again) the database name beside the test's
+// template-cloned one and returns its URL.
+func emptyDatabase(t *testing.T, name string) string {
+	t.Helper()
 	ctx := context.Background()
 	admin := openDB(t, testkit.ServerURL(t))
-	_, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS migrate_empty")
+	_, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name)
 	require.NoError(t, err)
-	_, err = admin.ExecContext(ctx, "CREATE DATABASE migrate_empty")
+	_, err = admin.ExecContext(ctx, "CREATE DATABASE "+name)
 	require.NoError(t, err)
-	url := strings.Replace(testkit.ServerURL(t), "/postgres?", "/migrate_empty?", 1)
+	url := strings.Replace(testkit.ServerURL(t), "/postgres?", "/"+name+"?", 1)
 	require.NotEqual(t, testkit.ServerURL(t), url, "the empty database, not the server's")
+	return url
+}
+
+func TestAnUnmigratedDatabaseHasNoUnknownVersions(t *testing.T) {
+	ctx := context.Background()
+	url := emptyDatabase(t, "migrate_empty")
 
 	unknown, err := migrations.Unknown(ctx, openDB(t, url))
 	require.NoError(t, err)
@@ -81,13 +90,7 @@ func TestAnUnmigratedDatabaseHasNoUnknownVersions(t *testing.T) {
 
 func TestConcurrentMigratorsDoNotFail(t *testing.T) {
 	ctx := context.Background()
-	// An empty database: create one beside the test's template-cloned one.
-	admin := openDB(t, testkit.ServerURL(t))
-	_, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS migrate_race")
-	require.NoError(t, err)
-	_, err = admin.ExecContext(ctx, "CREATE DATABASE migrate_race")
-	require.NoError(t, err)
-	url := strings.Replace(testkit.ServerURL(t), "/postgres?", "/migrate_race?", 1)
+	url := emptyDatabase(t, "migrate_race")
 
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
