@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -114,7 +113,7 @@ func (s *Server) createWakeup(c echo.Context) error {
 		detail := "the agent's mandate does not cover this wake-up; an approval request was created and the workflow will be woken once it is resolved"
 		if refused.Settled() {
 			detail = "the agent's mandate did not cover this wake-up and its approval request was " +
-				strings.TrimPrefix(refused.Refusal, "approval ") + ": the wake-up resolved as " + refused.Wakeup.Outcome +
+				refused.Wakeup.Approval.State + ": the wake-up resolved as " + refused.Wakeup.Outcome +
 				" and its workflow was woken"
 		}
 		return NewProblem(http.StatusPaymentRequired, "spend-refused", detail).

@@ -108,7 +108,8 @@ const (
 )
 
 // Settled reports whether the approval request was settled without
-// approval (the refusal a retry found): no workflow waits on it any more.
+// approval (the refusal a retry found; Wakeup.Approval.State says how): no
+// workflow waits on it any more.
 func (e *RefusedError) Settled() bool {
 	switch e.Refusal {
 	case RefusalApprovalDenied, RefusalApprovalExpired, RefusalApprovalCanceled:
@@ -119,8 +120,7 @@ func (e *RefusedError) Settled() bool {
 
 func (e *RefusedError) Error() string {
 	if e.Settled() {
-		return fmt.Sprintf("spend refused: approval request %s for wake-up %s was %s", e.ApprovalID, e.Wakeup.ID,
-			strings.TrimPrefix(e.Refusal, "approval "))
+		return fmt.Sprintf("spend refused: approval request %s for wake-up %s was %s", e.ApprovalID, e.Wakeup.ID, e.Wakeup.Approval.State)
 	}
 	return fmt.Sprintf("spend refused (%s): approval request %s is pending for wake-up %s", e.Refusal, e.ApprovalID, e.Wakeup.ID)
 }

@@ -396,16 +396,12 @@ func (m *Manager) completeArgs(results []attemptResult) []any {
 
 // countRecorded counts what a recording did, per pool.
 func (m *Manager) countRecorded(rows []finishedRow) {
-	var handedBack []string
-	defer func() {
-		if len(handedBack) > 0 {
-			m.logger.Info("handed work back at stop: it is pending again at once, its attempt not counted, for another replica to run",
-				"count", len(handedBack), "work_ids", handedBack[:min(len(handedBack), 20)])
-		}
-	}()
+	handedBack, ids := 0, []string(nil)
 	for _, r := range rows {
 		if r.kind == kindHandBack {
-			handedBack = append(handedBack, r.id.String())
+			if handedBack++; len(ids) < 20 {
+				ids = append(ids, r.id.String())
+			}
 		}
 		rep := m.report(r.pool)
 		switch {
@@ -420,6 +416,10 @@ func (m *Manager) countRecorded(rows []finishedRow) {
 		case r.kind == kindFailed:
 			rep.retried(1)
 		}
+	}
+	if handedBack > 0 {
+		m.logger.Info("handed work back at stop: it is pending again at once, its attempt not counted, for another replica to run",
+			"count", handedBack, "work_ids", ids)
 	}
 }
 
