@@ -156,6 +156,7 @@ func TestBadMandateInputIsA400NamingTheField(t *testing.T) {
 	s, _ := newMandateServer(t)
 	h, admin, agent, approver := s.Handler(), token(t, "org-a", "admin"), token(t, "org-a", "agent"), token(t, "org-a", "approver")
 	id := createMandate(t, h, admin, "agent-1", "llm", 10)["id"].(string)
+	long := strings.Repeat("é", 501) // 1,002 bytes
 	cases := []struct {
 		method, path, tok string
 		body              any
@@ -186,6 +187,9 @@ func TestBadMandateInputIsA400NamingTheField(t *testing.T) {
 		{"POST", "/v1/mandates/spend", agent, `{"agent_id":"a","scope":"","cost":1}`, "scope"},
 		{"POST", "/v1/mandates/spend", agent, `{"agent_id":"","scope":"s","cost":1}`, "agent_id"},
 		{"POST", "/v1/mandates/spend", agent, `{"agent_id":"a","scope":"s","cost":1,"budget":9}`, "budget"},
+		{"POST", "/v1/mandates/spend", agent, `{"agent_id":"a","scope":"s","cost":1,"reason":"` + long + `"}`, "reason"},
+		{"POST", "/v1/mandates/spend", agent, `{"agent_id":"a","scope":"` + long + `","cost":1}`, "scope"},
+		{"POST", "/v1/mandates", admin, `{"agent_id":"` + long + `","scope":"s","budget":1}`, "agent_id"},
 		{"GET", "/v1/mandates?limit=0", admin, nil, "limit"},
 		{"GET", "/v1/mandates?limit=501", admin, nil, "limit"},
 		{"GET", "/v1/mandates?limit=ten", admin, nil, "limit"},

@@ -57,8 +57,8 @@ func (p SpendParams) validate() error {
 	inv := &apperr.InvalidError{}
 	requireText(inv, "agent_id", p.AgentID)
 	requireText(inv, "scope", p.Scope)
-	checkText(inv, "reason", p.Reason)
-	checkText(inv, "idempotency_key", p.IdempotencyKey)
+	checkInputText(inv, "reason", p.Reason)
+	checkInputText(inv, "idempotency_key", p.IdempotencyKey)
 	checkAmount(inv, "cost", p.Cost)
 	if p.OnResolve != nil && p.OnResolve.Kind == "" {
 		inv.Add("on_resolve.kind", "must not be empty")
@@ -331,10 +331,25 @@ func checkText(inv *apperr.InvalidError, field, v string) {
 	}
 }
 
+// maxInputText bounds the text a caller gives a mandate or a spend (as a
+// wake-up's fields are bounded): the ledger and approval requests keep it.
+const maxInputText = 1000
+
+// checkInputText is checkText for text a caller gives: also at most
+// maxInputText bytes. (Not for the reasons the engine writes itself, such
+// as a refund's, which may quote a caller's whole reason.)
+func checkInputText(inv *apperr.InvalidError, field, v string) {
+	if len(v) > maxInputText {
+		inv.Add(field, fmt.Sprintf("must be at most %d bytes", maxInputText))
+		return
+	}
+	checkText(inv, field, v)
+}
+
 func requireText(inv *apperr.InvalidError, field, v string) {
 	if v == "" {
 		inv.Add(field, "must not be empty")
 		return
 	}
-	checkText(inv, field, v)
+	checkInputText(inv, field, v)
 }

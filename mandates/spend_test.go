@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -90,20 +91,32 @@ func TestACostOfZeroPassesEvenWithNothingLeft(t *testing.T) {
 func TestSpendRejectsBadInputNamingTheField(t *testing.T) {
 	s, db := newTestService(t)
 	ctx := context.Background()
-	for field, p := range map[string]SpendParams{
-		"cost":            {OrgID: "org-a", AgentID: "a", Scope: "s", Cost: -1},
-		"agent_id":        {OrgID: "org-a", Scope: "s", Cost: 1},
-		"scope":           {OrgID: "org-a", AgentID: "a", Cost: 1},
-		"on_resolve.kind": {OrgID: "org-a", AgentID: "a", Scope: "s", Cost: 1, OnResolve: &Payload{}},
-		"reason":          {OrgID: "org-a", AgentID: "a", Scope: "s", Cost: 1, Reason: "nul\x00byte"},
-		"idempotency_key": {OrgID: "org-a", AgentID: "a", Scope: "s", Cost: 1, IdempotencyKey: "\xff"},
+	long := strings.Repeat("x", 1001)
+	for _, tc := range []struct {
+		field string
+		p     SpendParams
+	}{
+		{"cost", SpendParams{OrgID: "org-a", AgentID: "a", Scope: "s", Cost: -1}},
+		{"agent_id", SpendParams{OrgID: "org-a", Scope: "s", Cost: 1}},
+		{"agent_id", SpendParams{OrgID: "org-a", AgentID: long, Scope: "s", Cost: 1}},
+		{"scope", SpendParams{OrgID: "org-a", AgentID: "a", Cost: 1}},
+		{"scope", SpendParams{OrgID: "org-a", AgentID: "a", Scope: long, Cost: 1}},
+		{"on_resolve.kind", SpendParams{OrgID: "org-a", AgentID: "a", Scope: "s", Cost: 1, OnResolve: &Payload{}}},
+		{"reason", SpendParams{OrgID: "org-a", AgentID: "a", Scope: "s", Cost: 1, Reason: "nul\x00byte"}},
+		{"reason", SpendParams{OrgID: "org-a", AgentID: "a", Scope: "s", Cost: 1, Reason: long}},
+		{"idempotency_key", SpendParams{OrgID: "org-a", AgentID: "a", Scope: "s", Cost: 1, IdempotencyKey: "\xff"}},
+		{"idempotency_key", SpendParams{OrgID: "org-a", AgentID: "a", Scope: "s", Cost: 1, IdempotencyKey: long}},
 	} {
-		_, err := s.Spend(ctx, p)
+		_, err := s.Spend(ctx, tc.p)
 		var inv *apperr.InvalidError
-		require.ErrorAs(t, err, &inv, field)
-		require.Equal(t, field, inv.Fields[0].Field)
+		require.ErrorAs(t, err, &inv, tc.field)
+		require.Equal(t, tc.field, inv.Fields[0].Field)
 	}
 	require.Zero(t, countApprovals(t, db, "org-a", StatePending), "nothing is written for bad input")
+	// (1,000 bytes is still text enough: refused for want of a mandate)
+	r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "a", Scope: "s", Cost: 1, Reason: long[:1000]})
+	require.NoError(t, err)
+	require.Equal(t, RefusalNoMandate, r.Refusal)
 }
 
 func TestACostBeyondTwoToTheFiftyThreeIsRefusedAsInvalid(t *testing.T) {
