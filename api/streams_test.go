@@ -445,6 +445,27 @@ func TestAnAppendWhoseResponseWasLostIsNotRepeatedByItsRetry(t *testing.T) {
 	require.Equal(t, []string{"once"}, s.page(t, tok, "out", "").data(t))
 }
 
+// Another caller of the org with the same key, or the same caller once
+// the key's HTTP record is gone, sending other chunks: a 409, and its
+// chunks are not silently dropped behind a 201 with the first append's
+// indexes.
+func TestAnAppendKeyUsedAgainForOtherChunksIsA409(t *testing.T) {
+	s := newStreamServer(t, streams.Config{})
+	tok := agentToken(t, "org-a")
+	other, err := SignToken(testSecret, TokenSpec{OrgID: "org-a", Sub: "another-caller", Roles: []string{"agent"}, TTL: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, s.post(t, tok, "out", []byte("from-a"), "Idempotency-Key", "k1").Status)
+
+	p := s.post(t, other, "out", []byte("from-b"), "Idempotency-Key", "k1").requireProblem(t, http.StatusConflict)
+	require.Contains(t, p["type"], "idempotency-key-used")
+	_, err = s.svc.DB.Exec(context.Background(), `DELETE FROM idempotency_keys`)
+	require.NoError(t, err)
+	s.post(t, tok, "out", []byte("second"), "Idempotency-Key", "k1").requireProblem(t, http.StatusConflict)
+	require.Equal(t, []string{"from-a"}, s.page(t, tok, "out", "").data(t))
+	// (the same chunks under the key are still its retry, from either caller)
+	require.Equal(t, http.StatusCreated, s.post(t, other, "out", []byte("from-a"), "Idempotency-Key", "k1").Status)
+}
+
 func TestStreamRoutesAreAbsentWithoutTheStreamsService(t *testing.T) {
 	s := newTestServer(t)
 	do(t, s.Handler(), http.MethodGet, "/v1/runs/run-1/streams", agentToken(t, "org-a"), nil).requireProblem(t, http.StatusNotFound)

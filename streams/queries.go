@@ -36,15 +36,17 @@ SELECT s.chunk_count - $5,
 
 // appendKeyedSQL is appendSQL, without notifying, for an append carrying
 // an idempotency key: when the key was used on this stream already it
-// appends nothing and returns the first use's range, flagged as a replay.
-// Two concurrent first uses meet on the key's primary key: the loser fails
-// with a unique violation once the winner commits, and is run again.
+// appends nothing and returns the first use's range and fingerprint,
+// flagged as a replay. Two concurrent first uses meet on the key's primary
+// key: the loser fails with a unique violation once the winner commits,
+// and is run again.
 //
 // $1 new stream id, $2 org, $3 run, $4 name, $5 chunk count, $6 chunks,
-// $7 key, $8 bytes in all, $9 each chunk's offset within the append.
+// $7 key, $8 bytes in all, $9 each chunk's offset within the append, $10
+// the chunks' fingerprint.
 const appendKeyedSQL = `
 WITH prior AS (
-    SELECT a.first_index, a.last_index
+    SELECT a.first_index, a.last_index, a.request_hash
       FROM streams p JOIN stream_appends a ON a.stream_id = p.id AND a.org_id = p.org_id
      WHERE p.org_id = $2 AND p.run_id = $3 AND p.name = $4 AND a.key = $7
 ), s AS (
@@ -61,12 +63,12 @@ WITH prior AS (
     SELECT s.id, s.chunk_count - $5 + t.ord - 1, $2, s.byte_count - $8 + t.off, t.data
       FROM s, unnest($6::bytea[], $9::bigint[]) WITH ORDINALITY AS t(data, off, ord)
 ), k AS (
-    INSERT INTO stream_appends (stream_id, key, org_id, first_index, last_index)
-    SELECT s.id, $7, $2, s.chunk_count - $5, s.chunk_count - 1 FROM s
+    INSERT INTO stream_appends (stream_id, key, org_id, first_index, last_index, request_hash)
+    SELECT s.id, $7, $2, s.chunk_count - $5, s.chunk_count - 1, $10 FROM s
 )
-SELECT s.chunk_count - $5, s.chunk_count - 1, false FROM s
+SELECT s.chunk_count - $5, s.chunk_count - 1, false, NULL::bytea FROM s
 UNION ALL
-SELECT first_index, last_index, true FROM prior`
+SELECT first_index, last_index, true, request_hash FROM prior`
 
 // notifySQL announces committed appends ($1, payloads) in a transaction of
 // its own. Postgres serialises the commits of notifying transactions (a

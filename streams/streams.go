@@ -11,7 +11,10 @@
 package streams
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -147,7 +150,9 @@ func (s *Service) Append(ctx context.Context, org, runID, name string, chunks []
 // AppendWithKey is Append with an idempotency key (the request's
 // Idempotency-Key; "" for none): a key already used on this stream appends
 // nothing and returns the indexes its first use got, even once the stream
-// is closed. So a retry after a lost response never appends twice.
+// is closed. So a retry after a lost response never appends twice. A key
+// used on the stream for other chunks gives ErrKeyReused and appends
+// nothing.
 func (s *Service) AppendWithKey(ctx context.Context, org, runID, name, key string, chunks [][]byte) (Range, error) {
 	if err := s.checkAppend(runID, name, chunks); err != nil {
 		return Range{}, err
@@ -215,9 +220,11 @@ func (s *Service) appendKeyed(ctx context.Context, org, runID, name, key string,
 		return Range{}, false, fmt.Errorf("new stream id: %w", err)
 	}
 	offsets, total := chunkOffsets(chunks)
+	hash := fingerprint(chunks)
 	for attempt := 0; ; attempt++ {
-		err = s.db.QueryRow(ctx, appendKeyedSQL, id, org, runID, name, int64(len(chunks)), chunks, key, total, offsets).
-			Scan(&r.FirstIndex, &r.LastIndex, &replayed)
+		var firstHash []byte
+		err = s.db.QueryRow(ctx, appendKeyedSQL, id, org, runID, name, int64(len(chunks)), chunks, key, total, offsets, hash).
+			Scan(&r.FirstIndex, &r.LastIndex, &replayed, &firstHash)
 		var pgErr *pgconn.PgError
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -226,12 +233,30 @@ func (s *Service) appendKeyed(ctx context.Context, org, runID, name, key string,
 			continue
 		case err != nil:
 			return Range{}, false, fmt.Errorf("appending to stream %s/%s: %w", runID, name, err)
+		case replayed && firstHash != nil && !bytes.Equal(firstHash, hash):
+			// (another caller's key, or one whose HTTP record expired:
+			// not a retry of the first append, whose indexes it must not
+			// get while its own chunks are dropped)
+			return Range{}, true, ErrKeyReused
 		}
 		if !replayed {
 			s.metrics.appended(chunks)
 		}
 		return r, replayed, nil
 	}
+}
+
+// fingerprint identifies an append's chunks, boundaries included: a
+// SHA-256 over each chunk's length and bytes.
+func fingerprint(chunks [][]byte) []byte {
+	h := sha256.New()
+	var n [8]byte
+	for _, c := range chunks {
+		binary.BigEndian.PutUint64(n[:], uint64(len(c)))
+		h.Write(n[:])
+		h.Write(c)
+	}
+	return h.Sum(nil)
 }
 
 func chunkOffsets(chunks [][]byte) (offsets []int64, total int64) {

@@ -706,6 +706,29 @@ func TestAnAppendRetriedWithItsKeyAppendsNothingAndGetsItsIndexesBack(t *testing
 	require.Equal(t, []string{"a", "b", "c"}, dataOf(readAll(t, svc, org, "run-1", "out", 10)))
 }
 
+// A key names one append: used again on the stream for other chunks — by
+// another caller of the org, or once the HTTP layer forgot the key — it
+// is refused, not answered with the first append's indexes while the new
+// chunks are dropped.
+func TestAKeyUsedAgainForOtherChunksIsRefusedAndAppendsNothing(t *testing.T) {
+	svc, _ := newService(t, streams.Config{})
+	ctx := context.Background()
+	_, err := svc.AppendWithKey(ctx, org, "run-1", "out", "k1", [][]byte{[]byte("ab")})
+	require.NoError(t, err)
+	for _, other := range [][][]byte{
+		{[]byte("other")},
+		{[]byte("a"), []byte("b")}, // the same bytes, cut otherwise
+		{[]byte("ab"), []byte("")},
+	} {
+		_, err = svc.AppendWithKey(ctx, org, "run-1", "out", "k1", other)
+		require.ErrorIs(t, err, streams.ErrKeyReused, "%q", other)
+	}
+	require.NoError(t, svc.Close(ctx, org, "run-1", "out"))
+	_, err = svc.AppendWithKey(ctx, org, "run-1", "out", "k1", [][]byte{[]byte("late")})
+	require.ErrorIs(t, err, streams.ErrKeyReused, "after the close too")
+	require.Equal(t, []string{"ab"}, dataOf(readAll(t, svc, org, "run-1", "out", 10)))
+}
+
 func TestConcurrentUsesOfOneKeyAppendOnce(t *testing.T) {
 	svc, _ := newService(t, streams.Config{})
 	ranges := make([]streams.Range, 8)

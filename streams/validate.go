@@ -15,6 +15,9 @@ const MaxIDLength = 200
 var (
 	// ErrClosed is returned by appends to a closed stream.
 	ErrClosed = fmt.Errorf("stream is closed: %w", apperr.ErrConflict)
+	// ErrKeyReused is returned by AppendWithKey when the key was used on the
+	// stream for other chunks.
+	ErrKeyReused = fmt.Errorf("this idempotency key was used for a different append to this stream: %w", apperr.ErrConflict)
 	// ErrStopped is returned by Tail when the live-tail hub is not running.
 	ErrStopped = fmt.Errorf("streams: live tail hub is not running")
 )
