@@ -348,6 +348,8 @@ func TestBadJSONAppendsAre400NamingTheFieldAndStoreNothing(t *testing.T) {
 	}{
 		{`{"chunks": [{"data_base64": "aGk="}, {"data_base64": "not base64!"}]}`, "chunks[1].data_base64"},
 		{`{"chunks": [{"data_base64": "aGk"}]}`, "chunks[0].data_base64"},
+		{`{"chunks": [{"data_base64": "aGVs\nbG8="}]}`, "chunks[0].data_base64"},
+		{`{"chunks": [{"data_base64": "aGVs\r\nbG8="}]}`, "chunks[0].data_base64"},
 		{`{"chunks": [{"data_base64": "aGk="}, {}]}`, "chunks[1].data_base64"},
 		{`{"chunks": []}`, "chunks"},
 		{`{}`, "chunks"},
