@@ -348,6 +348,12 @@ func (s *Service) buildDomain() error {
 	if err := httpwork.Register(s.workpool, httpCfg); err != nil {
 		return err
 	}
+	if len(httpCfg.AllowedHosts) == 0 {
+		// (a replica started without it beside replicas that have it runs
+		// its share of their http work and webhook deliveries, and fails
+		// each for good: the refusal is final)
+		logger.Warn("REVEILLE_HTTP_ALLOWED_HOSTS is empty: this replica refuses every http work item and approval webhook delivery its executor runs, and they fail for good; set it (and REVEILLE_HTTP_ALLOWED_NETS) as on the other replicas")
+	}
 	// Webhook URLs are checked against the http handler's own allow-list
 	// when they are registered; deliveries go through the handler.
 	urlRules, err := httpwork.NewURLRules(httpCfg)

@@ -327,3 +327,28 @@ func TestNewWarnsOnceOfMigrationsThisBinaryDoesNotKnow(t *testing.T) {
 		})
 	}
 }
+
+// A replica without an allow-list fails every http work item and webhook
+// delivery its executor takes: the operator who started it beside others
+// that have one must hear of it at start.
+func TestNewWarnsThatAReplicaWithoutAnAllowListRefusesEveryHTTPRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		hosts []string
+		warns bool
+	}{
+		{"no allow-list", nil, true},
+		{"an allow-list", []string{"api.example.com"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.HTTPWork.AllowedHosts = tc.hosts
+			var logs testkit.LogBuffer
+			cfg.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			svc, err := service.New(context.Background(), cfg)
+			require.NoError(t, err)
+			svc.Close()
+			require.Equal(t, tc.warns, strings.Contains(logs.String(), `"msg":"REVEILLE_HTTP_ALLOWED_HOSTS is empty`), logs.String())
+		})
+	}
+}
