@@ -22,8 +22,9 @@ func (s *Server) inboxPageRoutes() {
 			return next(c)
 		}
 	})
-	s.echo.GET("/inbox", func(c echo.Context) error { return s.serveInboxPage(c, "") })
-	s.echo.GET("/inbox/:asset", func(c echo.Context) error { return s.serveInboxPage(c, c.Param("asset")) })
+	getHead := []string{http.MethodGet, http.MethodHead}
+	s.echo.Match(getHead, "/inbox", func(c echo.Context) error { return s.serveInboxPage(c, "") })
+	s.echo.Match(getHead, "/inbox/:asset", func(c echo.Context) error { return s.serveInboxPage(c, c.Param("asset")) })
 }
 
 func (s *Server) serveInboxPage(c echo.Context, name string) error {

@@ -1,7 +1,9 @@
 package api
 
 import (
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -30,6 +32,28 @@ func TestInboxPageIsServedWithoutATokenUnderItsStrictHeaders(t *testing.T) {
 			require.Equal(t, web.InboxCSP, r.Header.Get("Content-Security-Policy"))
 			require.Equal(t, "nosniff", r.Header.Get("X-Content-Type-Options"))
 			require.Equal(t, "no-referrer", r.Header.Get("Referrer-Policy"))
+		})
+	}
+}
+
+// Probes and browsers send HEAD to what they GET: the headers, no body,
+// not a 405.
+func TestUnauthenticatedGetRoutesAnswerHead(t *testing.T) {
+	s := newTestServer(t)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	for _, path := range []string{"/healthz", "/readyz", "/metrics", "/openapi.json", "/inbox", "/inbox/inbox.js"} {
+		t.Run(path, func(t *testing.T) {
+			req, err := http.NewRequest(http.MethodHead, srv.URL+path, nil)
+			require.NoError(t, err)
+			res, err := srv.Client().Do(req)
+			require.NoError(t, err)
+			body, err := io.ReadAll(res.Body)
+			require.NoError(t, err)
+			require.NoError(t, res.Body.Close())
+			require.Equal(t, http.StatusOK, res.StatusCode)
+			require.NotEmpty(t, res.Header.Get("Content-Type"))
+			require.Empty(t, body)
 		})
 	}
 }

@@ -204,10 +204,13 @@ func (s *Server) Echo() *echo.Echo { return s.echo }
 // routes registers every route. Domain route groups add themselves here.
 func (s *Server) routes() {
 	e := s.echo
-	e.GET("/healthz", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"status": "ok"}) })
-	e.GET("/readyz", s.readyz)
-	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
-	e.GET("/openapi.json", s.openapi)
+	// (HEAD beside GET on the routes probes and browsers fetch: net/http
+	// sends a HEAD answer's headers and drops its body)
+	getHead := []string{http.MethodGet, http.MethodHead}
+	e.Match(getHead, "/healthz", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"status": "ok"}) })
+	e.Match(getHead, "/readyz", s.readyz)
+	e.Match(getHead, "/metrics", echo.WrapHandler(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
+	e.Match(getHead, "/openapi.json", s.openapi)
 	s.inboxPageRoutes()
 
 	s.route(http.MethodGet, "/v1/whoami", func(c echo.Context) error { return c.JSON(http.StatusOK, PrincipalFrom(c)) }, anyRole)
