@@ -178,11 +178,11 @@ func (s *Server) listStreams(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	after, err := base64.RawURLEncoding.DecodeString(c.QueryParam("cursor"))
+	after, err := streamNameCursor(c.QueryParam("cursor"))
 	if err != nil {
-		return Invalid("cursor", "is not a cursor this API returned")
+		return err
 	}
-	page, err := s.svc.Streams.ListNames(c.Request().Context(), PrincipalFrom(c).OrgID, runID, string(after), limit)
+	page, err := s.svc.Streams.ListNames(c.Request().Context(), PrincipalFrom(c).OrgID, runID, after, limit)
 	if err != nil {
 		return streamProblem(err)
 	}
@@ -195,6 +195,21 @@ func (s *Server) listStreams(c echo.Context) error {
 		out.NextCursor = &next
 	}
 	return c.JSON(http.StatusOK, out)
+}
+
+// streamNameCursor decodes a listStreams cursor ("" for none) into the name
+// to list after. Every cursor this API returns encodes a stream name, so
+// one that decodes to anything a name cannot be (streams.ValidateID: bytes
+// that are not UTF-8, NUL or another unprintable character, a "/", more
+// than MaxIDLength characters) was not returned by it: 400, as a cursor
+// that is not base64url — not bytes handed to Postgres, which refuses
+// invalid UTF-8 and NUL in text (a 500).
+func streamNameCursor(raw string) (string, error) {
+	after, err := base64.RawURLEncoding.DecodeString(raw)
+	if err != nil || len(after) > 0 && streams.ValidateID("cursor", string(after)) != nil {
+		return "", Invalid("cursor", "is not a cursor this API returned")
+	}
+	return string(after), nil
 }
 
 // listStreamChunks pages chunks from ?cursor= or ?start_index= (an index

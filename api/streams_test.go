@@ -222,6 +222,38 @@ func TestBadPagingParametersAre400NamingThem(t *testing.T) {
 	r.requireProblem(t, http.StatusBadRequest, "limit")
 }
 
+// A names cursor is a name this API returned, base64url-encoded: one that
+// decodes to what no stream name can be is refused as a bad cursor, not
+// handed to Postgres (which refuses bytes that are not UTF-8, and NUL).
+func TestAStreamNamesCursorThatCouldNotBeANameIs400NamingIt(t *testing.T) {
+	s := newStreamServer(t, streams.Config{})
+	tok := agentToken(t, "org-a")
+	require.Equal(t, http.StatusCreated, s.post(t, tok, "a", []byte("x")).Status)
+	cursor := base64.RawURLEncoding.EncodeToString
+	cases := []struct {
+		name, cursor string
+	}{
+		{"not base64url", "***"},
+		{"a byte that is not UTF-8 (0xFF)", "_w"},
+		{"NUL", "AA"},
+		{"a name with NUL in it", cursor([]byte("a\x00b"))},
+		{"a control character", cursor([]byte("a\x01"))},
+		{"a slash, which no name holds", cursor([]byte("a/b"))},
+		{"longer than any name", cursor([]byte(strings.Repeat("n", streams.MaxIDLength+1)))},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := do(t, s.Handler(), http.MethodGet, "/v1/runs/run-1/streams?cursor="+tc.cursor, tok, nil)
+			p := r.requireProblem(t, http.StatusBadRequest, "cursor")
+			require.Equal(t, "invalid cursor: is not a cursor this API returned", p["detail"])
+		})
+	}
+	t.Run("the longest name is a cursor", func(t *testing.T) {
+		r := do(t, s.Handler(), http.MethodGet, "/v1/runs/run-1/streams?cursor="+cursor([]byte(strings.Repeat("é", streams.MaxIDLength))), tok, nil)
+		require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	})
+}
+
 func TestListingAStreamsNamesPagesWithANullCursorAtTheEnd(t *testing.T) {
 	s := newStreamServer(t, streams.Config{})
 	tok := agentToken(t, "org-a")
