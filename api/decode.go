@@ -50,7 +50,7 @@ func readJSONBody(c echo.Context) ([]byte, error) {
 	if ct := c.Request().Header.Get(echo.HeaderContentType); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != echo.MIMEApplicationJSON && !strings.HasSuffix(mt, "+json")) {
-			return nil, NewProblem(http.StatusUnsupportedMediaType, "unsupported-media-type", "the body must be application/json")
+			return nil, unsupportedMediaType("the body must be application/json")
 		}
 	}
 	body, err := io.ReadAll(c.Request().Body)

@@ -85,6 +85,15 @@ func TestIdempotencyReplaysTheFirstResponse(t *testing.T) {
 		do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`)
 		require.EqualValues(t, 7, runs.Load())
 	})
+	t.Run("a 415 is not kept: the same body sent again as JSON runs", func(t *testing.T) {
+		before := runs.Load()
+		do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`, "Idempotency-Key", "k4", "Content-Type", "text/plain").
+			requireProblem(t, http.StatusUnsupportedMediaType, "Content-Type")
+		fixed := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`, "Idempotency-Key", "k4")
+		require.Equal(t, http.StatusCreated, fixed.Status, "body: %s", fixed.Body)
+		require.Empty(t, fixed.Header.Get("Idempotent-Replayed"))
+		require.Equal(t, before+1, runs.Load())
+	})
 	t.Run("keys that differ only in case count byte for byte", func(t *testing.T) {
 		// (the handler reads both as one field, the last one winning)
 		first := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x","Name":"y"}`, "Idempotency-Key", "k3")

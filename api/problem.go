@@ -81,6 +81,15 @@ func invalidFields(fields []apperr.FieldError) *Problem {
 	return p
 }
 
+// unsupportedMediaType is a 415 naming the Content-Type header, as a 400
+// names its field: the body was sent as a media type the operation does
+// not take.
+func unsupportedMediaType(detail string) *Problem {
+	p := NewProblem(http.StatusUnsupportedMediaType, "unsupported-media-type", detail)
+	p.Errors = []apperr.FieldError{{Field: echo.HeaderContentType, Detail: detail}}
+	return p
+}
+
 // pendingRetryAfterSeconds is the Retry-After of a refusal for too much
 // pending work: room comes back only as the org's work in the pool
 // finishes, and the pool counts a refused org again at most once a second,
@@ -130,7 +139,7 @@ func echoProblem(he *echo.HTTPError) *Problem {
 	case http.StatusRequestEntityTooLarge:
 		return tooLargeProblem("body-too-large", "body", "request body exceeds the limit")
 	case http.StatusUnsupportedMediaType:
-		return NewProblem(he.Code, "unsupported-media-type", detail)
+		return unsupportedMediaType(detail)
 	}
 	return NewProblem(he.Code, strings.ReplaceAll(strings.ToLower(http.StatusText(he.Code)), " ", "-"), detail)
 }

@@ -79,8 +79,7 @@ func (s *Server) appendStreamChunks(c echo.Context) error {
 	case echo.MIMEApplicationJSON:
 		chunks, err = s.jsonChunks(c)
 	default:
-		return NewProblem(http.StatusUnsupportedMediaType, "unsupported-media-type",
-			"send one chunk as application/octet-stream or many as application/json {chunks: [{data_base64}]}")
+		return unsupportedMediaType("send one chunk as application/octet-stream or many as application/json {chunks: [{data_base64}]}")
 	}
 	if err != nil {
 		return err

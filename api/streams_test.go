@@ -400,8 +400,24 @@ func TestAppendsOfOtherMediaTypesAre415(t *testing.T) {
 	tok := agentToken(t, "org-a")
 	for _, ct := range []string{"text/plain", "application/x-www-form-urlencoded", ""} {
 		r := do(t, s.Handler(), http.MethodPost, streamBase+"out/chunks", tok, nil, "Content-Type", ct)
-		r.requireProblem(t, http.StatusUnsupportedMediaType)
+		r.requireProblem(t, http.StatusUnsupportedMediaType, "Content-Type")
 	}
+}
+
+// A 415 is a malformed request, refused before anything was stored: it is
+// not kept under its Idempotency-Key, so the request sent again with the
+// right Content-Type (the same body, so the same fingerprint) appends.
+func TestAnAppendRefusedWith415IsNotReplayedToItsCorrectedRetry(t *testing.T) {
+	s := newStreamServer(t, streams.Config{})
+	tok := agentToken(t, "org-a")
+	s.post(t, tok, "out", []byte("x"), "Idempotency-Key", "ct-k1", "Content-Type", "text/plain").
+		requireProblem(t, http.StatusUnsupportedMediaType, "Content-Type")
+	fixed := s.post(t, tok, "out", []byte("x"), "Idempotency-Key", "ct-k1")
+	require.Equal(t, http.StatusCreated, fixed.Status, "body: %s", fixed.Body)
+	require.Empty(t, fixed.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, []string{"x"}, s.page(t, tok, "out", "").data(t))
+	again := s.post(t, tok, "out", []byte("x"), "Idempotency-Key", "ct-k1")
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"), "the 201 is kept")
 }
 
 func TestInvalidRunIDsAndNamesAre400NamingThem(t *testing.T) {

@@ -32,7 +32,8 @@ type Error struct {
 	// Detail says what went wrong in words.
 	Detail   string `json:"detail,omitempty"`
 	Instance string `json:"instance,omitempty"`
-	// Errors names the offending fields of a 400 or 413.
+	// Errors names the offending fields of a 400 or 413, and the
+	// Content-Type header of a 415.
 	Errors []FieldError `json:"errors,omitempty"`
 
 	// The extension members the API sets: ApprovalID and Refusal on a
