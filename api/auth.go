@@ -158,8 +158,8 @@ func (a *authenticator) verify(raw string) (Principal, error) {
 	if _, err := a.parser.ParseWithClaims(raw, &claims, a.keyfunc); err != nil {
 		return Principal{}, err
 	}
-	if claims.OrgID == "" {
-		return Principal{}, errors.New("token has no org_id claim")
+	if err := checkIdentityClaims(claims); err != nil {
+		return Principal{}, err
 	}
 	roles := make([]string, 0, len(claims.Roles))
 	for _, r := range claims.Roles {
@@ -172,6 +172,39 @@ func (a *authenticator) verify(raw string) (Principal, error) {
 		roles = append(roles, r)
 	}
 	return Principal{OrgID: claims.OrgID, Sub: claims.Subject, Roles: roles, AgentID: claims.AgentID}, nil
+}
+
+// maxIdentityClaim bounds the identity claims, in bytes. The org id rides
+// in every Postgres NOTIFY payload of the streams (at most 8000 bytes, with
+// a run id and a stream name of up to 200 characters each), and the streams
+// notifier sends payloads in batches, so one org's oversized payload would
+// fail its stream's close and a whole batch — stalling other orgs' live
+// tails on other replicas. sub and agent_id are keys and log fields too.
+const maxIdentityClaim = 255
+
+// checkIdentityClaims refuses a token whose org_id is missing, or whose
+// org_id, sub or agent_id (each optional but org_id) is blank, longer than
+// maxIdentityClaim bytes or holds NUL (which Postgres text cannot store):
+// every query and key carries them.
+func checkIdentityClaims(claims Claims) error {
+	if claims.OrgID == "" {
+		return errors.New("token has no org_id claim")
+	}
+	for _, claim := range []struct{ name, value string }{
+		{"org_id", claims.OrgID}, {"sub", claims.Subject}, {"agent_id", claims.AgentID},
+	} {
+		switch v := claim.value; {
+		case v == "":
+			// absent (org_id is checked above)
+		case strings.TrimSpace(v) == "":
+			return fmt.Errorf("the %s claim is blank", claim.name)
+		case len(v) > maxIdentityClaim:
+			return fmt.Errorf("the %s claim is %d bytes long; at most %d are allowed", claim.name, len(v), maxIdentityClaim)
+		case strings.ContainsRune(v, 0):
+			return fmt.Errorf("the %s claim holds NUL", claim.name)
+		}
+	}
+	return nil
 }
 
 // middleware rejects requests without a valid bearer token (401) and stores

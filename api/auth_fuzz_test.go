@@ -26,7 +26,9 @@ var fuzzSecrets = [][]byte{
 // Whatever it is fed, verify never panics, never accepts a token whose
 // signature does not verify under one of the secrets (checked here with
 // crypto/hmac, independently of the JWT library), and never yields a
-// principal without an org_id or with a role it may not hold.
+// principal without an org_id, with an identity claim (org_id, sub,
+// agent_id) that is blank, longer than maxIdentityClaim bytes or holds NUL,
+// or with a role it may not hold.
 //
 // It needs no database: run it with REVEILLE_TEST_DATABASE_URL set to any
 // value, e.g.
@@ -47,6 +49,8 @@ func FuzzTokenParse(f *testing.F) {
 		`{"org_id":"org-a","exp":1}`,
 		`{"org_id":"org-a","exp":` + itoa(far) + `,"nbf":` + itoa(far) + `}`,
 		`{"org_id":"org-a"}`,
+		`{"org_id":"` + strings.Repeat("o", 256) + `","exp":` + itoa(far) + `}`,
+		`{"org_id":"org-a","sub":" ","agent_id":"a\u0000","exp":` + itoa(far) + `}`,
 		`[]`, `null`, ``,
 	}
 	for i, c := range claims {
@@ -95,6 +99,11 @@ func checkVerify(t *testing.T, a *authenticator, raw string) {
 	}), "accepted a token no secret signed: %q", raw)
 
 	require.NotEmpty(t, p.OrgID, "accepted %q", raw)
+	for _, v := range []string{p.OrgID, p.Sub, p.AgentID} {
+		require.LessOrEqual(t, len(v), maxIdentityClaim, "accepted %q", raw)
+		require.False(t, v != "" && strings.TrimSpace(v) == "", "a blank identity claim: accepted %q", raw)
+		require.NotContains(t, v, "\x00", "accepted %q", raw)
+	}
 	for i, r := range p.Roles {
 		require.Contains(t, AllRoles, r)
 		require.NotContains(t, p.Roles[:i], r, "a role twice")

@@ -9,12 +9,15 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/labstack/echo/v4"
 	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/streams"
 )
 
 func signHS(t *testing.T, secret []byte, claims jwt.MapClaims) string {
@@ -83,6 +86,54 @@ func TestTokensThatAreRejected(t *testing.T) {
 		r := do(t, s.Handler(), http.MethodGet, "/v1/whoami", signHS(t, testSecret, with(good, "agent_id", "agent-7")), nil)
 		require.Equal(t, http.StatusOK, r.Status, string(r.Body))
 		require.JSONEq(t, `{"org_id":"org-a","sub":"alice","roles":["admin"],"agent_id":"agent-7"}`, string(r.Body))
+	})
+}
+
+// The identity claims ride in every query, key and NOTIFY payload (a
+// stream's carries the org id, and Postgres refuses one over 8000 bytes):
+// a token whose org_id, sub or agent_id is blank, longer than 255 bytes or
+// holds NUL is refused as the other bad tokens are, naming the claim.
+func TestATokenWithABlankOrOverlongIdentityClaimIs401NamingIt(t *testing.T) {
+	s := newStreamServer(t, streams.Config{})
+	agent := with(validClaims(), "roles", []string{RoleAgent})
+	cases := []struct {
+		name   string
+		claims jwt.MapClaims
+		detail string
+	}{
+		{"an 8 KB org_id", with(agent, "org_id", strings.Repeat("o", 8000)), "the org_id claim is 8000 bytes long; at most 255 are allowed"},
+		{"a 256-byte org_id", with(agent, "org_id", strings.Repeat("o", 256)), "the org_id claim is 256 bytes long; at most 255 are allowed"},
+		{"an empty org_id", with(agent, "org_id", ""), "token has no org_id claim"},
+		{"a whitespace-only org_id", with(agent, "org_id", " \t "), "the org_id claim is blank"},
+		{"an org_id with NUL", with(agent, "org_id", "org\x00a"), "the org_id claim holds NUL"},
+		{"a 256-byte sub", with(agent, "sub", strings.Repeat("s", 256)), "the sub claim is 256 bytes long; at most 255 are allowed"},
+		{"a whitespace-only sub", with(agent, "sub", "  "), "the sub claim is blank"},
+		{"a 256-byte agent_id", with(agent, "agent_id", strings.Repeat("a", 256)), "the agent_id claim is 256 bytes long; at most 255 are allowed"},
+		{"a whitespace-only agent_id", with(agent, "agent_id", "\n"), "the agent_id claim is blank"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tok := signHS(t, testSecret, tc.claims)
+			for _, route := range []struct{ method, path string }{
+				{http.MethodGet, "/v1/whoami"},
+				{http.MethodPost, streamBase + "out/close"}, // an 8 KB org_id was a 500 here (NOTIFY)
+			} {
+				r := do(t, s.Handler(), route.method, route.path, tok, nil)
+				p := r.requireProblem(t, http.StatusUnauthorized)
+				require.Equal(t, "invalid token: "+tc.detail, p["detail"])
+				require.Equal(t, `Bearer realm="reveille", error="invalid_token"`, r.Header.Get("WWW-Authenticate"))
+			}
+		})
+	}
+	t.Run("255 bytes each is a principal, whose streams close", func(t *testing.T) {
+		org, sub, agentID := strings.Repeat("o", 255), strings.Repeat("s", 255), strings.Repeat("a", 255)
+		tok := signHS(t, testSecret, with(agent, "org_id", org, "sub", sub, "agent_id", agentID))
+		r := do(t, s.Handler(), http.MethodGet, "/v1/whoami", tok, nil)
+		require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+		require.Equal(t, map[string]any{"org_id": org, "sub": sub, "roles": []any{RoleAgent}, "agent_id": agentID}, r.JSON(t))
+		require.Equal(t, http.StatusCreated, s.post(t, tok, "out", []byte("x")).Status)
+		s.closeStream(t, tok, "out")
+		require.Equal(t, map[string]any{"tail_index": 0.0, "done": true}, s.info(t, tok, "out"))
 	})
 }
 
