@@ -86,9 +86,9 @@ type idempotencyStore struct {
 
 // middleware replays the first response to a repeated (org, route, key),
 // makes concurrent duplicates wait for the first, and answers 422 when the
-// same key comes with a different body. Server errors, 429s and malformed
-// requests (400, 413, 415) are not kept, so a retry after any of them runs
-// again.
+// same key comes with a different body. Server errors, 429s, malformed
+// requests (400, 413, 415) and requests whose client left (499) are not
+// kept, so a retry after any of them runs again.
 func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		key := IdempotencyKey(c)
@@ -332,15 +332,16 @@ func (s *idempotencyStore) runFirst(c echo.Context, next echo.HandlerFunc, org, 
 
 // keptUnderKey reports whether a response is replayed to a retry. Not kept:
 // a 5xx (the retry may succeed), a 429 (it says "retry later": replaying it
-// would refuse the retry it asks for), and a 400, 413 or 415 — a malformed
+// would refuse the retry it asks for), a 499 (the client left before its
+// answer: there is none to replay), and a 400, 413 or 415 — a malformed
 // request (its input, its size, its Content-Type), refused before anything
 // was done — so a corrected retry under the same key runs instead of being
 // replayed the refusal (a corrected Content-Type leaves the body's hash as
 // it was) or meeting "key used with a different body".
 func keptUnderKey(status int) bool {
 	switch {
-	case status >= 500, status == http.StatusTooManyRequests, status == http.StatusBadRequest,
-		status == http.StatusRequestEntityTooLarge, status == http.StatusUnsupportedMediaType:
+	case status >= 500, status == http.StatusTooManyRequests, status == statusClientClosedRequest,
+		status == http.StatusBadRequest, status == http.StatusRequestEntityTooLarge, status == http.StatusUnsupportedMediaType:
 		return false
 	}
 	return true

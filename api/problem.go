@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -144,10 +145,33 @@ func echoProblem(he *echo.HTTPError) *Problem {
 	return NewProblem(he.Code, strings.ReplaceAll(strings.ToLower(http.StatusText(he.Code)), " ", "-"), detail)
 }
 
+// statusClientClosedRequest is nginx's 499, "client closed request": what
+// the access log and reveille_http_requests_total record for a request
+// whose client went away before it was answered. No client sees it, so
+// the OpenAPI document declares it nowhere.
+const statusClientClosedRequest = 499
+
+// clientClosed reports whether err is the request's own cancellation: the
+// client hung up (net/http cancels the request's context then), and what
+// failed was only waiting for it. A context.Canceled while the request's
+// context is live is some other context's, a genuine failure.
+func clientClosed(c echo.Context, err error) bool {
+	return errors.Is(err, context.Canceled) && errors.Is(c.Request().Context().Err(), context.Canceled)
+}
+
 // errorHandler writes every error as application/problem+json, and logs
-// server errors with the request id.
+// server errors with the request id. A client that went away gets no
+// problem body, only the status 499 (a client that still reads — one that
+// closed only its sending side — sees that rather than an empty 200), and
+// its error is logged at debug: nothing failed on the server's side.
 func (s *Server) errorHandler(err error, c echo.Context) {
 	if c.Response().Committed {
+		return
+	}
+	if clientClosed(c, err) {
+		s.logger.DebugContext(c.Request().Context(), "client closed the request", "error", err.Error(),
+			"request_id", c.Response().Header().Get(echo.HeaderXRequestID), "path", c.Request().URL.Path)
+		c.Response().WriteHeader(statusClientClosedRequest)
 		return
 	}
 	p := problemFor(err)

@@ -1,13 +1,24 @@
 package api
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+	"github.com/reveille/reveille/streams"
 )
 
 func TestEveryErrorIsProblemJSON(t *testing.T) {
@@ -86,4 +97,184 @@ func TestProblemExtensionsAreTopLevel(t *testing.T) {
 	raw, err := p.MarshalJSON()
 	require.NoError(t, err)
 	require.JSONEq(t, `{"type":"https://reveille.dev/problems/spend-refused","title":"Payment Required","status":402,"detail":"no authority","approval_id":"a1"}`, string(raw))
+}
+
+// A client that hangs up (curl --max-time) is no failure of the server's:
+// its request is recorded as 499 (nginx's "client closed request") in the
+// access log and reveille_http_requests_total, with no problem body and no
+// error line — only a debug one — whether it left before the handler read
+// the database or while the handler waited on it; an append it left is not
+// kept under its Idempotency-Key. A context.Canceled while the client is
+// still there is a genuine failure: a 500, logged at error.
+func TestARequestWhoseClientLeftIsRecorded499WithoutAnErrorLine(t *testing.T) {
+	var logs testkit.LogBuffer
+	s := newTestServer(t, withStreams(t, streams.Config{}), func(c *Config, _ *Services) {
+		c.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	s.Echo().GET("/v1/test/canceled-inside", func(echo.Context) error {
+		return fmt.Errorf("a query under a context of its own: %w", context.Canceled)
+	}, s.auth.middleware)
+	tok := agentToken(t, "org-a")
+	h := s.Handler()
+	require.Equal(t, http.StatusCreated, do(t, h, http.MethodPost, streamBase+"out/chunks", tok, []byte("a"), "Content-Type", "application/octet-stream").Status)
+
+	type leaving int
+	const (
+		stays leaving = iota
+		leavesBeforeTheHandler
+		leavesWhileTheHandlerWaitsOnTheDatabase
+	)
+	cases := []struct {
+		name                string
+		method, path, route string
+		body                []byte
+		headers             []string
+		client              leaving
+		want                int
+		then                func(t *testing.T)
+	}{
+		{name: "a page of chunks left before the handler reads the database", method: http.MethodGet,
+			path: streamBase + "out/chunks?limit=500", route: streamChunksPath, client: leavesBeforeTheHandler, want: statusClientClosedRequest},
+		{name: "a live tail left before its first read", method: http.MethodGet,
+			path: streamBase + "out/sse", route: streamPath + "/sse", client: leavesBeforeTheHandler, want: statusClientClosedRequest},
+		{name: "a page of chunks left while the handler waits on the database", method: http.MethodGet,
+			path: streamBase + "out/chunks?limit=500", route: streamChunksPath, client: leavesWhileTheHandlerWaitsOnTheDatabase, want: statusClientClosedRequest},
+		{name: "a keyed append left while the handler waits on the database", method: http.MethodPost,
+			path: streamBase + "out/chunks", route: streamChunksPath, body: []byte("b"),
+			headers: []string{"Content-Type", "application/octet-stream", "Idempotency-Key", "gone-1"},
+			client:  leavesWhileTheHandlerWaitsOnTheDatabase, want: statusClientClosedRequest,
+			then: func(t *testing.T) {
+				retry := do(t, h, http.MethodPost, streamBase+"out/chunks", tok, []byte("b"),
+					"Content-Type", "application/octet-stream", "Idempotency-Key", "gone-1")
+				require.Equal(t, http.StatusCreated, retry.Status, "body: %s", retry.Body)
+				require.Empty(t, retry.Header.Get("Idempotent-Replayed"), "the 499 was not kept under the key")
+				r := do(t, h, http.MethodGet, streamBase+"out/chunks", tok, nil)
+				require.Equal(t, http.StatusOK, r.Status)
+				require.Len(t, r.JSON(t)["items"], 2, "the append is stored once: %s", r.Body)
+			}},
+		{name: "a context.Canceled while the client is there stays a 500", method: http.MethodGet,
+			path: "/v1/test/canceled-inside", route: "/v1/test/canceled-inside", client: stays, want: http.StatusInternalServerError},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			status := strconv.Itoa(tc.want)
+			before := requestsTotal(t, s, tc.method, tc.route, status)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req := httptest.NewRequest(tc.method, tc.path, bytes.NewReader(tc.body)).WithContext(ctx)
+			req.Header.Set("Authorization", "Bearer "+tok)
+			for i := 0; i+1 < len(tc.headers); i += 2 {
+				req.Header.Set(tc.headers[i], tc.headers[i+1])
+			}
+			rec := httptest.NewRecorder()
+			switch tc.client {
+			case stays:
+				h.ServeHTTP(rec, req)
+			case leavesBeforeTheHandler:
+				cancel()
+				h.ServeHTTP(rec, req)
+			case leavesWhileTheHandlerWaitsOnTheDatabase:
+				unlock := lockStreamTables(t, s)
+				done := make(chan struct{})
+				go func() { defer close(done); h.ServeHTTP(rec, req) }()
+				require.Eventually(t, func() bool { return backendsWaitingOnALock(t, s) > 0 }, testWait, pollEvery)
+				cancel()
+				select {
+				case <-done:
+				case <-time.After(testWait):
+					t.Fatal("the handler did not end when its client left")
+				}
+				unlock()
+			}
+
+			require.Equal(t, tc.want, rec.Code, "body: %s", rec.Body)
+			require.Equal(t, before+1, requestsTotal(t, s, tc.method, tc.route, status))
+			requestID := rec.Header().Get(echo.HeaderXRequestID)
+			require.NotEmpty(t, requestID)
+			lines := logLinesOf(t, &logs, requestID)
+			require.Contains(t, lines, "INFO http request "+status, "the access log line")
+			if tc.want == statusClientClosedRequest {
+				require.Empty(t, rec.Body.String(), "no problem body for a client that is gone")
+				require.NotContains(t, strings.Join(lines, "\n"), "ERROR")
+				require.Contains(t, lines, "DEBUG client closed the request")
+			} else {
+				require.Contains(t, lines, "ERROR request failed")
+			}
+			if tc.then != nil {
+				tc.then(t)
+			}
+		})
+	}
+}
+
+// requestsTotal reads reveille_http_requests_total{method, route, status}.
+func requestsTotal(t *testing.T, s *Server, method, route, status string) float64 {
+	t.Helper()
+	families, err := s.cfg.Registry.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != "reveille_http_requests_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["method"] == method && labels["route"] == route && labels["status"] == status {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// logLinesOf lists the lines logged for one request as "LEVEL msg" (and
+// the status, for an access log line).
+func logLinesOf(t *testing.T, logs *testkit.LogBuffer, requestID string) []string {
+	t.Helper()
+	var out []string
+	for line := range strings.Lines(logs.String()) {
+		var rec struct {
+			Level     string `json:"level"`
+			Msg       string `json:"msg"`
+			RequestID string `json:"request_id"`
+			Status    *int   `json:"status"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), "log line %s", line)
+		if rec.RequestID != requestID {
+			continue
+		}
+		s := rec.Level + " " + rec.Msg
+		if rec.Status != nil {
+			s += " " + strconv.Itoa(*rec.Status)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// lockStreamTables holds the stream tables locked in a transaction of its
+// own until the returned func, so that a handler that reads or writes
+// them waits in Postgres.
+func lockStreamTables(t *testing.T, s *Server) (unlock func()) {
+	t.Helper()
+	tx, err := s.svc.DB.Begin(context.Background())
+	require.NoError(t, err)
+	_, err = tx.Exec(context.Background(), "LOCK TABLE streams, stream_chunks IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	var once sync.Once
+	unlock = func() { once.Do(func() { require.NoError(t, tx.Rollback(context.Background())) }) }
+	t.Cleanup(unlock)
+	return unlock
+}
+
+// backendsWaitingOnALock counts the test database's backends waiting for a
+// lock.
+func backendsWaitingOnALock(t *testing.T, s *Server) int {
+	t.Helper()
+	var n int
+	require.NoError(t, s.svc.DB.QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").Scan(&n))
+	return n
 }
