@@ -152,6 +152,8 @@ func TestARequestWhoseClientLeftIsRecorded499WithoutAnErrorLine(t *testing.T) {
 				require.Equal(t, http.StatusOK, r.Status)
 				require.Len(t, r.JSON(t)["items"], 2, "the append is stored once: %s", r.Body)
 			}},
+		{name: "a readiness probe that left is not a 503", method: http.MethodGet,
+			path: "/readyz", route: "/readyz", client: leavesBeforeTheHandler, want: statusClientClosedRequest},
 		{name: "a context.Canceled while the client is there stays a 500", method: http.MethodGet,
 			path: "/v1/test/canceled-inside", route: "/v1/test/canceled-inside", client: stays, want: http.StatusInternalServerError},
 	}

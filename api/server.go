@@ -269,6 +269,10 @@ func (s *Server) readyz(c echo.Context) error {
 		}
 	}
 	if pg := results[0]; pg.err != nil {
+		if err := c.Request().Context().Err(); err != nil {
+			// the prober left (its own timeout): a 499, not "not ready"
+			return fmt.Errorf("readiness: %w", err)
+		}
 		return NewProblem(http.StatusServiceUnavailable, "not-ready", "not ready: postgres unreachable").With("checks", status)
 	}
 	return c.JSON(http.StatusOK, map[string]any{"status": "ready", "checks": status})
