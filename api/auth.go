@@ -85,6 +85,9 @@ type Principal struct {
 	Sub     string   `json:"sub"`
 	Roles   []string `json:"roles"`
 	AgentID string   `json:"agent_id,omitempty"`
+	// Expires is the token's exp (zero: none): a live stream ends then
+	// (tokenExpiry), since the token is checked only when it opens.
+	Expires time.Time `json:"-"`
 }
 
 // HasRole reports whether the principal holds role. Operator counts only for
@@ -171,7 +174,11 @@ func (a *authenticator) verify(raw string) (Principal, error) {
 		}
 		roles = append(roles, r)
 	}
-	return Principal{OrgID: claims.OrgID, Sub: claims.Subject, Roles: roles, AgentID: claims.AgentID}, nil
+	p := Principal{OrgID: claims.OrgID, Sub: claims.Subject, Roles: roles, AgentID: claims.AgentID}
+	if claims.ExpiresAt != nil {
+		p.Expires = claims.ExpiresAt.Time
+	}
+	return p, nil
 }
 
 // maxIdentityClaim bounds the identity claims, in bytes. The org id rides
@@ -300,4 +307,33 @@ func SignToken(secret []byte, spec TokenSpec) (string, error) {
 		claims.Audience = jwt.ClaimStrings{spec.Audience}
 	}
 	return jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString(secret)
+}
+
+// tokenExpiry fires when the request's token expires (never without an
+// exp): a Server-Sent Events stream ends then, with a comment saying why,
+// so that a token past its exp — or one withdrawn by letting it expire —
+// stops receiving data; the client reconnects with a fresh token. stop
+// releases the timer.
+func tokenExpiry(c echo.Context) (expired <-chan time.Time, stop func()) {
+	exp := PrincipalFrom(c).Expires
+	if exp.IsZero() {
+		return nil, func() {}
+	}
+	t := time.NewTimer(time.Until(exp))
+	return t.C, func() { t.Stop() }
+}
+
+// tokenExpiredComment ends a Server-Sent Events stream at its token's exp.
+const tokenExpiredComment = ": the token expired; reconnect with a fresh one\n\n"
+
+// tokenExpiredNow reports, for a stream with more to send at once, whether
+// its token's expiry fired, and ends the stream with the comment if so.
+func tokenExpiredNow(c echo.Context, expired <-chan time.Time) bool {
+	select {
+	case <-expired:
+		_, _ = c.Response().Write([]byte(tokenExpiredComment))
+		return true
+	default:
+		return false
+	}
 }

@@ -82,6 +82,8 @@ func (s *Server) approvalEvents(c echo.Context) error {
 
 	keepAlive := time.NewTicker(s.cfg.InboxKeepAlive)
 	defer keepAlive.Stop()
+	expired, stop := tokenExpiry(c)
+	defer stop()
 	for {
 		events, err := s.svc.Inbox.After(ctx, org, after, inboxPage)
 		if err != nil {
@@ -104,9 +106,12 @@ func (s *Server) approvalEvents(c echo.Context) error {
 			after = events[len(events)-1].Seq
 		}
 		if len(events) == inboxPage {
+			if tokenExpiredNow(c, expired) {
+				return nil
+			}
 			continue // more may be stored already
 		}
-		if !s.awaitInbox(c, sub, keepAlive) {
+		if !s.awaitInbox(c, sub, keepAlive, expired) {
 			return nil
 		}
 	}
@@ -115,11 +120,14 @@ func (s *Server) approvalEvents(c echo.Context) error {
 // awaitInbox waits until the org's log may have grown, writing keep-alive
 // comments meanwhile; each keep-alive also rereads, so a notification lost
 // with a LISTEN connection delays a reader at most that long. It reports
-// false when the client left or the server is stopping.
-func (s *Server) awaitInbox(c echo.Context, sub *inbox.Subscription, keepAlive *time.Ticker) bool {
+// false when the client left, the server is stopping or the token expired.
+func (s *Server) awaitInbox(c echo.Context, sub *inbox.Subscription, keepAlive *time.Ticker, expired <-chan time.Time) bool {
 	select {
 	case <-sub.Ready():
 		return true
+	case <-expired:
+		_, _ = c.Response().Write([]byte(tokenExpiredComment))
+		return false
 	case <-c.Request().Context().Done():
 		return false
 	case <-sub.Done():

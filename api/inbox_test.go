@@ -19,6 +19,7 @@ import (
 	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/streams"
 )
 
 // withInbox adds the approvals event log (its hub started) and the
@@ -514,5 +515,45 @@ func TestMandateApprovalsShowWhoAskedAndTheMandatesBudgetAndSpentThen(t *testing
 			require.Equal(t, tt.budget, body["budget"])
 			require.Equal(t, tt.spent, body["spent"])
 		})
+	}
+}
+
+// A token is checked when a stream opens; the stream must not outlive it.
+// At the token's exp the stream says so and ends (the client reconnects
+// with a fresh token).
+func TestALiveStreamEndsWhenItsTokenExpires(t *testing.T) {
+	f := newInboxFixture(t, time.Hour)
+	short, err := SignToken(testSecret, TokenSpec{OrgID: "org-a", Sub: "alice", Roles: []string{RoleApprover}, TTL: 2 * time.Second})
+	require.NoError(t, err)
+	approvals := f.subscribe(t, short)
+	s := newStreamServer(t, streams.Config{KeepAlive: time.Hour})
+	shortAgent, err := SignToken(testSecret, TokenSpec{OrgID: "org-a", Sub: "runtime", Roles: []string{RoleAgent}, TTL: 2 * time.Second})
+	require.NoError(t, err)
+	chunks := openSSE(t, s, shortAgent, "out")
+	f.overrun(t, f.agent, 1) // an event before the expiry arrives
+	require.NotEmpty(t, approvals.next(t).Data)
+
+	for name, comments := range map[string]func() (string, bool){
+		"approvals": func() (string, bool) { ev, ok := <-approvals.events; return ev.Comment, ok },
+		"chunks":    func() (string, bool) { ev, ok := <-chunks.events; return ev.Comment, ok },
+	} {
+		ended := make(chan []string, 1)
+		go func() {
+			var seen []string
+			for {
+				c, ok := comments()
+				if !ok {
+					ended <- seen
+					return
+				}
+				seen = append(seen, c)
+			}
+		}()
+		select {
+		case seen := <-ended:
+			require.Contains(t, seen, "the token expired; reconnect with a fresh one", name)
+		case <-time.After(15 * time.Second):
+			t.Fatalf("the %s stream outlived its token", name)
+		}
 	}
 }

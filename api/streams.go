@@ -277,6 +277,8 @@ func (s *Server) streamEvents(c echo.Context) error {
 
 	keepAlive := time.NewTicker(s.svc.Streams.Config().KeepAlive)
 	defer keepAlive.Stop()
+	expired, stop := tokenExpiry(c)
+	defer stop()
 	var buf []byte
 	for {
 		buf = appendSSEChunks(buf[:0], batch.Chunks)
@@ -292,7 +294,11 @@ func (s *Server) streamEvents(c echo.Context) error {
 		if batch.Ended {
 			return nil
 		}
-		if !batch.More && !s.awaitStream(c, tail, keepAlive) {
+		if batch.More {
+			if tokenExpiredNow(c, expired) {
+				return nil
+			}
+		} else if !s.awaitStream(c, tail, keepAlive, expired) {
 			return nil
 		}
 		if batch, err = tail.Next(ctx); err != nil {
@@ -305,13 +311,16 @@ func (s *Server) streamEvents(c echo.Context) error {
 }
 
 // awaitStream waits until the stream may have changed, writing keep-alive
-// comments meanwhile. It reports false when the client left or the server
-// is stopping.
-func (s *Server) awaitStream(c echo.Context, tail *streams.Tail, keepAlive *time.Ticker) bool {
+// comments meanwhile. It reports false when the client left, the server
+// is stopping or the token expired.
+func (s *Server) awaitStream(c echo.Context, tail *streams.Tail, keepAlive *time.Ticker, expired <-chan time.Time) bool {
 	for {
 		select {
 		case <-tail.Ready():
 			return true
+		case <-expired:
+			_, _ = c.Response().Write([]byte(tokenExpiredComment))
+			return false
 		case <-c.Request().Context().Done():
 			return false
 		case <-tail.Done():
