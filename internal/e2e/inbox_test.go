@@ -1,12 +1,16 @@
 package e2e
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
 	"github.com/stretchr/testify/require"
@@ -316,5 +320,67 @@ func TestInboxShowsHostileDataAsTextAndRunsNothing(t *testing.T) {
 		nothingRan(t)
 		b.run(chromedp.Click(chromedp.CSS(`#confirm-cancel`)))
 	})
+	b.noExceptions()
+}
+
+// navigateInPage opens url in the tab without waiting for a load: a URL
+// that differs from the page's only in its fragment is a same-document
+// navigation, which fires hashchange and loads nothing.
+func (b *browser) navigateInPage(url string) {
+	b.t.Helper()
+	b.run(chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
+		res, err := cdp.Call(ctx, tgt, page.Navigate, page.NavigateParams{URL: url})
+		if err == nil && res.ErrorText != "" {
+			err = errors.New(res.ErrorText)
+		}
+		return err
+	}))
+}
+
+// historyURLs are the URLs of the tab's history entries.
+func (b *browser) historyURLs() []string {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, wait)
+	defer cancel()
+	h, err := chromedp.Run(ctx, chromedp.NavigationEntries())
+	require.NoError(b.t, err)
+	var urls []string
+	for _, e := range h.Entries {
+		urls = append(urls, e.URL)
+	}
+	return urls
+}
+
+func TestInboxTakesATokenLinkOpenedInATabAlreadyOnIt(t *testing.T) {
+	s := newStack(t)
+	alice, bob := signedToken(t, "alice", "approver"), signedToken(t, "bob", "approver")
+	id := s.toolCall(token(t, org, "agent"), "s1", map[string]any{"agent_id": agent, "tool_name": "shell"})
+	b := newBrowser(t)
+	b.openInbox(s.http.URL, alice)
+	b.waitFor("alice's live inbox", `document.getElementById('who').textContent === 'alice · `+org+`' && document.getElementById('conn').dataset.state === 'live'`)
+
+	// The link for bob, opened where the page already is: only the
+	// fragment changes, so the page does not reload.
+	b.navigateInPage(s.http.URL + "/inbox#token=" + bob)
+	b.waitFor("bob signed in", `document.getElementById('who').textContent === 'bob · `+org+`'`)
+	b.waitFor("bob's list, live", itemJS(id, "true")+` && document.getElementById('conn').dataset.state === 'live'`)
+	var href, stored string
+	b.eval(`location.href`, &href)
+	b.eval(`sessionStorage.getItem(`+js(inboxTokenKey)+`)`, &stored)
+	require.Equal(t, s.http.URL+"/inbox", href, "the token stays in the address bar")
+	require.Equal(t, bob, stored)
+	for _, u := range b.historyURLs() {
+		require.NotContains(t, u, "token=", "a history entry keeps a token")
+	}
+
+	// A fragment without a token (the skip link's) changes nothing.
+	// The test's listener runs after the page's, which was added first.
+	var clicked bool
+	b.eval(`(() => { window.__hashed = false; addEventListener('hashchange', () => { window.__hashed = true; }, { once: true });
+		document.querySelector('.skip').click(); return true; })()`, &clicked)
+	b.waitFor("the skip link's fragment", `window.__hashed && location.hash === '#main'`)
+	var who string
+	b.eval(`document.getElementById('who').textContent`, &who)
+	require.Equal(t, "bob · "+org, who)
 	b.noExceptions()
 }

@@ -885,15 +885,28 @@
     selectTab(next, true);
   }
 
-  // takeFragmentToken reads #token=… once and removes it from the address
-  // bar (and history), so it is neither bookmarked nor shared by accident.
+  // takeFragmentToken reads #token=… and removes it from the address bar
+  // (replacing the history entry that holds it), so it is neither
+  // bookmarked nor shared by accident. A fragment without a token (the
+  // skip link's #main) is left alone.
   function takeFragmentToken() {
     const hash = location.hash.replace(/^#/, '');
     if (!hash) return null;
     const params = new URLSearchParams(hash);
+    if (!params.has('token')) return null;
     const token = params.get('token');
     history.replaceState(null, '', location.pathname + location.search);
     return token && token.trim() ? token.trim() : null;
+  }
+
+  // onHashChange takes a #token=… link opened in a tab already on the page
+  // (a fragment-only navigation does not reload it): the token replaces the
+  // current sign-in, as the same link in a new tab would.
+  function onHashChange() {
+    const token = takeFragmentToken();
+    if (!token) return;
+    if (state.token) signOut('');
+    signIn(token, true);
   }
 
   function start() {
@@ -913,6 +926,7 @@
     $('filter-agent').addEventListener('change', (e) => { state.agent = e.target.value; render(); });
     $('filter-kind').addEventListener('change', (e) => { state.kind = e.target.value; render(); });
     $('list').addEventListener('keydown', onListKey);
+    window.addEventListener('hashchange', onHashChange);
     setInterval(tick, 15000);
 
     const token = takeFragmentToken() || sessionStorage.getItem(TOKEN_KEY);
