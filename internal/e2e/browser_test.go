@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/accessibility"
 	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/dom"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
@@ -197,6 +199,69 @@ func (b *browser) screenshot(path string, width, height int64) {
 	b.run(chromedp.EmulateViewport(1280, 800))
 	require.NoError(b.t, os.WriteFile("../../"+path, png, 0o644))
 	b.t.Logf("wrote %s", path)
+}
+
+// axNode is an element as the accessibility tree shows it to a screen
+// reader: its computed role and name.
+type axNode struct {
+	Role, Name string
+	Ignored    bool
+}
+
+// accessible returns the accessibility node of the element the JavaScript
+// expression yields, and that of its nearest ancestor the tree does not
+// ignore (a zero axNode when there is none).
+func (b *browser) accessible(expr string) (node, parent axNode) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, wait)
+	defer cancel()
+	value := func(v *accessibility.Value) string {
+		if v == nil || len(v.Value) == 0 {
+			return ""
+		}
+		var s string
+		_ = json.Unmarshal(v.Value, &s)
+		return s
+	}
+	err := chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
+		res, err := cdp.Call(ctx, tgt, runtime.Evaluate, runtime.EvaluateParams{Expression: expr})
+		if err != nil {
+			return err
+		}
+		if res.Result == nil || res.Result.ObjectID == "" {
+			return fmt.Errorf("%s is not an element", expr)
+		}
+		obj := runtime.RemoteObjectID(res.Result.ObjectID)
+		dn, err := cdp.Call(ctx, tgt, dom.DescribeNode, dom.DescribeNodeParams{ObjectID: obj})
+		if err != nil {
+			return err
+		}
+		tree, err := cdp.Call(ctx, tgt, accessibility.GetPartialAXTree, accessibility.GetPartialAXTreeParams{ObjectID: obj})
+		if err != nil {
+			return err
+		}
+		byID := map[accessibility.NodeID]*accessibility.Node{}
+		var n *accessibility.Node
+		for _, x := range tree.Nodes {
+			byID[x.NodeID] = x
+			if x.BackendDOMNodeID == dn.Node.BackendNodeID {
+				n = x
+			}
+		}
+		if n == nil {
+			return fmt.Errorf("%s has no accessibility node", expr)
+		}
+		node = axNode{Role: value(n.Role), Name: value(n.Name), Ignored: n.Ignored}
+		for p := byID[n.ParentID]; p != nil; p = byID[p.ParentID] {
+			if !p.Ignored && value(p.Role) != "generic" && value(p.Role) != "none" {
+				parent = axNode{Role: value(p.Role), Name: value(p.Name)}
+				break
+			}
+		}
+		return nil
+	}))
+	require.NoError(b.t, err, b.diagnose())
+	return node, parent
 }
 
 // js quotes a Go string as a JavaScript string literal, as the page's

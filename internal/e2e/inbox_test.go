@@ -130,6 +130,19 @@ func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
 		require.Equal(t, overrunID, first, "the newest request leads")
 	})
 
+	t.Run("a focused request is a list item named for a screen reader, in the tab's panel", func(t *testing.T) {
+		b.run(chromedp.Focus(chromedp.CSS(itemSel(toolID))))
+		item, list := b.accessible(`document.activeElement`)
+		require.Equal(t, axNode{Role: "listitem", Name: "Tool call shell from " + agent + ", pending"}, item)
+		require.Equal(t, "list", list.Role)
+		_, panel := b.accessible(`document.getElementById('list')`)
+		require.Equal(t, "tabpanel", panel.Role)
+		require.Equal(t, "Pending 3", panel.Name, "the panel is named by its tab")
+		b.run(chromedp.Focus(chromedp.CSS(itemSel(overrunID))))
+		item, _ = b.accessible(`document.activeElement`)
+		require.Equal(t, "Spending overrun "+scope+" from "+agent+", pending", item.Name)
+	})
+
 	t.Run("answering one's own request is refused in words and the item stays", func(t *testing.T) {
 		b.run(chromedp.Click(chromedp.CSS(itemSel(ownID) + ` [data-role="approve"]`)))
 		b.waitFor("the 403 in words", itemJS(ownID, `el.querySelector('[data-role="error"]').textContent.includes('You cannot approve or deny your own request')`))

@@ -311,17 +311,18 @@
 
   function fillItem(li, it) {
     const pending = it.status === 'pending';
-    const headId = 'h-' + it.id;
     li.dataset.kind = it.kind;
     li.dataset.status = it.status;
     li.dataset.sig = signature(it);
-    li.setAttribute('aria-labelledby', headId);
+    // Its name says what it is and where it stands, as a screen reader
+    // announces the request a keyboard user focuses (a, d act on it).
+    li.setAttribute('aria-label', describe(it) + ', ' + statusWord(it.status).toLowerCase());
     li.setAttribute('aria-describedby', pending ? 'keys-help' : '');
     if (!pending) li.removeAttribute('aria-describedby');
 
     const head = el('div', { class: 'item-head' },
       el('span', { class: 'kind', text: KINDS[it.kind] || it.kind }),
-      el('h3', { id: headId, text: title(it) }),
+      el('h3', { text: title(it) }),
       el('span', { class: 'status', 'data-status': it.status, 'data-role': 'status', text: statusWord(it.status) }));
     li.append(head);
 
@@ -847,7 +848,7 @@
       t.setAttribute('aria-selected', String(name === tab));
       t.tabIndex = name === tab ? 0 : -1;
     }
-    $('list').setAttribute('aria-labelledby', 'tab-' + tab);
+    $('panel').setAttribute('aria-labelledby', 'tab-' + tab);
     if (focus) $('tab-' + tab).focus();
     if (tab === 'resolved' && !state.resolvedLoaded && state.token) {
       const gen = state.gen;
