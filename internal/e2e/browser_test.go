@@ -15,6 +15,7 @@ import (
 	"github.com/chromedp/cdproto/accessibility"
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/dom"
+	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
@@ -54,6 +55,7 @@ type browser struct {
 	requests   map[network.RequestID]*sentRequest
 	order      []network.RequestID
 	exceptions []string
+	fulfill    func(*fetch.EventRequestPaused) fetch.FulfillRequestParams // see intercept
 }
 
 func newBrowser(t *testing.T) *browser {
@@ -96,6 +98,13 @@ func (b *browser) observe(ev any) {
 		r := b.request(ev.RequestID)
 		for k, v := range ev.Headers {
 			r.Headers[strings.ToLower(k)] = fmt.Sprint(v)
+		}
+	case *fetch.EventRequestPaused:
+		if b.fulfill != nil {
+			params := b.fulfill(ev)
+			params.RequestID = ev.RequestID
+			// Not on the listener's goroutine, which delivers the answer.
+			go func() { _, _ = chromedp.Call(b.ctx, fetch.FulfillRequest, params) }()
 		}
 	case *runtime.EventExceptionThrown:
 		d := ev.ExceptionDetails
@@ -173,6 +182,19 @@ func (b *browser) diagnose() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return "page text:\n" + text + "\nexceptions: " + strings.Join(b.exceptions, "; ")
+}
+
+// intercept answers the page's requests whose URL matches pattern (* is
+// any text) with what fulfill returns, instead of sending them.
+func (b *browser) intercept(pattern string, fulfill func(*fetch.EventRequestPaused) fetch.FulfillRequestParams) {
+	b.t.Helper()
+	b.mu.Lock()
+	b.fulfill = fulfill
+	b.mu.Unlock()
+	b.run(chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tgt, fetch.Enable, fetch.EnableParams{Patterns: []*fetch.RequestPattern{{URLPattern: pattern}}})
+		return err
+	}))
 }
 
 // noExceptions requires that the page threw nothing uncaught.

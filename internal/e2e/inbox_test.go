@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
@@ -395,5 +396,60 @@ func TestInboxTakesATokenLinkOpenedInATabAlreadyOnIt(t *testing.T) {
 	var who string
 	b.eval(`document.getElementById('who').textContent`, &who)
 	require.Equal(t, "bob · "+org, who)
+	b.noExceptions()
+}
+
+func TestInboxRefusesATokenThatCannotAnswer(t *testing.T) {
+	s := newStack(t)
+	s.toolCall(token(t, org, "agent"), "s1", map[string]any{"agent_id": agent, "tool_name": "shell"})
+	bound, err := api.SignToken(secret, api.TokenSpec{OrgID: org, Sub: "carol", AgentID: agent, Roles: []string{"approver", "agent"}, TTL: time.Hour})
+	require.NoError(t, err)
+	noSub := signedToken(t, "", "approver")
+	b := newBrowser(t)
+
+	refused := func(t *testing.T, tok, why string) {
+		t.Helper()
+		b.run(chromedp.Navigate("about:blank"), chromedp.Navigate(s.http.URL+"/inbox#token="+tok))
+		b.waitFor("the refusal", `document.getElementById('signin-error').textContent !== ''`)
+		var text string
+		var inboxHidden bool
+		var stored any
+		b.eval(`document.getElementById('signin-error').textContent`, &text)
+		b.eval(`document.getElementById('inbox-view').hidden`, &inboxHidden)
+		b.eval(`sessionStorage.getItem(`+js(inboxTokenKey)+`)`, &stored)
+		require.Contains(t, text, why)
+		require.Contains(t, text, "The inbox needs an approver token with a sub that is not bound to an agent.")
+		require.True(t, inboxHidden, "the inbox is shown, with buttons that cannot work")
+		require.Nil(t, stored, "the refused token is kept")
+		for _, r := range b.sent() {
+			require.NotContains(t, r.URL, "/v1/tool-approvals", "the page went on with a token it cannot use")
+			require.NotContains(t, r.URL, "/v1/approvals/events", "the page went on with a token it cannot use")
+		}
+	}
+	t.Run("an approver token bound to an agent", func(t *testing.T) {
+		refused(t, bound, "This token is bound to agent "+agent+" (its agent_id claim), and a token bound to an agent never answers approvals")
+	})
+	t.Run("an approver token without sub", func(t *testing.T) {
+		refused(t, noSub, "This token has no sub claim, and a token without sub never answers approvals")
+	})
+
+	t.Run("the event stream's 403 is shown with the server's reason", func(t *testing.T) {
+		// The server's own refusal of the stream, answered to a token the
+		// page accepts (as a proxy or a newer server might refuse it).
+		r := s.call(http.MethodGet, "/v1/approvals/events", bound, nil)
+		require.Equal(t, http.StatusForbidden, r.status, string(r.raw))
+		detail, _ := r.body["detail"].(string)
+		require.NotEmpty(t, detail)
+		b.intercept("*/v1/approvals/events*", func(*fetch.EventRequestPaused) fetch.FulfillRequestParams {
+			return fetch.FulfillRequestParams{ResponseCode: http.StatusForbidden, Body: r.raw,
+				ResponseHeaders: []*fetch.HeaderEntry{{Name: "Content-Type", Value: "application/problem+json"}}}
+		})
+		b.run(chromedp.Navigate("about:blank"))
+		b.openInbox(s.http.URL, signedToken(t, "dave", "approver"))
+		b.waitFor("the stream refused", `document.getElementById('conn').dataset.state === 'failed'`)
+		var text string
+		b.eval(`document.getElementById('conn-text').textContent`, &text)
+		require.Equal(t, "Live updates refused: "+detail, text)
+	})
 	b.noExceptions()
 }

@@ -691,7 +691,11 @@
       expired(gen);
       return { stop: true, text: 'Not connected' };
     }
-    if (res.status === 403) return { stop: true, text: 'Live updates refused: this token lacks the approver role' };
+    if (res.status === 403) {
+      // The server's problem says why (a missing role, an agent binding).
+      const p = await res.json().catch(() => null);
+      return { stop: true, text: 'Live updates refused: ' + ((p && (p.detail || p.title)) || 'HTTP 403') };
+    }
     if (!res.ok || !res.body) return { retry: true };
     onOpen();
     const reader = res.body.getReader();
@@ -787,6 +791,19 @@
       sessionStorage.removeItem(TOKEN_KEY);
       showSignIn();
       err.textContent = 'This token has no approver role (it has: ' + ((me.roles || []).join(', ') || 'none') + '), so it cannot see or answer approval requests.';
+      return;
+    }
+    // The answering routes and the event stream refuse such a token (403):
+    // it could see the list but not answer it or follow it.
+    const cannot = me.agent_id
+      ? 'This token is bound to agent ' + me.agent_id + ' (its agent_id claim), and a token bound to an agent never answers approvals'
+      : !me.sub ? 'This token has no sub claim, and a token without sub never answers approvals (sub names who answered, so that no one answers their own request)' : '';
+    if (cannot) {
+      state.token = null;
+      sessionStorage.removeItem(TOKEN_KEY);
+      showSignIn();
+      err.textContent = cannot + '. The inbox needs an approver token with a sub that is not bound to an agent.';
+      if (fromLink) $('token-input').focus();
       return;
     }
     sessionStorage.setItem(TOKEN_KEY, token);
