@@ -151,6 +151,27 @@ func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
 		require.Equal(t, "pending", s.toolApproval(ownID)["status"])
 	})
 
+	t.Run("a note over the server's 1000 bytes is refused in the page, before sending", func(t *testing.T) {
+		note := itemSel(toolID) + ` [data-role="note"]`
+		var maxLength int
+		b.eval(`document.querySelector(`+js(note)+`).maxLength`, &maxLength)
+		require.Equal(t, 1000, maxLength)
+		// 334 characters, within maxlength, are 1002 bytes in UTF-8.
+		long := strings.Repeat("€", 334)
+		var typed bool
+		b.eval(`(() => { const n = document.querySelector(`+js(note)+`); n.value = `+js(long)+`; n.dispatchEvent(new Event('input')); return true; })()`, &typed)
+		b.run(chromedp.Click(chromedp.CSS(itemSel(toolID) + ` [data-role="approve"]`)))
+		b.waitFor("the refusal in words", itemJS(toolID, `el.querySelector('[data-role="error"]').textContent.startsWith('The note is 1002 bytes long in UTF-8, and the server takes at most 1000')`))
+		var focused string
+		b.eval(`document.activeElement.dataset.role || ''`, &focused)
+		require.Equal(t, "note", focused, "the note is focused to be shortened")
+		require.Equal(t, "pending", s.toolApproval(toolID)["status"])
+		for _, r := range b.sent() {
+			require.False(t, strings.HasSuffix(r.URL, "/v1/sessions/s1/tool-approvals"), "an answer was sent")
+		}
+		b.eval(`(() => { const n = document.querySelector(`+js(note)+`); n.value = ''; n.dispatchEvent(new Event('input')); return true; })()`, &typed)
+	})
+
 	t.Run("approving a tool call with always resolves it, and the agent's next call is approved by policy", func(t *testing.T) {
 		b.run(
 			chromedp.SendKeys(chromedp.CSS(itemSel(toolID)+` [data-role="note"]`), "fine for the staging box"),

@@ -23,6 +23,7 @@
   const RETRY_MAX_MS = 30000;
   const KINDS = { tool_call: 'Tool call', mandate_overrun: 'Spending overrun' };
   const MANDATE_STATES = ['approved', 'denied', 'expired', 'canceled'];
+  const MAX_NOTE_BYTES = 1000; // the server's bound on a note, in UTF-8 bytes
 
   const $ = (id) => document.getElementById(id);
 
@@ -396,7 +397,7 @@
     const d = draftOf(it.id);
     const box = el('div', { class: 'answer' });
     const noteId = 'note-' + it.id;
-    const note = el('input', { type: 'text', id: noteId, class: 'note', 'data-role': 'note', autocomplete: 'off', maxlength: 2000 });
+    const note = el('input', { type: 'text', id: noteId, class: 'note', 'data-role': 'note', autocomplete: 'off', maxlength: MAX_NOTE_BYTES });
     note.value = d.note;
     note.disabled = d.busy;
     note.addEventListener('input', () => { d.note = note.value; });
@@ -471,6 +472,16 @@
     if (!it || it.status !== 'pending') return;
     const d = draftOf(id);
     if (d.busy) return;
+    // maxlength counts characters; the server counts UTF-8 bytes.
+    const noteBytes = new TextEncoder().encode(d.note.trim()).length;
+    if (noteBytes > MAX_NOTE_BYTES) {
+      d.error = 'The note is ' + noteBytes + ' bytes long in UTF-8, and the server takes at most ' + MAX_NOTE_BYTES + ': shorten it, then answer again. Nothing was sent.';
+      render();
+      const note = itemNode(id) && itemNode(id).querySelector('[data-role="note"]');
+      if (note) note.focus();
+      announce('Not sent: ' + d.error);
+      return;
+    }
     if (decision === 'denied' && !(await confirmDeny(it, d))) return;
 
     let path;
