@@ -15,6 +15,7 @@ import (
 	"github.com/chromedp/cdproto/accessibility"
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/dom"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
@@ -284,6 +285,16 @@ func (b *browser) accessible(expr string) (node, parent axNode) {
 	}))
 	require.NoError(b.t, err, b.diagnose())
 	return node, parent
+}
+
+// colorScheme emulates prefers-color-scheme (light or dark).
+func (b *browser) colorScheme(scheme string) {
+	b.t.Helper()
+	b.run(chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tgt, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: scheme}}})
+		return err
+	}))
 }
 
 // js quotes a Go string as a JavaScript string literal, as the page's

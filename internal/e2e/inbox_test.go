@@ -144,6 +144,46 @@ func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
 		require.Equal(t, "Spending overrun "+scope+" from "+agent+", pending", item.Name)
 	})
 
+	t.Run("the focus ring has 3:1 contrast on the card and the page, light and dark", func(t *testing.T) {
+		// WCAG 1.4.11: a focus indicator needs 3:1 against what is next to
+		// it — the card inside a focused request, the page outside it.
+		type ring struct {
+			Visible     bool
+			Style       string
+			Card, Page  float64
+			Color, Back string
+		}
+		const contrast = `(() => {
+			const rgb = (c) => c.match(/[\d.]+/g).slice(0, 3).map(Number);
+			const lum = (c) => {
+				const [r, g, b] = rgb(c).map((v) => { v /= 255; return v <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
+				return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+			};
+			const ratio = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+			const el = document.activeElement;
+			const s = getComputedStyle(el);
+			const page = getComputedStyle(document.body).backgroundColor;
+			return { visible: el.matches(':focus-visible'), style: s.outlineStyle, color: s.outlineColor, back: page,
+				card: ratio(s.outlineColor, s.backgroundColor), page: ratio(s.outlineColor, page) };
+		})()`
+		// By keyboard, as :focus-visible wants: Tab from the last filter
+		// reaches the first request.
+		b.run(chromedp.Focus(chromedp.CSS(`#filter-kind`)), chromedp.KeyEvent(kb.Tab))
+		var focused string
+		b.eval(`document.activeElement.dataset.id || ''`, &focused)
+		require.Equal(t, overrunID, focused)
+		for _, scheme := range []string{"light", "dark"} {
+			b.colorScheme(scheme)
+			var r ring
+			b.eval(contrast, &r)
+			require.True(t, r.Visible, "the focused request shows no focus ring")
+			require.Equal(t, "solid", r.Style)
+			require.GreaterOrEqual(t, r.Card, 3.0, "%s: ring %s on the card", scheme, r.Color)
+			require.GreaterOrEqual(t, r.Page, 3.0, "%s: ring %s on the page %s", scheme, r.Color, r.Back)
+		}
+		b.colorScheme("light")
+	})
+
 	t.Run("answering one's own request is refused in words and the item stays", func(t *testing.T) {
 		b.run(chromedp.Click(chromedp.CSS(itemSel(ownID) + ` [data-role="approve"]`)))
 		b.waitFor("the 403 in words", itemJS(ownID, `el.querySelector('[data-role="error"]').textContent.includes('You cannot approve or deny your own request')`))
