@@ -243,6 +243,10 @@ func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
 		var question string
 		b.eval(`document.getElementById('confirm-title').textContent`, &question)
 		require.Equal(t, "Deny this spending overrun?", question)
+		var text string
+		b.eval(`document.getElementById('confirm-text').textContent`, &text)
+		require.Equal(t, "The spend on "+scope+" by "+agent+" will not happen (if a wake-up asked for it, its workflow wakes with the outcome denied).", text,
+			"true of a plain spend too, which no workflow waits for")
 		b.run(chromedp.Click(chromedp.CSS(`#confirm-deny`)))
 		b.waitStatus(overrunID, "Denied")
 		wakes := s.wakesOf(run)

@@ -583,7 +583,7 @@
     $('confirm-title').textContent = 'Deny this ' + (KINDS[it.kind] || 'request').toLowerCase() + '?';
     $('confirm-text').textContent = it.kind === 'tool_call'
       ? 'The agent ' + (it.agent || '') + ' will be told it may not call ' + title(it) + (d.policy ? ', and your policy choice is saved' : '') + '.'
-      : 'The spend on ' + title(it) + ' by ' + (it.agent || 'the agent') + ' will not happen, and the workflow waiting for it is told so.';
+      : 'The spend on ' + title(it) + ' by ' + (it.agent || 'the agent') + ' will not happen (if a wake-up asked for it, its workflow wakes with the outcome denied).';
     $('confirm-note').textContent = d.note.trim() ? 'Note: ' + d.note.trim() : '';
     const opener = document.activeElement;
     return new Promise((resolve) => {
