@@ -270,6 +270,26 @@ func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
 		})
 	})
 
+	t.Run("the deny dialog closes when another approver answers first, and focus stays on the item", func(t *testing.T) {
+		id := s.toolCall(agentTok, "s5", map[string]any{"agent_id": agent, "tool_name": "drop_table"})
+		b.waitFor("the new item", itemJS(id, "true"))
+		b.run(chromedp.Click(chromedp.CSS(itemSel(id) + ` [data-role="deny"]`)))
+		b.waitFor("the confirmation", `document.getElementById('confirm').open`)
+		r := s.call(http.MethodPost, "/v1/sessions/s5/tool-approvals", signedToken(t, "bob", "approver"),
+			map[string]any{"approval_id": id, "decision": "approved"})
+		require.Equal(t, http.StatusOK, r.status, string(r.raw))
+		b.waitStatus(id, "Approved")
+		b.waitFor("the stale dialog to close", `!document.getElementById('confirm').open`)
+		b.waitFor("why nothing was sent", itemJS(id, `el.querySelector('[data-role="error"]').textContent === 'Your denial was not sent: bob approved it first.'`))
+		var focused string
+		b.eval(`document.activeElement.dataset.id || document.activeElement.tagName`, &focused)
+		require.Equal(t, id, focused, "focus left the item")
+		require.Contains(t, b.itemText(id), "Approved by bob")
+		a := s.toolApproval(id)
+		require.Equal(t, "approved", a["status"])
+		require.Equal(t, "bob", a["resolved_by"])
+	})
+
 	t.Run("a dropped stream reconnects by itself and misses nothing", func(t *testing.T) {
 		s.http.CloseClientConnections()           // the server side of the event stream goes away
 		http.DefaultClient.CloseIdleConnections() // and the test's own, which it would reuse

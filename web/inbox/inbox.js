@@ -40,6 +40,7 @@
     seq: null, // the last event seq the page reflects
     resolvedLoaded: false,
     stream: null, // AbortController of the open stream
+    confirming: null, // {id, close} while the deny dialog is open
     wake: null, // resolves the reconnect wait early
   };
 
@@ -239,6 +240,7 @@
   }
 
   function render() {
+    const closeStale = staleConfirm();
     const list = $('list');
     const items = visible();
     const wanted = new Set(items.map((it) => it.id));
@@ -266,6 +268,29 @@
     renderCounts();
     renderEmpty(items.length);
     renderAgentFilter();
+    if (closeStale) closeStale();
+  }
+
+  // staleConfirm notices that the request the deny dialog is open for was
+  // answered meanwhile (by someone else, a policy, its expiry): the item
+  // gets the reason, and the returned function closes the dialog once the
+  // item is rendered. Null while the dialog still has a question to ask.
+  function staleConfirm() {
+    const c = state.confirming;
+    if (!c) return null;
+    const now = state.items.get(c.id);
+    if (now && now.status === 'pending') return null;
+    if (now) {
+      let why;
+      if (now.status === 'expired') why = 'it expired first';
+      else if (now.status === 'canceled') why = 'it was canceled first';
+      else {
+        const by = now.resolvedBy || (now.raw.source === 'policy' ? 'a standing policy' : 'someone else');
+        why = by + ' ' + now.status + ' it first';
+      }
+      draftOf(c.id).error = 'Your denial was not sent: ' + why + '.';
+    }
+    return c.close;
   }
 
   // signature changes when an item's element must be rebuilt.
@@ -588,13 +613,18 @@
     const opener = document.activeElement;
     return new Promise((resolve) => {
       const done = (yes) => {
+        state.confirming = null;
         $('confirm-deny').removeEventListener('click', onDeny);
         $('confirm-cancel').removeEventListener('click', onCancel);
         dialog.removeEventListener('cancel', onEsc);
         if (dialog.open) dialog.close();
-        if (opener && document.contains(opener)) opener.focus();
+        // The opener is gone when the item was rebuilt meanwhile: the item
+        // itself, else the list's start, keeps focus off <body>.
+        const back = opener && document.contains(opener) ? opener : itemNode(it.id) || $('main');
+        back.focus();
         resolve(yes);
       };
+      state.confirming = { id: it.id, close: () => done(false) };
       const onDeny = () => done(true);
       const onCancel = () => done(false);
       const onEsc = (e) => { e.preventDefault(); done(false); };
@@ -843,6 +873,7 @@
 
   function signOut(message) {
     state.gen++;
+    if (state.confirming) state.confirming.close();
     if (state.stream) state.stream.abort();
     if (state.wake) state.wake();
     sessionStorage.removeItem(TOKEN_KEY);
