@@ -85,8 +85,9 @@ type Principal struct {
 	Sub     string   `json:"sub"`
 	Roles   []string `json:"roles"`
 	AgentID string   `json:"agent_id,omitempty"`
-	// Expires is the token's exp (zero: none): a live stream ends then
-	// (tokenExpiry), since the token is checked only when it opens.
+	// Expires is when the token stops being accepted, its exp plus the
+	// leeway (zero: no exp): a live stream ends then (tokenExpiry), since
+	// the token is checked only when it opens.
 	Expires time.Time `json:"-"`
 }
 
@@ -127,7 +128,7 @@ func newAuthenticator(ctx context.Context, cfg AuthConfig) (*authenticator, erro
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	opts := []jwt.ParserOption{jwt.WithExpirationRequired(), jwt.WithLeeway(5 * time.Second)}
+	opts := []jwt.ParserOption{jwt.WithExpirationRequired(), jwt.WithLeeway(tokenLeeway)}
 	if cfg.Issuer != "" {
 		opts = append(opts, jwt.WithIssuer(cfg.Issuer))
 	}
@@ -176,10 +177,15 @@ func (a *authenticator) verify(raw string) (Principal, error) {
 	}
 	p := Principal{OrgID: claims.OrgID, Sub: claims.Subject, Roles: roles, AgentID: claims.AgentID}
 	if claims.ExpiresAt != nil {
-		p.Expires = claims.ExpiresAt.Time
+		// (when the parser would refuse it: a stream ended sooner would be
+		// reopened with it at once)
+		p.Expires = claims.ExpiresAt.Add(tokenLeeway)
 	}
 	return p, nil
 }
+
+// tokenLeeway is the clock skew allowed on exp and nbf.
+const tokenLeeway = 5 * time.Second
 
 // maxIdentityClaim bounds the identity claims, in bytes. The org id rides
 // in every Postgres NOTIFY payload of the streams (at most 8000 bytes, with
