@@ -65,12 +65,8 @@ func (s *Service) Deny(ctx context.Context, orgID string, id uuid.UUID, resolver
 
 func (s *Service) resolve(ctx context.Context, orgID string, id uuid.UUID, state, resolverSub, note string) (Approval, error) {
 	inv := &apperr.InvalidError{}
-	if len(note) > MaxNote {
-		// (the note rides in every event, webhook and list page of the request)
-		inv.Add("note", fmt.Sprintf("must be at most %d bytes", MaxNote))
-	} else {
-		checkText(inv, "note", note)
-	}
+	// (the note rides in every event, webhook and list page of the request)
+	checkInputText(inv, "note", note)
 	if err := inv.OrNil(); err != nil {
 		return Approval{}, err
 	}

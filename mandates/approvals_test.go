@@ -176,7 +176,7 @@ func TestDenyingCallsTheHookWithTheDenialAndChargesNothing(t *testing.T) {
 	require.Len(t, rec.snapshot(), 1)
 }
 
-// A note is at most MaxNote bytes of text: a longer or binary one is
+// A note is at most MaxText bytes of text: a longer or binary one is
 // invalid, naming note, and the request stays pending.
 func TestABadNoteIsRefusedAndLeavesTheRequestPending(t *testing.T) {
 	s, db := newTestService(t)
@@ -184,7 +184,7 @@ func TestABadNoteIsRefusedAndLeavesTheRequestPending(t *testing.T) {
 	rec := newRecorder(t, s, db, "test")
 	mustCreate(t, s, "org-a", "agent-1", "llm", 2)
 	id := refuse(t, s, "org-a", "llm", 5, "")
-	for name, note := range map[string]string{"too long": strings.Repeat("n", MaxNote+1), "with a NUL": "a\x00b"} {
+	for name, note := range map[string]string{"too long": strings.Repeat("n", MaxText+1), "with a NUL": "a\x00b"} {
 		for _, resolve := range []func(context.Context, string, uuid.UUID, string, string) (Approval, error){s.Approve, s.Deny} {
 			_, err := resolve(ctx, "org-a", id, "human", note)
 			var inv *apperr.InvalidError
@@ -196,8 +196,8 @@ func TestABadNoteIsRefusedAndLeavesTheRequestPending(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, StatePending, a.State)
 	require.Empty(t, rec.snapshot(), "no hook called")
-	_, err = s.Deny(ctx, "org-a", id, "human", strings.Repeat("n", MaxNote))
-	require.NoError(t, err, "a note of MaxNote bytes is fine")
+	_, err = s.Deny(ctx, "org-a", id, "human", strings.Repeat("n", MaxText))
+	require.NoError(t, err, "a note of MaxText bytes is fine")
 }
 
 func TestAFailingHookRollsTheResolutionBack(t *testing.T) {

@@ -208,9 +208,12 @@ type Page = page.Page
 // MaxLimit is the largest page.
 const MaxLimit = page.MaxLimit
 
-// MaxNote bounds the note of an approval request's resolution, in bytes
-// (as a tool call's answer's).
-const MaxNote = 1000
+// MaxText bounds, in bytes, the text a caller gives: a mandate's and a
+// spend's agent, scope, reason and idempotency key, and the note of an
+// approval request's resolution (as a wake-up's text and a tool call's
+// answer's). The ledger, approval requests, their events and webhooks keep
+// it.
+const MaxText = 1000
 
 // spendBatchers is how many spend batches may run at once (never two on
 // one mandate).

@@ -331,16 +331,12 @@ func checkText(inv *apperr.InvalidError, field, v string) {
 	}
 }
 
-// maxInputText bounds the text a caller gives a mandate or a spend (as a
-// wake-up's fields are bounded): the ledger and approval requests keep it.
-const maxInputText = 1000
-
 // checkInputText is checkText for text a caller gives: also at most
-// maxInputText bytes. (Not for the reasons the engine writes itself, such
-// as a refund's, which may quote a caller's whole reason.)
+// MaxText bytes. (Not for the reasons the engine writes itself, such as a
+// refund's, which may quote a caller's whole reason.)
 func checkInputText(inv *apperr.InvalidError, field, v string) {
-	if len(v) > maxInputText {
-		inv.Add(field, fmt.Sprintf("must be at most %d bytes", maxInputText))
+	if len(v) > MaxText {
+		inv.Add(field, fmt.Sprintf("must be at most %d bytes", MaxText))
 		return
 	}
 	checkText(inv, field, v)
