@@ -304,11 +304,21 @@ type TokenSpec struct {
 }
 
 // SignToken makes an HS256 token (the `engine token` command and tests use it).
+// It refuses to sign what the server would refuse — identity claims that
+// are blank, longer than 255 bytes or hold NUL, and a token already expired
+// — so that a minted token's fault shows where it is minted, not as a 401
+// later.
 func SignToken(secret []byte, spec TokenSpec) (string, error) {
+	if spec.TTL <= 0 {
+		return "", fmt.Errorf("the token's lifetime is %s; it must be positive", spec.TTL)
+	}
 	now := time.Now()
 	claims := Claims{OrgID: spec.OrgID, Roles: spec.Roles, AgentID: spec.AgentID, RegisteredClaims: jwt.RegisteredClaims{
 		Subject: spec.Sub, Issuer: spec.Issuer, IssuedAt: jwt.NewNumericDate(now), ExpiresAt: jwt.NewNumericDate(now.Add(spec.TTL)),
 	}}
+	if err := checkIdentityClaims(claims); err != nil {
+		return "", err
+	}
 	if spec.Audience != "" {
 		claims.Audience = jwt.ClaimStrings{spec.Audience}
 	}

@@ -137,6 +137,37 @@ func TestATokenWithABlankOrOverlongIdentityClaimIs401NamingIt(t *testing.T) {
 	})
 }
 
+// SignToken (behind `engine token`) refuses what the server would refuse,
+// naming the claim, so a bad token shows where it is minted.
+func TestSignTokenRefusesATokenTheServerWouldRefuse(t *testing.T) {
+	ok := TokenSpec{OrgID: "org-a", Sub: "alice", Roles: []string{RoleAgent}, TTL: time.Hour}
+	cases := []struct {
+		name string
+		edit func(*TokenSpec)
+		want string
+	}{
+		{"no org", func(s *TokenSpec) { s.OrgID = "" }, "token has no org_id claim"},
+		{"a 256-byte org", func(s *TokenSpec) { s.OrgID = strings.Repeat("o", 256) }, "the org_id claim is 256 bytes long; at most 255 are allowed"},
+		{"a blank sub", func(s *TokenSpec) { s.Sub = " " }, "the sub claim is blank"},
+		{"an agent with NUL", func(s *TokenSpec) { s.AgentID = "a\x00" }, "the agent_id claim holds NUL"},
+		{"a zero lifetime", func(s *TokenSpec) { s.TTL = 0 }, "the token's lifetime is 0s; it must be positive"},
+		{"a negative lifetime", func(s *TokenSpec) { s.TTL = -time.Minute }, "the token's lifetime is -1m0s; it must be positive"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := ok
+			tc.edit(&spec)
+			tok, err := SignToken(testSecret, spec)
+			require.EqualError(t, err, tc.want)
+			require.Empty(t, tok)
+		})
+	}
+	tok, err := SignToken(testSecret, ok)
+	require.NoError(t, err)
+	s := newTestServer(t)
+	require.Equal(t, http.StatusOK, do(t, s.Handler(), http.MethodGet, "/v1/whoami", tok, nil).Status)
+}
+
 func TestHS256TokenIsRejectedWhenOnlyJWKSIsConfigured(t *testing.T) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)

@@ -355,6 +355,20 @@ func TestEngineTokenSignsWithTheFirstSecret(t *testing.T) {
 	require.False(t, verifies(secondSecret))
 }
 
+func TestEngineTokenRefusesATokenTheServerWouldRefuse(t *testing.T) {
+	t.Setenv("REVEILLE_JWT_SECRET", firstSecret)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--org", strings.Repeat("o", 256)}, "cannot sign the token: the org_id claim is 256 bytes long; at most 255 are allowed"},
+		{[]string{"--org", "o", "--agent", "  "}, "cannot sign the token: the agent_id claim is blank"},
+		{[]string{"--org", "o", "--ttl", "-1h"}, "cannot sign the token: the token's lifetime is -1h0m0s; it must be positive"},
+	} {
+		require.EqualError(t, runToken(context.Background(), tc.args), tc.want, "%q", tc.args)
+	}
+}
+
 // captureStdout runs f and returns what it printed.
 func captureStdout(t *testing.T, f func() error) string {
 	t.Helper()

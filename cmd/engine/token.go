@@ -56,7 +56,8 @@ func runToken(_ context.Context, args []string) error {
 	tok, err := api.SignToken([]byte(secret), api.TokenSpec{OrgID: *org, Sub: *sub, Roles: rs, AgentID: *agent, TTL: *ttl,
 		Issuer: s.JWTIssuer, Audience: s.JWTAudience})
 	if err != nil {
-		return err
+		// (the claims come from --org, --sub and --agent, the lifetime from --ttl)
+		return fmt.Errorf("cannot sign the token: %w", err)
 	}
 	fmt.Println(tok)
 	return nil
