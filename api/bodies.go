@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -194,15 +193,10 @@ func decodePoolPatch(body []byte) (workpool.PoolUpdate, error) {
 	}
 	// A pool always has a limit: a null max_parallelism is refused, not
 	// read as absent (the document declares an integer).
-	// (Any spelling the decoder matches to it, which ignores case.)
 	var present map[string]json.RawMessage
-	if json.Unmarshal(body, &present) == nil {
-		for k, v := range present {
-			if strings.EqualFold(k, "max_parallelism") && string(v) == "null" {
-				return workpool.PoolUpdate{}, Invalid("max_parallelism",
-					fmt.Sprintf("must be between 1 and %d (a pool's limit cannot be removed)", workpool.MaxParallelismLimit))
-			}
-		}
+	if json.Unmarshal(body, &present) == nil && string(present["max_parallelism"]) == "null" {
+		return workpool.PoolUpdate{}, Invalid("max_parallelism",
+			fmt.Sprintf("must be between 1 and %d (a pool's limit cannot be removed)", workpool.MaxParallelismLimit))
 	}
 	if in.MaxParallelism == nil && in.MaxParallelismPerOrg == nil && in.OrgWeights == nil {
 		return workpool.PoolUpdate{}, Invalid("max_parallelism", "is required unless max_parallelism_per_org or org_weights is given")

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
@@ -94,6 +95,9 @@ func decodeJSON(body []byte, dst any) error {
 		return invalidJSON("the body holds more than one JSON value")
 	}
 	if field, detail, found := unstorableJSON(body); found {
+		return Invalid(field, detail)
+	}
+	if field, detail, found := misnamedKey(body, reflect.TypeOf(dst)); found {
 		return Invalid(field, detail)
 	}
 	return nil
@@ -310,7 +314,7 @@ func findUnknown(v any, t reflect.Type, name, path string) (string, bool) {
 		keys := slices.Sorted(maps.Keys(x))
 		switch t.Kind() {
 		case reflect.Struct:
-			fields := jsonFields(t, nil)
+			fields := foldedFields(t)
 			for _, k := range keys {
 				f, ok := fields[foldKey(k)]
 				if !ok {
@@ -342,11 +346,10 @@ func findUnknown(v any, t reflect.Type, name, path string) (string, bool) {
 	return "", false
 }
 
-// jsonFields maps the folded JSON names (foldKey: as encoding/json matches
-// keys to fields, "ſ" matching "s") of t's fields (embedded
-// structs' promoted ones included) to their types; seen holds the embedded
-// structs on the way down (a struct embedding itself through a pointer
-// would recurse for ever).
+// jsonFields maps the JSON names, as written (tag or field name), of t's
+// fields (embedded structs' promoted ones included, the outer one winning)
+// to their types; seen holds the embedded structs on the way down (a struct
+// embedding itself through a pointer would recurse for ever).
 func jsonFields(t reflect.Type, seen []reflect.Type) map[string]reflect.Type {
 	out := map[string]reflect.Type{}
 	if slices.Contains(seen, t) {
@@ -370,7 +373,225 @@ func jsonFields(t reflect.Type, seen []reflect.Type) map[string]reflect.Type {
 			}
 			continue
 		}
-		out[foldKey(cmp.Or(tag, f.Name))] = f.Type
+		out[cmp.Or(tag, f.Name)] = f.Type
 	}
 	return out
 }
+
+// foldedFields is jsonFields keyed as encoding/json matches keys to fields:
+// case-insensitively (foldKey: "ſ" matching "s").
+func foldedFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for k, v := range jsonFields(t, nil) {
+		out[foldKey(k)] = v
+	}
+	return out
+}
+
+// misnamedKey finds, in a body the decoder accepted into t, the first key
+// the document does not take as written: a key that names a field only
+// case-insensitively ("Pool" for "pool", which encoding/json accepts), and
+// a key repeated within one object, anywhere (encoding/json keeps the last;
+// a proxy or a log that reads the first would see another request — I-JSON,
+// RFC 7493 §2.3, forbids them). It returns the key's path and what is wrong.
+// One pass over the tokens; values whose type decodes itself (raw JSON) are
+// checked for repeats only.
+func misnamedKey(body []byte, t reflect.Type) (path, detail string, found bool) {
+	w := keyWalk{b: body}
+	if detail, found = w.value(t); found {
+		return w.pathString(), detail, true
+	}
+	return "", "", false
+}
+
+// keyWalk is misnamedKey's walk over a body the decoder accepted (so it
+// is valid JSON, and the walk need not check it): i is the next byte;
+// path holds the keys and indices on the way to the value being read
+// (made a string only for the key found). It allocates little: it runs on
+// every request body.
+type keyWalk struct {
+	b    []byte
+	i    int
+	path []pathSegment
+}
+
+// pathSegment is an object's key, or an array's index when key is nil.
+type pathSegment struct {
+	key   []byte
+	index int
+}
+
+// value reads one value; t is the type it decodes into (nil: any, or a
+// type that decodes itself).
+func (w *keyWalk) value(t reflect.Type) (detail string, found bool) {
+	w.space()
+	if w.i >= len(w.b) {
+		return "", false
+	}
+	switch w.b[w.i] {
+	case '{':
+		w.i++
+		fields, elem := walkTypes(t)
+		var few [16][]byte // the keys seen, while they are few
+		seen, many := few[:0], map[string]bool(nil)
+		for w.space(); w.i < len(w.b) && w.b[w.i] != '}'; w.space() {
+			key := w.key()
+			w.path = append(w.path, pathSegment{key: key})
+			switch {
+			case many != nil:
+				if many[string(key)] {
+					return "is given twice", true
+				}
+				many[string(key)] = true
+			case slices.ContainsFunc(seen, func(k []byte) bool { return bytes.Equal(k, key) }):
+				return "is given twice", true
+			case len(seen) < len(few):
+				seen = append(seen, key)
+			default:
+				many = make(map[string]bool, 2*len(few))
+				for _, k := range seen {
+					many[string(k)] = true
+				}
+				many[string(key)] = true
+			}
+			valueType := elem
+			if fields != nil {
+				ft, ok := fields[string(key)]
+				if !ok {
+					for name := range fields {
+						if foldKey(name) == foldKey(string(key)) {
+							return fmt.Sprintf("unknown field (names are case-sensitive: %q)", name), true
+						}
+					}
+				}
+				valueType = ft
+			}
+			w.space()
+			w.i++ // ':'
+			if detail, found := w.value(valueType); found {
+				return detail, true
+			}
+			w.path = w.path[:len(w.path)-1]
+			if w.space(); w.i < len(w.b) && w.b[w.i] == ',' {
+				w.i++
+			}
+		}
+		w.i++ // '}'
+	case '[':
+		w.i++
+		_, elem := walkTypes(t)
+		for n := 0; ; n++ {
+			if w.space(); w.i >= len(w.b) || w.b[w.i] == ']' {
+				break
+			}
+			w.path = append(w.path, pathSegment{index: n})
+			if detail, found := w.value(elem); found {
+				return detail, true
+			}
+			w.path = w.path[:len(w.path)-1]
+			if w.space(); w.i < len(w.b) && w.b[w.i] == ',' {
+				w.i++
+			}
+		}
+		w.i++ // ']'
+	case '"':
+		w.str()
+	default: // a number, true, false or null
+		for w.i < len(w.b) && !isJSONDelimiter(w.b[w.i]) {
+			w.i++
+		}
+	}
+	return "", false
+}
+
+func isJSONDelimiter(c byte) bool {
+	switch c {
+	case ',', ']', '}', ' ', '\t', '\r', '\n':
+		return true
+	}
+	return false
+}
+
+func (w *keyWalk) space() {
+	for w.i < len(w.b) && (w.b[w.i] == ' ' || w.b[w.i] == '\t' || w.b[w.i] == '\r' || w.b[w.i] == '\n') {
+		w.i++
+	}
+}
+
+// str skips a string at i, returning it as written, quotes included, and
+// whether it holds an escape.
+func (w *keyWalk) str() (quoted []byte, escaped bool) {
+	start := w.i
+	for w.i++; w.i < len(w.b) && w.b[w.i] != '"'; w.i++ {
+		if w.b[w.i] == '\\' {
+			escaped = true
+			w.i++ // (the escaped byte: a quote does not end the string)
+		}
+	}
+	w.i++
+	return w.b[start:min(w.i, len(w.b))], escaped
+}
+
+// key reads an object's key, unescaped.
+func (w *keyWalk) key() []byte {
+	quoted, escaped := w.str()
+	if !escaped {
+		return quoted[1 : len(quoted)-1]
+	}
+	var key string
+	_ = json.Unmarshal(quoted, &key) // (valid: the decoder read it)
+	return []byte(key)
+}
+
+func (w *keyWalk) pathString() string {
+	var b strings.Builder
+	for _, seg := range w.path {
+		if seg.key == nil {
+			b.WriteString("[" + strconv.Itoa(seg.index) + "]")
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.Write(seg.key)
+	}
+	return b.String()
+}
+
+var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+
+// walkTypes says how keyWalk reads a value of type t: a struct's fields by
+// their exact names (fields), or the type of a map's values or a slice's
+// elements (elem); both nil for a type that decodes itself and for any.
+// Kept per type: the request types are few, and a walk meets each often.
+func walkTypes(t reflect.Type) (fields map[string]reflect.Type, elem reflect.Type) {
+	if t == nil {
+		return nil, nil
+	}
+	if cached, ok := walkTypeCache.Load(t); ok {
+		wt := cached.(walkType)
+		return wt.fields, wt.elem
+	}
+	var wt walkType
+	d := t
+	for d.Kind() == reflect.Pointer {
+		d = d.Elem()
+	}
+	if !d.Implements(unmarshalerType) && !reflect.PointerTo(d).Implements(unmarshalerType) {
+		switch d.Kind() {
+		case reflect.Struct:
+			wt.fields = jsonFields(d, nil)
+		case reflect.Map, reflect.Slice, reflect.Array:
+			wt.elem = d.Elem()
+		}
+	}
+	walkTypeCache.Store(t, wt)
+	return wt.fields, wt.elem
+}
+
+type walkType struct {
+	fields map[string]reflect.Type
+	elem   reflect.Type
+}
+
+var walkTypeCache sync.Map // reflect.Type → walkType

@@ -1,9 +1,16 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"reflect"
+	"strconv"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -50,9 +57,48 @@ func TestAnUnknownFieldIsNamedByItsPath(t *testing.T) {
 			require.Equal(t, []apperr.FieldError{{Field: tc.field, Detail: "unknown field"}}, p.Errors)
 		})
 	}
+	var dst body
+	require.NoError(t, decodeJSON([]byte(`{"pool": "p", "work": {"args": {"anything": {"goes": 1}}}}`), &dst))
+}
+
+// encoding/json matches keys to fields case-insensitively and keeps a
+// repeated key's last value; the document's names are exact, and a key
+// given twice reads as two requests (a proxy or a log may take the first).
+func TestAKeyInAnotherCaseOrGivenTwiceIsRefusedNamingIt(t *testing.T) {
+	type body struct {
+		Pool string `json:"pool"`
+		Work struct {
+			Handler string          `json:"handler"`
+			Args    json.RawMessage `json:"args"`
+		} `json:"work"`
+		Chunks []struct {
+			Data string `json:"data_base64"`
+		} `json:"chunks"`
+		Weights map[string]int `json:"weights"`
+	}
+	for _, tc := range []struct{ name, body, field, detail string }{
+		{"a key in upper case", `{"POOL": "p"}`, "POOL", `unknown field (names are case-sensitive: "pool")`},
+		{"a nested key in another case", `{"work": {"Handler": "h"}}`, "work.Handler", `unknown field (names are case-sensitive: "handler")`},
+		{"in an array's element", `{"chunks": [{"data_base64": "YQ=="}, {"Data_Base64": "YQ=="}]}`, "chunks[1].Data_Base64",
+			`unknown field (names are case-sensitive: "data_base64")`},
+		{"a key given twice", `{"pool": "a", "pool": "b"}`, "pool", "is given twice"},
+		{"a key given twice, in another case the second time", `{"pool": "a", "Pool": "b"}`, "Pool", `unknown field (names are case-sensitive: "pool")`},
+		{"a map's key given twice", `{"weights": {"org-1": 1, "org-1": 2}}`, "weights.org-1", "is given twice"},
+		{"a key given twice inside raw args", `{"work": {"args": {"a": [{"b": 1, "b": 2}]}}}`, "work.args.a[0].b", "is given twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var dst body
+			err := decodeJSON([]byte(tc.body), &dst)
+			var p *Problem
+			require.True(t, errors.As(err, &p), "%v", err)
+			require.Equal(t, http.StatusBadRequest, p.Status)
+			require.Equal(t, []apperr.FieldError{{Field: tc.field, Detail: tc.detail}}, p.Errors)
+		})
+	}
 	for _, ok := range []string{
-		`{"pool": "p", "work": {"args": {"anything": {"goes": 1}}}}`,
-		`{"POOL": "p", "Work": {"HANDLER": "h"}}`,
+		`{"weights": {"org-1": 1, "Org-1": 2}}`, // (a map's keys are data: case counts)
+		`{"work": {"args": {"A": 1, "a": 2}}}`,
+		`{"chunks": [{"data_base64": "YQ=="}, {"data_base64": "YQ=="}]}`,
 	} {
 		var dst body
 		require.NoError(t, decodeJSON([]byte(ok), &dst), ok)
@@ -103,4 +149,98 @@ func TestAWakeupWithAnUnknownFieldInItsWorkNamesItsPath(t *testing.T) {
 		"work": map[string]any{"handler": "echo", "extra": 1},
 	}
 	do(t, s.Handler(), http.MethodPost, "/v1/wakeups", token(t, "org-a", "agent"), body).requireProblem(t, http.StatusBadRequest, "work.extra")
+}
+
+// FuzzMisnamedKeyAgreesWithTheDecodersTokens checks the walk that finds a
+// key in another case or given twice — a scanner over bytes, since it runs
+// on every body — against the same rule read through encoding/json's
+// tokens, on any body the decoder accepts.
+func FuzzMisnamedKeyAgreesWithTheDecodersTokens(f *testing.F) {
+	type body struct {
+		Pool string `json:"pool"`
+		Work *struct {
+			Handler string          `json:"handler"`
+			Args    json.RawMessage `json:"args"`
+		} `json:"work"`
+		Chunks []struct {
+			Data string `json:"data_base64"`
+		} `json:"chunks"`
+		Weights map[string]int `json:"weights"`
+	}
+	for _, seed := range []string{
+		`{"pool": "p", "work": {"handler": "h", "args": {"a": [1, {"b": null}], "A": "x\"y"}}}`,
+		`{"POOL": "p"}`, `{"pool": "a", "pool": "b"}`, `{"weights": {"a": 1, "a": 2}}`,
+		`{"chunks": [{"data_base64": ""}, {"Data_base64": ""}]}`, ` { "\u0070ool" : "x" , "pool":"y" } `,
+		`{"work": {"args": {"\"": 1, "\\": 2, "\"": 3}}}`, `{"work": {"args": [[], {}, "", 1e5, true]}}`,
+		`{"weights": {"k1": 1, "k2": 2, "k3": 3, "k4": 4, "k5": 5, "k6": 6, "k7": 7, "k8": 8, "k9": 9, "k10": 10,
+		  "k11": 11, "k12": 12, "k13": 13, "k14": 14, "k15": 15, "k16": 16, "k17": 17, "k3": 0}}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var dst body
+		if !utf8.Valid(b) || json.Unmarshal(b, &dst) != nil { // (decodeJSON's conditions before the walk)
+			return
+		}
+		path, detail, found := misnamedKey(b, reflect.TypeOf(&dst))
+		wantPath, wantDetail, wantFound := misnamedKeyByTokens(t, b, reflect.TypeOf(&dst))
+		require.Equal(t, wantFound, found, "%s", b)
+		require.Equal(t, wantPath, path, "%s", b)
+		require.Equal(t, wantDetail, detail, "%s", b)
+	})
+}
+
+// misnamedKeyByTokens is misnamedKey's rule through the decoder's tokens.
+func misnamedKeyByTokens(t *testing.T, b []byte, typ reflect.Type) (string, string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	var walk func(typ reflect.Type, path string) (string, string, bool)
+	walk = func(typ reflect.Type, path string) (string, string, bool) {
+		tok, err := dec.Token()
+		require.NoError(t, err)
+		fields, elem := walkTypes(typ)
+		join := func(key string) string {
+			if path == "" {
+				return key
+			}
+			return path + "." + key
+		}
+		switch tok {
+		case json.Delim('{'):
+			seen := map[string]bool{}
+			for dec.More() {
+				tok, err := dec.Token()
+				require.NoError(t, err)
+				key := tok.(string)
+				if seen[key] {
+					return join(key), "is given twice", true
+				}
+				seen[key] = true
+				valueType := elem
+				if fields != nil {
+					ft, ok := fields[key]
+					for name := range fields {
+						if !ok && strings.EqualFold(name, key) {
+							return join(key), fmt.Sprintf("unknown field (names are case-sensitive: %q)", name), true
+						}
+					}
+					valueType = ft
+				}
+				if p, d, found := walk(valueType, join(key)); found {
+					return p, d, true
+				}
+			}
+		case json.Delim('['):
+			for i := 0; dec.More(); i++ {
+				if p, d, found := walk(elem, path+"["+strconv.Itoa(i)+"]"); found {
+					return p, d, true
+				}
+			}
+		default:
+			return "", "", false
+		}
+		_, err = dec.Token()
+		require.NoError(t, err)
+		return "", "", false
+	}
+	return walk(typ, "")
 }

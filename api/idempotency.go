@@ -141,16 +141,15 @@ func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 // SHA-256 of the raw body, and, for a JSON body (by its Content-Type), of
 // the body as a JSON value — object keys sorted, whitespace dropped,
 // strings and numbers as they decode (numbers as written, so 1 and 1.0
-// differ), a repeated key's last value, as the handlers read it — so that
-// a retry which spells the same JSON differently (a client that
-// re-serialises its request, in another key order) is the same request.
-// Two requests match when their raw hashes do, or both have the same value
-// hash. Without a value hash (jsonHash nil) the body counts byte for byte:
-// a body that is not JSON or not sent as JSON (a stream append's raw
-// bytes), longer than fingerprintJSONLimit (decoding would cost more than
-// the hash), not UTF-8, or with keys that differ only in case (a handler
-// reads those as one field, the last one winning, where the value keeps
-// both).
+// differ) — so that a retry which spells the same JSON differently (a
+// client that re-serialises its request, in another key order) is the same
+// request. Two requests match when their raw hashes do, or both have the
+// same value hash. Without a value hash (jsonHash nil) the body counts
+// byte for byte: a body that is not JSON or not sent as JSON (a stream
+// append's raw bytes), longer than fingerprintJSONLimit (decoding would
+// cost more than the hash), not UTF-8, or with a key given twice in an
+// object or keys that differ only in case (the handlers refuse both, so
+// such a body never matches a kept request by its value).
 type requestFingerprint struct {
 	raw, jsonHash []byte
 }
@@ -169,6 +168,9 @@ func fingerprintRequest(contentType string, body []byte) requestFingerprint {
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil || dec.More() || hasCaseFoldedKeys(v) {
+		return fp
+	}
+	if _, _, repeated := misnamedKey(body, nil); repeated {
 		return fp
 	}
 	canonical, err := json.Marshal(v)

@@ -299,7 +299,7 @@ func TestPoolPatchWithABadWeightNamesItAndWritesNothing(t *testing.T) {
 		{map[string]any{"org_weights": nil, "max_parallelism": 0}, "max_parallelism"},
 		{map[string]any{"org_weights": map[string]any{"org-6": 4}, "max_parallelism": nil}, "max_parallelism"},
 		{map[string]any{"max_parallelism": nil}, "max_parallelism"},
-		{map[string]any{"max_parallelism": 5, "MAX_PARALLELISM": nil, "org_weights": map[string]any{"org-6": 4}}, "max_parallelism"},
+		{map[string]any{"max_parallelism": 5, "MAX_PARALLELISM": nil, "org_weights": map[string]any{"org-6": 4}}, "MAX_PARALLELISM"},
 		{map[string]any{"org_weights": map[string]any{"org-6": 4}, "paused": true}, "paused"},
 	} {
 		do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator, tc.body).requireProblem(t, http.StatusBadRequest, tc.field)
