@@ -89,6 +89,9 @@ type Principal struct {
 	// leeway (zero: no exp): a live stream ends then (tokenExpiry), since
 	// the token is checked only when it opens.
 	Expires time.Time `json:"-"`
+	// operatorNotCounted: the token claims the operator role in an org
+	// that is not an operator org, so the role was dropped (a 403 says so).
+	operatorNotCounted bool
 }
 
 // HasRole reports whether the principal holds role. Operator counts only for
@@ -166,16 +169,18 @@ func (a *authenticator) verify(raw string) (Principal, error) {
 		return Principal{}, err
 	}
 	roles := make([]string, 0, len(claims.Roles))
+	operatorNotCounted := false
 	for _, r := range claims.Roles {
 		if !slices.Contains(AllRoles, r) || slices.Contains(roles, r) {
 			continue // unknown roles grant nothing
 		}
 		if r == RoleOperator && !slices.Contains(a.operatorOrgs, claims.OrgID) {
+			operatorNotCounted = true
 			continue
 		}
 		roles = append(roles, r)
 	}
-	p := Principal{OrgID: claims.OrgID, Sub: claims.Subject, Roles: roles, AgentID: claims.AgentID}
+	p := Principal{OrgID: claims.OrgID, Sub: claims.Subject, Roles: roles, AgentID: claims.AgentID, operatorNotCounted: operatorNotCounted}
 	if claims.ExpiresAt != nil {
 		// (when the parser would refuse it: a stream ended sooner would be
 		// reopened with it at once)
@@ -280,7 +285,12 @@ func requireRole(roles ...string) echo.MiddlewareFunc {
 					return next(c)
 				}
 			}
-			return NewProblem(http.StatusForbidden, "forbidden", "this route needs the role "+strings.Join(roles, " or "))
+			detail := "this route needs the role " + strings.Join(roles, " or ")
+			if p.operatorNotCounted && slices.Contains(roles, RoleOperator) {
+				// (the token says operator: say why it does not count)
+				detail += fmt.Sprintf("; the token's operator role counts only in an operator org (REVEILLE_OPERATOR_ORGS), and %q is not one", p.OrgID)
+			}
+			return NewProblem(http.StatusForbidden, "forbidden", detail)
 		}
 	}
 }

@@ -302,9 +302,13 @@ func TestRolesAndAgentBinding(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, do(t, s.Handler(), "POST", "/v1/test/as-agent", token(t, "o", "agent"), map[string]string{"agent_id": "any"}).Status,
 		"a token without agent_id may act as any agent of its org")
 
-	// operator counts only for operator orgs.
+	// operator counts only for operator orgs, and a 403 says so to a token
+	// that claims it elsewhere.
 	require.Equal(t, http.StatusNoContent, do(t, s.Handler(), "PATCH", "/v1/test/operator", token(t, "ops-org", "operator"), nil).Status)
-	do(t, s.Handler(), "PATCH", "/v1/test/operator", token(t, "org-a", "operator"), nil).requireProblem(t, http.StatusForbidden)
+	p := do(t, s.Handler(), "PATCH", "/v1/test/operator", token(t, "org-a", "operator"), nil).requireProblem(t, http.StatusForbidden)
+	require.Equal(t, `this route needs the role operator; the token's operator role counts only in an operator org (REVEILLE_OPERATOR_ORGS), and "org-a" is not one`, p["detail"])
+	p = do(t, s.Handler(), "PATCH", "/v1/test/operator", token(t, "org-a", "admin"), nil).requireProblem(t, http.StatusForbidden)
+	require.Equal(t, "this route needs the role operator", p["detail"])
 }
 
 func TestAuthConfigIsValidated(t *testing.T) {

@@ -297,7 +297,8 @@ func retryDelayMS(n string) string {
 // sqlComplete records a batch of attempt results in one statement and, by
 // taking each row out of 'running', frees its slot. An attempt counts only
 // while the work is running at that attempt, so a duplicate or stale report
-// changes nothing. A hand-back, which does not count an attempt, must also
+// changes nothing. A hand-back keeps the work's run_at, its place in its
+// key's and its org's order. A hand-back, which does not count an attempt, must also
 // come from the executor that holds the run ($8): a repeat of one (a batch
 // retried after a commit of unknown outcome) cannot hand back the next run
 // of the same attempt number on another replica. $1–$6 the results (id,
@@ -312,8 +313,7 @@ WITH c AS (
 UPDATE workpool_work w SET
   state = CASE WHEN ` + sqlRunsAgain + ` THEN 'pending' ELSE 'finished' END,
   attempts = w.attempts + CASE WHEN ` + sqlHandedBack + ` THEN 0 ELSE 1 END,
-  run_at = CASE WHEN ` + sqlHandedBack + ` THEN $7::timestamptz
-                WHEN ` + sqlWillRetry + ` THEN $7::timestamptz + make_interval(secs => ` + retryDelayMS("w.attempts + 1") + ` / 1000.0)
+  run_at = CASE WHEN ` + sqlWillRetry + ` THEN $7::timestamptz + make_interval(secs => ` + retryDelayMS("w.attempts + 1") + ` / 1000.0)
                 ELSE w.run_at END,
   outcome = CASE WHEN ` + sqlRunsAgain + ` THEN NULL
                  WHEN w.canceled THEN 'canceled'

@@ -165,6 +165,44 @@ func TestOrgQueues_AHandBackGoesBackIntoItsOrgsQueue(t *testing.T) {
 	require.True(t, h.observe().isRunning(id))
 }
 
+// A hand-back (a replica stopping) does not count its attempt, nor cost
+// the work its place: it keeps its run_at, so a key limited to 1 runs its
+// items in run_at order across a deploy, and an org's work in its order.
+func TestAHandedBackItemKeepsItsPlaceBeforeTheWorkEnqueuedAfterIt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		opts []workOpt
+	}{
+		{"on a key limited to 1", []workOpt{withKey("k", 1)}},
+		{"in its org's queue (fair pick)", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, withMaxParallelism(1))
+			withPerOrgCap(t, h, 1)
+			t0 := h.clock.Now()
+			first := h.enqueue(append([]workOpt{withOrg("a"), withRunAt(t0)}, tc.opts...)...)
+			later := h.enqueue(append([]workOpt{withOrg("a"), withRunAt(t0.Add(time.Millisecond))}, tc.opts...)...)
+			h.runMain()
+			require.True(t, h.observe().isRunning(first))
+			h.exec(`UPDATE workpool_work SET claimed_by = $1 WHERE id = $2`, h.m.exec.id, first)
+			h.clock.Advance(time.Minute) // (the stop comes later)
+			require.NoError(t, pgx.BeginFunc(h.ctx, h.db, func(tx pgx.Tx) error {
+				_, err := h.m.completeTx(h.ctx, tx, []attemptResult{{id: first, pool: "default", attempt: 1, kind: kindHandBack}})
+				return err
+			}))
+			var runAt time.Time
+			require.NoError(t, h.db.QueryRow(h.ctx, `SELECT run_at FROM workpool_work WHERE id = $1`, first).Scan(&runAt))
+			require.True(t, runAt.Equal(t0), "run_at %v, enqueued for %v", runAt, t0)
+
+			h.runMain()
+			o := h.observe()
+			require.True(t, o.isRunning(first), "the handed-back item runs again first")
+			require.False(t, o.isRunning(later))
+		})
+	}
+}
+
 // The pick moves a queue's head only if no other transaction holds its
 // row: an enqueue still in flight keeps the head it lowered, and the loop
 // does not wait for it.
