@@ -20,9 +20,9 @@ import (
 var ErrTooManyPending = errors.New("too much pending work")
 
 const (
-	// pendingRecountAfter is how stale the count of an org over its cap
-	// must be before an enqueue counts again, so that an org hammering a
-	// full pool costs one count a second, not one per request.
+	// pendingRecountAfter is how long a count that found an org over its
+	// cap holds off the next one on this replica, so that an org hammering
+	// a full pool costs one count a second, not one per request.
 	pendingRecountAfter = time.Second
 	// pendingRefreshAfter is how stale a count gets before the pool's
 	// leader counts again (pendingRefreshBatch orgs per purge tick): it
@@ -38,25 +38,30 @@ const (
 // it (a row every completion updated would serialise an org's completions
 // with its enqueues, and hold up the loop behind an enqueuing transaction),
 // so an enqueue that finds the bound past the cap counts again before it
-// refuses.
+// refuses — however recent the stored count: the enqueues since may all
+// have finished. Only a count that refused holds the next one off.
 
-// recountLog remembers when this replica last counted an org over its cap.
-// The count a refused enqueue takes rolls back with it, so counted_at
-// alone cannot keep an org hammering a full pool to one count a second.
-type recountLog struct {
+// refusalLog remembers when this replica last counted an org over its
+// cap. The count a refused enqueue takes rolls back with it, so the table
+// cannot remember it.
+type refusalLog struct {
 	mu   sync.Mutex
 	last map[[2]string]time.Time
 }
 
-// due reports whether (pool, org) may be counted at now, given the count
-// stored at countedAt, and if so records the count.
-func (r *recountLog) due(pool, org string, countedAt, now time.Time) bool {
+// heldOff reports whether (pool, org) was counted over its cap within
+// pendingRecountAfter of now: it is refused again without a count.
+func (r *refusalLog) heldOff(pool, org string, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	k := [2]string{pool, org}
-	if now.Sub(countedAt) < pendingRecountAfter || now.Sub(r.last[k]) < pendingRecountAfter {
-		return false
-	}
+	at, ok := r.last[[2]string{pool, org}]
+	return ok && now.Sub(at) < pendingRecountAfter
+}
+
+// refused records that a count at now found (pool, org) over its cap.
+func (r *refusalLog) refused(pool, org string, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.last == nil {
 		r.last = map[[2]string]time.Time{}
 	}
@@ -67,8 +72,7 @@ func (r *recountLog) due(pool, org string, countedAt, now time.Time) bool {
 			}
 		}
 	}
-	r.last[k] = now
-	return true
+	r.last[[2]string{pool, org}] = now
 }
 
 // pendingGroups are a batch's fresh items per (pool, org), sorted, so that
@@ -130,12 +134,12 @@ func (m *Manager) pendingGroups(ps []EnqueueParams, r *enqueueRows) *pendingGrou
 type pendingCount struct {
 	pool, org string
 	pending   int64
-	countedAt time.Time
 }
 
 // admitOverCap decides the groups whose bound went past the cap, after an
-// insert that inserted nothing: each is counted again (unless counted
-// within pendingRecountAfter) and refused if it really is over. tx holds
+// insert that inserted nothing: each is counted again (unless a count
+// found it over its cap within pendingRecountAfter) and refused if it
+// really is over, else its exact count is stored. tx holds
 // the counts' row locks (the insert raised them), so the count sees every
 // enqueue of the org that committed and none is in flight.
 func (m *Manager) admitOverCap(ctx context.Context, tx pgx.Tx, g *pendingGroups) error {
@@ -148,7 +152,7 @@ func (m *Manager) admitOverCap(ctx context.Context, tx pgx.Tx, g *pendingGroups)
 	}
 	counts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pendingCount, error) {
 		var c pendingCount
-		err := r.Scan(&c.pool, &c.org, &c.pending, &c.countedAt)
+		err := r.Scan(&c.pool, &c.org, &c.pending)
 		return c, err
 	})
 	if err != nil {
@@ -161,18 +165,19 @@ func (m *Manager) admitOverCap(ctx context.Context, tx pgx.Tx, g *pendingGroups)
 		if i < 0 || !g.checked[i] || c.pending <= limit {
 			continue
 		}
-		if !m.recounts.due(c.pool, c.org, c.countedAt, now) {
+		if m.refusals.heldOff(c.pool, c.org, now) {
 			return m.refuse(c.pool, c.org, g.counts[i])
 		}
 		exact, err := m.countPending(ctx, tx, c.pool, c.org)
 		if err != nil {
 			return err
 		}
+		if exact+g.counts[i] > limit {
+			m.refusals.refused(c.pool, c.org, now)
+			return m.refuse(c.pool, c.org, g.counts[i])
+		}
 		if _, err := tx.Exec(ctx, sqlSetPending, c.pool, c.org, exact+g.counts[i], now); err != nil {
 			return fmt.Errorf("updating the pending count of %s in %s: %w", c.org, c.pool, err)
-		}
-		if exact+g.counts[i] > limit {
-			return m.refuse(c.pool, c.org, g.counts[i])
 		}
 	}
 	return nil
@@ -220,7 +225,6 @@ type PendingCheck struct {
 	org, pool string
 	found     bool // the pair has a count
 	pending   int64
-	countedAt time.Time
 }
 
 // QueuePendingCheck queues in b the read of orgID's pending count in pool;
@@ -242,7 +246,7 @@ func (c *PendingCheck) Read(br pgx.BatchResults) error {
 }
 
 func (c *PendingCheck) scan(row pgx.Row) error {
-	err := row.Scan(&c.pending, &c.countedAt)
+	err := row.Scan(&c.pending)
 	c.found = err == nil
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("reading the pending count of %s in %s: %w", c.org, c.pool, err)
@@ -251,8 +255,12 @@ func (c *PendingCheck) scan(row pgx.Row) error {
 }
 
 // Decide reports ErrTooManyPending when one more item would take the org
-// past its cap. A count past the cap is counted again on q first, unless
-// it was counted within pendingRecountAfter.
+// past its cap. A bound past the cap is counted again on q first, unless a
+// count found the org over its cap within pendingRecountAfter. (The count
+// is not stored: without the count's row lock it could miss an enqueue in
+// flight. The enqueue that follows an admitted check stores nothing either
+// — it bypasses the cap — so while the bound stays past the cap each check
+// counts, at most cap+1 index entries.)
 func (c *PendingCheck) Decide(ctx context.Context, q Querier) error {
 	if c == nil || !c.found {
 		return nil
@@ -262,7 +270,8 @@ func (c *PendingCheck) Decide(ctx context.Context, q Querier) error {
 	if c.pending+1 <= limit {
 		return nil
 	}
-	if m.recounts.due(c.pool, c.org, c.countedAt, m.now()) {
+	now := m.now()
+	if !m.refusals.heldOff(c.pool, c.org, now) {
 		pending, err := m.countPending(ctx, q, c.pool, c.org)
 		if err != nil {
 			return err
@@ -270,6 +279,7 @@ func (c *PendingCheck) Decide(ctx context.Context, q Querier) error {
 		if pending+1 <= limit {
 			return nil
 		}
+		m.refusals.refused(c.pool, c.org, now)
 	}
 	return m.refuse(c.pool, c.org, 1)
 }

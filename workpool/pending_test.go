@@ -129,18 +129,48 @@ func TestPendingCap_OwedWorkIsCountedButNeverRefused(t *testing.T) {
 	require.NoError(t, h.m.CheckPending(h.ctx, h.db, "org-2", "default"), "an org with nothing pending")
 }
 
-func TestPendingCap_CheckPendingCountsAgainWhenTheBoundIsStale(t *testing.T) {
+func TestPendingCap_CheckPendingCountsAgainWhenTheBoundIsPastTheCap(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, withMaxPending(1))
 	id := h.enqueue()
+	require.ErrorIs(t, h.m.CheckPending(h.ctx, h.db, "org-1", "default"), ErrTooManyPending, "counted: one pending")
 	h.runMain()
 	h.complete(id, "success", 1)
 	h.runMain()
-	require.ErrorIs(t, h.m.CheckPending(h.ctx, h.db, "org-1", "default"), ErrTooManyPending, "counted just now")
+	require.ErrorIs(t, h.m.CheckPending(h.ctx, h.db, "org-1", "default"), ErrTooManyPending,
+		"a count found the org over its cap less than a second ago")
 
 	h.clock.Advance(pendingRecountAfter)
 
 	require.NoError(t, h.m.CheckPending(h.ctx, h.db, "org-1", "default"))
+}
+
+// The bound past the cap is what the org enqueued since its last count;
+// if that work has finished, the next enqueue (or wake-up check) counts
+// and is admitted at once — a recent count that admitted holds nothing
+// off. (It was refused for up to a second: the cap acted as a rate limit
+// of one admission a second on an org far below it.)
+func TestPendingCap_AnOrgWhoseWorkFinishedIsAdmittedHoweverRecentItsLastCount(t *testing.T) {
+	t.Parallel()
+	for _, path := range []string{"enqueue", "wake-up check, then an enqueue past the cap"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxPending(3))
+			for i := range 12 { // four times the cap, the clock standing still
+				var id uuid.UUID
+				if path == "enqueue" {
+					require.NoError(t, h.tryEnqueue(), "enqueue %d", i)
+					id = h.observe().pending[0]
+				} else {
+					require.NoError(t, h.m.CheckPending(h.ctx, h.db, "org-1", "default"), "check %d", i)
+					id = h.enqueue(func(p *EnqueueParams) { p.BypassPendingCap = true })
+				}
+				h.runMain()
+				h.complete(id, "success", 1)
+				h.runMain()
+			}
+		})
+	}
 }
 
 // A count that drifted low (kept while the cap was off, or by a replica

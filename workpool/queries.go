@@ -1033,7 +1033,7 @@ ON CONFLICT (pool, org_id) DO UPDATE SET pending = workpool_org_pending.pending 
 
 // sqlReadPendingPairs reads the counts of pairs this transaction holds.
 const sqlReadPendingPairs = `
-SELECT pool, org_id, pending, counted_at FROM workpool_org_pending WHERE pool = ANY($1) AND org_id = ANY($2)`
+SELECT pool, org_id, pending FROM workpool_org_pending WHERE pool = ANY($1) AND org_id = ANY($2)`
 
 // sqlCountPending counts an org's unfinished work in a pool through the
 // partial indexes, each part bounded by $3, and returns at most $3.
@@ -1049,7 +1049,7 @@ SELECT least(
 const sqlSetPending = `
 UPDATE workpool_org_pending SET pending = $3, counted_at = $4 WHERE pool = $1 AND org_id = $2`
 
-const sqlReadPending = `SELECT pending, counted_at FROM workpool_org_pending WHERE pool = $1 AND org_id = $2`
+const sqlReadPending = `SELECT pending FROM workpool_org_pending WHERE pool = $1 AND org_id = $2`
 
 const sqlLockPending = `SELECT 1 FROM workpool_org_pending WHERE pool = $1 AND org_id = $2 FOR UPDATE`
 

@@ -67,7 +67,7 @@ type Manager struct {
 	peersMu sync.Mutex
 	peers   map[string]time.Time // other replicas' executors, by origin, last heard
 
-	recounts   recountLog // orgs this replica counted over their pending caps
+	refusals   refusalLog // orgs this replica counted over their pending caps
 	knownPools knownPools // pools found to exist, for Check
 
 	reportsMu sync.Mutex
