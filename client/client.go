@@ -290,7 +290,7 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 		}
 		apiErr := errorFrom(res)
 		drainAndClose(res)
-		if key != "" && !apiErr.retryable() {
+		if key != "" && answeredForKey(res, apiErr) {
 			maybeApplied = false // (the server's answer for the key: it stands)
 		}
 		if attempt >= c.retry.MaxAttempts || !retryable || !apiErr.retryable() {

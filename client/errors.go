@@ -111,6 +111,27 @@ func (e *Error) retryable() bool {
 	return e.Status >= 500
 }
 
+// answeredForKey reports whether a keyed attempt's error answer is the
+// server's answer for its Idempotency-Key — the one it replays to every
+// retry under the key, which settles whether an earlier attempt whose
+// answer was lost acted: a replay (Idempotent-Replayed), or a status the
+// API keeps under the key. Not the statuses it never keeps, answered
+// before the key is looked at or refusing a malformed request (401 and 403
+// from the token's check — a retry's token may have expired or rotated
+// since the attempt that acted —, 429, 400, 413, 415), nor a retryable
+// answer or any 5xx: after those an earlier attempt may still have acted.
+func answeredForKey(res *http.Response, e *Error) bool {
+	if res.Header.Get("Idempotent-Replayed") == "true" {
+		return true
+	}
+	switch e.Status {
+	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusRequestEntityTooLarge,
+		http.StatusUnsupportedMediaType, http.StatusTooManyRequests:
+		return false
+	}
+	return !e.retryable() && e.Status < 500
+}
+
 // errorFrom reads a non-2xx response into an *Error.
 func errorFrom(res *http.Response) *Error {
 	raw, _ := io.ReadAll(io.LimitReader(res.Body, 64<<10))
@@ -190,8 +211,10 @@ func IsRateLimited(err error) bool { return StatusOf(err) == http.StatusTooManyR
 // MaybeAppliedError is a call that failed after one of its attempts reached
 // the server and lost its answer: the server may have acted on it (a
 // wake-up created and spent, a chunk appended), whatever the last
-// attempt's error (Err: a refused connection, a 503, a canceled context)
-// says. Retry with the same IdempotencyKey (WithIdempotencyKey) and the
+// attempt's error (Err: a refused connection, a 503, a canceled context, a
+// 401 or 403 to a retry whose token expired meanwhile, a 429) says; only
+// the server's answer for the call's Idempotency-Key (a replay, or a
+// status the API keeps under the key, such as a 402 or 409) settles it. Retry with the same IdempotencyKey (WithIdempotencyKey) and the
 // server acts at most once, answering as it first did; a call sent without
 // a key (IdempotencyKey "") cannot be retried safely — look the object up.
 // errors.As sees through it to Err (an *Error, a *net.OpError …).

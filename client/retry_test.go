@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/client"
 	"github.com/reveille/reveille/internal/service"
 )
@@ -254,9 +255,13 @@ func TestACallWhoseAnswerWasLostSaysItMayHaveBeenApplied(t *testing.T) {
 	t.Run("a retry answered for good by the server is not", func(t *testing.T) {
 		proxy := newFaultProxy(t, e.url[len("http://"):])
 		proxy.loseNextAnswer()
-		_, err := newClient(t, proxy.URL(), admin, nil).Mandates.Create(ctx, client.MandateCreate{AgentID: "a1", Scope: "s", Budget: -1})
-		notApplied(t, err, "the retry's 400 is the server's answer for the key")
-		require.Equal(t, http.StatusBadRequest, client.StatusOf(err))
+		// (no mandate: the spend is refused, and its 402 kept under the key)
+		_, err := newClient(t, proxy.URL(), agent, nil).Mandates.Spend(ctx, client.SpendRequest{AgentID: "no-mandate", Scope: "s", Cost: 1})
+		notApplied(t, err, "the retry's 402 is the server's answer for the key")
+		var apiErr *client.Error
+		require.ErrorAs(t, err, &apiErr)
+		require.Equal(t, http.StatusPaymentRequired, apiErr.Status)
+		require.NotEmpty(t, apiErr.ApprovalID)
 	})
 	t.Run("a request written whose answer the caller's deadline cut is", func(t *testing.T) {
 		// (a server that takes the request and never answers)
@@ -279,6 +284,64 @@ func TestACallWhoseAnswerWasLostSaysItMayHaveBeenApplied(t *testing.T) {
 		require.ErrorAs(t, err, &maybe)
 		require.NotEmpty(t, maybe.IdempotencyKey)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
+	})
+}
+
+// A retry after a lost answer that is refused before the server looks at
+// its Idempotency-Key — a token expired or rotated since the attempt that
+// acted (401, 403), the org's rate limit (429) — says nothing of that
+// attempt: the call may have been applied (here the spend went through),
+// so it is a *MaybeAppliedError wrapping the refusal, not a plain *Error.
+func TestARefusalBeforeTheKeyAfterALostAnswerIsStillMaybeApplied(t *testing.T) {
+	ctx := context.Background()
+	// spendThroughProxy spends 3 of agentID's new mandate, the answer of the
+	// first attempt lost and the retries sent with the token retryAs.
+	spendThroughProxy := func(t *testing.T, e *engine, agentID, retryAs string, opts ...client.Option) (*client.Client, error) {
+		t.Helper()
+		direct := newClient(t, e.url, admin, nil)
+		_, err := direct.Mandates.Create(ctx, client.MandateCreate{AgentID: agentID, Scope: "s", Budget: 10})
+		require.NoError(t, err)
+		proxy := newFaultProxy(t, e.url[len("http://"):])
+		asked := 0
+		c := newClient(t, proxy.URL(), agent, nil, append([]client.Option{client.WithTokenFunc(func(context.Context) (string, error) {
+			asked++
+			if asked == 1 {
+				return agent.token(t), nil
+			}
+			return retryAs, nil
+		})}, opts...)...)
+		proxy.loseNextAnswer()
+		_, err = c.Mandates.Spend(ctx, client.SpendRequest{AgentID: agentID, Scope: "s", Cost: 3})
+		return direct, err
+	}
+	requireMaybeApplied := func(t *testing.T, direct *client.Client, agentID string, err error, status int) {
+		t.Helper()
+		var maybe *client.MaybeAppliedError
+		require.ErrorAs(t, err, &maybe)
+		require.NotEmpty(t, maybe.IdempotencyKey)
+		require.Equal(t, status, client.StatusOf(err), "the last answer is still there: %v", err)
+		m := collect(t, direct.Mandates.List(ctx, client.MandateListParams{AgentID: agentID}))
+		require.Len(t, m, 1)
+		require.EqualValues(t, 3, m[0].Spent, "the first attempt spent")
+	}
+	e := startEngine(t)
+	t.Run("a 401: the retry's token is refused", func(t *testing.T) {
+		bad, err := api.SignToken([]byte("another-secret-of-at-least-32-bytes!!"), api.TokenSpec{OrgID: orgA, Sub: "runtime", Roles: agent.roles, TTL: time.Hour})
+		require.NoError(t, err)
+		direct, err := spendThroughProxy(t, e, "expired", bad)
+		requireMaybeApplied(t, direct, "expired", err, http.StatusUnauthorized)
+		require.True(t, client.IsUnauthorized(err))
+	})
+	t.Run("a 403: the retry's token lacks the role", func(t *testing.T) {
+		direct, err := spendThroughProxy(t, e, "unroled", approver.token(t))
+		requireMaybeApplied(t, direct, "unroled", err, http.StatusForbidden)
+	})
+	t.Run("a 429 with a Retry-After longer than the policy waits", func(t *testing.T) {
+		// (one request every 2 s: the spend takes the one token the org has)
+		e := startEngine(t, func(c *service.Config) { c.API.OrgRate, c.API.OrgBurst = 0.5, 2 })
+		direct, err := spendThroughProxy(t, e, "limited", agent.token(t), client.WithRetry(client.RetryPolicy{MaxAttempts: 4,
+			InitialBackoff: 10 * time.Millisecond, MaxRetryAfter: 100 * time.Millisecond}))
+		requireMaybeApplied(t, direct, "limited", err, http.StatusTooManyRequests)
 	})
 }
 
