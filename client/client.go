@@ -251,12 +251,30 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 		var written atomic.Bool
 		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) }}
 		res, err := c.send(httptrace.WithClientTrace(ctx, trace), ep, body, key, o.header)
-		if err != nil {
+		var raw []byte
+		var apiErr *Error
+		switch {
+		case err != nil:
 			var tokErr *tokenError
 			if errors.As(err, &tokErr) {
 				return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
 			}
 			maybeApplied = maybeApplied || written.Load()
+		case res.StatusCode >= 200 && res.StatusCode < 300:
+			raw, err = io.ReadAll(res.Body)
+			res.Body.Close()
+		default:
+			apiErr, err = errorFrom(res)
+		}
+		if res != nil && err != nil {
+			// The whole body first: an answer cut inside it — a 201's or a
+			// 402's — is a lost answer (the server may have acted), retried
+			// as one; under its key the retry is answered the whole first
+			// answer.
+			maybeApplied = true
+			err = fmt.Errorf("reading the %d answer: %w", res.StatusCode, err)
+		}
+		if err != nil {
 			if ctx.Err() != nil || attempt >= c.retry.MaxAttempts || !(retryable || neverSent(err)) {
 				return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
 			}
@@ -265,22 +283,7 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			}
 			continue
 		}
-		if res.StatusCode >= 200 && res.StatusCode < 300 {
-			// The whole body first: an answer cut inside it is a lost
-			// answer (the server may have acted), retried as one.
-			raw, rerr := io.ReadAll(res.Body)
-			res.Body.Close()
-			if rerr != nil {
-				maybeApplied = true
-				err := fmt.Errorf("reading the %d answer: %w", res.StatusCode, rerr)
-				if ctx.Err() != nil || attempt >= c.retry.MaxAttempts || !retryable {
-					return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
-				}
-				if werr := c.retry.wait(ctx, attempt, 0); werr != nil {
-					return fail(fmt.Errorf("client: %s %s: waiting to retry after %w: %w", ep.method, ep.path, err, werr))
-				}
-				continue
-			}
+		if apiErr == nil {
 			res.Body = io.NopCloser(bytes.NewReader(raw))
 			err := read(res)
 			if o.onResponse != nil {
@@ -288,8 +291,6 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			}
 			return err
 		}
-		apiErr := errorFrom(res)
-		drainAndClose(res)
 		if key != "" && answeredForKey(res, apiErr) {
 			maybeApplied = false // (the server's answer for the key: it stands)
 		}
@@ -365,13 +366,6 @@ func cmpOr(a, b string) string {
 		return a
 	}
 	return b
-}
-
-// drainAndClose reads what is left of a small body so that the
-// connection is reused, and closes it.
-func drainAndClose(res *http.Response) {
-	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
-	_ = res.Body.Close()
 }
 
 // isMediaType reports whether the response's Content-Type is mt.

@@ -54,7 +54,8 @@ type Error struct {
 	// RequestID is the X-Request-Id header, which names the request in
 	// the server's logs.
 	RequestID string `json:"-"`
-	// Body is the raw answer (at most 64 KiB of it).
+	// Body is the raw answer (at most 64 KiB of it); an answer cut before
+	// its end is never an *Error, but a lost answer (see MaybeAppliedError).
 	Body []byte `json:"-"`
 }
 
@@ -132,9 +133,29 @@ func answeredForKey(res *http.Response, e *Error) bool {
 	return !e.retryable() && e.Status < 500
 }
 
-// errorFrom reads a non-2xx response into an *Error.
-func errorFrom(res *http.Response) *Error {
-	raw, _ := io.ReadAll(io.LimitReader(res.Body, 64<<10))
+// maxErrorBody bounds what is kept of an error answer's body.
+const maxErrorBody = 64 << 10
+
+// errorFrom reads a non-2xx response into an *Error, and closes its body.
+// It fails when the body could not be read whole (the connection was cut
+// inside it): the answer was lost — its approval_id or wakeup_id with it —
+// and must not pass for the server's answer.
+func errorFrom(res *http.Response) (*Error, error) {
+	defer res.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(res.Body, maxErrorBody))
+	if err == nil {
+		// (the rest, if any, is not kept; reading it lets the connection be
+		// reused, and shows a cut there too)
+		_, err = io.Copy(io.Discard, io.LimitReader(res.Body, maxErrorBody))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return errorOf(res, raw), nil
+}
+
+// errorOf is the *Error of a non-2xx response whose body is raw.
+func errorOf(res *http.Response, raw []byte) *Error {
 	e := &Error{Status: res.StatusCode, Body: raw, RequestID: res.Header.Get("X-Request-Id"),
 		RetryAfter: parseRetryAfter(res.Header.Get("Retry-After"))}
 	if isMediaType(res, "application/problem+json") || isMediaType(res, "application/json") {

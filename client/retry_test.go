@@ -185,6 +185,44 @@ func TestAnAnswerCutInItsBodyIsRetriedAndActsOnce(t *testing.T) {
 	require.Zero(t, client.StatusOf(err), "a transport error, not an answer")
 }
 
+// An error answer cut inside its body — a refused spend's 402, whose
+// approval_id is in the body — is a lost answer too, not a final *Error
+// short of its members: the call is retried under its key and answered the
+// whole first answer, or, when it may not be retried, is maybe-applied.
+func TestAnErrorAnswerCutInItsBodyIsALostAnswer(t *testing.T) {
+	e := startEngine(t)
+	ctx := context.Background()
+	proxy := newFaultProxy(t, e.url[len("http://"):])
+	asApprover := newClient(t, e.url, approver, nil)
+	rec := &recorder{}
+	c := newClient(t, proxy.URL(), agent, rec)
+	inBody := cut{pattern: []byte("\r\n\r\n"), offset: 4 + 10} // ten bytes of the body
+
+	proxy.cutAnswers(inBody)
+	var final *http.Response
+	_, err := c.Mandates.Spend(ctx, client.SpendRequest{AgentID: "cut", Scope: "s", Cost: 1}, client.WithResponse(func(r *http.Response) { final = r }))
+	var apiErr *client.Error
+	require.ErrorAs(t, err, &apiErr)
+	var maybe *client.MaybeAppliedError
+	require.False(t, errors.As(err, &maybe), "the retry got the server's answer for the key: %v", err)
+	require.Equal(t, http.StatusPaymentRequired, apiErr.Status)
+	approvals := collect(t, asApprover.MandateApprovals.List(ctx, client.MandateApprovalListParams{AgentID: "cut"}))
+	require.Len(t, approvals, 1, "one refusal, one approval request")
+	require.Equal(t, approvals[0].ID, apiErr.ApprovalID, "the whole answer")
+	attempts := rec.requests(http.MethodPost, "/v1/mandates/spend")
+	require.Len(t, attempts, 2, "the cut answer was retried")
+	require.Equal(t, attempts[0].header.Get("Idempotency-Key"), attempts[1].header.Get("Idempotency-Key"))
+	require.Equal(t, "true", final.Header.Get("Idempotent-Replayed"))
+
+	proxy.cutAnswers(inBody)
+	once := newClient(t, proxy.URL(), agent, nil, client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
+	_, err = once.Mandates.Spend(ctx, client.SpendRequest{AgentID: "cut-once", Scope: "s", Cost: 1})
+	require.ErrorAs(t, err, &maybe)
+	require.NotEmpty(t, maybe.IdempotencyKey)
+	require.Zero(t, client.StatusOf(err), "no answer, not a 402 short of its body: %v", err)
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+}
+
 // A call whose attempt reached the server and lost its answer, and whose
 // retries then failed otherwise (the server gone: a refused connection),
 // says that it may have been applied, with the key to retry it under —

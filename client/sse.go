@@ -112,7 +112,12 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, id
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
-		return false, false, errorFrom(res)
+		apiErr, err := errorFrom(res)
+		if err != nil {
+			// (cut inside its body: a failed connection, tried again)
+			return false, false, fmt.Errorf("reading the %d answer: %w", res.StatusCode, err)
+		}
+		return false, false, apiErr
 	}
 	if !isMediaType(res, "text/event-stream") {
 		return false, true, yieldErr(yield, fmt.Errorf("client: %s answered %q, not an event stream", ep.path, res.Header.Get("Content-Type")))
