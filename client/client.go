@@ -136,8 +136,17 @@ func WithHeader(name, value string) CallOption {
 	}
 }
 
-// WithResponse hands f the final HTTP response of the call (its body
-// already read): headers such as X-Request-Id or Idempotent-Replayed.
+// WithResponse hands f the final HTTP response of the call, its body
+// already read, for headers such as X-Request-Id or Idempotent-Replayed:
+// the answer of the call's last attempt, a success or an error (one
+// refused for good, the last of the retries, a 429 whose Retry-After is
+// longer than RetryPolicy.MaxRetryAfter, one whose wait for a retry the
+// context ended). f is not called when the last attempt got no whole
+// answer: a transport error, an answer cut short, a context that ended
+// during the attempt, a failed token function. On Streams.Tail and
+// Approvals.Events, f is called with each connection's answer as it comes
+// (each reconnect's too, an event stream or an error), its Body
+// http.NoBody: the events are the iteration's.
 func WithResponse(f func(*http.Response)) CallOption {
 	return func(o *callOptions) { o.onResponse = f }
 }
@@ -286,26 +295,29 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 		if apiErr == nil {
 			res.Body = io.NopCloser(bytes.NewReader(raw))
 			err := read(res)
-			if o.onResponse != nil {
-				o.onResponse(res)
-			}
+			o.respond(res)
 			return err
 		}
 		if key != "" && answeredForKey(res, apiErr) {
 			maybeApplied = false // (the server's answer for the key: it stands)
 		}
-		if attempt >= c.retry.MaxAttempts || !retryable || !apiErr.retryable() {
-			if o.onResponse != nil {
-				o.onResponse(res)
-			}
+		// (a Retry-After longer than MaxRetryAfter is not worth waiting for
+		// within one call)
+		if attempt >= c.retry.MaxAttempts || !retryable || !apiErr.retryable() || apiErr.RetryAfter > c.retry.MaxRetryAfter {
+			o.respond(res)
 			return fail(apiErr)
 		}
-		if apiErr.RetryAfter > c.retry.MaxRetryAfter {
-			return fail(apiErr) // not worth waiting for within one call
-		}
 		if werr := c.retry.wait(ctx, attempt, apiErr.RetryAfter); werr != nil {
+			o.respond(res)
 			return fail(fmt.Errorf("client: %s %s: waiting to retry after %w: %w", ep.method, ep.path, apiErr, werr))
 		}
+	}
+}
+
+// respond hands the call's final response to WithResponse's f.
+func (o *callOptions) respond(res *http.Response) {
+	if o.onResponse != nil {
+		o.onResponse(res)
 	}
 }
 

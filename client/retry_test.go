@@ -467,7 +467,8 @@ func TestRetriesRepeatOnlyCallsThatMayBeRepeated(t *testing.T) {
 }
 
 // A 429 is retried after its Retry-After; one longer than the policy
-// waits for is returned at once, carrying it.
+// waits for is returned at once, carrying it, and is the call's final
+// response WithResponse sees.
 func TestA429IsRetriedAfterItsRetryAfter(t *testing.T) {
 	// One request every 2 s: the calls below come well within 2 s of the
 	// first, however slow the machine.
@@ -479,11 +480,15 @@ func TestA429IsRetriedAfterItsRetryAfter(t *testing.T) {
 
 	_, err := impatient.Whoami(ctx)
 	require.NoError(t, err)
-	_, err = impatient.Whoami(ctx)
+	var final *http.Response
+	_, err = impatient.Whoami(ctx, client.WithResponse(func(r *http.Response) { final = r }))
 	var limited *client.Error
 	require.ErrorAs(t, err, &limited)
 	require.True(t, client.IsRateLimited(err))
 	require.Contains(t, []time.Duration{time.Second, 2 * time.Second}, limited.RetryAfter, "whole seconds until the next token")
+	require.NotNil(t, final, "WithResponse saw the 429")
+	require.Equal(t, http.StatusTooManyRequests, final.StatusCode)
+	require.Equal(t, limited.RequestID, final.Header.Get("X-Request-Id"))
 	require.Len(t, rec.requests(http.MethodGet, "/v1/whoami"), 2, "not retried: the wait is longer than the policy allows")
 
 	_, err = patient.Whoami(ctx)

@@ -117,8 +117,10 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, id
 			// (cut inside its body: a failed connection, tried again)
 			return false, false, fmt.Errorf("reading the %d answer: %w", res.StatusCode, err)
 		}
+		o.respondHeaders(res)
 		return false, false, apiErr
 	}
+	o.respondHeaders(res)
 	if !isMediaType(res, "text/event-stream") {
 		return false, true, yieldErr(yield, fmt.Errorf("client: %s answered %q, not an event stream", ep.path, res.Header.Get("Content-Type")))
 	}
@@ -144,6 +146,16 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, id
 			return true, true, nil
 		}
 		watchdog.Reset(idle)
+	}
+}
+
+// respondHeaders hands WithResponse's f a connection's answer, without
+// its body (see WithResponse).
+func (o *callOptions) respondHeaders(res *http.Response) {
+	if o.onResponse != nil {
+		head := *res
+		head.Body = http.NoBody
+		o.onResponse(&head)
 	}
 }
 

@@ -159,7 +159,8 @@ func TestTailFollowsAQuietStreamWhoseConnectionsAreCutAgainAndAgain(t *testing.T
 }
 
 // A tail gives up at once on an answer retrying cannot change, and
-// connects again after one it can.
+// connects again after one it can. WithResponse sees every connection's
+// answer.
 func TestTailRetriesOnlyWhatMaySucceed(t *testing.T) {
 	e := startEngine(t)
 	ctx := context.Background()
@@ -175,10 +176,12 @@ func TestTailRetriesOnlyWhatMaySucceed(t *testing.T) {
 		unavailable int
 		want        []string
 		wantStatus  int
-		connections int
+		// answers are the connections' statuses, as WithResponse saw them.
+		answers []int
 	}{
-		{name: "a load balancer's 503 is retried", as: approver, unavailable: 2, want: []string{"a", "b"}, connections: 3},
-		{name: "a 403 is not", as: admin, wantStatus: http.StatusForbidden, connections: 1},
+		{name: "a load balancer's 503 is retried", as: approver, unavailable: 2, want: []string{"a", "b"},
+			answers: []int{http.StatusServiceUnavailable, http.StatusServiceUnavailable, http.StatusOK}},
+		{name: "a 403 is not", as: admin, wantStatus: http.StatusForbidden, answers: []int{http.StatusForbidden}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -187,7 +190,12 @@ func TestTailRetriesOnlyWhatMaySucceed(t *testing.T) {
 			proxy.answerUnavailable(tc.unavailable)
 			var got []string
 			var errs []error
-			for ch, err := range reader.Streams.Tail(ctx, "run", "out", client.TailParams{}) {
+			var answers []int
+			seen := client.WithResponse(func(r *http.Response) {
+				answers = append(answers, r.StatusCode)
+				require.Equal(t, http.NoBody, r.Body, "the events are the iteration's")
+			})
+			for ch, err := range reader.Streams.Tail(ctx, "run", "out", client.TailParams{}, seen) {
 				if err != nil {
 					errs = append(errs, err)
 					continue
@@ -201,7 +209,8 @@ func TestTailRetriesOnlyWhatMaySucceed(t *testing.T) {
 				require.Len(t, errs, 1, "an error ends the iteration")
 				require.Equal(t, tc.wantStatus, client.StatusOf(errs[0]))
 			}
-			require.Len(t, rec.requests(http.MethodGet, "/v1/runs/run/streams/out/sse"), tc.connections)
+			require.Len(t, rec.requests(http.MethodGet, "/v1/runs/run/streams/out/sse"), len(tc.answers))
+			require.Equal(t, tc.answers, answers)
 		})
 	}
 }
