@@ -43,8 +43,8 @@ type ApprovalEventsParams struct {
 	// event's Seq); nil starts at the current end (only new events).
 	After *int64
 	// IdleTimeout is how long the connection may stay silent, keep-alives
-	// included, before the client reconnects (default
-	// DefaultSSEIdleTimeout).
+	// included — the wait for its answer's headers too — before the client
+	// reconnects (default DefaultSSEIdleTimeout).
 	IdleTimeout time.Duration
 }
 

@@ -37,7 +37,8 @@ const DefaultSSEIdleTimeout = 45 * time.Second
 const maxSSELine = 32 << 20
 
 // events follows an SSE endpoint, reconnecting after a cut connection (or
-// one silent for longer than idle) with Last-Event-ID set to the id of
+// one silent for longer than idle, from the request on: its headers are
+// waited for that long) with Last-Event-ID set to the id of
 // the last event dispatched, so that the server resumes right after it. An
 // event cut short by the connection is never dispatched: the server sends
 // it again. Connection attempts that fail in a row are bounded by the
@@ -106,8 +107,16 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, id
 	for name, values := range o.header {
 		hdr[name] = append(hdr[name], values...)
 	}
+	// The idle timeout covers the wait for the answer's headers too: a
+	// server (or a proxy) that took the request and never answers is as
+	// dead as one gone silent mid-stream.
+	watchdog := time.AfterFunc(idle, cancel)
+	defer watchdog.Stop()
 	res, err := c.send(connCtx, ep, nil, "", hdr)
 	if err != nil {
+		if ctx.Err() == nil && connCtx.Err() != nil {
+			err = fmt.Errorf("no answer within the idle timeout (%s): %w", idle, err)
+		}
 		return false, false, err
 	}
 	defer res.Body.Close()
@@ -125,8 +134,7 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, id
 		return false, true, yieldErr(yield, fmt.Errorf("client: %s answered %q, not an event stream", ep.path, res.Header.Get("Content-Type")))
 	}
 	opened := time.Now()
-	watchdog := time.AfterFunc(idle, cancel)
-	defer watchdog.Stop()
+	watchdog.Reset(idle)
 	gotBytes := false
 	r := newEventReader(&resettingReader{r: res.Body, reset: func() { gotBytes = true; watchdog.Reset(idle) }})
 	for {
@@ -273,8 +281,8 @@ type TailParams struct {
 	// StartIndex is the first chunk to send (default 0).
 	StartIndex int64
 	// IdleTimeout is how long the connection may stay silent, keep-alives
-	// included, before the client reconnects (default
-	// DefaultSSEIdleTimeout).
+	// included — the wait for its answer's headers too — before the client
+	// reconnects (default DefaultSSEIdleTimeout).
 	IdleTimeout time.Duration
 }
 

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"net"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,6 +213,61 @@ func TestTailRetriesOnlyWhatMaySucceed(t *testing.T) {
 			}
 			require.Len(t, rec.requests(http.MethodGet, "/v1/runs/run/streams/out/sse"), len(tc.answers))
 			require.Equal(t, tc.answers, answers)
+		})
+	}
+}
+
+// A server (or a proxy) that takes the request and never answers is taken
+// for dead after the idle timeout, as one gone silent mid-stream is: the
+// reader connects again, and gives up after the retry policy's attempts
+// instead of hanging on the headers until its context ends.
+func TestAStreamWhoseHeadersNeverComeIsTakenForDeadAfterTheIdleTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var accepted atomic.Int32
+	conns := make(chan net.Conn, 16)
+	t.Cleanup(func() {
+		ln.Close()
+		close(conns)
+		for c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			conns <- conn // (read nothing, answer nothing)
+		}
+	}()
+	c := newClient(t, "http://"+ln.Addr().String(), approver, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	idle := 200 * time.Millisecond
+	for name, follow := range map[string]func() (last error){
+		"a tail": func() (last error) {
+			for _, err := range c.Streams.Tail(ctx, "run", "out", client.TailParams{IdleTimeout: idle}) {
+				last = err
+			}
+			return last
+		},
+		"approval events": func() (last error) {
+			for _, err := range c.Approvals.Events(ctx, client.ApprovalEventsParams{IdleTimeout: idle}) {
+				last = err
+			}
+			return last
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			before := accepted.Load()
+			err := follow()
+			require.ErrorContains(t, err, "connections in a row failed")
+			require.ErrorContains(t, err, "no answer within the idle timeout")
+			require.NoError(t, ctx.Err(), "given up on before the context ended")
+			require.EqualValues(t, 4, accepted.Load()-before, "one connection per attempt (newClient's MaxAttempts)")
 		})
 	}
 }
