@@ -140,6 +140,7 @@ func (s *ToolApprovalsService) Events(ctx context.Context, sessionID string, p S
 		if err != nil {
 			return Page[SessionEvent]{}, err
 		}
+		p := p // (its own copy: one iterator may be ranged by goroutines at once)
 		p.After = after
 		return s.EventsPage(ctx, sessionID, p, opts...)
 	})
@@ -162,6 +163,7 @@ func (s *ToolApprovalsService) EventsPage(ctx context.Context, sessionID string,
 // List iterates over the inbox of tool calls, newest first.
 func (s *ToolApprovalsService) List(ctx context.Context, p ToolApprovalListParams, opts ...CallOption) iter.Seq2[ToolApproval, error] {
 	return all(ctx, p.Cursor, func(ctx context.Context, cursor string) (Page[ToolApproval], error) {
+		p := p // (its own copy: one iterator may be ranged by goroutines at once)
 		p.Cursor = cursor
 		return s.ListPage(ctx, p, opts...)
 	})
@@ -213,6 +215,7 @@ type ToolPolicyRequest struct {
 // List iterates over an agent's standing policies in creation order.
 func (s *ToolPoliciesService) List(ctx context.Context, agentID string, p PageParams, opts ...CallOption) iter.Seq2[ToolPolicy, error] {
 	return all(ctx, p.Cursor, func(ctx context.Context, cursor string) (Page[ToolPolicy], error) {
+		p := p // (its own copy: one iterator may be ranged by goroutines at once)
 		p.Cursor = cursor
 		return s.ListPage(ctx, agentID, p, opts...)
 	})

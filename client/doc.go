@@ -32,7 +32,9 @@
 // attempt's error says.
 //
 // Lists are iterators over every page (range-over-func), and have a Page
-// method for one page at a time. Streams.Tail follows a stream live over
+// method for one page at a time. Each range of an iterator starts again
+// from its params, on its own: one may be ranged again, or by several
+// goroutines at once. Streams.Tail follows a stream live over
 // Server-Sent Events and resumes a cut connection with Last-Event-ID,
 // yielding every chunk exactly once.
 package client

@@ -90,6 +90,7 @@ func (s *MandatesService) Create(ctx context.Context, req MandateCreate, opts ..
 // List iterates over the mandates in creation order.
 func (s *MandatesService) List(ctx context.Context, p MandateListParams, opts ...CallOption) iter.Seq2[Mandate, error] {
 	return all(ctx, p.Cursor, func(ctx context.Context, cursor string) (Page[Mandate], error) {
+		p := p // (its own copy: one iterator may be ranged by goroutines at once)
 		p.Cursor = cursor
 		return s.ListPage(ctx, p, opts...)
 	})
@@ -123,6 +124,7 @@ func (s *MandatesService) Update(ctx context.Context, id string, req MandateUpda
 // Ledger iterates over a mandate's ledger, oldest first.
 func (s *MandatesService) Ledger(ctx context.Context, id string, p PageParams, opts ...CallOption) iter.Seq2[LedgerEntry, error] {
 	return all(ctx, p.Cursor, func(ctx context.Context, cursor string) (Page[LedgerEntry], error) {
+		p := p // (its own copy: one iterator may be ranged by goroutines at once)
 		p.Cursor = cursor
 		return s.LedgerPage(ctx, id, p, opts...)
 	})
@@ -180,6 +182,7 @@ type Resolution struct {
 // List iterates over the approval requests in creation order.
 func (s *MandateApprovalsService) List(ctx context.Context, p MandateApprovalListParams, opts ...CallOption) iter.Seq2[MandateApproval, error] {
 	return all(ctx, p.Cursor, func(ctx context.Context, cursor string) (Page[MandateApproval], error) {
+		p := p // (its own copy: one iterator may be ranged by goroutines at once)
 		p.Cursor = cursor
 		return s.ListPage(ctx, p, opts...)
 	})

@@ -50,7 +50,10 @@ func setIf(q url.Values, name, value string) {
 
 // all iterates over every item of a cursor-paged list from start on,
 // fetching page after page with fetch until one has no next cursor. An
-// error is yielded once, and ends the iteration.
+// error is yielded once, and ends the iteration. Each range of the
+// iterator starts again from start, on its own: fetch is called by every
+// one of them, from their goroutines, so it must change nothing it shares
+// (a list's params are copied before their cursor is set).
 func all[T any](ctx context.Context, start string, fetch func(ctx context.Context, cursor string) (Page[T], error)) iter.Seq2[T, error] {
 	return func(yield func(T, error) bool) {
 		cursor := start

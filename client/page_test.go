@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -125,5 +126,72 @@ func ids2[T any](seq iter.Seq2[T, error], id func(T) string) iter.Seq2[string, e
 				return
 			}
 		}
+	}
+}
+
+// One iterator value is a recipe, not a cursor: each range of it — again
+// later, or by several goroutines at once — starts from its params and
+// yields every item, sharing nothing with the others (under -race, the
+// race detector watches the params the pages' cursors once went into).
+func TestAnIteratorRangedAgainOrByGoroutinesAtOnceYieldsEverythingToEach(t *testing.T) {
+	e := startEngine(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	asAdmin, asAgent, asApprover := newClient(t, e.url, admin, nil), newClient(t, e.url, agent, nil), newClient(t, e.url, approver, nil)
+	const n = 12
+	var chunks [][]byte
+	for i := range n {
+		_, err := asAdmin.Mandates.Create(ctx, client.MandateCreate{AgentID: "ranged", Scope: fmt.Sprint("s", i), Budget: 1})
+		require.NoError(t, err)
+		_, err = asAgent.Mandates.Spend(ctx, client.SpendRequest{AgentID: fmt.Sprint("refused-", i), Scope: "s", Cost: 1})
+		require.True(t, client.IsSpendRefused(err), "%v", err)
+		chunks = append(chunks, []byte(chunkText(i)))
+	}
+	_, err := asAgent.Streams.AppendBatch(ctx, "ranged", "out", chunks)
+	require.NoError(t, err)
+
+	var start int64
+	cases := map[string]iter.Seq2[string, error]{
+		"a list": ids2(asAdmin.Mandates.List(ctx, client.MandateListParams{AgentID: "ranged", PageParams: client.PageParams{Limit: 5}}),
+			func(m client.Mandate) string { return m.ID }),
+		"a stream's chunks": ids2(asAgent.Streams.Chunks(ctx, "ranged", "out", client.ChunkParams{Limit: 5}),
+			func(ch client.StreamChunk) string { return string(ch.Data) }),
+		"approval events": ids2(asApprover.Approvals.Events(ctx, client.ApprovalEventsParams{After: &start}),
+			func(ev client.ApprovalEvent) string { return fmt.Sprint(ev.Seq) }),
+	}
+	// take ranges seq for its first n items (the events never end).
+	take := func(seq iter.Seq2[string, error]) ([]string, error) {
+		var got []string
+		for id, err := range seq {
+			if err != nil {
+				return got, err
+			}
+			if got = append(got, id); len(got) == n {
+				break
+			}
+		}
+		return got, nil
+	}
+	for name, seq := range cases {
+		t.Run(name, func(t *testing.T) {
+			first, err := take(seq)
+			require.NoError(t, err)
+			require.Len(t, first, n)
+			again, err := take(seq)
+			require.NoError(t, err)
+			require.Equal(t, first, again, "ranged again, it starts again")
+
+			got := make([][]string, 4)
+			errs := make([]error, len(got))
+			var wg sync.WaitGroup
+			for i := range got {
+				wg.Go(func() { got[i], errs[i] = take(seq) })
+			}
+			wg.Wait()
+			for i := range got {
+				require.NoError(t, errs[i])
+				require.Equal(t, first, got[i], "goroutine %d", i)
+			}
+		})
 	}
 }

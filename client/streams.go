@@ -112,6 +112,7 @@ func (s *StreamsService) Info(ctx context.Context, runID, name string, opts ...C
 // Names iterates over a run's stream names, in byte order.
 func (s *StreamsService) Names(ctx context.Context, runID string, p PageParams, opts ...CallOption) iter.Seq2[string, error] {
 	return all(ctx, p.Cursor, func(ctx context.Context, cursor string) (Page[string], error) {
+		p := p // (its own copy: one iterator may be ranged by goroutines at once)
 		p.Cursor = cursor
 		return s.NamesPage(ctx, runID, p, opts...)
 	})
@@ -127,6 +128,7 @@ func (s *StreamsService) NamesPage(ctx context.Context, runID string, p PagePara
 // stream still written to may get more later: Tail follows it).
 func (s *StreamsService) Chunks(ctx context.Context, runID, name string, p ChunkParams, opts ...CallOption) iter.Seq2[StreamChunk, error] {
 	return func(yield func(StreamChunk, error) bool) {
+		p := p // (its own copy: one iterator may be ranged again, or by goroutines at once)
 		for {
 			page, err := s.ChunksPage(ctx, runID, name, p, opts...)
 			if err != nil {

@@ -128,6 +128,7 @@ func (s *WakeupsService) Get(ctx context.Context, id string, opts ...CallOption)
 // List iterates over the wake-ups, newest first.
 func (s *WakeupsService) List(ctx context.Context, p WakeupListParams, opts ...CallOption) iter.Seq2[Wakeup, error] {
 	return all(ctx, p.Cursor, func(ctx context.Context, cursor string) (Page[Wakeup], error) {
+		p := p // (its own copy: one iterator may be ranged by goroutines at once)
 		p.Cursor = cursor
 		return s.ListPage(ctx, p, opts...)
 	})
