@@ -114,7 +114,9 @@ type callOptions struct {
 
 // WithIdempotencyKey sends key as the call's Idempotency-Key instead of a
 // generated one: use it to make a retry of your own (another process, a
-// restart) the same logical call as the first.
+// restart) the same logical call as the first. It counts on the calls that
+// carry a key (creates, spends, appends, answers: see the package doc's
+// Retries), and is ignored on the others.
 func WithIdempotencyKey(key string) CallOption {
 	return func(o *callOptions) { o.idempotencyKey = key }
 }
@@ -126,8 +128,14 @@ func WithoutIdempotencyKey() CallOption {
 	return func(o *callOptions) { o.noIdempotencyKey = true }
 }
 
-// WithHeader adds a request header to the call.
+// WithHeader adds a request header to the call. An Idempotency-Key (in
+// any case) is not added beside the call's own: it is the call's key, as
+// WithIdempotencyKey(value) — the server reads one key, and a second header
+// would leave the retries under another than the caller meant.
 func WithHeader(name, value string) CallOption {
+	if http.CanonicalHeaderKey(name) == "Idempotency-Key" {
+		return WithIdempotencyKey(value)
+	}
 	return func(o *callOptions) {
 		if o.header == nil {
 			o.header = http.Header{}
