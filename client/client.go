@@ -260,7 +260,7 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 	maybeApplied := false
 	fail := func(err error) error {
 		if maybeApplied && ep.method != http.MethodGet {
-			return &MaybeAppliedError{Method: ep.method, Path: ep.path, IdempotencyKey: key, Err: err}
+			return &MaybeAppliedError{Method: ep.method, Path: ep.path, IdempotencyKey: key, Repeatable: ep.safety == safe, Err: err}
 		}
 		return err
 	}

@@ -27,9 +27,10 @@
 // by Idempotency-Key. Every create, spend, append and answer carries such
 // a key — the caller's (WithIdempotencyKey) or one generated (UUIDv7) once
 // per call — so a retry after a lost answer acts once. A call that fails
-// after an attempt lost its answer is a *MaybeAppliedError, naming the key
-// to retry it under: the server may have acted, whatever the last
-// attempt's error says.
+// after an attempt lost its answer (none came, or one cut inside its body)
+// is a *MaybeAppliedError, naming the key to retry it under: the server
+// may have acted, whatever the last attempt's error says — a refused
+// connection, a 503, a 401 to a retry whose token expired meanwhile.
 //
 // Lists are iterators over every page (range-over-func), and have a Page
 // method for one page at a time. Each range of an iterator starts again

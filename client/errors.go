@@ -236,16 +236,26 @@ func IsRateLimited(err error) bool { return StatusOf(err) == http.StatusTooManyR
 // 401 or 403 to a retry whose token expired meanwhile, a 429) says; only
 // the server's answer for the call's Idempotency-Key (a replay, or a
 // status the API keeps under the key, such as a 402 or 409) settles it. Retry with the same IdempotencyKey (WithIdempotencyKey) and the
-// server acts at most once, answering as it first did; a call sent without
-// a key (IdempotencyKey "") cannot be retried safely — look the object up.
-// errors.As sees through it to Err (an *Error, a *net.OpError …).
+// server acts at most once, answering as it first did. A call safe to
+// repeat by nature (Repeatable: a PUT, a PATCH, a DELETE, a cancel — the
+// client retried it itself) may simply be sent again. Another call sent
+// without a key (IdempotencyKey "", Repeatable false) cannot be retried
+// safely — look the object up. errors.As sees through it to Err (an
+// *Error, a *net.OpError …).
 type MaybeAppliedError struct {
 	Method, Path   string
 	IdempotencyKey string
-	Err            error
+	// Repeatable says the call has the same effect however many times it
+	// is applied.
+	Repeatable bool
+	Err        error
 }
 
 func (e *MaybeAppliedError) Error() string {
+	if e.IdempotencyKey == "" && e.Repeatable {
+		return fmt.Sprintf("client: %s %s may have been applied (an answer was lost); it is safe to repeat: %v",
+			e.Method, e.Path, e.Err)
+	}
 	if e.IdempotencyKey == "" {
 		return fmt.Sprintf("client: %s %s may have been applied (an answer was lost; no Idempotency-Key, so do not repeat it blindly): %v",
 			e.Method, e.Path, e.Err)

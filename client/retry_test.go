@@ -255,6 +255,8 @@ func TestACallWhoseAnswerWasLostSaysItMayHaveBeenApplied(t *testing.T) {
 			require.EqualValues(t, 0, info.TailIndex, "it was applied, once")
 			if !tc.keyed {
 				require.Empty(t, maybe.IdempotencyKey)
+				require.False(t, maybe.Repeatable)
+				require.Contains(t, err.Error(), "do not repeat it blindly")
 				require.Len(t, rec.all(), 1, "tried once: it may not be repeated")
 				return
 			}
@@ -271,6 +273,21 @@ func TestACallWhoseAnswerWasLostSaysItMayHaveBeenApplied(t *testing.T) {
 			require.Equal(t, "true", replayed.Header.Get("Idempotent-Replayed"), "retried under its key, it acts once")
 		})
 	}
+	t.Run("a call safe to repeat says so", func(t *testing.T) {
+		m, err := newClient(t, e.url, admin, nil).Mandates.Create(ctx, client.MandateCreate{AgentID: "patched", Scope: "s", Budget: 1})
+		require.NoError(t, err)
+		proxy := newFaultProxy(t, e.url[len("http://"):])
+		proxy.loseNextAnswer()
+		budget := int64(5)
+		once := newClient(t, proxy.URL(), admin, nil, client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
+		_, err = once.Mandates.Update(ctx, m.ID, client.MandateUpdate{Budget: &budget})
+		var maybe *client.MaybeAppliedError
+		require.ErrorAs(t, err, &maybe)
+		require.True(t, maybe.Repeatable)
+		require.Empty(t, maybe.IdempotencyKey)
+		require.Contains(t, err.Error(), "safe to repeat")
+		require.NotContains(t, err.Error(), "do not repeat")
+	})
 	notApplied := func(t *testing.T, err error, why string) {
 		t.Helper()
 		require.Error(t, err)
