@@ -72,18 +72,28 @@ func WithUserAgent(ua string) Option { return func(c *Client) { c.userAgent = ua
 func WithRetry(p RetryPolicy) Option { return func(c *Client) { c.retry = p } }
 
 // New returns a client of the API at baseURL, e.g. "http://localhost:8080"
-// (a path prefix, for an API behind a proxy, is kept).
+// (a path prefix, for an API behind a proxy, is kept). A base URL without
+// a host, or with a query or a fragment (the calls' own path and query
+// follow it), is refused. Nil options are ignored.
 func New(baseURL string, opts ...Option) (*Client, error) {
-	base, err := url.Parse(strings.TrimRight(baseURL, "/"))
+	base, err := url.Parse(baseURL)
 	if err != nil {
 		return nil, fmt.Errorf("client: base URL: %w", err)
 	}
-	if base.Scheme != "http" && base.Scheme != "https" {
+	switch {
+	case base.Scheme != "http" && base.Scheme != "https":
 		return nil, fmt.Errorf("client: base URL %q: the scheme must be http or https", baseURL)
+	case base.Host == "":
+		return nil, fmt.Errorf("client: base URL %q: it names no host", baseURL)
+	case base.RawQuery != "" || base.ForceQuery || strings.ContainsRune(baseURL, '#'):
+		return nil, fmt.Errorf("client: base URL %q: it may not have a query or a fragment (the calls add their own path and query)", baseURL)
 	}
+	base.Path, base.RawPath = strings.TrimRight(base.Path, "/"), strings.TrimRight(base.RawPath, "/")
 	c := &Client{base: base, userAgent: DefaultUserAgent, retry: DefaultRetryPolicy}
 	for _, o := range opts {
-		o(c)
+		if o != nil {
+			o(c)
+		}
 	}
 	if c.http == nil {
 		c.http = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
@@ -102,8 +112,19 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
-// CallOption adjusts one call.
+// CallOption adjusts one call. Nil call options are ignored.
 type CallOption func(*callOptions)
+
+// callOptionsOf applies opts.
+func callOptionsOf(opts []CallOption) callOptions {
+	var o callOptions
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	return o
+}
 
 type callOptions struct {
 	idempotencyKey   string
@@ -240,10 +261,7 @@ func decodeJSON(res *http.Response, dst any) error {
 // to read; any other status becomes an *Error. The body is bytes so that
 // every attempt sends it again.
 func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOption, read func(*http.Response) error) error {
-	var o callOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
+	o := callOptionsOf(opts)
 	key := ""
 	if ep.safety == keyed && !o.noIdempotencyKey {
 		key = o.idempotencyKey

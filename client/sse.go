@@ -100,10 +100,7 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, id
 	if *lastID != "" {
 		hdr.Set("Last-Event-ID", *lastID)
 	}
-	var o callOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
+	o := callOptionsOf(opts)
 	for name, values := range o.header {
 		hdr[name] = append(hdr[name], values...)
 	}
