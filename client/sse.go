@@ -275,7 +275,8 @@ func scanSSELines(data []byte, atEOF bool) (int, []byte, error) {
 
 // TailParams say where a live tail starts.
 type TailParams struct {
-	// StartIndex is the first chunk to send (default 0).
+	// StartIndex is the first chunk to send (default 0; a negative one is
+	// the server's 400, yielded as the iteration's error).
 	StartIndex int64
 	// IdleTimeout is how long the connection may stay silent, keep-alives
 	// included — the wait for its answer's headers too — before the client
@@ -295,7 +296,8 @@ var ErrStreamGap = errors.New("client: the stream skipped chunks")
 // yielded: no chunk is yielded twice or skipped.
 func (s *StreamsService) Tail(ctx context.Context, runID, name string, p TailParams, opts ...CallOption) iter.Seq2[StreamChunk, error] {
 	q := url.Values{}
-	if p.StartIndex > 0 {
+	if p.StartIndex != 0 {
+		// (a negative one too: the server's 400 names it)
 		q.Set("start_index", strconv.FormatInt(p.StartIndex, 10))
 	}
 	ep := endpoint{method: http.MethodGet, path: streamPath(runID, name, "sse"), query: q, accept: "text/event-stream"}

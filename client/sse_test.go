@@ -176,6 +176,7 @@ func TestTailRetriesOnlyWhatMaySucceed(t *testing.T) {
 		name        string
 		as          who
 		unavailable int
+		start       int64
 		want        []string
 		wantStatus  int
 		// answers are the connections' statuses, as WithResponse saw them.
@@ -184,6 +185,8 @@ func TestTailRetriesOnlyWhatMaySucceed(t *testing.T) {
 		{name: "a load balancer's 503 is retried", as: approver, unavailable: 2, want: []string{"a", "b"},
 			answers: []int{http.StatusServiceUnavailable, http.StatusServiceUnavailable, http.StatusOK}},
 		{name: "a 403 is not", as: admin, wantStatus: http.StatusForbidden, answers: []int{http.StatusForbidden}},
+		{name: "a negative start index is the server's 400, not a gap", as: approver, start: -1,
+			wantStatus: http.StatusBadRequest, answers: []int{http.StatusBadRequest}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -197,7 +200,7 @@ func TestTailRetriesOnlyWhatMaySucceed(t *testing.T) {
 				answers = append(answers, r.StatusCode)
 				require.Equal(t, http.NoBody, r.Body, "the events are the iteration's")
 			})
-			for ch, err := range reader.Streams.Tail(ctx, "run", "out", client.TailParams{}, seen) {
+			for ch, err := range reader.Streams.Tail(ctx, "run", "out", client.TailParams{StartIndex: tc.start}, seen) {
 				if err != nil {
 					errs = append(errs, err)
 					continue
@@ -210,6 +213,7 @@ func TestTailRetriesOnlyWhatMaySucceed(t *testing.T) {
 			} else {
 				require.Len(t, errs, 1, "an error ends the iteration")
 				require.Equal(t, tc.wantStatus, client.StatusOf(errs[0]))
+				require.NotErrorIs(t, errs[0], client.ErrStreamGap)
 			}
 			require.Len(t, rec.requests(http.MethodGet, "/v1/runs/run/streams/out/sse"), len(tc.answers))
 			require.Equal(t, tc.answers, answers)

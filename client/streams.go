@@ -46,8 +46,8 @@ type ChunkPage struct {
 
 // ChunkParams page the chunks of a stream.
 type ChunkParams struct {
-	// StartIndex is the first index to read (default 0); Cursor, a
-	// previous page's NextCursor, wins over it.
+	// StartIndex is the first index to read (default 0; a negative one is
+	// the server's 400); Cursor, a previous page's NextCursor, wins over it.
 	StartIndex int64
 	Cursor     string
 	// Limit is the page size (1–500; 0: 50).
@@ -153,7 +153,8 @@ func (s *StreamsService) ChunksPage(ctx context.Context, runID, name string, p C
 	q := url.Values{}
 	if p.Cursor != "" {
 		q.Set("cursor", p.Cursor)
-	} else if p.StartIndex > 0 {
+	} else if p.StartIndex != 0 {
+		// (a negative one too: the server's 400 names it)
 		q.Set("start_index", strconv.FormatInt(p.StartIndex, 10))
 	}
 	if p.Limit > 0 {
