@@ -41,8 +41,9 @@ func (s *Server) eventsSeq(c echo.Context) (int64, error) {
 // approvalEvents streams the org's approvals events as Server-Sent Events:
 // those after Last-Event-ID (or ?after=; the header wins; neither: only
 // new ones), then each as it commits, with keep-alive comments while idle.
-// A resume point older than what retention kept, or past the log's end,
-// starts with a `reset` event. The subscription is taken before the first read and before the
+// It starts with the seq it resumes after as an id: alone, or on a `reset`
+// event when the resume point was older than what retention kept, or past
+// the log's end. The subscription is taken before the first read and before the
 // response starts, so nothing committed after the client sees the headers
 // is missed.
 func (s *Server) approvalEvents(c echo.Context) error {
@@ -61,18 +62,27 @@ func (s *Server) approvalEvents(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	var buf []byte
+	reset := false
 	switch {
 	case !given:
 		after = last
 	case after < oldest-1:
-		after = oldest - 1
-		buf = fmt.Appendf(buf, "event: reset\ndata: {\"seq\":%d}\n\n", after)
+		after, reset = oldest-1, true
 	case after > last:
 		// (a seq this log never reached: from a restored database or another
 		// deployment; waiting for it would hide every event until then)
-		after = last
-		buf = fmt.Appendf(buf, "event: reset\ndata: {\"seq\":%d}\n\n", after)
+		after, reset = last, true
+	}
+	// The stream first says where it stands, as an SSE id: the reset's, or
+	// an id alone (no event is dispatched for it, but the client's last
+	// event ID takes it). A client that started at the end or was reset
+	// and is cut before the next event then resumes from here, not from
+	// the end as of its reconnect, which would skip what came between.
+	var buf []byte
+	if reset {
+		buf = fmt.Appendf(buf, "id: %d\nevent: reset\ndata: {\"seq\":%d}\n\n", after, after)
+	} else {
+		buf = fmt.Appendf(buf, "id: %d\n\n", after)
 	}
 	res := c.Response()
 	res.Header().Set(echo.HeaderContentType, "text/event-stream")

@@ -152,20 +152,28 @@ func query(headers []string) string {
 	return ""
 }
 
-// next returns the next event (skipping comments unless wantComment).
+// next returns the next event, skipping comments and ids alone (the
+// stream's position: no event).
 func (r *inboxSSEReader) next(t *testing.T) inboxSSE {
 	t.Helper()
 	for {
-		select {
-		case ev, ok := <-r.events:
-			require.True(t, ok, "the stream ended")
-			if ev.Comment != "" {
-				continue
-			}
+		if ev := r.nextBlock(t); ev.Event != "" || ev.Data != "" {
 			return ev
-		case <-time.After(10 * time.Second):
-			require.FailNow(t, "no event within 10 s")
 		}
+	}
+}
+
+// nextBlock returns what came up to the next blank line: an event, a
+// comment or an id alone.
+func (r *inboxSSEReader) nextBlock(t *testing.T) inboxSSE {
+	t.Helper()
+	select {
+	case ev, ok := <-r.events:
+		require.True(t, ok, "the stream ended")
+		return ev
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "nothing within 10 s")
+		return inboxSSE{}
 	}
 }
 
@@ -356,11 +364,42 @@ func TestAnotherOrgsApprovalEventsNeverAppearAndItsSeqIsItsOwn(t *testing.T) {
 func TestApprovalEventsSendKeepAlivesWhileIdle(t *testing.T) {
 	f := newInboxFixture(t, 20*time.Millisecond)
 	sse := f.subscribe(t, f.alice)
-	select {
-	case ev := <-sse.events:
-		require.Equal(t, "keep-alive", ev.Comment)
-	case <-time.After(10 * time.Second):
-		require.FailNow(t, "no keep-alive")
+	require.Equal(t, inboxSSE{ID: "0"}, sse.nextBlock(t), "where it stands")
+	require.Equal(t, inboxSSE{Comment: "keep-alive"}, sse.nextBlock(t))
+}
+
+// A stream starts by saying where it stands, as an SSE id: alone when it
+// resumes where asked or at the end, on the reset event when reset. A
+// client cut before the next event then resumes from there
+// (Last-Event-ID) and misses nothing that came meanwhile — not from the
+// end as of its reconnect, which it would without a resume point.
+func TestApprovalEventsStartWithTheSeqTheyResumeAfterAsTheirID(t *testing.T) {
+	f := newInboxFixture(t, time.Minute)
+	for range 3 {
+		f.overrun(t, f.agent, 1)
+	}
+	tests := []struct {
+		name    string
+		headers []string
+		first   inboxSSE
+	}{
+		{"neither: the end", nil, inboxSSE{ID: "3"}},
+		{"Last-Event-ID", []string{"Last-Event-ID", "1"}, inboxSSE{ID: "1"}},
+		{"after", []string{"?", "after=2"}, inboxSSE{ID: "2"}},
+		{"past the end: the reset's id", []string{"Last-Event-ID", "99"}, inboxSSE{ID: "3", Event: "reset", Data: `{"seq":3}`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.first, f.subscribe(t, f.alice, tt.headers...).nextBlock(t))
+		})
+	}
+
+	for _, headers := range [][]string{nil, {"Last-Event-ID", "99"}} {
+		// (cut right after the first block; an event comes meanwhile)
+		first := f.subscribe(t, f.alice, headers...).nextBlock(t)
+		id := f.overrun(t, f.agent, 1)
+		resumed := f.subscribe(t, f.alice, "Last-Event-ID", first.ID).nextData(t)
+		require.Equal(t, id, resumed.ApprovalID, "resumed after %v", headers)
 	}
 }
 
@@ -391,6 +430,7 @@ func TestApprovalEventsStartWithResetWhenTheResumePointWasPruned(t *testing.T) {
 				ev := sse.next(t)
 				require.Equal(t, "reset", ev.Event)
 				require.JSONEq(t, `{"seq":2}`, ev.Data)
+				require.Equal(t, "2", ev.ID, "the seq to resume after")
 			}
 			require.Equal(t, tt.firstData, sse.nextData(t).Seq)
 		})
@@ -410,6 +450,7 @@ func TestApprovalEventsStartWithResetWhenTheResumePointIsPastTheEnd(t *testing.T
 		ev := sse.next(t)
 		require.Equal(t, "reset", ev.Event, "resuming after %s", resume[1])
 		require.JSONEq(t, `{"seq":2}`, ev.Data)
+		require.Equal(t, "2", ev.ID, "the seq to resume after")
 	}
 	sse := f.subscribe(t, f.alice, "Last-Event-ID", "999")
 	require.Equal(t, "reset", sse.next(t).Event)

@@ -25,7 +25,8 @@ const (
 // ApprovalEvent is one event of GET /v1/approvals/events. A Type of
 // ApprovalReset says the resume point was older than what the server
 // keeps, or past the end of its log (a seq from a restored database or
-// another deployment): reload the lists; the events after Seq follow.
+// another deployment): reload the lists; the events after Seq follow (a
+// reconnect resumes after Seq).
 type ApprovalEvent struct {
 	Seq        int64  `json:"seq"`
 	Type       string `json:"type"`
@@ -40,7 +41,9 @@ type ApprovalEvent struct {
 // ApprovalEventsParams say where the stream starts.
 type ApprovalEventsParams struct {
 	// After is the seq to resume after (a list's EventsSeq, or the last
-	// event's Seq); nil starts at the current end (only new events).
+	// event's Seq); nil starts at the current end as the first connection
+	// finds it (only new events; the server says which seq that is, and a
+	// reconnect resumes after it).
 	After *int64
 	// IdleTimeout is how long the connection may stay silent, keep-alives
 	// included — the wait for its answer's headers too — before the client
@@ -50,8 +53,10 @@ type ApprovalEventsParams struct {
 
 // Events follows the org's approval requests and answers live (GET
 // /v1/approvals/events) until ctx ends or the consumer stops. A cut
-// connection is resumed with Last-Event-ID from the last event yielded:
-// none is yielded twice or skipped.
+// connection is resumed with Last-Event-ID from the last event yielded —
+// before the first, from where the stream started (each connection's
+// first line says so: an id alone, or a reset's): none is yielded twice
+// or skipped.
 func (s *ApprovalsService) Events(ctx context.Context, p ApprovalEventsParams, opts ...CallOption) iter.Seq2[ApprovalEvent, error] {
 	ep := endpoint{method: http.MethodGet, path: "/v1/approvals/events", accept: "text/event-stream"}
 	lastID := ""
