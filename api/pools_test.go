@@ -366,6 +366,7 @@ func TestWorkEnqueueBadConcurrencyKeyOrKeyLimitIsA400AndWritesNothing(t *testing
 		{map[string]any{"handler": "echo", "concurrency_key": "k", "key_limit": 10001}, "key_limit"},
 		{map[string]any{"handler": "echo", "key_limit": 2}, "key_limit"},
 		{map[string]any{"handler": "echo", "concurrency_key": 7}, "concurrency_key"},
+		{map[string]any{"handler": "echo", "concurrency_key": "   "}, "concurrency_key"},
 	} {
 		do(t, f.h, http.MethodPost, "/v1/pools/default/work", f.admin, tc.body).requireProblem(t, http.StatusBadRequest, tc.field)
 	}

@@ -421,6 +421,10 @@ func (m *Manager) validate(inv *apperr.InvalidError, prefix string, p EnqueuePar
 		inv.Add(prefix+"concurrency_key", fmt.Sprintf("must be at most %d characters", maxConcurrencyKey))
 	case !utf8.ValidString(k) || strings.ContainsRune(k, 0):
 		inv.Add(prefix+"concurrency_key", "must be valid UTF-8 without NUL characters")
+	case k != "" && strings.TrimSpace(k) == "":
+		// (a key of spaces is a mistake: it would serialise every item of
+		// the org that made the same one, unrelated to each other)
+		inv.Add(prefix+"concurrency_key", `must not be blank (omit it, or send "", for no key)`)
 	}
 	if p.KeyLimit < 0 || p.KeyLimit > maxKeyLimit {
 		inv.Add(prefix+"key_limit", fmt.Sprintf("must be between 1 and %d", maxKeyLimit))

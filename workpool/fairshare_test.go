@@ -171,7 +171,7 @@ func TestConcurrencyKey_TheEarliestPendingItemsLimitApplies(t *testing.T) {
 	}
 }
 
-func TestConcurrencyKey_LongerThan200CharactersIsInvalid(t *testing.T) {
+func TestConcurrencyKey_LongerThan200CharactersOrBlankIsInvalid(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	for _, tc := range []struct {
@@ -181,6 +181,8 @@ func TestConcurrencyKey_LongerThan200CharactersIsInvalid(t *testing.T) {
 		{strings.Repeat("é", 200), true}, // characters, not bytes
 		{strings.Repeat("k", 201), false},
 		{"a\x00b", false},
+		{" \t ", false},
+		{" k ", true},
 	} {
 		_, err := h.m.Enqueue(h.ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "test_handle", ConcurrencyKey: tc.key})
 		if tc.valid {
