@@ -394,7 +394,7 @@ func foldedFields(t reflect.Type) map[string]reflect.Type {
 // a key repeated within one object, anywhere (encoding/json keeps the last;
 // a proxy or a log that reads the first would see another request — I-JSON,
 // RFC 7493 §2.3, forbids them). It returns the key's path and what is wrong.
-// One pass over the tokens; values whose type decodes itself (raw JSON) are
+// One pass over the bytes; values whose type decodes itself (raw JSON) are
 // checked for repeats only.
 func misnamedKey(body []byte, t reflect.Type) (path, detail string, found bool) {
 	w := keyWalk{b: body}
