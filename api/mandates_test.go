@@ -419,6 +419,34 @@ func TestApproversResolveOverrunsButNotTheirOwn(t *testing.T) {
 	require.Empty(t, do(t, h, http.MethodGet, "/v1/mandate-approvals?status=pending", bob, nil).JSON(t)["items"])
 }
 
+// The tester's repro: overruns of 2^53−1 approved one after another. The
+// second would take spent past 2^53−1: a 409 saying so, and the request
+// stays pending and can be denied; no number the API returns passes 2^53−1.
+func TestApprovingAnOverrunPastTwoToTheFiftyThreeIsA409AndTheRequestCanStillBeDenied(t *testing.T) {
+	s, _ := newMandateServer(t)
+	h, admin := s.Handler(), token(t, "org-a", "admin")
+	agent := subToken(t, "org-a", "alice", "", RoleAgent)
+	bob := subToken(t, "org-a", "bob", "", RoleApprover)
+	refused := func() string {
+		p := do(t, h, http.MethodPost, "/v1/mandates/spend", agent, `{"agent_id":"huge","scope":"s","cost":9007199254740991}`).requireProblem(t, http.StatusPaymentRequired)
+		return p["approval_id"].(string)
+	}
+	first, second := refused(), refused()
+	r := do(t, h, http.MethodPost, "/v1/mandate-approvals/"+first+"/approve", bob, `{}`)
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+
+	p := do(t, h, http.MethodPost, "/v1/mandate-approvals/"+second+"/approve", bob, `{}`).requireProblem(t, http.StatusConflict)
+	require.Contains(t, p["detail"], "past 2^53−1")
+	require.Equal(t, "pending", do(t, h, http.MethodGet, "/v1/mandate-approvals/"+second, bob, nil).JSON(t)["state"])
+	items := do(t, h, http.MethodGet, "/v1/mandates?agent_id=huge", admin, nil).JSON(t)["items"].([]any)
+	require.Len(t, items, 1)
+	require.EqualValues(t, int64(mandates.MaxAmount), items[0].(map[string]any)["spent"])
+
+	r = do(t, h, http.MethodPost, "/v1/mandate-approvals/"+second+"/deny", bob, `{}`)
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	require.Equal(t, "denied", r.JSON(t)["state"])
+}
+
 func TestATokenWithoutSubCannotResolveRequests(t *testing.T) {
 	s, svc := newMandateServer(t)
 	h, admin := s.Handler(), token(t, "org-a", "admin")

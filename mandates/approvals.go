@@ -52,7 +52,9 @@ func (s *Service) hook(kind string) (ResolveHook, bool) {
 // approved_overrun (to a new budget-0 mandate when none exists) and the
 // payload's hook is called, all in one transaction. Errors: ErrApprovalNotFound,
 // ErrSelfApproval, ErrAlreadyResolved (also when it had expired: it is then
-// resolved as expired).
+// resolved as expired), ErrSpentBeyondMax (the charge would take the
+// mandate's spent past MaxAmount: nothing changes, the request stays
+// pending).
 func (s *Service) Approve(ctx context.Context, orgID string, id uuid.UUID, resolverSub, note string) (Approval, error) {
 	return s.resolve(ctx, orgID, id, StateApproved, resolverSub, note)
 }
@@ -113,9 +115,8 @@ func (s *Service) resolveTx(ctx context.Context, tx pgx.Tx, orgID string, id uui
 		return Approval{}, fmt.Errorf("resolving approval request: %w", err)
 	}
 	if state == StateApproved {
-		_, err := tx.Exec(ctx, qCharge, newID(), orgID, a.AgentID, a.Scope, a.Cost, newID(), a.Reason, a.ID)
-		if err != nil {
-			return Approval{}, fmt.Errorf("charging approved overrun: %w", err)
+		if err := s.chargeTx(ctx, tx, a); err != nil {
+			return Approval{}, err
 		}
 	}
 	if a.OnResolve != nil {
@@ -135,6 +136,25 @@ func (s *Service) resolveTx(ctx context.Context, tx pgx.Tx, orgID string, id uui
 		return Approval{}, err
 	}
 	return a, nil
+}
+
+// chargeTx charges an approved request's cost as an approved_overrun, or
+// refuses with ErrSpentBeyondMax when that would take the mandate's spent
+// past MaxAmount; the caller's transaction then rolls the approval back, so
+// the request stays pending and can still be denied.
+func (s *Service) chargeTx(ctx context.Context, tx pgx.Tx, a Approval) error {
+	tag, err := tx.Exec(ctx, qCharge, newID(), a.OrgID, a.AgentID, a.Scope, a.Cost, newID(), a.Reason, a.ID, int64(MaxAmount))
+	if err != nil {
+		return fmt.Errorf("charging approved overrun: %w", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	var spent int64
+	if err := tx.QueryRow(ctx, qChargeRefused, a.OrgID, a.AgentID, a.Scope).Scan(&spent); err != nil {
+		return fmt.Errorf("reading the spent that refused an approved overrun: %w", err)
+	}
+	return fmt.Errorf("%w (it has spent %d; this request costs %d)", ErrSpentBeyondMax, spent, a.Cost)
 }
 
 // diagnose says why the compare-and-set from pending matched nothing.

@@ -223,6 +223,41 @@ func TestAFailingHookRollsTheResolutionBack(t *testing.T) {
 	requireLedgerMatches(t, db)
 }
 
+// Spent stays within MaxAmount, the largest amount the API carries: an
+// approval whose charge would take it further is refused as a conflict,
+// charging nothing, calling no hook and leaving the request pending, so that
+// it can still be denied.
+func TestAnApprovalThatWouldTakeSpentPastMaxAmountIsRefusedAndCanStillBeDenied(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	rec := newRecorder(t, s, db, "test")
+	first := refuse(t, s, "org-a", "huge", MaxAmount-1, "")
+	toTheBound := refuse(t, s, "org-a", "huge", 1, "")
+	beyond := refuse(t, s, "org-a", "huge", 1, "")
+	_, err := s.Approve(ctx, "org-a", first, "human", "")
+	require.NoError(t, err)
+	_, err = s.Approve(ctx, "org-a", toTheBound, "human", "")
+	require.NoError(t, err, "spent may reach MaxAmount itself")
+
+	_, err = s.Approve(ctx, "org-a", beyond, "human", "")
+	require.ErrorIs(t, err, ErrSpentBeyondMax)
+	require.ErrorIs(t, err, apperr.ErrConflict)
+	require.Contains(t, err.Error(), "2^53−1")
+	m, err := s.Find(ctx, "org-a", "agent-1", "huge")
+	require.NoError(t, err)
+	require.EqualValues(t, MaxAmount, m.Spent)
+	a, err := s.GetApproval(ctx, "org-a", AnyAgent, beyond)
+	require.NoError(t, err)
+	require.Equal(t, StatePending, a.State)
+	require.Empty(t, hookRows(t, db, beyond), "no hook called")
+	require.Len(t, rec.snapshot(), 2)
+
+	a, err = s.Deny(ctx, "org-a", beyond, "human", "too much")
+	require.NoError(t, err)
+	require.Equal(t, StateDenied, a.State)
+	requireLedgerMatches(t, db)
+}
+
 func TestAPayloadKindWithoutAHookCannotBeResolved(t *testing.T) {
 	s, _ := newTestService(t)
 	ctx := context.Background()

@@ -75,6 +75,10 @@ var (
 	ErrAlreadyResolved = fmt.Errorf("%w: the approval request is already resolved", apperr.ErrConflict)
 	// ErrSelfApproval: the resolver is the principal that asked.
 	ErrSelfApproval = fmt.Errorf("%w: an approval request cannot be resolved by the principal that created it", apperr.ErrForbidden)
+	// ErrSpentBeyondMax: approving the request would take its mandate's
+	// spent past MaxAmount. Nothing is charged and the request stays pending:
+	// it can still be denied (or left to expire).
+	ErrSpentBeyondMax = fmt.Errorf("%w: approving this request would take the mandate's spent past 2^53−1, the largest amount the API carries; deny it instead", apperr.ErrConflict)
 	// ErrIdempotencyKeyReused: the key was first used for a different spend
 	// (agent, scope or cost).
 	ErrIdempotencyKeyReused = fmt.Errorf("%w: this idempotency key was used for a different spend", apperr.ErrConflict)

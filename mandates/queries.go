@@ -94,18 +94,28 @@ const qRefundExists = `
 SELECT EXISTS (SELECT 1 FROM mandate_ledger WHERE org_id = $1 AND kind = 'refund' AND idempotency_key = $2)`
 
 // qCharge charges an approved overrun, creating a budget-0 mandate when none
-// exists. $1 new mandate id, $2 org, $3 agent, $4 scope, $5 cost, $6 ledger
-// id, $7 reason, $8 approval id.
+// exists. It charges nothing (no row) when the charge would take spent past
+// $9, MaxAmount: spent stays a number every JSON client holds exactly (and
+// can never overflow bigint), and the caller refuses the approval. The
+// conflicting row is locked before the WHERE is checked, so the bound holds
+// under concurrent approvals.
+// $1 new mandate id, $2 org, $3 agent, $4 scope, $5 cost, $6 ledger
+// id, $7 reason, $8 approval id, $9 the largest spent.
 const qCharge = `
 WITH m AS (
     INSERT INTO mandates (id, org_id, agent_id, scope, budget, spent)
     VALUES ($1, $2, $3, $4, 0, $5)
     ON CONFLICT (org_id, agent_id, scope) DO UPDATE
        SET spent = mandates.spent + EXCLUDED.spent, updated_at = now()
+     WHERE mandates.spent <= $9::bigint - EXCLUDED.spent
     RETURNING id
 )
 INSERT INTO mandate_ledger (id, org_id, mandate_id, kind, amount, reason, approval_id)
 SELECT $6, $2, m.id, 'approved_overrun', $5, $7, $8 FROM m`
+
+// qChargeRefused reads the spent that refused a charge. $1 org, $2 agent,
+// $3 scope.
+const qChargeRefused = `SELECT spent FROM mandates WHERE org_id = $1 AND agent_id = $2 AND scope = $3`
 
 // qResolve is the compare-and-set from pending. Expiry ($6 true) takes only
 // requests past expires_at and ignores who resolves; approve and deny take

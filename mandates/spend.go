@@ -312,9 +312,10 @@ func (s *Service) refund(ctx context.Context, q db.Querier, orgID, agentID, scop
 	return apperr.Invalid("amount", "exceeds what the mandate has spent")
 }
 
-// MaxAmount bounds costs and budgets: the largest integer a JSON client
-// holds exactly, and far enough from the int64 limit that sums of approved
-// overruns cannot overflow.
+// MaxAmount bounds costs, budgets and spent: the largest integer a JSON
+// client holds exactly. A debit stays within its budget; an approved overrun
+// that would take spent past MaxAmount is refused (ErrSpentBeyondMax), so
+// that spent, and every sum of it, stays within it.
 const MaxAmount = 1<<53 - 1
 
 func checkAmount(inv *apperr.InvalidError, field string, v int64) {
