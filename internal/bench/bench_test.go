@@ -71,9 +71,25 @@ func TestEveryRunHasAFreshDatabaseDroppedAtTheEnd(t *testing.T) {
 
 func TestThePoolBenchBurnsDownThroughTheServiceAndLeavesNothing(t *testing.T) {
 	admin := testkit.ServerURL(t)
-	err := Pool(context.Background(), PoolConfig{Service: service.Config{DatabaseURL: admin}, N: 40, Parallelism: 8, Batch: 16, Hook: true})
+	err := Pool(context.Background(), PoolConfig{Service: service.Config{DatabaseURL: admin}, N: 40, Parallelism: 8, Batch: 16, Hook: true,
+		Orgs: 1, Rounds: 1})
 	require.NoError(t, err)
 	require.Empty(t, databases(t, admin, "bench_pool_"))
+}
+
+// --orgs 0 ran the single-org burn-down and --rounds 0 one round: a count
+// given as 0 is refused before anything starts (the context here is
+// already canceled, so nothing could).
+func TestThePoolBenchRefusesZeroOrgsOrRoundsAtStart(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for name, c := range map[string]PoolConfig{
+		"orgs":   {N: 40, Parallelism: 8, Batch: 16, Orgs: 0, Rounds: 2},
+		"rounds": {N: 40, Parallelism: 8, Batch: 16, Orgs: 2, Rounds: 0},
+	} {
+		c.Service = service.Config{DatabaseURL: "postgres://never-dialled.invalid/reveille"}
+		require.ErrorContains(t, Pool(ctx, c), "need orgs ≥ 1, rounds ≥ 1", name)
+	}
 }
 
 func TestThePoolBenchTimesFairShareBesideOneOrgAndLeavesNothing(t *testing.T) {

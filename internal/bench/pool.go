@@ -36,7 +36,8 @@ type PoolConfig struct {
 	CPUProfile string
 	// Orgs, when 2 or more, times the burn-down of the n items spread over
 	// that many orgs (fair share) beside one org's, in Rounds alternating
-	// pairs (PoolFairShare).
+	// pairs (PoolFairShare). Both at least 1, as given: a 0 is refused, not
+	// read as 1.
 	Orgs, Rounds int
 }
 
@@ -64,6 +65,9 @@ func poolService(ctx context.Context, c PoolConfig) (*service.Service, *where, e
 func Pool(ctx context.Context, c PoolConfig) error {
 	if c.N < 1 || c.Parallelism < 1 || c.Parallelism > workpool.MaxParallelismLimit || c.Batch < 1 {
 		return errors.New("need n ≥ 1, 1 ≤ parallelism ≤ 10000, batch ≥ 1")
+	}
+	if c.Orgs < 1 || c.Rounds < 1 {
+		return errors.New("need orgs ≥ 1, rounds ≥ 1")
 	}
 	if c.Orgs > 1 {
 		return poolFairShare(ctx, c)

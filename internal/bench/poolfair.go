@@ -34,7 +34,6 @@ type fairPhase struct {
 // org the loop starts work on its fast path; with several, every start is
 // the fair one (weights, caps and keys unused: plain fair share).
 func poolFairShare(ctx context.Context, c PoolConfig) error {
-	c.Rounds = max(c.Rounds, 1)
 	svc, w, err := poolService(ctx, c)
 	defer w.tearDown(false)
 	if err != nil {

@@ -59,7 +59,7 @@ func TestLoadCountsEveryWakeupWokenAndReportsTheLostOnes(t *testing.T) {
 			rep, err := load.Run(context.Background(), load.Config{
 				APIs: []string{url}, Secret: string(secret), Org: org,
 				TemporalAddress: temporalServer.GetFrontendHostPort(), Namespace: temporalServer.GetDefaultNamespace(),
-				Wakeups: tc.wakeups, Clients: tc.clients, ApprovalsEvery: tc.approvalsEvery, Deadline: tc.deadline,
+				Wakeups: tc.wakeups, Clients: tc.clients, ApprovalsEvery: tc.approvalsEvery, RefuseEvery: 20, CancelEvery: 20, Deadline: tc.deadline,
 				Progress: time.Hour, Out: &out, Logger: testkit.Logger(t),
 			})
 			if tc.wantLost > 0 {

@@ -36,7 +36,10 @@ import (
 	"github.com/reveille/reveille/internal/service"
 )
 
-// Config is a load run. Zero values take the defaults noted.
+// Config is a load run. The counts and durations are taken as given, a
+// zero too (engine load's flags hold their defaults): a zero there is
+// refused, naming the flag, not read as "the default". The other fields'
+// zero values take the defaults noted.
 type Config struct {
 	// APIs are the engine's API base URLs (at least one). Clients are
 	// spread over them, and a call whose replica does not answer goes to
@@ -58,26 +61,30 @@ type Config struct {
 	// service.DefaultTemporalAddress, "default").
 	TemporalAddress, Namespace string
 
-	// Wakeups is how many wake-ups to ask for (default 20000), by Clients
-	// concurrent clients (default 64), each asking for its next wake-up once
-	// its last one woke (or its deadline passed).
+	// Wakeups is how many wake-ups to ask for (at least 1; engine load's
+	// default 20000), by Clients concurrent clients (at least 1; default 64),
+	// each asking for its next wake-up once its last one woke (or its
+	// deadline passed).
 	Wakeups, Clients int
 	// ApprovalsEvery: every so many wake-ups, the workflow first asks for
 	// a tool call that the approver approves (0: none).
 	ApprovalsEvery int
 	// RefuseEvery: every so many wake-ups are refused by the budget (402)
-	// and approved by the approver (default 20; negative: none).
+	// and approved by the approver (at least 1, or negative: none; engine
+	// load's default 20).
 	RefuseEvery int
 	// CancelEvery: every so many wake-ups run work that holds until the
-	// wake-up is canceled, which the client does at once (default 20;
-	// negative: none).
+	// wake-up is canceled, which the client does at once (at least 1, or
+	// negative: none; engine load's default 20).
 	CancelEvery int
 	// Deadline is how long a wake-up may take, from the request that
-	// settled it to its workflow waking, before it counts as lost (default
-	// 2 min: longer than the default heartbeat timeout and recovery period
-	// together, which bound a killed replica's work).
+	// settled it to its workflow waking, before it counts as lost
+	// (positive; engine load's default 2 min: longer than the default
+	// heartbeat timeout and recovery period together, which bound a killed
+	// replica's work).
 	Deadline time.Duration
-	// Progress is how often a progress line is printed (default 5 s).
+	// Progress is how often a progress line is printed (positive; engine
+	// load's default 5 s).
 	Progress time.Duration
 	// TargetAddr is where the HTTP service the wake-ups' work calls
 	// listens (default 127.0.0.1:0): the engine must be allowed to call
@@ -94,12 +101,6 @@ func (c Config) withDefaults() Config {
 	c.Org = cmp.Or(c.Org, "dev-org")
 	c.TemporalAddress = cmp.Or(c.TemporalAddress, service.DefaultTemporalAddress)
 	c.Namespace = cmp.Or(c.Namespace, "default")
-	c.Wakeups = cmp.Or(c.Wakeups, 20000)
-	c.Clients = cmp.Or(c.Clients, 64)
-	c.RefuseEvery = cmp.Or(c.RefuseEvery, 20)
-	c.CancelEvery = cmp.Or(c.CancelEvery, 20)
-	c.Deadline = cmp.Or(c.Deadline, 2*time.Minute)
-	c.Progress = cmp.Or(c.Progress, 5*time.Second)
 	c.TargetAddr = cmp.Or(c.TargetAddr, "127.0.0.1:0")
 	if c.Out == nil {
 		c.Out = os.Stdout
@@ -124,8 +125,17 @@ func (c Config) validate() error {
 	if c.ApprovalsEvery < 0 {
 		errs = append(errs, errors.New("--approvals-every: must be 0 (none) or more"))
 	}
-	if c.Deadline <= 0 || c.Progress <= 0 {
-		errs = append(errs, errors.New("--deadline and --progress: must be positive"))
+	if c.RefuseEvery == 0 {
+		errs = append(errs, errors.New("--refuse-every: must be at least 1 (or -1: none)"))
+	}
+	if c.CancelEvery == 0 {
+		errs = append(errs, errors.New("--cancel-every: must be at least 1 (or -1: none)"))
+	}
+	if c.Deadline <= 0 {
+		errs = append(errs, errors.New("--deadline: must be positive"))
+	}
+	if c.Progress <= 0 {
+		errs = append(errs, errors.New("--progress: must be positive"))
 	}
 	return errors.Join(errs...)
 }
@@ -173,10 +183,12 @@ var ErrLost = errors.New("load: wake-ups lost")
 // one woke or passed its deadline, prints the result, and returns it;
 // ErrLost (wrapped) when any was lost or woke wrongly.
 func Run(ctx context.Context, c Config) (Report, error) {
-	c = c.withDefaults()
+	// Validated as given, before the defaults: a count given as 0 is
+	// refused, not run as a default.
 	if err := c.validate(); err != nil {
 		return Report{}, err
 	}
+	c = c.withDefaults()
 	r, err := newRun(ctx, c)
 	if err != nil {
 		return Report{}, err

@@ -1,6 +1,7 @@
 package load
 
 import (
+	"io"
 	"testing"
 	"time"
 
@@ -45,5 +46,30 @@ func TestEveryWakeupsWorkIsRetriedAfterALostAttempt(t *testing.T) {
 		req := wakeupRequest("a1", "org/wf", "http://127.0.0.1:9", k)
 		require.NotNil(t, req.Work.Retry, "%+v", k)
 		require.Greater(t, req.Work.Retry.MaxAttempts, 1, "%+v", k)
+	}
+}
+
+// A count or a duration given as 0 is refused at start, naming its flag
+// (engine load's flags hold the defaults): it was read as "the default",
+// so --wakeups 0 ran 20,000 wake-ups. The run stops before it connects to
+// anything (this one has nothing to connect to).
+func TestAZeroCountOrDurationIsRefusedNamingItsFlagNotRunAsTheDefault(t *testing.T) {
+	valid := Config{APIs: []string{"http://127.0.0.1:1"}, Wakeups: 5, Clients: 2, RefuseEvery: -1, CancelEvery: 20,
+		Deadline: time.Minute, Progress: time.Second, Out: io.Discard}
+	require.NoError(t, valid.validate())
+	for flag, zero := range map[string]func(*Config){
+		"--wakeups":      func(c *Config) { c.Wakeups = 0 },
+		"--clients":      func(c *Config) { c.Clients = 0 },
+		"--refuse-every": func(c *Config) { c.RefuseEvery = 0 },
+		"--cancel-every": func(c *Config) { c.CancelEvery = 0 },
+		"--deadline":     func(c *Config) { c.Deadline = 0 },
+		"--progress":     func(c *Config) { c.Progress = 0 },
+	} {
+		t.Run(flag, func(t *testing.T) {
+			c := valid
+			zero(&c)
+			_, err := Run(t.Context(), c)
+			require.ErrorContains(t, err, flag+": must be ")
+		})
 	}
 }
