@@ -59,7 +59,7 @@ func benchPool(ctx context.Context, s settings, args []string) error {
 	fs.IntVar(&c.Orgs, "orgs", 1, "with 2 or more: time the n items spread over this many orgs (fair share) beside one org's, in --rounds pairs")
 	fs.IntVar(&c.Rounds, "rounds", 2, "with --orgs: pairs of burn-downs (one org, then the orgs; the order alternates); medians are printed")
 	fs.Usage = benchUsage(fs, "engine bench pool [flags]", localPostgres)
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	return bench.Pool(ctx, c)
@@ -75,7 +75,7 @@ func benchSpend(ctx context.Context, s settings, args []string) error {
 	fs.IntVar(&c.Batch, "batch", 64, "most concurrent spends one commit carries (mandates.Config.MaxSpendBatch; 1: a commit per spend)")
 	fs.StringVar(&c.DataDir, "data-dir", "", "where to start a local Postgres when DATABASE_URL is unset (default: a temporary directory)")
 	fs.Usage = benchUsage(fs, "engine bench spend [flags]", localPostgres)
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	return bench.Spend(ctx, c)
@@ -92,7 +92,7 @@ func benchStreams(ctx context.Context, s settings, args []string) error {
 	fs.StringVar(&c.DataDir, "data-dir", "", "where to start a local Postgres when DATABASE_URL is unset (default: a temporary directory)")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the measured rounds to this file")
 	fs.Usage = benchUsage(fs, "engine bench streams [flags]", localPostgres)
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	return bench.Streams(ctx, c)
@@ -132,7 +132,7 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	return bench.Wake(ctx, c)
@@ -156,7 +156,7 @@ measured with the wakeup pool paused through POST /v1/pools/wakeup/pause
   rest: route=whoami rate=…/s p50=…ms p99=…ms   GET /v1/whoami, the same clients
   rest: route=<route> rate=…/s p50=…ms p99=…ms
 `)
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	return bench.Rest(ctx, c)

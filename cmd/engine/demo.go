@@ -23,7 +23,7 @@ func runDemo(ctx context.Context, args []string) error {
 	fs.Usage = func() {
 		flagUsage(fs, "engine demo [--api URL] [--data-dir D]", "  TEMPORAL_ADDRESS  Temporal of the running engine (default 127.0.0.1:7233)\n  REVEILLE_JWT_SECRET  signs the demo's tokens (else the dev secret in the data dir)\n")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	return demo.Run(ctx, demo.Config{

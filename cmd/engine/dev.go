@@ -31,7 +31,7 @@ func runDev(ctx context.Context, args []string) error {
 	fs.Usage = func() {
 		flagUsage(fs, "engine dev [flags]", "  As for serve (engine serve --help); unset DATABASE_URL / TEMPORAL_ADDRESS start local ones.\n")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	logger := startLogging(s.LogLevel)
@@ -153,7 +153,7 @@ func runDevstack(ctx context.Context, args []string) error {
 	fs.IntVar(&s.PostgresPort, "postgres-port", 0, "port of the local Postgres at 127.0.0.1 (0: a free one; a Postgres left running keeps its own)")
 	only := fs.String("only", "", "run only one part: postgres or temporal")
 	fs.Usage = func() { flagUsage(fs, "engine devstack [--only postgres|temporal] [flags]", "") }
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	if *only != "" && *only != "postgres" && *only != "temporal" {

@@ -41,8 +41,16 @@ func commands() []command {
 		{"demo", "run the reference workflow for a success, a failure, a cancel and an approved overrun, printing timelines", runDemo, false},
 		{"load", "drive a running engine's REST API as an agent platform would and count the wake-ups lost", runLoad, false},
 		{"bench", "run a benchmark: " + strings.Join(benchNames(), ", "), runBench, false},
-		{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }, false},
+		{"version", "print the version", runVersion, false},
 	}
+}
+
+func runVersion(_ context.Context, args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("unexpected argument %q", args[0])
+	}
+	fmt.Println(version)
+	return nil
 }
 
 func main() {

@@ -20,7 +20,7 @@ func runMigrate(ctx context.Context, args []string) error {
 	}
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.Usage = func() { flagUsage(fs, "engine migrate up|status   (DATABASE_URL names the database)", "") }
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args, 1); err != nil {
 		return err
 	}
 	if s.DatabaseURL == "" {

@@ -21,7 +21,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	s.bindFlags(fs, false)
 	fs.Usage = func() { flagUsage(fs, "engine serve [flags]", serveEnvHelp) }
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	if s.DatabaseURL == "" {
@@ -73,6 +73,21 @@ func newLogger(level string) *slog.Logger {
 		}
 	}
 	return slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: l}))
+}
+
+// parseArgs parses a command's flags and refuses any argument beyond its
+// first positional ones, naming it: the flag package stops at the first
+// argument that is not a flag, so a stray one would silently drop itself
+// and every flag after it (bench rest --route spend extra --duration 1s
+// ran the default 10 s).
+func parseArgs(fs *flag.FlagSet, args []string, positional int) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > positional {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(positional))
+	}
+	return nil
 }
 
 func flagUsage(fs *flag.FlagSet, synopsis, env string) {

@@ -28,7 +28,7 @@ func runToken(_ context.Context, args []string) error {
 		flagUsage(fs, "engine token --org ORG [--roles admin,agent,approver] [--sub S] [--agent A] [--ttl 24h] [--data-dir D]",
 			"  REVEILLE_JWT_SECRET  signs the token (its first secret when it lists several); else the dev secret in the data dir\n")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	if *org == "" {
