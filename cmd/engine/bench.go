@@ -56,7 +56,7 @@ func benchPool(ctx context.Context, s settings, args []string) error {
 	fs.BoolVar(&c.Hook, "hook", true, "give every item an onComplete hook")
 	fs.StringVar(&c.DataDir, "data-dir", "", "where to start a local Postgres when DATABASE_URL is unset (default: a temporary directory)")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the burn-down to this file")
-	fs.IntVar(&c.Orgs, "orgs", 1, "with 2 or more: time the n items spread over this many orgs (fair share) beside one org's, in --rounds pairs")
+	fs.IntVar(&c.Orgs, "orgs", 1, "with 2 or more (at most --n: each org gets one item at least): time the n items spread over this many orgs (fair share) beside one org's, in --rounds pairs")
 	fs.IntVar(&c.Rounds, "rounds", 2, "with --orgs: pairs of burn-downs (one org, then the orgs; the order alternates); medians are printed")
 	fs.Usage = benchUsage(fs, "engine bench pool [flags]", localPostgres)
 	if err := parseArgs(fs, args, 0); err != nil {

@@ -92,6 +92,17 @@ func TestThePoolBenchRefusesZeroOrgsOrRoundsAtStart(t *testing.T) {
 	}
 }
 
+// --n 10 --orgs 20 ran the whole single-org burn-down, then failed reading
+// the start lags of the orgs that got no item: fewer items than orgs is
+// refused before anything starts.
+func TestThePoolBenchRefusesFewerItemsThanOrgsAtStart(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c := PoolConfig{Service: service.Config{DatabaseURL: "postgres://never-dialled.invalid/reveille"},
+		N: 10, Parallelism: 8, Batch: 16, Orgs: 20, Rounds: 1}
+	require.EqualError(t, Pool(ctx, c), "need n ≥ orgs: each of the 20 orgs needs at least one of the 10 items")
+}
+
 func TestThePoolBenchTimesFairShareBesideOneOrgAndLeavesNothing(t *testing.T) {
 	admin := testkit.ServerURL(t)
 	err := Pool(context.Background(), PoolConfig{Service: service.Config{DatabaseURL: admin}, N: 60, Parallelism: 8, Batch: 16, Hook: true,

@@ -37,7 +37,7 @@ type PoolConfig struct {
 	// Orgs, when 2 or more, times the burn-down of the n items spread over
 	// that many orgs (fair share) beside one org's, in Rounds alternating
 	// pairs (PoolFairShare). Both at least 1, as given: a 0 is refused, not
-	// read as 1.
+	// read as 1; and N at least Orgs, each org getting a block of the items.
 	Orgs, Rounds int
 }
 
@@ -68,6 +68,10 @@ func Pool(ctx context.Context, c PoolConfig) error {
 	}
 	if c.Orgs < 1 || c.Rounds < 1 {
 		return errors.New("need orgs ≥ 1, rounds ≥ 1")
+	}
+	if c.N < c.Orgs {
+		// (the fair-share burn-down gives every org a block of the n items)
+		return fmt.Errorf("need n ≥ orgs: each of the %d orgs needs at least one of the %d items", c.Orgs, c.N)
 	}
 	if c.Orgs > 1 {
 		return poolFairShare(ctx, c)
