@@ -401,6 +401,18 @@ func TestBadInputNamesTheFieldAndWritesNothing(t *testing.T) {
 	}
 }
 
+// A token of org "acme/eu" naming "acme/eu/wf" was told the id must start
+// with "acme/eu/", which it does: the detail names the rule instead.
+func TestAWorkflowIDOfAnOrgHoldingASlashIsRefusedNamingTheRule(t *testing.T) {
+	s, _ := newTestService(t)
+	_, err := s.Request(context.Background(), RequestParams{OrgID: "acme/eu", SessionID: sess, AgentID: agent, ToolName: "shell",
+		WorkflowID: "acme/eu/wf"})
+	var inv *apperr.InvalidError
+	require.ErrorAs(t, err, &inv)
+	require.Equal(t, []apperr.FieldError{{Field: "workflow_id",
+		Detail: `cannot name a workflow of org "acme/eu": an org id holding "/" owns no workflow, as a workflow id's org is what precedes its first "/"`}}, inv.Fields)
+}
+
 func requireInvalid(t *testing.T, err error, field string) {
 	t.Helper()
 	var inv *apperr.InvalidError

@@ -66,6 +66,8 @@ func checkWorkflow(inv *apperr.InvalidError, orgID, workflowID, runID, signal st
 		return
 	}
 	switch {
+	case signals.OwnsNone(orgID):
+		inv.Add("workflow_id", fmt.Sprintf("cannot name a workflow of org %q: %s", orgID, signals.OwnsNoneRule))
 	case workflowID == orgID+"/":
 		inv.Add("workflow_id", fmt.Sprintf("needs a workflow name after %q", orgID+"/"))
 	case !signals.Owns(orgID, workflowID):

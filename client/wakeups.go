@@ -17,7 +17,8 @@ type WakeupsService struct{ c *Client }
 // with its outcome.
 type WakeupRequest struct {
 	AgentID string `json:"agent_id"`
-	// WorkflowID must start with "<org_id>/".
+	// WorkflowID must start with "<org_id>/" (an org id holding "/" owns
+	// no workflow).
 	WorkflowID string `json:"workflow_id"`
 	RunID      string `json:"run_id,omitempty"`
 	// Signal is the signal name the workflow waits on.

@@ -260,6 +260,8 @@ func (s *Service) validate(ctx context.Context, p *CreateParams) error {
 	checkText(inv, "reason", p.Reason, false)
 	switch {
 	case p.WorkflowID == "":
+	case signals.OwnsNone(p.OrgID):
+		inv.Add("workflow_id", fmt.Sprintf("cannot name a workflow of org %q: %s", p.OrgID, signals.OwnsNoneRule))
 	case p.WorkflowID == p.OrgID+"/":
 		inv.Add("workflow_id", fmt.Sprintf("needs a workflow name after %q", p.OrgID+"/"))
 	case !signals.Owns(p.OrgID, p.WorkflowID):

@@ -388,24 +388,22 @@ func TestTextFieldsAreValidated(t *testing.T) {
 		require.ErrorAs(t, err, &inv, field)
 		require.Equal(t, field, inv.Fields[0].Field)
 	}
-	t.Run("an org prefix without a workflow name says that is what is missing", func(t *testing.T) {
-		for id, detail := range map[string]string{"o/": `needs a workflow name after "o/"`, "other/wf": `must start with "o/"`} {
+	t.Run("a workflow id the org cannot own says why", func(t *testing.T) {
+		for _, tc := range []struct{ org, id, detail string }{
+			{"o", "o/", `needs a workflow name after "o/"`},
+			{"o", "other/wf", `must start with "o/"`},
+			// (it does start with "acme/eu/": the org holds the slash)
+			{"acme/eu", "acme/eu/wf", `cannot name a workflow of org "acme/eu": an org id holding "/" owns no workflow`},
+			{"acme/eu", "acme/eu/", `an org id holding "/" owns no workflow`},
+		} {
 			p := params("")
-			p.WorkflowID = id
+			p.OrgID, p.WorkflowID = tc.org, tc.id
 			_, err := f.svc.Create(context.Background(), p)
 			var inv *apperr.InvalidError
-			require.ErrorAs(t, err, &inv)
-			require.Equal(t, "workflow_id", inv.Fields[0].Field)
-			require.Contains(t, inv.Fields[0].Detail, detail)
+			require.ErrorAs(t, err, &inv, tc.id)
+			require.Equal(t, "workflow_id", inv.Fields[0].Field, tc.id)
+			require.Contains(t, inv.Fields[0].Detail, tc.detail, tc.id)
 		}
-	})
-	t.Run("an org id holding a slash names no workflow", func(t *testing.T) {
-		p := params("")
-		p.OrgID, p.WorkflowID = "acme/eu", "acme/eu/wf"
-		_, err := f.svc.Create(context.Background(), p)
-		var inv *apperr.InvalidError
-		require.ErrorAs(t, err, &inv)
-		require.Equal(t, "workflow_id", inv.Fields[0].Field)
 	})
 	require.Zero(t, f.spent(t))
 }

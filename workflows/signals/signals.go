@@ -95,3 +95,10 @@ func Owns(orgID, workflowID string) bool {
 	org, rest, _ := strings.Cut(workflowID, "/")
 	return org == orgID && rest != ""
 }
+
+// OwnsNone reports whether orgID owns no workflow at all, whatever the id
+// (Owns): it holds a "/". OwnsNoneRule says why, for an error's detail.
+func OwnsNone(orgID string) bool { return strings.Contains(orgID, "/") }
+
+// OwnsNoneRule is the rule OwnsNone applies, in words.
+const OwnsNoneRule = `an org id holding "/" owns no workflow, as a workflow id's org is what precedes its first "/"`
