@@ -330,6 +330,110 @@ func TestInboxInABrowserAnswersWhatAgentsWaitFor(t *testing.T) {
 	b.noExceptions()
 }
 
+// dismissAnsweredJS is the Pending tab's "Dismiss answered (N)" button.
+const dismissAnsweredJS = `document.getElementById('dismiss-answered')`
+
+// listedIDs are the ids of the requests the list shows, in its order.
+func (b *browser) listedIDs() []string {
+	b.t.Helper()
+	var ids []string
+	b.eval(`Array.from(document.querySelectorAll('#list > li.item')).map((li) => li.dataset.id)`, &ids)
+	return ids
+}
+
+func TestInboxDismissesEveryRequestAnsweredElsewhereAtOnce(t *testing.T) {
+	s := newStack(t)
+	s.fund(2)
+	agentTok := token(t, org, "agent")
+	bob := signedToken(t, "bob", "approver")
+	b := newBrowser(t)
+
+	call := func(session, tool string, extra map[string]any) string {
+		body := map[string]any{"agent_id": agent, "tool_name": tool}
+		for k, v := range extra {
+			body[k] = v
+		}
+		return s.toolCall(agentTok, session, body)
+	}
+	first, second := call("s1", "read_file", nil), call("s2", "deploy", nil)
+	approvedByBob, deniedByBob := call("s3", "shell", nil), call("s4", "send_email", nil)
+	body := wakeupBody(s.workflowID(), "echo", map[string]any{"x": 1})
+	body["cost"], body["reason"] = 5, "a larger model for the quarterly report"
+	overrun := s.overrun(agentTok, body)
+	mine := call("s5", "restart_service", nil)
+	b.openInbox(s.http.URL, signedToken(t, "alice", "approver"))
+	for _, id := range []string{first, second, approvedByBob, deniedByBob, overrun, mine} {
+		b.waitFor("item "+id, itemJS(id, "true"))
+	}
+	hidden := func() bool {
+		var h bool
+		b.eval(`(() => { const b = `+dismissAnsweredJS+`; return b.hidden && b.getClientRects().length === 0; })()`, &h)
+		return h
+	}
+
+	t.Run("there is no such button while nothing shown was answered elsewhere", func(t *testing.T) {
+		require.True(t, hidden(), "shown with every request pending")
+		// One's own answer stays in Pending too, but is not answered
+		// elsewhere: the approver has just seen it.
+		b.run(chromedp.Click(chromedp.CSS(itemSel(mine) + ` [data-role="approve"]`)))
+		b.waitStatus(mine, "Approved")
+		b.waitFor("who approved", itemJS(mine, `el.querySelector('[data-role="outcome"]').textContent.includes('by alice (you)')`))
+		require.True(t, hidden(), "shown for one's own answer")
+	})
+
+	// Made now, so that it expires (10 s) after the check above.
+	expiring := call("s6", "rotate_keys", map[string]any{"expires_in_s": 10})
+	b.waitFor("the expiring item", itemJS(expiring, "true"))
+
+	t.Run("requests another approver answered, or that expired, are counted in the button's name", func(t *testing.T) {
+		r := s.call(http.MethodPost, "/v1/sessions/s3/tool-approvals", bob, map[string]any{"approval_id": approvedByBob, "decision": "approved"})
+		require.Equal(t, http.StatusOK, r.status, string(r.raw))
+		r = s.call(http.MethodPost, "/v1/sessions/s4/tool-approvals", bob, map[string]any{"approval_id": deniedByBob, "decision": "denied"})
+		require.Equal(t, http.StatusOK, r.status, string(r.raw))
+		r = s.call(http.MethodPost, "/v1/mandate-approvals/"+overrun+"/deny", bob, map[string]any{"note": "over budget"})
+		require.Equal(t, http.StatusOK, r.status, string(r.raw))
+		b.waitStatus(approvedByBob, "Approved")
+		b.waitStatus(deniedByBob, "Denied")
+		b.waitStatus(overrun, "Denied")
+		b.waitStatus(expiring, "Expired")
+		b.waitFor("four answered elsewhere", dismissAnsweredJS+`.textContent === 'Dismiss answered (4)'`)
+		require.False(t, hidden())
+		node, _ := b.accessible(dismissAnsweredJS)
+		require.Equal(t, axNode{Role: "button", Name: "Dismiss answered (4)"}, node)
+		require.ElementsMatch(t, []string{expiring, mine, overrun, deniedByBob, approvedByBob, second, first}, b.listedIDs())
+	})
+
+	t.Run("pressing it removes those four only, and focus moves to the first request left", func(t *testing.T) {
+		b.run(chromedp.Focus(chromedp.CSS(`#dismiss-answered`)), chromedp.KeyEvent(kb.Enter))
+		gone := make([]string, 0, 4)
+		for _, id := range []string{expiring, overrun, deniedByBob, approvedByBob} {
+			gone = append(gone, `!document.querySelector(`+js(itemSel(id))+`)`)
+		}
+		b.waitFor("the answered ones to go", strings.Join(gone, " && "))
+		require.Equal(t, []string{mine, second, first}, b.listedIDs(), "pending requests and one's own answer stay, newest first")
+		require.Contains(t, b.itemText(first), "Pending")
+		require.Contains(t, b.itemText(second), "Pending")
+		require.Contains(t, b.itemText(mine), "Approved by alice (you)")
+		var focused string
+		b.eval(`document.activeElement.dataset.id || document.activeElement.tagName`, &focused)
+		require.Equal(t, mine, focused, "focus left the list")
+		require.True(t, hidden(), "the button stays with nothing to dismiss")
+		b.waitFor("the count announced", `document.getElementById('announce').textContent === 'Dismissed 4 answered requests'`)
+		var count string
+		b.eval(`document.getElementById('count-pending').textContent`, &count)
+		require.Equal(t, "2", count)
+	})
+
+	t.Run("the dismissed requests are still in Resolved", func(t *testing.T) {
+		b.run(chromedp.Click(chromedp.CSS(`#tab-resolved`)))
+		for _, id := range []string{expiring, mine, overrun, deniedByBob, approvedByBob} {
+			b.waitFor("item "+id, itemJS(id, "true"))
+		}
+		require.True(t, hidden(), "shown in the Resolved tab")
+	})
+	b.noExceptions()
+}
+
 // hostile is an attack in every field an agent or a token controls: if
 // any of it became HTML, the browser would load /pwned-… (img-src allows
 // the page's own origin) or set window.__pwned.

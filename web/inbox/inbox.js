@@ -33,6 +33,7 @@
     gen: 0, // bumped on sign-in/out: older async work sees it and stops
     items: new Map(), // approval id → item
     lingering: new Set(), // resolved while shown in Pending: kept there until dismissed
+    answered: new Set(), // answered from this page (of those lingering, the rest were answered elsewhere)
     drafts: new Map(), // approval id → {note, policy, busy, error, last}
     tab: 'pending',
     agent: '',
@@ -269,6 +270,44 @@
     renderEmpty(items.length);
     renderAgentFilter();
     if (closeStale) closeStale();
+    renderDismissAnswered(items);
+  }
+
+  // answeredElsewhere are the shown items that another approver, a policy
+  // or their expiry answered while they were in Pending: what "Dismiss
+  // answered" removes. An answer given here, one being sent, and the
+  // request whose deny dialog is open stay.
+  function answeredElsewhere(items) {
+    if (state.tab !== 'pending') return [];
+    return items.filter((it) => {
+      const d = state.drafts.get(it.id);
+      return it.status !== 'pending' && state.lingering.has(it.id) && !state.answered.has(it.id) &&
+        !(d && d.busy) && !(state.confirming && state.confirming.id === it.id);
+    });
+  }
+
+  function renderDismissAnswered(items) {
+    const button = $('dismiss-answered');
+    const n = answeredElsewhere(items).length;
+    const hadFocus = document.activeElement === button;
+    button.textContent = 'Dismiss answered (' + n + ')';
+    button.hidden = n === 0;
+    if (hadFocus && button.hidden) focusListStart();
+  }
+
+  // focusListStart keeps focus off <body> when what had it goes: the first
+  // request shown, else the Pending tab.
+  function focusListStart() {
+    ($('list').firstElementChild || $('tab-' + state.tab)).focus();
+  }
+
+  function dismissAnswered() {
+    const gone = answeredElsewhere(visible());
+    if (!gone.length) return;
+    for (const it of gone) state.lingering.delete(it.id);
+    render();
+    focusListStart();
+    announce('Dismissed ' + gone.length + ' answered request' + (gone.length === 1 ? '' : 's'));
   }
 
   // staleConfirm notices that the request the deny dialog is open for was
@@ -534,6 +573,7 @@
       if (gen !== state.gen) return;
       d.last = null;
       state.lingering.add(id);
+      state.answered.add(id);
       upsert(it.kind, Object.assign({}, it.raw, it.kind === 'tool_call' ? { status: decision, source: 'human' } : { state: decision },
         { resolved_by: state.me ? state.me.sub : '', resolved_at: new Date().toISOString(), note: body.note || null }));
       announce(statusWord(decision) + ': ' + describe(it));
@@ -880,6 +920,7 @@
     Object.assign(state, { token: null, me: null, seq: null, resolvedLoaded: false, tab: 'pending', agent: '', kind: '' });
     state.items.clear();
     state.lingering.clear();
+    state.answered.clear();
     state.drafts.clear();
     $('list').replaceChildren();
     $('who').hidden = true;
@@ -902,6 +943,7 @@
   function selectTab(tab, focus) {
     state.tab = tab;
     state.lingering.clear();
+    state.answered.clear();
     for (const name of ['pending', 'resolved']) {
       const t = $('tab-' + name);
       t.setAttribute('aria-selected', String(name === tab));
@@ -986,6 +1028,7 @@
     $('filter-agent').addEventListener('change', (e) => { state.agent = e.target.value; render(); });
     $('filter-kind').addEventListener('change', (e) => { state.kind = e.target.value; render(); });
     $('list').addEventListener('keydown', onListKey);
+    $('dismiss-answered').addEventListener('click', dismissAnswered);
     window.addEventListener('hashchange', onHashChange);
     setInterval(tick, 15000);
 
