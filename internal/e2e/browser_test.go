@@ -170,9 +170,29 @@ func (b *browser) waitFor(what, js string) {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, wait)
 	defer cancel()
-	if _, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(wait))); err != nil {
-		require.NoError(b.t, err, "waiting for %s\n%s", what, b.diagnose())
+	for {
+		_, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(wait)))
+		if err == nil {
+			return
+		}
+		if !contextGone(err) || ctx.Err() != nil {
+			require.NoError(b.t, err, "waiting for %s\n%s", what, b.diagnose())
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(pollEvery):
+		}
 	}
+}
+
+// contextGone says a poll went to the page's JavaScript context that a
+// navigation replaced: chromedp learns of the new one from an event that,
+// on a busy machine, comes after Navigate has returned, so the poll just
+// after it fails ("Cannot find context with specified id"). Sent again, it
+// reaches the new context.
+func contextGone(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "Cannot find context with specified id") || strings.Contains(msg, "Execution context was destroyed")
 }
 
 // diagnose describes the page for a failure message.
