@@ -341,7 +341,7 @@ func (b *browser) listedIDs() []string {
 	return ids
 }
 
-func TestInboxDismissesEveryRequestAnsweredElsewhereAtOnce(t *testing.T) {
+func TestInboxDismissesEveryAnsweredRequestAtOnce(t *testing.T) {
 	s := newStack(t)
 	s.fund(2)
 	agentTok := token(t, org, "agent")
@@ -371,21 +371,22 @@ func TestInboxDismissesEveryRequestAnsweredElsewhereAtOnce(t *testing.T) {
 		return h
 	}
 
-	t.Run("there is no such button while nothing shown was answered elsewhere", func(t *testing.T) {
+	t.Run("there is no such button while nothing shown is answered, and one's own answer counts", func(t *testing.T) {
 		require.True(t, hidden(), "shown with every request pending")
-		// One's own answer stays in Pending too, but is not answered
-		// elsewhere: the approver has just seen it.
+		// One's own answer stays in Pending too, until dismissed: an
+		// approver who answers twenty has twenty to clear.
 		b.run(chromedp.Click(chromedp.CSS(itemSel(mine) + ` [data-role="approve"]`)))
 		b.waitStatus(mine, "Approved")
 		b.waitFor("who approved", itemJS(mine, `el.querySelector('[data-role="outcome"]').textContent.includes('by alice (you)')`))
-		require.True(t, hidden(), "shown for one's own answer")
+		b.waitFor("one's own answer counted", dismissAnsweredJS+`.textContent === 'Dismiss answered (1)'`)
+		require.False(t, hidden())
 	})
 
 	// Made now, so that it expires (10 s) after the check above.
 	expiring := call("s6", "rotate_keys", map[string]any{"expires_in_s": 10})
 	b.waitFor("the expiring item", itemJS(expiring, "true"))
 
-	t.Run("requests another approver answered, or that expired, are counted in the button's name", func(t *testing.T) {
+	t.Run("requests another approver answered, or that expired, are counted in the button's name too", func(t *testing.T) {
 		r := s.call(http.MethodPost, "/v1/sessions/s3/tool-approvals", bob, map[string]any{"approval_id": approvedByBob, "decision": "approved"})
 		require.Equal(t, http.StatusOK, r.status, string(r.raw))
 		r = s.call(http.MethodPost, "/v1/sessions/s4/tool-approvals", bob, map[string]any{"approval_id": deniedByBob, "decision": "denied"})
@@ -396,29 +397,28 @@ func TestInboxDismissesEveryRequestAnsweredElsewhereAtOnce(t *testing.T) {
 		b.waitStatus(deniedByBob, "Denied")
 		b.waitStatus(overrun, "Denied")
 		b.waitStatus(expiring, "Expired")
-		b.waitFor("four answered elsewhere", dismissAnsweredJS+`.textContent === 'Dismiss answered (4)'`)
+		b.waitFor("five answered", dismissAnsweredJS+`.textContent === 'Dismiss answered (5)'`)
 		require.False(t, hidden())
 		node, _ := b.accessible(dismissAnsweredJS)
-		require.Equal(t, axNode{Role: "button", Name: "Dismiss answered (4)"}, node)
+		require.Equal(t, axNode{Role: "button", Name: "Dismiss answered (5)"}, node)
 		require.ElementsMatch(t, []string{expiring, mine, overrun, deniedByBob, approvedByBob, second, first}, b.listedIDs())
 	})
 
-	t.Run("pressing it removes those four only, and focus moves to the first request left", func(t *testing.T) {
+	t.Run("pressing it removes those five only, and focus moves to the first request left", func(t *testing.T) {
 		b.run(chromedp.Focus(chromedp.CSS(`#dismiss-answered`)), chromedp.KeyEvent(kb.Enter))
-		gone := make([]string, 0, 4)
-		for _, id := range []string{expiring, overrun, deniedByBob, approvedByBob} {
+		gone := make([]string, 0, 5)
+		for _, id := range []string{expiring, mine, overrun, deniedByBob, approvedByBob} {
 			gone = append(gone, `!document.querySelector(`+js(itemSel(id))+`)`)
 		}
 		b.waitFor("the answered ones to go", strings.Join(gone, " && "))
-		require.Equal(t, []string{mine, second, first}, b.listedIDs(), "pending requests and one's own answer stay, newest first")
+		require.Equal(t, []string{second, first}, b.listedIDs(), "pending requests stay, newest first")
 		require.Contains(t, b.itemText(first), "Pending")
 		require.Contains(t, b.itemText(second), "Pending")
-		require.Contains(t, b.itemText(mine), "Approved by alice (you)")
 		var focused string
 		b.eval(`document.activeElement.dataset.id || document.activeElement.tagName`, &focused)
-		require.Equal(t, mine, focused, "focus left the list")
+		require.Equal(t, second, focused, "focus left the list")
 		require.True(t, hidden(), "the button stays with nothing to dismiss")
-		b.waitFor("the count announced", `document.getElementById('announce').textContent === 'Dismissed 4 answered requests'`)
+		b.waitFor("the count announced", `document.getElementById('announce').textContent === 'Dismissed 5 answered requests'`)
 		var count string
 		b.eval(`document.getElementById('count-pending').textContent`, &count)
 		require.Equal(t, "2", count)

@@ -273,22 +273,23 @@
     renderDismissAnswered(items);
   }
 
-  // answeredElsewhere are the shown items that another approver, a policy
-  // or their expiry answered while they were in Pending: what "Dismiss
-  // answered" removes. An answer given here, one being sent, and the
-  // request whose deny dialog is open stay.
-  function answeredElsewhere(items) {
+  // answeredShown are the shown items answered while they were in Pending
+  // — here, by another approver, a policy or their expiry: what "Dismiss
+  // answered" removes (an approver who answers twenty has twenty to clear
+  // too). An answer being sent and the request whose deny dialog is open
+  // stay.
+  function answeredShown(items) {
     if (state.tab !== 'pending') return [];
     return items.filter((it) => {
       const d = state.drafts.get(it.id);
-      return it.status !== 'pending' && state.lingering.has(it.id) && !state.answered.has(it.id) &&
+      return it.status !== 'pending' && state.lingering.has(it.id) &&
         !(d && d.busy) && !(state.confirming && state.confirming.id === it.id);
     });
   }
 
   function renderDismissAnswered(items) {
     const button = $('dismiss-answered');
-    const n = answeredElsewhere(items).length;
+    const n = answeredShown(items).length;
     const hadFocus = document.activeElement === button;
     button.textContent = 'Dismiss answered (' + n + ')';
     button.hidden = n === 0;
@@ -302,7 +303,7 @@
   }
 
   function dismissAnswered() {
-    const gone = answeredElsewhere(visible());
+    const gone = answeredShown(visible());
     if (!gone.length) return;
     for (const it of gone) state.lingering.delete(it.id);
     render();
