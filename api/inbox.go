@@ -53,6 +53,11 @@ func (s *Server) approvalEvents(c echo.Context) error {
 	}
 	org := PrincipalFrom(c).OrgID
 	ctx := c.Request().Context()
+	release, err := s.streamCap.acquire(org)
+	if err != nil {
+		return err
+	}
+	defer release()
 	sub, err := s.svc.Inbox.Subscribe(org)
 	if err != nil {
 		return NewProblem(http.StatusServiceUnavailable, "unavailable", "the approvals event stream is unavailable while the server starts or stops; retry")

@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"net"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -13,6 +15,7 @@ type httpMetrics struct {
 	requests    *prometheus.CounterVec
 	duration    *prometheus.HistogramVec
 	rateLimited *prometheus.CounterVec
+	connections prometheus.Gauge
 }
 
 func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
@@ -30,8 +33,22 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 			Name: "reveille_http_rate_limited_total", Help: "Requests refused with 429 by the per-org rate limit, by route pattern.",
 		}, []string{"route"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.rateLimited)
+	m.connections = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "reveille_http_open_connections",
+		Help: "Connections the API server holds open; at REVEILLE_MAX_CONNECTIONS new ones wait to be accepted.",
+	})
+	reg.MustRegister(m.requests, m.duration, m.rateLimited, m.connections)
 	return m
+}
+
+// connState counts the server's open connections (http.Server.ConnState).
+func (m *httpMetrics) connState(_ net.Conn, state http.ConnState) {
+	switch state {
+	case http.StateNew:
+		m.connections.Inc()
+	case http.StateClosed, http.StateHijacked:
+		m.connections.Dec()
+	}
 }
 
 func (m *httpMetrics) observe(method, route string, status int, elapsed time.Duration) {

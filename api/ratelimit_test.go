@@ -139,3 +139,38 @@ func rateLimitedCount(t *testing.T, s *Server, route string) float64 {
 	}
 	return 0
 }
+
+// An org holds at most OrgMaxStreams live streams on a replica: each holds
+// a connection for as long as its client stays, and one org's could
+// otherwise take every file descriptor the process has. Another org's
+// streams are its own, and a stream that ends gives its place back.
+func TestAnOrgAtItsCapOfLiveStreamsIsRefused429AndOthersAreNot(t *testing.T) {
+	s := newTestServer(t, withStreams(t, streams.Config{KeepAlive: 10 * time.Millisecond}),
+		func(c *Config, _ *Services) { c.OrgMaxStreams = 2 })
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	orgA, orgB := agentToken(t, "org-a"), agentToken(t, "org-b")
+
+	first := openSSEURL(t, srv.URL+streamBase+"out/sse", orgA)
+	openSSEURL(t, srv.URL+streamBase+"other/sse", orgA)
+	r := do(t, s.Handler(), http.MethodGet, streamBase+"out/sse", orgA, nil)
+	p := r.requireProblem(t, http.StatusTooManyRequests)
+	require.Equal(t, ProblemTypeBase+"too-many-streams", p["type"])
+	require.Equal(t, "the org holds 2 live streams on this replica, its limit (REVEILLE_ORG_MAX_STREAMS): close one, or retry later", p["detail"])
+	require.Equal(t, "5", r.Header.Get("Retry-After"))
+
+	openSSEURL(t, srv.URL+streamBase+"out/sse", orgB)
+
+	require.NoError(t, first.resp.Body.Close())
+	require.Eventually(t, func() bool {
+		return s.streamCap.held("org-a") == 1
+	}, 10*time.Second, 10*time.Millisecond, "the ended stream's place is given back")
+	openSSEURL(t, srv.URL+streamBase+"out/sse", orgA)
+}
+
+// held is how many live streams org holds.
+func (c *orgStreamCap) held(org string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.open[org]
+}

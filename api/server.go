@@ -22,6 +22,7 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 
 	"github.com/reveille/reveille/approvals"
 	"github.com/reveille/reveille/inbox"
@@ -64,6 +65,16 @@ type Config struct {
 	OrgRate float64
 	// OrgBurst is the bucket size of OrgRate (default twice OrgRate).
 	OrgBurst int
+	// OrgMaxStreams bounds the live streams (SSE) each org holds open on
+	// this replica (REVEILLE_ORG_MAX_STREAMS; default DefaultOrgMaxStreams;
+	// negative: no cap). Over it a new stream is 429.
+	OrgMaxStreams int
+	// MaxConnections bounds the connections this server holds open
+	// (REVEILLE_MAX_CONNECTIONS; default half the process's open-file limit,
+	// so that its database, Temporal and outbound connections always find a
+	// file descriptor; negative: no bound). Past it new connections wait to
+	// be accepted.
+	MaxConnections int
 	// InboxKeepAlive is how often an idle approvals event stream gets a
 	// keep-alive comment (default 15 s).
 	InboxKeepAlive time.Duration
@@ -101,6 +112,8 @@ func (c Config) withDefaults() Config {
 	c.ReadTimeout = cmp.Or(c.ReadTimeout, DefaultReadTimeout)
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
 	c.InboxKeepAlive = cmp.Or(c.InboxKeepAlive, DefaultInboxKeepAlive)
+	c.OrgMaxStreams = cmp.Or(c.OrgMaxStreams, DefaultOrgMaxStreams)
+	c.MaxConnections = cmp.Or(c.MaxConnections, defaultMaxConnections())
 	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, DefaultIdempotencyRetention)
 	return c
 }
@@ -147,6 +160,7 @@ type Server struct {
 	bodyless   map[string]bool  // "METHOD pattern" of the operations that take no body
 	metrics    *httpMetrics
 	limiter    *orgLimiter // nil: no rate limit
+	streamCap  *orgStreamCap
 	inboxHTML  *web.Inbox
 }
 
@@ -170,6 +184,7 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 		bodyLimits: map[string]int64{},
 		metrics:    newHTTPMetrics(cfg.Registry),
 		limiter:    newOrgLimiter(cfg.OrgRate, cfg.OrgBurst),
+		streamCap:  newOrgStreamCap(cfg.OrgMaxStreams),
 		inboxHTML:  inboxHTML,
 	}
 	e := echo.New()
@@ -380,9 +395,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	// No WriteTimeout: SSE responses are written for as long as the client
 	// reads them (keep-alives prove it is there); a WriteTimeout would end
 	// them unless each lifted it (http.ResponseController).
+	if s.cfg.MaxConnections > 0 {
+		ln = netutil.LimitListener(ln, s.cfg.MaxConnections)
+	}
 	srv := &http.Server{
 		Handler: s.echo, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout, IdleTimeout: s.cfg.IdleTimeout,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		ConnState:   s.metrics.connState,
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/streams"
@@ -155,4 +157,46 @@ func TestAnSSEStreamOutlivesTheServerTimeouts(t *testing.T) {
 	r := do(t, s.Handler(), http.MethodPost, streamBase+"out/chunks", tok, []byte("late"), "Content-Type", "application/octet-stream")
 	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
 	require.Equal(t, sseEvent{ID: "0", Data: b64("late")}, sse.next(t))
+}
+
+// The server holds at most MaxConnections open: past it a new connection
+// waits to be accepted (its request is answered once another closes), so
+// that clients cannot take the file descriptors the replica's database,
+// Temporal and outbound connections need. reveille_http_open_connections
+// counts them.
+func TestPastMaxConnectionsANewConnectionWaitsForAnotherToClose(t *testing.T) {
+	s := newTestServer(t, func(c *Config, _ *Services) { c.MaxConnections = 2 })
+	addr := serveOn(t, s)
+	ask := func(conn net.Conn) {
+		_, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+		require.NoError(t, err)
+	}
+	answered := func(conn net.Conn, within time.Duration) bool {
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(within)))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}
+	var held []net.Conn
+	for range 2 {
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		ask(conn)
+		require.True(t, answered(conn, testWait))
+		held = append(held, conn) // kept alive
+	}
+	require.Equal(t, 2.0, testutil.ToFloat64(s.metrics.connections))
+
+	third, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { third.Close() })
+	ask(third)
+	require.False(t, answered(third, 200*time.Millisecond), "answered past the limit")
+
+	require.NoError(t, held[0].Close())
+	require.True(t, answered(third, testWait), "not answered once a connection closed")
 }

@@ -259,6 +259,11 @@ func (s *Server) streamEvents(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	release, err := s.streamCap.acquire(PrincipalFrom(c).OrgID)
+	if err != nil {
+		return err
+	}
+	defer release()
 	tail, err := s.svc.Streams.Tail(PrincipalFrom(c).OrgID, runID, name, from)
 	if err != nil {
 		return streamProblem(err)

@@ -48,6 +48,8 @@ type settings struct {
 	ReadTimeout    time.Duration  // REVEILLE_READ_TIMEOUT
 	IdleTimeout    time.Duration  // REVEILLE_IDLE_TIMEOUT
 	OrgRate        float64        // REVEILLE_ORG_RATE
+	OrgMaxStreams  int            // REVEILLE_ORG_MAX_STREAMS
+	MaxConns       int            // REVEILLE_MAX_CONNECTIONS (0: api's default, half the open-file limit)
 	Pools          map[string]int // REVEILLE_POOLS
 	RecoveryPeriod time.Duration  // REVEILLE_RECOVERY_PERIOD
 	HeartbeatLimit time.Duration  // REVEILLE_HEARTBEAT_TIMEOUT
@@ -142,6 +144,8 @@ func envConfig() (settings, error) {
 	s.ReadTimeout = envDuration("REVEILLE_READ_TIMEOUT", api.DefaultReadTimeout, &errs)
 	s.IdleTimeout = envDuration("REVEILLE_IDLE_TIMEOUT", api.DefaultIdleTimeout, &errs)
 	s.OrgRate = envRate("REVEILLE_ORG_RATE", 10_000, &errs)
+	s.OrgMaxStreams = int(envInt("REVEILLE_ORG_MAX_STREAMS", api.DefaultOrgMaxStreams, &errs))
+	s.MaxConns = int(envInt("REVEILLE_MAX_CONNECTIONS", 0, &errs))
 	s.StreamChunk = envInt("REVEILLE_STREAM_MAX_CHUNK", 1<<20, &errs)
 	s.StreamRequest = envInt("REVEILLE_STREAM_MAX_REQUEST", 8<<20, &errs)
 	s.StreamChunks = int(envInt("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST", streams.DefaultMaxChunks, &errs))
@@ -195,7 +199,8 @@ func (s settings) serviceConfig(logger *slog.Logger) service.Config {
 	c := service.Config{
 		DatabaseURL: s.DatabaseURL, TemporalAddress: s.TemporalAddr, Namespace: s.Namespace,
 		API: api.Config{Addr: s.Addr, MaxBody: s.MaxBody, ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout,
-			IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate, Auth: s.authConfig(), IdempotencyRetention: s.Retention.IdempotencyRecords},
+			IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate, OrgMaxStreams: s.OrgMaxStreams, MaxConnections: s.MaxConns,
+			Auth: s.authConfig(), IdempotencyRetention: s.Retention.IdempotencyRecords},
 		Workpool:      s.workpoolConfig(),
 		HTTPWork:      httpwork.Config{AllowedHosts: s.HTTPAllowed, AllowedNets: s.HTTPNets, Timeout: s.HTTPTimeout},
 		Mandates:      mandates.Config{ApprovalTTL: s.ApprovalTTL},

@@ -111,6 +111,8 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_READ_TIMEOUT         time a client has to send a whole request, body included (default 60s)
   REVEILLE_IDLE_TIMEOUT         how long an idle kept-alive connection stays open (default 120s)
   REVEILLE_ORG_RATE             requests per second per org on this replica, bursts of twice that (default 10000; 0 = no limit)
+  REVEILLE_ORG_MAX_STREAMS      live streams (SSE) per org on this replica; past it 429 (default 1000)
+  REVEILLE_MAX_CONNECTIONS      connections the API server holds open; past it new ones wait (default: half the open-file limit)
   REVEILLE_POOLS                pools created at start if missing (default default=25,wakeup=25)
   REVEILLE_RECOVERY_PERIOD      how often running work is checked for dead executors (default 10s)
   REVEILLE_HEARTBEAT_TIMEOUT    heartbeat age after which running work is recovered (default 30s, at least 3s)
