@@ -61,21 +61,24 @@ func TestAnUnknownFieldIsNamedByItsPath(t *testing.T) {
 	require.NoError(t, decodeJSON([]byte(`{"pool": "p", "work": {"args": {"anything": {"goes": 1}}}}`), &dst))
 }
 
+// keyedBody is a request body with each kind of value a key walk meets: a
+// field, a struct, raw JSON, a slice of structs and a map.
+type keyedBody struct {
+	Pool string `json:"pool"`
+	Work *struct {
+		Handler string          `json:"handler"`
+		Args    json.RawMessage `json:"args"`
+	} `json:"work"`
+	Chunks []struct {
+		Data string `json:"data_base64"`
+	} `json:"chunks"`
+	Weights map[string]int `json:"weights"`
+}
+
 // encoding/json matches keys to fields case-insensitively and keeps a
 // repeated key's last value; the document's names are exact, and a key
 // given twice reads as two requests (a proxy or a log may take the first).
 func TestAKeyInAnotherCaseOrGivenTwiceIsRefusedNamingIt(t *testing.T) {
-	type body struct {
-		Pool string `json:"pool"`
-		Work struct {
-			Handler string          `json:"handler"`
-			Args    json.RawMessage `json:"args"`
-		} `json:"work"`
-		Chunks []struct {
-			Data string `json:"data_base64"`
-		} `json:"chunks"`
-		Weights map[string]int `json:"weights"`
-	}
 	for _, tc := range []struct{ name, body, field, detail string }{
 		{"a key in upper case", `{"POOL": "p"}`, "POOL", `unknown field (names are case-sensitive: "pool")`},
 		{"a nested key in another case", `{"work": {"Handler": "h"}}`, "work.Handler", `unknown field (names are case-sensitive: "handler")`},
@@ -87,7 +90,7 @@ func TestAKeyInAnotherCaseOrGivenTwiceIsRefusedNamingIt(t *testing.T) {
 		{"a key given twice inside raw args", `{"work": {"args": {"a": [{"b": 1, "b": 2}]}}}`, "work.args.a[0].b", "is given twice"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var dst body
+			var dst keyedBody
 			err := decodeJSON([]byte(tc.body), &dst)
 			var p *Problem
 			require.True(t, errors.As(err, &p), "%v", err)
@@ -100,7 +103,7 @@ func TestAKeyInAnotherCaseOrGivenTwiceIsRefusedNamingIt(t *testing.T) {
 		`{"work": {"args": {"A": 1, "a": 2}}}`,
 		`{"chunks": [{"data_base64": "YQ=="}, {"data_base64": "YQ=="}]}`,
 	} {
-		var dst body
+		var dst keyedBody
 		require.NoError(t, decodeJSON([]byte(ok), &dst), ok)
 	}
 }
@@ -132,7 +135,7 @@ func TestAValueOfTheWrongTypeIsNamedByItsPath(t *testing.T) {
 		{"after whitespace and escapes", "  {\"chunks\" : [ {\"data_base64\": \"\\\"]\"} , {\"data_base64\" : true} ] }", "chunks[1].data_base64", "must be a string, not bool"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var dst body
+			var dst keyedBody
 			err := decodeJSON([]byte(tc.body), &dst)
 			var p *Problem
 			require.True(t, errors.As(err, &p), "%v", err)
@@ -156,17 +159,6 @@ func TestAWakeupWithAnUnknownFieldInItsWorkNamesItsPath(t *testing.T) {
 // on every body — against the same rule read through encoding/json's
 // tokens, on any body the decoder accepts.
 func FuzzMisnamedKeyAgreesWithTheDecodersTokens(f *testing.F) {
-	type body struct {
-		Pool string `json:"pool"`
-		Work *struct {
-			Handler string          `json:"handler"`
-			Args    json.RawMessage `json:"args"`
-		} `json:"work"`
-		Chunks []struct {
-			Data string `json:"data_base64"`
-		} `json:"chunks"`
-		Weights map[string]int `json:"weights"`
-	}
 	for _, seed := range []string{
 		`{"pool": "p", "work": {"handler": "h", "args": {"a": [1, {"b": null}], "A": "x\"y"}}}`,
 		`{"POOL": "p"}`, `{"pool": "a", "pool": "b"}`, `{"weights": {"a": 1, "a": 2}}`,
@@ -178,7 +170,7 @@ func FuzzMisnamedKeyAgreesWithTheDecodersTokens(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		var dst body
+		var dst keyedBody
 		if !utf8.Valid(b) || json.Unmarshal(b, &dst) != nil { // (decodeJSON's conditions before the walk)
 			return
 		}
