@@ -135,7 +135,7 @@ func TestAValueOfTheWrongTypeIsNamedByItsPath(t *testing.T) {
 		{"after whitespace and escapes", "  {\"chunks\" : [ {\"data_base64\": \"\\\"]\"} , {\"data_base64\" : true} ] }", "chunks[1].data_base64", "must be a string, not bool"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var dst keyedBody
+			var dst body
 			err := decodeJSON([]byte(tc.body), &dst)
 			var p *Problem
 			require.True(t, errors.As(err, &p), "%v", err)
