@@ -17,8 +17,13 @@ import (
 	"github.com/reveille/reveille/client"
 )
 
-// postgresOutage is how long Postgres stays stopped.
-const postgresOutage = 5 * time.Second
+const (
+	// postgresOutage is how long Postgres stays stopped.
+	postgresOutage = 5 * time.Second
+	// loadGoroutines create wake-ups whose work takes loadWorkMS.
+	loadGoroutines = 4
+	loadWorkMS     = 300
+)
 
 // Postgres restarted under load: the replicas reconnect by themselves; the
 // pool loops, the dispatchers and an SSE tail resume; no answer is a 500
@@ -31,7 +36,11 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	ctx, stopLoad := context.WithCancel(context.Background())
 	defer stopLoad()
 
-	// Load: wake-ups through both replicas, each for a workflow of its own.
+	// Load: wake-ups through both replicas, each for a workflow of its own,
+	// paced below what the pool drains (poolLimit slots of loadWorkMS
+	// each): unpaced, a fast machine created wake-ups faster than they
+	// drain, and the backlog then outlasted settleWait (a red CI run).
+	loadEvery := time.Duration(loadGoroutines) * loadWorkMS * time.Millisecond * 5 / (4 * poolLimit)
 	var (
 		mu       sync.Mutex
 		runs     = map[string]tclient.WorkflowRun{}
@@ -39,16 +48,22 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 		created  atomic.Int64
 		load     sync.WaitGroup
 	)
-	for g := range 4 {
+	for g := range loadGoroutines {
 		load.Go(func() {
+			tick := time.NewTicker(loadEvery)
+			defer tick.Stop()
 			for i := 0; ctx.Err() == nil; i++ {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
 				id, run := e.park()
 				mu.Lock()
 				runs[id] = run
 				mu.Unlock()
-				if _, err := clients[(g+i)%2].Wakeups.Create(ctx, e.wakeRequest(id, 300)); err != nil {
+				if _, err := clients[(g+i)%2].Wakeups.Create(ctx, e.wakeRequest(id, loadWorkMS)); err != nil {
 					failures.Add(1)
-					time.Sleep(200 * time.Millisecond)
 				} else {
 					created.Add(1)
 				}
