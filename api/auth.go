@@ -354,10 +354,10 @@ const tokenExpiredComment = ": the token expired; reconnect with a fresh one\n\n
 
 // tokenExpiredNow reports, for a stream with more to send at once, whether
 // its token's expiry fired, and ends the stream with the comment if so.
-func tokenExpiredNow(c echo.Context, expired <-chan time.Time) bool {
+func (s *Server) tokenExpiredNow(c echo.Context, expired <-chan time.Time) bool {
 	select {
 	case <-expired:
-		_, _ = c.Response().Write([]byte(tokenExpiredComment))
+		_ = s.sseSend(c, []byte(tokenExpiredComment))
 		return true
 	default:
 		return false

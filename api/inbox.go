@@ -110,18 +110,16 @@ func (s *Server) approvalEvents(c echo.Context) error {
 		if buf, err = appendInboxEvents(buf, events); err != nil {
 			return err
 		}
-		if len(buf) > 0 {
-			if _, err := res.Write(buf); err != nil {
-				return nil // the client left
-			}
-			buf = buf[:0]
+		// The first send flushes the headers.
+		if err := s.sseSend(c, buf); err != nil {
+			return nil // the client left
 		}
-		res.Flush() // the first flush sends the headers
+		buf = buf[:0]
 		if len(events) > 0 {
 			after = events[len(events)-1].Seq
 		}
 		if len(events) == inboxPage {
-			if tokenExpiredNow(c, expired) {
+			if s.tokenExpiredNow(c, expired) {
 				return nil
 			}
 			continue // more may be stored already
@@ -141,18 +139,14 @@ func (s *Server) awaitInbox(c echo.Context, sub *inbox.Subscription, keepAlive *
 	case <-sub.Ready():
 		return true
 	case <-expired:
-		_, _ = c.Response().Write([]byte(tokenExpiredComment))
+		_ = s.sseSend(c, []byte(tokenExpiredComment))
 		return false
 	case <-c.Request().Context().Done():
 		return false
 	case <-sub.Done():
 		return false
 	case <-keepAlive.C:
-		if _, err := c.Response().Write([]byte(": keep-alive\n\n")); err != nil {
-			return false
-		}
-		c.Response().Flush()
-		return true
+		return s.sseSend(c, []byte(": keep-alive\n\n")) == nil
 	}
 }
 

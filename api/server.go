@@ -54,8 +54,14 @@ type Config struct {
 	ReadHeaderTimeout time.Duration
 	// ReadTimeout bounds reading a whole request, body included (default
 	// 60 s). It does not bound an SSE response: net/http lifts the read
-	// deadline once the request is read. There is no write timeout, for SSE.
+	// deadline once the request is read.
 	ReadTimeout time.Duration
+	// WriteTimeout bounds handling a request and writing its response
+	// (default 60 s), so a client that stops reading a large answer does
+	// not hold it and its connection for good. An SSE response has no
+	// overall bound: each of its writes (events and keep-alives) gets
+	// WriteTimeout of its own.
+	WriteTimeout time.Duration
 	// IdleTimeout bounds how long a kept-alive connection waits for its
 	// next request (default 120 s).
 	IdleTimeout time.Duration
@@ -89,6 +95,7 @@ type Config struct {
 const (
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultReadTimeout       = 60 * time.Second
+	DefaultWriteTimeout      = 60 * time.Second
 	DefaultIdleTimeout       = 120 * time.Second
 )
 
@@ -110,6 +117,7 @@ func (c Config) withDefaults() Config {
 	}
 	c.ReadHeaderTimeout = cmp.Or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
 	c.ReadTimeout = cmp.Or(c.ReadTimeout, DefaultReadTimeout)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
 	c.InboxKeepAlive = cmp.Or(c.InboxKeepAlive, DefaultInboxKeepAlive)
 	c.OrgMaxStreams = cmp.Or(c.OrgMaxStreams, DefaultOrgMaxStreams)
@@ -392,14 +400,15 @@ func (s *Server) Run(ctx context.Context) error {
 
 // Serve is Run on an existing listener.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	// No WriteTimeout: SSE responses are written for as long as the client
-	// reads them (keep-alives prove it is there); a WriteTimeout would end
-	// them unless each lifted it (http.ResponseController).
+	// WriteTimeout bounds every response; SSE handlers move the deadline
+	// before each write (sseWrite), so a stream lasts as long as its client
+	// reads it.
 	if s.cfg.MaxConnections > 0 {
 		ln = netutil.LimitListener(ln, s.cfg.MaxConnections)
 	}
 	srv := &http.Server{
-		Handler: s.echo, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout, IdleTimeout: s.cfg.IdleTimeout,
+		Handler: s.echo, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout,
+		WriteTimeout: s.cfg.WriteTimeout, IdleTimeout: s.cfg.IdleTimeout,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		ConnState:   s.metrics.connState,
 	}

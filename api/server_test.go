@@ -23,10 +23,12 @@ const (
 	shortHeaderTimeout = 100 * time.Millisecond
 	shortReadTimeout   = 300 * time.Millisecond
 	shortIdleTimeout   = 300 * time.Millisecond
+	shortWriteTimeout  = 300 * time.Millisecond
 )
 
 func withShortTimeouts(c *Config, _ *Services) {
 	c.ReadHeaderTimeout, c.ReadTimeout, c.IdleTimeout = shortHeaderTimeout, shortReadTimeout, shortIdleTimeout
+	c.WriteTimeout = shortWriteTimeout
 }
 
 // serveOn runs s on a real listener (the timeouts live in http.Server) and
@@ -132,8 +134,50 @@ func TestSlowClientsAreDisconnected(t *testing.T) {
 		do(t, s.Handler(), http.MethodGet, streamBase+"slow", tok, nil).JSON(t), "the slow append stored nothing")
 }
 
-// An SSE response outlives the read and idle timeouts while keep-alives
-// flow, and still delivers chunks afterwards.
+// A client that stops reading is cut off after the write timeout — a page
+// of megabytes, or a live tail, no longer holds the handler, its encoded
+// answer, the org's stream slot and the connection until the client goes.
+func TestClientsThatStopReadingAreDisconnected(t *testing.T) {
+	s := newTestServer(t, withStreams(t, streams.Config{KeepAlive: 20 * time.Millisecond}), withShortTimeouts,
+		func(c *Config, _ *Services) { c.OrgMaxStreams = 1 })
+	addr := serveOn(t, s)
+	tok := agentToken(t, "org-a")
+	// 12 MiB of chunks: a page or a tail batch holds up to 8 MiB of them
+	// (MaxRequest), ~11 MB as base64, more than a socket's buffers take.
+	chunk := make([]byte, 1<<20-1)
+	for range 12 {
+		r := do(t, s.Handler(), http.MethodPost, streamBase+"big/chunks", tok, chunk, "Content-Type", "application/octet-stream")
+		require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	}
+	for _, tc := range []struct{ name, path string }{
+		{"a page", streamBase + "big/chunks"},
+		{"a live tail", streamBase + "big/sse"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", addr)
+			require.NoError(t, err)
+			defer conn.Close()
+			require.NoError(t, conn.(*net.TCPConn).SetReadBuffer(4096))
+			_, err = io.WriteString(conn, "GET "+tc.path+" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+tok+"\r\n\r\n")
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return testutil.ToFloat64(s.metrics.connections) == 1 }, testWait, 5*time.Millisecond)
+			// Nothing is read until the server gave up.
+			require.Eventually(t, func() bool { return testutil.ToFloat64(s.metrics.connections) == 0 }, testWait, 10*time.Millisecond,
+				"the server still holds the connection of a client that stopped reading")
+			require.Zero(t, s.streamCap.held("org-a"), "the tail's stream slot is given back")
+			// What was sent before is still there to read (all of it would
+			// take long through a 4 kB window).
+			require.NoError(t, conn.SetReadDeadline(time.Now().Add(testWait)))
+			status, err := bufio.NewReader(conn).ReadString('\n')
+			require.NoError(t, err)
+			require.Equal(t, "HTTP/1.1 200 OK\r\n", status)
+		})
+	}
+}
+
+// An SSE response outlives the read, write and idle timeouts while
+// keep-alives flow, and still delivers chunks afterwards: each write has a
+// write timeout of its own.
 func TestAnSSEStreamOutlivesTheServerTimeouts(t *testing.T) {
 	const keepAlive = 20 * time.Millisecond
 	s := newTestServer(t, withStreams(t, streams.Config{KeepAlive: keepAlive}), withShortTimeouts)
@@ -143,7 +187,7 @@ func TestAnSSEStreamOutlivesTheServerTimeouts(t *testing.T) {
 
 	// A ticker never delivers its nth tick before n periods have passed, so
 	// these keep-alives span more than twice the read and idle timeouts.
-	keepAlives := 2*int(max(shortReadTimeout, shortIdleTimeout)/keepAlive) + 1
+	keepAlives := 2*int(max(shortReadTimeout, shortIdleTimeout, shortWriteTimeout)/keepAlive) + 1
 	deadline := time.After(testWait)
 	for range keepAlives {
 		select {

@@ -290,17 +290,15 @@ func (s *Server) streamEvents(c echo.Context) error {
 		if batch.Ended {
 			buf = fmt.Appendf(buf, "event: end\ndata: {\"tail_index\": %d}\n\n", batch.TailIndex)
 		}
-		if len(buf) > 0 {
-			if _, err := res.Write(buf); err != nil {
-				return nil // the client left
-			}
+		// The first send flushes the headers.
+		if err := s.sseSend(c, buf); err != nil {
+			return nil // the client left
 		}
-		res.Flush() // the first flush sends the headers
 		if batch.Ended {
 			return nil
 		}
 		if batch.More {
-			if tokenExpiredNow(c, expired) {
+			if s.tokenExpiredNow(c, expired) {
 				return nil
 			}
 		} else if !s.awaitStream(c, tail, keepAlive, expired) {
@@ -324,17 +322,16 @@ func (s *Server) awaitStream(c echo.Context, tail *streams.Tail, keepAlive *time
 		case <-tail.Ready():
 			return true
 		case <-expired:
-			_, _ = c.Response().Write([]byte(tokenExpiredComment))
+			_ = s.sseSend(c, []byte(tokenExpiredComment))
 			return false
 		case <-c.Request().Context().Done():
 			return false
 		case <-tail.Done():
 			return false
 		case <-keepAlive.C:
-			if _, err := c.Response().Write([]byte(": keep-alive\n\n")); err != nil {
+			if s.sseSend(c, []byte(": keep-alive\n\n")) != nil {
 				return false
 			}
-			c.Response().Flush()
 			// A notification lost between a writer's commit and its NOTIFY
 			// stalls this reader at most until here.
 			tail.Recheck()

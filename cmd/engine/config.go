@@ -46,6 +46,7 @@ type settings struct {
 	MaxBody        int64          // REVEILLE_MAX_BODY
 	HeaderTimeout  time.Duration  // REVEILLE_READ_HEADER_TIMEOUT
 	ReadTimeout    time.Duration  // REVEILLE_READ_TIMEOUT
+	WriteTimeout   time.Duration  // REVEILLE_WRITE_TIMEOUT
 	IdleTimeout    time.Duration  // REVEILLE_IDLE_TIMEOUT
 	OrgRate        float64        // REVEILLE_ORG_RATE
 	OrgMaxStreams  int            // REVEILLE_ORG_MAX_STREAMS
@@ -142,6 +143,7 @@ func envConfig() (settings, error) {
 	s.MaxBody = envInt("REVEILLE_MAX_BODY", 1<<20, &errs)
 	s.HeaderTimeout = envDuration("REVEILLE_READ_HEADER_TIMEOUT", api.DefaultReadHeaderTimeout, &errs)
 	s.ReadTimeout = envDuration("REVEILLE_READ_TIMEOUT", api.DefaultReadTimeout, &errs)
+	s.WriteTimeout = envDuration("REVEILLE_WRITE_TIMEOUT", api.DefaultWriteTimeout, &errs)
 	s.IdleTimeout = envDuration("REVEILLE_IDLE_TIMEOUT", api.DefaultIdleTimeout, &errs)
 	s.OrgRate = envRate("REVEILLE_ORG_RATE", 10_000, &errs)
 	s.OrgMaxStreams = int(envInt("REVEILLE_ORG_MAX_STREAMS", api.DefaultOrgMaxStreams, &errs))
@@ -199,7 +201,7 @@ func (s settings) serviceConfig(logger *slog.Logger) service.Config {
 	c := service.Config{
 		DatabaseURL: s.DatabaseURL, TemporalAddress: s.TemporalAddr, Namespace: s.Namespace,
 		API: api.Config{Addr: s.Addr, MaxBody: s.MaxBody, ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout,
-			IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate, OrgMaxStreams: s.OrgMaxStreams, MaxConnections: s.MaxConns,
+			WriteTimeout: s.WriteTimeout, IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate, OrgMaxStreams: s.OrgMaxStreams, MaxConnections: s.MaxConns,
 			Auth: s.authConfig(), IdempotencyRetention: s.Retention.IdempotencyRecords},
 		Workpool:      s.workpoolConfig(),
 		HTTPWork:      httpwork.Config{AllowedHosts: s.HTTPAllowed, AllowedNets: s.HTTPNets, Timeout: s.HTTPTimeout},

@@ -109,6 +109,7 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_MAX_BODY             request body limit in bytes (default 1048576)
   REVEILLE_READ_HEADER_TIMEOUT  time a client has to send a request's headers (default 10s)
   REVEILLE_READ_TIMEOUT         time a client has to send a whole request, body included (default 60s)
+  REVEILLE_WRITE_TIMEOUT        time to answer a request and write the response; for SSE, each write (default 60s)
   REVEILLE_IDLE_TIMEOUT         how long an idle kept-alive connection stays open (default 120s)
   REVEILLE_ORG_RATE             requests per second per org on this replica, bursts of twice that (default 10000; 0 = no limit)
   REVEILLE_ORG_MAX_STREAMS      live streams (SSE) per org on this replica; past it 429 (default 1000)
