@@ -91,7 +91,7 @@ func decodeJSON(body []byte, dst any) error {
 		}
 		return jsonProblem(err)
 	}
-	if dec.More() {
+	if !restIsSpace(dec, body) {
 		return invalidJSON("the body holds more than one JSON value")
 	}
 	if field, detail, found := unstorableJSON(body); found {
@@ -101,6 +101,13 @@ func decodeJSON(body []byte, dst any) error {
 		return Invalid(field, detail)
 	}
 	return nil
+}
+
+// restIsSpace reports whether only white space follows the value dec read
+// from body. (dec.More is false before a stray "}" or "]", which would let
+// `{"pool":"p"}}` pass as `{"pool":"p"}`.)
+func restIsSpace(dec *json.Decoder, body []byte) bool {
+	return len(bytes.TrimLeft(body[dec.InputOffset():], " \t\r\n")) == 0
 }
 
 // invalidJSON is a 400 for a body that is not the JSON asked for as a

@@ -236,3 +236,40 @@ func misnamedKeyByTokens(t *testing.T, b []byte, typ reflect.Type) (string, stri
 	}
 	return walk(typ, "")
 }
+
+// Only white space may follow the body's one value: a stray "}" or "]"
+// after it (which json.Decoder.More does not report) is refused, as any
+// other second value is, and is no part of an Idempotency-Key's match.
+func TestAnythingButSpaceAfterTheBodyIsRefused(t *testing.T) {
+	type body struct {
+		Pool string `json:"pool"`
+	}
+	for _, tc := range []struct {
+		name, body string
+		ok         bool
+	}{
+		{"one value", `{"pool":"p"}`, true},
+		{"white space after it", "{\"pool\":\"p\"} \t\r\n", true},
+		{"a stray brace", `{"pool":"p"}}`, false},
+		{"stray brackets", `{"pool":"p"} ]]]}`, false},
+		{"a second value", `{"pool":"p"} {}`, false},
+		{"a word", `{"pool":"p"} x`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var dst body
+			err := decodeJSON([]byte(tc.body), &dst)
+			if tc.ok {
+				require.NoError(t, err)
+				require.Equal(t, "p", dst.Pool)
+				require.True(t, fingerprintRequest("application/json", []byte(tc.body)).matches(fingerprintRequest("application/json", []byte(`{"pool":"p"}`))))
+				return
+			}
+			var p *Problem
+			require.ErrorAs(t, err, &p)
+			require.Equal(t, http.StatusBadRequest, p.Status)
+			require.Equal(t, []apperr.FieldError{{Field: "body", Detail: "the body holds more than one JSON value"}}, p.Errors)
+			require.False(t, fingerprintRequest("application/json", []byte(tc.body)).matches(fingerprintRequest("application/json", []byte(`{"pool":"p"}`))),
+				"matches the body without what follows")
+		})
+	}
+}

@@ -167,7 +167,7 @@ func fingerprintRequest(contentType string, body []byte) requestFingerprint {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	var v any
-	if err := dec.Decode(&v); err != nil || dec.More() || hasCaseFoldedKeys(v) {
+	if err := dec.Decode(&v); err != nil || !restIsSpace(dec, body) || hasCaseFoldedKeys(v) {
 		return fp
 	}
 	if _, _, repeated := misnamedKey(body, nil); repeated {
