@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -141,8 +142,10 @@ func (cc *contractChecker) route(c echo.Context) *routers.Route {
 func (cc *contractChecker) check(c echo.Context, route *routers.Route, reqBody []byte, rec *contractRecorder) {
 	req := c.Request()
 	res := c.Response()
-	if res.Status == statusClientClosedRequest {
-		return // no client was there to read it: nothing to hold to the document
+	if res.Status == statusClientClosedRequest || rec.cut {
+		// No client was there to read it (or it stopped reading, and the
+		// write timeout cut it off): nothing to hold to the document.
+		return
 	}
 	where := fmt.Sprintf("contract: %s %s → %d", req.Method, req.URL.RequestURI(), res.Status)
 	params := map[string]string{}
@@ -223,6 +226,7 @@ type contractRecorder struct {
 	http.ResponseWriter
 	body    bytes.Buffer
 	written int
+	cut     bool // a write failed: the client left or stopped reading
 }
 
 func (r *contractRecorder) Write(b []byte) (int, error) {
@@ -230,7 +234,9 @@ func (r *contractRecorder) Write(b []byte) (int, error) {
 	if mt, _, _ := mime.ParseMediaType(r.Header().Get(echo.HeaderContentType)); mt == echo.MIMEApplicationJSON || strings.HasSuffix(mt, "+json") {
 		r.body.Write(b)
 	}
-	return r.ResponseWriter.Write(b)
+	n, err := r.ResponseWriter.Write(b)
+	r.cut = r.cut || err != nil && !errors.Is(err, http.ErrBodyNotAllowed)
+	return n, err
 }
 
 func (r *contractRecorder) Flush() {

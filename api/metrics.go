@@ -16,6 +16,7 @@ type httpMetrics struct {
 	duration    *prometheus.HistogramVec
 	rateLimited *prometheus.CounterVec
 	connections prometheus.Gauge
+	atLimit     *prometheus.CounterVec
 }
 
 func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
@@ -35,9 +36,13 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 	}
 	m.connections = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "reveille_http_open_connections",
-		Help: "Connections the API server holds open; at REVEILLE_MAX_CONNECTIONS new ones wait to be accepted.",
+		Help: "Connections the API server holds open; at REVEILLE_MAX_CONNECTIONS a new one closes an idle one or waits.",
 	})
-	reg.MustRegister(m.requests, m.duration, m.rateLimited, m.connections)
+	m.atLimit = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "reveille_http_connections_at_limit_total",
+		Help: "New connections that found REVEILLE_MAX_CONNECTIONS open: closed_idle when the one idle the longest between requests was closed for it, waited when every one was busy and it waited to be served.",
+	}, []string{"action"})
+	reg.MustRegister(m.requests, m.duration, m.rateLimited, m.connections, m.atLimit)
 	return m
 }
 

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,7 +23,6 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/net/netutil"
 
 	"github.com/reveille/reveille/approvals"
 	"github.com/reveille/reveille/inbox"
@@ -78,8 +78,9 @@ type Config struct {
 	// MaxConnections bounds the connections this server holds open
 	// (REVEILLE_MAX_CONNECTIONS; default half the process's open-file limit,
 	// so that its database, Temporal and outbound connections always find a
-	// file descriptor; negative: no bound). Past it new connections wait to
-	// be accepted.
+	// file descriptor; negative: no bound). At it a new connection closes
+	// the one idle the longest between requests, or waits while all are
+	// busy.
 	MaxConnections int
 	// InboxKeepAlive is how often an idle approvals event stream gets a
 	// keep-alive comment (default 15 s).
@@ -170,6 +171,7 @@ type Server struct {
 	limiter    *orgLimiter // nil: no rate limit
 	streamCap  *orgStreamCap
 	inboxHTML  *web.Inbox
+	connLimit  atomic.Pointer[connLimit] // Serve's, when MaxConnections bounds it
 }
 
 // New builds the server and its routes.
@@ -403,14 +405,21 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	// WriteTimeout bounds every response; SSE handlers move the deadline
 	// before each write (sseWrite), so a stream lasts as long as its client
 	// reads it.
+	connState := s.metrics.connState
 	if s.cfg.MaxConnections > 0 {
-		ln = netutil.LimitListener(ln, s.cfg.MaxConnections)
+		limit := newConnLimit(s.cfg.MaxConnections, s.metrics)
+		s.connLimit.Store(limit)
+		ln = limit.listener(ln)
+		connState = func(c net.Conn, state http.ConnState) {
+			s.metrics.connState(c, state)
+			limit.connState(c, state)
+		}
 	}
 	srv := &http.Server{
 		Handler: s.echo, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout,
 		WriteTimeout: s.cfg.WriteTimeout, IdleTimeout: s.cfg.IdleTimeout,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-		ConnState:   s.metrics.connState,
+		ConnState:   connState,
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -49,8 +49,8 @@ type settings struct {
 	WriteTimeout   time.Duration  // REVEILLE_WRITE_TIMEOUT
 	IdleTimeout    time.Duration  // REVEILLE_IDLE_TIMEOUT
 	OrgRate        float64        // REVEILLE_ORG_RATE
-	OrgMaxStreams  int            // REVEILLE_ORG_MAX_STREAMS
-	MaxConns       int            // REVEILLE_MAX_CONNECTIONS (0: api's default, half the open-file limit)
+	OrgMaxStreams  int            // REVEILLE_ORG_MAX_STREAMS: 0 turns the cap off (-1 here)
+	MaxConns       int            // REVEILLE_MAX_CONNECTIONS (unset: api's default, half the open-file limit; 0 turns the bound off, -1 here)
 	Pools          map[string]int // REVEILLE_POOLS
 	RecoveryPeriod time.Duration  // REVEILLE_RECOVERY_PERIOD
 	HeartbeatLimit time.Duration  // REVEILLE_HEARTBEAT_TIMEOUT
@@ -146,8 +146,8 @@ func envConfig() (settings, error) {
 	s.WriteTimeout = envDuration("REVEILLE_WRITE_TIMEOUT", api.DefaultWriteTimeout, &errs)
 	s.IdleTimeout = envDuration("REVEILLE_IDLE_TIMEOUT", api.DefaultIdleTimeout, &errs)
 	s.OrgRate = envRate("REVEILLE_ORG_RATE", 10_000, &errs)
-	s.OrgMaxStreams = int(envInt("REVEILLE_ORG_MAX_STREAMS", api.DefaultOrgMaxStreams, &errs))
-	s.MaxConns = int(envInt("REVEILLE_MAX_CONNECTIONS", 0, &errs))
+	s.OrgMaxStreams = envCap("REVEILLE_ORG_MAX_STREAMS", api.DefaultOrgMaxStreams, -1, &errs)
+	s.MaxConns = envCap("REVEILLE_MAX_CONNECTIONS", 0, -1, &errs)
 	s.StreamChunk = envInt("REVEILLE_STREAM_MAX_CHUNK", 1<<20, &errs)
 	s.StreamRequest = envInt("REVEILLE_STREAM_MAX_REQUEST", 8<<20, &errs)
 	s.StreamChunks = int(envInt("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST", streams.DefaultMaxChunks, &errs))
@@ -169,7 +169,7 @@ func envConfig() (settings, error) {
 	s.ShutdownGrace = envDuration("REVEILLE_SHUTDOWN_GRACE", service.DefaultShutdownGrace, &errs)
 	s.Worker = envBool("REVEILLE_WORKER", false, &errs)
 	s.Pools = envPools("REVEILLE_POOLS", workpool.DefaultPools, &errs)
-	s.OrgMaxPending = envCap("REVEILLE_ORG_MAX_PENDING", workpool.DefaultMaxPendingPerOrg, &errs)
+	s.OrgMaxPending = envCap("REVEILLE_ORG_MAX_PENDING", workpool.DefaultMaxPendingPerOrg, workpool.NoPendingLimit, &errs)
 	s.Retention = envRetention(&errs)
 	if s.StreamChunk > s.StreamRequest {
 		errs = append(errs, fmt.Errorf("REVEILLE_STREAM_MAX_CHUNK=%d exceeds REVEILLE_STREAM_MAX_REQUEST=%d: a chunk must fit in a request", s.StreamChunk, s.StreamRequest))
@@ -408,7 +408,7 @@ func envPools(name, def string, errs *[]error) map[string]int {
 
 // envCap reads a cap: an integer ≥ 0, where 0 turns it off (returned as
 // workpool.NoPendingLimit, the workpool's "no cap").
-func envCap(name string, def int, errs *[]error) int {
+func envCap(name string, def, off int, errs *[]error) int {
 	v := os.Getenv(name)
 	if v == "" {
 		return def
@@ -419,7 +419,7 @@ func envCap(name string, def int, errs *[]error) int {
 		return def
 	}
 	if n == 0 {
-		return workpool.NoPendingLimit
+		return off
 	}
 	return n
 }

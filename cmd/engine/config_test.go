@@ -19,6 +19,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/internal/retention"
 	"github.com/reveille/reveille/streams"
 	"github.com/reveille/reveille/workpool"
@@ -171,6 +172,32 @@ func TestEnvConfigReadsZeroAsNoOrgPendingCap(t *testing.T) {
 		s, err := envConfig()
 		require.NoError(t, err, tc.value)
 		require.Equal(t, tc.want, s.workpoolConfig().MaxPendingPerOrg, tc.value)
+	}
+}
+
+// Zero turns the per-org stream cap and the connection bound off, as it
+// turns the pending cap off; unset keeps their defaults (the connection
+// bound's is api's: half the open-file limit).
+func TestEnvConfigReadsZeroAsNoStreamCapAndNoConnectionBound(t *testing.T) {
+	clearEnv(t)
+	for _, tc := range []struct {
+		value               string
+		streams, connBounds int
+	}{{"", api.DefaultOrgMaxStreams, 0}, {"7", 7, 7}, {"0", -1, -1}} {
+		t.Setenv("REVEILLE_ORG_MAX_STREAMS", tc.value)
+		t.Setenv("REVEILLE_MAX_CONNECTIONS", tc.value)
+		s, err := envConfig()
+		require.NoError(t, err, tc.value)
+		c := s.serviceConfig(nil).API
+		require.Equal(t, tc.streams, c.OrgMaxStreams, tc.value)
+		require.Equal(t, tc.connBounds, c.MaxConnections, tc.value)
+	}
+	for _, name := range []string{"REVEILLE_ORG_MAX_STREAMS", "REVEILLE_MAX_CONNECTIONS"} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv(name, "-1")
+			_, err := envConfig()
+			require.ErrorContains(t, err, name+`="-1": want an integer ≥ 0 (0 turns the cap off)`)
+		})
 	}
 }
 

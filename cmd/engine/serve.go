@@ -112,8 +112,9 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_WRITE_TIMEOUT        time to answer a request and write the response; for SSE, each write (default 60s)
   REVEILLE_IDLE_TIMEOUT         how long an idle kept-alive connection stays open (default 120s)
   REVEILLE_ORG_RATE             requests per second per org on this replica, bursts of twice that (default 10000; 0 = no limit)
-  REVEILLE_ORG_MAX_STREAMS      live streams (SSE) per org on this replica; past it 429 (default 1000)
-  REVEILLE_MAX_CONNECTIONS      connections the API server holds open; past it new ones wait (default: half the open-file limit)
+  REVEILLE_ORG_MAX_STREAMS      live streams (SSE) per org on this replica; past it 429 (default 1000; 0 = no cap)
+  REVEILLE_MAX_CONNECTIONS      connections the API server holds open; at it a new one closes an idle one or waits
+                                (default: half the open-file limit; 0 = no bound)
   REVEILLE_POOLS                pools created at start if missing (default default=25,wakeup=25)
   REVEILLE_RECOVERY_PERIOD      how often running work is checked for dead executors (default 10s)
   REVEILLE_HEARTBEAT_TIMEOUT    heartbeat age after which running work is recovered (default 30s, at least 3s)
