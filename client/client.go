@@ -171,11 +171,12 @@ func WithHeader(name, value string) CallOption {
 // refused for good, the last of the retries, a 429 whose Retry-After is
 // longer than RetryPolicy.MaxRetryAfter, one whose wait for a retry the
 // context ended). f is not called when the last attempt got no whole
-// answer: a transport error, an answer cut short, a context that ended
-// during the attempt, a failed token function. On Streams.Tail and
-// Approvals.Events, f is called with each connection's answer as it comes
-// (each reconnect's too, an event stream or an error), its Body
-// http.NoBody: the events are the iteration's.
+// answer: a transport error, an answer cut short, a redirect not followed
+// (its body is gone), a context that ended during the attempt, a failed
+// token function. On Streams.Tail and Approvals.Events, f is called with
+// each connection's answer as it comes (each reconnect's too, an event
+// stream or an error), its Body http.NoBody: the events are the
+// iteration's.
 func WithResponse(f func(*http.Response)) CallOption {
 	return func(o *callOptions) { o.onResponse = f }
 }
@@ -288,7 +289,18 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 		res, err := c.send(httptrace.WithClientTrace(ctx, trace), ep, body, key, o.header)
 		var raw []byte
 		var apiErr *Error
+		var readErr error
 		switch {
+		case err != nil && res != nil:
+			// net/http gave up on a redirect (its CheckRedirect refused it:
+			// "stopped after 10 redirects", or the caller's policy), handing
+			// back the last answer, its body closed. Every answer of the
+			// attempt was a 3xx, and the API answers no call with one — it
+			// came from something in front of the API, which did not act
+			// (only an earlier attempt may have). Not retried: the next
+			// attempt meets the same redirects.
+			return fail(fmt.Errorf("client: %s %s: answered %d %s redirecting to %q, not followed (the API redirects no call: check the base URL and what is in front of the API): %w",
+				ep.method, ep.path, res.StatusCode, http.StatusText(res.StatusCode), res.Header.Get("Location"), err))
 		case err != nil:
 			var tokErr *tokenError
 			if errors.As(err, &tokErr) {
@@ -296,18 +308,18 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			}
 			maybeApplied = maybeApplied || written.Load()
 		case res.StatusCode >= 200 && res.StatusCode < 300:
-			raw, err = io.ReadAll(res.Body)
+			raw, readErr = io.ReadAll(res.Body)
 			res.Body.Close()
 		default:
-			apiErr, err = errorFrom(res)
+			apiErr, readErr = errorFrom(res)
 		}
-		if res != nil && err != nil {
+		if readErr != nil {
 			// The whole body first: an answer cut inside it — a 201's or a
 			// 402's — is a lost answer (the server may have acted), retried
 			// as one; under its key the retry is answered the whole first
 			// answer.
 			maybeApplied = true
-			err = fmt.Errorf("reading the %d answer: %w", res.StatusCode, err)
+			err = fmt.Errorf("reading the %d answer: %w", res.StatusCode, readErr)
 		}
 		if err != nil {
 			if ctx.Err() != nil || attempt >= c.retry.MaxAttempts || !(retryable || neverSent(err)) {
