@@ -230,14 +230,17 @@ func TestAStreamWhoseHeadersNeverComeIsTakenForDeadAfterTheIdleTimeout(t *testin
 	require.NoError(t, err)
 	var accepted atomic.Int32
 	conns := make(chan net.Conn, 16)
+	// The accept loop owns conns: it closes it once the listener is
+	// closed, so no send can meet a closed channel; the cleanup drains it
+	// meanwhile (a full buffer does not hold the loop back).
 	t.Cleanup(func() {
 		ln.Close()
-		close(conns)
 		for c := range conns {
 			c.Close()
 		}
 	})
 	go func() {
+		defer close(conns)
 		for {
 			conn, err := ln.Accept()
 			if err != nil {
