@@ -33,7 +33,6 @@
     gen: 0, // bumped on sign-in/out: older async work sees it and stops
     items: new Map(), // approval id → item
     lingering: new Set(), // resolved while shown in Pending: kept there until dismissed
-    answered: new Set(), // answered from this page (of those lingering, the rest were answered elsewhere)
     drafts: new Map(), // approval id → {note, policy, busy, error, last}
     tab: 'pending',
     agent: '',
@@ -574,7 +573,6 @@
       if (gen !== state.gen) return;
       d.last = null;
       state.lingering.add(id);
-      state.answered.add(id);
       upsert(it.kind, Object.assign({}, it.raw, it.kind === 'tool_call' ? { status: decision, source: 'human' } : { state: decision },
         { resolved_by: state.me ? state.me.sub : '', resolved_at: new Date().toISOString(), note: body.note || null }));
       announce(statusWord(decision) + ': ' + describe(it));
@@ -921,7 +919,6 @@
     Object.assign(state, { token: null, me: null, seq: null, resolvedLoaded: false, tab: 'pending', agent: '', kind: '' });
     state.items.clear();
     state.lingering.clear();
-    state.answered.clear();
     state.drafts.clear();
     $('list').replaceChildren();
     $('who').hidden = true;
@@ -944,7 +941,6 @@
   function selectTab(tab, focus) {
     state.tab = tab;
     state.lingering.clear();
-    state.answered.clear();
     for (const name of ['pending', 'resolved']) {
       const t = $('tab-' + name);
       t.setAttribute('aria-selected', String(name === tab));
