@@ -61,8 +61,14 @@ func WithTokenFunc(f func(ctx context.Context) (string, error)) Option {
 
 // WithHTTPClient sends the requests through hc (default: a client of its
 // own with no overall timeout, which SSE needs; bound calls with their
-// context).
+// context). When hc has no CheckRedirect, the client uses a copy of hc that
+// follows no redirect (see New).
 func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.http = hc } }
+
+// errRedirectRefused is what refuseRedirect answers net/http.
+var errRedirectRefused = errors.New("the client follows no redirect")
+
+func refuseRedirect(*http.Request, []*http.Request) error { return errRedirectRefused }
 
 // WithUserAgent sets the User-Agent header (default DefaultUserAgent).
 func WithUserAgent(ua string) Option { return func(c *Client) { c.userAgent = ua } }
@@ -97,6 +103,16 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	}
 	if c.http == nil {
 		c.http = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	}
+	if c.http.CheckRedirect == nil {
+		// The API redirects no call, so a redirect comes from something in
+		// front of it, and following one is never right: net/http would
+		// send the bearer token on to another port of the same host, and
+		// turn a POST answered 301, 302 or 303 into a GET whose 200 would
+		// pass for the create's answer.
+		hc := *c.http
+		hc.CheckRedirect = refuseRedirect
+		c.http = &hc
 	}
 	c.retry = c.retry.withDefaults()
 	c.Wakeups = &WakeupsService{c}
@@ -250,7 +266,12 @@ func decodeJSON(res *http.Response, dst any) error {
 		return err
 	}
 	if len(bytes.TrimSpace(raw)) == 0 {
-		return nil
+		if _, none := dst.(*struct{}); none {
+			return nil
+		}
+		// Not the API's answer (each of its 2xx but 204 has a body): a
+		// zero value would pass for one.
+		return fmt.Errorf("client: the %d answer of %s %s has no body", res.StatusCode, res.Request.Method, res.Request.URL.Path)
 	}
 	if err := json.Unmarshal(raw, dst); err != nil {
 		return fmt.Errorf("client: decoding the %d answer of %s %s: %w", res.StatusCode, res.Request.Method, res.Request.URL.Path, err)

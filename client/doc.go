@@ -19,10 +19,10 @@
 // Status, Type, Title, Detail, the offending fields (Errors, Field) and the
 // extension members (ApprovalID and WakeupID of a refused spend or
 // wake-up). Use errors.As, or IsNotFound, IsSpendRefused and the like. A
-// redirect net/http stops following (after 10, or refused by the
-// http.Client's CheckRedirect) fails the call at once, naming its status
-// and Location: the API redirects no call, so the base URL or something in
-// front of the API is wrong.
+// redirect fails the call at once, naming its status and Location: the API
+// redirects no call, so the base URL or something in front of the API is
+// wrong, and the client follows none (unless WithHTTPClient gives it an
+// http.Client with a CheckRedirect of its own).
 //
 // Retries. Calls that may be repeated are retried after a connection
 // error, a 408, a 429 (after its Retry-After) or a 5xx, with exponential

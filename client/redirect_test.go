@@ -14,13 +14,13 @@ import (
 	"github.com/reveille/reveille/client"
 )
 
-// A call net/http stops redirecting ("stopped after 10 redirects": here
-// something in front of the API sends every request back to itself) fails
-// at once, saying it was redirected and where — not "reading the 307
-// answer", a lost answer marked maybe-applied: every answer was a 3xx,
-// which the API never gives, so nothing acted on the request. Only an
-// earlier attempt whose answer was lost still makes the call
-// maybe-applied.
+// A redirected call (here something in front of the API sends every
+// request back to itself) fails at once, saying it was redirected and
+// where — not "reading the 307 answer", a lost answer marked
+// maybe-applied: every answer was a 3xx, which the API never gives, so
+// nothing acted on the request. Only an earlier attempt whose answer was
+// lost still makes the call maybe-applied. The client follows no redirect
+// (its own http.Client, or a copy of the caller's without a CheckRedirect).
 func TestARedirectNotFollowedIsNotALostAnswer(t *testing.T) {
 	ctx := context.Background()
 	// loop answers every request a 307 to /loop, after dropping the first
@@ -45,7 +45,7 @@ func TestARedirectNotFollowedIsNotALostAnswer(t *testing.T) {
 	requireRedirected := func(t *testing.T, err error) {
 		t.Helper()
 		require.ErrorContains(t, err, "POST /v1/runs/r/streams/out/chunks: answered 307 Temporary Redirect redirecting to \"/loop\", not followed")
-		require.ErrorContains(t, err, "stopped after 10 redirects")
+		require.ErrorContains(t, err, "the client follows no redirect")
 		require.NotContains(t, err.Error(), "reading the")
 		var urlErr *url.Error
 		require.ErrorAs(t, err, &urlErr, "net/http's error is still there")
@@ -66,7 +66,7 @@ func TestARedirectNotFollowedIsNotALostAnswer(t *testing.T) {
 			requireRedirected(t, err)
 			var maybe *client.MaybeAppliedError
 			require.False(t, errors.As(err, &maybe), "a 3xx answer: nothing acted on it: %v", err)
-			require.EqualValues(t, 10, requests.Load(), "one attempt (the request and the 9 redirects followed), not retried")
+			require.EqualValues(t, 1, requests.Load(), "one attempt, its redirect not followed, not retried")
 			require.Nil(t, final, "no whole answer to hand WithResponse")
 		})
 	}
@@ -77,6 +77,52 @@ func TestARedirectNotFollowedIsNotALostAnswer(t *testing.T) {
 		var maybe *client.MaybeAppliedError
 		require.ErrorAs(t, err, &maybe, "the first attempt may have acted")
 		require.NotEmpty(t, maybe.IdempotencyKey)
-		require.EqualValues(t, 1+10, requests.Load())
+		require.EqualValues(t, 1+1, requests.Load())
 	})
+}
+
+// Following a redirect is never right for this API: net/http would turn a
+// POST answered 302 into a bodyless GET, whose 200 would pass for the
+// create's answer — nothing created, no error — and would send the bearer
+// token on to another port of the same host. A caller's http.Client with
+// a CheckRedirect of its own keeps it.
+func TestTheClientFollowsNoRedirect(t *testing.T) {
+	ctx := context.Background()
+	var gets, tokens atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "" {
+			tokens.Add(1)
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(other.Close)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/created":
+			gets.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"id":"not-created","state":"pending"}`))
+		case "/v1/wakeups":
+			http.Redirect(w, r, "/created", http.StatusFound)
+		default:
+			http.Redirect(w, r, other.URL+"/elsewhere", http.StatusTemporaryRedirect)
+		}
+	}))
+	t.Cleanup(front.Close)
+
+	c := newClient(t, front.URL, agent, nil)
+	_, err := c.Wakeups.Create(ctx, client.WakeupRequest{AgentID: "a", WorkflowID: "o/wf", Signal: "s", Scope: "x", Cost: 1,
+		Work: client.WakeupWork{Handler: "h"}})
+	require.ErrorContains(t, err, `answered 302 Found redirecting to "/created", not followed`)
+	require.Zero(t, gets.Load(), "the POST was sent on as a GET")
+
+	_, err = c.Pools.Get(ctx, "default")
+	require.ErrorContains(t, err, "answered 307 Temporary Redirect")
+	require.Zero(t, tokens.Load(), "the token went to another port")
+
+	follows := newClient(t, front.URL, agent, nil, client.WithHTTPClient(&http.Client{
+		CheckRedirect: func(*http.Request, []*http.Request) error { return nil }}))
+	_, err = follows.Pools.Get(ctx, "default")
+	require.ErrorContains(t, err, "the 200 answer of GET /elsewhere has no body", "an empty answer passed for a pool")
+	require.EqualValues(t, 1, tokens.Load(), "the caller's own redirect policy was not kept")
 }
