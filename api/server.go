@@ -38,6 +38,12 @@ import (
 type Config struct {
 	// Addr to listen on (default ":8080").
 	Addr string
+	// OpsAddr, when set, is the address of a second listener that serves
+	// /healthz, /readyz and /metrics alone (REVEILLE_OPS_ADDR; ServeOps):
+	// probes and scrapes never wait behind clients' connections there, and
+	// /metrics — totals across orgs — leaves the API listener for a network
+	// only the operator reaches. Probes stay on the API listener too.
+	OpsAddr string
 	// MaxBody is the request body limit in bytes (default 1 MiB).
 	MaxBody int64
 	// Auth says how tokens are verified.
@@ -172,6 +178,7 @@ type Server struct {
 	streamCap  *orgStreamCap
 	inboxHTML  *web.Inbox
 	connLimit  atomic.Pointer[connLimit] // Serve's, when MaxConnections bounds it
+	ops        *echo.Echo                // ServeOps's routes, when OpsAddr is set
 }
 
 // New builds the server and its routes.
@@ -210,6 +217,14 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 	}}))
 	e.Use(s.limitBody)
 	s.echo = e
+	if cfg.OpsAddr != "" {
+		// No access log: probes and scrapes come every few seconds.
+		s.ops = echo.New()
+		s.ops.HideBanner, s.ops.HidePort = true, true
+		s.ops.HTTPErrorHandler = s.errorHandler
+		s.ops.Use(middleware.Recover())
+		s.opsRoutes(s.ops, true)
+	}
 	if s.bodyless, err = bodylessOperations(); err != nil {
 		return nil, err
 	}
@@ -232,9 +247,7 @@ func (s *Server) routes() {
 	// (HEAD beside GET on the routes probes and browsers fetch: net/http
 	// sends a HEAD answer's headers and drops its body)
 	getHead := []string{http.MethodGet, http.MethodHead}
-	e.Match(getHead, "/healthz", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"status": "ok"}) })
-	e.Match(getHead, "/readyz", s.readyz)
-	e.Match(getHead, "/metrics", echo.WrapHandler(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
+	s.opsRoutes(e, s.cfg.OpsAddr == "")
 	e.Match(getHead, "/openapi.json", s.openapi)
 	s.inboxPageRoutes()
 
@@ -246,6 +259,16 @@ func (s *Server) routes() {
 	s.approvalRoutes()
 	s.inboxRoutes()
 	s.webhookRoutes()
+}
+
+// opsRoutes registers the probes, and /metrics when withMetrics.
+func (s *Server) opsRoutes(e *echo.Echo, withMetrics bool) {
+	getHead := []string{http.MethodGet, http.MethodHead}
+	e.Match(getHead, "/healthz", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"status": "ok"}) })
+	e.Match(getHead, "/readyz", s.readyz)
+	if withMetrics {
+		e.Match(getHead, "/metrics", echo.WrapHandler(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry})))
+	}
 }
 
 // anyRole lets every authenticated principal through.
@@ -415,8 +438,21 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			limit.connState(c, state)
 		}
 	}
+	return s.serve(ctx, ln, s.echo, connState)
+}
+
+// ServeOps serves /healthz, /readyz and /metrics on ln (Config.OpsAddr)
+// until ctx is canceled, with the API's timeouts and no connection bound.
+func (s *Server) ServeOps(ctx context.Context, ln net.Listener) error {
+	if s.ops == nil {
+		return errors.New("api: ServeOps without Config.OpsAddr")
+	}
+	return s.serve(ctx, ln, s.ops, nil)
+}
+
+func (s *Server) serve(ctx context.Context, ln net.Listener, h http.Handler, connState func(net.Conn, http.ConnState)) error {
 	srv := &http.Server{
-		Handler: s.echo, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout,
+		Handler: h, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout,
 		WriteTimeout: s.cfg.WriteTimeout, IdleTimeout: s.cfg.IdleTimeout,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		ConnState:   connState,

@@ -299,3 +299,62 @@ func TestAtMaxConnectionsANewConnectionTakesAnIdleOnesPlaceOrWaits(t *testing.T)
 		require.True(t, answered(t, third, testWait), "not answered once a connection closed")
 	})
 }
+
+// With an ops address, /metrics (totals across orgs) is served on the ops
+// listener alone, beside the probes, which stay on the API's listener too —
+// and there they are answered while every API connection is busy.
+func TestTheOpsListenerServesTheProbesAndMetricsAlone(t *testing.T) {
+	s := newTestServer(t, func(c *Config, _ *Services) {
+		c.OpsAddr = "127.0.0.1:0" // Serve and ServeOps take listeners of their own
+		c.MaxConnections, c.ReadHeaderTimeout = 1, time.Minute
+	})
+	api := serveOn(t, s)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.ServeOps(ctx, ln) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	ops := "http://" + ln.Addr().String()
+
+	get := func(url string) (int, string) {
+		t.Helper()
+		res, err := (&http.Client{Timeout: testWait}).Get(url)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		body, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		return res.StatusCode, string(body)
+	}
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		status, _ := get(ops + path)
+		require.Equal(t, http.StatusOK, status, path)
+	}
+	_, metrics := get(ops + "/metrics")
+	require.Contains(t, metrics, "reveille_http_open_connections")
+	status, _ := get(ops + "/v1/whoami")
+	require.Equal(t, http.StatusNotFound, status, "the API's routes are not on the ops listener")
+	status, _ = get("http://" + api + "/metrics")
+	require.Equal(t, http.StatusNotFound, status, "/metrics is still on the API's listener")
+	status, _ = get("http://" + api + "/healthz")
+	require.Equal(t, http.StatusOK, status, "the probes left the API's listener")
+
+	// Every API connection busy: a request half sent holds the only one.
+	busy, err := net.Dial("tcp", api)
+	require.NoError(t, err)
+	t.Cleanup(func() { busy.Close() })
+	_, err = io.WriteString(busy, "GET /healthz HTTP/1.1\r\n")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return testutil.ToFloat64(s.metrics.connections) == 1 }, testWait, 5*time.Millisecond)
+	status, _ = get(ops + "/healthz")
+	require.Equal(t, http.StatusOK, status)
+}
+
+// ServeOps without an ops address is a wiring mistake, said as such.
+func TestServeOpsWithoutAnOpsAddressFails(t *testing.T) {
+	s := newTestServer(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	require.ErrorContains(t, s.ServeOps(context.Background(), ln), "ServeOps without Config.OpsAddr")
+}

@@ -32,6 +32,7 @@ import (
 // package gets its part as its own typed Config (serviceConfig).
 type settings struct {
 	Addr           string         // --addr / REVEILLE_ADDR
+	OpsAddr        string         // REVEILLE_OPS_ADDR ("": the probes and /metrics on Addr)
 	DataDir        string         // --data-dir / REVEILLE_DATA_DIR
 	TemporalPort   int            // --temporal-port (dev, devstack)
 	PostgresPort   int            // --postgres-port (devstack)
@@ -125,6 +126,7 @@ func envConfig() (settings, error) {
 	var errs []error
 	s := settings{
 		Addr:         listenAddr("REVEILLE_ADDR", envOr("REVEILLE_ADDR", ":8080"), &errs),
+		OpsAddr:      os.Getenv("REVEILLE_OPS_ADDR"),
 		DataDir:      envOr("REVEILLE_DATA_DIR", "./.reveille"),
 		TemporalPort: 7233,
 		DatabaseURL:  os.Getenv("DATABASE_URL"),
@@ -138,6 +140,9 @@ func envConfig() (settings, error) {
 		HTTPAllowed:  list(os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS")),
 		HTTPNets:     list(os.Getenv("REVEILLE_HTTP_ALLOWED_NETS")),
 		APIURL:       envOr("REVEILLE_API_URL", "http://localhost:8080"),
+	}
+	if s.OpsAddr != "" {
+		listenAddr("REVEILLE_OPS_ADDR", s.OpsAddr, &errs)
 	}
 	s.LogLevel = envLogLevel("REVEILLE_LOG_LEVEL", &errs)
 	s.MaxBody = envInt("REVEILLE_MAX_BODY", 1<<20, &errs)
@@ -200,7 +205,7 @@ func (s *settings) bindFlags(fs *flag.FlagSet, dev bool) {
 func (s settings) serviceConfig(logger *slog.Logger) service.Config {
 	c := service.Config{
 		DatabaseURL: s.DatabaseURL, TemporalAddress: s.TemporalAddr, Namespace: s.Namespace,
-		API: api.Config{Addr: s.Addr, MaxBody: s.MaxBody, ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout,
+		API: api.Config{Addr: s.Addr, OpsAddr: s.OpsAddr, MaxBody: s.MaxBody, ReadHeaderTimeout: s.HeaderTimeout, ReadTimeout: s.ReadTimeout,
 			WriteTimeout: s.WriteTimeout, IdleTimeout: s.IdleTimeout, OrgRate: s.OrgRate, OrgMaxStreams: s.OrgMaxStreams, MaxConnections: s.MaxConns,
 			Auth: s.authConfig(), IdempotencyRetention: s.Retention.IdempotencyRecords},
 		Workpool:      s.workpoolConfig(),

@@ -175,6 +175,19 @@ func TestEnvConfigReadsZeroAsNoOrgPendingCap(t *testing.T) {
 	}
 }
 
+// REVEILLE_OPS_ADDR gives the API config its ops address; unset, there is
+// none (the probes and /metrics stay on the API's address).
+func TestEnvConfigReadsTheOpsAddress(t *testing.T) {
+	clearEnv(t)
+	s, err := envConfig()
+	require.NoError(t, err)
+	require.Empty(t, s.serviceConfig(nil).API.OpsAddr)
+	t.Setenv("REVEILLE_OPS_ADDR", "127.0.0.1:9090")
+	s, err = envConfig()
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:9090", s.serviceConfig(nil).API.OpsAddr)
+}
+
 // Zero turns the per-org stream cap and the connection bound off, as it
 // turns the pending cap off; unset keeps their defaults (the connection
 // bound's is api's: half the open-file limit).
@@ -272,6 +285,7 @@ func TestEnvConfigNamesTheMalformedVariable(t *testing.T) {
 		{"REVEILLE_ADDR", "8080", `REVEILLE_ADDR="8080"`},
 		{"REVEILLE_ADDR", ":99999", `REVEILLE_ADDR=":99999": port "99999": want a number from 0 to 65535`},
 		{"REVEILLE_ADDR", ":no-such-service", `REVEILLE_ADDR=":no-such-service"`},
+		{"REVEILLE_OPS_ADDR", "9090", `REVEILLE_OPS_ADDR="9090": want a listen address host:port`},
 		{"REVEILLE_JWKS_URL", "idp.example.com/jwks", `REVEILLE_JWKS_URL="idp.example.com/jwks": want an absolute http(s) URL`},
 		{"REVEILLE_JWKS_URL", "file:///etc/jwks.json", "REVEILLE_JWKS_URL"},
 		{"REVEILLE_JWKS_URL", "https://", "REVEILLE_JWKS_URL"},

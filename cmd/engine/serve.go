@@ -101,6 +101,7 @@ func flagUsage(fs *flag.FlagSet, synopsis, env string) {
 const serveEnvHelp = `  DATABASE_URL                  Postgres connection string (required for serve)
   TEMPORAL_ADDRESS              Temporal frontend host:port (serve default 127.0.0.1:7233)
   TEMPORAL_NAMESPACE            Temporal namespace for signals, which must exist (default "default")
+  REVEILLE_OPS_ADDR             a second listen address serving /healthz, /readyz and /metrics alone; /metrics then leaves the API's
   REVEILLE_JWT_SECRET           HS256 secrets, each at least 32 bytes (comma list: the first signs, all verify)
   REVEILLE_JWKS_URL             absolute http(s) JWKS URL for RS256/ES256/EdDSA tokens (instead of the secret)
   REVEILLE_JWT_ISSUER           required iss (required with REVEILLE_JWKS_URL; else checked when set)

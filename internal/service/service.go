@@ -466,6 +466,15 @@ func (s *Service) Run(ctx context.Context, ready func(addr net.Addr)) error {
 		s.stop(started)
 		return fmt.Errorf("listen on %s: %w", s.cfg.API.Addr, err)
 	}
+	var opsLn net.Listener
+	if s.cfg.API.OpsAddr != "" {
+		if opsLn, err = net.Listen("tcp", s.cfg.API.OpsAddr); err != nil {
+			ln.Close()
+			s.stop(started)
+			return fmt.Errorf("listen on %s (REVEILLE_OPS_ADDR): %w", s.cfg.API.OpsAddr, err)
+		}
+		s.logger.Info("reveille serving /healthz, /readyz and /metrics", "ops_addr", opsLn.Addr().String())
+	}
 	s.logger.Info("reveille serving", "addr", ln.Addr().String(), "version", s.cfg.Version)
 	if ready != nil {
 		ready(ln.Addr())
@@ -475,12 +484,23 @@ func (s *Service) Run(ctx context.Context, ready func(addr net.Addr)) error {
 	// for its whole timeout.
 	served := make(chan error, 1)
 	go func() { served <- s.api.Serve(ctx, ln) }()
+	opsServed := make(chan error, 1)
+	if opsLn != nil {
+		go func() { opsServed <- s.api.ServeOps(ctx, opsLn) }()
+	} else {
+		opsServed <- nil
+	}
 	select {
 	case err = <-served: // the API failed on its own
 		s.stop(started)
 	case <-ctx.Done():
 		s.stop(started)
 		err = <-served
+	}
+	// (A failed ops listener leaves the API serving: probes fail, which
+	// says so. It ends with ctx.)
+	if opsErr := <-opsServed; opsErr != nil && !errors.Is(opsErr, context.Canceled) {
+		err = errors.Join(err, fmt.Errorf("ops listener: %w", opsErr))
 	}
 	s.logger.Info("reveille stopped")
 	if errors.Is(err, context.Canceled) {

@@ -157,6 +157,39 @@ func TestRunFailsNamingTheAddressWhenTheAPICannotListen(t *testing.T) {
 	require.ErrorContains(t, err, "listen on "+taken.Addr().String())
 }
 
+// With an ops address, Run serves the probes and /metrics there too, and
+// /metrics there alone; an ops address it cannot listen on fails Run,
+// naming it and the variable.
+func TestRunServesTheOpsAddress(t *testing.T) {
+	ctx := context.Background()
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	opsAddr := free.Addr().String()
+	require.NoError(t, free.Close())
+	cfg := testConfig(t)
+	cfg.API.OpsAddr = opsAddr
+	svc, err := service.New(ctx, cfg)
+	require.NoError(t, err)
+	addr := run(t, svc)
+	status := func(url string) int {
+		res, err := http.Get(url)
+		require.NoError(t, err)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	require.Equal(t, http.StatusOK, status("http://"+opsAddr+"/metrics"))
+	require.Equal(t, http.StatusOK, status("http://"+opsAddr+"/readyz"))
+	require.Equal(t, http.StatusNotFound, status("http://"+addr+"/metrics"))
+
+	cfg = testConfig(t)
+	cfg.API.OpsAddr = opsAddr // still taken, by the service above
+	other, err := service.New(ctx, cfg)
+	require.NoError(t, err)
+	defer other.Close()
+	err = other.Run(ctx, func(net.Addr) { t.Error("ready called without the ops listener") })
+	require.ErrorContains(t, err, "listen on "+opsAddr+" (REVEILLE_OPS_ADDR)")
+}
+
 // On shutdown the signal dispatcher stops after the pool has drained: work
 // that finishes during the pool's grace still has its wake signal sent by
 // this replica before Run returns.
