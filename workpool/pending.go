@@ -39,40 +39,54 @@ const (
 // with its enqueues, and hold up the loop behind an enqueuing transaction),
 // so an enqueue that finds the bound past the cap counts again before it
 // refuses — however recent the stored count: the enqueues since may all
-// have finished. Only a count that refused holds the next one off.
+// have finished. Only a count that refused holds the next one off, and
+// only for enqueues that would not have fit beside what it found.
 
-// refusalLog remembers when this replica last counted an org over its
-// cap. The count a refused enqueue takes rolls back with it, so the table
-// cannot remember it.
+// refusalLog remembers, per (pool, org), this replica's last count that
+// refused an enqueue or a check: when, and how much unfinished work it
+// found. The count a refused enqueue takes rolls back with it, so the
+// table cannot remember it.
 type refusalLog struct {
 	mu   sync.Mutex
-	last map[[2]string]time.Time
+	last map[[2]string]refusal
 }
 
-// heldOff reports whether (pool, org) was counted over its cap within
-// pendingRecountAfter of now: it is refused again without a count.
-func (r *refusalLog) heldOff(pool, org string, now time.Time) bool {
+type refusal struct {
+	at    time.Time
+	found int64 // the org's unfinished work the count found (at most cap+1)
+}
+
+// heldOff reports whether a count of (pool, org) within
+// pendingRecountAfter of now found too much work for n more items under
+// limit: they are refused again without a count, and found is what it
+// found. A count that refused a batch for its own size — the org had room
+// for fewer — holds off no enqueue that fits that room.
+func (r *refusalLog) heldOff(pool, org string, n, limit int64, now time.Time) (found int64, held bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	at, ok := r.last[[2]string{pool, org}]
-	return ok && now.Sub(at) < pendingRecountAfter
+	e, ok := r.last[[2]string{pool, org}]
+	if !ok || now.Sub(e.at) >= pendingRecountAfter || e.found+n <= limit {
+		return 0, false
+	}
+	return e.found, true
 }
 
-// refused records that a count at now found (pool, org) over its cap.
-func (r *refusalLog) refused(pool, org string, now time.Time) {
+// refused records a count of (pool, org) at now that refused what it was
+// asked to admit: it found found items unfinished.
+func (r *refusalLog) refused(pool, org string, found int64, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.last == nil {
-		r.last = map[[2]string]time.Time{}
+		r.last = map[[2]string]refusal{}
 	}
 	if len(r.last) >= 10_000 { // orgs over their caps at once: forget the stale ones
-		for k, at := range r.last {
-			if now.Sub(at) >= pendingRecountAfter {
+		for k, e := range r.last {
+			if now.Sub(e.at) >= pendingRecountAfter {
 				delete(r.last, k)
 			}
 		}
 	}
-	r.last[[2]string{pool, org}] = now
+	r.last[[2]string{pool, org}] = refusal{at: now, found: found}
 }
 
 // pendingGroups are a batch's fresh items per (pool, org), sorted, so that
@@ -138,8 +152,9 @@ type pendingCount struct {
 
 // admitOverCap decides the groups whose bound went past the cap, after an
 // insert that inserted nothing: each is counted again (unless a count
-// found it over its cap within pendingRecountAfter) and refused if it
-// really is over, else its exact count is stored. tx holds
+// within pendingRecountAfter found too much work for its items beside)
+// and refused if its items would really take it past the cap, else its
+// exact count is stored. tx holds
 // the counts' row locks (the insert raised them), so the count sees every
 // enqueue of the org that committed and none is in flight.
 func (m *Manager) admitOverCap(ctx context.Context, tx pgx.Tx, g *pendingGroups) error {
@@ -165,16 +180,16 @@ func (m *Manager) admitOverCap(ctx context.Context, tx pgx.Tx, g *pendingGroups)
 		if i < 0 || !g.checked[i] || c.pending <= limit {
 			continue
 		}
-		if m.refusals.heldOff(c.pool, c.org, now) {
-			return m.refuse(c.pool, c.org, g.counts[i])
+		if found, held := m.refusals.heldOff(c.pool, c.org, g.counts[i], limit, now); held {
+			return m.refuse(c.pool, c.org, found, g.counts[i])
 		}
 		exact, err := m.countPending(ctx, tx, c.pool, c.org)
 		if err != nil {
 			return err
 		}
 		if exact+g.counts[i] > limit {
-			m.refusals.refused(c.pool, c.org, now)
-			return m.refuse(c.pool, c.org, g.counts[i])
+			m.refusals.refused(c.pool, c.org, exact, now)
+			return m.refuse(c.pool, c.org, exact, g.counts[i])
 		}
 		if _, err := tx.Exec(ctx, sqlSetPending, c.pool, c.org, exact+g.counts[i], now); err != nil {
 			return fmt.Errorf("updating the pending count of %s in %s: %w", c.org, c.pool, err)
@@ -193,11 +208,18 @@ func (m *Manager) countPending(ctx context.Context, q Querier, pool, org string)
 	return n, nil
 }
 
-// refuse counts a refusal of items and says why.
-func (m *Manager) refuse(pool, org string, items int64) error {
+// refuse counts a refusal of items, found being the org's unfinished work
+// a count found, and says why: the org is at its cap, or the items would
+// not fit beside its work.
+func (m *Manager) refuse(pool, org string, found, items int64) error {
 	m.metrics.refused.WithLabelValues(pool).Add(float64(items))
-	return fmt.Errorf("org %s has reached its cap of %d unfinished work items in pool %s: %w",
-		org, m.cfg.MaxPendingPerOrg, pool, ErrTooManyPending)
+	limit := int64(m.cfg.MaxPendingPerOrg)
+	if found+1 > limit {
+		return fmt.Errorf("org %s has reached its cap of %d unfinished work items in pool %s: %w",
+			org, limit, pool, ErrTooManyPending)
+	}
+	return fmt.Errorf("org %s has %d unfinished work items in pool %s; %d more would pass its cap of %d: %w",
+		org, found, pool, items, limit, ErrTooManyPending)
 }
 
 // CheckPending reports ErrTooManyPending when one more item would take
@@ -256,7 +278,7 @@ func (c *PendingCheck) scan(row pgx.Row) error {
 
 // Decide reports ErrTooManyPending when one more item would take the org
 // past its cap. A bound past the cap is counted again on q first, unless a
-// count found the org over its cap within pendingRecountAfter. (The count
+// count found the org at its cap within pendingRecountAfter. (The count
 // is not stored: without the count's row lock it could miss an enqueue in
 // flight. The enqueue that follows an admitted check stores nothing either
 // — it bypasses the cap — so while the bound stays past the cap each check
@@ -271,17 +293,18 @@ func (c *PendingCheck) Decide(ctx context.Context, q Querier) error {
 		return nil
 	}
 	now := m.now()
-	if !m.refusals.heldOff(c.pool, c.org, now) {
-		pending, err := m.countPending(ctx, q, c.pool, c.org)
-		if err != nil {
-			return err
-		}
-		if pending+1 <= limit {
-			return nil
-		}
-		m.refusals.refused(c.pool, c.org, now)
+	if found, held := m.refusals.heldOff(c.pool, c.org, 1, limit, now); held {
+		return m.refuse(c.pool, c.org, found, 1)
 	}
-	return m.refuse(c.pool, c.org, 1)
+	found, err := m.countPending(ctx, q, c.pool, c.org)
+	if err != nil {
+		return err
+	}
+	if found+1 <= limit {
+		return nil
+	}
+	m.refusals.refused(c.pool, c.org, found, now)
+	return m.refuse(c.pool, c.org, found, 1)
 }
 
 // refreshPending counts again the pool's stalest counts (the leader, on

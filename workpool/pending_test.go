@@ -320,3 +320,69 @@ func TestPendingCap_AQueuedCheckDecidesAsCheckPending(t *testing.T) {
 		}
 	}
 }
+
+func bypassCap(p *EnqueueParams) { p.BypassPendingCap = true }
+
+// finishOwed enqueues n items of org-1 past the cap (owed work) and runs
+// each to completion: the bound rises by n, the org's unfinished work
+// does not.
+func (h *harness) finishOwed(n int) {
+	h.t.Helper()
+	for range n {
+		id := h.enqueue(bypassCap)
+		h.runMain()
+		h.complete(id, "success", 1)
+		h.runMain()
+	}
+}
+
+// A count that refused a batch because the batch alone would not fit —
+// the org had room for fewer — holds off only what would not fit that
+// room: the org's next single enqueue, within the second, is counted and
+// admitted. (It was refused, "has reached its cap", for a second after,
+// though the org was far below it.)
+func TestPendingCap_ABatchRefusedForItsOwnSizeDoesNotHoldOffTheOrgsNextSmallEnqueue(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name            string
+		finished, owed  int // the org's items run to completion, then left pending
+		batch           int
+		refusal         string
+		nextFillsTheOrg bool
+	}{
+		{name: "a batch larger than the cap, the org's work all finished", finished: 3, batch: 4,
+			refusal: "org org-1 has 0 unfinished work items in pool default; 4 more would pass its cap of 3"},
+		{name: "a batch that does not fit beside the org's work", finished: 1, owed: 2, batch: 2,
+			refusal: "org org-1 has 2 unfinished work items in pool default; 2 more would pass its cap of 3", nextFillsTheOrg: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxPending(3))
+			h.finishOwed(tt.finished)
+			for range tt.owed {
+				h.enqueue(bypassCap)
+			}
+			require.EqualValues(t, 3, h.pendingBound("org-1"), "the bound is at the cap")
+			item := EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "test_handle"}
+			batch := make([]EnqueueParams, tt.batch)
+			for i := range batch {
+				batch[i] = item
+			}
+
+			_, err := h.m.EnqueueMany(h.ctx, batch)
+			require.ErrorIs(t, err, ErrTooManyPending)
+			require.EqualError(t, err, tt.refusal+": "+ErrTooManyPending.Error())
+			_, err = h.m.EnqueueMany(h.ctx, batch)
+			require.EqualError(t, err, tt.refusal+": "+ErrTooManyPending.Error(), "the same batch again, held off")
+
+			require.NoError(t, h.m.CheckPending(h.ctx, h.db, "org-1", "default"), "a wake-up check is not held off")
+			require.NoError(t, h.tryEnqueue(), "nor an enqueue of one, the clock standing still")
+			if tt.nextFillsTheOrg {
+				err := h.tryEnqueue()
+				require.ErrorIs(t, err, ErrTooManyPending)
+				require.ErrorContains(t, err, "org org-1 has reached its cap of 3 unfinished work items in pool default")
+			}
+		})
+	}
+}
