@@ -40,7 +40,10 @@ const (
 // so an enqueue that finds the bound past the cap counts again before it
 // refuses — however recent the stored count: the enqueues since may all
 // have finished. Only a count that refused holds the next one off, and
-// only for enqueues that would not have fit beside what it found.
+// only for enqueues that would not have fit beside what it found. Every
+// count that sets the bound moves counted_at forward (sqlSetPending), so
+// a reader can tell whether the bound was counted again since it last
+// read it: between counts, the bound grows by exactly what was enqueued.
 
 // refusalLog remembers, per (pool, org), this replica's last count that
 // refused an enqueue or a check: when, and how much unfinished work it
@@ -87,6 +90,80 @@ func (r *refusalLog) refused(pool, org string, found int64, now time.Time) {
 		}
 	}
 	r.last[[2]string{pool, org}] = refusal{at: now, found: found}
+}
+
+// admitLog remembers, per (pool, org), this replica's last check
+// (PendingCheck.Decide) whose count admitted, so that the next checks need
+// not count while what was enqueued since still fits the room it found.
+// The check stores no count in the table (without the row's lock it could
+// miss an enqueue in flight), and the enqueues that follow admitted
+// checks bypass the cap and store none either: without this log, every
+// check would count while the bound stays past the cap — up to
+// pendingRefreshAfter, until the leader counts.
+type admitLog struct {
+	mu   sync.Mutex
+	last map[[2]string]admission
+}
+
+// admission is a check's count that admitted, taken at at: it found found
+// items unfinished, after the check read the stored bound (bound, counted
+// at countedAt).
+type admission struct {
+	at        time.Time
+	found     int64
+	bound     int64
+	countedAt time.Time
+}
+
+// admitLogSize bounds the log: past it, entries older than
+// pendingRefreshAfter go first, then any.
+const admitLogSize = 10_000
+
+// admits reports whether one more item of (pool, org) fits under limit
+// given the stored bound just read (bound, counted at countedAt), without
+// a count: the last admitting count found e.found items, and the bound
+// has grown by bound−e.bound since — which counts every item enqueued since
+// (bypassing ones too), as long as no count set the bound meanwhile
+// (counted_at unchanged; a count that lowers it could be followed by
+// enqueues that take it back past e.bound). So found+(bound−e.bound)
+// bounds the org's unfinished work from above.
+func (a *admitLog) admits(pool, org string, bound int64, countedAt time.Time, limit int64, now time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e, ok := a.last[[2]string{pool, org}]
+	return ok && now.Sub(e.at) < pendingRefreshAfter && e.countedAt.Equal(countedAt) &&
+		bound >= e.bound && e.found+(bound-e.bound)+1 <= limit
+}
+
+// admitted records a check's count that admitted.
+func (a *admitLog) admitted(pool, org string, e admission) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.last == nil {
+		a.last = map[[2]string]admission{}
+	}
+	k := [2]string{pool, org}
+	if _, ok := a.last[k]; !ok && len(a.last) >= admitLogSize {
+		for k, old := range a.last {
+			if e.at.Sub(old.at) >= pendingRefreshAfter {
+				delete(a.last, k)
+			}
+		}
+		for k := range a.last { // still full: any one goes
+			if len(a.last) < admitLogSize {
+				break
+			}
+			delete(a.last, k)
+		}
+	}
+	a.last[k] = e
+}
+
+// forget drops (pool, org)'s admission: a count found it full.
+func (a *admitLog) forget(pool, org string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.last, [2]string{pool, org})
 }
 
 // pendingGroups are a batch's fresh items per (pool, org), sorted, so that
@@ -247,6 +324,7 @@ type PendingCheck struct {
 	org, pool string
 	found     bool // the pair has a count
 	pending   int64
+	countedAt time.Time
 }
 
 // QueuePendingCheck queues in b the read of orgID's pending count in pool;
@@ -268,7 +346,7 @@ func (c *PendingCheck) Read(br pgx.BatchResults) error {
 }
 
 func (c *PendingCheck) scan(row pgx.Row) error {
-	err := row.Scan(&c.pending)
+	err := row.Scan(&c.pending, &c.countedAt)
 	c.found = err == nil
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("reading the pending count of %s in %s: %w", c.org, c.pool, err)
@@ -277,12 +355,15 @@ func (c *PendingCheck) scan(row pgx.Row) error {
 }
 
 // Decide reports ErrTooManyPending when one more item would take the org
-// past its cap. A bound past the cap is counted again on q first, unless a
-// count found the org at its cap within pendingRecountAfter. (The count
-// is not stored: without the count's row lock it could miss an enqueue in
-// flight. The enqueue that follows an admitted check stores nothing either
-// — it bypasses the cap — so while the bound stays past the cap each check
-// counts, at most cap+1 index entries.)
+// past its cap. A bound past the cap is counted again on q first, unless
+// a count found the org at its cap within pendingRecountAfter (refused
+// without a count), or this replica's last check that counted and
+// admitted shows room for what was enqueued since (admitted without a
+// count: admitLog). The count is not stored in the table: without the
+// count's row lock it could miss an enqueue in flight. The enqueue that
+// follows an admitted check stores nothing either — it bypasses the cap —
+// so while the bound stays past the cap the checks count again each time
+// the enqueues since the last count use up the room it found.
 func (c *PendingCheck) Decide(ctx context.Context, q Querier) error {
 	if c == nil || !c.found {
 		return nil
@@ -296,13 +377,18 @@ func (c *PendingCheck) Decide(ctx context.Context, q Querier) error {
 	if found, held := m.refusals.heldOff(c.pool, c.org, 1, limit, now); held {
 		return m.refuse(c.pool, c.org, found, 1)
 	}
+	if m.admits.admits(c.pool, c.org, c.pending, c.countedAt, limit, now) {
+		return nil
+	}
 	found, err := m.countPending(ctx, q, c.pool, c.org)
 	if err != nil {
 		return err
 	}
 	if found+1 <= limit {
+		m.admits.admitted(c.pool, c.org, admission{at: now, found: found, bound: c.pending, countedAt: c.countedAt})
 		return nil
 	}
+	m.admits.forget(c.pool, c.org)
 	m.refusals.refused(c.pool, c.org, found, now)
 	return m.refuse(c.pool, c.org, found, 1)
 }

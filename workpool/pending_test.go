@@ -266,6 +266,12 @@ func TestPendingCap_AReplayTakesNoRoomUnderTheCap(t *testing.T) {
 // in a batch beside a statement of its own, the decision after.
 func (h *harness) queuedCheck(org string) error {
 	h.t.Helper()
+	return h.queuedCheckOn(h.db, org)
+}
+
+// queuedCheckOn is queuedCheck deciding on q.
+func (h *harness) queuedCheckOn(q Querier, org string) error {
+	h.t.Helper()
 	b := &pgx.Batch{}
 	b.Queue(`SELECT 1`)
 	c := h.m.QueuePendingCheck(b, org, "default")
@@ -274,7 +280,7 @@ func (h *harness) queuedCheck(org string) error {
 	require.NoError(h.t, err)
 	require.NoError(h.t, c.Read(br))
 	require.NoError(h.t, br.Close())
-	return c.Decide(h.ctx, h.db)
+	return c.Decide(h.ctx, q)
 }
 
 func TestPendingCap_AQueuedCheckDecidesAsCheckPending(t *testing.T) {
@@ -336,6 +342,20 @@ func (h *harness) finishOwed(n int) {
 	}
 }
 
+// pendingCounter is the test's database, counting the pending counts
+// (sqlCountPending) taken on it.
+type pendingCounter struct {
+	Querier
+	counts int
+}
+
+func (q *pendingCounter) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if sql == sqlCountPending {
+		q.counts++
+	}
+	return q.Querier.QueryRow(ctx, sql, args...)
+}
+
 // A count that refused a batch because the batch alone would not fit —
 // the org had room for fewer — holds off only what would not fit that
 // room: the org's next single enqueue, within the second, is counted and
@@ -383,6 +403,95 @@ func TestPendingCap_ABatchRefusedForItsOwnSizeDoesNotHoldOffTheOrgsNextSmallEnqu
 				require.ErrorIs(t, err, ErrTooManyPending)
 				require.ErrorContains(t, err, "org org-1 has reached its cap of 3 unfinished work items in pool default")
 			}
+		})
+	}
+}
+
+// A wake-up check whose count admitted lets the next checks admit without
+// a count while what was enqueued since (the bound's growth: the owed
+// enqueues that follow admitted checks) fits the room that count found;
+// the check that would not fit counts again. (Each check counted, up to
+// cap+1 index entries, while the bound stayed past the cap — up to a
+// minute, until the leader's count.)
+func TestPendingCap_ACheckCountsAgainOnlyOnceTheEnqueuesSinceItsLastCountUseUpTheRoomItFound(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"CheckPending", "queued"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxPending(5))
+			h.finishOwed(4)
+			h.enqueue(bypassCap)
+			h.enqueue(bypassCap) // the bound 6, past the cap; 2 unfinished
+			q := &pendingCounter{Querier: h.db}
+			check := func() error {
+				if how == "queued" {
+					return h.queuedCheckOn(q, "org-1")
+				}
+				return h.m.CheckPending(h.ctx, q, "org-1", "default")
+			}
+
+			require.NoError(t, check())
+			require.EqualValues(t, 1, q.counts, "the bound past the cap: counted, room for 3")
+			for i := range 2 { // owed enqueues after admitted checks, as the gate does
+				h.enqueue(bypassCap)
+				require.NoError(t, check(), "check %d", i+2)
+				require.EqualValues(t, 1, q.counts, "check %d: %d enqueued since the count, room for %d", i+2, i+1, 3-(i+1))
+			}
+			h.enqueue(bypassCap) // 5 unfinished: at the cap
+
+			require.ErrorIs(t, check(), ErrTooManyPending)
+			require.EqualValues(t, 2, q.counts, "3 enqueued since the count: counted again")
+			require.ErrorIs(t, check(), ErrTooManyPending)
+			require.EqualValues(t, 2, q.counts, "held off: refused without a count within the second")
+		})
+	}
+}
+
+// What a check's count found is compared with the bound's growth only
+// while nobody counted the bound again: a count lowers it (to the org's
+// unfinished work), and the enqueues after take it up again, past the cap
+// with fewer items than the growth since the check's count suggests.
+func TestPendingCap_ACheckIsNotFooledByABoundCountedAgainSinceItsLastCount(t *testing.T) {
+	t.Parallel()
+	refresh := func(h *harness) {
+		h.clock.Advance(11 * time.Second)
+		require.NoError(h.t, h.l.refreshPending(h.ctx))
+	}
+	tests := []struct {
+		name     string
+		finished int           // before the check's count; 2 more stay pending
+		early    time.Duration // the clock's advance before the check's count
+		recount  func(h *harness)
+		owed     int // enqueued after the recount
+	}{
+		{name: "the leader's count, and enqueues since past the bound the check read",
+			finished: 4, early: pendingRefreshAfter - 10*time.Second, recount: refresh, owed: 5},
+		{name: "the leader's count, and enqueues since back past the cap but below the bound the check read",
+			finished: 6, early: pendingRefreshAfter - 10*time.Second, recount: refresh, owed: 4},
+		{name: "an enqueue's count at the same instant as the bound's last", finished: 4, recount: func(h *harness) {
+			require.NoError(h.t, h.tryEnqueue(), "counted: 2 unfinished")
+		}, owed: 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxPending(5))
+			h.finishOwed(tt.finished)
+			h.enqueue(bypassCap)
+			h.enqueue(bypassCap)
+			h.clock.Advance(tt.early)
+			q := &pendingCounter{Querier: h.db}
+			require.NoError(t, h.m.CheckPending(h.ctx, q, "org-1", "default"))
+			require.EqualValues(t, 1, q.counts, "counted: 2 unfinished")
+
+			tt.recount(h)
+			for range tt.owed {
+				h.enqueue(bypassCap)
+			}
+			require.Greater(t, h.pendingBound("org-1"), int64(5), "past the cap again")
+
+			require.ErrorIs(t, h.m.CheckPending(h.ctx, q, "org-1", "default"), ErrTooManyPending)
+			require.EqualValues(t, 2, q.counts, "counted again")
 		})
 	}
 }

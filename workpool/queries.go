@@ -1046,10 +1046,16 @@ SELECT least(
   + (SELECT count(*) FROM (SELECT 1 FROM workpool_work WHERE pool = $1 AND org_id = $2 AND state = 'running' LIMIT $3) c),
   $3)`
 
+// sqlSetPending stores a count: the bound and when it was counted. Each
+// count moves counted_at forward, even on a replica whose clock is behind
+// or stands still (a test's), so that a check can tell that the bound
+// was counted since it last read it (PendingCheck.Decide's admitLog): a
+// count may lower the bound, and the enqueues after it take it back up.
 const sqlSetPending = `
-UPDATE workpool_org_pending SET pending = $3, counted_at = $4 WHERE pool = $1 AND org_id = $2`
+UPDATE workpool_org_pending SET pending = $3, counted_at = greatest($4, counted_at + interval '1 microsecond')
+WHERE pool = $1 AND org_id = $2`
 
-const sqlReadPending = `SELECT pending FROM workpool_org_pending WHERE pool = $1 AND org_id = $2`
+const sqlReadPending = `SELECT pending, counted_at FROM workpool_org_pending WHERE pool = $1 AND org_id = $2`
 
 const sqlLockPending = `SELECT 1 FROM workpool_org_pending WHERE pool = $1 AND org_id = $2 FOR UPDATE`
 

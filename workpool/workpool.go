@@ -68,6 +68,7 @@ type Manager struct {
 	peers   map[string]time.Time // other replicas' executors, by origin, last heard
 
 	refusals   refusalLog // orgs this replica counted over their pending caps
+	admits     admitLog   // the room this replica's pending checks last counted
 	knownPools knownPools // pools found to exist, for Check
 
 	reportsMu sync.Mutex
