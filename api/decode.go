@@ -94,6 +94,11 @@ func decodeJSON(body []byte, dst any) error {
 	if !restIsSpace(dec, body) {
 		return invalidJSON("the body holds more than one JSON value")
 	}
+	// (json.Decoder takes null for any type, leaving dst as it was: a body
+	// of null would read as {} — for a PATCH, as "no field given")
+	if string(bytes.TrimSpace(body)) == "null" {
+		return Invalid("body", "must be a JSON object")
+	}
 	if field, detail, found := unstorableJSON(body); found {
 		return Invalid(field, detail)
 	}

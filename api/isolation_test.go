@@ -146,9 +146,9 @@ func isoRows() []isoRow {
 		{route: "GET /v1/whoami", crossOrg: crossOrgNone, why: "the principal is the caller's own", bound: boundAsOwner, owner: "a1", ownerStatus: 200},
 
 		// Pools are shared; each org sees its own counts in them.
-		{route: "GET /v1/pools", roles: admin, crossOrg: crossOrgAsEmptyOrg, volatile: []string{"run_status"}, bound: boundForbidden,
+		{route: "GET /v1/pools", roles: admin, crossOrg: crossOrgAsEmptyOrg, bound: boundForbidden,
 			owner: "adminA", ownerStatus: 200},
-		{route: "GET /v1/pools/{pool}", roles: admin, crossOrg: crossOrgAsEmptyOrg, volatile: []string{"run_status"}, bound: boundForbidden,
+		{route: "GET /v1/pools/{pool}", roles: admin, crossOrg: crossOrgAsEmptyOrg, bound: boundForbidden,
 			owner: "adminA", ownerStatus: 200},
 		{route: "PATCH /v1/pools/{pool}", roles: operator, body: func(string) any { return map[string]any{"max_parallelism": 25} },
 			crossOrg: crossOrgNone, why: "operator settings span orgs by design (SPEC §2)", bound: boundForbidden, boundToken: "opsBound",

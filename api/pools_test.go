@@ -25,13 +25,17 @@ type poolsFixture struct {
 	s        *Server
 	h        http.Handler
 	operator string
-	admin    string
+	// operatorAdmin may also read the pool (GET needs admin), which it sees
+	// with the loop's run status.
+	operatorAdmin string
+	admin         string
 }
 
 func newPoolsFixture(t *testing.T, mutate ...func(*Config, *Services)) *poolsFixture {
 	t.Helper()
 	s := newTestServer(t, append([]func(*Config, *Services){withWorkpool(t)}, mutate...)...)
-	return &poolsFixture{t: t, s: s, h: s.Handler(), operator: token(t, "ops-org", "operator"), admin: token(t, "org-a", "admin")}
+	return &poolsFixture{t: t, s: s, h: s.Handler(), operator: token(t, "ops-org", "operator"),
+		operatorAdmin: token(t, "ops-org", "operator", "admin"), admin: token(t, "org-a", "admin")}
 }
 
 // gate registers a handler that runs until release is called (or its
@@ -94,15 +98,19 @@ func (f *poolsFixture) pool(tok string) map[string]any {
 	return r.JSON(f.t)
 }
 
-// waitRunStatus polls the pool until its published run status matches.
+// waitRunStatus polls the pool until its loop published the run status
+// (an operator's view), then returns the pool as the admin's org sees it,
+// whose own run status — the fixture's work is all its org's — is the same.
 func (f *poolsFixture) waitRunStatus(kind string, saturated bool) map[string]any {
 	f.t.Helper()
-	var p map[string]any
-	require.Eventually(f.t, func() bool {
-		p = f.pool(f.admin)
+	matches := func(p map[string]any) bool {
 		rs := p["run_status"].(map[string]any)
 		return rs["kind"] == kind && rs["saturated"] == saturated
-	}, testWait, pollEvery, "the pool never published %s (saturated %v)", kind, saturated)
+	}
+	require.Eventually(f.t, func() bool { return matches(f.pool(f.operatorAdmin)) },
+		testWait, pollEvery, "the pool never published %s (saturated %v)", kind, saturated)
+	p := f.pool(f.admin)
+	require.True(f.t, matches(p), "the org's own run status: %v", p["run_status"])
 	return p
 }
 
@@ -294,6 +302,7 @@ func TestPoolPatchWithABadWeightNamesItAndWritesNothing(t *testing.T) {
 		{map[string]any{"max_parallelism": 9, "org_weights": map[string]any{"org-7": "3"}}, "org_weights.org-7"},
 		{map[string]any{"max_parallelism": 9, "org_weights": map[string]any{"org-7": 2.5}}, "org_weights.org-7"},
 		{map[string]any{"max_parallelism_per_org": 3, "org_weights": map[string]any{"": 2}}, "org_weights."},
+		{map[string]any{"max_parallelism_per_org": 3, "org_weights": map[string]any{"   ": 2}}, "org_weights.   "},
 		{map[string]any{"max_parallelism": 9, "org_weights": []any{1}}, "org_weights"},
 		{map[string]any{"org_weights": map[string]any{"org-6": 4}, "max_parallelism_per_org": 0}, "max_parallelism_per_org"},
 		{map[string]any{"org_weights": nil, "max_parallelism": 0}, "max_parallelism"},
@@ -310,6 +319,10 @@ func TestPoolPatchWithABadWeightNamesItAndWritesNothing(t *testing.T) {
 			require.Equal(t, before[k], after[k], "%v wrote %s", tc.body, k)
 		}
 	}
+	// A body of null is no object (it read as one without a field).
+	p := do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator, " null ", "Content-Type", "application/json").
+		requireProblem(t, http.StatusBadRequest, "body")
+	require.Equal(t, "invalid body: must be a JSON object", p["detail"])
 }
 
 func TestPoolPatchSetsRemovesAndClearsOrgWeights(t *testing.T) {
@@ -495,4 +508,37 @@ func TestPoolPause_AnOversizeBodyToAnOperationWithoutOneIsNotRefused(t *testing.
 	again := cancel([]byte(`{"other": true}`))
 	require.Equal(t, first.Status, again.Status, string(again.Body))
 	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+}
+
+// A pool's run status shows a caller no other org's work: the loop's comes
+// of every org's (another org's timed wake-up to the millisecond, or its
+// work filling the pool), so an admin sees what the loop would publish
+// were its org's work all there is; an operator, whose settings span
+// orgs, sees the loop's.
+func TestAPoolsRunStatusShowsACallerNoOtherOrgsWork(t *testing.T) {
+	f := newPoolsFixture(t)
+	release, _ := f.gate()
+	r := do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator, map[string]any{"max_parallelism": 1})
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	other := token(t, "org-b", "admin")
+	runStatus := func(tok string) map[string]any { return f.pool(tok)["run_status"].(map[string]any) }
+	idle := map[string]any{"kind": "idle"}
+
+	later := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
+	f.enqueue(f.admin, map[string]any{"handler": "echo", "run_at": later.Format(time.RFC3339Nano)})
+	require.Equal(t, map[string]any{"kind": "scheduled", "saturated": false, "at": later.Format(time.RFC3339Nano)}, runStatus(f.admin))
+	require.Equal(t, idle, runStatus(other), "another org's timed work shows")
+
+	running := f.enqueue(f.admin, map[string]any{"handler": "gate"})
+	f.waitState(f.admin, running, "running")
+	f.enqueue(f.admin, map[string]any{"handler": "gate"})
+	require.Equal(t, map[string]any{"kind": "scheduled", "saturated": true, "at": later.Format(time.RFC3339Nano)}, runStatus(f.admin))
+	require.Equal(t, idle, runStatus(other), "another org's work filling the pool shows")
+	f.waitRunStatus("scheduled", true) // the loop's, to the operator
+
+	b := f.enqueue(other, map[string]any{"handler": "echo"})
+	require.Equal(t, map[string]any{"kind": "running"}, runStatus(other), "its own ready work, as if alone in the pool")
+	release()
+	require.Equal(t, "succeeded", waitWork(t, f.s, other, b)["outcome"])
+	require.Equal(t, idle, runStatus(other))
 }

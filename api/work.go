@@ -181,18 +181,27 @@ type poolJSON struct {
 	OrgWeights *map[string]int `json:"org_weights,omitempty"`
 }
 
-func poolOut(p workpool.PoolInfo) poolJSON {
+// poolOut is the pool as the caller sees it. Its run_status is the pool
+// loop's for an operator (whose settings span orgs); for any other caller
+// it is the one the caller's org's work alone would give, for the loop's
+// comes of every org's work — another org's timed wake-ups, or its work
+// filling the pool, would show through it.
+func poolOut(c echo.Context, p workpool.PoolInfo) poolJSON {
+	st := p.RunStatus
+	if PrincipalFrom(c).HasRole(RoleOperator) {
+		st = p.LoopStatus
+	}
 	out := poolJSON{
 		Name: p.Name, MaxParallelism: p.MaxParallelism, MaxParallelismPerOrg: p.MaxParallelismPerOrg, Paused: p.Paused,
-		RunStatus: runStatusJSON{Kind: p.RunStatus.Kind}, Running: p.Running, Pending: p.Pending,
+		RunStatus: runStatusJSON{Kind: st.Kind}, Running: p.Running, Pending: p.Pending,
 		BlockedByKey: p.BlockedByKey, BlockedByOrgCap: p.BlockedByOrgCap,
 		OldestPendingAgeS: p.OldestPendingAge.Seconds(), Weight: p.Weight, Report: p.Report,
 	}
-	if p.RunStatus.Kind == "scheduled" {
-		sat := p.RunStatus.Saturated
+	if st.Kind == "scheduled" {
+		sat := st.Saturated
 		out.RunStatus.Saturated = &sat
-		if p.RunStatus.At != nil {
-			at := p.RunStatus.At.UTC()
+		if st.At != nil {
+			at := st.At.UTC()
 			out.RunStatus.At = &at
 		}
 	}
@@ -206,7 +215,7 @@ func (s *Server) listPools(c echo.Context) error {
 	}
 	items := make([]poolJSON, 0, len(infos))
 	for _, p := range infos {
-		items = append(items, poolOut(p))
+		items = append(items, poolOut(c, p))
 	}
 	return c.JSON(http.StatusOK, map[string]any{"items": items, "next_cursor": nil})
 }
@@ -216,7 +225,7 @@ func (s *Server) getPool(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, poolOut(info))
+	return c.JSON(http.StatusOK, poolOut(c, info))
 }
 
 type poolPatch struct {
@@ -265,7 +274,7 @@ func (s *Server) operatorPool(c echo.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	out := poolOut(info)
+	out := poolOut(c, info)
 	weights, err := s.svc.Workpool.OrgWeights(ctx, name)
 	if err != nil {
 		return err

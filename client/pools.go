@@ -37,7 +37,10 @@ type Pool struct {
 	Report     PoolReport     `json:"report"`
 }
 
-// RunStatus is the state of a pool's main loop.
+// RunStatus is the state of a pool's main loop: for an operator, as the
+// loop publishes it; for any other caller, as the loop would publish it
+// were the caller's org's work all the pool holds (another org's work is
+// absent data).
 type RunStatus struct {
 	// Kind is running, scheduled or idle.
 	Kind      string     `json:"kind"`

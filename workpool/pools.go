@@ -77,11 +77,11 @@ func (m *Manager) poolInfos(ctx context.Context, orgID string, names []string) (
 			p                      PoolInfo
 			perOrg                 *int32
 			maxPar, weight         int32
-			oldest                 *time.Time
+			oldest, nextAt         *time.Time
 			readyPlain, keyedReady int64
 		)
-		err := rows.Scan(&p.Name, &maxPar, &perOrg, &p.Paused, &p.RunStatus.Kind, &p.RunStatus.Saturated, &p.RunStatus.At,
-			&p.Running, &p.Pending, &oldest, &readyPlain, &keyedReady, &p.BlockedByKey, &weight,
+		err := rows.Scan(&p.Name, &maxPar, &perOrg, &p.Paused, &p.LoopStatus.Kind, &p.LoopStatus.Saturated, &p.LoopStatus.At,
+			&p.Running, &p.Pending, &oldest, &readyPlain, &keyedReady, &p.BlockedByKey, &nextAt, &weight,
 			&p.Report.Succeeded, &p.Report.Failed, &p.Report.Canceled, &p.Report.Retries)
 		if err != nil {
 			return nil, fmt.Errorf("reading pools: %w", err)
@@ -98,15 +98,40 @@ func (m *Manager) poolInfos(ctx context.Context, orgID string, names []string) (
 			p.OldestPendingAge = now.Sub(*oldest)
 		}
 		p.Report.Completed = p.Report.Succeeded + p.Report.Failed + p.Report.Canceled
-		if p.RunStatus.Kind != "scheduled" {
-			p.RunStatus.At = nil
+		if p.LoopStatus.Kind != "scheduled" {
+			p.LoopStatus.At = nil
 		}
+		p.RunStatus = orgRunStatus(p, readyPlain+keyedReady-p.BlockedByOrgCap, nextAt)
 		out = append(out, p)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("reading pools: %w", err)
 	}
 	return out, nil
+}
+
+// orgRunStatus is the run status the pool's loop would publish were the
+// org's work (startable of it ready to start now, its next future run_at
+// nextAt) all there is: what the loop publishes comes of every org's work,
+// and another org's is absent data — its timed wake-ups, or its running
+// work filling the pool, are not for this org to see. Without the loop's
+// short cooldown.
+func orgRunStatus(p PoolInfo, startable int64, nextAt *time.Time) RunStatus {
+	limit := int64(p.MaxParallelism)
+	if p.MaxParallelismPerOrg != nil {
+		limit = min(limit, int64(*p.MaxParallelismPerOrg))
+	}
+	switch {
+	case p.Paused && p.Running+p.Pending > 0:
+		return RunStatus{Kind: "scheduled", At: nextAt}
+	case p.Paused:
+		return RunStatus{Kind: "idle"}
+	case startable > 0 && p.Running < limit:
+		return RunStatus{Kind: "running"}
+	case p.Running+p.Pending > 0:
+		return RunStatus{Kind: "scheduled", Saturated: p.Running >= limit, At: nextAt}
+	}
+	return RunStatus{Kind: "idle"}
 }
 
 // MaxOrgWeight bounds an org's fair-share weight.
@@ -211,8 +236,8 @@ func checkOrgWeights(inv *apperr.InvalidError, ws map[string]*int) orgWeights {
 	for _, org := range orgs {
 		field, w := "org_weights."+org, ws[org]
 		switch {
-		case org == "" || len(org) > maxOrgIDBytes || !utf8.ValidString(org) || strings.ContainsRune(org, 0):
-			inv.Add(field, fmt.Sprintf("names no org: an org id is 1 to %d bytes of UTF-8 without NUL", maxOrgIDBytes))
+		case strings.TrimSpace(org) == "" || len(org) > maxOrgIDBytes || !utf8.ValidString(org) || strings.ContainsRune(org, 0):
+			inv.Add(field, fmt.Sprintf("names no org: an org id is 1 to %d bytes of UTF-8 without NUL, not blank", maxOrgIDBytes))
 		case w == nil || *w == 1:
 			out.unset = append(out.unset, org)
 		case *w < 1 || *w > MaxOrgWeight:

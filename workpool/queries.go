@@ -28,7 +28,8 @@ const sqlListPoolNames = `SELECT name FROM workpool_pools ORDER BY name`
 // items beyond the key's room (its limit — the earliest ready item's, as
 // sqlStartFair takes it — less its running items) are blocked by the key;
 // the rest of the keyed ready items, with the plain ready ones, are what
-// the org's cap has to make room for (counted in Go: poolInfos).
+// the org's cap has to make room for (counted in Go: poolInfos). It also
+// reads the org's next future run_at (its own run status: poolInfos).
 const sqlPoolInfo = `
 SELECT p.name, p.max_parallelism, p.max_parallelism_per_org, p.paused, p.run_kind, p.run_saturated, p.run_at,
   (SELECT count(*) FROM workpool_work w WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'running'),
@@ -40,6 +41,11 @@ SELECT p.name, p.max_parallelism, p.max_parallelism_per_org, p.paused, p.run_kin
   (SELECT count(*) FROM workpool_work w
    WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $3),
   k.startable, k.blocked,
+  least(
+    (SELECT min(run_at) FROM workpool_work w
+     WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at > $3),
+    (SELECT min(run_at) FROM workpool_work w
+     WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL AND w.run_at > $3)),
   coalesce((SELECT weight FROM workpool_org_weights wt WHERE wt.pool = p.name AND wt.org_id = $2), 1),
   r.succeeded, r.failed, r.canceled, r.retries
 FROM workpool_pools p

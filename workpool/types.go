@@ -222,8 +222,11 @@ type PoolInfo struct {
 	MaxParallelism       int
 	MaxParallelismPerOrg *int
 	// Paused: the pool accepts work but starts none (Manager.Pause).
-	Paused    bool
-	RunStatus RunStatus
+	Paused bool
+	// RunStatus is the status the pool's loop would publish were the org's
+	// work all the pool holds (another org's is absent data); LoopStatus
+	// is what the loop publishes, of every org's work, for operators.
+	RunStatus, LoopStatus RunStatus
 	// Running counts the org's running attempts; Pending its items waiting
 	// to start, ready or not.
 	Running, Pending int64
