@@ -336,6 +336,28 @@ func TestARetriedRequestWithItsKeyReturnsTheSameApproval(t *testing.T) {
 	require.Equal(t, 1, count(t, db, `SELECT count(*) FROM approval_sessions`), "a reused key binds no session")
 }
 
+func TestARetriedRequestMustAskForTheSameWait(t *testing.T) {
+	s, _ := newTestService(t)
+	hour := time.Hour
+	first := request(t, s, "shell", `{}`, func(p *RequestParams) { p.IdempotencyKey = "k1"; p.ExpiresIn = &hour })
+	again := request(t, s, "shell", `{}`, func(p *RequestParams) { p.IdempotencyKey = "k1"; p.ExpiresIn = &hour })
+	require.Equal(t, first.Approval.ID, again.Approval.ID)
+	again = request(t, s, "shell", `{}`, func(p *RequestParams) { p.IdempotencyKey = "k1" })
+	require.Equal(t, first.Approval.ID, again.Approval.ID, "a retry that asks for no particular wait replays")
+
+	minute := time.Minute
+	_, err := s.Request(context.Background(), RequestParams{OrgID: org, SessionID: sess, AgentID: agent, ToolName: "shell",
+		Input: json.RawMessage(`{}`), IdempotencyKey: "k1", ExpiresIn: &minute})
+	require.ErrorIs(t, err, ErrIdempotencyKeyReused)
+
+	// a first call without expires_in_s waited the configured TTL: a retry
+	// naming that wait is the same call
+	ttl := s.cfg.TTL
+	first = request(t, s, "shell", `{}`, func(p *RequestParams) { p.IdempotencyKey = "k2" })
+	again = request(t, s, "shell", `{}`, func(p *RequestParams) { p.IdempotencyKey = "k2"; p.ExpiresIn = &ttl })
+	require.Equal(t, first.Approval.ID, again.Approval.ID)
+}
+
 func TestBadInputNamesTheFieldAndWritesNothing(t *testing.T) {
 	s, db := newTestService(t)
 	big := `{"x":"` + string(make([]byte, 0)) + fmt.Sprintf("%0*d", MaxInput, 0) + `"}`

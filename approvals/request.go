@@ -133,7 +133,10 @@ var errReplay = errors.New("approvals: idempotency key replay")
 // approval, as it stands now.
 func (s *Service) replay(ctx context.Context, p RequestParams, input json.RawMessage, a ToolApproval) (RequestResult, error) {
 	if a.SessionID != p.SessionID || a.AgentID != p.AgentID || a.ToolName != p.ToolName || a.WorkflowID != p.WorkflowID ||
-		a.RunID != p.RunID || a.Signal != p.Signal || !sameJSON(a.Input, input) {
+		a.RunID != p.RunID || a.Signal != p.Signal || !sameJSON(a.Input, input) ||
+		// (a retry without expires_in_s asks for no particular wait: the
+		// configured TTL may have changed since the first call)
+		(p.ExpiresIn != nil && a.ExpiresAt.Sub(a.CreatedAt) != *p.ExpiresIn) {
 		return RequestResult{}, ErrIdempotencyKeyReused
 	}
 	res := RequestResult{Decision: a.Decision(), Source: a.Source, Approval: a}

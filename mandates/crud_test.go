@@ -84,6 +84,33 @@ func TestPatchChangesOnlyTheGivenFields(t *testing.T) {
 	require.True(t, p.UpdatedAt.After(m.UpdatedAt) || p.UpdatedAt.Equal(m.UpdatedAt))
 }
 
+func TestAPatchThatChangesNothingKeepsUpdatedAt(t *testing.T) {
+	s, _ := newTestService(t)
+	ctx := context.Background()
+	until := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	m, err := s.Create(ctx, "org-a", CreateParams{AgentID: "agent-1", Scope: "llm", Budget: 7, ValidUntil: &until})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		p    PatchParams
+	}{
+		{"an empty patch", PatchParams{}},
+		{"the same budget", PatchParams{Budget: ptr[int64](7)}},
+		{"the same status", PatchParams{Status: ptr(StatusActive)}},
+		{"the same valid_until", PatchParams{SetValidUntil: true, ValidUntil: &until}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := s.Patch(ctx, "org-a", AnyAgent, m.ID, tc.p)
+			require.NoError(t, err)
+			require.Equal(t, m, p)
+		})
+	}
+	time.Sleep(time.Millisecond) // (now() must move past the creation's)
+	p, err := s.Patch(ctx, "org-a", AnyAgent, m.ID, PatchParams{Budget: ptr[int64](8)})
+	require.NoError(t, err)
+	require.True(t, p.UpdatedAt.After(m.UpdatedAt), "a change moves updated_at: %v → %v", m.UpdatedAt, p.UpdatedAt)
+}
+
 func TestAnotherOrgsMandateIsNotFound(t *testing.T) {
 	s, _ := newTestService(t)
 	ctx := context.Background()

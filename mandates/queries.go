@@ -62,9 +62,10 @@ SELECT EXISTS (SELECT 1 FROM proceed),
        (SELECT id FROM request), (SELECT why FROM refusal), (SELECT remaining FROM refusal)`
 
 // qSpendAnswer reads the first answer to an agent's key from whichever
-// outcome row its decision wrote. $1 org, $2 key, $3 agent.
+// outcome row its decision wrote, with the first spend's reason, which that
+// row keeps. $1 org, $2 key, $3 agent.
 const qSpendAnswer = `
-SELECT s.agent_id, s.scope, s.cost, l.mandate_id, l.remaining, a.id, a.refusal, a.remaining
+SELECT s.agent_id, s.scope, s.cost, COALESCE(l.reason, a.reason), l.mandate_id, l.remaining, a.id, a.refusal, a.remaining
   FROM mandate_spends s
   LEFT JOIN mandate_ledger l ON l.id = s.ledger_id
   LEFT JOIN mandate_approvals a ON a.id = s.approval_id
@@ -179,13 +180,18 @@ SELECT ` + mandateColumns + ` FROM mandates
    AND ($4::uuid IS NULL OR id > $4)
  ORDER BY id LIMIT $5`
 
-// qPatchMandate changes only the fields given. $1 org, $2 id, $3 budget
-// (NULL keep), $4 status (NULL keep), $5 set valid_until, $6 valid_until,
-// $7 agent (empty: any).
+// qPatchMandate changes only the fields given, and moves updated_at only
+// when one of them changes (an empty patch, or one that sets what is
+// already there, is no change). $1 org, $2 id, $3 budget (NULL keep),
+// $4 status (NULL keep), $5 set valid_until, $6 valid_until, $7 agent
+// (empty: any).
 const qPatchMandate = `
 UPDATE mandates
    SET budget = COALESCE($3, budget), status = COALESCE($4, status),
-       valid_until = CASE WHEN $5::boolean THEN $6 ELSE valid_until END, updated_at = now()
+       valid_until = CASE WHEN $5::boolean THEN $6 ELSE valid_until END,
+       updated_at = CASE WHEN (COALESCE($3, budget), COALESCE($4, status), CASE WHEN $5::boolean THEN $6 ELSE valid_until END)
+                              IS DISTINCT FROM (budget, status, valid_until)
+                         THEN now() ELSE updated_at END
  WHERE org_id = $1 AND id = $2 AND ($7::text = '' OR agent_id = $7)
 RETURNING ` + mandateColumns
 

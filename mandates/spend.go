@@ -238,15 +238,16 @@ func readSpend(br pgx.BatchResults) (res SpendResult, decided bool, err error) {
 func (s *Service) answer(ctx context.Context, q db.Querier, p SpendParams) (SpendResult, error) {
 	var agentID, scope string
 	var cost int64
+	var reason *string
 	var mandateID, approvalID pgtype.UUID
 	var remaining, refusedRemaining *int64
 	var why *string
 	err := q.QueryRow(ctx, qSpendAnswer, p.OrgID, p.IdempotencyKey, p.AgentID).
-		Scan(&agentID, &scope, &cost, &mandateID, &remaining, &approvalID, &why, &refusedRemaining)
+		Scan(&agentID, &scope, &cost, &reason, &mandateID, &remaining, &approvalID, &why, &refusedRemaining)
 	if err != nil {
 		return SpendResult{}, fmt.Errorf("reading the first answer to the spend idempotency key: %w", err)
 	}
-	if agentID != p.AgentID || scope != p.Scope || cost != p.Cost {
+	if agentID != p.AgentID || scope != p.Scope || cost != p.Cost || deref(reason) != p.Reason {
 		return SpendResult{}, ErrIdempotencyKeyReused
 	}
 	res := SpendResult{Replayed: true}

@@ -319,12 +319,25 @@ func TestARepeatedKeyReturnsTheFirstAnswerAndDebitsOnce(t *testing.T) {
 		require.True(t, r.OK)
 		require.False(t, r.Replayed)
 	})
-	t.Run("the key with a different spend is a conflict", func(t *testing.T) {
-		_, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1, IdempotencyKey: "k1"})
-		require.ErrorIs(t, err, ErrIdempotencyKeyReused)
-		require.ErrorIs(t, err, apperr.ErrConflict)
-		require.EqualValues(t, 2, mustGet(t, s, "org-a", m).Spent)
-	})
+	// (k1 was granted, k2 refused: each keeps its reason in its own row)
+	for _, tc := range []struct {
+		name string
+		p    SpendParams
+	}{
+		{"another cost", SpendParams{Scope: "llm", Cost: 1, IdempotencyKey: "k1"}},
+		{"another scope", SpendParams{Scope: "tools", Cost: 2, IdempotencyKey: "k1"}},
+		{"another reason for a granted spend", SpendParams{Scope: "llm", Cost: 2, Reason: "other", IdempotencyKey: "k1"}},
+		{"another reason for a refused spend", SpendParams{Scope: "llm", Cost: 2, Reason: "other", IdempotencyKey: "k2"}},
+	} {
+		t.Run("the key with "+tc.name+" is a conflict", func(t *testing.T) {
+			tc.p.OrgID, tc.p.AgentID = "org-a", "agent-1"
+			_, err := s.Spend(ctx, tc.p)
+			require.ErrorIs(t, err, ErrIdempotencyKeyReused)
+			require.ErrorIs(t, err, apperr.ErrConflict)
+			require.EqualValues(t, 2, mustGet(t, s, "org-a", m).Spent)
+			require.Equal(t, 1, countApprovals(t, db, "org-a", StatePending))
+		})
+	}
 	requireLedgerMatches(t, db)
 }
 

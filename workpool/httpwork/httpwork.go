@@ -127,18 +127,42 @@ func Register(m *workpool.Manager, cfg Config) error {
 
 // CheckArgs is the check at enqueue of what the handler would refuse for
 // good whatever happens later: arguments that are not {url, method?,
-// headers?, body?}, a URL that is not absolute http(s), an invalid method,
+// headers?, body?} (an unknown key included), a URL that is not absolute
+// http(s), a method other than GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS,
 // a host or port outside the allow-list. (Addresses are checked when a
 // request connects: DNS may answer differently by then.)
 func CheckArgs(list *AllowList) workpool.ArgsCheck { return checkArgs(list, func(string) {}) }
+
+// argKeys are the keys Args has, as the check at enqueue accepts them
+// (spelt exactly so: JSON decoding alone would take "URL" for url).
+var argKeys = []string{"url", "method", "headers", "body"}
+
+const argsShape = `must be an object {"url", "method"?, "headers"?, "body"?} (url a string, headers an object of strings)`
+
+// methods are the methods a request may use (any case). CONNECT and TRACE,
+// and extension methods, are refused: no API call needs them.
+var methods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
 
 // checkArgs is CheckArgs, calling refused with the reason of each refusal
 // by the allow-list.
 func checkArgs(list *AllowList, refused func(reason string)) workpool.ArgsCheck {
 	return func(raw json.RawMessage, report func(field, detail string)) {
 		var a Args
-		if len(raw) == 0 || json.Unmarshal(raw, &a) != nil {
-			report("", `must be an object {"url", "method"?, "headers"?, "body"?} (url a string, headers an object of strings)`)
+		var keys map[string]json.RawMessage
+		if len(raw) == 0 || json.Unmarshal(raw, &a) != nil || json.Unmarshal(raw, &keys) != nil {
+			report("", argsShape)
+			return
+		}
+		// (a misspelt key would otherwise be dropped: "methd": "POST" would
+		// send a GET, after the spend of a wake-up)
+		unknown := false
+		for _, k := range slices.Sorted(maps.Keys(keys)) {
+			if !slices.Contains(argKeys, k) {
+				report(k, "unknown field: "+argsShape)
+				unknown = true
+			}
+		}
+		if unknown {
 			return
 		}
 		// (the request the handler would build, so that the two agree)
@@ -254,6 +278,9 @@ func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
 		return nil, &badArgError{"url", "must be an absolute http(s) URL", fmt.Errorf("url %q: want an absolute http(s) URL", a.URL)}
 	}
 	method := strings.ToUpper(cmpOr(a.Method, http.MethodGet))
+	if !slices.Contains(methods, method) {
+		return nil, &badArgError{"method", "must be one of " + strings.Join(methods, ", "), fmt.Errorf("method %q: want one of %s", a.Method, strings.Join(methods, ", "))}
+	}
 	var body io.Reader
 	contentType := ""
 	if len(a.Body) > 0 && string(a.Body) != "null" {

@@ -287,7 +287,11 @@ func TestWorkThatCouldNeverRunIsRefusedAtEnqueue(t *testing.T) {
 		{"no url", `{}`, "args.url", "absolute http(s) URL"},
 		{"a relative url", `{"url": "/x"}`, "args.url", "absolute http(s) URL"},
 		{"an ftp url", `{"url": "ftp://api.example.com/x"}`, "args.url", "absolute http(s) URL"},
-		{"a bad method", `{"url": "https://api.example.com/x", "method": "GE T"}`, "args.method", "HTTP method"},
+		{"a bad method", `{"url": "https://api.example.com/x", "method": "GE T"}`, "args.method", "must be one of GET, HEAD, POST"},
+		{"a method no API call needs", `{"url": "https://api.example.com/x", "method": "CONNECT"}`, "args.method", "must be one of GET, HEAD, POST"},
+		{"an extension method", `{"url": "https://api.example.com/x", "method": "FETCH"}`, "args.method", "must be one of GET, HEAD, POST"},
+		{"a misspelt key", `{"url": "https://api.example.com/x", "methd": "POST"}`, "args.methd", "unknown field"},
+		{"a key spelt in another case", `{"URL": "https://api.example.com/x"}`, "args.URL", "unknown field"},
 		{"a host outside the allow-list", `{"url": "https://elsewhere.example.com/x"}`, "args.url", "REVEILLE_HTTP_ALLOWED_HOSTS"},
 		{"a port outside the allow-list", `{"url": "https://api.example.com:8443/x"}`, "args.url", "REVEILLE_HTTP_ALLOWED_HOSTS"},
 		{"a header name with a space", `{"url": "https://api.example.com/x", "headers": {"X Trace": "1"}}`, "args.headers", `"X Trace" is not a valid header name`},
@@ -307,6 +311,7 @@ func TestWorkThatCouldNeverRunIsRefusedAtEnqueue(t *testing.T) {
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM workpool_work`).Scan(&n))
 	require.Zero(t, n, "nothing written")
 	for _, args := range []string{`{"url": "https://api.example.com/x"}`, `{"url": "http://127.0.0.1:9/x", "method": "post"}`,
+		`{"url": "https://api.example.com/x", "method": "DELETE", "body": null}`,
 		`{"url": "https://api.example.com/x", "headers": {"X-Trace_Id.v2": "a b\tc", "Accept": ""}}`} {
 		_, err := m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: json.RawMessage(args)})
 		require.NoError(t, err, args)
