@@ -7,8 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/reveille/reveille/approvals"
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/mandates"
@@ -167,8 +165,9 @@ func decodeWorkEnqueue(body []byte) (workpool.EnqueueParams, error) {
 		p.RunAt = at
 	}
 	if in.TimeoutMS != nil {
-		if *in.TimeoutMS < 1 {
-			return workpool.EnqueueParams{}, Invalid("timeout_ms", "must be a positive number of milliseconds")
+		if *in.TimeoutMS < 1 || *in.TimeoutMS > workpool.MaxTimeoutMS {
+			return workpool.EnqueueParams{}, Invalid("timeout_ms",
+				fmt.Sprintf("must be from 1 to %d milliseconds (omit it for the default, %d)", workpool.MaxTimeoutMS, workpool.DefaultTimeoutMS))
 		}
 		p.TimeoutMS = *in.TimeoutMS
 	}
@@ -281,7 +280,7 @@ func decodeToolAnswer(body []byte) (approvals.RespondParams, error) {
 	}
 	p := approvals.RespondParams{ToolName: in.ToolName, Decision: in.Decision, UpdatePolicy: in.UpdatePolicy, Note: in.Note}
 	if in.ApprovalID != "" {
-		id, err := uuid.Parse(in.ApprovalID)
+		id, err := parseUUID(in.ApprovalID)
 		if err != nil {
 			return approvals.RespondParams{}, Invalid("approval_id", "must be a tool approval's id (a UUID)")
 		}

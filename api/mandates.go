@@ -120,7 +120,7 @@ func mandatePage(c echo.Context) (mandates.Page, error) {
 		p.Limit = n
 	}
 	if raw := c.QueryParam("cursor"); raw != "" {
-		id, err := uuid.Parse(raw)
+		id, err := parseUUID(raw)
 		if err != nil {
 			return p, Invalid("cursor", "is not a cursor this list returned")
 		}
@@ -132,7 +132,7 @@ func mandatePage(c echo.Context) (mandates.Page, error) {
 // pathID reads the :id path parameter; an id that is not a UUID names
 // nothing, so it is reported as absent.
 func pathID(c echo.Context, notFound error) (uuid.UUID, error) {
-	id, err := uuid.Parse(c.Param("id"))
+	id, err := parseUUID(c.Param("id"))
 	if err != nil {
 		return uuid.Nil, notFound
 	}

@@ -1,12 +1,16 @@
 package api
 
 import (
+	"encoding/base64"
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
 	"github.com/reveille/reveille/internal/apperr"
@@ -28,6 +32,9 @@ func checkParams(next echo.HandlerFunc) echo.HandlerFunc {
 		// not bytes that are not UTF-8).
 		if !isText(IdempotencyKey(c)) {
 			return paramProblem("header", "Idempotency-Key", "must be UTF-8 text without NUL characters")
+		}
+		if err := contentEncodingProblem(c.Request()); err != nil {
+			return err
 		}
 		return next(c)
 	}
@@ -99,4 +106,70 @@ func pathParam(c echo.Context, name string) (string, error) {
 		}
 	}
 	return v, nil
+}
+
+// parseUUID reads an id as the API writes it: 36 characters, hex digits
+// in 8-4-4-4-12 groups (either case). uuid.Parse also takes braces,
+// "urn:uuid:" and the hex alone, which made one object answer to several
+// paths (and an Idempotency-Key record, kept per path, be kept for each).
+func parseUUID(s string) (uuid.UUID, error) {
+	if len(s) != 36 {
+		return uuid.Nil, fmt.Errorf("%q is not a UUID in its 36-character form", s)
+	}
+	return uuid.Parse(s)
+}
+
+// contentEncodingProblem refuses a body sent compressed (RFC 9110 §8.4:
+// 415): no route decodes one, and a gzipped JSON body read as sent was
+// "not UTF-8", a gzipped stream chunk stored compressed.
+func contentEncodingProblem(r *http.Request) error {
+	enc := strings.TrimSpace(r.Header.Get("Content-Encoding"))
+	if enc == "" || strings.EqualFold(enc, "identity") || r.ContentLength == 0 {
+		return nil
+	}
+	p := NewProblem(http.StatusUnsupportedMediaType, "unsupported-media-type",
+		fmt.Sprintf("request bodies are not decoded: send it uncompressed, without Content-Encoding (got %q)", enc))
+	p.Errors = []apperr.FieldError{{Field: "Content-Encoding", Detail: "must be absent or identity"}}
+	return p
+}
+
+// listLimit parses ?limit= (default 50, 1 to 500).
+func listLimit(c echo.Context) (int, error) {
+	raw := c.QueryParam("limit")
+	if raw == "" {
+		return 50, nil
+	}
+	n, err := strconv.Atoi(raw)
+	if err != nil || n < 1 || n > 500 {
+		return 0, Invalid("limit", "must be an integer from 1 to 500")
+	}
+	return n, nil
+}
+
+// namePage is one page of a list the API holds whole (pools, an org's
+// webhooks), in name order: ?limit= as every list, ?cursor= the
+// next_cursor of the page before — the last name it held, base64url, so
+// that any name makes a cursor safe in a query.
+func namePage[T any](c echo.Context, items []T, name func(T) string) (page []T, next *string, err error) {
+	limit, err := listLimit(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	items = slices.SortedFunc(slices.Values(items), func(a, b T) int { return strings.Compare(name(a), name(b)) })
+	if raw := c.QueryParam("cursor"); raw != "" {
+		after, err := base64.RawURLEncoding.DecodeString(raw)
+		if err != nil || len(after) == 0 {
+			return nil, nil, Invalid("cursor", "is not a cursor this list returned")
+		}
+		i, _ := slices.BinarySearchFunc(items, string(after), func(it T, n string) int { return strings.Compare(name(it), n) })
+		for i < len(items) && name(items[i]) <= string(after) {
+			i++
+		}
+		items = items[i:]
+	}
+	if len(items) > limit {
+		cursor := base64.RawURLEncoding.EncodeToString([]byte(name(items[limit-1])))
+		return items[:limit], &cursor, nil
+	}
+	return items, nil, nil
 }

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -541,4 +543,33 @@ func TestAPoolsRunStatusShowsACallerNoOtherOrgsWork(t *testing.T) {
 	release()
 	require.Equal(t, "succeeded", waitWork(t, f.s, other, b)["outcome"])
 	require.Equal(t, idle, runStatus(other))
+}
+
+func TestThePoolListPagesByNameAndRefusesABadLimitOrCursor(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t))
+	admin := token(t, "org-a", "admin")
+	all := do(t, s.Handler(), http.MethodGet, "/v1/pools", admin, nil).JSON(t)["items"].([]any)
+	require.GreaterOrEqual(t, len(all), 2)
+	var names, paged []string
+	for _, p := range all {
+		names = append(names, p.(map[string]any)["name"].(string))
+	}
+	require.True(t, slices.IsSorted(names), "in name order: %v", names)
+	path := "/v1/pools?limit=1"
+	for range len(names) + 1 {
+		body := do(t, s.Handler(), http.MethodGet, path, admin, nil).JSON(t)
+		items := body["items"].([]any)
+		require.Len(t, items, 1)
+		paged = append(paged, items[0].(map[string]any)["name"].(string))
+		next, _ := body["next_cursor"].(string)
+		if next == "" {
+			break
+		}
+		path = "/v1/pools?limit=1&cursor=" + url.QueryEscape(next)
+	}
+	require.Equal(t, names, paged, "each pool once")
+	for _, q := range []string{"limit=0", "limit=501", "limit=abc"} {
+		do(t, s.Handler(), http.MethodGet, "/v1/pools?"+q, admin, nil).requireProblem(t, http.StatusBadRequest, "limit")
+	}
+	do(t, s.Handler(), http.MethodGet, "/v1/pools?cursor=%25", admin, nil).requireProblem(t, http.StatusBadRequest, "cursor")
 }

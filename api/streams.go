@@ -173,7 +173,7 @@ func (s *Server) listStreams(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	limit, err := streamLimit(c)
+	limit, err := listLimit(c)
 	if err != nil {
 		return err
 	}
@@ -218,7 +218,7 @@ func (s *Server) listStreamChunks(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	limit, err := streamLimit(c)
+	limit, err := listLimit(c)
 	if err != nil {
 		return err
 	}
@@ -368,19 +368,6 @@ func streamIndex(field, raw string) (int64, error) {
 	n, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil || n < 0 || n > streams.MaxIndex {
 		return 0, Invalid(field, fmt.Sprintf("must be a chunk index: an integer from 0 to %d", int64(streams.MaxIndex)))
-	}
-	return n, nil
-}
-
-// streamLimit parses ?limit= (default 50, 1 to 500).
-func streamLimit(c echo.Context) (int, error) {
-	raw := c.QueryParam("limit")
-	if raw == "" {
-		return 50, nil
-	}
-	n, err := strconv.Atoi(raw)
-	if err != nil || n < 1 || n > 500 {
-		return 0, Invalid("limit", "must be an integer from 1 to 500")
 	}
 	return n, nil
 }

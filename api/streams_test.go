@@ -404,6 +404,20 @@ func TestAppendsOfOtherMediaTypesAre415(t *testing.T) {
 	}
 }
 
+func TestACompressedBodyIs415NamingContentEncodingAndStoresNothing(t *testing.T) {
+	s := newStreamServer(t, streams.Config{})
+	tok := agentToken(t, "org-a")
+	for _, enc := range []string{"gzip", "br", "GZIP"} {
+		s.post(t, tok, "out", []byte("\x1f\x8b-not-decoded"), "Content-Encoding", enc).
+			requireProblem(t, http.StatusUnsupportedMediaType, "Content-Encoding")
+		do(t, s.Handler(), http.MethodPost, streamBase+"out/chunks", tok, map[string]any{"chunks": []string{"eA=="}}, "Content-Encoding", enc).
+			requireProblem(t, http.StatusUnsupportedMediaType, "Content-Encoding")
+	}
+	require.Equal(t, map[string]any{"tail_index": -1.0, "done": false}, s.info(t, tok, "out"))
+	ok := s.post(t, tok, "out", []byte("x"), "Content-Encoding", "identity")
+	require.Equal(t, http.StatusCreated, ok.Status, "identity is no encoding: %s", ok.Body)
+}
+
 // A 415 is a malformed request, refused before anything was stored: it is
 // not kept under its Idempotency-Key, so the request sent again with the
 // right Content-Type (the same body, so the same fingerprint) appends.

@@ -213,7 +213,7 @@ func listPage(c echo.Context) (*uuid.UUID, int, error) {
 		limit = n
 	}
 	if raw := c.QueryParam("cursor"); raw != "" {
-		id, err := uuid.Parse(raw)
+		id, err := parseUUID(raw)
 		if err != nil {
 			return nil, 0, Invalid("cursor", "is not a cursor this list returned")
 		}

@@ -81,12 +81,16 @@ func (s *Server) listWebhooks(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	// (an org has at most webhooks.MaxPerOrg: one page, next_cursor always null,
-	// in the shape of every list)
+	// (an org has at most webhooks.MaxPerOrg, read whole and paged here,
+	// in the shape of every list: at the default limit, one page)
+	items, next, err := namePage(c, items, func(w webhooks.Webhook) string { return w.Name })
+	if err != nil {
+		return err
+	}
 	out := struct {
 		Items      []webhookJSON `json:"items"`
 		NextCursor *string       `json:"next_cursor"`
-	}{Items: make([]webhookJSON, 0, len(items))}
+	}{Items: make([]webhookJSON, 0, len(items)), NextCursor: next}
 	for _, w := range items {
 		out.Items = append(out.Items, webhookOut(w))
 	}

@@ -2,6 +2,8 @@ package api
 
 import (
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -131,4 +133,37 @@ func TestApprovalWebhooksAreTheOrgAdminsAlone(t *testing.T) {
 	require.Equal(t, http.StatusOK, list.Status)
 	require.Empty(t, list.JSON(t)["items"], "another org lists none of them")
 	require.Equal(t, http.StatusOK, do(t, h, "GET", hooksPath+"/ops", adminA, nil).Status, "org A's webhook is still there")
+}
+
+func TestTheWebhookListPagesByNameAndRefusesABadLimitOrCursor(t *testing.T) {
+	s := newTestServer(t, withWebhooks(t))
+	h, admin := s.Handler(), subToken(t, "org-a", "root", "", RoleAdmin)
+	names := []string{"a", "a-b", "b", "c_d", "z9"}
+	for _, n := range slices.Backward(names) {
+		r := do(t, h, "PUT", hooksPath+"/"+url.PathEscape(n), admin, map[string]any{"url": "http://127.0.0.1:9/hook", "format": "json"})
+		require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	}
+	var got []string
+	path := hooksPath + "?limit=2"
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 3, "5 webhooks in pages of 2")
+		body := do(t, h, "GET", path, admin, nil).JSON(t)
+		for _, it := range body["items"].([]any) {
+			got = append(got, it.(map[string]any)["name"].(string))
+		}
+		next, _ := body["next_cursor"].(string)
+		if next == "" {
+			break
+		}
+		path = hooksPath + "?limit=2&cursor=" + url.QueryEscape(next)
+	}
+	require.Equal(t, names, got, "each once, in name order")
+	require.Len(t, do(t, h, "GET", hooksPath, admin, nil).JSON(t)["items"], 5, "the default limit holds every webhook an org may have")
+
+	for _, q := range []string{"limit=0", "limit=501", "limit=abc"} {
+		do(t, h, "GET", hooksPath+"?"+q, admin, nil).requireProblem(t, http.StatusBadRequest, "limit")
+	}
+	for _, q := range []string{"cursor=%25%25", "cursor=a+b"} {
+		do(t, h, "GET", hooksPath+"?"+q, admin, nil).requireProblem(t, http.StatusBadRequest, "cursor")
+	}
 }

@@ -117,7 +117,7 @@ func (s *Server) enqueueWork(c echo.Context) error {
 // workID parses the :id parameter; a malformed id names no work of the
 // caller's, so it is a 404 like any other.
 func workID(c echo.Context) (uuid.UUID, error) {
-	id, err := uuid.Parse(c.Param("id"))
+	id, err := parseUUID(c.Param("id"))
 	if err != nil {
 		return uuid.Nil, workpool.ErrNotFound
 	}
@@ -213,11 +213,15 @@ func (s *Server) listPools(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	infos, next, err := namePage(c, infos, func(p workpool.PoolInfo) string { return p.Name })
+	if err != nil {
+		return err
+	}
 	items := make([]poolJSON, 0, len(infos))
 	for _, p := range infos {
 		items = append(items, poolOut(c, p))
 	}
-	return c.JSON(http.StatusOK, map[string]any{"items": items, "next_cursor": nil})
+	return c.JSON(http.StatusOK, map[string]any{"items": items, "next_cursor": next})
 }
 
 func (s *Server) getPool(c echo.Context) error {

@@ -169,6 +169,19 @@ func TestWorkOfAnotherOrgIsA404(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.Status, "an agent of the org may read it")
 }
 
+func TestAnIDInAnotherFormThanTheAPIWritesNamesNothing(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t))
+	admin := token(t, "org-a", "admin")
+	id := do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", admin, map[string]any{"handler": "echo"}).JSON(t)["id"].(string)
+	require.Equal(t, http.StatusOK, do(t, s.Handler(), http.MethodGet, "/v1/work/"+strings.ToUpper(id), admin, nil).Status,
+		"hex digits in either case")
+	for _, other := range []string{"%7B" + id + "%7D", "urn:uuid:" + id, strings.ReplaceAll(id, "-", "")} {
+		t.Run(other, func(t *testing.T) {
+			do(t, s.Handler(), http.MethodGet, "/v1/work/"+other, admin, nil).requireProblem(t, http.StatusNotFound)
+		})
+	}
+}
+
 func TestWorkCancelOfRunningWorkFinishesItCanceled(t *testing.T) {
 	s := newTestServer(t, withWorkpool(t))
 	admin := token(t, "org-a", "admin")

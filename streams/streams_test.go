@@ -422,6 +422,8 @@ func TestInvalidRunIDsAndNamesAreRefusedNamingTheField(t *testing.T) {
 		"empty":          "",
 		"too long":       strings.Repeat("x", 201),
 		"slash":          "a/b",
+		"dot":            ".",
+		"dot dot":        "..",
 		"control":        "a\x01b",
 		"newline":        "a\nb",
 		"invalid utf-8":  "a\xffb",
@@ -446,6 +448,7 @@ func TestInvalidRunIDsAndNamesAreRefusedNamingTheField(t *testing.T) {
 	// The longest valid id: 200 characters, multi-byte ones included.
 	long := strings.Repeat("é", 200)
 	mustAppend(t, svc, org, long, "with space and ünïcode", "ok")
+	mustAppend(t, svc, org, "...", ".hidden", "ok") // (only "." and ".." are path segments)
 	names, err := svc.ListNames(ctx, org, long, "", 10)
 	require.NoError(t, err)
 	require.Equal(t, []string{"with space and ünïcode"}, names.Names)

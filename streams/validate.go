@@ -23,7 +23,9 @@ var (
 )
 
 // ValidateID checks a run id or stream name: 1 to MaxIDLength printable
-// characters, no "/". field names the input in the returned
+// characters, no "/", not "." or ".." (which URL clients — browsers,
+// fetch, curl — collapse as path segments, so that such a stream could
+// not be reached by its URL). field names the input in the returned
 // *apperr.InvalidError ("run_id", "name").
 func ValidateID(field, id string) error {
 	switch {
@@ -35,6 +37,8 @@ func ValidateID(field, id string) error {
 		return apperr.Invalid(field, fmt.Sprintf("must be at most %d characters", MaxIDLength))
 	case strings.Contains(id, "/"):
 		return apperr.Invalid(field, `must not contain "/"`)
+	case id == "." || id == "..":
+		return apperr.Invalid(field, `must not be "." or ".." (URL clients collapse them as path segments)`)
 	case strings.IndexFunc(id, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
 		return apperr.Invalid(field, "must hold only printable characters")
 	}

@@ -50,7 +50,8 @@ const (
 	// MaxResultBytes bounds the JSON a handler returns: a longer result
 	// fails its attempt for good ("handler result exceeds 1048576 bytes").
 	MaxResultBytes = maxArgsBytes
-	maxTimeoutMS   = 24 * 3600 * 1000
+	// MaxTimeoutMS bounds a work item's timeout_ms (24 h).
+	MaxTimeoutMS = 24 * 3600 * 1000
 )
 
 // Config configures a Manager. Zero values take the defaults noted.

@@ -399,8 +399,8 @@ func (m *Manager) validate(inv *apperr.InvalidError, prefix string, p EnqueuePar
 	if p.Retry != nil {
 		validateRetry(inv, prefix, *p.Retry)
 	}
-	if p.TimeoutMS < 0 || p.TimeoutMS > maxTimeoutMS {
-		inv.Add(prefix+"timeout_ms", fmt.Sprintf("must be between 1 and %d (0 for the default)", maxTimeoutMS))
+	if p.TimeoutMS < 0 || p.TimeoutMS > MaxTimeoutMS {
+		inv.Add(prefix+"timeout_ms", fmt.Sprintf("must be from 1 to %d milliseconds (0 for the default, %d)", MaxTimeoutMS, DefaultTimeoutMS))
 	}
 	if p.OnComplete != nil {
 		if _, ok := m.hook(p.OnComplete.Hook); !ok {

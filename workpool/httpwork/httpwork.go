@@ -301,11 +301,15 @@ func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
 	// (in name order, so that the first bad one named is always the same)
 	for _, k := range slices.Sorted(maps.Keys(a.Headers)) {
 		v := a.Headers[k]
+		field := "headers" // (the header's own path: headers.X-Trace)
+		if k != "" {
+			field += "." + k
+		}
 		if !httpguts.ValidHeaderFieldName(k) {
-			return nil, &badArgError{"headers", fmt.Sprintf("%q is not a valid header name", k), fmt.Errorf("header name %q is invalid", k)}
+			return nil, &badArgError{field, fmt.Sprintf("%q is not a valid header name", k), fmt.Errorf("header name %q is invalid", k)}
 		}
 		if !httpguts.ValidHeaderFieldValue(v) {
-			return nil, &badArgError{"headers", fmt.Sprintf("the value of %q is not a valid header value (control characters)", k), fmt.Errorf("header %q: invalid value", k)}
+			return nil, &badArgError{field, fmt.Sprintf("the value of %q is not a valid header value (control characters)", k), fmt.Errorf("header %q: invalid value", k)}
 		}
 		req.Header.Set(k, v)
 	}

@@ -294,9 +294,9 @@ func TestWorkThatCouldNeverRunIsRefusedAtEnqueue(t *testing.T) {
 		{"a key spelt in another case", `{"URL": "https://api.example.com/x"}`, "args.URL", "unknown field"},
 		{"a host outside the allow-list", `{"url": "https://elsewhere.example.com/x"}`, "args.url", "REVEILLE_HTTP_ALLOWED_HOSTS"},
 		{"a port outside the allow-list", `{"url": "https://api.example.com:8443/x"}`, "args.url", "REVEILLE_HTTP_ALLOWED_HOSTS"},
-		{"a header name with a space", `{"url": "https://api.example.com/x", "headers": {"X Trace": "1"}}`, "args.headers", `"X Trace" is not a valid header name`},
+		{"a header name with a space", `{"url": "https://api.example.com/x", "headers": {"X Trace": "1"}}`, "args.headers.X Trace", `"X Trace" is not a valid header name`},
 		{"an empty header name", `{"url": "https://api.example.com/x", "headers": {"": "1"}}`, "args.headers", `"" is not a valid header name`},
-		{"a header value with a line break", `{"url": "https://api.example.com/x", "headers": {"X-A": "1\r\nX-B: 2"}}`, "args.headers", `value of "X-A"`},
+		{"a header value with a line break", `{"url": "https://api.example.com/x", "headers": {"X-A": "1\r\nX-B: 2"}}`, "args.headers.X-A", `value of "X-A"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: json.RawMessage(tc.args)})
