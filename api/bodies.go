@@ -23,7 +23,7 @@ type mandateCreateIn struct {
 	AgentID    string  `json:"agent_id"`
 	Scope      string  `json:"scope"`
 	Budget     *int64  `json:"budget"`
-	ValidUntil *string `json:"valid_until"`
+	ValidUntil *string `json:"valid_until" nullable:"true"`
 }
 
 // decodeMandateCreate decodes POST /v1/mandates.

@@ -405,9 +405,11 @@ func foldedFields(t reflect.Type) map[string]reflect.Type {
 // case-insensitively ("Pool" for "pool", which encoding/json accepts), and
 // a key repeated within one object, anywhere (encoding/json keeps the last;
 // a proxy or a log that reads the first would see another request — I-JSON,
-// RFC 7493 §2.3, forbids them). It returns the key's path and what is wrong.
-// One pass over the bytes; values whose type decodes itself (raw JSON) are
-// checked for repeats only.
+// RFC 7493 §2.3, forbids them) — and a null the document does not allow
+// (encoding/json takes null for any field, as if it were left out: a
+// field takes it only when tagged `nullable:"true"` or read as raw JSON).
+// It returns the key's path and what is wrong. One pass over the bytes;
+// values whose type decodes itself (raw JSON) are checked for repeats only.
 func misnamedKey(body []byte, t reflect.Type) (path, detail string, found bool) {
 	w := keyWalk{b: body}
 	if detail, found = w.value(t); found {
@@ -443,7 +445,8 @@ func (w *keyWalk) value(t reflect.Type) (detail string, found bool) {
 	switch w.b[w.i] {
 	case '{':
 		w.i++
-		fields, elem := walkTypes(t)
+		wt := walkTypeOf(t)
+		fields, elem := wt.fields, wt.elem
 		var few [16][]byte // the keys seen, while they are few
 		seen, many := few[:0], map[string]bool(nil)
 		for w.space(); w.i < len(w.b) && w.b[w.i] != '}'; w.space() {
@@ -480,6 +483,9 @@ func (w *keyWalk) value(t reflect.Type) (detail string, found bool) {
 			}
 			w.space()
 			w.i++ // ':'
+			if w.null() && !takesNull(valueType) && !wt.nullable[string(key)] {
+				return nullDetail, true
+			}
 			if detail, found := w.value(valueType); found {
 				return detail, true
 			}
@@ -497,6 +503,9 @@ func (w *keyWalk) value(t reflect.Type) (detail string, found bool) {
 				break
 			}
 			w.path = append(w.path, pathSegment{index: n})
+			if elem != nil && w.null() && !takesNull(elem) {
+				return nullDetail, true
+			}
 			if detail, found := w.value(elem); found {
 				return detail, true
 			}
@@ -514,6 +523,15 @@ func (w *keyWalk) value(t reflect.Type) (detail string, found bool) {
 		}
 	}
 	return "", false
+}
+
+// nullDetail is the problem of a null where the document allows none.
+const nullDetail = "must not be null: leave the field out for its default"
+
+// null reports whether the next value is null (after white space).
+func (w *keyWalk) null() bool {
+	w.space()
+	return bytes.HasPrefix(w.b[w.i:], []byte("null"))
 }
 
 func isJSONDelimiter(c byte) bool {
@@ -577,33 +595,79 @@ var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 // elements (elem); both nil for a type that decodes itself and for any.
 // Kept per type: the request types are few, and a walk meets each often.
 func walkTypes(t reflect.Type) (fields map[string]reflect.Type, elem reflect.Type) {
+	wt := walkTypeOf(t)
+	return wt.fields, wt.elem
+}
+
+func walkTypeOf(t reflect.Type) walkType {
 	if t == nil {
-		return nil, nil
+		return walkType{}
 	}
 	if cached, ok := walkTypeCache.Load(t); ok {
-		wt := cached.(walkType)
-		return wt.fields, wt.elem
+		return cached.(walkType)
 	}
 	var wt walkType
 	d := t
 	for d.Kind() == reflect.Pointer {
 		d = d.Elem()
 	}
-	if !d.Implements(unmarshalerType) && !reflect.PointerTo(d).Implements(unmarshalerType) {
+	if !decodesItself(d) {
 		switch d.Kind() {
 		case reflect.Struct:
 			wt.fields = jsonFields(d, nil)
+			wt.nullable = nullableFields(d, nil)
 		case reflect.Map, reflect.Slice, reflect.Array:
 			wt.elem = d.Elem()
 		}
 	}
 	walkTypeCache.Store(t, wt)
-	return wt.fields, wt.elem
+	return wt
 }
 
 type walkType struct {
 	fields map[string]reflect.Type
-	elem   reflect.Type
+	// nullable are the fields tagged `nullable:"true"`: those whose
+	// document says null (as the same as leaving them out).
+	nullable map[string]bool
+	elem     reflect.Type
+}
+
+func decodesItself(t reflect.Type) bool {
+	return t.Implements(unmarshalerType) || reflect.PointerTo(t).Implements(unmarshalerType)
+}
+
+// takesNull reports whether null is a value of a field of type t to
+// which no tag speaks: raw JSON (json.RawMessage; the handler reads its
+// null, as a PATCH's "clear") and any. Anything else would take null as
+// absent — a zero string, a nil pointer — where the document allows no
+// null.
+func takesNull(t reflect.Type) bool {
+	return t == nil || t.Kind() == reflect.Interface || (t.Kind() != reflect.Pointer && decodesItself(t))
+}
+
+// nullableFields is jsonFields' names of the fields tagged
+// `nullable:"true"`.
+func nullableFields(t reflect.Type, seen []reflect.Type) map[string]bool {
+	out := map[string]bool{}
+	if slices.Contains(seen, t) {
+		return out
+	}
+	seen = append(seen, t)
+	for f := range t.Fields() {
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		if f.Anonymous && tag == "" && ft.Kind() == reflect.Struct {
+			maps.Copy(out, nullableFields(ft, seen))
+			continue
+		}
+		if f.Tag.Get("nullable") == "true" {
+			out[cmp.Or(tag, f.Name)] = true
+		}
+	}
+	return out
 }
 
 var walkTypeCache sync.Map // reflect.Type → walkType

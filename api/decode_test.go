@@ -273,3 +273,54 @@ func TestAnythingButSpaceAfterTheBodyIsRefused(t *testing.T) {
 		})
 	}
 }
+
+func TestANullTheDocumentDoesNotAllowIsRefusedNamingTheField(t *testing.T) {
+	work := func(b []byte) error { _, err := decodeWorkEnqueue(b); return err }
+	wakeup := func(b []byte) error { _, err := decodeWakeup(b); return err }
+	spend := func(b []byte) error { _, err := decodeSpend(b); return err }
+	mandate := func(b []byte) error { _, err := decodeMandateCreate(b); return err }
+	patch := func(b []byte) error { _, err := decodeMandatePatch(b); return err }
+	toolCall := func(b []byte) error { _, err := decodeToolCall(b); return err }
+	const wake = `"agent_id": "a", "workflow_id": "o/w", "signal": "s", "scope": "x", "cost": 1`
+	for _, tc := range []struct {
+		name   string
+		decode func([]byte) error
+		body   string
+		field  string
+	}{
+		{"run_at", work, `{"handler": "h", "run_at": null}`, "run_at"},
+		{"retry", work, `{"handler": "h", "retry": null}`, "retry"},
+		{"a field of retry", work, `{"handler": "h", "retry": {"max_attempts": 2, "base": null}}`, "retry.base"},
+		{"timeout_ms", work, `{"handler": "h", "timeout_ms": null}`, "timeout_ms"},
+		{"a required field", work, `{"handler": null}`, "handler"},
+		{"a wake-up's reason", wakeup, `{` + wake + `, "reason": null, "work": {"handler": "h"}}`, "reason"},
+		{"a wake-up's work timeout", wakeup, `{` + wake + `, "work": {"handler": "h", "timeout_ms": null}}`, "work.timeout_ms"},
+		{"a spend's cost", spend, `{"agent_id": "a", "scope": "x", "cost": null}`, "cost"},
+		{"a mandate's budget", mandate, `{"agent_id": "a", "scope": "x", "budget": null}`, "budget"},
+		{"a patch's budget", patch, `{"budget": null}`, "budget"},
+		{"a tool call's expires_in_s", toolCall, `{"tool_name": "t", "expires_in_s": null}`, "expires_in_s"},
+	} {
+		t.Run(tc.name+" of null", func(t *testing.T) {
+			var p *Problem
+			require.ErrorAs(t, tc.decode([]byte(tc.body)), &p)
+			require.Equal(t, http.StatusBadRequest, p.Status)
+			require.Equal(t, []apperr.FieldError{{Field: tc.field, Detail: nullDetail}}, p.Errors)
+		})
+	}
+	for _, tc := range []struct {
+		name   string
+		decode func([]byte) error
+		body   string
+	}{
+		{"a work item's key and limit", work, `{"handler": "h", "concurrency_key": null, "key_limit": null}`},
+		{"a wake-up's work key and limit", wakeup, `{` + wake + `, "work": {"handler": "h", "concurrency_key": null, "key_limit": null, "args": null}}`},
+		{"args, any JSON", work, `{"handler": "h", "args": {"a": null, "b": [null]}}`},
+		{"a mandate's valid_until", mandate, `{"agent_id": "a", "scope": "x", "budget": 1, "valid_until": null}`},
+		{"a patch's valid_until (clear)", patch, `{"valid_until": null}`},
+		{"a tool call's input", toolCall, `{"tool_name": "t", "input": null}`},
+	} {
+		t.Run(tc.name+" takes null", func(t *testing.T) {
+			require.NoError(t, tc.decode([]byte(tc.body)))
+		})
+	}
+}

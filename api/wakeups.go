@@ -81,8 +81,8 @@ type wakeupRequest struct {
 		Args           rawArgs               `json:"args"`
 		Retry          *workpool.RetryPolicy `json:"retry"`
 		TimeoutMS      int                   `json:"timeout_ms"`
-		ConcurrencyKey string                `json:"concurrency_key"`
-		KeyLimit       *int                  `json:"key_limit"`
+		ConcurrencyKey string                `json:"concurrency_key" nullable:"true"`
+		KeyLimit       *int                  `json:"key_limit" nullable:"true"`
 	} `json:"work"`
 }
 

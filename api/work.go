@@ -36,8 +36,8 @@ type workIn struct {
 	RunAt          *string               `json:"run_at"`
 	Retry          *workpool.RetryPolicy `json:"retry"`
 	TimeoutMS      *int                  `json:"timeout_ms"`
-	ConcurrencyKey string                `json:"concurrency_key"`
-	KeyLimit       *int                  `json:"key_limit"`
+	ConcurrencyKey string                `json:"concurrency_key" nullable:"true"`
+	KeyLimit       *int                  `json:"key_limit" nullable:"true"`
 }
 
 type workJSON struct {
