@@ -32,12 +32,26 @@ type webhookJSON struct {
 	Format    string    `json:"format"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// LastDelivery and LastFailure are null until a delivery finished
+	// (failed).
+	LastDelivery *webhooks.Delivery `json:"last_delivery"`
+	LastFailure  *webhooks.Delivery `json:"last_failure"`
 	// Secret is set only in a create's answer.
 	Secret string `json:"secret,omitempty"`
 }
 
 func webhookOut(w webhooks.Webhook) webhookJSON {
-	return webhookJSON{Name: w.Name, URL: w.URL, Format: w.Format, CreatedAt: w.CreatedAt.UTC(), UpdatedAt: w.UpdatedAt.UTC()}
+	return webhookJSON{Name: w.Name, URL: w.URL, Format: w.Format, CreatedAt: w.CreatedAt.UTC(), UpdatedAt: w.UpdatedAt.UTC(),
+		LastDelivery: utcDelivery(w.LastDelivery), LastFailure: utcDelivery(w.LastFailure)}
+}
+
+func utcDelivery(d *webhooks.Delivery) *webhooks.Delivery {
+	if d == nil {
+		return nil
+	}
+	out := *d
+	out.FinishedAt = out.FinishedAt.UTC()
+	return &out
 }
 
 type webhookIn struct {

@@ -41,6 +41,10 @@ func TestAnAdminCreatesReadsReplacesAndDeletesAnApprovalWebhook(t *testing.T) {
 	require.Equal(t, http.StatusOK, got.Status)
 	require.NotContains(t, string(got.Body), secret, "and never again")
 	require.Equal(t, "http://127.0.0.1:9/hook", got.JSON(t)["url"])
+	for _, field := range []string{"last_delivery", "last_failure"} {
+		require.Contains(t, got.JSON(t), field, "always sent")
+		require.Nil(t, got.JSON(t)[field], "null until a delivery finished")
+	}
 
 	replaced := do(t, h, "PUT", hooksPath+"/ops", admin, map[string]any{"url": "http://127.0.0.1:9/v2", "format": "slack"})
 	require.Equal(t, http.StatusOK, replaced.Status, "body: %s", replaced.Body)

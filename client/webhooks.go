@@ -18,9 +18,31 @@ type ApprovalWebhook struct {
 	Format    string    `json:"format"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// LastDelivery is the delivery that finished last, LastFailure the
+	// last that did not succeed (kept after later successes); nil until
+	// one has.
+	LastDelivery *WebhookDelivery `json:"last_delivery"`
+	LastFailure  *WebhookDelivery `json:"last_failure"`
 	// Secret is set only in the answer to the Put that created the
 	// webhook: the key of its X-Reveille-Signature HMACs. Keep it.
 	Secret string `json:"secret,omitempty"`
+}
+
+// WebhookDelivery is a finished delivery of an approval webhook.
+type WebhookDelivery struct {
+	// Seq is the event's number, as in X-Reveille-Delivery.
+	Seq int64 `json:"seq"`
+	// WorkID is the delivery's work item (Work.Get: its attempts), kept
+	// REVEILLE_WORK_RETENTION.
+	WorkID string `json:"work_id"`
+	// URL is where it was sent.
+	URL string `json:"url"`
+	// Outcome is succeeded, failed or canceled.
+	Outcome string `json:"outcome"`
+	// Error is why it failed (its last attempt's error, at most 1,000
+	// bytes).
+	Error      string    `json:"error,omitempty"`
+	FinishedAt time.Time `json:"finished_at"`
 }
 
 // ApprovalWebhookRequest is the body of PUT /v1/approvals/webhooks/{name}.

@@ -9,7 +9,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -105,8 +107,13 @@ func (s *Store) Enqueue(ctx context.Context, q db.Querier, ev Event) error {
 		if err != nil {
 			return err
 		}
+		hookCtx, err := json.Marshal(deliveryContext{Name: t.name, Seq: ev.Seq, URL: t.url})
+		if err != nil {
+			return fmt.Errorf("approval webhook delivery: %w", err)
+		}
 		ps[i] = workpool.EnqueueParams{OrgID: ev.OrgID, Pool: s.cfg.Pool, Handler: httpwork.Name, Args: args,
 			Retry: s.cfg.Retry, TimeoutMS: s.cfg.TimeoutMS, BypassPendingCap: true,
+			OnComplete: &workpool.OnComplete{Hook: HookName, Context: hookCtx},
 			// (the URL was checked when the webhook was registered; one the
 			// allow-list dropped since fails its delivery, not the approval)
 			SkipArgsCheck: true}
@@ -117,6 +124,52 @@ func (s *Store) Enqueue(ctx context.Context, q db.Querier, ev Event) error {
 		}
 		return nil
 	})
+}
+
+// HookName is the onComplete hook of every delivery: it records the
+// delivery's outcome on its webhook (Webhook.LastDelivery, LastFailure).
+const HookName = "approval-webhook.delivered"
+
+// deliveryContext is a delivery's hook context: which webhook, which
+// event, and where it went.
+type deliveryContext struct {
+	Name string `json:"name"`
+	Seq  int64  `json:"seq"`
+	URL  string `json:"url"`
+}
+
+// maxRecordedError bounds the error a webhook keeps of a failed delivery
+// (the work item keeps it whole).
+const maxRecordedError = 1000
+
+// delivered is HookName: it records c on its webhook, in the pool's
+// completion transaction, so that an admin sees a failing endpoint (and
+// the work item that says why) on the webhook itself.
+func (s *Store) delivered(ctx context.Context, tx pgx.Tx, c workpool.Completion) error {
+	var dc deliveryContext
+	if err := json.Unmarshal(c.Context, &dc); err != nil {
+		return fmt.Errorf("approval webhook delivery %s: reading its hook context: %w", c.WorkID, err)
+	}
+	// (jsonb holds no NUL: an error quoting a response body may)
+	d := Delivery{Seq: dc.Seq, WorkID: c.WorkID, URL: dc.URL, Outcome: string(c.Outcome),
+		Error:      clip(strings.ReplaceAll(c.Error, "\x00", ""), maxRecordedError),
+		FinishedAt: time.Now().UTC()}
+	if _, err := tx.Exec(ctx, qDelivered, c.OrgID, dc.Name, d, c.Outcome == workpool.OutcomeSucceeded); err != nil {
+		return fmt.Errorf("recording approval webhook delivery %s: %w", c.WorkID, err)
+	}
+	return nil
+}
+
+// clip cuts s to at most n bytes, at a rune boundary, marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // inTx runs f in q's transaction when q is one, else in a new transaction

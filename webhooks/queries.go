@@ -1,9 +1,10 @@
 package webhooks
 
-// The package's SQL. The table is in migrations/00015_approval_webhooks.sql;
+// The package's SQL. The table is in migrations/00015_approval_webhooks.sql
+// (and 00022);
 // every query filters on org_id.
 
-const webhookColumns = `name, url, format, created_at, updated_at`
+const webhookColumns = `name, url, format, created_at, updated_at, last_delivery, last_failure`
 
 // qUpsert creates a webhook with its secret, or replaces its url and format
 // and keeps its secret; created says which (xmax is 0 only for a row this
@@ -31,3 +32,13 @@ const qDelete = `DELETE FROM approval_webhooks WHERE org_id = $1 AND name = $2`
 // qTargets reads what a delivery needs of each of an org's webhooks, in
 // the event's transaction. $1 org.
 const qTargets = `SELECT name, url, format, secret FROM approval_webhooks WHERE org_id = $1 ORDER BY name`
+
+// qDelivered records a finished delivery on its webhook, in the pool's
+// completion transaction: as the last delivery, and as the last failure
+// when it did not succeed. A deleted webhook has no row to record on.
+// $1 org, $2 name, $3 the delivery ({seq, work_id, url, outcome, error?,
+// finished_at}), $4 whether it succeeded.
+const qDelivered = `
+UPDATE approval_webhooks
+   SET last_delivery = $3, last_failure = CASE WHEN $4 THEN last_failure ELSE $3 END
+ WHERE org_id = $1 AND name = $2`

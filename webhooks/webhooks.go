@@ -22,6 +22,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -101,6 +102,23 @@ type Webhook struct {
 	Format    string
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// LastDelivery is the delivery that finished last (nil: none yet);
+	// LastFailure the last that did not succeed, kept after later
+	// successes. Their work items are kept REVEILLE_WORK_RETENTION.
+	LastDelivery, LastFailure *Delivery
+}
+
+// Delivery is a finished delivery as its webhook records it.
+type Delivery struct {
+	// Seq is the event's number (X-Reveille-Delivery's).
+	Seq    int64     `json:"seq"`
+	WorkID uuid.UUID `json:"work_id"`
+	// URL is where it was sent (the webhook's URL then).
+	URL string `json:"url"`
+	// Outcome is succeeded, failed (its last attempt's Error) or canceled.
+	Outcome    string    `json:"outcome"`
+	Error      string    `json:"error,omitempty"`
+	FinishedAt time.Time `json:"finished_at"`
 }
 
 // PutParams are what a put sets.
@@ -126,9 +144,15 @@ type Store struct {
 }
 
 // New returns a store whose deliveries go to pool's Config.Pool through
-// its http handler (which the caller registers: httpwork.Register).
+// its http handler (which the caller registers: httpwork.Register). It
+// registers the deliveries' hook (HookName) on pool. (A nil pool serves
+// the webhooks' own routes alone, as in tests of those: Enqueue needs one.)
 func New(db *pgxpool.Pool, pool *workpool.Manager, cfg Config) *Store {
-	return &Store{db: db, pool: pool, cfg: cfg.withDefaults()}
+	s := &Store{db: db, pool: pool, cfg: cfg.withDefaults()}
+	if pool != nil {
+		pool.RegisterHook(HookName, s.delivered)
+	}
+	return s
 }
 
 // nameRE is a webhook's name: the shape of the API's other names (pools).
@@ -158,7 +182,7 @@ func (s *Store) Put(ctx context.Context, orgID, name string, p PutParams) (PutRe
 	}
 	var res PutResult
 	row := s.db.QueryRow(ctx, qUpsert, orgID, name, p.URL, p.Format, secret, MaxPerOrg)
-	err = row.Scan(&res.Webhook.Name, &res.Webhook.URL, &res.Webhook.Format, &res.Webhook.CreatedAt, &res.Webhook.UpdatedAt, &res.Created)
+	res.Webhook, err = scanWebhook(row, &res.Created)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return PutResult{}, ErrTooMany
 	}
@@ -241,9 +265,10 @@ func (s *Store) Delete(ctx context.Context, orgID, name string) error {
 	return nil
 }
 
-func scanWebhook(row pgx.Row) (Webhook, error) {
+// scanWebhook scans webhookColumns, then into more.
+func scanWebhook(row pgx.Row, more ...any) (Webhook, error) {
 	var w Webhook
-	err := row.Scan(&w.Name, &w.URL, &w.Format, &w.CreatedAt, &w.UpdatedAt)
+	err := row.Scan(append([]any{&w.Name, &w.URL, &w.Format, &w.CreatedAt, &w.UpdatedAt, &w.LastDelivery, &w.LastFailure}, more...)...)
 	return w, err
 }
 

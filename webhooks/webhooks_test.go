@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -302,4 +303,73 @@ func TestAWebhookTheAllowListDroppedSinceDoesNotFailTheApproval(t *testing.T) {
 	f.put(t, orgA, "gone", "https://hooks.example.com/hook", FormatJSON)
 	f.emit(t, toolEvent(orgA, 1, TypeRequested, pendingCall))
 	require.Equal(t, 1, f.workCount(t, orgA), "the delivery is enqueued, and fails for good when it runs")
+}
+
+func TestAWebhookShowsItsLastDeliveryAndItsLastFailure(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.Retry = &workpool.RetryPolicy{MaxAttempts: 2, InitialBackoffMS: 10, Base: 1} })
+	ctx := context.Background()
+	rcv := newReceiver(t, 2) // (both attempts of the first delivery fail)
+	f.put(t, orgA, "ops", rcv.srv.URL, FormatJSON)
+	f.put(t, orgA, "quiet", newReceiver(t, 0).srv.URL, FormatJSON) // (its own receiver: the failures are ops's)
+	w, err := f.store.Get(ctx, orgA, "ops")
+	require.NoError(t, err)
+	require.Nil(t, w.LastDelivery, "none has finished")
+	require.Nil(t, w.LastFailure)
+
+	awaitDelivery := func(seq int64) Webhook {
+		t.Helper()
+		var w Webhook
+		require.Eventually(t, func() bool {
+			w, err = f.store.Get(ctx, orgA, "ops")
+			require.NoError(t, err)
+			return w.LastDelivery != nil && w.LastDelivery.Seq == seq
+		}, testWait, 10*time.Millisecond)
+		return w
+	}
+	f.emit(t, toolEvent(orgA, 1, TypeRequested, pendingCall))
+	w = awaitDelivery(1)
+	require.Equal(t, "failed", w.LastDelivery.Outcome)
+	require.Contains(t, w.LastDelivery.Error, "HTTP 500")
+	require.Equal(t, rcv.srv.URL, w.LastDelivery.URL)
+	require.Equal(t, w.LastDelivery, w.LastFailure)
+	var state, lastErr string
+	require.NoError(t, f.db.QueryRow(ctx, `SELECT state, COALESCE(error, '') FROM workpool_work WHERE org_id = $1 AND id = $2`,
+		orgA, w.LastFailure.WorkID).Scan(&state, &lastErr))
+	require.Equal(t, "finished", state, "the work_id names the delivery's work item")
+	require.Contains(t, lastErr, "HTTP 500")
+
+	f.emit(t, toolEvent(orgA, 2, TypeResolved, approvedCall))
+	w = awaitDelivery(2)
+	require.Equal(t, "succeeded", w.LastDelivery.Outcome)
+	require.Empty(t, w.LastDelivery.Error)
+	require.EqualValues(t, 1, w.LastFailure.Seq, "the failure is kept after a success")
+
+	list, err := f.store.List(ctx, orgA)
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+	require.Equal(t, []string{"ops", "quiet"}, []string{list[0].Name, list[1].Name})
+	require.Equal(t, w, list[0], "the list shows the same")
+
+	_, err = f.store.Get(ctx, orgB, "ops")
+	require.ErrorIs(t, err, ErrNotFound, "another org's webhook stays absent")
+}
+
+func TestADeliveryOfADeletedWebhookFinishesWithoutARowToRecordOn(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	rcv := newReceiver(t, 0)
+	f.put(t, orgA, "ops", rcv.srv.URL, FormatJSON)
+	require.NoError(t, pgx.BeginFunc(ctx, f.db, func(tx pgx.Tx) error {
+		if err := f.store.Enqueue(ctx, tx, toolEvent(orgA, 1, TypeRequested, pendingCall)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `DELETE FROM approval_webhooks WHERE org_id = $1`, orgA)
+		return err
+	}))
+	rcv.await(t, 1)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM workpool_work WHERE org_id = $1 AND state = 'finished' AND outcome = 'succeeded'`, orgA).Scan(&n))
+		return n == 1
+	}, testWait, 10*time.Millisecond, "the hook finds no webhook and the delivery completes all the same")
 }
