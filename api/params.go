@@ -33,6 +33,10 @@ func checkParams(next echo.HandlerFunc) echo.HandlerFunc {
 		if !isText(IdempotencyKey(c)) {
 			return paramProblem("header", "Idempotency-Key", "must be UTF-8 text without NUL characters")
 		}
+		// (the first of two would be the key, and a proxy may keep the other)
+		if len(c.Request().Header.Values("Idempotency-Key")) > 1 {
+			return paramProblem("header", "Idempotency-Key", "must be given once")
+		}
 		if err := contentEncodingProblem(c.Request()); err != nil {
 			return err
 		}

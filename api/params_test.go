@@ -77,6 +77,19 @@ func TestNULOrInvalidUTF8InAnyParameterIs400NamingIt(t *testing.T) {
 	require.Equal(t, documented, routes, "every documented route is registered, so checked")
 }
 
+func TestTwoIdempotencyKeysAre400NamingTheHeader(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t))
+	req := httptest.NewRequest(http.MethodPost, "/v1/pools/default/work", strings.NewReader(`{"handler": "echo"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token(t, "org-a", RoleAdmin))
+	req.Header.Add("Idempotency-Key", "k1")
+	req.Header.Add("Idempotency-Key", "k2")
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, req)
+	response{Status: rec.Code, Header: rec.Header(), Body: rec.Body.Bytes()}.requireProblem(t, http.StatusBadRequest, "Idempotency-Key")
+	require.Zero(t, workCount(t, s))
+}
+
 func TestAnIdempotencyKeyThatIsNotUTF8Is400NamingIt(t *testing.T) {
 	s := newTestServer(t, withWorkpool(t))
 	r := do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", token(t, "org-a", RoleAdmin), `{"handler": "echo"}`,
