@@ -218,15 +218,15 @@ func (l *AllowList) CheckURL(u *url.URL) error {
 
 func (l *AllowList) check(u *url.URL) *RefusedError {
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return refused("url", "url %q: want an absolute http(s) URL", u.Redacted())
+		return refused("url", "url %q: want an absolute http(s) URL", redacted(u))
 	}
 	host := u.Hostname()
 	if host == "" {
-		return refused("url", "url %q has no host", u.Redacted())
+		return refused("url", "url %q has no host", redacted(u))
 	}
 	port, ok := urlPort(u)
 	if !ok {
-		return refused("url", "url %q: port %q is not 1-65535", u.Redacted(), u.Port())
+		return refused("url", "url %q: port %q is not 1-65535", redacted(u), u.Port())
 	}
 	hostPort := u.Host
 	if u.Port() == "" {

@@ -231,7 +231,7 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 		},
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
 			if r := list.check(req.URL); r != nil {
-				return refused(r.Reason, "redirect to %s refused: %s", req.URL.Redacted(), strings.TrimPrefix(r.Error(), "http: "))
+				return refused(r.Reason, "redirect to %s refused: %s", redacted(req.URL), strings.TrimPrefix(r.Error(), "http: "))
 			}
 			if len(via) >= 10 {
 				return workpool.NonRetryable(errors.New("stopped after 10 redirects"))
@@ -275,7 +275,7 @@ func (e *badArgError) Error() string { return e.err.Error() }
 func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
 	u, err := url.Parse(a.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, &badArgError{"url", "must be an absolute http(s) URL", fmt.Errorf("url %q: want an absolute http(s) URL", a.URL)}
+		return nil, &badArgError{"url", "must be an absolute http(s) URL", fmt.Errorf("url %q: want an absolute http(s) URL", redactedString(a.URL))}
 	}
 	method := strings.ToUpper(cmpOr(a.Method, http.MethodGet))
 	if !slices.Contains(methods, method) {
@@ -320,10 +320,13 @@ func do(client *http.Client, req *http.Request) (json.RawMessage, error) {
 	res, err := client.Do(req)
 	if err != nil {
 		var ue *url.Error
-		if errors.As(err, &ue) && workpool.IsNonRetryable(ue.Err) {
-			return nil, ue.Err
+		if errors.As(err, &ue) {
+			if workpool.IsNonRetryable(ue.Err) {
+				return nil, ue.Err
+			}
+			ue.URL = redactedString(ue.URL) // (it quotes the URL whole)
 		}
-		return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL.Redacted(), err) // network: retryable
+		return nil, fmt.Errorf("%s %s: %w", req.Method, redacted(req.URL), err) // network: retryable
 	}
 	defer res.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(res.Body, MaxResponseBytes+1))
@@ -379,4 +382,36 @@ func cmpOr(a, b string) string {
 		return a
 	}
 	return b
+}
+
+// redacted is u as errors show it — and so the work item, and the log
+// line of work that fails: its password masked (url.Redacted) and the
+// values of its query, where many APIs take their keys
+// (?api_key=xxxxx), the names kept.
+func redacted(u *url.URL) string {
+	if u.RawQuery == "" {
+		return u.Redacted()
+	}
+	c := *u
+	parts := strings.Split(c.RawQuery, "&")
+	for i, part := range parts {
+		if name, _, found := strings.Cut(part, "="); found {
+			parts[i] = name + "=xxxxx"
+		}
+	}
+	c.RawQuery = strings.Join(parts, "&")
+	return c.Redacted()
+}
+
+// redactedString is redacted for a URL as text; one that does not parse
+// loses everything from its "?" and "@" on.
+func redactedString(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		return redacted(u)
+	}
+	raw, _, _ = strings.Cut(raw, "?")
+	if at := strings.LastIndex(raw, "@"); at >= 0 {
+		raw = "xxxxx" + raw[at:]
+	}
+	return raw
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -315,5 +316,30 @@ func TestWorkThatCouldNeverRunIsRefusedAtEnqueue(t *testing.T) {
 		`{"url": "https://api.example.com/x", "headers": {"X-Trace_Id.v2": "a b\tc", "Accept": ""}}`} {
 		_, err := m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: json.RawMessage(args)})
 		require.NoError(t, err, args)
+	}
+}
+
+func TestAFailedRequestsErrorMasksTheQuerysValuesAndThePassword(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := ln.Addr().String()
+	require.NoError(t, ln.Close()) // (nothing listens there now: the connect fails)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "http://elsewhere.example.com/x?token=REDIRSECRET", http.StatusFound)
+	}))
+	defer srv.Close()
+	h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
+	require.NoError(t, err)
+	for _, tc := range []struct{ name, url, want string }{
+		{"a connect that fails", "http://user:PASSWORD@" + closed + "/x?api_key=URLSECRET&page=2&flag", "api_key=xxxxx&page=xxxxx&flag"},
+		{"a redirect refused", srv.URL + "/go?api_key=URLSECRET", "token=xxxxx"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := run(t, h, context.Background(), Args{URL: tc.url})
+			require.Error(t, err)
+			require.NotContains(t, err.Error(), "SECRET")
+			require.NotContains(t, err.Error(), "PASSWORD")
+			require.Contains(t, err.Error(), tc.want, "the names stay, to say which parameter")
+		})
 	}
 }
