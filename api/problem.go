@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/labstack/echo/v4"
 
 	"github.com/reveille/reveille/internal/apperr"
@@ -98,6 +100,29 @@ func unsupportedMediaType(detail string) *Problem {
 // short next to how long a queue that deep takes to drain.
 const pendingRetryAfterSeconds = 5
 
+// unavailableRetryAfterSeconds is the Retry-After of a 503 for a
+// database out of reach: a restart or a failover takes seconds.
+const unavailableRetryAfterSeconds = 5
+
+// databaseUnavailable reports whether err is Postgres out of reach rather
+// than a statement that failed: no connection could be made (or one
+// broke), or the server is shutting down or starting (SQLSTATE classes
+// 08 and 57P). A client should retry those — with its Idempotency-Key, as
+// a request cut off mid-commit may have taken effect — where a 500 reads
+// as a bug.
+func databaseUnavailable(err error) bool {
+	var connect *pgconn.ConnectError
+	var netErr *net.OpError
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &connect), errors.As(err, &netErr):
+		return true
+	case errors.As(err, &pgErr):
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P")
+	}
+	return false
+}
+
 // problemFor maps any error a handler returns to a problem.
 func problemFor(err error) *Problem {
 	var p *Problem
@@ -113,6 +138,11 @@ func problemFor(err error) *Problem {
 		return echoProblem(he)
 	}
 	switch {
+	case databaseUnavailable(err):
+		p := NewProblem(http.StatusServiceUnavailable, "unavailable",
+			"the database cannot be reached; nothing was done that did not commit: retry shortly")
+		p.retryAfter = unavailableRetryAfterSeconds
+		return p
 	case errors.Is(err, workpool.ErrTooManyPending):
 		p := NewProblem(http.StatusTooManyRequests, "too-many-pending", err.Error())
 		p.retryAfter = pendingRetryAfterSeconds
@@ -175,7 +205,12 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		return
 	}
 	p := problemFor(err)
-	if p.Status >= 500 {
+	if p.Status == http.StatusServiceUnavailable {
+		// (an outage is the operator's already, from /readyz: one line
+		// per refused request at WARN, not a page of ERRORs)
+		s.logger.WarnContext(c.Request().Context(), "request refused: the database cannot be reached", "error", err.Error(),
+			"request_id", c.Response().Header().Get(echo.HeaderXRequestID), "path", c.Request().URL.Path)
+	} else if p.Status >= 500 {
 		s.logger.ErrorContext(c.Request().Context(), "request failed", "error", err.Error(),
 			"request_id", c.Response().Header().Get(echo.HeaderXRequestID), "path", c.Request().URL.Path)
 	}

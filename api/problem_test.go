@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -279,4 +283,45 @@ func backendsWaitingOnALock(t *testing.T, s *Server) int {
 	require.NoError(t, s.svc.DB.QueryRow(context.Background(),
 		"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").Scan(&n))
 	return n
+}
+
+// A Postgres out of reach is a 503 the client may retry, not a 500 that
+// reads as a bug: the errors are real ones, from a pool whose server does
+// not answer and from the codes a server shutting down sends.
+func TestADatabaseOutOfReachIs503WithRetryAfter(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	gone, err := pgxpool.New(context.Background(), "postgres://reveille@"+addr+"/reveille?connect_timeout=2")
+	require.NoError(t, err)
+	defer gone.Close()
+	_, queryErr := gone.Exec(context.Background(), "SELECT 1")
+	require.Error(t, queryErr)
+
+	s := newTestServer(t)
+	s.Echo().GET("/v1/test/db", func(c echo.Context) error {
+		_, err := gone.Exec(c.Request().Context(), "SELECT 1")
+		return fmt.Errorf("listing things: %w", err)
+	}, s.auth.middleware)
+	r := do(t, s.Handler(), "GET", "/v1/test/db", token(t, "org-a", "admin"), nil)
+	r.requireProblem(t, http.StatusServiceUnavailable)
+	require.Equal(t, "5", r.Header.Get("Retry-After"))
+	require.Contains(t, string(r.Body), "/problems/unavailable")
+
+	for _, tc := range []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"a connection refused", queryErr, http.StatusServiceUnavailable},
+		{"the server shutting down", &pgconn.PgError{Code: "57P01"}, http.StatusServiceUnavailable},
+		{"a connection failure", &pgconn.PgError{Code: "08006"}, http.StatusServiceUnavailable},
+		{"a unique violation", &pgconn.PgError{Code: "23505"}, http.StatusInternalServerError},
+		{"any other error", errors.New("boom"), http.StatusInternalServerError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, problemFor(fmt.Errorf("wrapped: %w", tc.err)).Status)
+		})
+	}
 }
