@@ -56,9 +56,27 @@ func (m *httpMetrics) connState(_ net.Conn, state http.ConnState) {
 	}
 }
 
+// observe records one answered request. route must be a route template
+// or "unmatched", never the request's path: every label value is a new
+// series, kept until the process ends.
 func (m *httpMetrics) observe(method, route string, status int, elapsed time.Duration) {
+	method = metricMethod(method)
 	m.requests.WithLabelValues(method, route, strconv.Itoa(status)).Inc()
 	m.duration.WithLabelValues(method, route).Observe(elapsed.Seconds())
+}
+
+// metricMethod is the method label of a request: its method when it is one
+// of net/http's, else "other". A request line may carry any token as its
+// method, and unauthenticated clients sending thousands of made-up ones
+// (each answered 405) otherwise made as many series, and /metrics grew
+// without bound.
+func metricMethod(method string) string {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return method
+	}
+	return "other"
 }
 
 func newRequestID() string { return uuid.Must(uuid.NewV7()).String() }

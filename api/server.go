@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
@@ -401,7 +402,7 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 		elapsed := time.Since(start)
 		s.metrics.observe(c.Request().Method, route, status, elapsed)
 		attrs := []any{
-			"method", c.Request().Method, "path", c.Request().URL.Path, "route", route,
+			"method", logCut(c.Request().Method, maxLoggedMethod), "path", logCut(c.Request().URL.Path, maxLoggedPath), "route", route,
 			"status", status, "duration_ms", float64(elapsed.Microseconds()) / 1000,
 			"bytes_out", c.Response().Size, "request_id", c.Response().Header().Get(echo.HeaderXRequestID),
 		}
@@ -411,6 +412,29 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 		s.logger.Info("http request", attrs...)
 		return nil
 	}
+}
+
+// The access log writes a request's method and path at most this long:
+// both are the client's to choose (net/http reads a request line up to
+// its 1 MiB header limit), and a client could otherwise make every line it
+// causes as long as that.
+const (
+	maxLoggedMethod = 64
+	maxLoggedPath   = 2048
+)
+
+// logCut is s cut to at most limit bytes (on a UTF-8 boundary) and marked
+// as cut with the length it had, so that a cut value is never taken for
+// the whole.
+func logCut(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…(cut, " + strconv.Itoa(len(s)) + " bytes)"
 }
 
 // Run serves until ctx is canceled, then drains in-flight requests for up to
