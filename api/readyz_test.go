@@ -2,15 +2,19 @@ package api
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/devstack"
+	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/migrations"
 )
 
@@ -92,4 +96,48 @@ func metricDependencyUp(t *testing.T, s *Server, name string) string {
 	}
 	t.Fatalf("no %s in /metrics", prefix)
 	return ""
+}
+
+// A /readyz answered 503 — Postgres out of reach — is the probe working:
+// on the API listener and on the ops listener alike it is counted in
+// reveille_http_requests_total (the documented alert on rising 503s) and
+// logged by its access log line alone, at INFO with its request id, never
+// as a request that failed; the ops listener's other requests are counted
+// and logged as well. (On the ops listener they were neither counted nor
+// access-logged, and each 503 was an error line with an empty request id.)
+func TestAProbeAnsweredNotReadyIsCountedAndLoggedOnEveryListener(t *testing.T) {
+	var logs testkit.LogBuffer
+	unreachable, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=2")
+	require.NoError(t, err)
+	t.Cleanup(unreachable.Close)
+	s := newTestServer(t, func(c *Config, svc *Services) {
+		c.OpsAddr = "127.0.0.1:0"
+		c.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		svc.DB = unreachable
+	})
+	cases := []struct {
+		name       string
+		listener   http.Handler
+		path       string
+		wantStatus int
+	}{
+		{name: "readyz on the API listener", listener: s.Handler(), path: "/readyz", wantStatus: http.StatusServiceUnavailable},
+		{name: "readyz on the ops listener", listener: s.ops, path: "/readyz", wantStatus: http.StatusServiceUnavailable},
+		{name: "healthz on the ops listener", listener: s.ops, path: "/healthz", wantStatus: http.StatusOK},
+		{name: "metrics on the ops listener", listener: s.ops, path: "/metrics", wantStatus: http.StatusOK},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			status := strconv.Itoa(tc.wantStatus)
+			before := requestsTotal(t, s, http.MethodGet, tc.path, status)
+			r := do(t, tc.listener, http.MethodGet, tc.path, "", nil)
+			require.Equal(t, tc.wantStatus, r.Status, "body: %s", r.Body)
+			require.Equal(t, before+1, requestsTotal(t, s, http.MethodGet, tc.path, status))
+			requestID := r.Header.Get(echo.HeaderXRequestID)
+			require.NotEmpty(t, requestID)
+			require.Equal(t, []string{"INFO http request " + status}, logLinesOf(t, &logs, requestID))
+		})
+	}
+	require.NotContains(t, logs.String(), `"level":"ERROR"`)
+	require.NotContains(t, logs.String(), `"request_id":""`)
 }

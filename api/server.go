@@ -43,7 +43,9 @@ type Config struct {
 	// /healthz, /readyz and /metrics alone (REVEILLE_OPS_ADDR; ServeOps):
 	// probes and scrapes never wait behind clients' connections there, and
 	// /metrics — totals across orgs — leaves the API listener for a network
-	// only the operator reaches. Probes stay on the API listener too.
+	// only the operator reaches. Probes stay on the API listener too. Its
+	// requests are counted in the HTTP metrics and access-logged as the
+	// API listener's are.
 	OpsAddr string
 	// MaxBody is the request body limit in bytes (default 1 MiB).
 	MaxBody int64
@@ -205,6 +207,29 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 		streamCap:  newOrgStreamCap(cfg.OrgMaxStreams),
 		inboxHTML:  inboxHTML,
 	}
+	s.echo = s.newEcho()
+	if cfg.OpsAddr != "" {
+		// The same middleware as the API's listener: its probes and scrapes
+		// count in reveille_http_requests_total and have access log lines
+		// and request ids too — without them, 503s of /readyz there (the
+		// documented alert) were never counted, and each was logged only
+		// as a failure with no request id.
+		s.ops = s.newEcho()
+		s.opsRoutes(s.ops, true)
+	}
+	if s.bodyless, err = bodylessOperations(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Registry.Register(newDependencyUp(s)); err != nil {
+		return nil, fmt.Errorf("api: register reveille_dependency_up: %w", err)
+	}
+	s.routes()
+	return s, nil
+}
+
+// newEcho is a router with the middleware every listener's requests go
+// through: request id, access log and metrics, panic recovery, body limit.
+func (s *Server) newEcho() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorHandler
@@ -217,23 +242,7 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 		return err
 	}}))
 	e.Use(s.limitBody)
-	s.echo = e
-	if cfg.OpsAddr != "" {
-		// No access log: probes and scrapes come every few seconds.
-		s.ops = echo.New()
-		s.ops.HideBanner, s.ops.HidePort = true, true
-		s.ops.HTTPErrorHandler = s.errorHandler
-		s.ops.Use(middleware.Recover())
-		s.opsRoutes(s.ops, true)
-	}
-	if s.bodyless, err = bodylessOperations(); err != nil {
-		return nil, err
-	}
-	if err := cfg.Registry.Register(newDependencyUp(s)); err != nil {
-		return nil, fmt.Errorf("api: register reveille_dependency_up: %w", err)
-	}
-	s.routes()
-	return s, nil
+	return e
 }
 
 // Handler is the server's http.Handler (tests drive it directly).
@@ -322,7 +331,12 @@ func (s *Server) readyz(c echo.Context) error {
 			// the prober left (its own timeout): a 499, not "not ready"
 			return fmt.Errorf("readiness: %w", err)
 		}
-		return NewProblem(http.StatusServiceUnavailable, "not-ready", "not ready: postgres unreachable").With("checks", status)
+		// Written here, not returned: a probe answered "not ready" is the
+		// probe working, not a request that failed, and the error handler
+		// would log each one (every second, per prober, for the whole
+		// outage) beside its access log line.
+		writeProblem(c, NewProblem(http.StatusServiceUnavailable, "not-ready", "not ready: postgres unreachable").With("checks", status))
+		return nil
 	}
 	return c.JSON(http.StatusOK, map[string]any{"status": "ready", "checks": status})
 }
