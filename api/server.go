@@ -300,6 +300,9 @@ func (s *Server) route(method, path string, h echo.HandlerFunc, roles []string, 
 		chain = append(chain, requireRole(roles...))
 	}
 	chain = append(chain, checkParams)
+	// Its series is there from the start, at 0 (an alert on a rate or on an
+	// absent series needs it before the first 429); routes are few.
+	s.metrics.rateLimited.WithLabelValues(path)
 	s.echo.Add(method, path, h, append(chain, mw...)...)
 }
 

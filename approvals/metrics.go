@@ -32,6 +32,11 @@ func newMetrics(db *pgxpool.Pool, reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.5, 2, 16), // 0.5 s … ~4.5 h
 		}, []string{"source"}),
 	}
+	// Every series is there from the start, at 0: an alert on a rate or on
+	// an absent series needs it before the first event.
+	for _, src := range []string{SourceHuman, SourceExpired} {
+		m.latency.WithLabelValues(src)
+	}
 	for _, src := range []string{SourcePolicy, SourceHuman, SourceExpired} {
 		for _, d := range []string{DecisionApproved, DecisionDenied} {
 			if src != SourceExpired || d == DecisionDenied {

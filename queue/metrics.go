@@ -29,6 +29,14 @@ func newDispatchMetrics(reg prometheus.Registerer) *dispatchMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 20),
 		}),
 	}
+	// Every series is there from the start, at 0: an alert on a rate or on
+	// an absent series needs it before the first event.
+	for _, r := range []string{"delivered", "retry", "failed", "recovered", "released"} {
+		m.results.WithLabelValues(r)
+	}
+	for _, r := range []string{"sent", "released", "expired", "dropped"} {
+		m.handoffs.WithLabelValues(r)
+	}
 	if reg != nil {
 		reg.MustRegister(m.results, m.handoffs, m.sendSeconds, m.deliverySeconds)
 	}

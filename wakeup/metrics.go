@@ -26,6 +26,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 		}),
 	}
+	// Every series is there from the start, at 0: an alert on a rate or on
+	// an absent series needs it before the first event.
+	for _, gate := range []string{"funded", "refused"} {
+		m.created.WithLabelValues(gate)
+	}
+	for _, outcome := range []string{OutcomeSucceeded, OutcomeFailed, OutcomeCanceled, OutcomeDenied} {
+		m.resolved.WithLabelValues(outcome)
+	}
 	if reg != nil {
 		reg.MustRegister(m.created, m.resolved, m.reconciled, m.createBatch)
 	}

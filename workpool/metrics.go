@@ -76,6 +76,22 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 	return mt, nil
 }
 
+// forPool makes the pool's series, at 0, as soon as this replica knows the
+// pool: an alert on a rate or on an absent series (enqueue refusals, queue
+// repairs, hook retries: 0 in steady state) needs them before the first
+// event. Pools are few, made by the operator, never by tenants.
+func (mt *metrics) forPool(pool string) {
+	for _, c := range []*prometheus.CounterVec{mt.started, mt.succeeded, mt.failed, mt.retried, mt.canceled,
+		mt.hookRetries, mt.refused, mt.queueRepairs} {
+		c.WithLabelValues(pool)
+	}
+	for _, result := range []string{hookResult(false), hookResult(true)} {
+		mt.hookCalls.WithLabelValues(pool, result)
+	}
+	mt.iteration.WithLabelValues(pool)
+	mt.startLag.WithLabelValues(pool)
+}
+
 // depthCollector reads queue depth per pool at scrape time.
 type depthCollector struct{ m *Manager }
 

@@ -272,6 +272,7 @@ func (m *Manager) syncLoops(ctx context.Context) error {
 		if _, ok := m.loops[name]; ok {
 			continue
 		}
+		m.metrics.forPool(name)
 		l := newLoop(m, name)
 		m.loops[name] = l
 		m.goRun(func() { l.campaign(ctx) })
