@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/reveille/reveille/internal/listen"
 	"github.com/reveille/reveille/internal/startstop"
 	"go.temporal.io/api/serviceerror"
 )
@@ -122,17 +123,32 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 func (d *Dispatcher) Stop(ctx context.Context) error { return d.life.Stop(ctx) }
 
 // run listens for notifications and dispatches whatever is due; it
-// reconnects when its listening connection fails.
+// reconnects when its listening connection fails, with the LISTEN hubs'
+// capped backoff: at a fixed second it logged a warning every second of a
+// Postgres outage. The backoff starts over only after a connection that
+// listened for longer than its cap — one that fails again at once (a
+// query that keeps failing) must not be retried every 50 ms.
 func (d *Dispatcher) run(ctx context.Context) {
+	backoff := listen.NewReconnectBackoff()
+	var listenedAt time.Time
 	for ctx.Err() == nil {
-		err := d.listenAndDispatch(ctx)
+		listenedAt = time.Time{}
+		err := d.listenAndDispatch(ctx, func() { listenedAt = time.Now() })
 		if ctx.Err() != nil {
 			return
 		}
-		d.cfg.Logger.Warn("signal dispatcher lost its connection; reconnecting", "error", err)
+		msg := "signal dispatcher reconnect failed"
+		if !listenedAt.IsZero() {
+			msg = "signal dispatcher lost its connection; reconnecting"
+			if time.Since(listenedAt) > backoff.Max {
+				backoff.Reset()
+			}
+		}
+		wait := backoff.Next()
+		d.cfg.Logger.Warn(msg, "error", err, "retry_in", wait.String())
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Second):
+		case <-time.After(wait):
 		}
 	}
 }
@@ -141,8 +157,9 @@ func (d *Dispatcher) run(ctx context.Context) {
 // so. It does not wait for one claim's signals before the next claim: a
 // message committed while earlier signals are in flight (a slow Temporal)
 // is claimed and sent at once, not after the slowest of them. At most
-// BatchSize messages are claimed and unsettled at a time.
-func (d *Dispatcher) listenAndDispatch(ctx context.Context) error {
+// BatchSize messages are claimed and unsettled at a time. listening is
+// called once the connection LISTENs.
+func (d *Dispatcher) listenAndDispatch(ctx context.Context, listening func()) error {
 	conn, err := d.db.Acquire(ctx)
 	if err != nil {
 		return err
@@ -153,6 +170,7 @@ func (d *Dispatcher) listenAndDispatch(ctx context.Context) error {
 		return err
 	}
 	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "UNLISTEN "+notifyChannel) }()
+	listening()
 	p := d.newPipeline(ctx)
 	defer p.close()
 	hctx, stopHandoffs := context.WithCancel(ctx)

@@ -96,7 +96,7 @@ func (l Loop) listen(ctx context.Context, conn *pgx.Conn) error {
 // reconnect retries with capped backoff until it listens again or ctx
 // ends (then nil).
 func (l Loop) reconnect(ctx context.Context) *pgx.Conn {
-	backoff := 50 * time.Millisecond
+	backoff := NewReconnectBackoff()
 	for {
 		conn, err := l.Connect(ctx)
 		if err == nil {
@@ -105,12 +105,46 @@ func (l Loop) reconnect(ctx context.Context) *pgx.Conn {
 		if ctx.Err() != nil {
 			return nil
 		}
-		l.Logger.Warn(l.Name+": reconnect failed", "error", err.Error(), "retry_in", backoff.String())
+		wait := backoff.Next()
+		l.Logger.Warn(l.Name+": reconnect failed", "error", err.Error(), "retry_in", wait.String())
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 }
+
+// The delays between a LISTEN connection's reconnect attempts: short at
+// first (a connection cut while Postgres is up comes back at once), then
+// doubling up to the cap, so that through an outage each listener tries
+// — and logs a warning — at most every ReconnectMax.
+const (
+	ReconnectMin = 50 * time.Millisecond
+	ReconnectMax = 5 * time.Second
+)
+
+// Backoff is a capped exponential delay: Next is Min, then twice the last
+// one, up to Max; Reset starts it over. Not safe for concurrent use.
+type Backoff struct {
+	Min, Max time.Duration
+	last     time.Duration
+}
+
+// NewReconnectBackoff is the backoff of a LISTEN connection's reconnects
+// (ReconnectMin to ReconnectMax), which every listener in the process
+// shares so that an outage is retried alike by all of them.
+func NewReconnectBackoff() *Backoff { return &Backoff{Min: ReconnectMin, Max: ReconnectMax} }
+
+// Next is the delay before the next attempt.
+func (b *Backoff) Next() time.Duration {
+	if b.last == 0 {
+		b.last = b.Min
+	} else {
+		b.last = min(2*b.last, b.Max)
+	}
+	return b.last
+}
+
+// Reset makes the next delay Min again.
+func (b *Backoff) Reset() { b.last = 0 }
