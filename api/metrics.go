@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -80,6 +81,37 @@ func metricMethod(method string) string {
 }
 
 func newRequestID() string { return uuid.Must(uuid.NewV7()).String() }
+
+// maxRequestIDBytes bounds a client's own X-Request-Id (a UUID is 36, a
+// W3C trace id 32).
+const maxRequestIDBytes = 128
+
+// dropUnfitRequestID drops a client's X-Request-Id that is longer than
+// maxRequestIDBytes or holds anything but visible ASCII, so that the
+// request gets an id of its own: the id is echoed in the answer and
+// written to every log line of the request, where a megabyte of it, or a
+// forged line break, has no place.
+func dropUnfitRequestID(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		h := c.Request().Header
+		if id := h.Get(echo.HeaderXRequestID); id != "" && !fitRequestID(id) {
+			h.Del(echo.HeaderXRequestID)
+		}
+		return next(c)
+	}
+}
+
+func fitRequestID(id string) bool {
+	if len(id) > maxRequestIDBytes {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
 
 // dependencyUp is reveille_dependency_up{dependency}: 1 when the dependency
 // answers, 0 when not. It asks at scrape time, as /readyz does, so that it

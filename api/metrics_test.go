@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
@@ -126,6 +128,35 @@ func TestTheAccessLogCutsLongMethodsAndPaths(t *testing.T) {
 				return
 			}
 			require.Equal(t, tc.wantPathPrefix+tc.wantPathCutComment, line.Path)
+		})
+	}
+}
+
+func TestAClientsRequestIDIsKeptOnlyWhenItIsShortVisibleASCII(t *testing.T) {
+	s := newTestServer(t)
+	for _, tc := range []struct {
+		name, id string
+		kept     bool
+	}{
+		{"a trace id", "4bf92f3577b34da6a3ce929d0e0e4736", true},
+		{"a long one", strings.Repeat("a", 129), false},
+		{"one with a space", "a b", false},
+		{"one with a line break", "a\nlevel=ERROR", false},
+		{"one not ASCII", "идентификатор", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := httptest.NewRequest(http.MethodGet, "/healthz", nil)
+			req.Header[echo.HeaderXRequestID] = []string{tc.id}
+			rec := httptest.NewRecorder()
+			s.Handler().ServeHTTP(rec, req)
+			got := rec.Header().Get(echo.HeaderXRequestID)
+			if tc.kept {
+				require.Equal(t, tc.id, got)
+				return
+			}
+			require.NotEqual(t, tc.id, got)
+			_, err := uuid.Parse(got)
+			require.NoError(t, err, "an id of its own: %q", got)
 		})
 	}
 }

@@ -55,9 +55,6 @@ var notAtStart = map[string]string{
 	// once it is answered).
 	"reveille_http_requests_total":           "labels not known ahead",
 	"reveille_http_request_duration_seconds": "labels not known ahead",
-	// Registered by workpool/httpwork, which does not yet make its
-	// reasons' series at registration.
-	"reveille_http_work_refused_total": "made in workpool/httpwork",
 }
 
 // Every metric docs/operations.md lists is on /metrics from the start,

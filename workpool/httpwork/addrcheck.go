@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,6 +40,18 @@ var specialNets = func() []specialNet {
 	add("reserved", "a reserved address", "240.0.0.0/4", "::/96", "64:ff9b:1::/48")
 	return out
 }()
+
+// refusalReasons are the reason labels of refusals: the allow-list's
+// (host, port, url) and each special range's.
+func refusalReasons() []string {
+	reasons := []string{"host", "port", "url"}
+	for _, s := range specialNets {
+		if !slices.Contains(reasons, s.reason) {
+			reasons = append(reasons, s.reason)
+		}
+	}
+	return reasons
+}
 
 // embedsIPv4 are IPv6 ranges that carry an IPv4 address in their low 32 bits
 // (NAT64) or bits 16-48 (6to4) and route to it: they are judged by that

@@ -207,6 +207,11 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 	refusals := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "reveille_http_work_refused_total",
 		Help: "http work refused by the network rules, at enqueue or when it runs, by reason (host, port, url or the address class)."},
 		[]string{"reason"})
+	// (every reason at 0 from the start: an alert on its rate sees a
+	// series before the first refusal)
+	for _, reason := range refusalReasons() {
+		refusals.WithLabelValues(reason)
+	}
 	if cfg.Registry != nil {
 		if err := cfg.Registry.Register(refusals); err != nil {
 			return nil, nil, nil, fmt.Errorf("httpwork metrics: %w", err)
