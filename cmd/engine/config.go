@@ -93,15 +93,15 @@ type retentionSettings struct {
 
 func envRetention(errs *[]error) retentionSettings {
 	return retentionSettings{
-		IdempotencyRecords: envDuration("REVEILLE_IDEMPOTENCY_RETENTION", api.DefaultIdempotencyRetention, errs),
-		SpendKeys:          envDuration("REVEILLE_SPEND_KEY_RETENTION", retention.DefaultSpendKeys, errs),
-		MandateApprovals:   envDuration("REVEILLE_MANDATE_APPROVAL_RETENTION", retention.DefaultSettled, errs),
-		Wakeups:            envDuration("REVEILLE_WAKEUP_RETENTION", retention.DefaultSettled, errs),
-		ToolApprovals:      envDuration("REVEILLE_TOOL_APPROVAL_RETENTION", retention.DefaultSettled, errs),
-		QueueMessages:      envDuration("REVEILLE_QUEUE_RETENTION", retention.DefaultSettled, errs),
-		SessionEvents:      envDuration("REVEILLE_SESSION_EVENT_RETENTION", retention.DefaultSettled, errs),
-		ApprovalEvents:     envDuration("REVEILLE_APPROVAL_EVENT_RETENTION", retention.DefaultSettled, errs),
-		Interval:           envDuration("REVEILLE_RETENTION_INTERVAL", retention.DefaultInterval, errs),
+		IdempotencyRecords: envDuration("REVEILLE_IDEMPOTENCY_RETENTION", api.DefaultIdempotencyRetention, minDuration, errs),
+		SpendKeys:          envDuration("REVEILLE_SPEND_KEY_RETENTION", retention.DefaultSpendKeys, minDuration, errs),
+		MandateApprovals:   envDuration("REVEILLE_MANDATE_APPROVAL_RETENTION", retention.DefaultSettled, minDuration, errs),
+		Wakeups:            envDuration("REVEILLE_WAKEUP_RETENTION", retention.DefaultSettled, minDuration, errs),
+		ToolApprovals:      envDuration("REVEILLE_TOOL_APPROVAL_RETENTION", retention.DefaultSettled, minDuration, errs),
+		QueueMessages:      envDuration("REVEILLE_QUEUE_RETENTION", retention.DefaultSettled, minDuration, errs),
+		SessionEvents:      envDuration("REVEILLE_SESSION_EVENT_RETENTION", retention.DefaultSettled, minDuration, errs),
+		ApprovalEvents:     envDuration("REVEILLE_APPROVAL_EVENT_RETENTION", retention.DefaultSettled, minDuration, errs),
+		Interval:           envDuration("REVEILLE_RETENTION_INTERVAL", retention.DefaultInterval, minDuration, errs),
 	}
 }
 
@@ -118,6 +118,20 @@ func (r retentionSettings) config() retention.Config {
 // a heartbeat goes out every second and two in a row may be late before a
 // healthy attempt is recovered as dead.
 const minHeartbeatTimeout = 3 * time.Second
+
+// minDuration is the least value of every duration setting but the two
+// below: a loop ticking every 1ms spins (REVEILLE_RETENTION_INTERVAL=1ms
+// ran a purge pass back to back, thousands of log lines a second), a
+// timeout or TTL that short fails every request, hook call or approval,
+// and a retention that short drops a record before anyone reads it —
+// never what an operator meant, so it stops the start instead.
+const minDuration = time.Second
+
+// minRecoveryPeriod is the least REVEILLE_RECOVERY_PERIOD, below
+// minDuration: recovery is one indexed query per pool, cheap ten times a
+// second, and the fault suite runs it every 500ms so that a killed
+// replica's work is recovered within seconds.
+const minRecoveryPeriod = 100 * time.Millisecond
 
 // envConfig reads settings from the environment — the one place in the
 // engine that does — reporting every malformed value at once, each naming
@@ -146,32 +160,31 @@ func envConfig() (settings, error) {
 	}
 	s.LogLevel = envLogLevel("REVEILLE_LOG_LEVEL", &errs)
 	s.MaxBody = envInt("REVEILLE_MAX_BODY", 1<<20, &errs)
-	s.HeaderTimeout = envDuration("REVEILLE_READ_HEADER_TIMEOUT", api.DefaultReadHeaderTimeout, &errs)
-	s.ReadTimeout = envDuration("REVEILLE_READ_TIMEOUT", api.DefaultReadTimeout, &errs)
-	s.WriteTimeout = envDuration("REVEILLE_WRITE_TIMEOUT", api.DefaultWriteTimeout, &errs)
-	s.IdleTimeout = envDuration("REVEILLE_IDLE_TIMEOUT", api.DefaultIdleTimeout, &errs)
+	s.HeaderTimeout = envDuration("REVEILLE_READ_HEADER_TIMEOUT", api.DefaultReadHeaderTimeout, minDuration, &errs)
+	s.ReadTimeout = envDuration("REVEILLE_READ_TIMEOUT", api.DefaultReadTimeout, minDuration, &errs)
+	s.WriteTimeout = envDuration("REVEILLE_WRITE_TIMEOUT", api.DefaultWriteTimeout, minDuration, &errs)
+	s.IdleTimeout = envDuration("REVEILLE_IDLE_TIMEOUT", api.DefaultIdleTimeout, minDuration, &errs)
 	s.OrgRate = envRate("REVEILLE_ORG_RATE", 10_000, &errs)
 	s.OrgMaxStreams = envCap("REVEILLE_ORG_MAX_STREAMS", api.DefaultOrgMaxStreams, -1, &errs)
 	s.MaxConns = envCap("REVEILLE_MAX_CONNECTIONS", 0, -1, &errs)
 	s.StreamChunk = envInt("REVEILLE_STREAM_MAX_CHUNK", 1<<20, &errs)
 	s.StreamRequest = envInt("REVEILLE_STREAM_MAX_REQUEST", 8<<20, &errs)
 	s.StreamChunks = int(envInt("REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST", streams.DefaultMaxChunks, &errs))
-	s.RecoveryPeriod = envDuration("REVEILLE_RECOVERY_PERIOD", 10*time.Second, &errs)
-	s.HeartbeatLimit = envDuration("REVEILLE_HEARTBEAT_TIMEOUT", 30*time.Second, &errs)
-	if s.HeartbeatLimit < minHeartbeatTimeout {
-		errs = append(errs, fmt.Errorf("REVEILLE_HEARTBEAT_TIMEOUT=%s: want at least %s (executors heartbeat every third of it, at most 5s apart: a shorter one fails healthy work as stopped heartbeating)", s.HeartbeatLimit, minHeartbeatTimeout))
-	}
-	s.HTTPTimeout = envDuration("REVEILLE_HTTP_TIMEOUT", 0, &errs)
-	s.HookTimeout = envDuration("REVEILLE_HOOK_TIMEOUT", workpool.DefaultHookTimeout, &errs)
+	s.RecoveryPeriod = envDuration("REVEILLE_RECOVERY_PERIOD", 10*time.Second, minRecoveryPeriod, &errs)
+	// At least minHeartbeatTimeout: executors heartbeat every third of it,
+	// at most 5s apart, so a shorter one fails healthy work as stopped.
+	s.HeartbeatLimit = envDuration("REVEILLE_HEARTBEAT_TIMEOUT", 30*time.Second, minHeartbeatTimeout, &errs)
+	s.HTTPTimeout = envDuration("REVEILLE_HTTP_TIMEOUT", 0, minDuration, &errs)
+	s.HookTimeout = envDuration("REVEILLE_HOOK_TIMEOUT", workpool.DefaultHookTimeout, minDuration, &errs)
 	if s.HookTimeout > workpool.MaxHookTimeout {
 		errs = append(errs, fmt.Errorf("REVEILLE_HOOK_TIMEOUT=%s: want at most %s (a hook call holds up the completions recorded with it)", s.HookTimeout, workpool.MaxHookTimeout))
 	}
-	s.WorkRetention = envDuration("REVEILLE_WORK_RETENTION", 24*time.Hour, &errs)
-	s.ApprovalTTL = envDuration("REVEILLE_APPROVAL_TTL", 24*time.Hour, &errs)
-	s.ToolTTL = envDuration("REVEILLE_TOOL_APPROVAL_TTL", time.Hour, &errs)
-	s.NotFoundGrace = envDuration("REVEILLE_SIGNAL_NOTFOUND_GRACE", 60*time.Second, &errs)
-	s.StreamKeep = envDuration("REVEILLE_STREAM_RETENTION", 7*24*time.Hour, &errs)
-	s.ShutdownGrace = envDuration("REVEILLE_SHUTDOWN_GRACE", service.DefaultShutdownGrace, &errs)
+	s.WorkRetention = envDuration("REVEILLE_WORK_RETENTION", 24*time.Hour, minDuration, &errs)
+	s.ApprovalTTL = envDuration("REVEILLE_APPROVAL_TTL", 24*time.Hour, minDuration, &errs)
+	s.ToolTTL = envDuration("REVEILLE_TOOL_APPROVAL_TTL", time.Hour, minDuration, &errs)
+	s.NotFoundGrace = envDuration("REVEILLE_SIGNAL_NOTFOUND_GRACE", 60*time.Second, minDuration, &errs)
+	s.StreamKeep = envDuration("REVEILLE_STREAM_RETENTION", 7*24*time.Hour, minDuration, &errs)
+	s.ShutdownGrace = envDuration("REVEILLE_SHUTDOWN_GRACE", service.DefaultShutdownGrace, minDuration, &errs)
 	s.Worker = envBool("REVEILLE_WORKER", false, &errs)
 	s.Pools = envPools("REVEILLE_POOLS", workpool.DefaultPools, &errs)
 	s.OrgMaxPending = envCap("REVEILLE_ORG_MAX_PENDING", workpool.DefaultMaxPendingPerOrg, workpool.NoPendingLimit, &errs)
@@ -388,14 +401,20 @@ func envRate(name string, def float64, errs *[]error) float64 {
 	return r
 }
 
-func envDuration(name string, def time.Duration, errs *[]error) time.Duration {
+// envDuration reads a duration of at least least (> 0), refusing a
+// shorter one naming the variable and the bound.
+func envDuration(name string, def, least time.Duration, errs *[]error) time.Duration {
 	v := os.Getenv(name)
 	if v == "" {
 		return def
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
-		*errs = append(*errs, fmt.Errorf("%s=%q: want a positive duration such as 30s or 24h", name, v))
+		*errs = append(*errs, fmt.Errorf("%s=%q: want a duration of at least %s such as 30s or 24h", name, v, least))
+		return def
+	}
+	if d < least {
+		*errs = append(*errs, fmt.Errorf("%s=%s: want at least %s", name, d, least))
 		return def
 	}
 	return d

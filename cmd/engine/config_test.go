@@ -583,3 +583,48 @@ func TestEnvConfigAcceptsAnHTTPSOrHTTPJWKSURL(t *testing.T) {
 		require.Equal(t, good, s.JWKSURL)
 	}
 }
+
+// Every duration setting has a least value, named with the variable in the
+// error: REVEILLE_RETENTION_INTERVAL=1ms started and spun the purge back to
+// back, REVEILLE_RECOVERY_PERIOD=1ns was accepted. The bound itself is
+// accepted.
+func TestEnvConfigRefusesADurationBelowItsBound(t *testing.T) {
+	oneSecond := []string{"REVEILLE_READ_HEADER_TIMEOUT", "REVEILLE_READ_TIMEOUT", "REVEILLE_WRITE_TIMEOUT", "REVEILLE_IDLE_TIMEOUT",
+		"REVEILLE_HTTP_TIMEOUT", "REVEILLE_HOOK_TIMEOUT", "REVEILLE_WORK_RETENTION", "REVEILLE_APPROVAL_TTL", "REVEILLE_TOOL_APPROVAL_TTL",
+		"REVEILLE_SIGNAL_NOTFOUND_GRACE", "REVEILLE_STREAM_RETENTION", "REVEILLE_SHUTDOWN_GRACE", "REVEILLE_IDEMPOTENCY_RETENTION",
+		"REVEILLE_SPEND_KEY_RETENTION", "REVEILLE_MANDATE_APPROVAL_RETENTION", "REVEILLE_WAKEUP_RETENTION", "REVEILLE_TOOL_APPROVAL_RETENTION",
+		"REVEILLE_QUEUE_RETENTION", "REVEILLE_SESSION_EVENT_RETENTION", "REVEILLE_APPROVAL_EVENT_RETENTION", "REVEILLE_RETENTION_INTERVAL"}
+	type bound struct {
+		name, below, least string
+	}
+	bounds := []bound{
+		{"REVEILLE_RECOVERY_PERIOD", "1ns", "100ms"},
+		{"REVEILLE_RECOVERY_PERIOD", "99ms", "100ms"},
+		{"REVEILLE_HEARTBEAT_TIMEOUT", "2.999s", "3s"},
+	}
+	for _, name := range oneSecond {
+		bounds = append(bounds, bound{name, "1ms", "1s"}, bound{name, "999ms", "1s"})
+	}
+	for _, b := range bounds {
+		t.Run(b.name+"="+b.below+" is refused", func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv(b.name, b.below)
+			_, err := envConfig()
+			require.ErrorContains(t, err, b.name+"="+b.below+": want at least "+b.least)
+		})
+		t.Run(b.name+"="+b.least+" is accepted", func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv(b.name, b.least)
+			_, err := envConfig()
+			require.NoError(t, err)
+		})
+	}
+	t.Run("the README documents every duration's bound", func(t *testing.T) {
+		readme, err := os.ReadFile("../../README.md")
+		require.NoError(t, err)
+		for _, b := range bounds {
+			row := regexp.MustCompile("(?m)^\\| `" + b.name + "` \\|.*$").FindString(string(readme))
+			require.Contains(t, row, "at least `"+b.least+"`", "README's row for %s", b.name)
+		}
+	})
+}

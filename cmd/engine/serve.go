@@ -117,9 +117,9 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_MAX_CONNECTIONS      connections the API server holds open; at it a new one closes an idle one or waits
                                 (default: half the open-file limit; 0 = no bound)
   REVEILLE_POOLS                pools created at start if missing (default default=25,wakeup=25)
-  REVEILLE_RECOVERY_PERIOD      how often running work is checked for dead executors (default 10s)
+  REVEILLE_RECOVERY_PERIOD      how often running work is checked for dead executors (default 10s, at least 100ms)
   REVEILLE_HEARTBEAT_TIMEOUT    heartbeat age after which running work is recovered (default 30s, at least 3s)
-  REVEILLE_HOOK_TIMEOUT         the most one onComplete hook call may take before it fails and is retried (default 10s, at most 1h)
+  REVEILLE_HOOK_TIMEOUT         the most one onComplete hook call may take before it fails and is retried (default 10s, 1s to 1h)
   REVEILLE_HTTP_TIMEOUT         the most one request of the http handler may take (default: unset, the work's timeout_ms alone)
   REVEILLE_WORK_RETENTION       how long finished work records are kept (default 24h)
   REVEILLE_ORG_MAX_PENDING      unfinished work items one org may have in one pool (default 100000; 0 = no cap)
@@ -148,4 +148,6 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_WEBHOOK_POOL         pool approval webhooks are delivered on, one of REVEILLE_POOLS (default "default",
                                 else the first of REVEILLE_POOLS by name)
   REVEILLE_PUBLIC_URL           the engine's address as people reach it; Slack webhook messages link to its /inbox
+
+Durations (such as 30s or 24h) are at least 1s, except where a line above says otherwise.
 `

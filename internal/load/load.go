@@ -79,12 +79,12 @@ type Config struct {
 	CancelEvery int
 	// Deadline is how long a wake-up may take, from the request that
 	// settled it to its workflow waking, before it counts as lost
-	// (positive; engine load's default 2 min: longer than the default
+	// (at least 1s; engine load's default 2 min: longer than the default
 	// heartbeat timeout and recovery period together, which bound a killed
 	// replica's work).
 	Deadline time.Duration
-	// Progress is how often a progress line is printed (positive; engine
-	// load's default 5 s).
+	// Progress is how often a progress line is printed (at least 1s;
+	// engine load's default 5 s).
 	Progress time.Duration
 	// TargetAddr is where the HTTP service the wake-ups' work calls
 	// listens (default 127.0.0.1:0): the engine must be allowed to call
@@ -131,11 +131,13 @@ func (c Config) validate() error {
 	if c.CancelEvery == 0 {
 		errs = append(errs, errors.New("--cancel-every: must be at least 1 (or -1: none)"))
 	}
-	if c.Deadline <= 0 {
-		errs = append(errs, errors.New("--deadline: must be positive"))
+	// At least a second each: --progress 1ms printed progress lines back to
+	// back, and a wake-up cannot wake its workflow within a millisecond.
+	if c.Deadline < time.Second {
+		errs = append(errs, fmt.Errorf("--deadline: must be at least 1s, not %s", c.Deadline))
 	}
-	if c.Progress <= 0 {
-		errs = append(errs, errors.New("--progress: must be positive"))
+	if c.Progress < time.Second {
+		errs = append(errs, fmt.Errorf("--progress: must be at least 1s, not %s", c.Progress))
 	}
 	return errors.Join(errs...)
 }

@@ -73,3 +73,22 @@ func TestAZeroCountOrDurationIsRefusedNamingItsFlagNotRunAsTheDefault(t *testing
 		})
 	}
 }
+
+// A duration below a second is refused too, naming its flag: --progress
+// 1ms printed progress lines back to back.
+func TestASubSecondDeadlineOrProgressIsRefusedNamingItsFlag(t *testing.T) {
+	valid := Config{APIs: []string{"http://127.0.0.1:1"}, Wakeups: 5, Clients: 2, RefuseEvery: -1, CancelEvery: 20,
+		Deadline: time.Second, Progress: time.Second, Out: io.Discard}
+	require.NoError(t, valid.validate(), "a second is enough")
+	for flag, short := range map[string]func(*Config){
+		"--deadline": func(c *Config) { c.Deadline = time.Millisecond },
+		"--progress": func(c *Config) { c.Progress = time.Millisecond },
+	} {
+		t.Run(flag, func(t *testing.T) {
+			c := valid
+			short(&c)
+			_, err := Run(t.Context(), c)
+			require.ErrorContains(t, err, flag+": must be at least 1s, not 1ms")
+		})
+	}
+}
