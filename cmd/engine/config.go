@@ -208,7 +208,7 @@ func (s *settings) bindFlags(fs *flag.FlagSet, dev bool) {
 	fs.Var(addrFlag{&s.Addr}, "addr", "listen address `host:port` (REVEILLE_ADDR)")
 	fs.StringVar(&s.DataDir, "data-dir", s.DataDir, "data directory: dev Postgres cluster, Temporal SQLite file, dev secret (REVEILLE_DATA_DIR)")
 	if dev {
-		fs.IntVar(&s.TemporalPort, "temporal-port", s.TemporalPort, "frontend port of the embedded Temporal dev server")
+		fs.Var(portFlag{&s.TemporalPort}, "temporal-port", "frontend `port` of the embedded Temporal dev server (0: a free one)")
 	} else {
 		fs.BoolVar(&s.Worker, "worker", s.Worker, "also run the Temporal worker of the reference workflow (REVEILLE_WORKER)")
 	}
@@ -328,6 +328,28 @@ func (a addrFlag) Set(v string) error {
 		return err
 	}
 	*a.p = v
+	return nil
+}
+
+// portFlag is a port flag (--temporal-port, --postgres-port), checked as
+// it is parsed: a port out of range used to pass, and engine dev ran
+// initdb and started Postgres before Temporal refused it. The flag
+// package names the flag in the error.
+type portFlag struct{ p *int }
+
+func (f portFlag) String() string {
+	if f.p == nil {
+		return "0" // the zero value, so that help shows no default of 0
+	}
+	return strconv.Itoa(*f.p)
+}
+
+func (f portFlag) Set(v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > 65535 {
+		return errors.New("want a port from 1 to 65535 (0: a free one)")
+	}
+	*f.p = n
 	return nil
 }
 

@@ -19,7 +19,7 @@ func runDemo(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	apiURL := fs.String("api", s.APIURL, "API of a running engine (REVEILLE_API_URL); started here if it does not answer")
 	fs.StringVar(&s.DataDir, "data-dir", s.DataDir, "data dir of the engine (dev secret; and the stack started when none runs)")
-	fs.IntVar(&s.TemporalPort, "temporal-port", s.TemporalPort, "Temporal port of the engine started here")
+	fs.Var(portFlag{&s.TemporalPort}, "temporal-port", "Temporal `port` of the engine started here (0: a free one)")
 	fs.Usage = func() {
 		flagUsage(fs, "engine demo [--api URL] [--data-dir D]", "  TEMPORAL_ADDRESS  Temporal of the running engine (default 127.0.0.1:7233)\n  REVEILLE_JWT_SECRET  signs the demo's tokens (else the dev secret in the data dir)\n")
 	}

@@ -147,10 +147,10 @@ func runDevstack(ctx context.Context, args []string) error {
 	}
 	fs := flag.NewFlagSet("devstack", flag.ContinueOnError)
 	fs.StringVar(&s.DataDir, "data-dir", s.DataDir, "data directory (REVEILLE_DATA_DIR)")
-	fs.IntVar(&s.TemporalPort, "temporal-port", s.TemporalPort, "frontend port of the embedded Temporal dev server (0: a free one)")
+	fs.Var(portFlag{&s.TemporalPort}, "temporal-port", "frontend `port` of the embedded Temporal dev server (0: a free one)")
 	// A fixed port lets a stopped devstack come back where its clients
 	// look for it (the fault suite restarts Postgres under running replicas).
-	fs.IntVar(&s.PostgresPort, "postgres-port", 0, "port of the local Postgres at 127.0.0.1 (0: a free one; a Postgres left running keeps its own)")
+	fs.Var(portFlag{&s.PostgresPort}, "postgres-port", "`port` of the local Postgres at 127.0.0.1 (0: a free one; a Postgres left running keeps its own)")
 	only := fs.String("only", "", "run only one part: postgres or temporal")
 	fs.Usage = func() { flagUsage(fs, "engine devstack [--only postgres|temporal] [flags]", "") }
 	if err := parseArgs(fs, args, 0); err != nil {

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -32,4 +35,43 @@ func TestDevInboxLinkCarriesAnApproverTokenInItsFragment(t *testing.T) {
 		require.NotEqual(t, "dev-user", claims.Subject, "the dev user's own requests stay answerable")
 		require.Equal(t, []string{api.RoleApprover}, claims.Roles)
 	}
+}
+
+// A port flag out of range stops the command as it parses its flags,
+// naming the flag, before anything is created or started: engine dev
+// --temporal-port -1 ran initdb and started Postgres first. The data dir
+// stays empty.
+func TestAPortFlagOutOfRangeIsRefusedBeforeAnythingStarts(t *testing.T) {
+	for _, tc := range []struct {
+		command string
+		args    []string
+		want    string
+	}{
+		{"dev", []string{"--temporal-port", "-1"}, `invalid value "-1" for flag -temporal-port: want a port from 1 to 65535 (0: a free one)`},
+		{"dev", []string{"--temporal-port=70000"}, `invalid value "70000" for flag -temporal-port`},
+		{"dev", []string{"--temporal-port", "seven"}, `invalid value "seven" for flag -temporal-port`},
+		{"devstack", []string{"--temporal-port", "65536"}, `invalid value "65536" for flag -temporal-port`},
+		{"devstack", []string{"--postgres-port", "-5"}, `invalid value "-5" for flag -postgres-port`},
+		{"demo", []string{"--temporal-port", "70000"}, `invalid value "70000" for flag -temporal-port`},
+	} {
+		t.Run(tc.command+" "+strings.Join(tc.args, " "), func(t *testing.T) {
+			clearEnv(t)
+			dir := t.TempDir()
+			t.Setenv("REVEILLE_DATA_DIR", dir)
+			i := slices.IndexFunc(commands(), func(c command) bool { return c.name == tc.command })
+
+			err := commands()[i].run(context.Background(), tc.args)
+
+			require.ErrorContains(t, err, tc.want)
+			entries, err := os.ReadDir(dir)
+			require.NoError(t, err)
+			require.Empty(t, entries, "nothing created in the data dir")
+		})
+	}
+	t.Run("a port in range, or 0 for a free one, is taken", func(t *testing.T) {
+		for _, v := range []string{"0", "1", "7233", "65535"} {
+			var p int
+			require.NoError(t, portFlag{&p}.Set(v), v)
+		}
+	})
 }

@@ -65,6 +65,14 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	if !o.Postgres && !o.Temporal {
 		return st, nil
 	}
+	// Both ports are checked before anything is made: Temporal's own check
+	// came after initdb had run and Postgres had started.
+	if o.Postgres && (o.PostgresPort < 0 || o.PostgresPort > 65535) {
+		return nil, fmt.Errorf("local Postgres: port %d: want 1 to 65535, or 0 for a free one", o.PostgresPort)
+	}
+	if o.Temporal && (o.TemporalPort < 0 || o.TemporalPort > 65535) {
+		return nil, fmt.Errorf("embedded Temporal: port %d: want 1 to 65535, or 0 for a free one", o.TemporalPort)
+	}
 	lock, err := devstack.LockDataDir(o.DataDir, o.Holder)
 	if errors.Is(err, devstack.ErrDataDirInUse) {
 		return nil, fmt.Errorf("%w; stop it or use --data-dir", err)

@@ -2,6 +2,7 @@ package localstack
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -48,4 +49,30 @@ func TestAStackHoldsItsDataDirUntilStopped(t *testing.T) {
 	again, err := Start(ctx, Options{DataDir: dir, Postgres: true, Holder: "engine other"})
 	require.NoError(t, err, "free once the first has stopped")
 	again.Stop()
+}
+
+// A port out of range is refused before the data dir is touched: Temporal
+// refused -1 only after initdb had run and Postgres had started.
+func TestAPortOutOfRangeIsRefusedBeforeAnythingStarts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts Options
+		want string
+	}{
+		{"a negative Temporal port", Options{Postgres: true, Temporal: true, TemporalPort: -1}, "embedded Temporal: port -1: want 1 to 65535, or 0 for a free one"},
+		{"a Temporal port above 65535", Options{Postgres: true, Temporal: true, TemporalPort: 70000}, "embedded Temporal: port 70000"},
+		{"a Postgres port above 65535", Options{Postgres: true, PostgresPort: 65536}, "local Postgres: port 65536"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			tc.opts.DataDir = dir
+
+			_, err := Start(context.Background(), tc.opts)
+
+			require.ErrorContains(t, err, tc.want)
+			entries, err := os.ReadDir(dir)
+			require.NoError(t, err)
+			require.Empty(t, entries, "nothing made in the data dir: no lock, no cluster")
+		})
+	}
 }
