@@ -203,11 +203,14 @@ func envConfig() (settings, error) {
 	return s, errors.Join(errs...)
 }
 
-// bindFlags adds the flags shared by serve and dev.
+// bindFlags adds the flags of serve and dev. --data-dir is dev's alone:
+// serve keeps nothing on disk (its Postgres, Temporal and secret are
+// external), so it refuses the flag as any unknown one rather than take
+// it and do nothing with it.
 func (s *settings) bindFlags(fs *flag.FlagSet, dev bool) {
 	fs.Var(addrFlag{&s.Addr}, "addr", "listen address `host:port` (REVEILLE_ADDR)")
-	fs.StringVar(&s.DataDir, "data-dir", s.DataDir, "data directory: dev Postgres cluster, Temporal SQLite file, dev secret (REVEILLE_DATA_DIR)")
 	if dev {
+		fs.StringVar(&s.DataDir, "data-dir", s.DataDir, "data directory: dev Postgres cluster, Temporal SQLite file, dev secret (REVEILLE_DATA_DIR)")
 		fs.Var(portFlag{&s.TemporalPort}, "temporal-port", "frontend `port` of the embedded Temporal dev server (0: a free one)")
 	} else {
 		fs.BoolVar(&s.Worker, "worker", s.Worker, "also run the Temporal worker of the reference workflow (REVEILLE_WORKER)")

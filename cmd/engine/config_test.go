@@ -628,3 +628,15 @@ func TestEnvConfigRefusesADurationBelowItsBound(t *testing.T) {
 		}
 	})
 }
+
+// serve keeps nothing on disk: it refuses --data-dir as any flag it does
+// not take, where it used to accept it and do nothing with it.
+func TestServeRefusesTheDataDirFlag(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("DATABASE_URL", "postgres://never-dialled.invalid/reveille")
+	t.Setenv("REVEILLE_JWT_SECRET", firstSecret)
+
+	err := runServe(context.Background(), []string{"--data-dir", t.TempDir()})
+
+	require.EqualError(t, err, "flag provided but not defined: -data-dir")
+}
