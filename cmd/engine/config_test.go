@@ -640,3 +640,42 @@ func TestServeRefusesTheDataDirFlag(t *testing.T) {
 
 	require.EqualError(t, err, "flag provided but not defined: -data-dir")
 }
+
+// engine token checks its secrets as serve does, with serve's message, so
+// that it never prints a token serve would refuse to verify:
+// REVEILLE_JWT_SECRET=short signed a token with a 5-byte secret.
+func TestEngineTokenRefusesTheSecretsServeRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name, secrets, jwks string
+		want                string
+	}{
+		{"a short secret", "short", "", "auth: REVEILLE_JWT_SECRET must be at least 32 bytes: secret 1 of 1 has 5"},
+		{"a short secret among several", firstSecret + ",too-short", "", "secret 2 of 2"},
+		{"a secret and a JWKS", firstSecret, "https://idp.invalid/jwks", "not both"},
+		{"a JWKS without issuer or audience", "", "https://idp.invalid/jwks", "REVEILLE_JWKS_URL needs REVEILLE_JWT_ISSUER and REVEILLE_JWT_AUDIENCE"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("DATABASE_URL", "postgres://never-dialled.invalid/reveille")
+			t.Setenv("REVEILLE_DATA_DIR", t.TempDir())
+			t.Setenv("REVEILLE_JWT_SECRET", tc.secrets)
+			t.Setenv("REVEILLE_JWKS_URL", tc.jwks)
+
+			tokenErr := runToken(context.Background(), []string{"--org", "acme"})
+			serveErr := runServe(context.Background(), nil)
+
+			require.ErrorContains(t, tokenErr, tc.want)
+			require.EqualError(t, tokenErr, serveErr.Error(), "the same message as serve")
+		})
+	}
+	t.Run("a JWKS alone: no secret to sign with", func(t *testing.T) {
+		clearEnv(t)
+		t.Setenv("REVEILLE_JWKS_URL", "https://idp.invalid/jwks")
+		t.Setenv("REVEILLE_JWT_ISSUER", "https://idp.invalid")
+		t.Setenv("REVEILLE_JWT_AUDIENCE", "reveille")
+
+		err := runToken(context.Background(), []string{"--org", "acme"})
+
+		require.ErrorContains(t, err, "REVEILLE_JWKS_URL is set: tokens come from its identity provider")
+	})
+}

@@ -26,7 +26,8 @@ func runToken(_ context.Context, args []string) error {
 	dataDir := fs.String("data-dir", s.DataDir, "data dir holding the dev secret (used when REVEILLE_JWT_SECRET is unset)")
 	fs.Usage = func() {
 		flagUsage(fs, "engine token --org ORG [--roles admin,agent,approver] [--sub S] [--agent A] [--ttl 24h] [--data-dir D]",
-			"  REVEILLE_JWT_SECRET  signs the token (its first secret when it lists several); else the dev secret in the data dir\n")
+			"  REVEILLE_JWT_SECRET  signs the token (its first secret when it lists several; each at least 32 bytes, as serve wants);\n"+
+				"                       else the dev secret in the data dir\n")
 	}
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
@@ -45,15 +46,24 @@ func runToken(_ context.Context, args []string) error {
 		}
 		rs = append(rs, r)
 	}
-	// The first of REVEILLE_JWT_SECRET's secrets signs; the others only
-	// verify (they are on their way in or out).
-	secret := s.signingSecret()
-	if secret == "" {
-		if secret, err = localstack.ReadDevSecret(*dataDir); err != nil {
+	if len(s.JWTSecrets) == 0 && s.JWKSURL == "" {
+		secret, err := localstack.ReadDevSecret(*dataDir)
+		if err != nil {
 			return fmt.Errorf("no REVEILLE_JWT_SECRET and no dev secret in %s (run engine dev first): %w", *dataDir, err)
 		}
+		s.JWTSecrets = []string{secret}
 	}
-	tok, err := api.SignToken([]byte(secret), api.TokenSpec{OrgID: *org, Sub: *sub, Roles: rs, AgentID: *agent, TTL: *ttl,
+	// The check serve starts with, so that no token is printed that serve
+	// would refuse to verify (REVEILLE_JWT_SECRET=short signed with 5 bytes).
+	if err := s.authConfig().Validate(); err != nil {
+		return err
+	}
+	if len(s.JWTSecrets) == 0 {
+		return errors.New("REVEILLE_JWKS_URL is set: tokens come from its identity provider (engine token signs with REVEILLE_JWT_SECRET only)")
+	}
+	// The first of REVEILLE_JWT_SECRET's secrets signs; the others only
+	// verify (they are on their way in or out).
+	tok, err := api.SignToken([]byte(s.signingSecret()), api.TokenSpec{OrgID: *org, Sub: *sub, Roles: rs, AgentID: *agent, TTL: *ttl,
 		Issuer: s.JWTIssuer, Audience: s.JWTAudience})
 	if err != nil {
 		// (the claims come from --org, --sub and --agent, the lifetime from --ttl)
