@@ -3,9 +3,11 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,14 +25,26 @@ var benches = map[string]func(ctx context.Context, s settings, args []string) er
 }
 
 func runBench(ctx context.Context, args []string) error {
+	if len(args) > 0 && slices.Contains([]string{"-h", "-help", "--help"}, args[0]) {
+		// Help is asked for, not a mistake: the list of benchmarks on
+		// stderr and exit 0, as every other command's --help.
+		fmt.Fprintf(os.Stderr, "Usage: %s\n\nBenchmarks (engine bench <name> --help for each one's flags; docs/benchmarks.md):\n  %s\n",
+			benchSynopsis(), strings.Join(benchNames(), "\n  "))
+		return flag.ErrHelp
+	}
 	if len(args) == 0 || benches[args[0]] == nil {
-		return fmt.Errorf("usage: engine bench <%s> [flags]", strings.Join(benchNames(), "|"))
+		return errors.New("usage: " + benchSynopsis())
 	}
 	s, err := envConfig()
 	if err != nil {
 		return err
 	}
 	return benches[args[0]](ctx, s, args[1:])
+}
+
+// benchSynopsis is engine bench's usage line.
+func benchSynopsis() string {
+	return fmt.Sprintf("engine bench <%s> [flags]", strings.Join(benchNames(), "|"))
 }
 
 // benchUsage prints a benchmark's usage: what it uses, then its flags.

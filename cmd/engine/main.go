@@ -38,7 +38,7 @@ func commands() []command {
 		{"devstack", "run only the local Postgres cluster and embedded Temporal", runDevstack, true},
 		{"migrate", "apply (up) or list (status) database migrations", runMigrate, false},
 		{"token", "print a signed dev token", runToken, false},
-		{"demo", "run the reference workflow for a success, a failure, a cancel and an approved overrun, printing timelines", runDemo, false},
+		{"demo", "run the reference workflow six ways — a success, a failure, a cancel, a tool call approved and one denied by a human, a refused-then-approved spend — printing timelines", runDemo, false},
 		{"load", "drive a running engine's REST API as an agent platform would and count the wake-ups lost", runLoad, false},
 		{"bench", "run a benchmark: " + strings.Join(benchNames(), ", "), runBench, false},
 		{"version", "print the version", runVersion, false},
@@ -46,8 +46,12 @@ func commands() []command {
 }
 
 func runVersion(_ context.Context, args []string) error {
-	if len(args) > 0 {
-		return fmt.Errorf("unexpected argument %q", args[0])
+	// A flag set of no flags, so that --help prints the usage and exits 0
+	// as every command's does, and an argument is refused as theirs are.
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	fs.Usage = func() { flagUsage(fs, "engine version", "") }
+	if err := parseArgs(fs, args, 0); err != nil {
+		return err
 	}
 	fmt.Println(version)
 	return nil

@@ -19,9 +19,24 @@ func runMigrate(ctx context.Context, args []string) error {
 		return err
 	}
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	fs.Usage = func() { flagUsage(fs, "engine migrate up|status   (DATABASE_URL names the database)", "") }
+	fs.Usage = func() {
+		flagUsage(fs, "engine migrate up|status\n\n  up      apply the migrations this binary has that the database lacks\n"+
+			"  status  list the migrations, applied or not, and applied ones this binary does not know",
+			"  DATABASE_URL  the database migrated (required)\n")
+	}
 	if err := parseArgs(fs, args, 1); err != nil {
 		return err
+	}
+	// The argument first: a wrong one is the mistake to name, whatever the
+	// environment lacks.
+	switch sub := fs.Arg(0); sub {
+	case "up", "status":
+	case "":
+		fs.Usage()
+		return errors.New("want up or status")
+	default:
+		fs.Usage()
+		return fmt.Errorf("want up or status, not %q", sub)
 	}
 	if s.DatabaseURL == "" {
 		return errors.New("DATABASE_URL is not set")
@@ -39,9 +54,7 @@ func runMigrate(ctx context.Context, args []string) error {
 		}
 		fmt.Printf("applied %d migration(s)\n", n)
 		return nil
-	case "status":
+	default: // "status"
 		return migrations.Status(ctx, db, os.Stdout)
 	}
-	fs.Usage()
-	return fmt.Errorf("want up or status, not %q", fs.Arg(0))
 }

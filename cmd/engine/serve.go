@@ -90,9 +90,17 @@ func parseArgs(fs *flag.FlagSet, args []string, positional int) error {
 	return nil
 }
 
+// flagUsage prints a command's usage: its synopsis, its flags (a command
+// with none, as migrate, gets no empty Flags: section) and env, the
+// variables it reads.
 func flagUsage(fs *flag.FlagSet, synopsis, env string) {
-	fmt.Fprintf(fs.Output(), "Usage: %s\n\nFlags:\n", synopsis)
-	fs.PrintDefaults()
+	fmt.Fprintf(fs.Output(), "Usage: %s\n", synopsis)
+	hasFlags := false
+	fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+	if hasFlags {
+		fmt.Fprintf(fs.Output(), "\nFlags:\n")
+		fs.PrintDefaults()
+	}
 	if env != "" {
 		fmt.Fprintf(fs.Output(), "\nEnvironment:\n%s", env)
 	}

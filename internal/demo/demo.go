@@ -108,19 +108,32 @@ func Run(ctx context.Context, c Config) error {
 	if err := d.ensureMandate(ctx); err != nil {
 		return err
 	}
-	for _, c := range []demoCase{
-		{name: "success", path: "/ok", cost: 1},
-		{name: "failure", path: "/fail", cost: 1, retry: true},
-		{name: "cancel", path: "/slow", cost: 1, cancel: true},
-		{name: "tool call approved by a human", path: "/ok", cost: 1, tool: "approved"},
-		{name: "tool call denied by a human", path: "/ok", cost: 1, tool: "denied"},
-		{name: "refused, then approved", path: "/ok", cost: 1_000_000, approve: true},
-	} {
+	for _, c := range demoCases {
 		if err := d.run(ctx, c); err != nil {
 			return fmt.Errorf("%s: %w", c.name, err)
 		}
 	}
 	return nil
+}
+
+// demoCases are the runs of the demo, in order.
+var demoCases = []demoCase{
+	{name: "success", path: "/ok", cost: 1},
+	{name: "failure", path: "/fail", cost: 1, retry: true},
+	{name: "cancel", path: "/slow", cost: 1, cancel: true},
+	{name: "tool call approved by a human", path: "/ok", cost: 1, tool: "approved"},
+	{name: "tool call denied by a human", path: "/ok", cost: 1, tool: "denied"},
+	{name: "refused, then approved", path: "/ok", cost: 1_000_000, approve: true},
+}
+
+// CaseNames are the demo's runs, in order: what engine demo's description
+// must list.
+func CaseNames() []string {
+	names := make([]string, len(demoCases))
+	for i, c := range demoCases {
+		names[i] = c.name
+	}
+	return names
 }
 
 // answers reports whether an engine's API answers at apiURL now: one
