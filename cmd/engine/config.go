@@ -233,7 +233,7 @@ func (s settings) serviceConfig(logger *slog.Logger) service.Config {
 		Dispatcher:    queue.DispatcherConfig{NotFoundGrace: s.NotFoundGrace},
 		Retention:     s.Retention.config(),
 		ShutdownGrace: s.ShutdownGrace,
-		Version:       version,
+		Version:       buildVersion(),
 		Logger:        logger,
 	}
 	if s.Worker {

@@ -20,9 +20,6 @@ import (
 	"syscall"
 )
 
-// version is set at build time (-ldflags "-X main.version=…").
-var version = "dev"
-
 type command struct {
 	name, summary string
 	run           func(ctx context.Context, args []string) error
@@ -53,7 +50,7 @@ func runVersion(_ context.Context, args []string) error {
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	fmt.Println(version)
+	fmt.Println(buildVersion())
 	return nil
 }
 
