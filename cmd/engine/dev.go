@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -126,8 +128,39 @@ Reveille dev is running.
 
   curl -s -H "Authorization: Bearer %s" %s/v1/whoami
 
-`, url, s.DatabaseURL, s.TemporalAddr, secretPath, devOrg, token, token, url)
+`, url, redactedDatabaseURL(s.DatabaseURL), s.TemporalAddr, secretPath, devOrg, token, token, url)
 }
+
+// redactedDatabaseURL is a connection string as the dev banner prints it:
+// the password masked as pgx masks it in its errors and httpwork in its own
+// (url.Redacted: postgres://user:xxxxx@host/db), and one given as a
+// parameter (?password=, ?sslpassword=, or password=… in the key=value
+// form) too. The rest is kept, sslmode included: the local cluster's URL,
+// which has no password, stays one to copy. A supplied DATABASE_URL's
+// password went to the terminal and its scrollback in clear.
+func redactedDatabaseURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return dsnPassword.ReplaceAllString(raw, "${1}=xxxxx")
+	}
+	if u.RawQuery != "" {
+		parts := strings.Split(u.RawQuery, "&")
+		for i, part := range parts {
+			name, _, _ := strings.Cut(part, "=")
+			if n, err := url.QueryUnescape(name); err == nil && (strings.EqualFold(n, "password") || strings.EqualFold(n, "sslpassword")) {
+				parts[i] = name + "=xxxxx"
+			}
+		}
+		c := *u
+		c.RawQuery = strings.Join(parts, "&")
+		u = &c
+	}
+	return u.Redacted()
+}
+
+// dsnPassword is a password in a key=value connection string, quoted as
+// libpq quotes it ('a b', 'it\'s') or not.
+var dsnPassword = regexp.MustCompile(`(?i)\b((?:ssl)?password)\s*=\s*(?:'(?:[^'\\]|\\.)*'|[^\s]+)`)
 
 func apiURL(addr string) string {
 	host, port, err := net.SplitHostPort(addr)

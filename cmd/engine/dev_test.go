@@ -75,3 +75,33 @@ func TestAPortFlagOutOfRangeIsRefusedBeforeAnythingStarts(t *testing.T) {
 		}
 	})
 }
+
+// engine dev's banner printed a supplied DATABASE_URL with its password;
+// it masks it as pgx's errors do, and keeps the rest, so the local
+// cluster's URL (no password) is still one to copy.
+func TestTheDevBannerMasksTheDatabasePassword(t *testing.T) {
+	for _, tc := range []struct{ name, url, want string }{
+		{"the local cluster's URL is kept whole", "postgres://postgres@127.0.0.1:5433/reveille?sslmode=disable",
+			"postgres://postgres@127.0.0.1:5433/reveille?sslmode=disable"},
+		{"a password in the URL", "postgres://postgres:SECRETPW@db.example.com:5432/reveille?sslmode=require",
+			"postgres://postgres:xxxxx@db.example.com:5432/reveille?sslmode=require"},
+		{"a password in the query", "postgresql://app@db/reveille?sslmode=verify-full&password=SECRETPW&sslpassword=SECRETPW",
+			"postgresql://app@db/reveille?sslmode=verify-full&password=xxxxx&sslpassword=xxxxx"},
+		{"an escaped parameter name", "postgres://app@db/reveille?pass%77ord=SECRETPW", "postgres://app@db/reveille?pass%77ord=xxxxx"},
+		{"a key=value connection string", "host=db user=app password=SECRETPW dbname=reveille", "host=db user=app password=xxxxx dbname=reveille"},
+		{"a quoted key=value password", `host=db password='SECRET PW\' x' dbname=reveille`, "host=db password=xxxxx dbname=reveille"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, redactedDatabaseURL(tc.url))
+
+			out := captureStdout(t, func() error {
+				printDevInfo(settings{Addr: ":8080", DatabaseURL: tc.url, TemporalAddr: "127.0.0.1:7233"}, "(REVEILLE_JWT_SECRET)", "tok")
+				return nil
+			})
+
+			require.Contains(t, out, "DATABASE_URL="+tc.want+"\n")
+			require.NotContains(t, out, "SECRET PW")
+			require.NotContains(t, out, "SECRETPW")
+		})
+	}
+}
