@@ -55,7 +55,8 @@ var ErrApprovalTimeout = errors.New("workflows: timed out waiting for the tool a
 // — repeated deliveries of a decision it already returned (delivery is
 // at-least-once). In such a context a decision on another approval is kept,
 // not lost: a later AwaitApproval for that approval returns it at once (a
-// workflow that asked for two tool calls may be answered in either order).
+// workflow that asked for two tool calls may be answered in either order,
+// and may await both at once from parallel coroutines).
 // A timeout > 0 bounds the wait: ErrApprovalTimeout then.
 // An expired request arrives as a denial whose Expired method reports true
 // (Source signals.SourceExpired); tell it by that, not by Reason, which a
@@ -63,6 +64,9 @@ var ErrApprovalTimeout = errors.New("workflows: timed out waiting for the tool a
 func AwaitApproval(ctx workflow.Context, signal, approvalID string, timeout time.Duration) (Decision, error) {
 	if signal == "" {
 		signal = ApprovalSignal
+	}
+	if readers, ok := sharedWait(ctx); ok {
+		return awaitHeldDecision(ctx, readers, signal, approvalID, timeout)
 	}
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
 	seen, _ := ctx.Value(seenKey{}).(seenWakes)
@@ -90,6 +94,47 @@ func AwaitApproval(ctx workflow.Context, signal, approvalID string, timeout time
 		}
 		return ""
 	})
+}
+
+// awaitHeldDecision is AwaitApproval on the shared wait state: the
+// channel's reader holds every new decision of the workflow's org, and the
+// await takes the one on approvalID.
+func awaitHeldDecision(ctx workflow.Context, readers signalReaders, signal, approvalID string, timeout time.Duration) (Decision, error) {
+	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
+	seen := ctx.Value(seenKey{}).(seenWakes)
+	held := ctx.Value(heldKey{}).(heldDecisions)
+	logger := workflow.GetLogger(ctx)
+	var d Decision
+	take := func() bool {
+		var ok bool
+		if d, ok = held[approvalID]; ok {
+			delete(held, approvalID)
+		}
+		return ok
+	}
+	if !take() {
+		done := readers.wait(ctx, "approval", signal, func(raw json.RawMessage) {
+			v, ok := decodeDecision(raw)
+			_, holds := held[v.ApprovalID]
+			switch {
+			case !ok:
+				logger.Warn("ignoring a malformed signal", "signal", signal)
+			case v.OrgID != org:
+				logger.Info("ignoring a decision of another org", "signal", signal)
+			case seen["approval:"+v.ApprovalID] || holds:
+				logger.Info("ignoring a repeated decision delivery", "signal", signal, "approval_id", v.ApprovalID)
+			default:
+				held[v.ApprovalID] = v
+			}
+		})
+		err := awaitHeld(ctx, timeout, ErrApprovalTimeout, take)
+		done()
+		if err != nil {
+			return Decision{}, err
+		}
+	}
+	seen["approval:"+approvalID] = true
+	return d, nil
 }
 
 // decodeDecision reads a decision from a signal's JSON; ok is false unless

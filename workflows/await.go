@@ -116,16 +116,129 @@ type seenWakes map[string]bool
 // that arrives while another approval is awaited, or a wake that arrives
 // while AwaitWakeFor awaits another wake-up, is kept for the await that
 // asks for it (the outbox delivers each once: dropping it would park that
-// await until its timeout). Call it once at the top of
-// a workflow that awaits more than one signal; it is deterministic because
-// it is rebuilt on replay.
+// await until its timeout). The awaits may also run at once, each in a
+// coroutine of its own (workflow.Go) sharing the context: each returns its
+// own wake or decision whatever order they arrive in. Call it once at the
+// top of a workflow that awaits more than one signal; it is deterministic
+// because it is rebuilt on replay. (A workflow whose history began before
+// parallel awaits were supported keeps the earlier waiting, in which two
+// awaits at once may take each other's signals and time out; see
+// sharedWaitChange.)
 func WithWakeDedupe(ctx workflow.Context) workflow.Context {
 	if _, ok := ctx.Value(seenKey{}).(seenWakes); ok {
 		return ctx
 	}
 	ctx = workflow.WithValue(ctx, heldKey{}, heldDecisions{})
 	ctx = workflow.WithValue(ctx, heldWakesKey{}, &heldWakes{})
+	ctx = workflow.WithValue(ctx, readersKey{}, signalReaders{})
 	return workflow.WithValue(ctx, seenKey{}, seenWakes{})
+}
+
+// sharedWaitChange is the workflow.GetVersion change id of the shared wait
+// state: awaits in a WithWakeDedupe context wait on the held state, which
+// one reader per signal fills, rather than each on the signal channel. It
+// changes which await a signal goes to (two awaits in parallel coroutines
+// used to take each other's signals, hold them, and both time out), and so
+// the commands that follow: a workflow whose history began without it
+// (DefaultVersion) keeps waiting the old way so that it still replays.
+const sharedWaitChange = "reveille.shared-wait-state"
+
+// sharedWaitVersion is the version of sharedWaitChange that waits on the
+// shared state.
+const sharedWaitVersion workflow.Version = 1
+
+// readersKey holds the workflow's signalReaders (WithWakeDedupe).
+type readersKey struct{}
+
+// signalReaders are the readers of a workflow's signal channels, by kind
+// ("wake:" or "approval:") and signal name.
+type signalReaders map[string]*signalReader
+
+// signalReader moves what arrives on one signal channel into the held
+// state while at least one await waits on that channel. It is one
+// coroutine for all the awaits, so that no await takes a signal another
+// one waits for: each waits on a condition over the held state instead,
+// which the SDK re-evaluates after every step of every coroutine. It stops
+// when nobody waits, so that a signal sent between awaits stays on the
+// channel as it always did (a workflow may drain it before continuing as
+// new).
+type signalReader struct {
+	waiters int
+	running bool
+}
+
+// sharedWait returns the workflow's readers when ctx's awaits use the
+// shared wait state: a WithWakeDedupe context (without one there is no
+// state to share) in a workflow whose history, if it is replayed, was
+// begun by code that had it.
+func sharedWait(ctx workflow.Context) (signalReaders, bool) {
+	readers, ok := ctx.Value(readersKey{}).(signalReaders)
+	if !ok {
+		return nil, false
+	}
+	v := workflow.GetVersion(ctx, sharedWaitChange, workflow.DefaultVersion, sharedWaitVersion)
+	return readers, v >= sharedWaitVersion
+}
+
+// wait registers an await on signal and starts the channel's reader
+// unless it runs; hold files each signal it receives. The returned func
+// unregisters the await.
+func (rs signalReaders) wait(ctx workflow.Context, kind, signal string, hold func(json.RawMessage)) (done func()) {
+	key := kind + ":" + signal
+	r := rs[key]
+	if r == nil {
+		r = &signalReader{}
+		rs[key] = r
+	}
+	r.waiters++
+	if !r.running {
+		r.running = true
+		ch := workflow.GetSignalChannel(ctx, signal)
+		// Disconnected: one await's cancellation must not stop the reader
+		// the others rely on.
+		rctx, _ := workflow.NewDisconnectedContext(ctx)
+		workflow.GoNamed(rctx, "reveille-reader-"+key, func(rctx workflow.Context) {
+			defer func() { r.running = false }()
+			for {
+				_ = workflow.Await(rctx, func() bool { return r.waiters == 0 || ch.Len() > 0 })
+				if r.waiters == 0 {
+					return
+				}
+				// ReceiveAsync skips (and the SDK logs) a payload that does
+				// not decode, so a corrupt signal cannot block the reader.
+				var raw json.RawMessage
+				for ch.ReceiveAsync(&raw) {
+					hold(raw)
+					raw = nil
+				}
+			}
+		})
+	}
+	return func() { r.waiters-- }
+}
+
+// awaitHeld waits until take takes what the await waits for from the held
+// state, the timeout (when > 0) passes (timeoutErr), or ctx is canceled
+// (ctx.Err(), workflow.ErrCanceled). take runs inside the condition, so
+// that no other coroutine can take it between the check and the taking.
+func awaitHeld(ctx workflow.Context, timeout time.Duration, timeoutErr error, take func() bool) error {
+	ok := true
+	var err error
+	if timeout > 0 {
+		ok, err = workflow.AwaitWithTimeout(ctx, timeout, take)
+	} else {
+		err = workflow.Await(ctx, take)
+	}
+	if err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return ctxErr
+		}
+		return err
+	}
+	if !ok {
+		return timeoutErr
+	}
+	return nil
 }
 
 // OrgOf returns the org a workflow id belongs to: the part before the first
@@ -150,8 +263,8 @@ func AwaitWake(ctx workflow.Context, signal string, timeout time.Duration) (Wake
 // same signal (an earlier run's, another caller's) are skipped — and, in a
 // WithWakeDedupe context, kept for a later AwaitWakeFor of theirs (or
 // AwaitWake), so a workflow that created two wake-ups may await them in
-// either order. Use it when the workflow knows the id it waits for, as
-// after creating the wake-up.
+// either order, or at once from parallel coroutines. Use it when the
+// workflow knows the id it waits for, as after creating the wake-up.
 func AwaitWakeFor(ctx workflow.Context, signal, wakeupID string, timeout time.Duration) (Wake, error) {
 	return awaitWake(ctx, signal, wakeupID, timeout)
 }
@@ -159,6 +272,9 @@ func AwaitWakeFor(ctx workflow.Context, signal, wakeupID string, timeout time.Du
 // awaitWake waits for a wake of the workflow's org, not seen before, and of
 // wakeupID when that is set.
 func awaitWake(ctx workflow.Context, signal, wakeupID string, timeout time.Duration) (Wake, error) {
+	if readers, ok := sharedWait(ctx); ok {
+		return awaitHeldWake(ctx, readers, signal, wakeupID, timeout)
+	}
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
 	seen, _ := ctx.Value(seenKey{}).(seenWakes)
 	held, _ := ctx.Value(heldWakesKey{}).(*heldWakes)
@@ -184,6 +300,44 @@ func awaitWake(ctx workflow.Context, signal, wakeupID string, timeout time.Durat
 		}
 		return ""
 	})
+}
+
+// awaitHeldWake is awaitWake on the shared wait state: the channel's
+// reader holds every new wake of the workflow's org, and the await takes
+// the oldest held of wakeupID (of any wake-up when "").
+func awaitHeldWake(ctx workflow.Context, readers signalReaders, signal, wakeupID string, timeout time.Duration) (Wake, error) {
+	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
+	seen := ctx.Value(seenKey{}).(seenWakes)
+	held := ctx.Value(heldWakesKey{}).(*heldWakes)
+	logger := workflow.GetLogger(ctx)
+	var w Wake
+	take := func() bool {
+		var ok bool
+		w, ok = held.take(signal, wakeupID)
+		return ok
+	}
+	if !take() {
+		done := readers.wait(ctx, "wake", signal, func(raw json.RawMessage) {
+			v, ok := decodeWake(raw)
+			switch {
+			case !ok:
+				logger.Warn("ignoring a malformed signal", "signal", signal)
+			case v.OrgID != org:
+				logger.Info("ignoring a wake signal of another org", "signal", signal)
+			case seen[v.WakeupID] || held.holds(signal, v.WakeupID):
+				logger.Info("ignoring a repeated wake delivery", "signal", signal, "wakeup_id", v.WakeupID)
+			default:
+				held.wakes = append(held.wakes, heldWake{signal, v})
+			}
+		})
+		err := awaitHeld(ctx, timeout, ErrTimeout, take)
+		done()
+		if err != nil {
+			return Wake{}, err
+		}
+	}
+	seen[w.WakeupID] = true
+	return w, nil
 }
 
 // awaitSignal is the one waiting loop behind AwaitWake and AwaitApproval:
