@@ -19,7 +19,8 @@ import (
 //   - ApprovalID: the tool approval request decided.
 //   - ToolName: the tool the agent asked to call.
 //   - Decision: DecisionApproved or DecisionDenied (Approved reports the
-//     first).
+//     first). Anything else — a value a newer server may send — is
+//     returned as it is: treat it as not approved (Approved is false).
 //   - Source: who decided — signals.SourceHuman (an approver answered) or
 //     signals.SourceExpired (nobody answered before the request expired:
 //     the decision is then DecisionDenied). Expired reports the second.
@@ -138,11 +139,14 @@ func awaitHeldDecision(ctx workflow.Context, readers signalReaders, signal, appr
 }
 
 // decodeDecision reads a decision from a signal's JSON; ok is false unless
-// it names an approval and says approved or denied.
+// it names an approval and a decision. Any decision is taken, not only
+// approved and denied: a value a newer server sends (say "canceled") is
+// still the answer to the awaited call, and dropping it as malformed
+// would park the workflow until its timeout, or for good. Approved is
+// false for it, so a caller that goes ahead only on Approved stays safe.
 func decodeDecision(raw json.RawMessage) (Decision, bool) {
 	var d Decision
-	if err := json.Unmarshal(raw, &d); err != nil || d.ApprovalID == "" ||
-		(d.Decision != DecisionApproved && d.Decision != DecisionDenied) {
+	if err := json.Unmarshal(raw, &d); err != nil || d.ApprovalID == "" || d.Decision == "" {
 		return Decision{}, false
 	}
 	return d, true

@@ -2,6 +2,8 @@ package workflows
 
 import (
 	"encoding/json"
+	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -180,4 +182,78 @@ func TestAwaitWakeForKeepsAWakeThatArrivesBeforeItIsAwaited(t *testing.T) {
 			require.Equal(t, tc.want, got)
 		})
 	}
+}
+
+type oneApprovalResult struct {
+	Decision string
+	Approved bool
+}
+
+// oneApprovalWorkflow awaits approval a1, with or without WithWakeDedupe.
+func oneApprovalWorkflow(ctx workflow.Context, dedupe bool) (oneApprovalResult, error) {
+	if dedupe {
+		ctx = WithWakeDedupe(ctx)
+	}
+	d, err := AwaitApproval(ctx, "", "a1", time.Hour)
+	return oneApprovalResult{d.Decision, d.Approved()}, err
+}
+
+// A decision other than approved or denied (a newer server's) is the
+// answer all the same: it is returned, and it is not an approval. It was
+// dropped as malformed, parking the workflow until its timeout.
+func TestAwaitApprovalReturnsADecisionItDoesNotKnowAsNotApproved(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		payload map[string]any
+		want    oneApprovalResult
+	}{
+		{"approved", map[string]any{"decision": "approved"}, oneApprovalResult{"approved", true}},
+		{"denied", map[string]any{"decision": "denied"}, oneApprovalResult{"denied", false}},
+		{"a newer server's value, with fields of its own", map[string]any{"decision": "canceled", "source": "system", "new_field": 1}, oneApprovalResult{"canceled", false}},
+	} {
+		for _, dedupe := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/dedupe=%v", tc.name, dedupe), func(t *testing.T) {
+				var suite testsuite.WorkflowTestSuite
+				env := suite.NewTestWorkflowEnvironment()
+				env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/decision-test"})
+				payload := map[string]any{"org_id": "org-a", "approval_id": "a1", "tool_name": "shell"}
+				maps.Copy(payload, tc.payload)
+				raw, err := json.Marshal(payload)
+				require.NoError(t, err)
+				env.RegisterDelayedCallback(func() { env.SignalWorkflow(ApprovalSignal, json.RawMessage(raw)) }, time.Second)
+
+				env.ExecuteWorkflow(oneApprovalWorkflow, dedupe)
+
+				require.True(t, env.IsWorkflowCompleted())
+				require.NoError(t, env.GetWorkflowError())
+				var got oneApprovalResult
+				require.NoError(t, env.GetWorkflowResult(&got))
+				require.Equal(t, tc.want, got)
+			})
+		}
+	}
+}
+
+// A decision that names no approval or no decision is still malformed:
+// skipped, and the await goes on to the next signal.
+func TestAwaitApprovalSkipsADecisionWithoutApprovalOrDecision(t *testing.T) {
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestWorkflowEnvironment()
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/decision-test"})
+	for i, p := range []map[string]any{
+		{"org_id": "org-a", "approval_id": "a1"},                       // no decision
+		{"org_id": "org-a", "decision": "approved"},                    // no approval
+		{"org_id": "org-a", "approval_id": "a1", "decision": "denied"}, // the answer
+	} {
+		raw, err := json.Marshal(p)
+		require.NoError(t, err)
+		env.RegisterDelayedCallback(func() { env.SignalWorkflow(ApprovalSignal, json.RawMessage(raw)) }, time.Duration(i+1)*time.Second)
+	}
+
+	env.ExecuteWorkflow(oneApprovalWorkflow, false)
+
+	require.NoError(t, env.GetWorkflowError())
+	var got oneApprovalResult
+	require.NoError(t, env.GetWorkflowResult(&got))
+	require.Equal(t, oneApprovalResult{"denied", false}, got)
 }

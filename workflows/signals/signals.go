@@ -78,7 +78,9 @@ type Decision struct {
 // Expired reports whether nobody answered the request in time.
 func (d Decision) Expired() bool { return d.Source == SourceExpired }
 
-// Approved reports whether the tool call may go ahead.
+// Approved reports whether the tool call may go ahead: only for
+// DecisionApproved. A decision this package does not know (a newer
+// server's) is not an approval.
 func (d Decision) Approved() bool { return d.Decision == DecisionApproved }
 
 // OrgOf returns the org a workflow id belongs to: the part before the first
