@@ -1,6 +1,7 @@
 package workflows
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"time"
@@ -58,11 +59,15 @@ var ErrApprovalTimeout = errors.New("workflows: timed out waiting for the tool a
 // not lost: a later AwaitApproval for that approval returns it at once (a
 // workflow that asked for two tool calls may be answered in either order,
 // and may await both at once from parallel coroutines).
-// A timeout > 0 bounds the wait: ErrApprovalTimeout then.
+// A timeout > 0 bounds the wait: ErrApprovalTimeout then; 0 waits without
+// limit, and a negative one is an error.
 // An expired request arrives as a denial whose Expired method reports true
 // (Source signals.SourceExpired); tell it by that, not by Reason, which a
 // human's note may spell ReasonExpired too.
 func AwaitApproval(ctx workflow.Context, signal, approvalID string, timeout time.Duration) (Decision, error) {
+	if err := checkAwait(ctx, "AwaitApproval", cmp.Or(signal, ApprovalSignal), timeout); err != nil {
+		return Decision{}, err
+	}
 	if signal == "" {
 		signal = ApprovalSignal
 	}

@@ -10,6 +10,7 @@ package workflows
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"go.temporal.io/sdk/workflow"
@@ -253,9 +254,17 @@ func OrgOf(workflowID string) string { return signals.OrgOf(workflowID) }
 // (delivery is at least once; the dedupe state must live in the context
 // the workflow threads through, since a workflow may be replayed from
 // scratch on any worker): a workflow that awaits more than one wake calls
-// WithWakeDedupe first. A timeout > 0 bounds the wait: ErrTimeout then. A
-// malformed signal is skipped and logged.
+// WithWakeDedupe first. A timeout > 0 bounds the wait: ErrTimeout then; 0
+// waits without limit. A malformed signal is skipped and logged.
+//
+// signal is the name the wake-up's request gave (POST /v1/wakeups
+// requires one; there is no default, unlike AwaitApproval's): an empty one,
+// on which no wake ever arrives, is an error, and so is a negative timeout
+// (it used to mean no limit, which a deadline already past computes to).
 func AwaitWake(ctx workflow.Context, signal string, timeout time.Duration) (Wake, error) {
+	if err := checkAwait(ctx, "AwaitWake", signal, timeout); err != nil {
+		return Wake{}, err
+	}
 	return awaitWake(ctx, signal, "", timeout)
 }
 
@@ -266,7 +275,35 @@ func AwaitWake(ctx workflow.Context, signal string, timeout time.Duration) (Wake
 // either order, or at once from parallel coroutines. Use it when the
 // workflow knows the id it waits for, as after creating the wake-up.
 func AwaitWakeFor(ctx workflow.Context, signal, wakeupID string, timeout time.Duration) (Wake, error) {
+	if err := checkAwait(ctx, "AwaitWakeFor", signal, timeout); err != nil {
+		return Wake{}, err
+	}
 	return awaitWake(ctx, signal, wakeupID, timeout)
+}
+
+// argumentCheckChange is the workflow.GetVersion change id of checkAwait:
+// before it, an empty signal name waited for good (or until the timeout)
+// and a negative timeout meant no limit, and a history begun then must
+// replay so. It is asked only when an argument is wrong, so that a
+// workflow that passes good ones records no marker for it.
+const argumentCheckChange = "reveille.await-argument-errors"
+
+// checkAwait returns the error of an await (fn) asked to wait on an empty
+// signal name or with a negative timeout.
+func checkAwait(ctx workflow.Context, fn, signal string, timeout time.Duration) error {
+	var err error
+	switch {
+	case signal == "":
+		err = fmt.Errorf("workflows: %s: the signal name is empty: pass the signal the wake-up names", fn)
+	case timeout < 0:
+		err = fmt.Errorf("workflows: %s: negative timeout %v (0 waits without limit)", fn, timeout)
+	default:
+		return nil
+	}
+	if workflow.GetVersion(ctx, argumentCheckChange, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+		return nil
+	}
+	return err
 }
 
 // awaitWake waits for a wake of the workflow's org, not seen before, and of

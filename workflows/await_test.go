@@ -257,3 +257,94 @@ func TestAwaitApprovalSkipsADecisionWithoutApprovalOrDecision(t *testing.T) {
 	require.NoError(t, env.GetWorkflowResult(&got))
 	require.Equal(t, oneApprovalResult{"denied", false}, got)
 }
+
+type argsInput struct {
+	Call    string // AwaitWake, AwaitWakeFor, AwaitApproval
+	Signal  string
+	Timeout time.Duration
+}
+
+func argsWorkflow(ctx workflow.Context, in argsInput) (string, error) {
+	switch in.Call {
+	case "AwaitWake":
+		w, err := AwaitWake(ctx, in.Signal, in.Timeout)
+		return w.WakeupID, err
+	case "AwaitWakeFor":
+		w, err := AwaitWakeFor(ctx, in.Signal, "w1", in.Timeout)
+		return w.WakeupID, err
+	default:
+		d, err := AwaitApproval(ctx, in.Signal, "a1", in.Timeout)
+		return d.ApprovalID, err
+	}
+}
+
+// An empty signal name (no wake ever arrives on it: a wake-up always
+// names one) and a negative timeout (once silently no limit) are errors
+// at once, not a wait for good; AwaitApproval's empty name is
+// ApprovalSignal, as documented.
+func TestAwaitRefusesAnEmptySignalNameAndANegativeTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		in      argsInput
+		wantErr string // "": the signal sent is returned
+	}{
+		{"AwaitWake with no signal name", argsInput{"AwaitWake", "", time.Hour}, "AwaitWake: the signal name is empty"},
+		{"AwaitWakeFor with no signal name", argsInput{"AwaitWakeFor", "", 0}, "AwaitWakeFor: the signal name is empty"},
+		{"AwaitWake with a negative timeout", argsInput{"AwaitWake", "wake", -time.Second}, "AwaitWake: negative timeout -1s"},
+		{"AwaitWakeFor with a negative timeout", argsInput{"AwaitWakeFor", "wake", -time.Second}, "AwaitWakeFor: negative timeout -1s"},
+		{"AwaitApproval with a negative timeout", argsInput{"AwaitApproval", "", -time.Second}, "AwaitApproval: negative timeout -1s"},
+		{"AwaitApproval with no signal name waits on approval", argsInput{"AwaitApproval", "", 0}, ""},
+		{"a zero timeout waits without limit", argsInput{"AwaitWakeFor", "wake", 0}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var suite testsuite.WorkflowTestSuite
+			env := suite.NewTestWorkflowEnvironment()
+			env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/args-test"})
+			// Long after any default timeout of the test environment's.
+			at := 48 * time.Hour
+			sendWake(t, env, "wake", Wake{OrgID: "org-a", WakeupID: "w1", Outcome: OutcomeSucceeded}, at)
+			sendDecision(t, env, Decision{OrgID: "org-a", ApprovalID: "a1", Decision: DecisionApproved}, at)
+
+			env.ExecuteWorkflow(argsWorkflow, tc.in)
+
+			require.True(t, env.IsWorkflowCompleted())
+			if tc.wantErr != "" {
+				require.ErrorContains(t, env.GetWorkflowError(), tc.wantErr)
+				return
+			}
+			require.NoError(t, env.GetWorkflowError())
+		})
+	}
+}
+
+// A workflow whose history began before the check (no marker) keeps what
+// these arguments meant then, so that it replays: a negative timeout waits
+// without limit.
+func TestAwaitKeepsANegativeTimeoutAsNoLimitInAnOlderHistory(t *testing.T) {
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestWorkflowEnvironment()
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/args-test"})
+	env.OnGetVersion(argumentCheckChange, workflow.DefaultVersion, 1).Return(workflow.DefaultVersion)
+	sendWake(t, env, "wake", Wake{OrgID: "org-a", WakeupID: "w1", Outcome: OutcomeSucceeded}, 48*time.Hour)
+
+	env.ExecuteWorkflow(argsWorkflow, argsInput{"AwaitWakeFor", "wake", -time.Second})
+
+	require.NoError(t, env.GetWorkflowError())
+	var got string
+	require.NoError(t, env.GetWorkflowResult(&got))
+	require.Equal(t, "w1", got)
+}
+
+func sendWake(t *testing.T, env *testsuite.TestWorkflowEnvironment, signal string, w Wake, at time.Duration) {
+	t.Helper()
+	raw, err := json.Marshal(w)
+	require.NoError(t, err)
+	env.RegisterDelayedCallback(func() { env.SignalWorkflow(signal, json.RawMessage(raw)) }, at)
+}
+
+func sendDecision(t *testing.T, env *testsuite.TestWorkflowEnvironment, d Decision, at time.Duration) {
+	t.Helper()
+	raw, err := json.Marshal(d)
+	require.NoError(t, err)
+	env.RegisterDelayedCallback(func() { env.SignalWorkflow(ApprovalSignal, json.RawMessage(raw)) }, at)
+}
