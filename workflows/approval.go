@@ -58,7 +58,8 @@ var ErrApprovalTimeout = errors.New("workflows: timed out waiting for the tool a
 // at-least-once). In such a context a decision on another approval is kept,
 // not lost: a later AwaitApproval for that approval returns it at once (a
 // workflow that asked for two tool calls may be answered in either order,
-// and may await both at once from parallel coroutines).
+// and may await both at once from parallel coroutines). Without that
+// context it is dropped, logged at Warn with its approval_id.
 // A timeout > 0 bounds the wait: ErrApprovalTimeout then; 0 waits without
 // limit, and a negative one is an error.
 // An expired request arrives as a denial whose Expired method reports true
@@ -82,23 +83,27 @@ func AwaitApproval(ctx workflow.Context, signal, approvalID string, timeout time
 		seen["approval:"+approvalID] = true
 		return d, nil
 	}
-	return awaitSignal(ctx, signal, timeout, ErrApprovalTimeout, decodeDecision, func(d Decision) string {
+	return awaitSignal(ctx, signal, timeout, ErrApprovalTimeout, decodeDecision, func(d Decision) skipped {
 		switch {
 		case d.OrgID != org:
-			return "ignoring a decision of another org"
+			return skipped{why: "ignoring a decision of another org"}
 		case seen != nil && seen["approval:"+d.ApprovalID]:
-			return "ignoring a repeated decision delivery"
+			return skipped{why: "ignoring a repeated decision delivery"}
+		case d.ApprovalID != approvalID && held == nil:
+			// As for AwaitWakeFor: delivered once, kept by nothing.
+			return skipped{why: "dropping the decision on another approval: without WithWakeDedupe nothing keeps it, and a later AwaitApproval of it waits until its timeout; call WithWakeDedupe at the top of the workflow",
+				warn: true, kv: []any{"approval_id", d.ApprovalID, "awaited_approval_id", approvalID}}
 		case d.ApprovalID != approvalID:
-			if _, ok := held[d.ApprovalID]; held != nil && !ok {
+			if _, ok := held[d.ApprovalID]; !ok {
 				held[d.ApprovalID] = d // the first delivery; a repeat is ignored
-				return "keeping the decision on another approval for its AwaitApproval"
+				return skipped{why: "keeping the decision on another approval for its AwaitApproval"}
 			}
-			return "ignoring the decision on another approval"
+			return skipped{why: "ignoring the decision on another approval"}
 		}
 		if seen != nil {
 			seen["approval:"+d.ApprovalID] = true
 		}
-		return ""
+		return skipped{}
 	})
 }
 

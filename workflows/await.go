@@ -272,8 +272,11 @@ func AwaitWake(ctx workflow.Context, signal string, timeout time.Duration) (Wake
 // same signal (an earlier run's, another caller's) are skipped — and, in a
 // WithWakeDedupe context, kept for a later AwaitWakeFor of theirs (or
 // AwaitWake), so a workflow that created two wake-ups may await them in
-// either order, or at once from parallel coroutines. Use it when the
-// workflow knows the id it waits for, as after creating the wake-up.
+// either order, or at once from parallel coroutines. Without that context
+// they are dropped (the outbox delivers each once, so a later await of
+// theirs waits until its timeout), each logged at Warn with its
+// wakeup_id. Use it when the workflow knows the id it waits for, as after
+// creating the wake-up.
 func AwaitWakeFor(ctx workflow.Context, signal, wakeupID string, timeout time.Duration) (Wake, error) {
 	if err := checkAwait(ctx, "AwaitWakeFor", signal, timeout); err != nil {
 		return Wake{}, err
@@ -319,23 +322,30 @@ func awaitWake(ctx workflow.Context, signal, wakeupID string, timeout time.Durat
 		seen[w.WakeupID] = true
 		return w, nil
 	}
-	return awaitSignal(ctx, signal, timeout, ErrTimeout, decodeWake, func(w Wake) string {
+	return awaitSignal(ctx, signal, timeout, ErrTimeout, decodeWake, func(w Wake) skipped {
 		switch {
 		case w.OrgID != org:
-			return "ignoring a wake signal of another org"
+			return skipped{why: "ignoring a wake signal of another org"}
 		case seen != nil && seen[w.WakeupID]:
-			return "ignoring a repeated wake delivery"
+			return skipped{why: "ignoring a repeated wake delivery"}
+		case wakeupID != "" && w.WakeupID != wakeupID && held == nil:
+			// Nothing keeps it without WithWakeDedupe, and the outbox
+			// delivers each wake once: an await for that wake-up will
+			// never get it. Loud, since it parks that await until its
+			// timeout.
+			return skipped{why: "dropping the wake of another wake-up: without WithWakeDedupe nothing keeps it, and a later AwaitWakeFor of it waits until its timeout; call WithWakeDedupe at the top of the workflow",
+				warn: true, kv: []any{"wakeup_id", w.WakeupID, "awaited_wakeup_id", wakeupID}}
 		case wakeupID != "" && w.WakeupID != wakeupID:
-			if held != nil && !held.holds(signal, w.WakeupID) {
+			if !held.holds(signal, w.WakeupID) {
 				held.wakes = append(held.wakes, heldWake{signal, w}) // the first delivery; a repeat is ignored
-				return "keeping the wake of another wake-up for its await"
+				return skipped{why: "keeping the wake of another wake-up for its await"}
 			}
-			return "ignoring the wake of another wake-up"
+			return skipped{why: "ignoring the wake of another wake-up"}
 		}
 		if seen != nil {
 			seen[w.WakeupID] = true
 		}
-		return ""
+		return skipped{}
 	})
 }
 
@@ -377,13 +387,20 @@ func awaitHeldWake(ctx workflow.Context, readers signalReaders, signal, wakeupID
 	return w, nil
 }
 
+// skipped says why awaitSignal passes over a signal (why "": it does not).
+type skipped struct {
+	why  string
+	warn bool  // a loss the workflow's author should hear of, not routine
+	kv   []any // logged with why
+}
+
 // awaitSignal is the one waiting loop behind AwaitWake and AwaitApproval:
 // it receives signals on the channel named signal until decode reads one
 // and skip (which may record it as seen) has no reason to skip it, the
 // timeout (when > 0) fires (timeoutErr), or the workflow is canceled. Skipped
 // and malformed signals are logged and consumed.
 func awaitSignal[T any](ctx workflow.Context, signal string, timeout time.Duration, timeoutErr error,
-	decode func(json.RawMessage) (T, bool), skip func(T) string) (T, error) {
+	decode func(json.RawMessage) (T, bool), skip func(T) skipped) (T, error) {
 	logger := workflow.GetLogger(ctx)
 	ch := workflow.GetSignalChannel(ctx, signal)
 
@@ -412,13 +429,18 @@ func awaitSignal[T any](ctx workflow.Context, signal string, timeout time.Durati
 		sel.AddReceive(ctx.Done(), func(c workflow.ReceiveChannel, _ bool) { c.Receive(ctx, nil) })
 		sel.Select(ctx)
 		if got {
-			why := skip(v)
-			if why == "" {
+			s := skip(v)
+			if s.why == "" {
 				// A signal received in the same step as a cancellation is
 				// still returned: it was taken off the channel.
 				return v, nil
 			}
-			logger.Info(why, "signal", signal)
+			kv := append([]any{"signal", signal}, s.kv...)
+			if s.warn {
+				logger.Warn(s.why, kv...)
+			} else {
+				logger.Info(s.why, kv...)
+			}
 		} else if received {
 			logger.Warn("ignoring a malformed signal", "signal", signal)
 		}

@@ -2,8 +2,10 @@ package workflows
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -347,4 +349,115 @@ func sendDecision(t *testing.T, env *testsuite.TestWorkflowEnvironment, d Decisi
 	raw, err := json.Marshal(d)
 	require.NoError(t, err)
 	env.RegisterDelayedCallback(func() { env.SignalWorkflow(ApprovalSignal, json.RawMessage(raw)) }, at)
+}
+
+// logRecord is a log line a test workflow wrote.
+type logRecord struct {
+	level, msg string
+	kv         map[string]any
+}
+
+// recordingLogger keeps the lines at Info and above (log.Logger).
+type recordingLogger struct{ lines []logRecord }
+
+func (l *recordingLogger) add(level, msg string, keyvals []any) {
+	kv := map[string]any{}
+	for i := 0; i+1 < len(keyvals); i += 2 {
+		kv[fmt.Sprint(keyvals[i])] = keyvals[i+1]
+	}
+	l.lines = append(l.lines, logRecord{level, msg, kv})
+}
+func (l *recordingLogger) Debug(string, ...any)             {}
+func (l *recordingLogger) Info(msg string, keyvals ...any)  { l.add("INFO", msg, keyvals) }
+func (l *recordingLogger) Warn(msg string, keyvals ...any)  { l.add("WARN", msg, keyvals) }
+func (l *recordingLogger) Error(msg string, keyvals ...any) { l.add("ERROR", msg, keyvals) }
+
+type dropInput struct {
+	Dedupe    bool
+	Approvals bool
+}
+
+// dropWorkflow awaits one (w1 or a1) then the other (w2 or a2).
+func dropWorkflow(ctx workflow.Context, in dropInput) ([]string, error) {
+	if in.Dedupe {
+		ctx = WithWakeDedupe(ctx)
+	}
+	var got []string
+	for _, n := range []string{"1", "2"} {
+		var id string
+		var err error
+		if in.Approvals {
+			var d Decision
+			d, err = AwaitApproval(ctx, "", "a"+n, time.Hour)
+			id = d.ApprovalID
+		} else {
+			var w Wake
+			w, err = AwaitWakeFor(ctx, "wake", "w"+n, time.Hour)
+			id = w.WakeupID
+		}
+		if errors.Is(err, ErrTimeout) || errors.Is(err, ErrApprovalTimeout) {
+			id = "timeout"
+		} else if err != nil {
+			return nil, err
+		}
+		got = append(got, id)
+	}
+	return got, nil
+}
+
+// Without WithWakeDedupe, the wake (or decision) of another wake-up that
+// AwaitWakeFor (AwaitApproval) passes over is lost for good, and the
+// await of it times out: that is logged at Warn, naming it and the cure
+// (it was an Info line). With WithWakeDedupe it is kept, and nothing warns.
+func TestAwaitWarnsWhenItDropsAnotherOnesSignalWithoutDedupe(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		in       dropInput
+		want     []string
+		wantWarn map[string]any // nil: no warning
+	}{
+		{"a wake without dedupe", dropInput{}, []string{"w1", "timeout"},
+			map[string]any{"wakeup_id": "w2", "awaited_wakeup_id": "w1", "signal": "wake"}},
+		{"a decision without dedupe", dropInput{Approvals: true}, []string{"a1", "timeout"},
+			map[string]any{"approval_id": "a2", "awaited_approval_id": "a1", "signal": ApprovalSignal}},
+		{"a wake with dedupe", dropInput{Dedupe: true}, []string{"w1", "w2"}, nil},
+		{"a decision with dedupe", dropInput{Dedupe: true, Approvals: true}, []string{"a1", "a2"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logger := &recordingLogger{}
+			var suite testsuite.WorkflowTestSuite
+			suite.SetLogger(logger)
+			env := suite.NewTestWorkflowEnvironment()
+			env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/drop-test"})
+			if tc.in.Approvals {
+				sendDecision(t, env, Decision{OrgID: "org-a", ApprovalID: "a2", Decision: DecisionDenied}, time.Second)
+				sendDecision(t, env, Decision{OrgID: "org-a", ApprovalID: "a1", Decision: DecisionApproved}, 2*time.Second)
+			} else {
+				sendWake(t, env, "wake", Wake{OrgID: "org-a", WakeupID: "w2", Outcome: OutcomeSucceeded}, time.Second)
+				sendWake(t, env, "wake", Wake{OrgID: "org-a", WakeupID: "w1", Outcome: OutcomeSucceeded}, 2*time.Second)
+			}
+
+			env.ExecuteWorkflow(dropWorkflow, tc.in)
+
+			require.NoError(t, env.GetWorkflowError())
+			var got []string
+			require.NoError(t, env.GetWorkflowResult(&got))
+			require.Equal(t, tc.want, got)
+			var warns []logRecord
+			for _, l := range logger.lines {
+				if l.level == "WARN" && strings.HasPrefix(l.msg, "dropping") {
+					warns = append(warns, l)
+				}
+			}
+			if tc.wantWarn == nil {
+				require.Empty(t, warns)
+				return
+			}
+			require.Len(t, warns, 1)
+			require.Contains(t, warns[0].msg, "WithWakeDedupe")
+			for k, v := range tc.wantWarn {
+				require.Equal(t, v, warns[0].kv[k], k)
+			}
+		})
+	}
 }
