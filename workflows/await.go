@@ -255,7 +255,9 @@ func OrgOf(workflowID string) string { return signals.OrgOf(workflowID) }
 // the workflow threads through, since a workflow may be replayed from
 // scratch on any worker): a workflow that awaits more than one wake calls
 // WithWakeDedupe first. A timeout > 0 bounds the wait: ErrTimeout then; 0
-// waits without limit. A malformed signal is skipped and logged.
+// waits without limit. A canceled workflow (or ctx) ends the wait with
+// workflow.ErrCanceled (temporal.IsCanceledError). A malformed signal is
+// skipped and logged.
 //
 // signal is the name the wake-up's request gave (POST /v1/wakeups
 // requires one; there is no default, unlike AwaitApproval's): an empty one,

@@ -2,6 +2,8 @@ package workflows_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,13 +36,18 @@ func FetchWorkflow(ctx workflow.Context, url string) (json.RawMessage, error) {
 	}
 
 	wake, err := workflows.AwaitWakeFor(ctx, wakeSignal, wakeupID, 24*time.Hour)
-	if errors.Is(err, workflows.ErrTimeout) {
-		// The work may still finish: cancel it (POST /v1/wakeups/{id}/cancel,
-		// from an activity) or await again.
-		return nil, err
-	}
 	if err != nil {
-		return nil, err // the workflow was canceled
+		// workflows.ErrTimeout (the work may still finish) or the workflow
+		// was canceled (workflow.ErrCanceled: temporal.IsCanceledError).
+		// Either way nobody will read the result: cancel the wake-up so
+		// its work neither runs nor spends for nothing. From a
+		// disconnected context, since a canceled ctx runs no activity.
+		dctx, _ := workflow.NewDisconnectedContext(ctx)
+		dctx = workflow.WithActivityOptions(dctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute})
+		if cerr := workflow.ExecuteActivity(dctx, a.CancelWakeup, wakeupID).Get(dctx, nil); cerr != nil {
+			workflow.GetLogger(ctx).Warn("could not cancel the wake-up", "wakeup_id", wakeupID, "error", cerr)
+		}
+		return nil, err
 	}
 	switch wake.Outcome {
 	case workflows.OutcomeSucceeded:
@@ -68,11 +75,13 @@ type Activities struct {
 }
 
 // CreateWakeup creates the wake-up, signalled to this workflow run. The
-// Idempotency-Key is the run's and the activity's id, so a retried
-// activity spends once.
+// Idempotency-Key is derived from the run's and the activity's id, so a
+// retried activity spends once; hashed, since a key is at most 255 bytes
+// and a workflow id alone may be 1000.
 func (a *Activities) CreateWakeup(ctx context.Context, url string) (string, error) {
 	info := activity.GetInfo(ctx)
 	run := info.WorkflowExecution
+	key := sha256.Sum256([]byte(run.ID + "/" + run.RunID + "/" + info.ActivityID))
 	w, err := a.Reveille.Wakeups.Create(ctx, reveille.WakeupRequest{
 		AgentID: "agent-1", WorkflowID: run.ID, RunID: run.RunID, Signal: wakeSignal,
 		Scope: "fetch", Cost: 1,
@@ -80,9 +89,16 @@ func (a *Activities) CreateWakeup(ctx context.Context, url string) (string, erro
 			// Without a retry policy the work has one attempt: a replica
 			// killed while it runs fails it.
 			Retry: &reveille.RetryConfig{MaxAttempts: 5, InitialBackoffMS: 1000}},
-	}, reveille.WithIdempotencyKey(run.ID+"/"+run.RunID+"/"+info.ActivityID))
+	}, reveille.WithIdempotencyKey(hex.EncodeToString(key[:])))
+	var maybe *reveille.MaybeAppliedError
 	var apiErr *reveille.Error
 	switch {
+	case errors.As(err, &maybe):
+		// An attempt's answer was lost: the wake-up may exist whatever the
+		// last attempt said — a retry's 401 or 400 included, which errors.As
+		// below would see through this error. Retried by Temporal with the
+		// same key, it is answered as it first was. So first, and retryable.
+		return "", err
 	case errors.As(err, &apiErr) && apiErr.Status == http.StatusPaymentRequired:
 		// Over budget: a human decides, and the wake-up wakes the
 		// workflow either way (denied, or the work's outcome).
@@ -93,6 +109,19 @@ func (a *Activities) CreateWakeup(ctx context.Context, url string) (string, erro
 		return "", err // retried by Temporal
 	}
 	return w.ID, nil
+}
+
+// CancelWakeup cancels the wake-up's work, or its pending approval request
+// (POST /v1/wakeups/{id}/cancel); one already settled is left as it is. A
+// cancel is safe to repeat, so the client and Temporal may both retry it.
+func (a *Activities) CancelWakeup(ctx context.Context, wakeupID string) error {
+	_, err := a.Reveille.Wakeups.Cancel(ctx, wakeupID)
+	var maybe *reveille.MaybeAppliedError
+	var apiErr *reveille.Error
+	if !errors.As(err, &maybe) && errors.As(err, &apiErr) && apiErr.Status < 500 && apiErr.Status != http.StatusTooManyRequests {
+		return temporal.NewNonRetryableApplicationError(err.Error(), "WakeupCancelRefused", err)
+	}
+	return err
 }
 
 // An agent's own worker: its own task queue (not workflows.TaskQueue, which
