@@ -74,7 +74,10 @@ type Activities struct {
 	Reveille *reveille.Client
 }
 
-// CreateWakeup creates the wake-up, signalled to this workflow run. The
+// CreateWakeup creates the wake-up, signalled to this workflow run (the
+// run id, since FetchWorkflow never starts a new run while it waits: a
+// workflow that continues as new, or may be reset or retried, names its id
+// only — a closed run's signal is undeliverable, lost to the new run). The
 // Idempotency-Key is derived from the run's and the activity's id, so a
 // retried activity spends once; hashed, since a key is at most 255 bytes
 // and a workflow id alone may be 1000.
