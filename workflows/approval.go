@@ -3,9 +3,9 @@ package workflows
 import (
 	"cmp"
 	"encoding/json"
-	"errors"
 	"time"
 
+	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/reveille/reveille/workflows/signals"
@@ -48,7 +48,9 @@ const ApprovalSignal = signals.ApprovalSignal
 
 // ErrApprovalTimeout is returned by AwaitApproval when no decision came in
 // time — not a denial: the request may still be answered (or expire) later.
-var ErrApprovalTimeout = errors.New("workflows: timed out waiting for the tool approval's decision")
+// Inside the workflow, errors.Is(err, ErrApprovalTimeout); outside it,
+// IsTimeout.
+var ErrApprovalTimeout error = temporal.NewApplicationError("workflows: timed out waiting for the tool approval's decision", ApprovalTimeoutType)
 
 // AwaitApproval parks the workflow on the signal channel named signal ("":
 // ApprovalSignal) until the decision on tool approval approvalID arrives,

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/reveille/reveille/workflows/signals"
@@ -59,8 +60,35 @@ const (
 	OutcomeDenied    = signals.OutcomeDenied
 )
 
-// ErrTimeout is returned by AwaitWake when no wake came in time.
-var ErrTimeout = errors.New("workflows: timed out waiting for the wake signal")
+// Error types of the timeouts (temporal.ApplicationError.Type): a
+// workflow that returns ErrTimeout or ErrApprovalTimeout fails with one,
+// which its caller — a client, a parent workflow — matches with IsTimeout,
+// as errors.Is cannot match a sentinel across the workflow's boundary.
+const (
+	WakeTimeoutType     = "ReveilleWakeTimeout"
+	ApprovalTimeoutType = "ReveilleApprovalTimeout"
+)
+
+// ErrTimeout is returned by AwaitWake when no wake came in time. Inside
+// the workflow, errors.Is(err, ErrTimeout); outside it, IsTimeout.
+var ErrTimeout error = temporal.NewApplicationError("workflows: timed out waiting for the wake signal", WakeTimeoutType)
+
+// IsTimeout reports whether err is (or wraps, or is a workflow failure
+// caused by) ErrTimeout or ErrApprovalTimeout: an await that ran out of
+// time, seen from inside the workflow or from whoever waited for it.
+func IsTimeout(err error) bool {
+	var app *temporal.ApplicationError
+	for err != nil {
+		if !errors.As(err, &app) {
+			return false
+		}
+		if app.Type() == WakeTimeoutType || app.Type() == ApprovalTimeoutType {
+			return true
+		}
+		err = app.Unwrap()
+	}
+	return false
+}
 
 type seenKey struct{}
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
 )
@@ -460,4 +461,40 @@ func TestAwaitWarnsWhenItDropsAnotherOnesSignalWithoutDedupe(t *testing.T) {
 			}
 		})
 	}
+}
+
+// timingOutWorkflow awaits a wake (or a decision) that never comes, and
+// returns the await's error, which it checks with errors.Is first.
+func timingOutWorkflow(ctx workflow.Context, approval bool) error {
+	var err, sentinel error
+	if approval {
+		_, err = AwaitApproval(ctx, "", "a1", time.Minute)
+		sentinel = ErrApprovalTimeout
+	} else {
+		_, err = AwaitWake(ctx, "wake", time.Minute)
+		sentinel = ErrTimeout
+	}
+	if !errors.Is(err, sentinel) || !IsTimeout(err) {
+		return fmt.Errorf("inside the workflow, the timeout is not its sentinel: %w", err)
+	}
+	return fmt.Errorf("gave up: %w", err)
+}
+
+func TestATimeoutIsMatchedByIsTimeoutOutsideTheWorkflow(t *testing.T) {
+	for _, approval := range []bool{false, true} {
+		t.Run(fmt.Sprintf("approval %v", approval), func(t *testing.T) {
+			var suite testsuite.WorkflowTestSuite
+			env := suite.NewTestWorkflowEnvironment()
+			env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/timeout-test"})
+			env.ExecuteWorkflow(timingOutWorkflow, approval)
+			require.True(t, env.IsWorkflowCompleted())
+			err := env.GetWorkflowError()
+			require.Error(t, err)
+			require.True(t, IsTimeout(err), "the caller sees a timeout: %v", err)
+			require.False(t, errors.Is(err, ErrTimeout), "(which errors.Is cannot say across the boundary)")
+		})
+	}
+	require.False(t, IsTimeout(errors.New("timed out waiting for the wake signal")))
+	require.False(t, IsTimeout(temporal.NewApplicationError("other", "SomethingElse")))
+	require.False(t, IsTimeout(nil))
 }

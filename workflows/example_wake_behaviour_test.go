@@ -16,6 +16,7 @@ import (
 	"go.temporal.io/sdk/testsuite"
 
 	reveille "github.com/reveille/reveille/client"
+	"github.com/reveille/reveille/workflows"
 )
 
 // The example's FetchWorkflow cancels its wake-up when it stops waiting —
@@ -28,7 +29,7 @@ func TestFetchWorkflowCancelsItsWakeupWhenItStopsWaiting(t *testing.T) {
 		cancel   bool
 		checkErr func(t *testing.T, err error)
 	}{
-		{"timed out", false, func(t *testing.T, err error) { require.ErrorContains(t, err, "timed out") }},
+		{"timed out", false, func(t *testing.T, err error) { require.True(t, workflows.IsTimeout(err), "%v", err) }},
 		{"canceled", true, func(t *testing.T, err error) { require.True(t, temporal.IsCanceledError(err), "%v", err) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
