@@ -143,13 +143,9 @@ func (s *Server) sessionEvents(c echo.Context) error {
 // eventsPage reads ?after=&limit= (after exclusive; cursor, the list
 // convention's name, is accepted for after).
 func eventsPage(c echo.Context) (int64, int, error) {
-	limit := 50
-	if raw := c.QueryParam("limit"); raw != "" {
-		n, err := strconv.Atoi(raw)
-		if err != nil || n < 1 || n > approvals.MaxLimit {
-			return 0, 0, Invalid("limit", "must be an integer from 1 to 500")
-		}
-		limit = n
+	limit, err := listLimit(c)
+	if err != nil {
+		return 0, 0, err
 	}
 	field, raw := "after", c.QueryParam("after")
 	if raw == "" {

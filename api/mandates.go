@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -112,12 +111,9 @@ type approvalList[T any] struct {
 // mandatePage reads ?cursor=&limit= (limit 1–500, default 50).
 func mandatePage(c echo.Context) (mandates.Page, error) {
 	var p mandates.Page
-	if raw := c.QueryParam("limit"); raw != "" {
-		n, err := strconv.Atoi(raw)
-		if err != nil || n < 1 || n > mandates.MaxLimit {
-			return p, Invalid("limit", "must be an integer from 1 to 500")
-		}
-		p.Limit = n
+	var err error
+	if p.Limit, err = listLimit(c); err != nil {
+		return p, err
 	}
 	if raw := c.QueryParam("cursor"); raw != "" {
 		id, err := parseUUID(raw)

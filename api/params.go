@@ -14,6 +14,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/page"
 )
 
 // checkParams refuses a request whose path parameters, query parameter
@@ -137,15 +138,16 @@ func contentEncodingProblem(r *http.Request) error {
 	return p
 }
 
-// listLimit parses ?limit= (default 50, 1 to 500).
+// listLimit parses ?limit= as every list does (default
+// page.DefaultLimit, 1 to page.MaxLimit).
 func listLimit(c echo.Context) (int, error) {
 	raw := c.QueryParam("limit")
 	if raw == "" {
-		return 50, nil
+		return page.DefaultLimit, nil
 	}
 	n, err := strconv.Atoi(raw)
-	if err != nil || n < 1 || n > 500 {
-		return 0, Invalid("limit", "must be an integer from 1 to 500")
+	if err != nil || n < 1 || n > page.MaxLimit {
+		return 0, Invalid("limit", fmt.Sprintf("must be an integer from 1 to %d", page.MaxLimit))
 	}
 	return n, nil
 }
@@ -154,7 +156,7 @@ func listLimit(c echo.Context) (int, error) {
 // webhooks), in name order: ?limit= as every list, ?cursor= the
 // next_cursor of the page before — the last name it held, base64url, so
 // that any name makes a cursor safe in a query.
-func namePage[T any](c echo.Context, items []T, name func(T) string) (page []T, next *string, err error) {
+func namePage[T any](c echo.Context, items []T, name func(T) string) (pageItems []T, next *string, err error) {
 	limit, err := listLimit(c)
 	if err != nil {
 		return nil, nil, err
@@ -165,8 +167,9 @@ func namePage[T any](c echo.Context, items []T, name func(T) string) (page []T, 
 		if err != nil || len(after) == 0 {
 			return nil, nil, Invalid("cursor", "is not a cursor this list returned")
 		}
-		i, _ := slices.BinarySearchFunc(items, string(after), func(it T, n string) int { return strings.Compare(name(it), n) })
-		for i < len(items) && name(items[i]) <= string(after) {
+		// (names are unique: the page starts after the one named, or where it would be)
+		i, found := slices.BinarySearchFunc(items, string(after), func(it T, n string) int { return strings.Compare(name(it), n) })
+		if found {
 			i++
 		}
 		items = items[i:]

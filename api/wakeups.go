@@ -3,7 +3,6 @@ package api
 import (
 	"errors"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -204,13 +203,9 @@ func (s *Server) redeliverWakeup(c echo.Context) error {
 // listPage reads ?cursor=&limit= for lists keyed by UUIDv7 ids (limit
 // 1–500, default 50).
 func listPage(c echo.Context) (*uuid.UUID, int, error) {
-	limit := 50
-	if raw := c.QueryParam("limit"); raw != "" {
-		n, err := strconv.Atoi(raw)
-		if err != nil || n < 1 || n > 500 {
-			return nil, 0, Invalid("limit", "must be an integer from 1 to 500")
-		}
-		limit = n
+	limit, err := listLimit(c)
+	if err != nil {
+		return nil, 0, err
 	}
 	if raw := c.QueryParam("cursor"); raw != "" {
 		id, err := parseUUID(raw)
