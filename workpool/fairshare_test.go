@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -339,10 +340,11 @@ func TestUpdatePool_ABadWeightNamesItsOrgAndWritesNothing(t *testing.T) {
 	}
 }
 
-// In a saturated pool slots come free a few at a time; fair share counts
-// the slots each org already holds, so one-at-a-time refills keep every
-// org at its weighted share — not in run_at order, which would hand the
-// pool to whoever queued first.
+// In a saturated pool slots come free a few at a time; the orgs take turns
+// for them by starts, so one-at-a-time refills keep every org at its
+// weighted share — not in run_at order, which would hand the pool to
+// whoever queued first. With attempts of equal length, the slots each org
+// holds stay within one of its weighted share.
 func TestFairShare_RefillsOneSlotAtATimeKeepTheWeightedShare(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
@@ -385,8 +387,9 @@ func TestFairShare_RefillsOneSlotAtATimeKeepTheWeightedShare(t *testing.T) {
 				h.clock.Advance(time.Millisecond)
 				h.complete(id, "success", 1)
 				h.runMain()
-				require.Equal(t, map[string]int{"heavy": tc.wantHeavyRuns, "light": 4 - tc.wantHeavyRuns}, h.runningByOrg(),
-					"after refill %d each org holds its share", step)
+				running := h.runningByOrg()
+				require.Equal(t, 4, running["heavy"]+running["light"], "after refill %d every slot is taken", step)
+				require.InDelta(t, tc.wantHeavyRuns, running["heavy"], 1, "after refill %d each org holds its share: %v", step, running)
 			}
 			started := map[string]int{}
 			for _, org := range []string{"heavy", "light"} {
@@ -409,7 +412,9 @@ func TestFairShare_RefillsOneSlotAtATimeKeepTheWeightedShare(t *testing.T) {
 // first part of it when some org's queue runs out first), and the loop
 // ends up with exactly the order's first free slots' worth. The order is
 // computed here from every ready item: an org's n-th ready item (within
-// the cap's room) ranks (running + n) / weight, ties in run_at order.
+// the cap's room) takes the turn (n - 1) / weight (nothing is charged to
+// any org yet), ties to the org holding fewer slots for its weight
+// ((running + n) / weight), then in run_at order.
 func TestFairShare_APickStartsTheNextItemsOfTheWholeFairOrder(t *testing.T) {
 	type org struct {
 		name                     string
@@ -497,7 +502,11 @@ func TestFairShare_APickStartsTheNextItemsOfTheWholeFairOrder(t *testing.T) {
 					}
 				}
 				slices.SortFunc(order, func(a, b item) int {
-					// (running + n) / weight, compared exactly
+					// Nothing charged yet: the turn (n - 1) / weight, then
+					// the slots held, (running + n) / weight, compared exactly.
+					if c := cmp.Compare((a.n-1)*b.org.weight, (b.n-1)*a.org.weight); c != 0 {
+						return c
+					}
 					if c := cmp.Compare((a.org.running+a.n)*b.org.weight, (b.org.running+b.n)*a.org.weight); c != 0 {
 						return c
 					}
@@ -546,4 +555,122 @@ func TestFairShare_APickStartsTheNextItemsOfTheWholeFairOrder(t *testing.T) {
 			})
 		}
 	}
+}
+
+// startsInTurn runs the pool attempt by attempt — the oldest running
+// attempt finishes, the loop refills — until n items have started since
+// the pool was created, and returns the orgs of the first n starts in the
+// order the loop made them (one refill's starts in run_at order).
+func (h *harness) startsInTurn(n int) []string {
+	h.t.Helper()
+	order := func() []string {
+		rows, err := h.db.Query(h.ctx, `SELECT org_id FROM workpool_work WHERE started_at IS NOT NULL ORDER BY started_at, run_at`)
+		require.NoError(h.t, err)
+		orgs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(h.t, err)
+		return orgs
+	}
+	h.runMain()
+	for len(order()) < n {
+		var id uuid.UUID
+		require.NoError(h.t, h.db.QueryRow(h.ctx,
+			`SELECT id FROM workpool_work WHERE state = 'running' ORDER BY started_at, run_at LIMIT 1`).Scan(&id))
+		h.clock.Advance(time.Millisecond)
+		h.complete(id, "success", 1)
+		h.runMain()
+	}
+	return order()[:n]
+}
+
+func countOf(orgs []string, org string) int {
+	n := 0
+	for _, o := range orgs {
+		if o == org {
+			n++
+		}
+	}
+	return n
+}
+
+// A pool of one, two or three slots has too few running attempts to tell
+// the orgs apart: the turns are counted in starts, so orgs with a backlog
+// alternate in one slot and a weight of 3 gets three starts for every one,
+// whoever queued first — the backlog of the org that queued first used to
+// run to its end before the other's first start (weights 3:1 in two slots:
+// the light org never started).
+func TestFairShare_SmallPoolsTakeTurnsByStarts(t *testing.T) {
+	for _, tc := range []struct {
+		slots, heavyWeight int
+		first              string // the org whose whole backlog is queued first
+		wantHeavy          int    // of the first 24 starts
+	}{
+		{1, 1, "heavy", 12},
+		{1, 1, "light", 12},
+		{2, 1, "heavy", 12},
+		{1, 3, "light", 18},
+		{1, 3, "heavy", 18},
+		{2, 3, "light", 18},
+		{3, 3, "heavy", 18},
+		{3, 3, "light", 18},
+	} {
+		t.Run(fmt.Sprintf("%d slots, weights %d:1, %s queued first", tc.slots, tc.heavyWeight, tc.first), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(tc.slots))
+			require.NoError(t, h.m.SetOrgWeight(h.ctx, "default", "heavy", tc.heavyWeight))
+			other := map[string]string{"heavy": "light", "light": "heavy"}[tc.first]
+			for _, org := range []string{tc.first, other} {
+				for range 40 {
+					h.enqueue(withOrg(org))
+					h.clock.Advance(time.Millisecond)
+				}
+			}
+			starts := h.startsInTurn(24)
+			require.InDelta(t, tc.wantHeavy, countOf(starts, "heavy"), 1, "starts: %v", starts)
+			// No run of one org longer than its weight's worth of turns.
+			longest, run := 0, 0
+			for i, o := range starts {
+				if i > 0 && o == starts[i-1] {
+					run++
+				} else {
+					run = 1
+				}
+				if o == "light" {
+					longest = max(longest, run)
+				}
+			}
+			require.LessOrEqual(t, longest, 2, "the light org never holds the slots for a run: %v", starts)
+		})
+	}
+}
+
+// An org charged few starts that then had no ready work while the others
+// took many turns does not cash in its idle time when its work comes
+// back: it joins at the pool's current turn and takes its share from
+// there, not every start until its count catches up.
+func TestFairShare_AnOrgBackFromIdleJoinsAtTheCurrentTurn(t *testing.T) {
+	h := newHarness(t, withMaxParallelism(1))
+	for range 3 {
+		for _, org := range []string{"a", "b", "c"} {
+			h.enqueue(withOrg(org))
+			h.clock.Advance(time.Millisecond)
+		}
+	}
+	for range 20 {
+		for _, org := range []string{"a", "b"} {
+			h.enqueue(withOrg(org))
+			h.clock.Advance(time.Millisecond)
+		}
+	}
+	// c's three items run out within the first nine starts; a and b take
+	// turns for the next thirty.
+	first := h.startsInTurn(39)
+	require.Equal(t, 3, countOf(first, "c"), "c had three items: %v", first)
+	for range 20 {
+		h.enqueue(withOrg("c"))
+		h.clock.Advance(time.Millisecond)
+	}
+	// The oldest running attempt finishes and c's work is ready: of the next
+	// nine starts c takes a third, not all of them.
+	next := h.startsInTurn(39 + 9)[39:]
+	require.InDelta(t, 3, countOf(next, "c"), 1, "c joins at the current turn: %v", next)
 }

@@ -541,13 +541,16 @@ WITH free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
 // sqlStartFair gives free slots to ready work fairly: orgs with ready work
 // take turns (weighted), an org's running work stays within
 // max_parallelism_per_org ($9, or null), and keyed work within its key's
-// limit, in run_at order. The turns count the slots each org already
-// holds: the org's n-th candidate ranks (running + n) / weight, so that
-// slots freed a few at a time in a saturated pool go to the orgs below
-// their weighted share of it (ordering by n alone would hand a single free
-// slot to whichever org queued first). The free count is taken in the same snapshot as
-// the start (only the loop ever adds to the slots in use). $8
-// max_parallelism.
+// limit, in run_at order. The turns count starts: the org's n-th
+// candidate takes the turn (served + n - 1) / weight, served the starts
+// charged to it (workpool_org_turns, at least the pool's current turn's
+// worth: sqlServed), ties to the org holding fewer slots for its weight,
+// then in run_at order; the pick charges what it started
+// (sqlChargeTurns). Slots held alone cannot tell orgs apart in a pool of
+// one slot (none holds any at a pick), and ordering by n alone would hand
+// a single free slot to whichever org queued first. The free count is
+// taken in the same snapshot as the start (only the loop ever adds to the
+// slots in use). $8 max_parallelism.
 var sqlStartFair = `
 WITH RECURSIVE
 ` + sqlRunningByOrg + `,
@@ -579,20 +582,24 @@ func sqlOrgRoom(perOrgCap string) string {
 // per-org cap (null: none).
 func sqlNearRead(perOrgCap string) string {
 	return `
+` + sqlClock + `,
 queued AS (
   -- the orgs whose plain queues may hold ready work (workpool_org_queues:
   -- a superset, each head at or before the org's oldest pending item),
-  -- each with its weight, its running attempts, the turn its next start
-  -- would take, (running + 1) / weight, whether the per-org cap lets it
-  -- start one, and its room, the most it may start now
+  -- each with its weight, its running attempts, the starts charged to it
+  -- less one (vrun), the turn its next start would take, served / weight,
+  -- whether the per-org cap lets it start one, and its room, the most it
+  -- may start now
   SELECT q.org_id, q.head_at, q.xmin AS seen,
     coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
-    (coalesce(r.n, 0) + 1)::float8 / coalesce(wt.weight, 1) AS t1,
+    ` + sqlServed("coalesce(wt.weight, 1)") + ` - 1 AS vrun,
+    (` + sqlServed("coalesce(wt.weight, 1)") + `)::float8 / coalesce(wt.weight, 1) AS t1,
     ` + perOrgCap + ` IS NULL OR coalesce(r.n, 0) < ` + perOrgCap + ` AS open,
     ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM workpool_org_queues q
-  -- (the pool's weights read once, not probed for each queued org)
+  -- (the pool's weights and turns read once, not probed for each queued org)
   LEFT JOIN (SELECT org_id, weight FROM workpool_org_weights WHERE pool = $1 OFFSET 0) wt ON wt.org_id = q.org_id
+  LEFT JOIN (SELECT org_id, served FROM workpool_org_turns WHERE pool = $1 OFFSET 0) tu ON tu.org_id = q.org_id
   LEFT JOIN running r ON r.org_id = q.org_id
   WHERE q.pool = $1 AND q.head_at <= $2 AND (SELECT n FROM free) > 0
 ),
@@ -608,7 +615,7 @@ near AS (
 near_read AS (
   -- each near org's candidates (at least its head, to learn that it has
   -- one): one index range read from its queue's head
-  SELECT o.org_id, o.head_at, o.seen, o.weight, o.running, o.n, c.tid, c.run_at, c.rn
+  SELECT o.org_id, o.head_at, o.seen, o.weight, o.running, o.vrun, o.n, c.tid, c.run_at, c.rn
   FROM near_lim o LEFT JOIN LATERAL (
     -- (numbered outside the limit: a window beside it would read on to
     -- the end of the run_at group)
@@ -662,14 +669,17 @@ keys(org_id, ckey, klimit) AS (
     ORDER BY w.org_id, w.concurrency_key, w.run_at LIMIT 1) n
 ),
 held AS (
-  -- every org with ready work: its weight, its running attempts (CTE
+  -- every org with ready work: its weight, the starts charged to it less
+  -- one (vrun, as in queued), its running attempts (CTE
   -- running: one pass over the running set for every org, as a probe per
   -- org would walk the running index's dead entries once per org), and its
   -- room, the most it may start now (the free slots, within the per-org cap)
   SELECT d.org_id, coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
+    ` + sqlServed("coalesce(wt.weight, 1)") + ` - 1 AS vrun,
     ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM (SELECT org_id FROM orgs UNION SELECT org_id FROM keys) d
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
+  LEFT JOIN workpool_org_turns tu ON tu.pool = $1 AND tu.org_id = d.org_id
   LEFT JOIN running r ON r.org_id = d.org_id
   WHERE (SELECT n FROM free) > 0
 ),
@@ -678,11 +688,11 @@ cand AS (
   -- the candidates: the near orgs' as read; or each org's plain head found
   -- by queues, then (when it may take more) those after it, read from the
   -- head on, and keyed work
-  SELECT tid, org_id, run_at, weight, running, n FROM near_read WHERE rn <= n AND (SELECT ok FROM near_ok)
+  SELECT tid, org_id, run_at, weight, running, vrun, n FROM near_read WHERE rn <= n AND (SELECT ok FROM near_ok)
   UNION ALL
-  SELECT h.tid, h.org_id, h.run_at, o.weight, o.running, o.n FROM orgs h JOIN lim o ON o.org_id = h.org_id WHERE o.n > 0
+  SELECT h.tid, h.org_id, h.run_at, o.weight, o.running, o.vrun, o.n FROM orgs h JOIN lim o ON o.org_id = h.org_id WHERE o.n > 0
   UNION ALL
-  SELECT c.tid, h.org_id, c.run_at, o.weight, o.running, o.n
+  SELECT c.tid, h.org_id, c.run_at, o.weight, o.running, o.vrun, o.n
   FROM orgs h JOIN lim o ON o.org_id = h.org_id CROSS JOIN LATERAL (
     SELECT w.ctid AS tid, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = h.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
@@ -690,7 +700,7 @@ cand AS (
     ORDER BY w.run_at LIMIT o.n - 1) c
   WHERE o.n > 1
   UNION ALL
-  SELECT c.tid, k.org_id, c.run_at, o.weight, o.running, o.n
+  SELECT c.tid, k.org_id, c.run_at, o.weight, o.running, o.vrun, o.n
   FROM keys k JOIN lim o ON o.org_id = k.org_id CROSS JOIN LATERAL (
     SELECT w.ctid AS tid, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = k.org_id AND w.concurrency_key = k.ckey AND w.state = 'pending' AND w.run_at <= $2
@@ -701,13 +711,13 @@ cand AS (
   WHERE o.n > 0
 ),
 ranked AS (
-  SELECT c.tid, c.run_at, c.weight, c.running, c.n,
+  SELECT c.tid, c.run_at, c.weight, c.running, c.vrun, c.n,
     row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at) AS rn
   FROM cand c
 ),
 pick AS (
   -- (by tuple id: no index lookup per started item)
-  SELECT w.id, w.handler, w.ctid AS tid FROM workpool_work w
+  SELECT w.id, w.handler, w.ctid AS tid, w.org_id FROM workpool_work w
   WHERE w.ctid = ANY(ARRAY(SELECT tid FROM ranked WHERE rn <= n
                            ORDER BY ` + sqlTurnOrder + ` LIMIT (SELECT n FROM free)))
     AND w.state = 'pending'
@@ -719,7 +729,8 @@ heads AS (
   UNION ALL
   SELECT org_id, head_at, seen, run_at FROM queues
 ),
-` + sqlMoveHeads
+` + sqlMoveHeads + `,
+` + sqlChargeTurns("(SELECT org_id, weight, vrun FROM near_lim UNION SELECT org_id, weight, vrun FROM lim)")
 }
 
 // sqlPickNear is sqlPickFair's near way alone, for the fast iteration of a
@@ -737,7 +748,7 @@ near_ok AS (
 ),
 pick AS (
   -- (by tuple id: no index lookup per started item)
-  SELECT w.id, w.handler, w.ctid AS tid FROM workpool_work w
+  SELECT w.id, w.handler, w.ctid AS tid, w.org_id FROM workpool_work w
   WHERE w.ctid = ANY(ARRAY(SELECT tid FROM near_read WHERE rn <= n AND (SELECT ok FROM near_ok)
                            ORDER BY ` + sqlTurnOrder + ` LIMIT (SELECT n FROM free)))
     AND w.state = 'pending'
@@ -746,12 +757,72 @@ pick AS (
 heads AS (
   ` + sqlNearHeads + `
 ),
-` + sqlMoveHeads
+` + sqlMoveHeads + `,
+` + sqlChargeTurns("near_lim")
 }
 
-// sqlTurnOrder is the fair order of a pick's candidates (running, weight,
-// rn: the candidate's place in its org's queue), both picks' spelling.
-const sqlTurnOrder = `(running + rn)::float8 / weight, run_at`
+// sqlClock is the CTE clock: the turn of pool $1's last fair start, the
+// fraction num / den (0 before the first; workpool_fair_clocks).
+const sqlClock = `clock AS (
+  SELECT coalesce(max(turn_num), 0) AS num, coalesce(max(turn_den), 1) AS den FROM workpool_fair_clocks WHERE pool = $1
+)`
+
+// sqlServed is the starts charged to an org (tu.served, from
+// workpool_org_turns; none without a row) as its next pick counts them:
+// never fewer than reach the clock's turn at the org's weight (the SQL
+// weight), so that an org that had no ready work while the others took
+// their turns — or never had any — joins at the pool's current turn
+// instead of cashing in its idle time. Rounded up: it joins at most one
+// turn late.
+func sqlServed(weight string) string {
+	return `greatest(coalesce(tu.served, 0),
+      ((SELECT num FROM clock) * ` + weight + ` + (SELECT den FROM clock) - 1) / (SELECT den FROM clock))`
+}
+
+// sqlChargeTurns is the CTEs charged, turns_charged, turns_added,
+// clock_turn, clock_moved and clock_added of a fair pick: each org that started k items is charged them (served +
+// k), and the clock moves to the turn of the last start, the highest a
+// started item took (every item picked takes a turn at or past the
+// clock's, so it never moves back). orgs is the SQL of the picked orgs'
+// (org_id, weight, vrun) as the pick ranked them.
+func sqlChargeTurns(orgs string) string {
+	return `charged AS (
+  -- last: the turn numerator of the org's last start, vrun + k
+  SELECT p.org_id, o.weight, o.vrun + count(*) AS last
+  FROM pick p JOIN ` + orgs + ` o ON o.org_id = p.org_id
+  GROUP BY p.org_id, o.weight, o.vrun
+),
+turns_charged AS (
+  -- (an update by key, and an insert for an org's first charge: cheaper
+  -- than an upsert per org, and only the fenced loop writes these rows)
+  UPDATE workpool_org_turns t SET served = c.last + 1 FROM charged c
+  WHERE t.pool = $1 AND t.org_id = c.org_id
+),
+turns_added AS (
+  INSERT INTO workpool_org_turns (pool, org_id, served)
+  SELECT $1, c.org_id, c.last + 1 FROM charged c
+  WHERE NOT EXISTS (SELECT 1 FROM workpool_org_turns t WHERE t.pool = $1 AND t.org_id = c.org_id)
+  ON CONFLICT DO NOTHING
+),
+clock_turn AS (
+  SELECT last, weight FROM charged ORDER BY last::float8 / weight DESC LIMIT 1
+),
+clock_moved AS (
+  UPDATE workpool_fair_clocks f SET turn_num = c.last, turn_den = c.weight FROM clock_turn c WHERE f.pool = $1
+),
+clock_added AS (
+  INSERT INTO workpool_fair_clocks (pool, turn_num, turn_den)
+  SELECT $1, c.last, c.weight FROM clock_turn c
+  WHERE NOT EXISTS (SELECT 1 FROM workpool_fair_clocks f WHERE f.pool = $1)
+  ON CONFLICT DO NOTHING
+)`
+}
+
+// sqlTurnOrder is the fair order of a pick's candidates (vrun: the starts
+// charged to the org less one, running, weight, rn: the candidate's place
+// in its org's queue): the turn, then the slots held, then run_at — both
+// picks' spelling.
+const sqlTurnOrder = `(vrun + rn)::float8 / weight, (running + rn)::float8 / weight, run_at`
 
 // sqlNearHeads is, for CTE heads, each near org read with the head its
 // read found (null: no ready item), when the near way decided the pick.
@@ -788,14 +859,15 @@ dropped AS (
 
 // sqlShareBound is the CTEs share1, under, bound and lim of a fair pick,
 // each name prefixed with prefix: lim is each org of CTE orgs
-// (org_id, weight, running, room: the most it may start now, and any
-// other columns) with n, how far down its queue it can get.
+// (org_id, weight, vrun: the starts charged to it less one, room: the most
+// it may start now, and any other columns) with n, how far down its queue
+// it can get.
 //
-// The pick takes the free slots' worth (F) of the lowest turns (running +
-// n) / weight, and, over a set of orgs of total weight W holding R slots
-// between N of them, turns up to T = (F + R + N) / W number at least F
-// (each org's count is floor(T * weight) - running, at least T * weight -
-// running - 1). So no org needs more than floor(T * weight) - running
+// The pick takes the free slots' worth (F) of the lowest turns (vrun +
+// n) / weight, and, over a set of N orgs of total weight W with R the sum
+// of their vrun, turns up to T = (F + R + N) / W number at least F
+// (each org's count is floor(T * weight) - vrun, at least T * weight -
+// vrun - 1). So no org needs more than floor(T * weight) - vrun
 // turns: the pick deals F + N of them, not F to every org. Orgs with
 // nothing below T are left out and T taken again over the rest (a tighter
 // bound: one org far past its share no longer raises everyone's). When the
@@ -806,16 +878,16 @@ dropped AS (
 // bound: a sum joined to every row is evaluated again for each of them.)
 func sqlShareBound(prefix, orgs string) string {
 	return prefix + `share1 AS (
-  SELECT h.org_id, h.weight, h.running, h.room,
-    (SELECT n FROM free) + (sum(h.running) OVER ())::bigint + count(*) OVER () AS num, (sum(h.weight) OVER ())::bigint AS den
+  SELECT h.org_id, h.weight, h.vrun, h.room,
+    (SELECT n FROM free) + (sum(h.vrun) OVER ())::bigint + count(*) OVER () AS num, (sum(h.weight) OVER ())::bigint AS den
   FROM ` + orgs + ` h WHERE h.room > 0
 ),
 ` + prefix + `under AS (
-  SELECT org_id, weight, running, room FROM ` + prefix + `share1 WHERE (num * weight) / den > running
+  SELECT org_id, weight, vrun, room FROM ` + prefix + `share1 WHERE (num * weight) / den > vrun
 ),
 ` + prefix + `bound AS (
-  SELECT org_id, least(room, (((SELECT n FROM free) + (sum(running) OVER ())::bigint + count(*) OVER ()) * weight)
-    / (sum(weight) OVER ())::bigint - running) AS n
+  SELECT org_id, least(room, (((SELECT n FROM free) + (sum(vrun) OVER ())::bigint + count(*) OVER ()) * weight)
+    / (sum(weight) OVER ())::bigint - vrun) AS n
   FROM ` + prefix + `under
 ),
 ` + prefix + `lim AS (
