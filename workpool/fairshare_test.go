@@ -412,9 +412,9 @@ func TestFairShare_RefillsOneSlotAtATimeKeepTheWeightedShare(t *testing.T) {
 // first part of it when some org's queue runs out first), and the loop
 // ends up with exactly the order's first free slots' worth. The order is
 // computed here from every ready item: an org's n-th ready item (within
-// the cap's room) takes the turn (n - 1) / weight (nothing is charged to
-// any org yet), ties to the org holding fewer slots for its weight
-// ((running + n) / weight), then in run_at order.
+// the cap's room) takes the turn (max(running - 1, 0) + n - 1) / weight
+// (nothing is charged to any org yet, so the slots held beyond one
+// decide), ties to (running + n) / weight, then in run_at order.
 func TestFairShare_APickStartsTheNextItemsOfTheWholeFairOrder(t *testing.T) {
 	type org struct {
 		name                     string
@@ -502,9 +502,11 @@ func TestFairShare_APickStartsTheNextItemsOfTheWholeFairOrder(t *testing.T) {
 					}
 				}
 				slices.SortFunc(order, func(a, b item) int {
-					// Nothing charged yet: the turn (n - 1) / weight, then
-					// the slots held, (running + n) / weight, compared exactly.
-					if c := cmp.Compare((a.n-1)*b.org.weight, (b.n-1)*a.org.weight); c != 0 {
+					// Nothing charged yet: the turn is the slots held
+					// beyond one, (max(running - 1, 0) + n - 1) / weight,
+					// ties to (running + n) / weight, compared exactly.
+					held := func(it item) int { return max(it.org.running-1, 0) + it.n - 1 }
+					if c := cmp.Compare(held(a)*b.org.weight, held(b)*a.org.weight); c != 0 {
 						return c
 					}
 					if c := cmp.Compare((a.org.running+a.n)*b.org.weight, (b.org.running+b.n)*a.org.weight); c != 0 {
@@ -673,4 +675,30 @@ func TestFairShare_AnOrgBackFromIdleJoinsAtTheCurrentTurn(t *testing.T) {
 	// nine starts c takes a third, not all of them.
 	next := h.startsInTurn(39 + 9)[39:]
 	require.InDelta(t, 3, countOf(next, "c"), 1, "c joins at the current turn: %v", next)
+}
+
+// Turns count starts, but an org's slots still count against it: an org
+// whose attempts run for hours does not take every other start until it
+// holds every slot while another org's quick work waits — it holds at most
+// one slot past its share.
+func TestFairShare_AnOrgWhoseWorkRunsLongDoesNotTakeEverySlot(t *testing.T) {
+	h := newHarness(t, withMaxParallelism(4))
+	for range 40 {
+		h.enqueue(withOrg("slow"))
+		h.clock.Advance(time.Millisecond)
+		h.enqueue(withOrg("quick"))
+		h.clock.Advance(time.Millisecond)
+	}
+	h.runMain()
+	for step := range 30 {
+		running := h.runningByOrg()
+		require.LessOrEqual(t, running["slow"], 3, "step %d: the slow org holds at most its share and one: %v", step, running)
+		// Only the quick org's attempts ever finish.
+		var id uuid.UUID
+		require.NoError(t, h.db.QueryRow(h.ctx,
+			`SELECT id FROM workpool_work WHERE state = 'running' AND org_id = 'quick' ORDER BY started_at, run_at LIMIT 1`).Scan(&id))
+		h.clock.Advance(time.Millisecond)
+		h.complete(id, "success", 1)
+		h.runMain()
+	}
 }

@@ -592,8 +592,9 @@ queued AS (
   -- may start now
   SELECT q.org_id, q.head_at, q.xmin AS seen,
     coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
-    ` + sqlServed("coalesce(wt.weight, 1)") + ` - 1 AS vrun,
-    (` + sqlServed("coalesce(wt.weight, 1)") + `)::float8 / coalesce(wt.weight, 1) AS t1,
+    ` + sqlServed("coalesce(wt.weight, 1)") + ` AS served,
+    ` + sqlTurnsHeld("coalesce(wt.weight, 1)") + ` - 1 AS vrun,
+    (` + sqlTurnsHeld("coalesce(wt.weight, 1)") + `)::float8 / coalesce(wt.weight, 1) AS t1,
     ` + perOrgCap + ` IS NULL OR coalesce(r.n, 0) < ` + perOrgCap + ` AS open,
     ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM workpool_org_queues q
@@ -675,7 +676,8 @@ held AS (
   -- org would walk the running index's dead entries once per org), and its
   -- room, the most it may start now (the free slots, within the per-org cap)
   SELECT d.org_id, coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
-    ` + sqlServed("coalesce(wt.weight, 1)") + ` - 1 AS vrun,
+    ` + sqlServed("coalesce(wt.weight, 1)") + ` AS served,
+    ` + sqlTurnsHeld("coalesce(wt.weight, 1)") + ` - 1 AS vrun,
     ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM (SELECT org_id FROM orgs UNION SELECT org_id FROM keys) d
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
@@ -730,7 +732,7 @@ heads AS (
   SELECT org_id, head_at, seen, run_at FROM queues
 ),
 ` + sqlMoveHeads + `,
-` + sqlChargeTurns("(SELECT org_id, weight, vrun FROM near_lim UNION SELECT org_id, weight, vrun FROM lim)")
+` + sqlChargeTurns("(SELECT org_id, weight, served, vrun FROM near_lim UNION SELECT org_id, weight, served, vrun FROM lim)")
 }
 
 // sqlPickNear is sqlPickFair's near way alone, for the fast iteration of a
@@ -767,16 +769,32 @@ const sqlClock = `clock AS (
   SELECT coalesce(max(turn_num), 0) AS num, coalesce(max(turn_den), 1) AS den FROM workpool_fair_clocks WHERE pool = $1
 )`
 
+// sqlClockTurns is the pool's current turn (CTE clock) in starts of an org
+// of the given weight (SQL), rounded up.
+func sqlClockTurns(weight string) string {
+	return `((SELECT num FROM clock) * ` + weight + ` + (SELECT den FROM clock) - 1) / (SELECT den FROM clock)`
+}
+
 // sqlServed is the starts charged to an org (tu.served, from
 // workpool_org_turns; none without a row) as its next pick counts them:
-// never fewer than reach the clock's turn at the org's weight (the SQL
-// weight), so that an org that had no ready work while the others took
-// their turns — or never had any — joins at the pool's current turn
-// instead of cashing in its idle time. Rounded up: it joins at most one
-// turn late.
+// never fewer than reach the pool's current turn at the org's weight (the
+// SQL weight), so that an org that had no ready work while the others took
+// their turns — or never had any — joins at the current turn instead of
+// cashing in its idle time. Rounded up: it joins at most one turn late.
 func sqlServed(weight string) string {
-	return `greatest(coalesce(tu.served, 0),
-      ((SELECT num FROM clock) * ` + weight + ` + (SELECT den FROM clock) - 1) / (SELECT den FROM clock))`
+	return `greatest(coalesce(tu.served, 0), ` + sqlClockTurns(weight) + `)`
+}
+
+// sqlTurnsHeld is where an org's next start stands, in its own turns: the
+// later of its starts charged (sqlServed) and the pool's current turn plus
+// the slots it holds beyond one (r.n, from the CTE running). Turns alone
+// would let an org whose work runs for hours take every other start until
+// it held every slot; slots alone cannot tell orgs apart in a pool of one
+// slot (none holds any at a pick), and, counted from the first, they hold
+// a weight-1 org with one slot a whole turn back, so that weights 3:1
+// split three slots 2:1. Only starts are charged.
+func sqlTurnsHeld(weight string) string {
+	return `greatest(coalesce(tu.served, 0), ` + sqlClockTurns(weight) + ` + greatest(coalesce(r.n, 0) - 1, 0))`
 }
 
 // sqlChargeTurns is the CTEs charged, turns_charged, turns_added,
@@ -787,20 +805,21 @@ func sqlServed(weight string) string {
 // (org_id, weight, vrun) as the pick ranked them.
 func sqlChargeTurns(orgs string) string {
 	return `charged AS (
-  -- last: the turn numerator of the org's last start, vrun + k
-  SELECT p.org_id, o.weight, o.vrun + count(*) AS last
+  -- last: the turn numerator of the org's last start, vrun + k; charged_to: what
+  -- the org has been charged, served + k
+  SELECT p.org_id, o.weight, o.vrun + count(*) AS last, o.served + count(*) AS charged_to
   FROM pick p JOIN ` + orgs + ` o ON o.org_id = p.org_id
-  GROUP BY p.org_id, o.weight, o.vrun
+  GROUP BY p.org_id, o.weight, o.served, o.vrun
 ),
 turns_charged AS (
   -- (an update by key, and an insert for an org's first charge: cheaper
   -- than an upsert per org, and only the fenced loop writes these rows)
-  UPDATE workpool_org_turns t SET served = c.last + 1 FROM charged c
+  UPDATE workpool_org_turns t SET served = c.charged_to FROM charged c
   WHERE t.pool = $1 AND t.org_id = c.org_id
 ),
 turns_added AS (
   INSERT INTO workpool_org_turns (pool, org_id, served)
-  SELECT $1, c.org_id, c.last + 1 FROM charged c
+  SELECT $1, c.org_id, c.charged_to FROM charged c
   WHERE NOT EXISTS (SELECT 1 FROM workpool_org_turns t WHERE t.pool = $1 AND t.org_id = c.org_id)
   ON CONFLICT DO NOTHING
 ),
