@@ -291,6 +291,43 @@ func TestPoolOrgWeightsThreeToOneSplitStartsThreeToOne(t *testing.T) {
 	require.InDelta(t, 3.0, float64(count["heavy"])/float64(count["light"]), 0.75, "starts split 3:1: %v", count)
 }
 
+// Weights over REST in a pool of one slot: no org holds a slot when the
+// next start is picked, so the turns are counted in starts — the heavy org
+// takes three for every one of the light org's, although the light org's
+// whole backlog was queued first.
+func TestPoolOrgWeightsThreeToOneInOneSlotSplitStartsThreeToOne(t *testing.T) {
+	f := newPoolsFixture(t)
+	_, started := f.gate()
+	heavy, light := token(t, "org-heavy", "admin"), token(t, "org-light", "admin")
+	r := do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator,
+		map[string]any{"max_parallelism": 1, "org_weights": map[string]any{"org-heavy": 3}})
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	require.Equal(t, http.StatusOK, f.post("/v1/pools/default/pause", f.operator).Status)
+	orgOf, tokOf := map[string]string{}, map[string]string{}
+	for _, org := range []struct{ name, tok string }{{"light", light}, {"heavy", heavy}} {
+		for range 12 {
+			id := f.enqueue(org.tok, map[string]any{"handler": "gate"})
+			orgOf[id], tokOf[id] = org.name, org.tok
+		}
+	}
+	require.Equal(t, http.StatusOK, f.post("/v1/pools/default/resume", f.operator).Status)
+	var order []string
+	for i := range 16 {
+		require.Eventually(t, func() bool { return len(started()) > i }, testWait, pollEvery)
+		id := started()[i]
+		order = append(order, orgOf[id])
+		require.Equal(t, http.StatusOK, f.post("/v1/work/"+id+"/cancel", tokOf[id]).Status)
+		waitWork(t, f.s, tokOf[id], id)
+	}
+	heavyStarts := 0
+	for _, o := range order {
+		if o == "heavy" {
+			heavyStarts++
+		}
+	}
+	require.InDelta(t, 12, heavyStarts, 1, "starts split 3:1: %v", order)
+}
+
 // A PATCH applies all its fields in one transaction or none: any bad value
 // is a 400 naming it, and nothing of the rest is written.
 func TestPoolPatchWithABadWeightNamesItAndWritesNothing(t *testing.T) {
