@@ -193,6 +193,9 @@ type eventReader struct {
 	// idBuf is the id field seen since the last dispatch.
 	idBuf  string
 	idSeen bool
+	// started is set once the first line was read: a byte order mark
+	// begins only the stream.
+	started bool
 }
 
 func newEventReader(r io.Reader) *eventReader {
@@ -210,6 +213,12 @@ func (r *eventReader) next() (Event, error) {
 	hasData := false
 	for r.sc.Scan() {
 		line := r.sc.Text()
+		if !r.started {
+			// One leading UTF-8 BOM is ignored, as the standard says (its
+			// decoder strips it); a later one is part of the line.
+			r.started = true
+			line = strings.TrimPrefix(line, "\uFEFF")
+		}
 		if line == "" {
 			// Dispatch. The id is taken even when there is no data.
 			if r.idSeen {

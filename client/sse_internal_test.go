@@ -54,6 +54,18 @@ func TestEventStreamsParseAsTheStandardSays(t *testing.T) {
 			want:   []Event{{ID: "1", Type: "message", Data: "x"}, {ID: "1", Type: "message", Data: ""}},
 			lastID: "1",
 		},
+		{
+			name:   "one leading byte order mark is ignored, a second one is not",
+			stream: "\xEF\xBB\xBFid: 0\ndata: x\n\n\xEF\xBB\xBFid: 1\ndata: y\n\n",
+			want:   []Event{{ID: "0", Type: "message", Data: "x"}, {ID: "0", Type: "message", Data: "y"}},
+			lastID: "0",
+		},
+		{
+			name:   "a byte order mark alone on the first line leaves a blank line",
+			stream: "\xEF\xBB\xBF\nid: 2\ndata: z\n\n",
+			want:   []Event{{ID: "2", Type: "message", Data: "z"}},
+			lastID: "2",
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
