@@ -122,14 +122,14 @@ type SessionEventParams struct {
 // Request asks to call a tool: a standing policy decides at once, else the
 // call waits for a human (Decision pending).
 func (s *ToolApprovalsService) Request(ctx context.Context, sessionID string, req ToolCallRequest, opts ...CallOption) (ToolCallAnswer, error) {
-	ep := endpoint{method: http.MethodPost, path: pathOf("v1", "sessions", sessionID, "tool-calls"), safety: keyed}
+	ep := endpoint{method: http.MethodPost, path: pathOf("v1", "sessions", sessionID, "tool-calls"), safety: keyed, argErr: needArgs("ToolApprovals.Request", "sessionID", sessionID)}
 	return doJSON[ToolCallAnswer](ctx, s.c, ep, req, opts)
 }
 
 // Respond answers a session's pending calls and/or sets the standing
 // policy.
 func (s *ToolApprovalsService) Respond(ctx context.Context, sessionID string, req ToolCallResponse, opts ...CallOption) (ToolCallResolution, error) {
-	ep := endpoint{method: http.MethodPost, path: pathOf("v1", "sessions", sessionID, "tool-approvals"), safety: keyed}
+	ep := endpoint{method: http.MethodPost, path: pathOf("v1", "sessions", sessionID, "tool-approvals"), safety: keyed, argErr: needArgs("ToolApprovals.Respond", "sessionID", sessionID)}
 	return doJSON[ToolCallResolution](ctx, s.c, ep, req, opts)
 }
 
@@ -156,7 +156,7 @@ func (s *ToolApprovalsService) EventsPage(ctx context.Context, sessionID string,
 	if p.Limit > 0 {
 		q.Set("limit", strconv.Itoa(p.Limit))
 	}
-	ep := endpoint{method: http.MethodGet, path: pathOf("v1", "sessions", sessionID, "events"), query: q}
+	ep := endpoint{method: http.MethodGet, path: pathOf("v1", "sessions", sessionID, "events"), query: q, argErr: needArgs("ToolApprovals.EventsPage", "sessionID", sessionID)}
 	return doJSON[Page[SessionEvent]](ctx, s.c, ep, nil, opts)
 }
 
@@ -182,7 +182,7 @@ func (s *ToolApprovalsService) ListPage(ctx context.Context, p ToolApprovalListP
 // Get returns one tool approval (an agent without a workflow polls its
 // answer here).
 func (s *ToolApprovalsService) Get(ctx context.Context, id string, opts ...CallOption) (ToolApproval, error) {
-	return doJSON[ToolApproval](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "tool-approvals", id)}, nil, opts)
+	return doJSON[ToolApproval](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "tool-approvals", id), argErr: needArgs("ToolApprovals.Get", "id", id)}, nil, opts)
 }
 
 // ToolPoliciesService calls the standing tool policy routes
@@ -223,13 +223,14 @@ func (s *ToolPoliciesService) List(ctx context.Context, agentID string, p PagePa
 
 // ListPage returns one page of an agent's standing policies.
 func (s *ToolPoliciesService) ListPage(ctx context.Context, agentID string, p PageParams, opts ...CallOption) (Page[ToolPolicy], error) {
-	ep := endpoint{method: http.MethodGet, path: pathOf("v1", "agents", agentID, "tool-policies"), query: p.addTo(nil)}
+	ep := endpoint{method: http.MethodGet, path: pathOf("v1", "agents", agentID, "tool-policies"), query: p.addTo(nil), argErr: needArgs("ToolPolicies.ListPage", "agentID", agentID)}
 	return doJSON[Page[ToolPolicy]](ctx, s.c, ep, nil, opts)
 }
 
 // Put sets a standing policy: one per (agent, tool, match).
 func (s *ToolPoliciesService) Put(ctx context.Context, agentID, toolName string, req ToolPolicyRequest, opts ...CallOption) (ToolPolicy, error) {
-	ep := endpoint{method: http.MethodPut, path: pathOf("v1", "agents", agentID, "tool-policies", toolName)}
+	ep := endpoint{method: http.MethodPut, path: pathOf("v1", "agents", agentID, "tool-policies", toolName),
+		argErr: needArgs("ToolPolicies.Put", "agentID", agentID, "toolName", toolName)}
 	return doJSON[ToolPolicy](ctx, s.c, ep, req, opts)
 }
 
@@ -244,6 +245,7 @@ func (s *ToolPoliciesService) Delete(ctx context.Context, agentID, toolName stri
 		}
 		q.Set("match", string(raw))
 	}
-	ep := endpoint{method: http.MethodDelete, path: pathOf("v1", "agents", agentID, "tool-policies", toolName), query: q}
+	ep := endpoint{method: http.MethodDelete, path: pathOf("v1", "agents", agentID, "tool-policies", toolName), query: q,
+		argErr: needArgs("ToolPolicies.Delete", "agentID", agentID, "toolName", toolName)}
 	return doNoContent(ctx, s.c, ep, nil, opts)
 }

@@ -223,6 +223,34 @@ type endpoint struct {
 	contentType string
 	// accept is the media type asked for (default application/json).
 	accept string
+	// argErr refuses the call before anything is sent (see needArgs).
+	argErr error
+}
+
+// ArgumentError is a call refused before anything was sent: an argument
+// that names an object in the route's path (an id, a run id, a stream,
+// pool, tool or webhook name) is empty. Sent, it would have named another
+// route or none, and come back a 404 that says nothing of the caller's
+// mistake.
+type ArgumentError struct {
+	// Method is the client's method ("Wakeups.Get"); Arg its argument
+	// ("id").
+	Method, Arg string
+}
+
+func (e *ArgumentError) Error() string {
+	return fmt.Sprintf("client: %s: the %s argument is empty (nothing was sent)", e.Method, e.Arg)
+}
+
+// needArgs is the *ArgumentError of method's first empty path argument,
+// given as name, value pairs; nil when none is empty.
+func needArgs(method string, namesAndValues ...string) error {
+	for i := 0; i+1 < len(namesAndValues); i += 2 {
+		if namesAndValues[i+1] == "" {
+			return &ArgumentError{Method: method, Arg: namesAndValues[i]}
+		}
+	}
+	return nil
 }
 
 // pathOf joins path segments, escaping each: ids chosen by clients (run
@@ -283,6 +311,9 @@ func decodeJSON(res *http.Response, dst any) error {
 // to read; any other status becomes an *Error. The body is bytes so that
 // every attempt sends it again.
 func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOption, read func(*http.Response) error) error {
+	if ep.argErr != nil {
+		return ep.argErr
+	}
 	o := callOptionsOf(opts)
 	key := ""
 	if ep.safety == keyed && !o.noIdempotencyKey {

@@ -22,7 +22,10 @@
 // redirect fails the call at once, naming its status and Location: the API
 // redirects no call, so the base URL or something in front of the API is
 // wrong, and the client follows none (unless WithHTTPClient gives it an
-// http.Client with a CheckRedirect of its own).
+// http.Client with a CheckRedirect of its own). An empty id or name where
+// a route's path needs one (Wakeups.Get(ctx, ""), Streams.Tail with no
+// run id, …) is an *ArgumentError naming the method and the argument, and
+// nothing is sent.
 //
 // Retries. Calls that may be repeated are retried after a connection
 // error, a 408, a 429 (after its Retry-After) or a 5xx, with exponential

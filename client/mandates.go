@@ -113,12 +113,12 @@ func (s *MandatesService) Spend(ctx context.Context, req SpendRequest, opts ...C
 
 // Get returns a mandate.
 func (s *MandatesService) Get(ctx context.Context, id string, opts ...CallOption) (Mandate, error) {
-	return doJSON[Mandate](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "mandates", id)}, nil, opts)
+	return doJSON[Mandate](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "mandates", id), argErr: needArgs("Mandates.Get", "id", id)}, nil, opts)
 }
 
 // Update changes a mandate's budget, status or valid_until.
 func (s *MandatesService) Update(ctx context.Context, id string, req MandateUpdate, opts ...CallOption) (Mandate, error) {
-	return doJSON[Mandate](ctx, s.c, endpoint{method: http.MethodPatch, path: pathOf("v1", "mandates", id)}, req, opts)
+	return doJSON[Mandate](ctx, s.c, endpoint{method: http.MethodPatch, path: pathOf("v1", "mandates", id), argErr: needArgs("Mandates.Update", "id", id)}, req, opts)
 }
 
 // Ledger iterates over a mandate's ledger, oldest first.
@@ -132,7 +132,7 @@ func (s *MandatesService) Ledger(ctx context.Context, id string, p PageParams, o
 
 // LedgerPage returns one page of a mandate's ledger.
 func (s *MandatesService) LedgerPage(ctx context.Context, id string, p PageParams, opts ...CallOption) (Page[LedgerEntry], error) {
-	ep := endpoint{method: http.MethodGet, path: pathOf("v1", "mandates", id, "ledger"), query: p.addTo(nil)}
+	ep := endpoint{method: http.MethodGet, path: pathOf("v1", "mandates", id, "ledger"), query: p.addTo(nil), argErr: needArgs("Mandates.LedgerPage", "id", id)}
 	return doJSON[Page[LedgerEntry]](ctx, s.c, ep, nil, opts)
 }
 
@@ -199,17 +199,17 @@ func (s *MandateApprovalsService) ListPage(ctx context.Context, p MandateApprova
 
 // Get returns an approval request.
 func (s *MandateApprovalsService) Get(ctx context.Context, id string, opts ...CallOption) (MandateApproval, error) {
-	return doJSON[MandateApproval](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "mandate-approvals", id)}, nil, opts)
+	return doJSON[MandateApproval](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "mandate-approvals", id), argErr: needArgs("MandateApprovals.Get", "id", id)}, nil, opts)
 }
 
 // Approve charges the overrun and informs the requester.
 func (s *MandateApprovalsService) Approve(ctx context.Context, id string, r Resolution, opts ...CallOption) (MandateApproval, error) {
-	ep := endpoint{method: http.MethodPost, path: pathOf("v1", "mandate-approvals", id, "approve"), safety: keyed}
+	ep := endpoint{method: http.MethodPost, path: pathOf("v1", "mandate-approvals", id, "approve"), safety: keyed, argErr: needArgs("MandateApprovals.Approve", "id", id)}
 	return doJSON[MandateApproval](ctx, s.c, ep, r, opts)
 }
 
 // Deny refuses the overrun.
 func (s *MandateApprovalsService) Deny(ctx context.Context, id string, r Resolution, opts ...CallOption) (MandateApproval, error) {
-	ep := endpoint{method: http.MethodPost, path: pathOf("v1", "mandate-approvals", id, "deny"), safety: keyed}
+	ep := endpoint{method: http.MethodPost, path: pathOf("v1", "mandate-approvals", id, "deny"), safety: keyed, argErr: needArgs("MandateApprovals.Deny", "id", id)}
 	return doJSON[MandateApproval](ctx, s.c, ep, r, opts)
 }

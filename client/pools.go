@@ -120,30 +120,30 @@ func (s *PoolsService) ListPage(ctx context.Context, p PageParams, opts ...CallO
 
 // Get returns a pool.
 func (s *PoolsService) Get(ctx context.Context, pool string, opts ...CallOption) (Pool, error) {
-	return doJSON[Pool](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "pools", pool)}, nil, opts)
+	return doJSON[Pool](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "pools", pool), argErr: needArgs("Pools.Get", "pool", pool)}, nil, opts)
 }
 
 // Update changes a pool's limits live, all fields or none.
 func (s *PoolsService) Update(ctx context.Context, pool string, req PoolUpdate, opts ...CallOption) (Pool, error) {
-	return doJSON[Pool](ctx, s.c, endpoint{method: http.MethodPatch, path: pathOf("v1", "pools", pool)}, req, opts)
+	return doJSON[Pool](ctx, s.c, endpoint{method: http.MethodPatch, path: pathOf("v1", "pools", pool), argErr: needArgs("Pools.Update", "pool", pool)}, req, opts)
 }
 
 // Pause stops the pool from starting work (it still accepts it); running
 // work finishes. Pausing a paused pool changes nothing.
 func (s *PoolsService) Pause(ctx context.Context, pool string, opts ...CallOption) (Pool, error) {
-	return doJSON[Pool](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "pools", pool, "pause"), safety: safe}, nil, opts)
+	return doJSON[Pool](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "pools", pool, "pause"), safety: safe, argErr: needArgs("Pools.Pause", "pool", pool)}, nil, opts)
 }
 
 // Resume lets a paused pool start work again, at once.
 func (s *PoolsService) Resume(ctx context.Context, pool string, opts ...CallOption) (Pool, error) {
-	return doJSON[Pool](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "pools", pool, "resume"), safety: safe}, nil, opts)
+	return doJSON[Pool](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "pools", pool, "resume"), safety: safe, argErr: needArgs("Pools.Resume", "pool", pool)}, nil, opts)
 }
 
 // Enqueue adds plain work to a pool (not the wakeup pool: use
 // Wakeups.Create). The call carries an Idempotency-Key, which the pool
 // keeps too, so its retries enqueue once.
 func (s *PoolsService) Enqueue(ctx context.Context, pool string, req WorkRequest, opts ...CallOption) (Work, error) {
-	return doJSON[Work](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "pools", pool, "work"), safety: keyed}, req, opts)
+	return doJSON[Work](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "pools", pool, "work"), safety: keyed, argErr: needArgs("Pools.Enqueue", "pool", pool)}, req, opts)
 }
 
 // WorkService calls the work item routes (/v1/work).
@@ -151,11 +151,11 @@ type WorkService struct{ c *Client }
 
 // Get returns a work item.
 func (s *WorkService) Get(ctx context.Context, id string, opts ...CallOption) (Work, error) {
-	return doJSON[Work](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "work", id)}, nil, opts)
+	return doJSON[Work](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "work", id), argErr: needArgs("Work.Get", "id", id)}, nil, opts)
 }
 
 // Cancel asks for a work item to be canceled and returns it as it stands
 // (the cancelation completes moments later).
 func (s *WorkService) Cancel(ctx context.Context, id string, opts ...CallOption) (Work, error) {
-	return doJSON[Work](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "work", id, "cancel"), safety: keyed}, nil, opts)
+	return doJSON[Work](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "work", id, "cancel"), safety: keyed, argErr: needArgs("Work.Cancel", "id", id)}, nil, opts)
 }

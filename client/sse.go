@@ -51,6 +51,10 @@ const maxSSELine = 32 << 20
 // than maxSSELine ends it at once (every reconnect would meet it again).
 func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle time.Duration, opts []CallOption) iter.Seq2[Event, error] {
 	return func(yield func(Event, error) bool) {
+		if ep.argErr != nil {
+			yield(Event{}, ep.argErr)
+			return
+		}
 		failures := 0
 		for {
 			healthy, stop, err := c.followOnce(ctx, ep, &lastID, idle, opts, yield)
@@ -309,7 +313,8 @@ func (s *StreamsService) Tail(ctx context.Context, runID, name string, p TailPar
 		// (a negative one too: the server's 400 names it)
 		q.Set("start_index", strconv.FormatInt(p.StartIndex, 10))
 	}
-	ep := endpoint{method: http.MethodGet, path: streamPath(runID, name, "sse"), query: q, accept: "text/event-stream"}
+	ep := endpoint{method: http.MethodGet, path: streamPath(runID, name, "sse"), query: q, accept: "text/event-stream",
+		argErr: needArgs("Streams.Tail", "runID", runID, "name", name)}
 	idle := p.IdleTimeout
 	if idle <= 0 {
 		idle = DefaultSSEIdleTimeout

@@ -80,7 +80,8 @@ func streamPath(runID, name string, rest ...string) string {
 // Append appends one chunk (sent as application/octet-stream). The call
 // carries an Idempotency-Key, so a retry appends nothing twice.
 func (s *StreamsService) Append(ctx context.Context, runID, name string, data []byte, opts ...CallOption) (StreamRange, error) {
-	ep := endpoint{method: http.MethodPost, path: streamPath(runID, name, "chunks"), safety: keyed, contentType: "application/octet-stream"}
+	ep := endpoint{method: http.MethodPost, path: streamPath(runID, name, "chunks"), safety: keyed, contentType: "application/octet-stream",
+		argErr: needArgs("Streams.Append", "runID", runID, "name", name)}
 	var out StreamRange
 	if data == nil {
 		data = []byte{}
@@ -95,18 +96,19 @@ func (s *StreamsService) AppendBatch(ctx context.Context, runID, name string, ch
 	for i, ch := range chunks {
 		in.Chunks[i].DataBase64 = base64.StdEncoding.EncodeToString(ch)
 	}
-	ep := endpoint{method: http.MethodPost, path: streamPath(runID, name, "chunks"), safety: keyed}
+	ep := endpoint{method: http.MethodPost, path: streamPath(runID, name, "chunks"), safety: keyed, argErr: needArgs("Streams.AppendBatch", "runID", runID, "name", name)}
 	return doJSON[StreamRange](ctx, s.c, ep, in, opts)
 }
 
 // Close closes a stream (creating it empty and closed when absent).
 func (s *StreamsService) Close(ctx context.Context, runID, name string, opts ...CallOption) error {
-	return doNoContent(ctx, s.c, endpoint{method: http.MethodPost, path: streamPath(runID, name, "close"), safety: keyed}, nil, opts)
+	return doNoContent(ctx, s.c, endpoint{method: http.MethodPost, path: streamPath(runID, name, "close"), safety: keyed,
+		argErr: needArgs("Streams.Close", "runID", runID, "name", name)}, nil, opts)
 }
 
 // Info returns a stream's tail index and state.
 func (s *StreamsService) Info(ctx context.Context, runID, name string, opts ...CallOption) (StreamInfo, error) {
-	return doJSON[StreamInfo](ctx, s.c, endpoint{method: http.MethodGet, path: streamPath(runID, name)}, nil, opts)
+	return doJSON[StreamInfo](ctx, s.c, endpoint{method: http.MethodGet, path: streamPath(runID, name), argErr: needArgs("Streams.Info", "runID", runID, "name", name)}, nil, opts)
 }
 
 // Names iterates over a run's stream names, in byte order.
@@ -120,7 +122,7 @@ func (s *StreamsService) Names(ctx context.Context, runID string, p PageParams, 
 
 // NamesPage returns one page of a run's stream names.
 func (s *StreamsService) NamesPage(ctx context.Context, runID string, p PageParams, opts ...CallOption) (Page[string], error) {
-	ep := endpoint{method: http.MethodGet, path: pathOf("v1", "runs", runID, "streams"), query: p.addTo(nil)}
+	ep := endpoint{method: http.MethodGet, path: pathOf("v1", "runs", runID, "streams"), query: p.addTo(nil), argErr: needArgs("Streams.NamesPage", "runID", runID)}
 	return doJSON[Page[string]](ctx, s.c, ep, nil, opts)
 }
 
@@ -160,7 +162,8 @@ func (s *StreamsService) ChunksPage(ctx context.Context, runID, name string, p C
 	if p.Limit > 0 {
 		q.Set("limit", strconv.Itoa(p.Limit))
 	}
-	raw, err := doJSON[chunkPageJSON](ctx, s.c, endpoint{method: http.MethodGet, path: streamPath(runID, name, "chunks"), query: q}, nil, opts)
+	raw, err := doJSON[chunkPageJSON](ctx, s.c, endpoint{method: http.MethodGet, path: streamPath(runID, name, "chunks"), query: q,
+		argErr: needArgs("Streams.ChunksPage", "runID", runID, "name", name)}, nil, opts)
 	if err != nil {
 		return ChunkPage{}, err
 	}

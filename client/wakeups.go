@@ -123,7 +123,7 @@ func (s *WakeupsService) Create(ctx context.Context, req WakeupRequest, opts ...
 
 // Get returns a wake-up.
 func (s *WakeupsService) Get(ctx context.Context, id string, opts ...CallOption) (Wakeup, error) {
-	return doJSON[Wakeup](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "wakeups", id)}, nil, opts)
+	return doJSON[Wakeup](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "wakeups", id), argErr: needArgs("Wakeups.Get", "id", id)}, nil, opts)
 }
 
 // List iterates over the wake-ups, newest first.
@@ -149,12 +149,12 @@ func (s *WakeupsService) ListPage(ctx context.Context, p WakeupListParams, opts 
 // Cancel cancels a wake-up's work or pending approval request; a settled
 // wake-up is left as it is.
 func (s *WakeupsService) Cancel(ctx context.Context, id string, opts ...CallOption) (Wakeup, error) {
-	return doJSON[Wakeup](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "wakeups", id, "cancel")}, nil, opts)
+	return doJSON[Wakeup](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "wakeups", id, "cancel"), argErr: needArgs("Wakeups.Cancel", "id", id)}, nil, opts)
 }
 
 // Redeliver queues an undeliverable wake signal again (409 when it is not
 // undeliverable). Not retried: a second attempt would meet the first's
 // effect as a 409.
 func (s *WakeupsService) Redeliver(ctx context.Context, id string, opts ...CallOption) (Wakeup, error) {
-	return doJSON[Wakeup](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "wakeups", id, "redeliver"), safety: unsafe}, nil, opts)
+	return doJSON[Wakeup](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "wakeups", id, "redeliver"), safety: unsafe, argErr: needArgs("Wakeups.Redeliver", "id", id)}, nil, opts)
 }

@@ -63,13 +63,13 @@ type approvalWebhookList struct {
 // Idempotency-Key, so a lost answer to a create is answered again with its
 // secret.
 func (s *ApprovalWebhooksService) Put(ctx context.Context, name string, req ApprovalWebhookRequest, opts ...CallOption) (ApprovalWebhook, error) {
-	ep := endpoint{method: http.MethodPut, path: pathOf("v1", "approvals", "webhooks", name), safety: keyed}
+	ep := endpoint{method: http.MethodPut, path: pathOf("v1", "approvals", "webhooks", name), safety: keyed, argErr: needArgs("ApprovalWebhooks.Put", "name", name)}
 	return doJSON[ApprovalWebhook](ctx, s.c, ep, req, opts)
 }
 
 // Get returns one webhook (without its secret).
 func (s *ApprovalWebhooksService) Get(ctx context.Context, name string, opts ...CallOption) (ApprovalWebhook, error) {
-	return doJSON[ApprovalWebhook](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "approvals", "webhooks", name)}, nil, opts)
+	return doJSON[ApprovalWebhook](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "approvals", "webhooks", name), argErr: needArgs("ApprovalWebhooks.Get", "name", name)}, nil, opts)
 }
 
 // List returns the org's webhooks by name (at most 20: one call).
@@ -80,5 +80,5 @@ func (s *ApprovalWebhooksService) List(ctx context.Context, opts ...CallOption) 
 
 // Delete removes a webhook; deliveries already enqueued still run.
 func (s *ApprovalWebhooksService) Delete(ctx context.Context, name string, opts ...CallOption) error {
-	return doNoContent(ctx, s.c, endpoint{method: http.MethodDelete, path: pathOf("v1", "approvals", "webhooks", name)}, nil, opts)
+	return doNoContent(ctx, s.c, endpoint{method: http.MethodDelete, path: pathOf("v1", "approvals", "webhooks", name), argErr: needArgs("ApprovalWebhooks.Delete", "name", name)}, nil, opts)
 }
