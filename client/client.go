@@ -185,8 +185,8 @@ func WithHeader(name, value string) CallOption {
 // already read, for headers such as X-Request-Id or Idempotent-Replayed:
 // the answer of the call's last attempt, a success or an error (one
 // refused for good, the last of the retries, a 429 whose Retry-After is
-// longer than RetryPolicy.MaxRetryAfter, one whose wait for a retry the
-// context ended). f is not called when the last attempt got no whole
+// longer than RetryPolicy.MaxRetryAfter or ends past the context's
+// deadline, one whose wait for a retry the context ended). f is not called when the last attempt got no whole
 // answer: a transport error, an answer cut short, a redirect not followed
 // (its body is gone), a context that ended during the attempt, a failed
 // token function. On Streams.Tail and Approvals.Events, f is called with
@@ -392,8 +392,10 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			maybeApplied = false // (the server's answer for the key: it stands)
 		}
 		// (a Retry-After longer than MaxRetryAfter is not worth waiting for
-		// within one call)
-		if attempt >= c.retry.MaxAttempts || !retryable || !apiErr.retryable() || apiErr.RetryAfter > c.retry.MaxRetryAfter {
+		// within one call, nor one that ends past the context's deadline:
+		// the wait would end in a deadline error that hides the answer)
+		if attempt >= c.retry.MaxAttempts || !retryable || !apiErr.retryable() || apiErr.RetryAfter > c.retry.MaxRetryAfter ||
+			endsPastDeadline(ctx, apiErr.RetryAfter) {
 			o.respond(res)
 			return fail(apiErr)
 		}
@@ -474,6 +476,13 @@ func cmpOr(a, b string) string {
 func isMediaType(res *http.Response, mt string) bool {
 	got, _, err := mime.ParseMediaType(res.Header.Get("Content-Type"))
 	return err == nil && got == mt
+}
+
+// endsPastDeadline reports whether a wait of d from now would end at or
+// after ctx's deadline.
+func endsPastDeadline(ctx context.Context, d time.Duration) bool {
+	deadline, ok := ctx.Deadline()
+	return ok && d > 0 && !time.Now().Add(d).Before(deadline)
 }
 
 // sleep waits d or until ctx ends.

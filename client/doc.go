@@ -28,8 +28,10 @@
 // nothing is sent.
 //
 // Retries. Calls that may be repeated are retried after a connection
-// error, a 408, a 429 (after its Retry-After) or a 5xx, with exponential
-// backoff and jitter, up to RetryPolicy.MaxAttempts: GETs, PUTs, DELETEs,
+// error, a 408, a 429 (after its Retry-After: one longer than
+// RetryPolicy.MaxRetryAfter, or ending past the context's deadline, is not
+// waited for — the answer's *Error is returned at once) or a 5xx, with
+// exponential backoff and jitter, up to RetryPolicy.MaxAttempts: GETs, PUTs, DELETEs,
 // POSTs idempotent by nature (cancels) and POSTs the server deduplicates
 // by Idempotency-Key. Every create, spend, append and answer carries such
 // a key — the caller's (WithIdempotencyKey) or one generated (UUIDv7) once

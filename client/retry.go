@@ -25,7 +25,9 @@ type RetryPolicy struct {
 	InitialBackoff time.Duration
 	MaxBackoff     time.Duration
 	// MaxRetryAfter is the longest Retry-After the client waits for within
-	// a call (default 30 s); a longer one is returned as the error at once.
+	// a call (default 30 s); a longer one — or one that would end past the
+	// call's context deadline — is not waited for: the answer (a 429's, a
+	// 503's *Error, RetryAfter set) is returned at once.
 	MaxRetryAfter time.Duration
 }
 

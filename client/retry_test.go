@@ -543,3 +543,32 @@ func TestATokenFuncIsAskedBeforeEveryAttempt(t *testing.T) {
 	require.ErrorContains(t, err, "the token source is down")
 	require.Len(t, rec.requests(http.MethodGet, "/v1/whoami"), 2, "nothing sent without a token")
 }
+
+// A Retry-After that ends past the call's deadline is not waited for: the
+// answer is returned at once, the typed *Error with its RetryAfter — not a
+// deadline error after a wait that could not end in a retry.
+func TestARetryAfterPastTheDeadlineReturnsTheAnswerAtOnce(t *testing.T) {
+	// One request every 2 s: the second call comes well within 2 s of the
+	// first, however slow the machine, and is told to wait a second or two.
+	e := startEngine(t, func(c *service.Config) { c.API.OrgRate, c.API.OrgBurst = 0.5, 1 })
+	rec := &recorder{}
+	c := newClient(t, e.url, agent, rec) // (MaxRetryAfter: the default 30 s)
+	_, err := c.Whoami(context.Background())
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	var final *http.Response
+	started := time.Now()
+	_, err = c.Whoami(ctx, client.WithResponse(func(r *http.Response) { final = r }))
+	var limited *client.Error
+	require.ErrorAs(t, err, &limited)
+	require.True(t, client.IsRateLimited(err))
+	require.GreaterOrEqual(t, limited.RetryAfter, time.Second)
+	require.NotErrorIs(t, err, context.DeadlineExceeded, "the answer, not the wait's end: %v", err)
+	require.NoError(t, ctx.Err(), "returned before the deadline")
+	require.Less(t, time.Since(started), 500*time.Millisecond)
+	require.NotNil(t, final, "WithResponse saw the 429")
+	require.Equal(t, http.StatusTooManyRequests, final.StatusCode)
+	require.Len(t, rec.requests(http.MethodGet, "/v1/whoami"), 2, "not retried")
+}
