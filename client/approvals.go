@@ -235,7 +235,9 @@ func (s *ToolPoliciesService) Put(ctx context.Context, agentID, toolName string,
 }
 
 // Delete removes a standing policy: the conditional one of match, or the
-// unconditional one when match is nil.
+// unconditional one when match is nil. A 404 is an error (IsNotFound) —
+// but not to a retry after an attempt whose answer was lost: that attempt
+// deleted the policy, and Delete returns nil.
 func (s *ToolPoliciesService) Delete(ctx context.Context, agentID, toolName string, match any, opts ...CallOption) error {
 	q := url.Values{}
 	if match != nil {
@@ -246,6 +248,6 @@ func (s *ToolPoliciesService) Delete(ctx context.Context, agentID, toolName stri
 		q.Set("match", string(raw))
 	}
 	ep := endpoint{method: http.MethodDelete, path: pathOf("v1", "agents", agentID, "tool-policies", toolName), query: q,
-		argErr: needArgs("ToolPolicies.Delete", "agentID", agentID, "toolName", toolName)}
+		argErr: needArgs("ToolPolicies.Delete", "agentID", agentID, "toolName", toolName), goneIsDone: true}
 	return doNoContent(ctx, s.c, ep, nil, opts)
 }

@@ -225,6 +225,10 @@ type endpoint struct {
 	accept string
 	// argErr refuses the call before anything is sent (see needArgs).
 	argErr error
+	// goneIsDone marks a delete answered with no content: a 404 to a retry
+	// after an attempt that lost its answer is that attempt's effect, and
+	// the call succeeds (see do).
+	goneIsDone bool
 }
 
 // ArgumentError is a call refused before anything was sent: an argument
@@ -387,6 +391,15 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			err := read(res)
 			o.respond(res)
 			return err
+		}
+		if apiErr.Status == http.StatusNotFound && ep.goneIsDone && maybeApplied {
+			// An earlier attempt's request reached the server whole and its
+			// answer was lost: the object it deleted is gone now, which is
+			// what the caller asked for. (A 404 to the first attempt, or after
+			// attempts the server answered, is an error: there was nothing
+			// to delete.)
+			o.respond(res)
+			return nil
 		}
 		if key != "" && answeredForKey(res, apiErr) {
 			maybeApplied = false // (the server's answer for the key: it stands)

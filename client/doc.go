@@ -39,7 +39,10 @@
 // after an attempt lost its answer (none came, or one cut inside its body)
 // is a *MaybeAppliedError, naming the key to retry it under: the server
 // may have acted, whatever the last attempt's error says — a refused
-// connection, a 503, a 401 to a retry whose token expired meanwhile.
+// connection, a 503, a 401 to a retry whose token expired meanwhile. A
+// delete (ToolPolicies.Delete, ApprovalWebhooks.Delete) whose retry is
+// answered 404 after an attempt that lost its answer succeeds: that
+// attempt deleted the object; a 404 otherwise is IsNotFound.
 //
 // Lists are iterators over every page (range-over-func), and have a Page
 // method for one page at a time. Each range of an iterator starts again

@@ -572,3 +572,66 @@ func TestARetryAfterPastTheDeadlineReturnsTheAnswerAtOnce(t *testing.T) {
 	require.Equal(t, http.StatusTooManyRequests, final.StatusCode)
 	require.Len(t, rec.requests(http.MethodGet, "/v1/whoami"), 2, "not retried")
 }
+
+// A delete whose answer was lost is retried, and the retry meets the
+// first attempt's effect: a 404. The call succeeds — the object is gone,
+// as asked. A 404 to a delete's first attempt stays an error.
+func TestADeleteWhoseAnswerWasLostSucceedsOnTheRetrysNotFound(t *testing.T) {
+	e := startEngine(t, allowLocalHTTP)
+	ctx := context.Background()
+	proxy := newFaultProxy(t, e.url[len("http://"):])
+	direct := newClient(t, e.url, admin, nil)
+	deletes := []struct {
+		name        string
+		path        string
+		create      func() error
+		del         func(c *client.Client) error
+		stillExists func() error
+	}{
+		{
+			name: "a webhook", path: "/v1/approvals/webhooks/ops",
+			create: func() error {
+				_, err := direct.ApprovalWebhooks.Put(ctx, "ops", client.ApprovalWebhookRequest{URL: "http://127.0.0.1:9/hook", Format: "json"})
+				return err
+			},
+			del:         func(c *client.Client) error { return c.ApprovalWebhooks.Delete(ctx, "ops") },
+			stillExists: func() error { _, err := direct.ApprovalWebhooks.Get(ctx, "ops"); return err },
+		},
+		{
+			name: "a tool policy", path: "/v1/agents/agent-1/tool-policies/git",
+			create: func() error {
+				_, err := direct.ToolPolicies.Put(ctx, "agent-1", "git", client.ToolPolicyRequest{Approval: "always"})
+				return err
+			},
+			del: func(c *client.Client) error { return c.ToolPolicies.Delete(ctx, "agent-1", "git", nil) },
+			stillExists: func() error {
+				for p, err := range direct.ToolPolicies.List(ctx, "agent-1", client.PageParams{}) {
+					if err != nil || p.ToolName == "git" {
+						return err
+					}
+				}
+				return &client.Error{Status: http.StatusNotFound}
+			},
+		},
+	}
+	for _, tc := range deletes {
+		t.Run(tc.name, func(t *testing.T) {
+			require.NoError(t, tc.create())
+			require.NoError(t, tc.stillExists())
+			rec := &recorder{}
+			c := newClient(t, proxy.URL(), admin, rec)
+
+			proxy.loseNextAnswer()
+			require.NoError(t, tc.del(c), "the first attempt deleted it")
+			require.True(t, client.IsNotFound(tc.stillExists()), "deleted")
+			statuses := ids(rec.requests(http.MethodDelete, tc.path), func(r recorded) int { return r.status })
+			require.Equal(t, []int{0, http.StatusNotFound}, statuses, "the answer lost, then the retry's 404")
+
+			err := tc.del(c)
+			require.True(t, client.IsNotFound(err), "nothing to delete: %v", err)
+			var maybe *client.MaybeAppliedError
+			require.False(t, errors.As(err, &maybe))
+			require.Len(t, rec.requests(http.MethodDelete, tc.path), 3, "a first attempt's 404 is not retried")
+		})
+	}
+}

@@ -78,7 +78,12 @@ func (s *ApprovalWebhooksService) List(ctx context.Context, opts ...CallOption) 
 	return out.Items, err
 }
 
-// Delete removes a webhook; deliveries already enqueued still run.
+// Delete removes a webhook; deliveries already enqueued still run. A 404
+// is an error (IsNotFound) — but not to a retry after an attempt whose
+// answer was lost: that attempt deleted the webhook, and Delete returns
+// nil.
 func (s *ApprovalWebhooksService) Delete(ctx context.Context, name string, opts ...CallOption) error {
-	return doNoContent(ctx, s.c, endpoint{method: http.MethodDelete, path: pathOf("v1", "approvals", "webhooks", name), argErr: needArgs("ApprovalWebhooks.Delete", "name", name)}, nil, opts)
+	ep := endpoint{method: http.MethodDelete, path: pathOf("v1", "approvals", "webhooks", name), argErr: needArgs("ApprovalWebhooks.Delete", "name", name),
+		goneIsDone: true}
+	return doNoContent(ctx, s.c, ep, nil, opts)
 }
