@@ -29,6 +29,7 @@ type Client struct {
 	token     func(ctx context.Context) (string, error)
 	userAgent string
 	retry     RetryPolicy
+	reconnect ReconnectPolicy
 
 	// The API by resource: one method per route.
 	Wakeups          *WakeupsService
@@ -73,9 +74,15 @@ func refuseRedirect(*http.Request, []*http.Request) error { return errRedirectRe
 // WithUserAgent sets the User-Agent header (default DefaultUserAgent).
 func WithUserAgent(ua string) Option { return func(c *Client) { c.userAgent = ua } }
 
-// WithRetry sets the retry policy (default DefaultRetryPolicy; a
-// RetryPolicy{MaxAttempts: 1} disables retries).
+// WithRetry sets the calls' retry policy (default DefaultRetryPolicy; a
+// RetryPolicy{MaxAttempts: 1} disables retries). Live readers reconnect
+// by their own policy (WithReconnect).
 func WithRetry(p RetryPolicy) Option { return func(c *Client) { c.retry = p } }
+
+// WithReconnect sets how live readers (Streams.Tail, Approvals.Events)
+// connect again after a cut (default DefaultReconnectPolicy: until their
+// context ends). WithRetry does not touch it.
+func WithReconnect(p ReconnectPolicy) Option { return func(c *Client) { c.reconnect = p } }
 
 // New returns a client of the API at baseURL, e.g. "http://localhost:8080"
 // (a path prefix, for an API behind a proxy, is kept). A base URL without
@@ -95,7 +102,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("client: base URL %q: it may not have a query or a fragment (the calls add their own path and query)", baseURL)
 	}
 	base.Path, base.RawPath = strings.TrimRight(base.Path, "/"), strings.TrimRight(base.RawPath, "/")
-	c := &Client{base: base, userAgent: DefaultUserAgent, retry: DefaultRetryPolicy}
+	c := &Client{base: base, userAgent: DefaultUserAgent, retry: DefaultRetryPolicy, reconnect: DefaultReconnectPolicy}
 	for _, o := range opts {
 		if o != nil {
 			o(c)
@@ -115,6 +122,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		c.http = &hc
 	}
 	c.retry = c.retry.withDefaults()
+	c.reconnect = c.reconnect.withDefaults()
 	c.Wakeups = &WakeupsService{c}
 	c.Mandates = &MandatesService{c}
 	c.MandateApprovals = &MandateApprovalsService{c}

@@ -49,5 +49,11 @@
 // from its params, on its own: one may be ranged again, or by several
 // goroutines at once. Streams.Tail follows a stream live over
 // Server-Sent Events and resumes a cut connection with Last-Event-ID,
-// yielding every chunk exactly once.
+// yielding every chunk exactly once; Approvals.Events follows the
+// approvals inbox so. These live readers reconnect by a ReconnectPolicy of
+// their own (WithReconnect), not the calls' RetryPolicy: backoff from
+// 100 ms doubling to 5 s, jittered, or a 429's or 503's Retry-After, until
+// their context ends — a restart of the service is ridden out — unless
+// its MaxOutage bounds the time without a healthy connection. An answer
+// retrying cannot change (400, 401, 403, 404, 410 …) ends them at once.
 package client

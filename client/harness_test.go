@@ -177,11 +177,13 @@ func (r *recorder) all() []recorded {
 // lost), a connection cut or gone silent at a chosen place in an answer,
 // and a load balancer's 503 in front of the API.
 type faultProxy struct {
-	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	conns map[net.Conn]bool
+	mu sync.Mutex
+	// ln is the listener, replaced by restart; closed once the test ends.
+	ln     net.Listener
+	closed bool
+	conns  map[net.Conn]bool
 	// cuts are the places, in order, where the next answers are cut: the
 	// first one whose pattern shows up in an answer ends that connection.
 	cuts []cut
@@ -203,11 +205,12 @@ func newFaultProxy(t *testing.T, target string) *faultProxy {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	p := &faultProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	go p.accept()
+	go p.accept(ln)
 	t.Cleanup(func() {
-		ln.Close()
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		p.closed = true
+		p.ln.Close()
 		for c := range p.conns {
 			c.Close()
 		}
@@ -215,13 +218,52 @@ func newFaultProxy(t *testing.T, target string) *faultProxy {
 	return p
 }
 
-func (p *faultProxy) URL() string { return "http://" + p.ln.Addr().String() }
+func (p *faultProxy) URL() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return "http://" + p.ln.Addr().String()
+}
+
+// restart is a restart of the service behind the proxy: every connection
+// is cut, and new ones are refused for down, after which the proxy
+// listens again on its address.
+func (p *faultProxy) restart(t *testing.T, down time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	addr := p.ln.Addr().String()
+	p.ln.Close()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.conns = map[net.Conn]bool{}
+	time.AfterFunc(down, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.closed {
+			return
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Errorf("listening again on %s: %v", addr, err)
+			return
+		}
+		p.ln = ln
+		go p.accept(ln)
+	})
+}
 
 // cutAnswers queues places where answers are cut.
 func (p *faultProxy) cutAnswers(cuts ...cut) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cuts = append(p.cuts, cuts...)
+}
+
+// clearCuts drops the cuts not made yet.
+func (p *faultProxy) clearCuts() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cuts = nil
 }
 
 // loseNextAnswer cuts the next answer before its first byte: the server
@@ -236,9 +278,9 @@ func (p *faultProxy) answerUnavailable(n int) {
 	p.unavailable = n
 }
 
-func (p *faultProxy) accept() {
+func (p *faultProxy) accept(ln net.Listener) {
 	for {
-		in, err := p.ln.Accept()
+		in, err := ln.Accept()
 		if err != nil {
 			return
 		}

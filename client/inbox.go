@@ -56,7 +56,10 @@ type ApprovalEventsParams struct {
 // connection is resumed with Last-Event-ID from the last event yielded —
 // before the first, from where the stream started (each connection's
 // first line says so: an id alone, or a reset's): none is yielded twice
-// or skipped.
+// or skipped. Connections are opened again by the client's
+// ReconnectPolicy, whatever its RetryPolicy: an outage is ridden out until
+// ctx ends (or the policy's MaxOutage), and an answer retrying cannot
+// change (a 403 …) is the iteration's error at once.
 func (s *ApprovalsService) Events(ctx context.Context, p ApprovalEventsParams, opts ...CallOption) iter.Seq2[ApprovalEvent, error] {
 	ep := endpoint{method: http.MethodGet, path: "/v1/approvals/events", accept: "text/event-stream"}
 	lastID := ""

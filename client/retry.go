@@ -87,3 +87,49 @@ func neverSent(err error) bool {
 	}
 	return errors.Is(err, syscall.ECONNREFUSED)
 }
+
+// ReconnectPolicy says how a live reader — Streams.Tail, Approvals.Events —
+// connects again after its connection is cut, goes silent or cannot be
+// opened. It is not the calls' RetryPolicy (whose MaxAttempts, one
+// disabling retries, leaves it be): a live reader rides out an outage — a
+// restart, a deploy, a load balancer's 503s — for as long as its context
+// lasts, or MaxOutage. An answer retrying cannot change (400, 401, 403,
+// 404, 410 …) ends it at once.
+type ReconnectPolicy struct {
+	// InitialBackoff is the wait before the first attempt after a
+	// connection ends (default 100 ms); each attempt that fails doubles it,
+	// up to MaxBackoff (default 5 s). Each wait is drawn at random from
+	// [half of it, all of it], so that readers cut together (by a restart)
+	// do not come back together. A 429's or 503's Retry-After is waited
+	// instead — unless it ends past the context's deadline: its *Error
+	// then ends the iteration at once.
+	InitialBackoff time.Duration
+	MaxBackoff     time.Duration
+	// MaxOutage bounds how long the reader tries on without a healthy
+	// connection (one that brought a byte, or stayed open a second),
+	// counted from the end of the last one (or from the start): once the
+	// next attempt would come later, the iteration ends with an error
+	// naming the last attempt's. 0, the default, sets no bound: the
+	// reader tries until its context ends.
+	MaxOutage time.Duration
+}
+
+// DefaultReconnectPolicy is the policy of a client made without
+// WithReconnect.
+var DefaultReconnectPolicy = ReconnectPolicy{InitialBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second}
+
+func (p ReconnectPolicy) withDefaults() ReconnectPolicy {
+	if p.InitialBackoff <= 0 {
+		p.InitialBackoff = DefaultReconnectPolicy.InitialBackoff
+	}
+	if p.MaxBackoff <= 0 {
+		p.MaxBackoff = DefaultReconnectPolicy.MaxBackoff
+	}
+	p.MaxOutage = max(p.MaxOutage, 0)
+	return p
+}
+
+// backoff is the wait after the given failed attempt in a row (1-based).
+func (p ReconnectPolicy) backoff(attempt int) time.Duration {
+	return RetryPolicy{InitialBackoff: p.InitialBackoff, MaxBackoff: p.MaxBackoff}.backoff(attempt)
+}

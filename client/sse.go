@@ -38,37 +38,49 @@ const maxSSELine = 32 << 20
 
 // events follows an SSE endpoint, reconnecting after a cut connection (or
 // one silent for longer than idle, from the request on: its headers are
-// waited for that long) with Last-Event-ID set to the id of
-// the last event dispatched, so that the server resumes right after it. An
-// event cut short by the connection is never dispatched: the server sends
-// it again. Connection attempts that fail in a row are bounded by the
-// retry policy; a healthy connection resets the count — one the server
-// opened (200, an event stream) that brought a byte (an event or a
-// keep-alive) or stayed open for healthyAfter: a quiet stream behind a
-// proxy that ends connections after a while is followed on, but a server
-// that answers and hangs up at once is given up on. The iteration ends
-// when the consumer stops, or with an error (yielded once); a line longer
-// than maxSSELine ends it at once (every reconnect would meet it again).
+// waited for that long) with Last-Event-ID set to the id of the last event
+// dispatched, so that the server resumes right after it. An event cut
+// short by the connection is never dispatched: the server sends it again.
+//
+// Reconnects follow the client's ReconnectPolicy, not its RetryPolicy: a
+// live reader rides out an outage — a restart, a deploy, a load balancer's
+// 503s — until its context ends (or the policy's MaxOutage), waiting a
+// backoff that grows while attempts fail in a row, or the Retry-After of a
+// 429 or 503. A healthy connection — one the server opened (200, an event
+// stream) that brought a byte (an event or a keep-alive) or stayed open
+// for healthyAfter — ends the outage: the backoff starts again from the
+// first step, and the outage is counted from its end. An answer retrying
+// cannot change (a 400, 401, 403, 404, 410 …; see Error.retryable), a 200
+// that is not an event stream, a redirect (not followed) and a line longer
+// than maxSSELine end the iteration at once. The iteration ends when the
+// consumer stops, or with an error (yielded once).
 func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle time.Duration, opts []CallOption) iter.Seq2[Event, error] {
 	return func(yield func(Event, error) bool) {
 		if ep.argErr != nil {
 			yield(Event{}, ep.argErr)
 			return
 		}
+		p := c.reconnect
+		// failures counts the attempts that failed since the last healthy
+		// connection ended (or the start), at outage.
 		failures := 0
+		outage := time.Now()
+		var lastErr error
 		for {
 			healthy, stop, err := c.followOnce(ctx, ep, &lastID, idle, opts, yield)
 			if stop {
 				return
 			}
+			if healthy {
+				failures, outage = 0, time.Now()
+			} else {
+				failures++
+			}
+			lastErr = err
 			if ctx.Err() != nil {
-				yield(Event{}, ctx.Err())
+				yield(Event{}, p.ended(ctx, ep, failures, outage, lastErr))
 				return
 			}
-			if healthy {
-				failures = 0
-			}
-			failures++ // (so the next attempt still waits the first backoff)
 			var retryAfter time.Duration
 			var apiErr *Error
 			if errors.As(err, &apiErr) {
@@ -76,18 +88,51 @@ func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle ti
 					yield(Event{}, err)
 					return
 				}
-				retryAfter = min(apiErr.RetryAfter, c.retry.MaxRetryAfter)
+				retryAfter = apiErr.RetryAfter
 			}
-			if failures >= c.retry.MaxAttempts {
-				yield(Event{}, fmt.Errorf("client: following %s: %d connections in a row failed: %w", ep.path, failures, err))
+			wait := p.backoff(max(failures, 1))
+			if retryAfter > 0 {
+				wait = retryAfter
+			}
+			if endsPastDeadline(ctx, wait) && apiErr != nil && retryAfter > 0 {
+				// (the server says no earlier; the context ends before: its
+				// answer is the reason, at once — not a deadline error later)
+				yield(Event{}, fmt.Errorf("client: following %s: the answer's Retry-After (%s) ends past the context's deadline: %w", ep.path, retryAfter, err))
 				return
 			}
-			if err := c.retry.wait(ctx, failures, retryAfter); err != nil {
-				yield(Event{}, err)
+			if p.MaxOutage > 0 && time.Since(outage)+wait > p.MaxOutage {
+				yield(Event{}, fmt.Errorf("client: following %s: no healthy connection for %s (ReconnectPolicy.MaxOutage %s): %s: %w",
+					ep.path, time.Since(outage).Round(time.Millisecond), p.MaxOutage, attemptsFailed(failures), err))
+				return
+			}
+			if sleep(ctx, wait) != nil {
+				yield(Event{}, p.ended(ctx, ep, failures, outage, lastErr))
 				return
 			}
 		}
 	}
+}
+
+// ended is the error of a live reader whose context ended: the context's
+// error, and, when it ended in an outage, the last attempt's too.
+func (p ReconnectPolicy) ended(ctx context.Context, ep endpoint, failures int, outage time.Time, lastErr error) error {
+	if failures == 0 || lastErr == nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("client: following %s: %w after %s with no healthy connection: %s: %w",
+		ep.path, ctx.Err(), time.Since(outage).Round(time.Millisecond), attemptsFailed(failures), lastErr)
+}
+
+// attemptsFailed says how many connection attempts failed in a row since
+// the last healthy connection (or the start).
+func attemptsFailed(n int) string {
+	switch n {
+	case 0:
+		return "the healthy connection ended"
+	case 1:
+		return "1 connection attempt failed"
+	}
+	return fmt.Sprintf("%d connection attempts failed in a row", n)
 }
 
 // healthyAfter is how long an opened connection must stay open, when
@@ -114,6 +159,11 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, id
 	watchdog := time.AfterFunc(idle, cancel)
 	defer watchdog.Stop()
 	res, err := c.send(connCtx, ep, nil, "", hdr)
+	if err != nil && res != nil {
+		// A redirect not followed (see do): the next attempt meets it again.
+		return false, true, yieldErr(yield, fmt.Errorf("client: following %s: answered %d %s redirecting to %q, not followed (the API redirects no call: check the base URL and what is in front of the API): %w",
+			ep.path, res.StatusCode, http.StatusText(res.StatusCode), res.Header.Get("Location"), err))
+	}
 	if err != nil {
 		if ctx.Err() == nil && connCtx.Err() != nil {
 			err = fmt.Errorf("no answer within the idle timeout (%s): %w", idle, err)
@@ -306,7 +356,11 @@ var ErrStreamGap = errors.New("client: the stream skipped chunks")
 // StartIndex on, then each one as it commits, until the stream is closed
 // and every chunk was yielded (the iteration then ends without error). A
 // cut connection is resumed with Last-Event-ID from the last chunk
-// yielded: no chunk is yielded twice or skipped.
+// yielded: no chunk is yielded twice or skipped. Connections are opened
+// again by the client's ReconnectPolicy, whatever its RetryPolicy: an
+// outage is ridden out until ctx ends (or the policy's MaxOutage), and an
+// answer retrying cannot change (a 403, a 404 …) is the iteration's error
+// at once.
 func (s *StreamsService) Tail(ctx context.Context, runID, name string, p TailParams, opts ...CallOption) iter.Seq2[StreamChunk, error] {
 	q := url.Values{}
 	if p.StartIndex != 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -94,9 +95,9 @@ func TestTailResumesAfterACutConnectionWithoutLossOrDuplicates(t *testing.T) {
 
 // A quiet stream behind a proxy that ends connections after a while is
 // followed on: a connection that stayed open a while counts as healthy,
-// though no event came on it, so more such cuts in a row than the retry
-// policy's attempts do not end the tail. A server that answers and hangs
-// up at once, again and again, is given up on.
+// though no event came on it, and ends the outage. A server that answers
+// and hangs up at once, again and again, is an outage: given up on after
+// the reconnect policy's MaxOutage, when it has one.
 func TestTailFollowsAQuietStreamWhoseConnectionsAreCutAgainAndAgain(t *testing.T) {
 	e := startEngine(t)
 	ctx := context.Background()
@@ -145,18 +146,28 @@ func TestTailFollowsAQuietStreamWhoseConnectionsAreCutAgainAndAgain(t *testing.T
 	require.Equal(t, []string{"first", "second"}, got)
 	require.Greater(t, len(rec.requests(http.MethodGet, "/v1/runs/quiet/streams/out/sse")), attempts+2)
 
-	t.Run("a server that hangs up at once is given up on", func(t *testing.T) {
+	t.Run("a server that hangs up at once is given up on after MaxOutage", func(t *testing.T) {
 		hangUp := cut{pattern: []byte("\r\n\r\n"), offset: 4}
-		cuts := make([]cut, 2*attempts)
+		cuts := make([]cut, 1000)
 		for i := range cuts {
 			cuts[i] = hangUp
 		}
 		proxy.cutAnswers(cuts...)
+		defer proxy.clearCuts()
+		rec := &recorder{}
+		reader := newClient(t, proxy.URL(), approver, rec,
+			client.WithReconnect(client.ReconnectPolicy{InitialBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxOutage: 500 * time.Millisecond}))
 		var last error
+		started := time.Now()
 		for _, err := range reader.Streams.Tail(tctx, "open", "out", client.TailParams{}) {
 			last = err
 		}
-		require.ErrorContains(t, last, "connections in a row failed")
+		require.ErrorContains(t, last, "no healthy connection for")
+		require.ErrorContains(t, last, "(ReconnectPolicy.MaxOutage 500ms): ")
+		require.ErrorContains(t, last, "connection attempts failed in a row")
+		require.ErrorIs(t, last, io.ErrUnexpectedEOF, "the last attempt's error")
+		require.Less(t, time.Since(started), 5*time.Second)
+		require.Greater(t, len(rec.requests(http.MethodGet, "/v1/runs/open/streams/out/sse")), attempts, "more attempts than a call's")
 	})
 }
 
@@ -223,8 +234,9 @@ func TestTailRetriesOnlyWhatMaySucceed(t *testing.T) {
 
 // A server (or a proxy) that takes the request and never answers is taken
 // for dead after the idle timeout, as one gone silent mid-stream is: the
-// reader connects again, and gives up after the retry policy's attempts
-// instead of hanging on the headers until its context ends.
+// reader connects again, and again — each attempt bounded by the idle
+// timeout instead of hanging on the headers until the context ends — and
+// gives up after the reconnect policy's MaxOutage.
 func TestAStreamWhoseHeadersNeverComeIsTakenForDeadAfterTheIdleTimeout(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -250,8 +262,9 @@ func TestAStreamWhoseHeadersNeverComeIsTakenForDeadAfterTheIdleTimeout(t *testin
 			conns <- conn // (read nothing, answer nothing)
 		}
 	}()
-	c := newClient(t, "http://"+ln.Addr().String(), approver, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	c := newClient(t, "http://"+ln.Addr().String(), approver, nil,
+		client.WithReconnect(client.ReconnectPolicy{InitialBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxOutage: time.Second}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	idle := 200 * time.Millisecond
 	for name, follow := range map[string]func() (last error){
@@ -271,10 +284,12 @@ func TestAStreamWhoseHeadersNeverComeIsTakenForDeadAfterTheIdleTimeout(t *testin
 		t.Run(name, func(t *testing.T) {
 			before := accepted.Load()
 			err := follow()
-			require.ErrorContains(t, err, "connections in a row failed")
+			require.ErrorContains(t, err, "no healthy connection for")
+			require.ErrorContains(t, err, "connection attempts failed in a row")
 			require.ErrorContains(t, err, "no answer within the idle timeout")
 			require.NoError(t, ctx.Err(), "given up on before the context ended")
-			require.EqualValues(t, 4, accepted.Load()-before, "one connection per attempt (newClient's MaxAttempts)")
+			// (a second of 200 ms waits for headers, and short backoffs)
+			require.GreaterOrEqual(t, accepted.Load()-before, int32(3), "one connection per attempt")
 		})
 	}
 }
