@@ -203,7 +203,8 @@ const maxIdentityClaim = 255
 // checkIdentityClaims refuses a token whose org_id is missing, or whose
 // org_id, sub or agent_id (each optional but org_id) is blank, longer than
 // maxIdentityClaim bytes or holds NUL (which Postgres text cannot store):
-// every query and key carries them.
+// every query and key carries them. An agent_id of "." or ".." is refused
+// too: it is a path segment of /v1/agents/{agent_id}/….
 func checkIdentityClaims(claims Claims) error {
 	if claims.OrgID == "" {
 		return errors.New("token has no org_id claim")
@@ -220,6 +221,9 @@ func checkIdentityClaims(claims Claims) error {
 			return fmt.Errorf("the %s claim is %d bytes long; at most %d are allowed", claim.name, len(v), maxIdentityClaim)
 		case strings.ContainsRune(v, 0):
 			return fmt.Errorf("the %s claim holds NUL", claim.name)
+		case claim.name == "agent_id" && isDotSegment(v):
+			// (a path segment of the policy routes, and the tool calls' agent)
+			return fmt.Errorf("the agent_id claim is %q: it %s", v, dotSegmentDetail)
 		}
 	}
 	return nil

@@ -110,6 +110,7 @@ func TestATokenWithABlankOrOverlongIdentityClaimIs401NamingIt(t *testing.T) {
 		{"a whitespace-only sub", with(agent, "sub", "  "), "the sub claim is blank"},
 		{"a 256-byte agent_id", with(agent, "agent_id", strings.Repeat("a", 256)), "the agent_id claim is 256 bytes long; at most 255 are allowed"},
 		{"a whitespace-only agent_id", with(agent, "agent_id", "\n"), "the agent_id claim is blank"},
+		{"an agent_id of ..", with(agent, "agent_id", ".."), `the agent_id claim is "..": it must not be "." or ".." (URL clients remove them as path segments)`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -150,6 +151,7 @@ func TestSignTokenRefusesATokenTheServerWouldRefuse(t *testing.T) {
 		{"a 256-byte org", func(s *TokenSpec) { s.OrgID = strings.Repeat("o", 256) }, "the org_id claim is 256 bytes long; at most 255 are allowed"},
 		{"a blank sub", func(s *TokenSpec) { s.Sub = " " }, "the sub claim is blank"},
 		{"an agent with NUL", func(s *TokenSpec) { s.AgentID = "a\x00" }, "the agent_id claim holds NUL"},
+		{"an agent of .", func(s *TokenSpec) { s.AgentID = "." }, `the agent_id claim is ".": it must not be "." or ".." (URL clients remove them as path segments)`},
 		{"a zero lifetime", func(s *TokenSpec) { s.TTL = 0 }, "the token's lifetime is 0s; it must be positive"},
 		{"a negative lifetime", func(s *TokenSpec) { s.TTL = -time.Minute }, "the token's lifetime is -1m0s; it must be positive"},
 	}

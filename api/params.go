@@ -60,9 +60,22 @@ func pathParamsProblem(c echo.Context) error {
 		if !isText(v) {
 			return paramProblem("path", name, "must be UTF-8 text without NUL characters")
 		}
+		if isDotSegment(v) {
+			return paramProblem("path", name, dotSegmentDetail)
+		}
 	}
 	return nil
 }
+
+// isDotSegment reports whether v is "." or "..": URL clients (browsers,
+// fetch, URL libraries, curl) remove such a segment, percent-encoded or
+// not, so that no route taking it as an id (a session, an agent, a tool, a
+// run, a stream) could be reached by the URL that names it — a session
+// ".." took tool calls the inbox page could never answer.
+func isDotSegment(v string) bool { return v == "." || v == ".." }
+
+// dotSegmentDetail is the problem of a "." or ".." id.
+const dotSegmentDetail = `must not be "." or ".." (URL clients remove them as path segments)`
 
 // queryParamsProblem checks every name=value pair of the raw query, the
 // ones url.ParseQuery would drop (bad escapes) included.

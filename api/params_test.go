@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -75,6 +76,49 @@ func TestNULOrInvalidUTF8InAnyParameterIs400NamingIt(t *testing.T) {
 	documented := slices.DeleteFunc(documentedRoutes(t), func(r string) bool { return !strings.Contains(r, " /v1/") })
 	sort.Strings(routes)
 	require.Equal(t, documented, routes, "every documented route is registered, so checked")
+}
+
+// Every /v1 route with a path parameter of "." or "..", as written or
+// percent-encoded, is a 400 naming the parameter: URL clients remove such
+// segments, so that nothing named so could be reached by its URL (a tool
+// call in session ".." could not be answered from the inbox page).
+func TestADotSegmentInAnyPathParameterIs400NamingIt(t *testing.T) {
+	s := newTestServer(t, withStreams(t, streams.Config{}), withMandates(t), withWakeups(t), withWorkpool(t), withApprovals(t), withInbox(t, 0), withWebhooks(t))
+	tok := token(t, "ops-org", AllRoles...)
+	checked := 0
+	for _, rt := range s.Echo().Routes() {
+		if !strings.HasPrefix(rt.Path, "/v1/") {
+			continue
+		}
+		for _, p := range echoParam.FindAllStringSubmatch(rt.Path, -1) {
+			for _, dots := range []string{".", "..", "%2E", "%2e%2E"} {
+				path := echoParam.ReplaceAllStringFunc(rt.Path, func(m string) string {
+					if m[1:] == p[1] {
+						return dots
+					}
+					return "x"
+				})
+				t.Run(rt.Method+" "+rt.Path+" "+p[1]+" "+dots, func(t *testing.T) {
+					ctx, cancel := context.WithTimeout(context.Background(), testWait)
+					defer cancel()
+					req := httptest.NewRequestWithContext(ctx, rt.Method, "/", nil)
+					decoded, err := url.PathUnescape(path)
+					require.NoError(t, err)
+					req.URL.Path = decoded
+					if decoded != path {
+						req.URL.RawPath = path // (as a client sends %2E: echo routes on it)
+					}
+					req.Header.Set("Authorization", "Bearer "+tok)
+					rec := httptest.NewRecorder()
+					s.Handler().ServeHTTP(rec, req)
+					p := response{Status: rec.Code, Header: rec.Header(), Body: rec.Body.Bytes()}.requireProblem(t, http.StatusBadRequest, p[1])
+					require.Contains(t, p["detail"], `must not be "." or ".."`)
+				})
+				checked++
+			}
+		}
+	}
+	require.Greater(t, checked, 40)
 }
 
 func TestTwoIdempotencyKeysAre400NamingTheHeader(t *testing.T) {

@@ -372,6 +372,11 @@ func TestBadInputNamesTheFieldAndWritesNothing(t *testing.T) {
 		{"tool_name", func(p *RequestParams) { p.ToolName = "a\nb" }},
 		{"session_id", func(p *RequestParams) { p.SessionID = "" }},
 		{"agent_id", func(p *RequestParams) { p.AgentID = "" }},
+		// path segments URL clients remove: nothing could reach them
+		{"session_id", func(p *RequestParams) { p.SessionID = ".." }},
+		{"session_id", func(p *RequestParams) { p.SessionID = "." }},
+		{"agent_id", func(p *RequestParams) { p.AgentID = ".." }},
+		{"tool_name", func(p *RequestParams) { p.ToolName = "." }},
 		{"input", func(p *RequestParams) { p.Input = json.RawMessage(big) }},
 		{"workflow_id", func(p *RequestParams) { p.WorkflowID = "org-b/wf" }},
 		{"workflow_id", func(p *RequestParams) { p.WorkflowID = org + "/" }},
@@ -400,6 +405,8 @@ func TestBadInputNamesTheFieldAndWritesNothing(t *testing.T) {
 		{"match", PolicyParams{AgentID: agent, ToolName: "shell", Approval: PolicyAlways, Match: json.RawMessage(`{}`)}},
 		{"match", PolicyParams{AgentID: agent, ToolName: "shell", Approval: PolicyAlways, Match: json.RawMessage(`{"a":"\ud800"}`)}},
 		{"tool_name", PolicyParams{AgentID: agent, Approval: PolicyAlways}},
+		{"tool_name", PolicyParams{AgentID: agent, ToolName: "..", Approval: PolicyAlways}},
+		{"agent_id", PolicyParams{AgentID: ".", ToolName: "shell", Approval: PolicyAlways}},
 	}
 	for _, tc := range policies {
 		_, err := s.PutPolicy(context.Background(), org, tc.p)

@@ -31,7 +31,7 @@ type PolicyParams struct {
 // PutPolicy creates or replaces the policy for (org, agent, tool, match).
 func (s *Service) PutPolicy(ctx context.Context, orgID string, p PolicyParams) (Policy, error) {
 	inv := &apperr.InvalidError{}
-	checkText(inv, "agent_id", p.AgentID, MaxText, true)
+	checkSegment(inv, "agent_id", p.AgentID, MaxText)
 	checkToolName(inv, "tool_name", p.ToolName)
 	checkPolicy(inv, "approval", p.Approval, true)
 	match := normalizeMatch(inv, p.Match)
@@ -49,7 +49,7 @@ func (s *Service) PutPolicy(ctx context.Context, orgID string, p PolicyParams) (
 // names the unconditional one. ErrPolicyNotFound when there is none.
 func (s *Service) DeletePolicy(ctx context.Context, orgID, agentID, toolName string, match json.RawMessage) error {
 	inv := &apperr.InvalidError{}
-	checkText(inv, "agent_id", agentID, MaxText, true)
+	checkSegment(inv, "agent_id", agentID, MaxText)
 	checkToolName(inv, "tool_name", toolName)
 	match = normalizeMatch(inv, match)
 	if err := inv.OrNil(); err != nil {
@@ -68,7 +68,7 @@ func (s *Service) DeletePolicy(ctx context.Context, orgID, agentID, toolName str
 // ListPolicies returns a page of an agent's policies in creation order.
 func (s *Service) ListPolicies(ctx context.Context, orgID, agentID string, p Page) ([]Policy, *uuid.UUID, error) {
 	inv := &apperr.InvalidError{}
-	checkText(inv, "agent_id", agentID, MaxText, true)
+	checkSegment(inv, "agent_id", agentID, MaxText)
 	if err := inv.OrNil(); err != nil {
 		return nil, nil, err
 	}

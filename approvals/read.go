@@ -76,7 +76,7 @@ func (s *Service) List(ctx context.Context, orgID string, f ListFilter, p Page) 
 // session is ErrSessionNotFound, as another org's is.
 func (s *Service) Events(ctx context.Context, orgID, sessionID, agentID string, after int64, limit int) ([]Event, *int64, error) {
 	inv := &apperr.InvalidError{}
-	checkText(inv, "session_id", sessionID, MaxID, true)
+	checkSegment(inv, "session_id", sessionID, MaxID)
 	if after < 0 {
 		inv.Add("after", "must be an integer ≥ 0")
 	}

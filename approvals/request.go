@@ -156,8 +156,8 @@ func (s *Service) replay(ctx context.Context, p RequestParams, input json.RawMes
 // the default signal and returns the input to store.
 func (s *Service) validateRequest(p *RequestParams) (json.RawMessage, error) {
 	inv := &apperr.InvalidError{}
-	checkText(inv, "session_id", p.SessionID, MaxID, true)
-	checkText(inv, "agent_id", p.AgentID, MaxText, true)
+	checkSegment(inv, "session_id", p.SessionID, MaxID)
+	checkSegment(inv, "agent_id", p.AgentID, MaxText)
 	checkToolName(inv, "tool_name", p.ToolName)
 	input := normalizeInput(inv, p.Input)
 	checkWorkflow(inv, p.OrgID, p.WorkflowID, p.RunID, p.Signal)

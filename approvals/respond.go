@@ -118,7 +118,7 @@ func (s *Service) Respond(ctx context.Context, p RespondParams) (RespondResult, 
 
 func validateRespond(p RespondParams) error {
 	inv := &apperr.InvalidError{}
-	checkText(inv, "session_id", p.SessionID, MaxID, true)
+	checkSegment(inv, "session_id", p.SessionID, MaxID)
 	switch {
 	case p.ToolName == "" && p.ApprovalID == uuid.Nil:
 		inv.Add("tool_name", "give tool_name or approval_id")

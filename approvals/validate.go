@@ -26,11 +26,28 @@ func checkText(inv *apperr.InvalidError, field, v string, max int, required bool
 	}
 }
 
+// checkSegment is checkText of a required value that is a path segment of
+// the API's routes (a session id, an agent id, a tool name): it must not
+// be "." or "..", which URL clients — browsers, fetch, URL libraries,
+// curl — remove from a path even percent-encoded, so that nothing could
+// reach or answer what it names (a tool call in session ".." could never
+// be answered from the inbox page).
+func checkSegment(inv *apperr.InvalidError, field, v string, max int) {
+	n := len(inv.Fields)
+	checkText(inv, field, v, max, true)
+	if len(inv.Fields) == n && (v == "." || v == "..") {
+		inv.Add(field, DotSegmentDetail)
+	}
+}
+
+// DotSegmentDetail is the problem of a "." or ".." id.
+const DotSegmentDetail = `must not be "." or ".." (URL clients remove them as path segments)`
+
 // checkToolName also rejects control characters: a tool name is a path
 // segment of the policy routes and a label people read.
 func checkToolName(inv *apperr.InvalidError, field, v string) {
 	n := len(inv.Fields)
-	checkText(inv, field, v, MaxToolName, true)
+	checkSegment(inv, field, v, MaxToolName)
 	if len(inv.Fields) == n && strings.IndexFunc(v, unicode.IsControl) >= 0 {
 		inv.Add(field, "must not hold control characters")
 	}
