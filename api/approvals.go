@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
 	"github.com/reveille/reveille/approvals"
@@ -106,6 +107,15 @@ func (s *Server) respondToolCalls(c echo.Context) error {
 	p := PrincipalFrom(c)
 	params.OrgID, params.SessionID, params.ResolvedBy = p.OrgID, sessionID, p.Sub
 	res, err := s.svc.Approvals.Respond(c.Request().Context(), params)
+	if errors.Is(err, approvals.ErrAlreadyResolved) && params.ApprovalID != uuid.Nil {
+		if now, getErr := s.svc.Approvals.Get(c.Request().Context(), p.OrgID, params.ApprovalID, ""); getErr == nil {
+			state := now.Status
+			if state == approvals.DecisionPending && !now.ExpiresAt.After(time.Now()) {
+				state = "expired" // (past its expiry; the sweeper has yet to mark it)
+			}
+			return alreadyResolved(err, params.ApprovalID, state, now.ResolvedBy, now.ResolvedAt)
+		}
+	}
 	if err != nil {
 		return err
 	}

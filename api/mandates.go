@@ -303,9 +303,34 @@ func (s *Server) resolveMandateApproval(resolve func(ctx context.Context, orgID 
 			return NewProblem(http.StatusForbidden, "forbidden", "a token without a sub claim cannot approve or deny requests")
 		}
 		a, err := resolve(c.Request().Context(), p.OrgID, id, p.Sub, in.Note)
+		if errors.Is(err, mandates.ErrAlreadyResolved) {
+			if now, getErr := s.svc.Mandates.GetApproval(c.Request().Context(), p.OrgID, "", id); getErr == nil {
+				state := now.State
+				if state == "pending" && !now.ExpiresAt.After(time.Now()) {
+					state = "expired" // (past its expiry; the sweeper has yet to mark it)
+				}
+				return alreadyResolved(err, id, state, now.ResolvedBy, now.ResolvedAt)
+			}
+		}
 		if err != nil {
 			return err
 		}
 		return c.JSON(http.StatusOK, mandateApprovalOut(a))
 	}
+}
+
+// alreadyResolved is the 409 for answering a request (a mandate approval,
+// or a tool call by its approval_id) that is no longer pending, with what
+// a UI needs to show what became of it instead of the answer: approval_id,
+// its current state, and resolved_by and resolved_at when known (not for
+// an expiry).
+func alreadyResolved(err error, id uuid.UUID, state, resolvedBy string, resolvedAt *time.Time) *Problem {
+	p := NewProblem(http.StatusConflict, "conflict", err.Error()).With("approval_id", id.String()).With("state", state)
+	if resolvedBy != "" {
+		p.With("resolved_by", resolvedBy)
+	}
+	if resolvedAt != nil {
+		p.With("resolved_at", resolvedAt.UTC())
+	}
+	return p
 }

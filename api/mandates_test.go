@@ -396,8 +396,14 @@ func TestApproversResolveOverrunsButNotTheirOwn(t *testing.T) {
 	require.Equal(t, "bob", a["resolved_by"])
 	require.Equal(t, "ok this once", a["note"])
 	require.Contains(t, a, "resolved_at")
-	do(t, h, http.MethodPost, "/v1/mandate-approvals/"+a1+"/approve", bob, `{}`).requireProblem(t, http.StatusConflict)
-	do(t, h, http.MethodPost, "/v1/mandate-approvals/"+a1+"/deny", bob, `{}`).requireProblem(t, http.StatusConflict)
+	// A second answer's 409 says what became of it, for a UI to show.
+	for _, verb := range []string{"approve", "deny"} {
+		p := do(t, h, http.MethodPost, "/v1/mandate-approvals/"+a1+"/"+verb, bob, `{}`).requireProblem(t, http.StatusConflict)
+		require.Equal(t, a1, p["approval_id"])
+		require.Equal(t, "approved", p["state"])
+		require.Equal(t, "bob", p["resolved_by"])
+		require.Equal(t, a["resolved_at"], p["resolved_at"])
+	}
 
 	m := do(t, h, http.MethodGet, "/v1/mandates/"+id, admin, nil).JSON(t)
 	require.EqualValues(t, 4, m["spent"], "the overrun is charged, visibly past the budget")
