@@ -20,9 +20,9 @@ import (
 // naming the field.
 
 type mandateCreateIn struct {
-	AgentID    string  `json:"agent_id"`
-	Scope      string  `json:"scope"`
-	Budget     *int64  `json:"budget"`
+	AgentID    string  `json:"agent_id" required:"true"`
+	Scope      string  `json:"scope" required:"true"`
+	Budget     *int64  `json:"budget" required:"true"`
 	ValidUntil *string `json:"valid_until" nullable:"true"`
 }
 
@@ -77,9 +77,9 @@ func decodeMandatePatch(body []byte) (mandates.PatchParams, error) {
 
 // spendIn is a POST /v1/mandates/spend body; Cost is never nil once decoded.
 type spendIn struct {
-	AgentID string `json:"agent_id"`
-	Scope   string `json:"scope"`
-	Cost    *int64 `json:"cost"`
+	AgentID string `json:"agent_id" required:"true"`
+	Scope   string `json:"scope" required:"true"`
+	Cost    *int64 `json:"cost" required:"true"`
 	Reason  string `json:"reason"`
 }
 
@@ -235,8 +235,8 @@ func decodePoolPatch(body []byte) (workpool.PoolUpdate, error) {
 }
 
 type toolCallIn struct {
-	AgentID    string          `json:"agent_id"`
-	ToolName   string          `json:"tool_name"`
+	AgentID    string          `json:"agent_id" required:"true"`
+	ToolName   string          `json:"tool_name" required:"true"`
 	Input      json.RawMessage `json:"input"`
 	WorkflowID string          `json:"workflow_id"`
 	RunID      string          `json:"run_id"`
@@ -266,7 +266,7 @@ func decodeToolCall(body []byte) (approvals.RequestParams, error) {
 type toolAnswerIn struct {
 	ToolName     string `json:"tool_name"`
 	ApprovalID   string `json:"approval_id"`
-	Decision     string `json:"decision"`
+	Decision     string `json:"decision" required:"true"`
 	UpdatePolicy string `json:"update_policy"`
 	Note         string `json:"note"`
 }
@@ -290,7 +290,7 @@ func decodeToolAnswer(body []byte) (approvals.RespondParams, error) {
 }
 
 type toolPolicyIn struct {
-	Approval string          `json:"approval"`
+	Approval string          `json:"approval" required:"true"`
 	Match    json.RawMessage `json:"match"`
 }
 

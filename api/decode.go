@@ -484,6 +484,9 @@ func (w *keyWalk) value(t reflect.Type) (detail string, found bool) {
 			w.space()
 			w.i++ // ':'
 			if w.null() && !takesNull(valueType) && !wt.nullable[string(key)] {
+				if wt.required[string(key)] {
+					return requiredNullDetail, true
+				}
 				return nullDetail, true
 			}
 			if detail, found := w.value(valueType); found {
@@ -527,6 +530,11 @@ func (w *keyWalk) value(t reflect.Type) (detail string, found bool) {
 
 // nullDetail is the problem of a null where the document allows none.
 const nullDetail = "must not be null: leave the field out for its default"
+
+// requiredNullDetail is the problem of a null for a required field (tagged
+// `required:"true"`, as the document's required lists): it has no default
+// to leave it out for.
+const requiredNullDetail = "is required; null is not a value"
 
 // null reports whether the next value is null (after white space).
 func (w *keyWalk) null() bool {
@@ -615,7 +623,8 @@ func walkTypeOf(t reflect.Type) walkType {
 		switch d.Kind() {
 		case reflect.Struct:
 			wt.fields = jsonFields(d, nil)
-			wt.nullable = nullableFields(d, nil)
+			wt.nullable = taggedFields(d, "nullable", nil)
+			wt.required = taggedFields(d, "required", nil)
 		case reflect.Map, reflect.Slice, reflect.Array:
 			wt.elem = d.Elem()
 		}
@@ -629,6 +638,9 @@ type walkType struct {
 	// nullable are the fields tagged `nullable:"true"`: those whose
 	// document says null (as the same as leaving them out).
 	nullable map[string]bool
+	// required are the fields tagged `required:"true"`: those the
+	// document's schema lists as required (TestRequiredTagsMatchTheDocument).
+	required map[string]bool
 	elem     reflect.Type
 }
 
@@ -645,26 +657,26 @@ func takesNull(t reflect.Type) bool {
 	return t == nil || t.Kind() == reflect.Interface || (t.Kind() != reflect.Pointer && decodesItself(t))
 }
 
-// nullableFields is jsonFields' names of the fields tagged
-// `nullable:"true"`.
-func nullableFields(t reflect.Type, seen []reflect.Type) map[string]bool {
+// taggedFields is jsonFields' names of the fields tagged `<tag>:"true"`
+// (nullable, required).
+func taggedFields(t reflect.Type, tag string, seen []reflect.Type) map[string]bool {
 	out := map[string]bool{}
 	if slices.Contains(seen, t) {
 		return out
 	}
 	seen = append(seen, t)
 	for f := range t.Fields() {
-		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		ft := f.Type
 		for ft.Kind() == reflect.Pointer {
 			ft = ft.Elem()
 		}
-		if f.Anonymous && tag == "" && ft.Kind() == reflect.Struct {
-			maps.Copy(out, nullableFields(ft, seen))
+		if f.Anonymous && name == "" && ft.Kind() == reflect.Struct {
+			maps.Copy(out, taggedFields(ft, tag, seen))
 			continue
 		}
-		if f.Tag.Get("nullable") == "true" {
-			out[cmp.Or(tag, f.Name)] = true
+		if f.Tag.Get(tag) == "true" {
+			out[cmp.Or(name, f.Name)] = true
 		}
 	}
 	return out

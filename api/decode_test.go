@@ -5,13 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/apperr"
@@ -292,11 +295,8 @@ func TestANullTheDocumentDoesNotAllowIsRefusedNamingTheField(t *testing.T) {
 		{"retry", work, `{"handler": "h", "retry": null}`, "retry"},
 		{"a field of retry", work, `{"handler": "h", "retry": {"max_attempts": 2, "base": null}}`, "retry.base"},
 		{"timeout_ms", work, `{"handler": "h", "timeout_ms": null}`, "timeout_ms"},
-		{"a required field", work, `{"handler": null}`, "handler"},
 		{"a wake-up's reason", wakeup, `{` + wake + `, "reason": null, "work": {"handler": "h"}}`, "reason"},
 		{"a wake-up's work timeout", wakeup, `{` + wake + `, "work": {"handler": "h", "timeout_ms": null}}`, "work.timeout_ms"},
-		{"a spend's cost", spend, `{"agent_id": "a", "scope": "x", "cost": null}`, "cost"},
-		{"a mandate's budget", mandate, `{"agent_id": "a", "scope": "x", "budget": null}`, "budget"},
 		{"a patch's budget", patch, `{"budget": null}`, "budget"},
 		{"a tool call's expires_in_s", toolCall, `{"tool_name": "t", "expires_in_s": null}`, "expires_in_s"},
 	} {
@@ -305,6 +305,30 @@ func TestANullTheDocumentDoesNotAllowIsRefusedNamingTheField(t *testing.T) {
 			require.ErrorAs(t, tc.decode([]byte(tc.body)), &p)
 			require.Equal(t, http.StatusBadRequest, p.Status)
 			require.Equal(t, []apperr.FieldError{{Field: tc.field, Detail: nullDetail}}, p.Errors)
+		})
+	}
+	// A required field has no default to leave it out for: its null says so.
+	answer := func(b []byte) error { _, err := decodeToolAnswer(b); return err }
+	for _, tc := range []struct {
+		name   string
+		decode func([]byte) error
+		body   string
+		field  string
+	}{
+		{"a work item's handler", work, `{"handler": null}`, "handler"},
+		{"an answer's decision", answer, `{"tool_name": "x", "decision": null}`, "decision"},
+		{"a tool call's tool_name", toolCall, `{"agent_id": "a", "tool_name": null}`, "tool_name"},
+		{"a wake-up's work", wakeup, `{` + wake + `, "work": null}`, "work"},
+		{"a wake-up work's handler", wakeup, `{` + wake + `, "work": {"handler": null}}`, "work.handler"},
+		{"a spend's cost", spend, `{"agent_id": "a", "scope": "x", "cost": null}`, "cost"},
+		{"a mandate's budget", mandate, `{"agent_id": "a", "scope": "x", "budget": null}`, "budget"},
+	} {
+		t.Run(tc.name+" (required) of null", func(t *testing.T) {
+			var p *Problem
+			require.ErrorAs(t, tc.decode([]byte(tc.body)), &p)
+			require.Equal(t, http.StatusBadRequest, p.Status)
+			require.Equal(t, []apperr.FieldError{{Field: tc.field, Detail: requiredNullDetail}}, p.Errors)
+			require.Contains(t, p.Detail, tc.field)
 		})
 	}
 	for _, tc := range []struct {
@@ -323,4 +347,60 @@ func TestANullTheDocumentDoesNotAllowIsRefusedNamingTheField(t *testing.T) {
 			require.NoError(t, tc.decode([]byte(tc.body)))
 		})
 	}
+}
+
+// The request bodies' `required:"true"` tags are the document's required
+// lists, nested objects included: a null for one is "is required", not
+// "leave it out for its default".
+func TestRequiredTagsMatchTheDocument(t *testing.T) {
+	doc, err := contractDocument()
+	require.NoError(t, err)
+	bodies := map[string]reflect.Type{
+		"setToolPolicy":          reflect.TypeFor[toolPolicyIn](),
+		"putApprovalWebhook":     reflect.TypeFor[webhookIn](),
+		"createMandate":          reflect.TypeFor[mandateCreateIn](),
+		"spendMandate":           reflect.TypeFor[spendIn](),
+		"updateMandate":          reflect.TypeFor[mandatePatchIn](),
+		"updatePool":             reflect.TypeFor[poolPatch](),
+		"enqueueWork":            reflect.TypeFor[workIn](),
+		"appendStreamChunks":     reflect.TypeFor[streamAppendIn](),
+		"answerToolCalls":        reflect.TypeFor[toolAnswerIn](),
+		"requestToolCall":        reflect.TypeFor[toolCallIn](),
+		"createWakeup":           reflect.TypeFor[wakeupRequest](),
+		"approveMandateApproval": reflect.TypeFor[approvalResolveIn](),
+		"denyMandateApproval":    reflect.TypeFor[approvalResolveIn](),
+	}
+	var check func(at string, s *openapi3.Schema, ty reflect.Type)
+	check = func(at string, s *openapi3.Schema, ty reflect.Type) {
+		for ty.Kind() == reflect.Pointer {
+			ty = ty.Elem()
+		}
+		if ty.Kind() != reflect.Struct || s == nil {
+			return
+		}
+		want := append([]string(nil), s.Required...)
+		got := slices.Collect(maps.Keys(taggedFields(ty, "required", nil)))
+		slices.Sort(want)
+		slices.Sort(got)
+		require.Equal(t, want, got, "%s: the fields tagged required", at)
+		fields := jsonFields(ty, nil)
+		for name, prop := range s.Properties {
+			if ft, ok := fields[name]; ok && prop.Value != nil && len(prop.Value.Properties) > 0 {
+				check(at+"."+name, prop.Value, ft)
+			}
+		}
+	}
+	seen := 0
+	for _, item := range doc.Paths.Map() {
+		for _, op := range item.Operations() {
+			if op.RequestBody == nil || op.RequestBody.Value.Content.Get("application/json") == nil {
+				continue
+			}
+			ty, ok := bodies[op.OperationID]
+			require.True(t, ok, "%s: a JSON body this test does not know", op.OperationID)
+			check(op.OperationID, op.RequestBody.Value.Content.Get("application/json").Schema.Value, ty)
+			seen++
+		}
+	}
+	require.Equal(t, len(bodies), seen)
 }

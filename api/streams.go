@@ -45,7 +45,7 @@ type streamChunkIn struct {
 }
 
 type streamAppendIn struct {
-	Chunks []streamChunkIn `json:"chunks"`
+	Chunks []streamChunkIn `json:"chunks" required:"true"`
 }
 
 type streamChunkOut struct {

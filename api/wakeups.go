@@ -67,22 +67,22 @@ type rawJSON []byte
 func (r rawJSON) MarshalJSON() ([]byte, error) { return r, nil }
 
 type wakeupRequest struct {
-	AgentID    string `json:"agent_id"`
-	WorkflowID string `json:"workflow_id"`
+	AgentID    string `json:"agent_id" required:"true"`
+	WorkflowID string `json:"workflow_id" required:"true"`
 	RunID      string `json:"run_id"`
-	Signal     string `json:"signal"`
-	Scope      string `json:"scope"`
+	Signal     string `json:"signal" required:"true"`
+	Scope      string `json:"scope" required:"true"`
 	Reason     string `json:"reason"`
-	Cost       *int64 `json:"cost"`
+	Cost       *int64 `json:"cost" required:"true"`
 	Pool       string `json:"pool"`
 	Work       *struct {
-		Handler        string                `json:"handler"`
+		Handler        string                `json:"handler" required:"true"`
 		Args           rawArgs               `json:"args"`
 		Retry          *workpool.RetryPolicy `json:"retry"`
 		TimeoutMS      int                   `json:"timeout_ms"`
 		ConcurrencyKey string                `json:"concurrency_key" nullable:"true"`
 		KeyLimit       *int                  `json:"key_limit" nullable:"true"`
-	} `json:"work"`
+	} `json:"work" required:"true"`
 }
 
 // rawArgs keeps a JSON value as its bytes.

@@ -55,8 +55,8 @@ func utcDelivery(d *webhooks.Delivery) *webhooks.Delivery {
 }
 
 type webhookIn struct {
-	URL    string `json:"url"`
-	Format string `json:"format"`
+	URL    string `json:"url" required:"true"`
+	Format string `json:"format" required:"true"`
 }
 
 // decodeWebhook decodes PUT /v1/approvals/webhooks/{name}; the store

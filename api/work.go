@@ -31,7 +31,7 @@ func (s *Server) workRoutes() {
 }
 
 type workIn struct {
-	Handler        string                `json:"handler"`
+	Handler        string                `json:"handler" required:"true"`
 	Args           json.RawMessage       `json:"args"`
 	RunAt          *string               `json:"run_at"`
 	Retry          *workpool.RetryPolicy `json:"retry"`
