@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -640,5 +642,70 @@ func TestInboxRefusesATokenThatCannotAnswer(t *testing.T) {
 		b.eval(`document.getElementById('conn-text').textContent`, &text)
 		require.Equal(t, "Live updates refused: "+detail, text)
 	})
+	b.noExceptions()
+}
+
+// A request whose names are as long as the server takes (a 230-character
+// agent id, a 128-character tool name, a long session and input) stays in
+// its card: the page is never wider than the window, on a desktop or a
+// phone. The policy legend ("And from now on, for <tool> by <agent>") did
+// not wrap, and the page was 1936 px wide in a 1280 px window, the Agent
+// filter stretched by the agent's name.
+func TestInboxKeepsLongNamesInTheirCards(t *testing.T) {
+	s := newStack(t)
+	agentTok := signedToken(t, "runtime", "agent")
+	approverTok := signedToken(t, "approver", "approver")
+	longAgent := "longagent" + strings.Repeat("a", 221)
+	longTool := strings.Repeat("t", 128)
+	id := s.toolCall(agentTok, "session-"+strings.Repeat("s", 200), map[string]any{"agent_id": longAgent, "tool_name": longTool,
+		"input": map[string]any{strings.Repeat("k", 120): strings.Repeat("v", 400)}})
+	b := newBrowser(t)
+	b.openInbox(s.http.URL, approverTok)
+	b.waitFor("the long item", itemJS(id, "true"))
+	require.Contains(t, b.itemText(id), "And from now on, for "+longTool+" by "+longAgent)
+
+	// (the elements past the window's right edge, or their card's, named)
+	const overflowing = `(() => {
+		const out = [];
+		const w = window.innerWidth;
+		for (const e of document.querySelectorAll('body *')) {
+			const r = e.getBoundingClientRect();
+			if (r.width === 0 || e.closest('.sr-only')) continue;
+			const card = e.closest('li.item');
+			const edge = card && card !== e ? card.getBoundingClientRect().right : w;
+			if (r.right > edge + 0.5) out.push(e.tagName.toLowerCase() + (e.className ? '.' + e.className : '') + ' ' + Math.round(r.right) + ' > ' + Math.round(edge));
+		}
+		return out.slice(0, 12);
+	})()`
+	for _, vp := range []struct {
+		name          string
+		width, height int64
+	}{{"desktop", 1280, 800}, {"phone", 390, 844}} {
+		t.Run(vp.name, func(t *testing.T) {
+			b.run(chromedp.EmulateViewport(vp.width, vp.height))
+			defer b.run(chromedp.EmulateViewport(1280, 800))
+			var sizes struct{ Scroll, Inner, Select, Filters float64 }
+			b.eval(`({scroll: document.documentElement.scrollWidth, inner: window.innerWidth,
+				select: document.getElementById('filter-agent').getBoundingClientRect().width,
+				filters: document.querySelector('.bar').getBoundingClientRect().width})`, &sizes)
+			var wide []string
+			b.eval(overflowing, &wide)
+			// REVEILLE_LAYOUT_SHOTS=<dir> keeps a look at the card's top and its answer form.
+			if dir := os.Getenv("REVEILLE_LAYOUT_SHOTS"); dir != "" {
+				for _, shot := range []struct{ name, scroll string }{{"top", `window.scrollTo(0, 0)`}, {"form", `document.querySelector('fieldset.policy').scrollIntoView()`}} {
+					var ignored any
+					b.eval(shot.scroll, &ignored)
+					ctx, cancel := context.WithTimeout(b.ctx, wait)
+					png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+					cancel()
+					require.NoError(t, err)
+					require.NoError(t, os.WriteFile(filepath.Join(dir, "inbox-long-"+vp.name+"-"+shot.name+".png"), png, 0o644))
+				}
+			}
+			require.Empty(t, wide, "elements past their card or the window")
+			require.LessOrEqual(t, sizes.Scroll, sizes.Inner, "the page is no wider than the window")
+			require.LessOrEqual(t, sizes.Select, sizes.Filters, "the Agent filter fits its bar")
+		})
+	}
 	b.noExceptions()
 }
