@@ -709,3 +709,55 @@ func TestInboxKeepsLongNamesInTheirCards(t *testing.T) {
 	}
 	b.noExceptions()
 }
+
+// On a focused request a approves and d denies, with the note and policy
+// choice as they stand; from the request's own controls (a policy radio,
+// the note, the Approve and Deny… buttons) the keys do nothing. A focused
+// "Always allow" radio is not a selected one: a pressed there approved at
+// once as "this call only", and the approver could not tell.
+func TestInboxShortcutsComeFromTheRequestNotItsControls(t *testing.T) {
+	s := newStack(t)
+	agentTok := signedToken(t, "runtime", "agent")
+	approverTok := signedToken(t, "approver", "approver")
+	id := s.toolCall(agentTok, "s-keys", map[string]any{"agent_id": agent, "tool_name": "deploy"})
+	b := newBrowser(t)
+	b.openInbox(s.http.URL, approverTok)
+	b.waitFor("the item", itemJS(id, "true"))
+
+	answered := func() bool {
+		for _, r := range b.sent() {
+			if strings.Contains(r.URL, "/tool-approvals") && !strings.Contains(r.URL, "/v1/tool-approvals") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, control := range []string{`[data-role="policy-always"]`, `[data-role="policy-never"]`, `[data-role="approve"]`, `[data-role="deny"]`, `[data-role="note"]`} {
+		t.Run("not from "+control, func(t *testing.T) {
+			b.run(chromedp.Focus(chromedp.CSS(itemSel(id)+" "+control)), chromedp.KeyEvent("a"))
+			if control != `[data-role="note"]` {
+				b.run(chromedp.KeyEvent("d"))
+			}
+			time.Sleep(300 * time.Millisecond) // (an answer would have been sent by now)
+			var dialogOpen bool
+			b.eval(`document.getElementById('confirm').open`, &dialogOpen)
+			require.False(t, dialogOpen, "d opened the deny confirmation")
+			require.False(t, answered(), "a key on a control answered")
+			require.Contains(t, b.itemText(id), "Pending")
+			var policy string
+			b.eval(`document.querySelector(`+js(itemSel(id)+` input[type="radio"]:checked`)+`).value`, &policy)
+			require.Empty(t, policy, "focus alone selects no policy")
+		})
+	}
+
+	t.Run("from the request, with the policy selected", func(t *testing.T) {
+		b.run(chromedp.Click(chromedp.CSS(itemSel(id)+` [data-role="policy-always"]`)),
+			chromedp.Focus(chromedp.CSS(itemSel(id))), chromedp.KeyEvent("a"))
+		b.waitStatus(id, "Approved")
+		r := s.call(http.MethodGet, "/v1/agents/"+agent+"/tool-policies", token(t, org, "admin"), nil)
+		require.Equal(t, http.StatusOK, r.status, string(r.raw))
+		require.Contains(t, string(r.raw), `"approval":"always"`, "the selected policy was sent")
+		require.Contains(t, string(r.raw), `"tool_name":"deploy"`)
+	})
+	b.noExceptions()
+}

@@ -969,8 +969,13 @@
     const key = e.key.toLowerCase();
     if (key !== 'a' && key !== 'd') return;
     const target = e.target;
-    // Typing a note is typing, not a shortcut.
-    if (target.matches('input[type="text"], textarea, select')) return;
+    // Only the focused request itself takes a and d. From its controls —
+    // typing a note, a policy radio, the Approve or Deny… button — a key
+    // press is not an answer: from the "Always allow" radio, `a` approved
+    // as "this call only" when that radio was focused but not selected,
+    // and a person who had just picked a policy could not tell which one
+    // was sent. The buttons answer by Enter or Space, with what is selected.
+    if (target.closest('input, textarea, select, button, [contenteditable]')) return;
     const li = target.closest('li.item');
     if (!li) return;
     e.preventDefault();
