@@ -4,11 +4,12 @@
 -- and where the pool's turns stand — a pool of one slot has no running work
 -- to tell the orgs apart. Per pool and org, served is the starts charged so
 -- far; per pool, the turn of the last fair start, a fraction turn_num /
--- turn_den (an org's n-th start takes the turn (served + n - 1) / weight). An
--- org with no row, or one behind that turn (it had no ready work while the
--- others took theirs), joins at it: idle time earns no credit. Written only
--- by the pool's loop, fenced by the pool's generation; a plain start (one
--- org's work, nothing to share) charges nothing.
+-- turn_den. An org with no row, or one behind that turn (it had no ready
+-- work while the others took theirs), joins at it: idle time earns no
+-- credit. Charged only by the pool's loop, fenced by the pool's generation
+-- (a plain start, one org's work with nothing to share, charges nothing);
+-- a weight change deletes the org's row. The pick's order is in
+-- docs/workpool.md § "Fair share".
 CREATE TABLE workpool_org_turns (
     pool   text   NOT NULL,
     org_id text   NOT NULL,

@@ -162,3 +162,126 @@ func TestFairPick_KeyedWorkHandsTheLoopToTheFullPickAndBack(t *testing.T) {
 	require.True(t, h.observe().isRunning(b2))
 	require.False(t, h.l.keyed, "no keyed work waits any more: back to the near pick")
 }
+
+// tryFairPickCharged is tryFairPick that also reads what the pick charged:
+// each org's turns and the pool's clock (num, den), then rolls back.
+func (h *harness) tryFairPickCharged(sql string) (pickOutcome, map[string]int64, [2]int64) {
+	h.t.Helper()
+	tx, err := h.db.Begin(h.ctx)
+	require.NoError(h.t, err)
+	defer func() { _ = tx.Rollback(h.ctx) }()
+	now := h.clock.Now()
+	var (
+		fenced, paused, plain, cancels, keyed bool
+		nextAt                                *time.Time
+		free                                  int32
+		s                                     startedWork
+		out                                   pickOutcome
+	)
+	err = tx.QueryRow(h.ctx, sql, append(h.l.startArgs(now), h.l.gen)...).
+		Scan(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &out.decided, &keyed, &free}, s.dest()...)...)
+	require.NoError(h.t, err)
+	require.True(h.t, fenced)
+	rows, err := tx.Query(h.ctx, `SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'running' AND started_at = $1 ORDER BY id`, now)
+	require.NoError(h.t, err)
+	out.started, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(h.t, err)
+	rows, err = tx.Query(h.ctx, `SELECT org_id, head_at FROM workpool_org_queues WHERE pool = 'default'`)
+	require.NoError(h.t, err)
+	out.heads = map[string]time.Time{}
+	var (
+		org string
+		at  time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&org, &at}, func() error { out.heads[org] = at.UTC(); return nil })
+	require.NoError(h.t, err)
+	turns := map[string]int64{}
+	var o2 string
+	var s2 int64
+	rows, err = tx.Query(h.ctx, `SELECT org_id, served FROM workpool_org_turns WHERE pool = 'default'`)
+	require.NoError(h.t, err)
+	_, err = pgx.ForEachRow(rows, []any{&o2, &s2}, func() error { turns[o2] = s2; return nil })
+	require.NoError(h.t, err)
+	var clk [2]int64
+	_ = tx.QueryRow(h.ctx, `SELECT turn_num, turn_den FROM workpool_fair_clocks WHERE pool = 'default'`).Scan(&clk[0], &clk[1])
+	return out, turns, clk
+}
+
+// The near/full agreement again, now with turns charged before and a
+// clock set (the other agreement tests start every pool at none): both
+// ways start the same items, leave the same heads and charge the same
+// turns, and the clock lands on the same turn (as a fraction, perhaps
+// written differently). (From a review of the turns change.)
+func TestFairPick_NearAndFullAgreeWithTurnsAlreadyCharged(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	rng := rand.New(rand.NewPCG(13, 2026))
+	decided, deferred, starts := 0, 0, 0
+	for round := range 300 {
+		h.exec(`DELETE FROM workpool_work`)
+		h.exec(`DELETE FROM workpool_org_queues`)
+		h.exec(`DELETE FROM workpool_org_weights`)
+		h.exec(`DELETE FROM workpool_org_pending`)
+		h.exec(`DELETE FROM workpool_org_turns`)
+		h.exec(`DELETE FROM workpool_fair_clocks`)
+		h.exec(`INSERT INTO workpool_fair_clocks VALUES ('default', $1, $2)`, rng.IntN(40), 1+rng.IntN(4))
+		maxPar := 1 + rng.IntN(10)
+		var perOrg *int32
+		if rng.IntN(3) == 0 {
+			perOrg = ptr(int32(1 + rng.IntN(4)))
+		}
+		h.exec(`UPDATE workpool_pools SET max_parallelism = $1, max_parallelism_per_org = $2 WHERE name = 'default'`, maxPar, perOrg)
+		now := h.clock.Now()
+		tick := 0
+		for o := range 1 + rng.IntN(6) {
+			org := fmt.Sprintf("org-%d", o)
+			if rng.IntN(3) == 0 {
+				h.exec(`INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ('default', $1, $2)`, org, 2+rng.IntN(3))
+			}
+			if rng.IntN(4) != 0 {
+				h.exec(`INSERT INTO workpool_org_turns VALUES ('default', $1, $2)`, org, rng.IntN(60))
+			}
+			var params []EnqueueParams
+			for range rng.IntN(7) {
+				tick++
+				at := now.Add(-time.Duration(tick) * time.Millisecond)
+				if rng.IntN(6) == 0 {
+					at = now.Add(time.Duration(tick) * time.Millisecond) // not yet due
+				}
+				params = append(params, EnqueueParams{OrgID: org, Pool: "default", Handler: "test_handle", RunAt: at})
+			}
+			if len(params) == 0 {
+				continue
+			}
+			ids, err := h.m.EnqueueMany(h.ctx, params)
+			require.NoError(t, err)
+			for _, id := range ids {
+				if rng.IntN(3) == 0 { // started by an earlier pick: the head lags behind it
+					h.exec(`UPDATE workpool_work SET state = 'running', started_at = $2 WHERE id = $1`, id, now.Add(-time.Second))
+				}
+			}
+		}
+		near, nt, nc := h.tryFairPickCharged(sqlIterateFastNear)
+		full, ft, fc := h.tryFairPickCharged(sqlIterateFastShared)
+		require.True(t, full.decided, "round %d", round)
+		if !near.decided {
+			deferred++
+			require.Empty(t, near.started, "round %d: an undecided near pick starts nothing", round)
+			before := h.queueHeads()
+			require.Equal(t, before, near.heads, "round %d: an undecided near pick moves no head", round)
+			continue
+		}
+		decided++
+		if len(near.started) > 0 {
+			starts++
+		}
+		require.Equal(t, full.started, near.started, "round %d: the same items start", round)
+		require.Equal(t, full.heads, near.heads, "round %d: the same heads remain", round)
+		require.Equal(t, ft, nt, "round %d: the same charges", round)
+		require.Equal(t, fc[0]*nc[1], nc[0]*fc[1], "round %d: the same clock %v %v", round, fc, nc)
+	}
+	require.Greater(t, decided, 50, "most rounds are decided by the near pick")
+	require.Greater(t, starts, 50, "most decided rounds start work")
+	require.Positive(t, deferred, "some rounds need the full pick")
+	t.Logf("near pick decided %d rounds (%d of them started work), deferred %d", decided, starts, deferred)
+}

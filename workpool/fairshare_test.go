@@ -412,9 +412,9 @@ func TestFairShare_RefillsOneSlotAtATimeKeepTheWeightedShare(t *testing.T) {
 // first part of it when some org's queue runs out first), and the loop
 // ends up with exactly the order's first free slots' worth. The order is
 // computed here from every ready item: an org's n-th ready item (within
-// the cap's room) takes the turn (max(running - 1, 0) + n - 1) / weight
-// (nothing is charged to any org yet, so the slots held beyond one
-// decide), ties to (running + n) / weight, then in run_at order.
+// the cap's room) takes the turn (running + n - 1) / weight (nothing is
+// charged to any org yet, so the slots held decide), ties to
+// (running + n) / weight, then in run_at order.
 func TestFairShare_APickStartsTheNextItemsOfTheWholeFairOrder(t *testing.T) {
 	type org struct {
 		name                     string
@@ -502,10 +502,10 @@ func TestFairShare_APickStartsTheNextItemsOfTheWholeFairOrder(t *testing.T) {
 					}
 				}
 				slices.SortFunc(order, func(a, b item) int {
-					// Nothing charged yet: the turn is the slots held
-					// beyond one, (max(running - 1, 0) + n - 1) / weight,
-					// ties to (running + n) / weight, compared exactly.
-					held := func(it item) int { return max(it.org.running-1, 0) + it.n - 1 }
+					// Nothing charged yet: the turn is the slots held,
+					// (running + n - 1) / weight, ties to (running + n) /
+					// weight, compared exactly.
+					held := func(it item) int { return it.org.running + it.n - 1 }
 					if c := cmp.Compare(held(a)*b.org.weight, held(b)*a.org.weight); c != 0 {
 						return c
 					}
@@ -599,7 +599,9 @@ func countOf(orgs []string, org string) int {
 // alternate in one slot and a weight of 3 gets three starts for every one,
 // whoever queued first — the backlog of the org that queued first used to
 // run to its end before the other's first start (weights 3:1 in two slots:
-// the light org never started).
+// the light org never started). In three slots the slots held count too:
+// the light org holding one of them waits a turn, and 3:1 splits them 2:1,
+// each org within one slot of its share.
 func TestFairShare_SmallPoolsTakeTurnsByStarts(t *testing.T) {
 	for _, tc := range []struct {
 		slots, heavyWeight int
@@ -612,8 +614,8 @@ func TestFairShare_SmallPoolsTakeTurnsByStarts(t *testing.T) {
 		{1, 3, "light", 18},
 		{1, 3, "heavy", 18},
 		{2, 3, "light", 18},
-		{3, 3, "heavy", 18},
-		{3, 3, "light", 18},
+		{3, 3, "heavy", 16},
+		{3, 3, "light", 16},
 	} {
 		t.Run(fmt.Sprintf("%d slots, weights %d:1, %s queued first", tc.slots, tc.heavyWeight, tc.first), func(t *testing.T) {
 			t.Parallel()
@@ -680,25 +682,79 @@ func TestFairShare_AnOrgBackFromIdleJoinsAtTheCurrentTurn(t *testing.T) {
 // Turns count starts, but an org's slots still count against it: an org
 // whose attempts run for hours does not take every other start until it
 // holds every slot while another org's quick work waits — it holds at most
-// one slot past its share.
+// its share, rounded up, and one slot more only while it is alone with a
+// free one.
 func TestFairShare_AnOrgWhoseWorkRunsLongDoesNotTakeEverySlot(t *testing.T) {
-	h := newHarness(t, withMaxParallelism(4))
-	for range 40 {
-		h.enqueue(withOrg("slow"))
-		h.clock.Advance(time.Millisecond)
-		h.enqueue(withOrg("quick"))
-		h.clock.Advance(time.Millisecond)
+	for _, tc := range []struct {
+		slots, slowWeight, quickWeight, maxSlow int
+	}{
+		{4, 1, 1, 2},
+		{2, 1, 1, 1},
+		{2, 1, 3, 1}, // a review found the slow org holding both
+		{10, 1, 3, 3},
+	} {
+		t.Run(fmt.Sprintf("%d slots, weights %d:%d", tc.slots, tc.slowWeight, tc.quickWeight), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(tc.slots))
+			require.NoError(t, h.m.SetOrgWeight(h.ctx, "default", "slow", tc.slowWeight))
+			require.NoError(t, h.m.SetOrgWeight(h.ctx, "default", "quick", tc.quickWeight))
+			for range 60 {
+				h.enqueue(withOrg("slow"))
+				h.clock.Advance(time.Millisecond)
+				h.enqueue(withOrg("quick"))
+				h.clock.Advance(time.Millisecond)
+			}
+			h.runMain()
+			for step := range 30 {
+				running := h.runningByOrg()
+				require.LessOrEqual(t, running["slow"], tc.maxSlow, "step %d: the slow org holds at most its share: %v", step, running)
+				// Only the quick org's attempts ever finish.
+				var id uuid.UUID
+				require.NoError(t, h.db.QueryRow(h.ctx,
+					`SELECT id FROM workpool_work WHERE state = 'running' AND org_id = 'quick' ORDER BY started_at, run_at LIMIT 1`).Scan(&id))
+				h.clock.Advance(time.Millisecond)
+				h.complete(id, "success", 1)
+				h.runMain()
+			}
+		})
 	}
-	h.runMain()
-	for step := range 30 {
-		running := h.runningByOrg()
-		require.LessOrEqual(t, running["slow"], 3, "step %d: the slow org holds at most its share and one: %v", step, running)
-		// Only the quick org's attempts ever finish.
-		var id uuid.UUID
-		require.NoError(t, h.db.QueryRow(h.ctx,
-			`SELECT id FROM workpool_work WHERE state = 'running' AND org_id = 'quick' ORDER BY started_at, run_at LIMIT 1`).Scan(&id))
-		h.clock.Advance(time.Millisecond)
-		h.complete(id, "success", 1)
-		h.runMain()
+}
+
+// The starts charged are counted at the org's weight: a weight lowered
+// after a long run read the org's history as far ahead of everyone, and it
+// started nothing until the others caught up (a review: heavy at 3, then
+// 1 — the next 20 starts were all the other org's). A weight change
+// starts the org's turns again at the pool's current turn.
+func TestFairShare_ALoweredWeightDoesNotStallTheOrg(t *testing.T) {
+	for _, change := range []struct {
+		name string
+		do   func(h *harness)
+	}{
+		{"set to 1", func(h *harness) { require.NoError(h.t, h.m.SetOrgWeight(h.ctx, "default", "heavy", 1)) }},
+		{"back to the default", func(h *harness) {
+			err := h.m.UpdatePool(h.ctx, "default", PoolUpdate{OrgWeights: map[string]*int{"heavy": nil}})
+			require.NoError(h.t, err)
+		}},
+		{"every weight cleared", func(h *harness) {
+			err := h.m.UpdatePool(h.ctx, "default", PoolUpdate{OrgWeights: map[string]*int{}, ClearOrgWeights: true})
+			require.NoError(h.t, err)
+		}},
+	} {
+		t.Run(change.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(1))
+			require.NoError(t, h.m.SetOrgWeight(h.ctx, "default", "heavy", 3))
+			for range 80 {
+				h.enqueue(withOrg("heavy"))
+				h.clock.Advance(time.Millisecond)
+				h.enqueue(withOrg("light"))
+				h.clock.Advance(time.Millisecond)
+			}
+			first := h.startsInTurn(40)
+			require.InDelta(t, 30, countOf(first, "heavy"), 1, "3:1 first: %v", first)
+			change.do(h)
+			next := h.startsInTurn(60)[40:]
+			require.InDelta(t, 10, countOf(next, "heavy"), 2, "then 1:1: %v", next)
+		})
 	}
 }

@@ -82,18 +82,29 @@ UPDATE workpool_pools SET max_parallelism = coalesce($2, max_parallelism),
   updated_at = now()
 WHERE name = $1`
 
+// The weight statements also drop the orgs' fair-share turns
+// (workpool_org_turns): the starts charged are counted at the org's
+// weight, so a lowered weight would read a long history as far ahead of
+// everyone (the org started nothing until the others caught up). Without
+// its row an org joins at the pool's current turn.
+
 // sqlSetOrgWeights sets the weights of orgs $2 to $3 in pool $1.
 const sqlSetOrgWeights = `
+WITH restarted AS (DELETE FROM workpool_org_turns WHERE pool = $1 AND org_id = ANY($2::text[]))
 INSERT INTO workpool_org_weights (pool, org_id, weight)
 SELECT $1, u.org_id, u.weight FROM unnest($2::text[], $3::int[]) AS u(org_id, weight)
 ON CONFLICT (pool, org_id) DO UPDATE SET weight = excluded.weight`
 
 // sqlDeleteOrgWeights gives orgs $2 the default weight in pool $1.
-const sqlDeleteOrgWeights = `DELETE FROM workpool_org_weights WHERE pool = $1 AND org_id = ANY($2)`
+const sqlDeleteOrgWeights = `
+WITH restarted AS (DELETE FROM workpool_org_turns WHERE pool = $1 AND org_id = ANY($2::text[]))
+DELETE FROM workpool_org_weights WHERE pool = $1 AND org_id = ANY($2::text[])`
 
 // sqlClearOrgWeights gives every org the default weight in pool $1: an
 // operator's setting across orgs, as the weights themselves are.
-const sqlClearOrgWeights = `DELETE FROM workpool_org_weights WHERE pool = $1`
+const sqlClearOrgWeights = `
+WITH cleared AS (DELETE FROM workpool_org_weights WHERE pool = $1 RETURNING org_id)
+DELETE FROM workpool_org_turns t USING cleared c WHERE t.pool = $1 AND t.org_id = c.org_id`
 
 // sqlOrgWeights lists pool $1's weight overrides, for operators (whose
 // settings span orgs).
@@ -787,14 +798,15 @@ func sqlServed(weight string) string {
 
 // sqlTurnsHeld is where an org's next start stands, in its own turns: the
 // later of its starts charged (sqlServed) and the pool's current turn plus
-// the slots it holds beyond one (r.n, from the CTE running). Turns alone
-// would let an org whose work runs for hours take every other start until
-// it held every slot; slots alone cannot tell orgs apart in a pool of one
-// slot (none holds any at a pick), and, counted from the first, they hold
-// a weight-1 org with one slot a whole turn back, so that weights 3:1
-// split three slots 2:1. Only starts are charged.
+// the slots it holds (r.n, from the CTE running). Turns alone would let an
+// org whose work runs for hours take every other start until it held
+// every slot; slots alone cannot tell orgs apart in a pool of one slot
+// (none holds any at a pick). Counting the slots from the second instead
+// would split three slots 3:1 by starts at weights 3:1, but let a weight-1
+// org whose work runs for hours hold both slots of a pool of two. Only
+// starts are charged.
 func sqlTurnsHeld(weight string) string {
-	return `greatest(coalesce(tu.served, 0), ` + sqlClockTurns(weight) + ` + greatest(coalesce(r.n, 0) - 1, 0))`
+	return `greatest(coalesce(tu.served, 0), ` + sqlClockTurns(weight) + ` + coalesce(r.n, 0))`
 }
 
 // sqlChargeTurns is the CTEs charged, turns_charged, turns_added,
