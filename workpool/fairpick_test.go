@@ -1,6 +1,7 @@
 package workpool
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -12,11 +13,14 @@ import (
 )
 
 // pickOutcome is what one fair fast statement did: the items it started,
-// the org queues' heads after it, and whether it decided the pick.
+// the org queues' heads after it, whether it decided the pick, and the
+// turns charged to each org and the pool's clock (num, den) after it.
 type pickOutcome struct {
 	started []uuid.UUID
 	heads   map[string]time.Time
 	decided bool
+	turns   map[string]int64
+	clock   [2]int64
 }
 
 // tryFairPick runs one fair fast statement on the default pool in a
@@ -51,6 +55,16 @@ func (h *harness) tryFairPick(sql string) pickOutcome {
 	)
 	_, err = pgx.ForEachRow(rows, []any{&org, &at}, func() error { out.heads[org] = at.UTC(); return nil })
 	require.NoError(h.t, err)
+	rows, err = tx.Query(h.ctx, `SELECT org_id, served FROM workpool_org_turns WHERE pool = 'default'`)
+	require.NoError(h.t, err)
+	out.turns = map[string]int64{}
+	var served int64
+	_, err = pgx.ForEachRow(rows, []any{&org, &served}, func() error { out.turns[org] = served; return nil })
+	require.NoError(h.t, err)
+	err = tx.QueryRow(h.ctx, `SELECT turn_num, turn_den FROM workpool_fair_clocks WHERE pool = 'default'`).Scan(&out.clock[0], &out.clock[1])
+	if !errors.Is(err, pgx.ErrNoRows) {
+		require.NoError(h.t, err)
+	}
 	return out
 }
 
@@ -163,50 +177,6 @@ func TestFairPick_KeyedWorkHandsTheLoopToTheFullPickAndBack(t *testing.T) {
 	require.False(t, h.l.keyed, "no keyed work waits any more: back to the near pick")
 }
 
-// tryFairPickCharged is tryFairPick that also reads what the pick charged:
-// each org's turns and the pool's clock (num, den), then rolls back.
-func (h *harness) tryFairPickCharged(sql string) (pickOutcome, map[string]int64, [2]int64) {
-	h.t.Helper()
-	tx, err := h.db.Begin(h.ctx)
-	require.NoError(h.t, err)
-	defer func() { _ = tx.Rollback(h.ctx) }()
-	now := h.clock.Now()
-	var (
-		fenced, paused, plain, cancels, keyed bool
-		nextAt                                *time.Time
-		free                                  int32
-		s                                     startedWork
-		out                                   pickOutcome
-	)
-	err = tx.QueryRow(h.ctx, sql, append(h.l.startArgs(now), h.l.gen)...).
-		Scan(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &out.decided, &keyed, &free}, s.dest()...)...)
-	require.NoError(h.t, err)
-	require.True(h.t, fenced)
-	rows, err := tx.Query(h.ctx, `SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'running' AND started_at = $1 ORDER BY id`, now)
-	require.NoError(h.t, err)
-	out.started, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	require.NoError(h.t, err)
-	rows, err = tx.Query(h.ctx, `SELECT org_id, head_at FROM workpool_org_queues WHERE pool = 'default'`)
-	require.NoError(h.t, err)
-	out.heads = map[string]time.Time{}
-	var (
-		org string
-		at  time.Time
-	)
-	_, err = pgx.ForEachRow(rows, []any{&org, &at}, func() error { out.heads[org] = at.UTC(); return nil })
-	require.NoError(h.t, err)
-	turns := map[string]int64{}
-	var o2 string
-	var s2 int64
-	rows, err = tx.Query(h.ctx, `SELECT org_id, served FROM workpool_org_turns WHERE pool = 'default'`)
-	require.NoError(h.t, err)
-	_, err = pgx.ForEachRow(rows, []any{&o2, &s2}, func() error { turns[o2] = s2; return nil })
-	require.NoError(h.t, err)
-	var clk [2]int64
-	_ = tx.QueryRow(h.ctx, `SELECT turn_num, turn_den FROM workpool_fair_clocks WHERE pool = 'default'`).Scan(&clk[0], &clk[1])
-	return out, turns, clk
-}
-
 // The near/full agreement again, now with turns charged before and a
 // clock set (the other agreement tests start every pool at none): both
 // ways start the same items, leave the same heads and charge the same
@@ -261,8 +231,7 @@ func TestFairPick_NearAndFullAgreeWithTurnsAlreadyCharged(t *testing.T) {
 				}
 			}
 		}
-		near, nt, nc := h.tryFairPickCharged(sqlIterateFastNear)
-		full, ft, fc := h.tryFairPickCharged(sqlIterateFastShared)
+		near, full := h.tryFairPick(sqlIterateFastNear), h.tryFairPick(sqlIterateFastShared)
 		require.True(t, full.decided, "round %d", round)
 		if !near.decided {
 			deferred++
@@ -277,8 +246,8 @@ func TestFairPick_NearAndFullAgreeWithTurnsAlreadyCharged(t *testing.T) {
 		}
 		require.Equal(t, full.started, near.started, "round %d: the same items start", round)
 		require.Equal(t, full.heads, near.heads, "round %d: the same heads remain", round)
-		require.Equal(t, ft, nt, "round %d: the same charges", round)
-		require.Equal(t, fc[0]*nc[1], nc[0]*fc[1], "round %d: the same clock %v %v", round, fc, nc)
+		require.Equal(t, full.turns, near.turns, "round %d: the same charges", round)
+		require.Equal(t, full.clock[0]*near.clock[1], near.clock[0]*full.clock[1], "round %d: the same clock %v %v", round, full.clock, near.clock)
 	}
 	require.Greater(t, decided, 50, "most rounds are decided by the near pick")
 	require.Greater(t, starts, 50, "most decided rounds start work")
