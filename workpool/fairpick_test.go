@@ -71,19 +71,27 @@ func (h *harness) tryFairPick(sql string) pickOutcome {
 // The near pick (sqlIterateFastNear) makes the full fair pick's choice
 // whenever it decides, and writes nothing but the fence when it does not:
 // both statements run on the same random pools — weights, a per-org cap,
-// running work, items not yet due, queue heads gone stale — and must start
-// the same items and leave the same heads. (Every run_at differs, so that
-// neither order has ties to break differently.)
+// running work, items not yet due, queue heads gone stale, in half of the
+// rounds turns already charged and a clock set — and must start the same
+// items, leave the same heads, charge the same turns and move the clock to
+// the same turn. (Every run_at differs, so that neither order has ties to
+// break differently.)
 func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	rng := rand.New(rand.NewPCG(13, 2026))
 	decided, deferred, starts := 0, 0, 0
-	for round := range 150 {
+	for round := range 300 {
 		h.exec(`DELETE FROM workpool_work`)
 		h.exec(`DELETE FROM workpool_org_queues`)
 		h.exec(`DELETE FROM workpool_org_weights`)
 		h.exec(`DELETE FROM workpool_org_pending`)
+		h.exec(`DELETE FROM workpool_org_turns`)
+		h.exec(`DELETE FROM workpool_fair_clocks`)
+		charged := round%2 == 1
+		if charged {
+			h.exec(`INSERT INTO workpool_fair_clocks VALUES ('default', $1, $2)`, rng.IntN(40), 1+rng.IntN(4))
+		}
 		maxPar := 1 + rng.IntN(10)
 		var perOrg *int32
 		if rng.IntN(3) == 0 {
@@ -96,6 +104,9 @@ func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.
 			org := fmt.Sprintf("org-%d", o)
 			if rng.IntN(3) == 0 {
 				h.exec(`INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ('default', $1, $2)`, org, 2+rng.IntN(3))
+			}
+			if charged && rng.IntN(4) != 0 {
+				h.exec(`INSERT INTO workpool_org_turns VALUES ('default', $1, $2)`, org, rng.IntN(60))
 			}
 			var params []EnqueueParams
 			for range rng.IntN(7) {
@@ -132,6 +143,8 @@ func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.
 		}
 		require.Equal(t, full.started, near.started, "round %d: the same items start", round)
 		require.Equal(t, full.heads, near.heads, "round %d: the same heads remain", round)
+		require.Equal(t, full.turns, near.turns, "round %d: the same turns charged", round)
+		require.Equal(t, full.clock[0]*near.clock[1], near.clock[0]*full.clock[1], "round %d: the same clock: %v, %v", round, full.clock, near.clock)
 	}
 	require.Greater(t, decided, 50, "most rounds are decided by the near pick")
 	require.Greater(t, starts, 50, "most decided rounds start work")
@@ -175,82 +188,4 @@ func TestFairPick_KeyedWorkHandsTheLoopToTheFullPickAndBack(t *testing.T) {
 	h.runMain()
 	require.True(t, h.observe().isRunning(b2))
 	require.False(t, h.l.keyed, "no keyed work waits any more: back to the near pick")
-}
-
-// The near/full agreement again, now with turns charged before and a
-// clock set (the other agreement tests start every pool at none): both
-// ways start the same items, leave the same heads and charge the same
-// turns, and the clock lands on the same turn (as a fraction, perhaps
-// written differently). (From a review of the turns change.)
-func TestFairPick_NearAndFullAgreeWithTurnsAlreadyCharged(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t)
-	rng := rand.New(rand.NewPCG(13, 2026))
-	decided, deferred, starts := 0, 0, 0
-	for round := range 300 {
-		h.exec(`DELETE FROM workpool_work`)
-		h.exec(`DELETE FROM workpool_org_queues`)
-		h.exec(`DELETE FROM workpool_org_weights`)
-		h.exec(`DELETE FROM workpool_org_pending`)
-		h.exec(`DELETE FROM workpool_org_turns`)
-		h.exec(`DELETE FROM workpool_fair_clocks`)
-		h.exec(`INSERT INTO workpool_fair_clocks VALUES ('default', $1, $2)`, rng.IntN(40), 1+rng.IntN(4))
-		maxPar := 1 + rng.IntN(10)
-		var perOrg *int32
-		if rng.IntN(3) == 0 {
-			perOrg = ptr(int32(1 + rng.IntN(4)))
-		}
-		h.exec(`UPDATE workpool_pools SET max_parallelism = $1, max_parallelism_per_org = $2 WHERE name = 'default'`, maxPar, perOrg)
-		now := h.clock.Now()
-		tick := 0
-		for o := range 1 + rng.IntN(6) {
-			org := fmt.Sprintf("org-%d", o)
-			if rng.IntN(3) == 0 {
-				h.exec(`INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ('default', $1, $2)`, org, 2+rng.IntN(3))
-			}
-			if rng.IntN(4) != 0 {
-				h.exec(`INSERT INTO workpool_org_turns VALUES ('default', $1, $2)`, org, rng.IntN(60))
-			}
-			var params []EnqueueParams
-			for range rng.IntN(7) {
-				tick++
-				at := now.Add(-time.Duration(tick) * time.Millisecond)
-				if rng.IntN(6) == 0 {
-					at = now.Add(time.Duration(tick) * time.Millisecond) // not yet due
-				}
-				params = append(params, EnqueueParams{OrgID: org, Pool: "default", Handler: "test_handle", RunAt: at})
-			}
-			if len(params) == 0 {
-				continue
-			}
-			ids, err := h.m.EnqueueMany(h.ctx, params)
-			require.NoError(t, err)
-			for _, id := range ids {
-				if rng.IntN(3) == 0 { // started by an earlier pick: the head lags behind it
-					h.exec(`UPDATE workpool_work SET state = 'running', started_at = $2 WHERE id = $1`, id, now.Add(-time.Second))
-				}
-			}
-		}
-		near, full := h.tryFairPick(sqlIterateFastNear), h.tryFairPick(sqlIterateFastShared)
-		require.True(t, full.decided, "round %d", round)
-		if !near.decided {
-			deferred++
-			require.Empty(t, near.started, "round %d: an undecided near pick starts nothing", round)
-			before := h.queueHeads()
-			require.Equal(t, before, near.heads, "round %d: an undecided near pick moves no head", round)
-			continue
-		}
-		decided++
-		if len(near.started) > 0 {
-			starts++
-		}
-		require.Equal(t, full.started, near.started, "round %d: the same items start", round)
-		require.Equal(t, full.heads, near.heads, "round %d: the same heads remain", round)
-		require.Equal(t, full.turns, near.turns, "round %d: the same charges", round)
-		require.Equal(t, full.clock[0]*near.clock[1], near.clock[0]*full.clock[1], "round %d: the same clock %v %v", round, full.clock, near.clock)
-	}
-	require.Greater(t, decided, 50, "most rounds are decided by the near pick")
-	require.Greater(t, starts, 50, "most decided rounds start work")
-	require.Positive(t, deferred, "some rounds need the full pick")
-	t.Logf("near pick decided %d rounds (%d of them started work), deferred %d", decided, starts, deferred)
 }
