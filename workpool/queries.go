@@ -553,10 +553,11 @@ WITH free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
 // take turns (weighted), an org's running work stays within
 // max_parallelism_per_org ($9, or null), and keyed work within its key's
 // limit, in run_at order. The turns count starts: the org's n-th
-// candidate takes the turn (served + n - 1) / weight, served the starts
-// charged to it (workpool_org_turns, at least the pool's current turn's
-// worth: sqlServed), ties to the org holding fewer slots for its weight,
-// then in run_at order; the pick charges what it started
+// candidate takes the turn (position + n - 1) / weight, its position the
+// later of the starts charged to it (workpool_org_turns, at least the
+// pool's current turn's worth: sqlServed) and the current turn plus the
+// slots it holds (sqlTurnsHeld); ties go to the org holding fewer slots
+// for its weight, then in run_at order; the pick charges what it started
 // (sqlChargeTurns). Slots held alone cannot tell orgs apart in a pool of
 // one slot (none holds any at a pick), and ordering by n alone would hand
 // a single free slot to whichever org queued first. The free count is
@@ -598,9 +599,9 @@ queued AS (
   -- the orgs whose plain queues may hold ready work (workpool_org_queues:
   -- a superset, each head at or before the org's oldest pending item),
   -- each with its weight, its running attempts, the starts charged to it
-  -- less one (vrun), the turn its next start would take, served / weight,
-  -- whether the per-org cap lets it start one, and its room, the most it
-  -- may start now
+  -- (served, sqlServed), its position less one (vrun, sqlTurnsHeld), the
+  -- turn its next start would take, position / weight, whether the
+  -- per-org cap lets it start one, and its room, the most it may start now
   SELECT q.org_id, q.head_at, q.xmin AS seen,
     coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
     ` + sqlServed("coalesce(wt.weight, 1)") + ` AS served,
@@ -681,8 +682,8 @@ keys(org_id, ckey, klimit) AS (
     ORDER BY w.org_id, w.concurrency_key, w.run_at LIMIT 1) n
 ),
 held AS (
-  -- every org with ready work: its weight, the starts charged to it less
-  -- one (vrun, as in queued), its running attempts (CTE
+  -- every org with ready work: its weight, served and vrun (as in
+  -- queued), its running attempts (CTE
   -- running: one pass over the running set for every org, as a probe per
   -- org would walk the running index's dead entries once per org), and its
   -- room, the most it may start now (the free slots, within the per-org cap)
@@ -810,11 +811,12 @@ func sqlTurnsHeld(weight string) string {
 }
 
 // sqlChargeTurns is the CTEs charged, turns_charged, turns_added,
-// clock_turn, clock_moved and clock_added of a fair pick: each org that started k items is charged them (served +
-// k), and the clock moves to the turn of the last start, the highest a
-// started item took (every item picked takes a turn at or past the
-// clock's, so it never moves back). orgs is the SQL of the picked orgs'
-// (org_id, weight, vrun) as the pick ranked them.
+// clock_turn, clock_moved and clock_added of a fair pick: each org that
+// started k items is charged them (served + k), and the clock moves to the
+// turn of the last start, the highest a started item took (every item
+// picked takes a turn at or past the clock's, so it never moves back).
+// orgs is the SQL of the picked orgs' (org_id, weight, served, vrun) as
+// the pick ranked them.
 func sqlChargeTurns(orgs string) string {
 	return `charged AS (
   -- last: the turn numerator of the org's last start, vrun + k; charged_to: what
@@ -849,10 +851,10 @@ clock_added AS (
 )`
 }
 
-// sqlTurnOrder is the fair order of a pick's candidates (vrun: the starts
-// charged to the org less one, running, weight, rn: the candidate's place
-// in its org's queue): the turn, then the slots held, then run_at — both
-// picks' spelling.
+// sqlTurnOrder is the fair order of a pick's candidates (vrun: the org's
+// position less one, running, weight, rn: the candidate's place in its
+// org's queue): the turn, then the slots held, then run_at — both picks'
+// spelling.
 const sqlTurnOrder = `(vrun + rn)::float8 / weight, (running + rn)::float8 / weight, run_at`
 
 // sqlNearHeads is, for CTE heads, each near org read with the head its
@@ -890,9 +892,9 @@ dropped AS (
 
 // sqlShareBound is the CTEs share1, under, bound and lim of a fair pick,
 // each name prefixed with prefix: lim is each org of CTE orgs
-// (org_id, weight, vrun: the starts charged to it less one, room: the most
-// it may start now, and any other columns) with n, how far down its queue
-// it can get.
+// (org_id, weight, vrun: its position less one, sqlTurnsHeld, room: the
+// most it may start now, and any other columns) with n, how far down its
+// queue it can get.
 //
 // The pick takes the free slots' worth (F) of the lowest turns (vrun +
 // n) / weight, and, over a set of N orgs of total weight W with R the sum
