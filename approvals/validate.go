@@ -36,12 +36,12 @@ func checkSegment(inv *apperr.InvalidError, field, v string, max int) {
 	n := len(inv.Fields)
 	checkText(inv, field, v, max, true)
 	if len(inv.Fields) == n && (v == "." || v == "..") {
-		inv.Add(field, DotSegmentDetail)
+		inv.Add(field, dotSegmentDetail)
 	}
 }
 
-// DotSegmentDetail is the problem of a "." or ".." id.
-const DotSegmentDetail = `must not be "." or ".." (URL clients remove them as path segments)`
+// dotSegmentDetail is the problem of a "." or ".." id.
+const dotSegmentDetail = `must not be "." or ".." (URL clients remove them as path segments)`
 
 // checkToolName also rejects control characters: a tool name is a path
 // segment of the policy routes and a label people read.
