@@ -1,8 +1,8 @@
 package workpool
 
 import (
-	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -14,7 +14,8 @@ import (
 
 // pickOutcome is what one fair fast statement did: the items it started,
 // the org queues' heads after it, whether it decided the pick, and the
-// turns charged to each org and the pool's clock (num, den) after it.
+// loop's turns (starts charged to each org) and the pool's clock
+// (num, den) had it committed.
 type pickOutcome struct {
 	started []uuid.UUID
 	heads   map[string]time.Time
@@ -23,8 +24,9 @@ type pickOutcome struct {
 	clock   [2]int64
 }
 
-// tryFairPick runs one fair fast statement on the default pool in a
-// transaction it rolls back, and reads what it did.
+// tryFairPick runs one fair fast statement on the default pool, with the
+// loop's turns, in a transaction it rolls back, and reads what it did;
+// the loop's turns stay as they were.
 func (h *harness) tryFairPick(sql string) pickOutcome {
 	h.t.Helper()
 	tx, err := h.db.Begin(h.ctx)
@@ -38,8 +40,9 @@ func (h *harness) tryFairPick(sql string) pickOutcome {
 		s                                     startedWork
 		out                                   pickOutcome
 	)
-	err = tx.QueryRow(h.ctx, sql, append(h.l.startArgs(now), h.l.gen)...).
-		Scan(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &out.decided, &keyed, &free}, s.dest()...)...)
+	var charges turnCharges
+	err = tx.QueryRow(h.ctx, sql, append(append(h.l.startArgs(now), h.l.gen), h.l.turns.args()...)...).
+		Scan(append(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &out.decided, &keyed, &free}, charges.dest()...), s.dest()...)...)
 	require.NoError(h.t, err)
 	require.True(h.t, fenced)
 	rows, err := tx.Query(h.ctx, `SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'running' AND started_at = $1 ORDER BY id`, now)
@@ -55,16 +58,13 @@ func (h *harness) tryFairPick(sql string) pickOutcome {
 	)
 	_, err = pgx.ForEachRow(rows, []any{&org, &at}, func() error { out.heads[org] = at.UTC(); return nil })
 	require.NoError(h.t, err)
-	rows, err = tx.Query(h.ctx, `SELECT org_id, served FROM workpool_org_turns WHERE pool = 'default'`)
-	require.NoError(h.t, err)
+	after := fairTurns{orgs: maps.Clone(h.l.turns.orgs), num: h.l.turns.num, den: h.l.turns.den}
+	after.apply(charges)
 	out.turns = map[string]int64{}
-	var served int64
-	_, err = pgx.ForEachRow(rows, []any{&org, &served}, func() error { out.turns[org] = served; return nil })
-	require.NoError(h.t, err)
-	err = tx.QueryRow(h.ctx, `SELECT turn_num, turn_den FROM workpool_fair_clocks WHERE pool = 'default'`).Scan(&out.clock[0], &out.clock[1])
-	if !errors.Is(err, pgx.ErrNoRows) {
-		require.NoError(h.t, err)
+	for org, o := range after.orgs {
+		out.turns[org] = o.served
 	}
+	out.clock = [2]int64{after.num, after.den}
 	return out
 }
 
@@ -86,11 +86,10 @@ func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.
 		h.exec(`DELETE FROM workpool_org_queues`)
 		h.exec(`DELETE FROM workpool_org_weights`)
 		h.exec(`DELETE FROM workpool_org_pending`)
-		h.exec(`DELETE FROM workpool_org_turns`)
-		h.exec(`DELETE FROM workpool_fair_clocks`)
+		h.l.turns = fairTurns{}
 		charged := round%2 == 1
 		if charged {
-			h.exec(`INSERT INTO workpool_fair_clocks VALUES ('default', $1, $2)`, rng.IntN(40), 1+rng.IntN(4))
+			h.l.turns.num, h.l.turns.den = int64(rng.IntN(40)), int64(1+rng.IntN(4))
 		}
 		maxPar := 1 + rng.IntN(10)
 		var perOrg *int32
@@ -102,11 +101,19 @@ func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.
 		tick := 0
 		for o := range 1 + rng.IntN(6) {
 			org := fmt.Sprintf("org-%d", o)
+			weight := int32(1)
 			if rng.IntN(3) == 0 {
-				h.exec(`INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ('default', $1, $2)`, org, 2+rng.IntN(3))
+				weight = int32(2 + rng.IntN(3))
+				h.exec(`INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ('default', $1, $2)`, org, weight)
 			}
 			if charged && rng.IntN(4) != 0 {
-				h.exec(`INSERT INTO workpool_org_turns VALUES ('default', $1, $2)`, org, rng.IntN(60))
+				if rng.IntN(5) == 0 {
+					weight++ // charged at a weight since changed: restarted
+				}
+				if h.l.turns.orgs == nil {
+					h.l.turns.orgs = map[string]orgTurns{}
+				}
+				h.l.turns.orgs[org] = orgTurns{served: int64(rng.IntN(60)), weight: weight}
 			}
 			var params []EnqueueParams
 			for range rng.IntN(7) {

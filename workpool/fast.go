@@ -46,13 +46,18 @@ func (l *loop) runFast(ctx context.Context, now time.Time, sql string, shared bo
 		nextAt                                *time.Time
 		free                                  int32
 		s                                     startedWork
+		charges                               turnCharges
 	)
+	args, dest := append(l.startArgs(now), l.gen), []any{&fenced, &paused, &plain, &cancels, &nextAt, &decided, &keyed, &free}
+	if shared {
+		args, dest = append(args, l.turns.args()...), append(dest, charges.dest()...)
+	}
 	b := &pgx.Batch{}
 	// Losing this commit in a crash loses only starts (made again): nothing
 	// promised.
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
-	b.Queue(sql, append(l.startArgs(now), l.gen)...).QueryRow(func(r pgx.Row) error {
-		return r.Scan(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &decided, &keyed, &free}, s.dest()...)...)
+	b.Queue(sql, args...).QueryRow(func(r pgx.Row) error {
+		return r.Scan(append(dest, s.dest()...)...)
 	})
 	// Not canceled with the leadership: once sent, the statement's result
 	// must be read, or the work it handed to this executor would sit claimed
@@ -66,6 +71,7 @@ func (l *loop) runFast(ctx context.Context, now time.Time, sql string, shared bo
 		return iterResult{}, false, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
 	}
 	l.gen++
+	l.turns.apply(charges)
 	l.paused.Store(paused)
 	if shared {
 		l.keyed = keyed

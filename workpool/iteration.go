@@ -93,6 +93,7 @@ type iteration struct {
 	plain    bool // one org, no keys, no cap: start without fair share
 	cancels  []uuid.UUID
 	started  startedWork
+	charges  turnCharges // the fair start's, entered in the loop's turns once committed
 }
 
 // iterateFull runs one iteration in one transaction: cancelations, then
@@ -149,6 +150,7 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 		return iterResult{}, fmt.Errorf("commit iteration: %w", err)
 	}
 	l.gen = it.gen
+	l.turns.apply(it.charges)
 	l.paused.Store(it.paused)
 	l.shared = !it.plain
 	actions.run()
@@ -420,11 +422,15 @@ func (it *iteration) start(ctx context.Context) error {
 	if it.paused {
 		return nil
 	}
-	sql, args := sqlStartFair, append(l.startArgs(it.now), int32(it.maxPar), it.perOrg)
 	if it.plain {
-		sql, args = sqlStartPlain, args[:len(args)-1]
+		err := it.tx.QueryRow(ctx, sqlStartPlain, append(l.startArgs(it.now), int32(it.maxPar))...).Scan(it.started.dest()...)
+		if err != nil {
+			return fmt.Errorf("starting work: %w", err)
+		}
+		return nil
 	}
-	if err := it.tx.QueryRow(ctx, sql, args...).Scan(it.started.dest()...); err != nil {
+	args := append(append(l.startArgs(it.now), int32(it.maxPar), it.perOrg), l.turns.args()...)
+	if err := it.tx.QueryRow(ctx, sqlStartFair, args...).Scan(append(it.charges.dest(), it.started.dest()...)...); err != nil {
 		return fmt.Errorf("starting work: %w", err)
 	}
 	return nil

@@ -66,6 +66,8 @@ type loop struct {
 	// the near one, which would only defer to it.
 	keyed      bool
 	fastStarts int64 // fast iterations that started work (tests)
+	// turns: the pool's fair-share ledger, read when the term began
+	turns fairTurns
 }
 
 func newLoop(m *Manager, pool string) *loop {
@@ -116,6 +118,14 @@ func (l *loop) lead(ctx context.Context) {
 	l.leading.Store(true)
 	defer l.leading.Store(false)
 	log.Info("leading the pool's loop", "generation", l.gen)
+	defer func() {
+		// (under its own timeout: a term ends when its context does)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+		defer cancel()
+		if err := l.saveTurns(sctx, time.Time{}); err != nil && !errors.Is(err, errGenerationMismatch) {
+			log.Warn("saving the fair-share turns at the term's end failed; the next term starts from the last save", "error", err.Error())
+		}
+	}()
 	// (a new term may follow replicas of a version that did not keep the
 	// org queues: repair them before the first fair pick reads them)
 	if err := l.repairQueues(ctx); err != nil {
@@ -140,7 +150,14 @@ func (l *loop) lead(ctx context.Context) {
 				log.Warn("loop iteration failed; standing down to retry", "error", err.Error())
 			}
 			return
-		case res.didWork:
+		}
+		if err := l.saveTurns(ctx, l.m.now()); err != nil {
+			if ctx.Err() == nil {
+				log.Warn("saving the fair-share turns failed; standing down to retry", "error", err.Error())
+			}
+			return
+		}
+		if res.didWork {
 			continue
 		}
 		l.wait(ctx, res.wakeAt)
@@ -152,6 +169,9 @@ func (l *loop) lead(ctx context.Context) {
 func (l *loop) takeover(ctx context.Context) error {
 	if err := l.m.db.QueryRow(ctx, sqlTakeover, l.pool).Scan(&l.gen); err != nil {
 		return fmt.Errorf("taking over pool %s: %w", l.pool, err)
+	}
+	if err := l.readTurns(ctx); err != nil {
+		return err
 	}
 	l.lastActivity, l.lastRecovery, l.nextHookAt = time.Time{}, time.Time{}, time.Time{}
 	l.termStart = l.m.now()

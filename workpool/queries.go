@@ -82,29 +82,27 @@ UPDATE workpool_pools SET max_parallelism = coalesce($2, max_parallelism),
   updated_at = now()
 WHERE name = $1`
 
-// The weight statements also drop the orgs' fair-share turns
-// (workpool_org_turns): the starts charged are counted at the org's
+// A weight change restarts the org's fair-share turns at the pool's
+// current turn without a word to the loop: the loop's ledger keeps the
+// weight each line was charged at, and a pick leaves out a line charged
+// at another weight (sqlNearRead). Starts charged are counted at the
 // weight, so a lowered weight would read a long history as far ahead of
-// everyone (the org started nothing until the others caught up). Without
-// its row an org joins at the pool's current turn.
+// everyone (the org started nothing until the others caught up).
 
 // sqlSetOrgWeights sets the weights of orgs $2 to $3 in pool $1.
 const sqlSetOrgWeights = `
-WITH restarted AS (DELETE FROM workpool_org_turns WHERE pool = $1 AND org_id = ANY($2::text[]))
 INSERT INTO workpool_org_weights (pool, org_id, weight)
 SELECT $1, u.org_id, u.weight FROM unnest($2::text[], $3::int[]) AS u(org_id, weight)
 ON CONFLICT (pool, org_id) DO UPDATE SET weight = excluded.weight`
 
 // sqlDeleteOrgWeights gives orgs $2 the default weight in pool $1.
 const sqlDeleteOrgWeights = `
-WITH restarted AS (DELETE FROM workpool_org_turns WHERE pool = $1 AND org_id = ANY($2::text[]))
 DELETE FROM workpool_org_weights WHERE pool = $1 AND org_id = ANY($2::text[])`
 
 // sqlClearOrgWeights gives every org the default weight in pool $1: an
 // operator's setting across orgs, as the weights themselves are.
 const sqlClearOrgWeights = `
-WITH cleared AS (DELETE FROM workpool_org_weights WHERE pool = $1 RETURNING org_id)
-DELETE FROM workpool_org_turns t USING cleared c WHERE t.pool = $1 AND t.org_id = c.org_id`
+DELETE FROM workpool_org_weights WHERE pool = $1`
 
 // sqlOrgWeights lists pool $1's weight overrides, for operators (whose
 // settings span orgs).
@@ -562,13 +560,14 @@ WITH free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
 // one slot (none holds any at a pick), and ordering by n alone would hand
 // a single free slot to whichever org queued first. The free count is
 // taken in the same snapshot as the start (only the loop ever adds to the
-// slots in use). $8 max_parallelism.
+// slots in use). $8 max_parallelism; $10–$14 the loop's turns
+// (turnParams). It returns the charges (sqlTurnsCharged) before the starts.
 var sqlStartFair = `
 WITH RECURSIVE
 ` + sqlRunningByOrg + `,
 free AS (SELECT ` + sqlFreeSlotsOfOrgs("$8::int") + ` AS n),
-` + sqlPickFair("$9::int") + `,
-` + sqlStartPicked("")
+` + sqlPickFair("$9::int", 10) + `,
+` + sqlStartPicked(sqlTurnsCharged+",")
 
 // sqlHeadProbe joins each queued org q (org_id, head_at) with its oldest
 // ready plain item h (tid, run_at; null when it has none): one short index
@@ -591,15 +590,17 @@ func sqlOrgRoom(perOrgCap string) string {
 // (with near_share1 … near_lim) and near_read that both fair picks begin
 // with: the orgs nearest in turn, each read once, from its queue's head,
 // as far as its share of the free slots (CTE free) reaches. perOrgCap is the SQL of the
-// per-org cap (null: none).
-func sqlNearRead(perOrgCap string) string {
+// per-org cap (null: none); turns numbers the loop's turns parameters.
+func sqlNearRead(perOrgCap string, turns turnParams) string {
 	return `
-` + sqlClock + `,
--- The pool's weights and turns, each read once into a tuple store: as
--- subqueries (even fenced by OFFSET 0) the generic plan scanned them again
--- for every queued org, 20 orgs × 20 rows, a sixth of the statement's time.
+` + turns.clock() + `,
+-- The pool's weights, and the loop's turns, each read once into a tuple
+-- store: as subqueries (even fenced by OFFSET 0) the generic plan scanned
+-- them again for every queued org, 20 orgs × 20 rows, a sixth of the
+-- statement's time. A line of the turns charged at another weight than
+-- the org's current one is left out: a weight change restarts its turns.
 weights AS MATERIALIZED (SELECT org_id, weight FROM workpool_org_weights WHERE pool = $1),
-turns AS MATERIALIZED (SELECT org_id, served FROM workpool_org_turns WHERE pool = $1),
+turns AS MATERIALIZED (` + turns.lines() + `),
 queued AS (
   -- the orgs whose plain queues may hold ready work (workpool_org_queues:
   -- a superset, each head at or before the org's oldest pending item),
@@ -616,7 +617,7 @@ queued AS (
     ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM workpool_org_queues q
   LEFT JOIN weights wt ON wt.org_id = q.org_id
-  LEFT JOIN turns tu ON tu.org_id = q.org_id
+  LEFT JOIN turns tu ON tu.org_id = q.org_id AND tu.weight = coalesce(wt.weight, 1)
   LEFT JOIN running r ON r.org_id = q.org_id
   WHERE q.pool = $1 AND q.head_at <= $2 AND (SELECT n FROM free) > 0
 ),
@@ -653,8 +654,8 @@ near_read AS (
 // when that proves too little (an org among them has no ready work, or
 // keyed work waits), the full one probes every queued org. (sqlPickNear
 // is the near way alone.)
-func sqlPickFair(perOrgCap string) string {
-	return sqlNearRead(perOrgCap) + `,
+func sqlPickFair(perOrgCap string, turns turnParams) string {
+	return sqlNearRead(perOrgCap, turns) + `,
 near_ok AS (
   -- When no keyed work waits and each near org has ready work, they hold
   -- at least the free slots' worth of turns up to the level, and no other
@@ -697,7 +698,7 @@ held AS (
     ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM (SELECT org_id FROM orgs UNION SELECT org_id FROM keys) d
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
-  LEFT JOIN workpool_org_turns tu ON tu.pool = $1 AND tu.org_id = d.org_id
+  LEFT JOIN turns tu ON tu.org_id = d.org_id AND tu.weight = coalesce(wt.weight, 1)
   LEFT JOIN running r ON r.org_id = d.org_id
   WHERE (SELECT n FROM free) > 0
 ),
@@ -759,8 +760,8 @@ heads AS (
 // other way's CTEs its plan has half the nodes, which every execution
 // initialises (docs/benchmarks.md § pool: a fifth of the fair statement's
 // time). It needs the CTE keyed (sqlIterateFair's).
-func sqlPickNear(perOrgCap string) string {
-	return sqlNearRead(perOrgCap) + `,
+func sqlPickNear(perOrgCap string, turns turnParams) string {
+	return sqlNearRead(perOrgCap, turns) + `,
 near_ok AS (
   SELECT NOT (SELECT waits FROM keyed) AND NOT EXISTS (SELECT 1 FROM near_read WHERE tid IS NULL) AS ok
 ),
@@ -779,24 +780,19 @@ heads AS (
 ` + sqlChargeTurns("near_lim")
 }
 
-// sqlClock is the CTE clock: the turn of pool $1's last fair start, the
-// fraction num / den (0 before the first; workpool_fair_clocks).
-const sqlClock = `clock AS (
-  SELECT coalesce(max(turn_num), 0) AS num, coalesce(max(turn_den), 1) AS den FROM workpool_fair_clocks WHERE pool = $1
-)`
-
 // sqlClockTurns is the pool's current turn (CTE clock) in starts of an org
 // of the given weight (SQL), rounded up.
 func sqlClockTurns(weight string) string {
 	return `((SELECT num FROM clock) * ` + weight + ` + (SELECT den FROM clock) - 1) / (SELECT den FROM clock)`
 }
 
-// sqlServed is the starts charged to an org (tu.served, from
-// workpool_org_turns; none without a row) as its next pick counts them:
-// never fewer than reach the pool's current turn at the org's weight (the
-// SQL weight), so that an org that had no ready work while the others took
+// sqlServed is the starts charged to an org (tu.served, from the loop's
+// turns; none without a line) as its next pick counts them: never fewer
+// than reach the pool's current turn at the org's weight (the SQL
+// weight), so that an org that had no ready work while the others took
 // their turns — or never had any — joins at the current turn instead of
 // cashing in its idle time. Rounded up: it joins at most one turn late.
+// (fairTurns.prune drops the lines this lifts.)
 func sqlServed(weight string) string {
 	return `greatest(coalesce(tu.served, 0), ` + sqlClockTurns(weight) + `)`
 }
@@ -814,46 +810,33 @@ func sqlTurnsHeld(weight string) string {
 	return `greatest(coalesce(tu.served, 0), ` + sqlClockTurns(weight) + ` + coalesce(r.n, 0))`
 }
 
-// sqlChargeTurns is the CTEs charged, turns_charged, turns_added,
-// clock_turn, clock_moved and clock_added of a fair pick: each org that
-// started k items is charged them (served + k), and the clock moves to the
-// turn of the last start, the highest a started item took (every item
-// picked takes a turn at or past the clock's, so it never moves back).
-// orgs is the SQL of the picked orgs' (org_id, weight, served, vrun) as
-// the pick ranked them.
+// sqlChargeTurns is the CTEs charged and clock_turn of a fair pick: each
+// org that started k items is charged them (served + k), and the clock
+// moves to the turn of the last start, the highest a started item took
+// (every item picked takes a turn at or past the clock's, so it never
+// moves back). orgs is the SQL of the picked orgs' (org_id, weight,
+// served, vrun) as the pick ranked them. The statement returns them
+// (sqlTurnsCharged); the loop enters them in its turns once it committed.
 func sqlChargeTurns(orgs string) string {
 	return `charged AS (
   -- last: the turn numerator of the org's last start, vrun + k; charged_to: what
   -- the org has been charged, served + k
-  SELECT p.org_id, o.weight, o.vrun + count(*) AS last, o.served + count(*) AS charged_to
-  FROM pick p JOIN ` + orgs + ` o ON o.org_id = p.org_id
-  GROUP BY p.org_id, o.weight, o.served, o.vrun
-),
-turns_charged AS (
-  -- (an update by key, and an insert for an org's first charge: cheaper
-  -- than an upsert per org, and only the fenced loop writes these rows)
-  UPDATE workpool_org_turns t SET served = c.charged_to FROM charged c
-  WHERE t.pool = $1 AND t.org_id = c.org_id
-),
-turns_added AS (
-  INSERT INTO workpool_org_turns (pool, org_id, served)
-  SELECT $1, c.org_id, c.charged_to FROM charged c
-  WHERE NOT EXISTS (SELECT 1 FROM workpool_org_turns t WHERE t.pool = $1 AND t.org_id = c.org_id)
-  ON CONFLICT DO NOTHING
+  -- (counted before the join: joined first, every started item was
+  -- compared with every org, a fifth of a big start's time)
+  SELECT p.org_id, o.weight, o.vrun + p.k AS last, o.served + p.k AS charged_to
+  FROM (SELECT org_id, count(*) AS k FROM pick GROUP BY org_id) p JOIN ` + orgs + ` o ON o.org_id = p.org_id
 ),
 clock_turn AS (
   SELECT last, weight FROM charged ORDER BY last::float8 / weight DESC LIMIT 1
-),
-clock_moved AS (
-  UPDATE workpool_fair_clocks f SET turn_num = c.last, turn_den = c.weight FROM clock_turn c WHERE f.pool = $1
-),
-clock_added AS (
-  INSERT INTO workpool_fair_clocks (pool, turn_num, turn_den)
-  SELECT $1, c.last, c.weight FROM clock_turn c
-  WHERE NOT EXISTS (SELECT 1 FROM workpool_fair_clocks f WHERE f.pool = $1)
-  ON CONFLICT DO NOTHING
 )`
 }
+
+// sqlTurnsCharged is a fair pick's charges as result columns (turnCharges):
+// the orgs, their new totals and weights, and the new clock (null: none).
+const sqlTurnsCharged = `coalesce((SELECT array_agg(org_id ORDER BY org_id) FROM charged), '{}'),
+  coalesce((SELECT array_agg(charged_to ORDER BY org_id) FROM charged), '{}'),
+  coalesce((SELECT array_agg(weight::int ORDER BY org_id) FROM charged), '{}'),
+  (SELECT last FROM clock_turn), (SELECT weight FROM clock_turn)`
 
 // sqlTurnOrder is the fair order of a pick's candidates (vrun: the org's
 // position less one, running, weight, rn: the candidate's place in its
@@ -993,14 +976,14 @@ WITH bump AS (` + bumpSQL("$8", "$2") + `
 // The loop takes it while the last start needed fair share and keyed work
 // waited, or when sqlIterateFastNear could not decide: a busy pool of many
 // orgs then costs one statement per iteration, as one org's does.
-var sqlIterateFastShared = sqlIterateFair(sqlPickFair("(SELECT max_parallelism_per_org FROM bump)"),
+var sqlIterateFastShared = sqlIterateFair(sqlPickFair("(SELECT max_parallelism_per_org FROM bump)", 9),
 	"true", "(SELECT org_id FROM keys LIMIT 1) IS NOT NULL")
 
 // sqlIterateFastNear is sqlIterateFastShared with sqlPickNear, for a pool
 // whose last fair start saw no keyed work: the same pick when it can
 // decide; when it cannot it starts nothing and says so (decided false),
 // and the loop runs sqlIterateFastShared at once.
-var sqlIterateFastNear = sqlIterateFair(sqlPickNear("(SELECT max_parallelism_per_org FROM bump)"),
+var sqlIterateFastNear = sqlIterateFair(sqlPickNear("(SELECT max_parallelism_per_org FROM bump)", 9),
 	"(SELECT ok FROM near_ok) OR (SELECT n FROM free) = 0", "(SELECT waits FROM keyed)")
 
 // sqlIterateFair is a fair fast iteration with pick, the CTEs of a fair
@@ -1034,7 +1017,7 @@ WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
   -- that the loop waiting out its cooldown wakes for it in time
   least((SELECT min(head_at) FROM workpool_org_queues WHERE pool = $1 AND head_at > $2),
         (SELECT min(head_at) FROM moved WHERE head_at > $2)),
-  `+decided+`, `+keyed+`, (SELECT n FROM free),`)
+  `+decided+`, `+keyed+`, (SELECT n FROM free), `+sqlTurnsCharged+`,`)
 }
 
 // sqlPendingOrgsWalk is the recursive CTE orgs: every org with pending
