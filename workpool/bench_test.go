@@ -7,6 +7,7 @@ package workpool
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"strconv"
 	"sync/atomic"
@@ -156,6 +157,83 @@ func logHistograms(b *testing.B, reg *prometheus.Registry) {
 				continue
 			}
 			b.Logf("%-45s count=%-6d mean=%.4g", mf.GetName(), h.GetSampleCount(), h.GetSampleSum()/float64(h.GetSampleCount()))
+		}
+	}
+}
+
+// BenchmarkStartStatement times one fast start statement on a frozen pool
+// of 100 slots and 50,000 pending items (one org's, or 20 orgs' enqueued
+// in org blocks as `engine bench pool` does), with 99 slots in use (a
+// start of 1) or none (a start of 100): each run in a transaction rolled
+// back, so that every run sees the same pool. The fair statement's cost
+// beside the plain one's is what fair share costs the burn-down
+// (docs/benchmarks.md § "Fair share").
+func BenchmarkStartStatement(b *testing.B) {
+	for _, orgs := range []int{1, 20} {
+		for _, running := range []int{99, 0} {
+			b.Run(fmt.Sprintf("orgs=%d/free=%d", orgs, 100-running), func(b *testing.B) {
+				benchStartStatement(b, orgs, running)
+			})
+		}
+	}
+}
+
+func benchStartStatement(b *testing.B, orgs, running int) {
+	m := benchManager(b, 100, nil)
+	ctx := context.Background()
+	ps := benchParams(50_000)
+	for i := range ps {
+		ps[i].OrgID = fmt.Sprintf("org-%02d", i*orgs/len(ps))
+	}
+	for i := 0; i < len(ps); i += 1000 {
+		if _, err := m.EnqueueMany(ctx, ps[i:i+1000]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// the oldest items of each org run, as after earlier starts
+	if _, err := m.db.Exec(ctx, `
+		UPDATE workpool_work w SET state = 'running', started_at = now() FROM (
+		  SELECT id, row_number() OVER (ORDER BY rn, org_id) AS k FROM (
+		    SELECT id, org_id, row_number() OVER (PARTITION BY org_id ORDER BY run_at, id) AS rn FROM workpool_work) x) r
+		WHERE w.id = r.id AND r.k <= $1`, running); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := m.db.Exec(ctx, `VACUUM ANALYZE workpool_work`); err != nil {
+		b.Fatal(err)
+	}
+	l := newLoop(m, "default")
+	if err := l.takeover(ctx); err != nil {
+		b.Fatal(err)
+	}
+	sql, shared := sqlIterateFast, false
+	if orgs > 1 {
+		sql, shared = sqlIterateFastNear, true
+	}
+	var (
+		fenced, paused, plain, cancels, decided, keyed bool
+		nextAt                                         *time.Time
+		free                                           int32
+		s                                              startedWork
+		charges                                        turnCharges
+	)
+	args, dest := append(l.startArgs(time.Now()), l.gen), []any{&fenced, &paused, &plain, &cancels, &nextAt, &decided, &keyed, &free}
+	if shared {
+		args, dest = append(args, l.turns.args()...), append(dest, charges.dest()...)
+	}
+	dest = append(dest, s.dest()...)
+	for b.Loop() {
+		tx, err := m.db.Begin(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
+			b.Fatal(err)
+		}
+		if !fenced || len(s.lags) != 100-running {
+			b.Fatalf("fenced %v, started %d of %d", fenced, len(s.lags), 100-running)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
