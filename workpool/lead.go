@@ -160,7 +160,15 @@ func (l *loop) lead(ctx context.Context) {
 		if res.didWork {
 			continue
 		}
-		l.wait(ctx, res.wakeAt)
+		wakeAt := res.wakeAt
+		if l.turns.dirty {
+			// (charges not yet saved are saved within turnsSaveEvery, even
+			// if the pool goes quiet: a crash loses at most that much)
+			if due := l.turns.savedAt.Add(turnsSaveEvery); wakeAt.IsZero() || due.Before(wakeAt) {
+				wakeAt = due
+			}
+		}
+		l.wait(ctx, wakeAt)
 	}
 }
 

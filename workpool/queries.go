@@ -586,14 +586,14 @@ func sqlOrgRoom(perOrgCap string) string {
       CASE WHEN ` + perOrgCap + ` IS NULL THEN 2147483647 ELSE ` + perOrgCap + ` - coalesce(r.n, 0) END), 0)`
 }
 
-// sqlNearRead is the CTEs clock, weights, turns, queued, level, near
-// (with near_share1 … near_lim) and near_read that both fair picks begin
-// with: the orgs nearest in turn, each read once, from its queue's head,
-// as far as its share of the free slots (CTE free) reaches. perOrgCap is the SQL of the
-// per-org cap (null: none); turns numbers the loop's turns parameters.
+// sqlNearRead is the CTEs weights, turns, queued, level, near (with
+// near_share1 … near_lim) and near_read that both fair picks begin with:
+// the orgs nearest in turn, each read once, from its queue's head, as far
+// as its share of the free slots (CTE free) reaches. perOrgCap is the SQL
+// of the per-org cap (null: none); turns numbers the loop's turns
+// parameters.
 func sqlNearRead(perOrgCap string, turns turnParams) string {
 	return `
-` + turns.clock() + `,
 -- The pool's weights, and the loop's turns, each read once into a tuple
 -- store: as subqueries (even fenced by OFFSET 0) the generic plan scanned
 -- them again for every queued org, 20 orgs × 20 rows, a sixth of the
@@ -610,9 +610,9 @@ queued AS (
   -- per-org cap lets it start one, and its room, the most it may start now
   SELECT q.org_id, q.head_at, q.xmin AS seen,
     coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
-    ` + sqlServed("coalesce(wt.weight, 1)") + ` AS served,
-    ` + sqlTurnsHeld("coalesce(wt.weight, 1)") + ` - 1 AS vrun,
-    (` + sqlTurnsHeld("coalesce(wt.weight, 1)") + `)::float8 / coalesce(wt.weight, 1) AS t1,
+    ` + sqlServed(turns, "coalesce(wt.weight, 1)") + ` AS served,
+    ` + sqlTurnsHeld(turns, "coalesce(wt.weight, 1)") + ` - 1 AS vrun,
+    (` + sqlTurnsHeld(turns, "coalesce(wt.weight, 1)") + `)::float8 / coalesce(wt.weight, 1) AS t1,
     ` + perOrgCap + ` IS NULL OR coalesce(r.n, 0) < ` + perOrgCap + ` AS open,
     ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM workpool_org_queues q
@@ -693,8 +693,8 @@ held AS (
   -- org would walk the running index's dead entries once per org), and its
   -- room, the most it may start now (the free slots, within the per-org cap)
   SELECT d.org_id, coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
-    ` + sqlServed("coalesce(wt.weight, 1)") + ` AS served,
-    ` + sqlTurnsHeld("coalesce(wt.weight, 1)") + ` - 1 AS vrun,
+    ` + sqlServed(turns, "coalesce(wt.weight, 1)") + ` AS served,
+    ` + sqlTurnsHeld(turns, "coalesce(wt.weight, 1)") + ` - 1 AS vrun,
     ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM (SELECT org_id FROM orgs UNION SELECT org_id FROM keys) d
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
@@ -780,10 +780,13 @@ heads AS (
 ` + sqlChargeTurns("near_lim")
 }
 
-// sqlClockTurns is the pool's current turn (CTE clock) in starts of an org
-// of the given weight (SQL), rounded up.
-func sqlClockTurns(weight string) string {
-	return `((SELECT num FROM clock) * ` + weight + ` + (SELECT den FROM clock) - 1) / (SELECT den FROM clock)`
+// sqlClockTurns is the pool's current turn (the clock, num / den, of the
+// loop's turns) in starts of an org of the given weight (SQL), rounded up.
+// (Spelled with the parameters: a CTE clock read by subqueries put nine
+// init plans into every fair pick.)
+func sqlClockTurns(turns turnParams, weight string) string {
+	num, den := turns.param(3, "bigint"), turns.param(4, "bigint")
+	return `(` + num + ` * ` + weight + ` + ` + den + ` - 1) / ` + den
 }
 
 // sqlServed is the starts charged to an org (tu.served, from the loop's
@@ -793,8 +796,8 @@ func sqlClockTurns(weight string) string {
 // their turns — or never had any — joins at the current turn instead of
 // cashing in its idle time. Rounded up: it joins at most one turn late.
 // (fairTurns.prune drops the lines this lifts.)
-func sqlServed(weight string) string {
-	return `greatest(coalesce(tu.served, 0), ` + sqlClockTurns(weight) + `)`
+func sqlServed(turns turnParams, weight string) string {
+	return `greatest(coalesce(tu.served, 0), ` + sqlClockTurns(turns, weight) + `)`
 }
 
 // sqlTurnsHeld is where an org's next start stands, in its own turns: the
@@ -806,8 +809,8 @@ func sqlServed(weight string) string {
 // would split three slots 3:1 by starts at weights 3:1, but let a weight-1
 // org whose work runs for hours hold both slots of a pool of two. Only
 // starts are charged.
-func sqlTurnsHeld(weight string) string {
-	return `greatest(coalesce(tu.served, 0), ` + sqlClockTurns(weight) + ` + coalesce(r.n, 0))`
+func sqlTurnsHeld(turns turnParams, weight string) string {
+	return `greatest(coalesce(tu.served, 0), ` + sqlClockTurns(turns, weight) + ` + coalesce(r.n, 0))`
 }
 
 // sqlChargeTurns is the CTEs charged and clock_turn of a fair pick: each

@@ -64,8 +64,13 @@ func (t *fairTurns) args() []any {
 	return []any{orgs, served, weights, t.num, max(t.den, 1)}
 }
 
-// apply enters a committed pick's charges.
+// apply enters a committed pick's charges (or a saved ledger as read:
+// its clock stands even when every line was pruned).
 func (t *fairTurns) apply(c turnCharges) {
+	if c.num != nil && c.den != nil {
+		t.num, t.den = *c.num, *c.den
+		t.dirty = true
+	}
 	if len(c.orgs) == 0 {
 		return
 	}
@@ -74,9 +79,6 @@ func (t *fairTurns) apply(c turnCharges) {
 	}
 	for i, org := range c.orgs {
 		t.orgs[org] = orgTurns{served: c.served[i], weight: c.weights[i]}
-	}
-	if c.num != nil && c.den != nil {
-		t.num, t.den = *c.num, *c.den
 	}
 	t.dirty = true
 }
@@ -103,10 +105,14 @@ SELECT coalesce((SELECT array_agg(org_id ORDER BY org_id) FROM workpool_org_turn
 
 // sqlSaveTurns saves pool $1's ledger ($3 orgs, $4 served, $5 weights,
 // $6 / $7 the clock), fenced by the generation ($2): a loop deposed since
-// its last iteration writes nothing. Lines no longer in the ledger go.
+// its last iteration writes nothing. The fence holds the pool row shared
+// until the save commits, so that a takeover (which bumps the generation,
+// then reads the ledger) waits for a save in flight and reads it, and a
+// save after the takeover finds the generation moved. Lines no longer in
+// the ledger go.
 const sqlSaveTurns = `
 WITH fence AS (
-  SELECT 1 FROM workpool_pools WHERE name = $1 AND generation = $2
+  SELECT 1 FROM workpool_pools WHERE name = $1 AND generation = $2 FOR SHARE
 ), kept AS (
   INSERT INTO workpool_org_turns (pool, org_id, served, weight)
   SELECT $1, t.org_id, t.served, t.weight FROM unnest($3::text[], $4::bigint[], $5::int[]) AS t(org_id, served, weight)
@@ -160,12 +166,6 @@ type turnParams int
 
 func (p turnParams) param(i int, typ string) string {
 	return fmt.Sprintf("$%d::%s", int(p)+i, typ)
-}
-
-// clock is the CTE clock: the turn of the pool's last fair start, the
-// fraction num / den (0 before the first).
-func (p turnParams) clock() string {
-	return `clock AS (SELECT ` + p.param(3, "bigint") + ` AS num, ` + p.param(4, "bigint") + ` AS den)`
 }
 
 // lines is the loop's turns as rows (org_id, served, weight).

@@ -1,6 +1,7 @@
 package workpool
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -101,6 +102,29 @@ func TestFairTurns_SavedAtMostEverySecondWhileTheyChange(t *testing.T) {
 	require.False(t, h.l.turns.dirty)
 }
 
+// A leader whose pool goes quiet with charges unsaved still saves them
+// within turnsSaveEvery: the loop would otherwise sleep until the next
+// kick with them in memory alone, and a crash would lose them.
+func TestFairTurns_AQuietLoopSavesItsChargesWithinASecond(t *testing.T) {
+	t.Parallel()
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 1}})
+	var ids []uuid.UUID
+	for _, org := range []string{"a", "b"} {
+		id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: org, Pool: "default", Handler: "noop"})
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	for i, org := range []string{"a", "b"} {
+		requireFinished(t, m, org, ids[i], OutcomeSucceeded)
+	}
+	requireLoopSettled(t, db, m, "default", "idle")
+
+	require.Eventually(t, func() bool {
+		var n int
+		return db.QueryRow(context.Background(), `SELECT count(*) FROM workpool_fair_clocks WHERE pool = 'default'`).Scan(&n) == nil && n == 1
+	}, testWait, testTick, "the quiet loop never saved its turns")
+}
+
 // A line of the ledger counts only at the weight it was charged at: an
 // org whose weight changed since restarts at the pool's current turn —
 // also when the line was saved after the change, by a loop that had not
@@ -112,7 +136,7 @@ func TestFairTurns_ALineChargedAtAnotherWeightRestartsTheOrg(t *testing.T) {
 		wantFirst string
 	}{
 		{"charged at the current weight: a is 5 starts ahead, b goes first", 3, "b"},
-		{"charged at another weight: a restarts at turn 0 and, queued first, goes first", 1, "a"},
+		{"charged at another weight: a restarts at turn 0, where its weight of 3 wins the tie", 1, "a"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -128,6 +152,80 @@ func TestFairTurns_ALineChargedAtAnotherWeightRestartsTheOrg(t *testing.T) {
 			require.Equal(t, map[string]int{tc.wantFirst: 1}, h.startedOf())
 		})
 	}
+}
+
+// A ledger whose lines were all pruned (every org at or behind the clock)
+// still has its clock, and the next term reads it back: picks after a
+// change of leader are the picks the last term would have made.
+func TestFairTurns_ASavedClockIsReadBackWithoutLines(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(2))
+	require.NoError(t, h.m.SetOrgWeight(h.ctx, "default", "b", 3))
+	org := map[uuid.UUID]string{}
+	for _, o := range []string{"a", "a", "b", "b"} {
+		org[h.enqueue(withOrg(o))] = o
+		h.clock.Advance(time.Millisecond)
+	}
+	orgsOf := func(p pickOutcome) []string {
+		var out []string
+		for _, id := range p.started {
+			out = append(out, org[id])
+		}
+		return out
+	}
+	h.l.turns = fairTurns{orgs: map[string]orgTurns{"a": {served: 1, weight: 1}}, num: 5, den: 3, dirty: true}
+	before := h.tryFairPick(sqlIterateFastShared)
+	require.Equal(t, []string{"b", "b"}, orgsOf(before))
+	require.NoError(t, h.l.saveTurns(h.ctx, time.Time{}))
+	require.Empty(t, h.l.turns.orgs, "a's line is at the clock: pruned")
+
+	next := newLoop(h.m, "default")
+	require.NoError(t, next.takeover(h.ctx))
+	h.l = next
+
+	require.Equal(t, [2]int64{5, 3}, [2]int64{next.turns.num, next.turns.den}, "the saved clock is read back")
+	require.Equal(t, orgsOf(before), orgsOf(h.tryFairPick(sqlIterateFastShared)))
+}
+
+// A save in flight when another replica takes the pool over holds the
+// pool row: the takeover waits for it and reads what it saved, rather
+// than read the ledger without it while the save commits after.
+func TestFairTurns_ATakeoverWaitsForASaveInFlightAndReadsIt(t *testing.T) {
+	t.Parallel()
+	h, _ := twoOrgsInOneSlot(t)
+	h.runMain()
+	require.Contains(t, h.l.turns.orgs, "a")
+	// an uncommitted line for a holds the save up after it took its fence
+	blocker, err := h.db.Begin(h.ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(h.ctx) }()
+	_, err = blocker.Exec(h.ctx, `INSERT INTO workpool_org_turns (pool, org_id, served, weight) VALUES ('default', 'a', 0, 1)`)
+	require.NoError(t, err)
+	saved := make(chan error, 1)
+	go func() { saved <- h.l.saveTurns(context.Background(), time.Time{}) }()
+	h.waitForLockWaiters(1)
+
+	next := newLoop(h.m, "default")
+	took := make(chan error, 1)
+	go func() { took <- next.takeover(context.Background()) }()
+	h.waitForLockWaiters(2) // the takeover waits for the save's fence
+	require.NoError(t, blocker.Rollback(h.ctx))
+
+	require.NoError(t, <-saved)
+	require.NoError(t, <-took)
+	require.Equal(t, h.l.turns.orgs, next.turns.orgs, "the takeover read what the save wrote")
+}
+
+// waitForLockWaiters waits until n statements of the test's database wait
+// on a lock.
+func (h *harness) waitForLockWaiters(n int) {
+	h.t.Helper()
+	require.Eventually(h.t, func() bool {
+		var k int
+		require.NoError(h.t, h.db.QueryRow(h.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&k))
+		return k >= n
+	}, testWait, testTick, "%d statements never waited on a lock", n)
 }
 
 func TestFairTurns_PruneDropsOnlyTheLinesTheClockLifts(t *testing.T) {
