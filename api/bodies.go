@@ -150,26 +150,34 @@ func decodeWorkEnqueue(body []byte) (workpool.EnqueueParams, error) {
 		return workpool.EnqueueParams{}, err
 	}
 	p := workpool.EnqueueParams{Handler: in.Handler, Args: in.Args, Retry: in.Retry, ConcurrencyKey: in.ConcurrencyKey}
+	inv := &apperr.InvalidError{}
 	if in.KeyLimit != nil {
-		inv := &apperr.InvalidError{}
-		if checkKeyLimit(inv, "key_limit", *in.KeyLimit); len(inv.Fields) > 0 {
-			return workpool.EnqueueParams{}, invalidFields(inv.Fields)
-		}
+		checkKeyLimit(inv, "key_limit", *in.KeyLimit)
 		p.KeyLimit = *in.KeyLimit
 	}
 	if in.RunAt != nil {
-		at, err := time.Parse(time.RFC3339Nano, *in.RunAt)
-		if err != nil {
-			return workpool.EnqueueParams{}, Invalid("run_at", "must be an RFC 3339 timestamp")
+		if at, err := time.Parse(time.RFC3339Nano, *in.RunAt); err != nil {
+			inv.Add("run_at", "must be an RFC 3339 timestamp")
+		} else {
+			p.RunAt = at
 		}
-		p.RunAt = at
 	}
 	if in.TimeoutMS != nil {
 		if *in.TimeoutMS < 1 || *in.TimeoutMS > workpool.MaxTimeoutMS {
-			return workpool.EnqueueParams{}, Invalid("timeout_ms",
+			inv.Add("timeout_ms",
 				fmt.Sprintf("must be from 1 to %d milliseconds (omit it for the default, %d)", workpool.MaxTimeoutMS, workpool.DefaultTimeoutMS))
 		}
 		p.TimeoutMS = *in.TimeoutMS
+	}
+	if len(inv.Fields) > 0 {
+		// Every problem of these fields in one answer, and the required
+		// field the service would name too, in its words. (The rest — an
+		// unknown handler, args, retry, the key's length — the service
+		// names once these are right.)
+		if in.Handler == "" {
+			inv.Add("handler", "must not be empty")
+		}
+		return workpool.EnqueueParams{}, invalidFields(inv.Fields)
 	}
 	return p, nil
 }

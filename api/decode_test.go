@@ -404,3 +404,29 @@ func TestRequiredTagsMatchTheDocument(t *testing.T) {
 	}
 	require.Equal(t, len(bodies), seen)
 }
+
+// A work item's key_limit, run_at and timeout_ms, each checked before the
+// service sees the item, are named together when several are wrong, with
+// a missing handler the service would name too; each alone is named alone.
+func TestAWorkItemsBadFieldsAreNamedTogether(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		fields     []string
+	}{
+		{"all three and no handler", `{"key_limit": 0, "run_at": "soon", "timeout_ms": 0}`, []string{"key_limit", "run_at", "timeout_ms", "handler"}},
+		{"two of them", `{"handler": "h", "run_at": "soon", "timeout_ms": 0}`, []string{"run_at", "timeout_ms"}},
+		{"key_limit alone", `{"handler": "h", "key_limit": 0}`, []string{"key_limit"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := decodeWorkEnqueue([]byte(tc.body))
+			var p *Problem
+			require.ErrorAs(t, err, &p)
+			require.Equal(t, http.StatusBadRequest, p.Status)
+			var got []string
+			for _, f := range p.Errors {
+				got = append(got, f.Field)
+			}
+			require.Equal(t, tc.fields, got)
+		})
+	}
+}
