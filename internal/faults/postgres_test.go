@@ -72,7 +72,7 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	}
 
 	// A live tail through replica b of a stream written through replica a.
-	tailClient := e.client(1, client.WithRetry(client.RetryPolicy{MaxAttempts: 10_000, MaxBackoff: 500 * time.Millisecond}))
+	tailClient := e.client(1, client.WithReconnect(client.ReconnectPolicy{MaxBackoff: 500 * time.Millisecond}))
 	_, err := clients[0].Streams.Append(ctx, "run-1", "out", []byte("chunk-0"), client.WithIdempotencyKey("chunk-0"))
 	require.NoError(t, err)
 	var tailed []string
