@@ -196,3 +196,44 @@ func TestFairPick_KeyedWorkHandsTheLoopToTheFullPickAndBack(t *testing.T) {
 	require.True(t, h.observe().isRunning(b2))
 	require.False(t, h.l.keyed, "no keyed work waits any more: back to the near pick")
 }
+
+// The full iteration decides on the plain start from a census taken in an
+// earlier statement of its transaction; work of another org that commits
+// in between must not be started first come, first served. The plain
+// start takes the census again and, seeing a second org's work (or keyed
+// work), starts nothing and says so — the iteration then starts fairly.
+func TestPlainStart_TakesNothingWhenASecondOrgsWorkIsReady(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		work   []workOpt
+		wantOK bool
+	}{
+		{"one org's work: it starts", []workOpt{withOrg("a"), withOrg("a")}, true},
+		{"a second org's work: it starts nothing", []workOpt{withOrg("a"), withOrg("b")}, false},
+		{"keyed work: it starts nothing", []workOpt{withOrg("a"), withKey("k", 1)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			for _, o := range tc.work {
+				h.enqueue(o)
+			}
+			tx, err := h.db.Begin(h.ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(h.ctx) }()
+			var (
+				ok bool
+				s  startedWork
+			)
+			err = tx.QueryRow(h.ctx, sqlStartPlain, append(h.l.startArgs(h.clock.Now()), int32(10))...).Scan(append([]any{&ok}, s.dest()...)...)
+			require.NoError(t, err)
+
+			require.Equal(t, tc.wantOK, ok)
+			if tc.wantOK {
+				require.Len(t, s.lags, len(tc.work))
+			} else {
+				require.Empty(t, s.lags)
+			}
+		})
+	}
+}

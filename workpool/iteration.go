@@ -423,11 +423,17 @@ func (it *iteration) start(ctx context.Context) error {
 		return nil
 	}
 	if it.plain {
-		err := it.tx.QueryRow(ctx, sqlStartPlain, append(l.startArgs(it.now), int32(it.maxPar))...).Scan(it.started.dest()...)
+		var ok bool
+		err := it.tx.QueryRow(ctx, sqlStartPlain, append(l.startArgs(it.now), int32(it.maxPar))...).Scan(append([]any{&ok}, it.started.dest()...)...)
 		if err != nil {
 			return fmt.Errorf("starting work: %w", err)
 		}
-		return nil
+		if ok {
+			return nil
+		}
+		// Another org's work (or keyed work) committed after the census:
+		// the plain start took nothing, and the fair one shares it.
+		it.plain = false
 	}
 	args := append(append(l.startArgs(it.now), int32(it.maxPar), it.perOrg), l.turns.args()...)
 	if err := it.tx.QueryRow(ctx, sqlStartFair, args...).Scan(append(it.charges.dest(), it.started.dest()...)...); err != nil {

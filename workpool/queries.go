@@ -541,11 +541,17 @@ SELECT ` + extra + `
 }
 
 // sqlStartPlain is the full iteration's start when its census found one
-// org's plain work only and no per-org cap ($8 max_parallelism).
+// org's plain work only and no per-org cap ($8 max_parallelism). It takes
+// the census again in its own snapshot and starts nothing when work of
+// another org, or keyed work, became ready since (a read-committed
+// transaction's statements each see what has committed when they begin):
+// it returns whether it could start (plain.ok) before the starts, and the
+// iteration then starts fairly.
 var sqlStartPlain = `
-WITH free AS (SELECT ` + sqlFreeSlots("$8::int") + ` AS n),
+WITH ` + sqlPlainCensus("true") + `,
+free AS (SELECT CASE WHEN (SELECT ok FROM plain) THEN ` + sqlFreeSlots("$8::int") + ` ELSE 0 END AS n),
 ` + sqlPickPlain + `,
-` + sqlStartPicked("")
+` + sqlStartPicked("(SELECT ok FROM plain),")
 
 // sqlStartFair gives free slots to ready work fairly: orgs with ready work
 // take turns (weighted), an org's running work stays within
@@ -920,16 +926,17 @@ func sqlShareBound(prefix, orgs string) string {
 )`
 }
 
-// sqlPlainCensus is the CTEs census and plain of the fast iterations:
+// sqlPlainCensus is the CTEs census and plain of the plain starts:
 // plain.ok says that the ready work (if any) is one org's plain work and
-// the pool (the bumped row) has no per-org cap, so that fair share has
-// nothing to share.
-const sqlPlainCensus = `census AS (
+// noCap (SQL: the pool has no per-org cap), so that fair share has nothing
+// to share.
+func sqlPlainCensus(noCap string) string {
+	return `census AS (
   SELECT (SELECT org_id FROM workpool_work
           WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
           ORDER BY org_id LIMIT 1) AS org
 ), plain AS (
-  SELECT EXISTS (SELECT 1 FROM bump WHERE max_parallelism_per_org IS NULL)
+  SELECT ` + noCap + `
     -- (ordered probes: a generic plan would rather seq-scan for "any row")
     AND (SELECT w.org_id FROM workpool_work w
          WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $2
@@ -939,6 +946,7 @@ const sqlPlainCensus = `census AS (
          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
          ORDER BY org_id LIMIT 1) IS NULL AS ok
 )`
+}
 
 // sqlFastTail ends sqlIterateFast: what it reports besides the starts
 // (fenced, paused, plain, cancelations waiting, the next start, in the
@@ -964,7 +972,7 @@ const sqlFastTail = `EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM b
 // $8 generation; the rest as every start.
 var sqlIterateFast = `
 WITH bump AS (` + bumpSQL("$8", "$2") + `
-), ` + sqlPlainCensus + `, free AS (
+), ` + sqlPlainCensus("EXISTS (SELECT 1 FROM bump WHERE max_parallelism_per_org IS NULL)") + `, free AS (
   SELECT CASE WHEN (SELECT ok FROM plain) AND NOT coalesce((SELECT paused FROM bump), true)
       -- cancelations go first: never start what is about to be canceled
       AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)
