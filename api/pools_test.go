@@ -237,18 +237,27 @@ func TestWorkConcurrencyKeyOfLimitOneRunsItsItemsInTurnWhileOtherKeysRun(t *test
 	}
 }
 
+// pausedThreeToOne gives the default pool slots and org-heavy the weight 3
+// (org-light keeps 1) and pauses it; it returns the two orgs' admin tokens
+// and the pool as the PATCH answered.
+func (f *poolsFixture) pausedThreeToOne(t *testing.T, slots int) (heavy, light string, patched map[string]any) {
+	t.Helper()
+	heavy, light = token(t, "org-heavy", "admin"), token(t, "org-light", "admin")
+	r := do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator,
+		map[string]any{"max_parallelism": slots, "org_weights": map[string]any{"org-heavy": 3}})
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	require.Equal(t, http.StatusOK, f.post("/v1/pools/default/pause", f.operator).Status)
+	return heavy, light, r.JSON(t)
+}
+
 // Weights over REST: with org weights 3:1 and a backlog in both orgs, the
 // starts split 3:1 — the first fill exactly, and as attempts finish one by
 // one the refills keep each org's slots within one of its share.
 func TestPoolOrgWeightsThreeToOneSplitStartsThreeToOne(t *testing.T) {
 	f := newPoolsFixture(t)
 	_, started := f.gate()
-	heavy, light := token(t, "org-heavy", "admin"), token(t, "org-light", "admin")
-	r := do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator,
-		map[string]any{"max_parallelism": 4, "org_weights": map[string]any{"org-heavy": 3}})
-	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
-	require.Equal(t, map[string]any{"org-heavy": 3.0}, r.JSON(t)["org_weights"])
-	require.Equal(t, http.StatusOK, f.post("/v1/pools/default/pause", f.operator).Status)
+	heavy, light, patched := f.pausedThreeToOne(t, 4)
+	require.Equal(t, map[string]any{"org-heavy": 3.0}, patched["org_weights"])
 	base := time.Now().Add(-time.Minute).UTC()
 	tokOf := map[string]string{}
 	for i := range 20 { // interleaved: in run_at order the orgs alternate
@@ -298,11 +307,7 @@ func TestPoolOrgWeightsThreeToOneSplitStartsThreeToOne(t *testing.T) {
 func TestPoolOrgWeightsThreeToOneInOneSlotSplitStartsThreeToOne(t *testing.T) {
 	f := newPoolsFixture(t)
 	_, started := f.gate()
-	heavy, light := token(t, "org-heavy", "admin"), token(t, "org-light", "admin")
-	r := do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator,
-		map[string]any{"max_parallelism": 1, "org_weights": map[string]any{"org-heavy": 3}})
-	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
-	require.Equal(t, http.StatusOK, f.post("/v1/pools/default/pause", f.operator).Status)
+	heavy, light, _ := f.pausedThreeToOne(t, 1)
 	orgOf, tokOf := map[string]string{}, map[string]string{}
 	for _, org := range []struct{ name, tok string }{{"light", light}, {"heavy", heavy}} {
 		for range 12 {

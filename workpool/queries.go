@@ -611,14 +611,13 @@ queued AS (
   -- the orgs whose plain queues may hold ready work (workpool_org_queues:
   -- a superset, each head at or before the org's oldest pending item),
   -- each with its weight, its running attempts, the starts charged to it
-  -- (served, sqlServed), its position less one (vrun, sqlTurnsHeld), the
-  -- turn its next start would take, position / weight, whether the
-  -- per-org cap lets it start one, and its room, the most it may start now
+  -- (served, sqlServed), its position less one (vrun, sqlTurnsHeld),
+  -- whether the per-org cap lets it start one, and its room, the most it
+  -- may start now
   SELECT q.org_id, q.head_at, q.xmin AS seen,
     coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
     ` + sqlServed(turns, "coalesce(wt.weight, 1)") + ` AS served,
     ` + sqlTurnsHeld(turns, "coalesce(wt.weight, 1)") + ` - 1 AS vrun,
-    (` + sqlTurnsHeld(turns, "coalesce(wt.weight, 1)") + `)::float8 / coalesce(wt.weight, 1) AS t1,
     ` + perOrgCap + ` IS NULL OR coalesce(r.n, 0) < ` + perOrgCap + ` AS open,
     ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM workpool_org_queues q
@@ -628,12 +627,13 @@ queued AS (
   WHERE q.pool = $1 AND q.head_at <= $2 AND (SELECT n FROM free) > 0
 ),
 level AS (
-  -- the free slots' worth of the lowest next turns
-  SELECT max(t1) AS t FROM (SELECT t1 FROM queued WHERE open ORDER BY t1 LIMIT (SELECT n FROM free)) x
+  -- the free slots' worth of the lowest next turns (the turn an org's
+  -- next start would take: its position / weight)
+  SELECT max(t1) AS t FROM (SELECT ` + sqlNextTurn + ` AS t1 FROM queued WHERE open ORDER BY 1 LIMIT (SELECT n FROM free)) x
 ),
 near AS (
   -- the orgs whose next turn is within that level
-  SELECT * FROM queued WHERE open AND t1 <= (SELECT t FROM level)
+  SELECT * FROM queued WHERE open AND ` + sqlNextTurn + ` <= (SELECT t FROM level)
 ),
 ` + sqlShareBound("near_", "near") + `,
 near_read AS (
@@ -846,6 +846,10 @@ const sqlTurnsCharged = `coalesce((SELECT array_agg(org_id ORDER BY org_id) FROM
   coalesce((SELECT array_agg(charged_to ORDER BY org_id) FROM charged), '{}'),
   coalesce((SELECT array_agg(weight::int ORDER BY org_id) FROM charged), '{}'),
   (SELECT last FROM clock_turn), (SELECT weight FROM clock_turn)`
+
+// sqlNextTurn is the turn an org's next start would take (CTE queued's
+// vrun, its position less one, and weight): position / weight.
+const sqlNextTurn = `(vrun + 1)::float8 / weight`
 
 // sqlTurnOrder is the fair order of a pick's candidates (vrun: the org's
 // position less one, running, weight, rn: the candidate's place in its

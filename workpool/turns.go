@@ -97,11 +97,10 @@ func (t *fairTurns) prune() {
 
 // sqlReadTurns reads pool $1's saved ledger.
 const sqlReadTurns = `
-SELECT coalesce((SELECT array_agg(org_id ORDER BY org_id) FROM workpool_org_turns WHERE pool = $1), '{}'),
-  coalesce((SELECT array_agg(served ORDER BY org_id) FROM workpool_org_turns WHERE pool = $1), '{}'),
-  coalesce((SELECT array_agg(weight ORDER BY org_id) FROM workpool_org_turns WHERE pool = $1), '{}'),
-  (SELECT turn_num FROM workpool_fair_clocks WHERE pool = $1),
-  (SELECT turn_den FROM workpool_fair_clocks WHERE pool = $1)`
+SELECT coalesce(array_agg(org_id ORDER BY org_id), '{}'), coalesce(array_agg(served ORDER BY org_id), '{}'),
+  coalesce(array_agg(weight ORDER BY org_id), '{}'),
+  (SELECT turn_num FROM workpool_fair_clocks WHERE pool = $1), (SELECT turn_den FROM workpool_fair_clocks WHERE pool = $1)
+FROM workpool_org_turns WHERE pool = $1`
 
 // sqlSaveTurns saves pool $1's ledger ($3 orgs, $4 served, $5 weights,
 // $6 / $7 the clock), fenced by the generation ($2): a loop deposed since
