@@ -61,11 +61,13 @@ type browser struct {
 
 func newBrowser(t *testing.T) *browser {
 	t.Helper()
+	var cmd *exec.Cmd // the browser's process, to say how it ended if it does not start
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(findChromium(t)),
 		chromedp.NoSandbox, // CI runs as root, where Chromium's sandbox refuses to start
 		chromedp.WindowSize(1280, 800),
 		chromedp.Flag("lang", "en-US"),
+		chromedp.ModifyCmdFunc(func(c *exec.Cmd) { cmd = c }),
 	)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	t.Cleanup(cancelAlloc)
@@ -77,11 +79,30 @@ func newBrowser(t *testing.T) *browser {
 	b.ctx = ctx
 	// The first Run starts the browser, which lives as long as its context:
 	// no timeout on it.
-	require.NoError(t, chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
+	err := chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
 		_, err := cdp.Call(ctx, tgt, network.Enable, network.EnableParams{})
 		return err
-	}), chromedp.EmulateViewport(1280, 800)), "starting Chromium")
+	}), chromedp.EmulateViewport(1280, 800))
+	if err != nil {
+		err = fmt.Errorf("%w%s", err, browserExit(allocCtx, cancelAlloc, cmd))
+	}
+	require.NoError(t, err, "starting Chromium")
 	return b
+}
+
+// browserExit says how a browser that failed to start ended (its exit
+// status or signal: chromedp reports only what it printed, which may be
+// nothing), or "" if it never ran. It stops the allocator and waits for it,
+// which reaps the process: only then is cmd's state safe to read.
+func browserExit(allocCtx context.Context, cancelAlloc context.CancelFunc, cmd *exec.Cmd) string {
+	cancelAlloc()
+	if c := chromedp.FromContext(allocCtx); c != nil && c.Allocator != nil {
+		c.Allocator.Wait()
+	}
+	if cmd == nil || cmd.ProcessState == nil {
+		return ""
+	}
+	return fmt.Sprintf(" (Chromium, process %d, ended: %s)", cmd.ProcessState.Pid(), cmd.ProcessState)
 }
 
 func (b *browser) observe(ev any) {
