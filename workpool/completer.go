@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -26,11 +27,16 @@ import (
 // meanwhile form the next, larger batch, and a lone result goes at once —
 // so a wake costs one commit, not an iteration of the loop. (Two in flight
 // measured slower, 18.9k vs 21.3k jobs/s at parallelism 100: smaller
-// batches, more WAL flushes; docs/benchmarks.md § pool.)
+// batches, more WAL flushes; docs/benchmarks.md § pool.) The loops' kick
+// for the slots a batch freed waits for the next batch when one is already
+// queued behind it (see drain).
 type completer struct {
 	m        *Manager
 	recorded func([]attemptResult) // the executor forgets these attempts
 	crashed  func() bool           // tests: behave like a killed process
+	// kickLoops wakes the loops of the pools whose slots were freed
+	// (Manager.wakeLoops; tests: a recorder)
+	kickLoops func(ctx context.Context, pools map[string]bool)
 
 	mu       sync.Mutex
 	pending  []attemptResult
@@ -49,7 +55,7 @@ type completer struct {
 }
 
 func newCompleter(m *Manager, recorded func([]attemptResult), crashed func() bool) *completer {
-	c := &completer{m: m, recorded: recorded, crashed: crashed, wake: make(chan struct{}, 1),
+	c := &completer{m: m, recorded: recorded, crashed: crashed, kickLoops: m.wakeLoops, wake: make(chan struct{}, 1),
 		closing: make(chan struct{}), closed: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c
@@ -139,14 +145,44 @@ func (c *completer) run() {
 	}
 }
 
-// drain records what is queued, batch by batch.
+// drain records what is queued, batch by batch, and wakes the loops to
+// fill the slots each batch freed. A batch recorded while the next one is
+// already queued leaves that wake to the next batch, and never later: a
+// loop woken at once would start the few items whose slots this batch
+// freed, beside the next batch's commit, then start again for that one's
+// — under load, about half the loop's starts were of one item (a lone
+// first result goes at once, the rest of its burst queues behind it).
+// Waking once for both halves the loop's statements; the slots wait at
+// most one commit (docs/benchmarks.md § pool, session 18). The wake-ups
+// that hooks hand over (AfterCommit) are not held: only the loops' kicks.
 func (c *completer) drain(ctx context.Context) error {
+	var held map[string]bool // the pools of a recorded batch whose kick goes with the next
+	defer func() {
+		if held != nil { // (the next batch failed: only at a stop or a crash)
+			c.kickLoops(ctx, held)
+		}
+	}()
 	for batch := c.take(); len(batch) > 0; batch = c.take() {
 		if err := c.record(ctx, batch); err != nil {
 			return err
 		}
+		pools := poolsOf(batch)
+		if held == nil && c.queued() {
+			held = pools
+			continue
+		}
+		maps.Copy(pools, held)
+		held = nil
+		c.kickLoops(ctx, pools)
 	}
 	return nil
+}
+
+// queued reports whether results wait to be recorded.
+func (c *completer) queued() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending) > 0
 }
 
 // flushLast is Stop's flush: it records what is queued and marks the
@@ -176,12 +212,14 @@ func (c *completer) recordLate(r attemptResult) {
 	if err := c.record(ctx, []attemptResult{r}); err != nil {
 		c.m.logger.Warn("recording an attempt's result after the stop failed; the heartbeat timeout will recover its work",
 			"work_id", r.id.String(), "error", err.Error())
+		return
 	}
+	c.kickLoops(ctx, poolsOf([]attemptResult{r}))
 }
 
 // record commits one batch, retrying until it succeeds: every statement
 // ignores what is already recorded, so a retry after an unknown outcome is
-// safe.
+// safe. Waking the loops is the caller's.
 func (c *completer) record(ctx context.Context, batch []attemptResult) error {
 	m := c.m
 	t0 := time.Now()
@@ -207,7 +245,6 @@ func (c *completer) record(ctx context.Context, batch []attemptResult) error {
 	m.metrics.reportBatch.Observe(float64(len(batch)))
 	m.countRecorded(rows)
 	c.recorded(batch)
-	m.wakeLoops(ctx, poolsOf(batch))
 	return nil
 }
 
