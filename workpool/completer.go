@@ -25,7 +25,7 @@ import (
 //
 // Results are batched with one transaction in flight: results that arrive
 // meanwhile form the next, larger batch, and a lone result goes at once —
-// so a wake costs one commit, not an iteration of the loop. (Two in flight
+// so a wake-up costs one commit, not an iteration of the loop. (Two in flight
 // measured slower, 18.9k vs 21.3k jobs/s at parallelism 100: smaller
 // batches, more WAL flushes; docs/benchmarks.md § pool.) The loops' kick
 // for the slots a batch freed waits for the next batch when one is already
@@ -147,23 +147,37 @@ func (c *completer) run() {
 
 // drain records what is queued, batch by batch, and wakes the loops to
 // fill the slots each batch freed. A batch recorded while the next one is
-// already queued leaves that wake to the next batch, and never later: a
-// loop woken at once would start the few items whose slots this batch
-// freed, beside the next batch's commit, then start again for that one's
-// — under load, about half the loop's starts were of one item (a lone
-// first result goes at once, the rest of its burst queues behind it).
-// Waking once for both halves the loop's statements; the slots wait at
-// most one commit (docs/benchmarks.md § pool, session 18). The wake-ups
-// that hooks hand over (AfterCommit) are not held: only the loops' kicks.
+// already queued leaves that wake to the next batch's commit: a loop woken
+// at once would start the few items whose slots this batch freed, beside
+// the next batch's commit, then start again for that one's — under load,
+// about half the loop's starts were of one item (a lone first result goes
+// at once, the rest of its burst queues behind it). Waking once for both
+// halves the loop's statements (docs/benchmarks.md § pool, session 18).
+// The held wake goes out with the next batch's, or as soon as that batch
+// must be retried (the database is unwell: the slots must not wait for
+// it), or when the drain ends without it (a stop out of time). The
+// wake-ups that hooks hand over (AfterCommit) are never held: only the
+// loops' kicks.
 func (c *completer) drain(ctx context.Context) error {
 	var held map[string]bool // the pools of a recorded batch whose kick goes with the next
-	defer func() {
-		if held != nil { // (the next batch failed: only at a stop or a crash)
+	release := func(ctx context.Context) {
+		if held != nil {
 			c.kickLoops(ctx, held)
+			held = nil
+		}
+	}
+	defer func() {
+		if held != nil && !c.crashed() { // (a crashed process wakes nobody)
+			// The next batch was not recorded: the drain's context ended.
+			// The kick still goes, its NOTIFY for a loop led elsewhere
+			// under a bound of its own.
+			kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), kickTimeout)
+			defer cancel()
+			release(kctx)
 		}
 	}()
 	for batch := c.take(); len(batch) > 0; batch = c.take() {
-		if err := c.record(ctx, batch); err != nil {
+		if err := c.record(ctx, batch, func() { release(ctx) }); err != nil {
 			return err
 		}
 		pools := poolsOf(batch)
@@ -209,7 +223,7 @@ func (c *completer) flushLast() error {
 func (c *completer) recordLate(r attemptResult) {
 	ctx, cancel := context.WithTimeout(context.Background(), recordAtStop)
 	defer cancel()
-	if err := c.record(ctx, []attemptResult{r}); err != nil {
+	if err := c.record(ctx, []attemptResult{r}, nil); err != nil {
 		c.m.logger.Warn("recording an attempt's result after the stop failed; the heartbeat timeout will recover its work",
 			"work_id", r.id.String(), "error", err.Error())
 		return
@@ -219,8 +233,9 @@ func (c *completer) recordLate(r attemptResult) {
 
 // record commits one batch, retrying until it succeeds: every statement
 // ignores what is already recorded, so a retry after an unknown outcome is
-// safe. Waking the loops is the caller's.
-func (c *completer) record(ctx context.Context, batch []attemptResult) error {
+// safe. Waking the loops is the caller's; retrying (if not nil) is called
+// once, before the first retry.
+func (c *completer) record(ctx context.Context, batch []attemptResult, retrying func()) error {
 	m := c.m
 	t0 := time.Now()
 	backoff := newBackoff(50*time.Millisecond, 5*time.Second)
@@ -237,6 +252,10 @@ func (c *completer) record(ctx context.Context, batch []attemptResult) error {
 			return err
 		}
 		m.logger.Warn("recording attempt results failed; retrying", "count", len(batch), "error", err.Error())
+		if retrying != nil {
+			retrying()
+			retrying = nil
+		}
 		if !sleepCtx(ctx, backoff.next()) {
 			return ctx.Err()
 		}

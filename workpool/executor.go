@@ -26,6 +26,9 @@ const (
 	// recordAtStop bounds recording the last results (hand-backs included)
 	// at shutdown, whatever remains of Stop's context.
 	recordAtStop = 5 * time.Second
+	// kickTimeout bounds a held kick sent after the drain's context ended
+	// (its NOTIFY, for a loop led by another replica: one statement).
+	kickTimeout = time.Second
 )
 
 var (
