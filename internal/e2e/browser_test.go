@@ -63,8 +63,8 @@ type browser struct {
 
 // browserStarts is how many times newBrowser starts Chromium when it
 // crashes before it is up: Debian's Chromium (148) sometimes dies of a
-// segmentation fault at start, about one start in fifty to a hundred on
-// this machine (once in a CI run of the suite, and in a loop of starts
+// segmentation fault at start, roughly one start in fifty to two hundred
+// on this machine (in two CI runs of the suite, and in a loop of starts
 // outside the tests), before it opens DevTools. That is the browser's
 // fault, not the page's: a start that crashed is made again, and said
 // so; any other failure to start fails the test at once.
