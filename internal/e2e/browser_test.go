@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,6 +54,8 @@ type sentRequest struct {
 type browser struct {
 	t   *testing.T
 	ctx context.Context
+	tmp string    // the browser's TMPDIR, removed when the test ends
+	cmd *exec.Cmd // the browser's process
 
 	mu         sync.Mutex
 	requests   map[network.RequestID]*sentRequest
@@ -90,12 +93,29 @@ func newBrowser(t *testing.T) *browser {
 // that the browser's process died of a signal before it was up.
 func (b *browser) start(path string) (crashed bool, err error) {
 	var cmd *exec.Cmd // the browser's process, to say how it ended if it does not start
+	// Chromium leaves a directory of its own in $TMPDIR (its singleton
+	// socket) when it is killed, as chromedp stops it: one in /tmp per
+	// browser started, hundreds a day on a CI machine. Its own TMPDIR,
+	// removed once the browser is reaped, keeps /tmp clean. (Not the
+	// test's TempDir: under a long test name the socket's path passes the
+	// 108 bytes a Unix socket may have, and Chromium stops on a CHECK.)
+	tmp, err := os.MkdirTemp("", "e2e-chromium-")
+	if err != nil {
+		return false, err
+	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
 		chromedp.NoSandbox, // CI runs as root, where Chromium's sandbox refuses to start
 		chromedp.WindowSize(1280, 800),
 		chromedp.Flag("lang", "en-US"),
-		chromedp.ModifyCmdFunc(func(c *exec.Cmd) { cmd = c }),
+		chromedp.Env("TMPDIR="+tmp),
+		chromedp.ModifyCmdFunc(func(c *exec.Cmd) {
+			cmd = c
+			// What chromedp's own hook (which this one replaces) does: the
+			// browser dies with the test binary (a -timeout panic, a kill),
+			// rather than run on orphaned.
+			c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		}),
 	)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	// The listener is on before the tab's first command, so it sees every
@@ -110,15 +130,20 @@ func (b *browser) start(path string) (crashed bool, err error) {
 	if err != nil {
 		cancel()
 		state := browserExit(allocCtx, cancelAlloc, cmd)
+		_ = os.RemoveAll(tmp)
 		if state == nil {
 			return false, err
 		}
 		ws, _ := state.Sys().(syscall.WaitStatus)
 		return ws.Signaled(), fmt.Errorf("%w (Chromium, process %d, ended: %s)", err, state.Pid(), state)
 	}
-	b.t.Cleanup(cancelAlloc)
+	b.t.Cleanup(func() {
+		// the browser stopped and reaped before its files go
+		browserExit(allocCtx, cancelAlloc, cmd)
+		_ = os.RemoveAll(tmp)
+	})
 	b.t.Cleanup(cancel)
-	b.ctx = ctx
+	b.ctx, b.tmp, b.cmd = ctx, tmp, cmd
 	return false, nil
 }
 
@@ -403,4 +428,23 @@ func TestABrowserThatCrashesAsItStartsIsToldFromOneThatFails(t *testing.T) {
 			require.ErrorContains(t, err, "ended: "+tc.ended)
 		})
 	}
+}
+
+// TestABrowserLeavesNothingBehind: Chromium's own temporary files (which
+// it leaves when it is killed, as chromedp stops it) go to a temporary
+// directory of its own, and the browser is stopped and reaped, and that
+// directory removed, when its test ends.
+func TestABrowserLeavesNothingBehind(t *testing.T) {
+	var b *browser
+	if !t.Run("a browser", func(t *testing.T) {
+		b = newBrowser(t)
+		own, err := filepath.Glob(filepath.Join(b.tmp, "org.chromium.Chromium.*"))
+		require.NoError(t, err)
+		require.NotEmpty(t, own, "Chromium's temporary files are in the TMPDIR it was given")
+	}) {
+		return
+	}
+	require.NotNil(t, b.cmd.ProcessState, "the browser was reaped when its test ended")
+	_, err := os.Stat(b.tmp)
+	require.ErrorIs(t, err, fs.ErrNotExist, "the browser's TMPDIR is removed when its test ends")
 }
