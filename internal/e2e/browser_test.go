@@ -127,30 +127,33 @@ func (b *browser) start(path string) (crashed bool, err error) {
 		_, err := cdp.Call(ctx, tgt, network.Enable, network.EnableParams{})
 		return err
 	}), chromedp.EmulateViewport(1280, 800))
-	if err != nil {
-		cancel()
+	// stop stops the browser, waits until it is reaped, then removes its
+	// files; it returns how the browser ended (nil: it never ran)
+	stop := func() *os.ProcessState {
 		state := browserExit(allocCtx, cancelAlloc, cmd)
 		_ = os.RemoveAll(tmp)
+		return state
+	}
+	if err != nil {
+		cancel()
+		state := stop()
 		if state == nil {
 			return false, err
 		}
 		ws, _ := state.Sys().(syscall.WaitStatus)
 		return ws.Signaled(), fmt.Errorf("%w (Chromium, process %d, ended: %s)", err, state.Pid(), state)
 	}
-	b.t.Cleanup(func() {
-		// the browser stopped and reaped before its files go
-		browserExit(allocCtx, cancelAlloc, cmd)
-		_ = os.RemoveAll(tmp)
-	})
+	b.t.Cleanup(func() { stop() })
 	b.t.Cleanup(cancel)
 	b.ctx, b.tmp, b.cmd = ctx, tmp, cmd
 	return false, nil
 }
 
-// browserExit is how a browser that failed to start ended (its exit
-// status or signal: chromedp reports only what it printed, which may be
-// nothing), or nil if it never ran. It stops the allocator and waits for
-// it, which reaps the process: only then is cmd's state safe to read.
+// browserExit stops the browser's allocator and waits for it, which reaps
+// the process, and returns how the browser ended (its exit status or
+// signal: for a browser that failed to start, chromedp reports only what
+// it printed, which may be nothing), or nil if it never ran. Only after
+// the wait is cmd's state safe to read.
 func browserExit(allocCtx context.Context, cancelAlloc context.CancelFunc, cmd *exec.Cmd) *os.ProcessState {
 	cancelAlloc()
 	if c := chromedp.FromContext(allocCtx); c != nil && c.Allocator != nil {
