@@ -28,6 +28,11 @@ import (
 //     a body the declared response does not describe: a JSON body that does
 //     not match its schema, a body of an undeclared media type, or any body
 //     where the response declares none.
+//   - A response may carry no field the document does not declare: it is
+//     checked against the document with every object that lists its
+//     properties, and says nothing of others, closed to others
+//     (contractResponseDocument). A client generated from the document
+//     would not see such a field.
 //   - Only JSON bodies are checked against a schema. Others (the SSE stream,
 //     text/event-stream; /metrics) are checked for their status and media
 //     type only.
@@ -59,33 +64,120 @@ var contractDocument = sync.OnceValues(func() (*openapi3.T, error) {
 	return doc, nil
 })
 
-// contractChecker checks exchanges against doc and tells report what does
-// not match.
+// contractResponseDocument is the document that responses are held to:
+// the document as written, with every object schema that lists its
+// properties and says nothing of other properties (additionalProperties
+// absent) closed to them, so that a field the server sends but the
+// document does not declare fails the check. (Requests are held to the
+// document as written: where it leaves an object open, the server may
+// ignore what it does not know.)
+var contractResponseDocument = sync.OnceValues(func() (*openapi3.T, error) {
+	raw, err := OpenAPIDocument()
+	if err != nil {
+		return nil, err
+	}
+	doc, err := openapi3.NewLoader().LoadFromData(raw)
+	if err != nil {
+		return nil, fmt.Errorf("load the OpenAPI document: %w", err)
+	}
+	// Each part of an allOf of several is checked alone, so each stays
+	// open: closed, every part would refuse the others' properties (a
+	// Problem's extension members, say).
+	parts := map[*openapi3.Schema]bool{}
+	eachSchema(doc, func(s *openapi3.Schema) {
+		if len(s.AllOf) > 1 {
+			for _, r := range s.AllOf {
+				parts[r.Value] = true
+			}
+		}
+	})
+	eachSchema(doc, func(s *openapi3.Schema) {
+		if !parts[s] && len(s.Properties) > 0 && s.AdditionalProperties.Has == nil && s.AdditionalProperties.Schema == nil {
+			s.AdditionalProperties.Has = openapi3.Ptr(false)
+		}
+	})
+	return doc, nil
+})
+
+// eachSchema calls visit once for every schema of doc's components and of
+// its operations' responses, and every schema inside them.
+func eachSchema(doc *openapi3.T, visit func(*openapi3.Schema)) {
+	seen := map[*openapi3.Schema]bool{}
+	var walk func(ref *openapi3.SchemaRef)
+	walk = func(ref *openapi3.SchemaRef) {
+		if ref == nil || ref.Value == nil || seen[ref.Value] {
+			return
+		}
+		s := ref.Value
+		seen[s] = true
+		visit(s)
+		for _, p := range s.Properties {
+			walk(p)
+		}
+		for _, refs := range []openapi3.SchemaRefs{s.AllOf, s.OneOf, s.AnyOf} {
+			for _, r := range refs {
+				walk(r)
+			}
+		}
+		walk(s.Items)
+		walk(s.AdditionalProperties.Schema)
+	}
+	for _, ref := range doc.Components.Schemas {
+		walk(ref)
+	}
+	for _, item := range doc.Paths.Map() {
+		for _, op := range item.Operations() {
+			for _, res := range op.Responses.Map() {
+				if res.Value != nil {
+					for _, media := range res.Value.Content {
+						walk(media.Schema)
+					}
+				}
+			}
+		}
+	}
+}
+
+// contractChecker checks exchanges against doc (responses against
+// closed, doc's contractResponseDocument) and tells report what does not
+// match.
 type contractChecker struct {
-	doc    *openapi3.T
-	report func(format string, args ...any)
+	doc, closed *openapi3.T
+	report      func(format string, args ...any)
+}
+
+// newContractChecker is a checker of the real document.
+func newContractChecker(report func(format string, args ...any)) (*contractChecker, error) {
+	doc, err := contractDocument()
+	if err != nil {
+		return nil, err
+	}
+	closed, err := contractResponseDocument()
+	if err != nil {
+		return nil, err
+	}
+	return &contractChecker{doc: doc, closed: closed, report: report}, nil
 }
 
 // checkContract puts the contract check in front of every route of s for
 // the duration of t: a mismatch fails t.
 func checkContract(t testing.TB, s *Server) {
 	t.Helper()
-	doc, err := contractDocument()
-	if err != nil {
-		t.Fatal(err)
-	}
 	// A request still running once the test has finished (an SSE reader the
 	// cleanup cuts) must not report: t.Errorf then panics.
 	var mu sync.Mutex
 	finished := false
 	t.Cleanup(func() { mu.Lock(); finished = true; mu.Unlock() })
-	checker := &contractChecker{doc: doc, report: func(format string, args ...any) {
+	checker, err := newContractChecker(func(format string, args ...any) {
 		mu.Lock()
 		defer mu.Unlock()
 		if !finished {
 			t.Errorf(format, args...)
 		}
-	}}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	s.Echo().Use(checker.middleware)
 }
 
@@ -189,14 +281,22 @@ func (cc *contractChecker) check(c echo.Context, route *routers.Route, reqBody [
 	if !isJSON {
 		return // the stream and other non-JSON bodies: status and media type only
 	}
+	closedInput := *reqInput
+	closedInput.Route = cc.closedRoute(route)
 	resInput := &openapi3filter.ResponseValidationInput{
-		RequestValidationInput: reqInput, Status: res.Status, Header: res.Header(),
+		RequestValidationInput: &closedInput, Status: res.Status, Header: res.Header(),
 		Options: &openapi3filter.Options{IncludeResponseStatus: true},
 	}
 	resInput.SetBodyBytes(rec.body.Bytes())
 	if err := openapi3filter.ValidateResponse(context.Background(), resInput); err != nil {
 		cc.report("%s: the response does not match the document (body %s): %v", where, clip(rec.body.Bytes()), err)
 	}
+}
+
+// closedRoute is route in the closed document.
+func (cc *contractChecker) closedRoute(route *routers.Route) *routers.Route {
+	item := cc.closed.Paths.Value(route.Path)
+	return &routers.Route{Spec: cc.closed, Path: route.Path, PathItem: item, Method: route.Method, Operation: item.GetOperation(route.Method)}
 }
 
 func mediaTypes(content openapi3.Content) []string {
@@ -251,10 +351,6 @@ func (r *contractRecorder) Unwrap() http.ResponseWriter { return r.ResponseWrite
 // for none of the ways it keeps it. The handlers stand in for a server that
 // drifted; the document is the real one.
 func TestContractCheckFailsOnWhatTheDocumentDoesNotDeclare(t *testing.T) {
-	doc, err := contractDocument()
-	if err != nil {
-		t.Fatal(err)
-	}
 	problem := func(status int) echo.HandlerFunc {
 		return func(echo.Context) error { return NewProblem(status, "test", "test") }
 	}
@@ -293,6 +389,17 @@ func TestContractCheckFailsOnWhatTheDocumentDoesNotDeclare(t *testing.T) {
 			handler: func(echo.Context) error {
 				return NewProblem(402, "spend-refused", "refused").With("approval_id", "01a232ee-050a-7608-9b8b-8772cce274e5").With("refusal", "insufficient")
 			}, fails: "does not match"},
+		{name: "a field the document does not declare fails", method: "GET", route: "/v1/whoami", path: "/v1/whoami",
+			handler: sendJSON(200, strings.Replace(whoami, `{`, `{"secret":"s",`, 1)), fails: "does not match"},
+		{name: "an undeclared field in a nested object fails", method: "GET", route: "/v1/wakeups/:id", path: "/v1/wakeups/01a232ee-050a-7608-9b8b-8772cce274e5",
+			handler: sendJSON(200, strings.Replace(wakeup, `"attempts":0`, `"attempts":0,"secret":"s"`, 1)), fails: "does not match"},
+		{name: "a problem's extension members pass", method: "GET", route: "/v1/whoami", path: "/v1/whoami",
+			handler: func(echo.Context) error { return NewProblem(401, "test", "test").With("hint", "renew the token") }},
+		{name: "a 402 with its members passes", method: "POST", route: "/v1/wakeups", path: "/v1/wakeups",
+			handler: func(echo.Context) error {
+				return NewProblem(402, "spend-refused", "refused").With("approval_id", "01a232ee-050a-7608-9b8b-8772cce274e5").
+					With("wakeup_id", "01a232ee-050a-7608-9b8b-8772cce274e5").With("refusal", "insufficient")
+			}},
 		{name: "an undeclared media type fails", method: "GET", route: "/v1/whoami", path: "/v1/whoami",
 			handler: func(c echo.Context) error { return c.String(200, "hello") }, fails: `no "text/plain" body`},
 		{name: "a body where none is declared fails", method: "POST", route: "/v1/runs/:run_id/streams/:name/close", path: "/v1/runs/r/streams/n/close",
@@ -314,7 +421,8 @@ func TestContractCheckFailsOnWhatTheDocumentDoesNotDeclare(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var reports []string
-			checker := &contractChecker{doc: doc, report: func(format string, args ...any) { reports = append(reports, fmt.Sprintf(format, args...)) }}
+			checker, err := newContractChecker(func(format string, args ...any) { reports = append(reports, fmt.Sprintf(format, args...)) })
+			require.NoError(t, err)
 			e := echo.New()
 			e.HTTPErrorHandler = func(err error, c echo.Context) { writeProblem(c, problemFor(err)) }
 			e.Use(checker.middleware)
