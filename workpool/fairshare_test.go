@@ -2,6 +2,7 @@ package workpool
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -143,6 +145,41 @@ func TestConcurrencyKey_WorkWaitingBehindItsKeyLeavesTheLoopScheduledWithoutPoll
 	h.runMain()
 	require.Len(t, h.observe().running, 1)
 	require.Empty(t, h.observe().pending)
+}
+
+// An org whose ready work all waits behind its keys takes no share of the
+// free slots: the share it would have been dealt went idle while another
+// org's work was ready, at every iteration until the key's running item
+// finished. In a pool of 10, four such orgs held 3 slots idle.
+func TestConcurrencyKey_AnOrgBlockedByItsKeysLeavesItsShareToOthers(t *testing.T) {
+	for _, fullOnly := range []bool{false, true} {
+		t.Run(fmt.Sprintf("full iteration %t", fullOnly), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(10))
+			h.l.fullOnly = fullOnly
+			keyed := []string{"k1", "k2", "k3", "k4"}
+			for _, org := range keyed {
+				for range 2 {
+					h.enqueue(withOrg(org), withKey("k", 1))
+					h.clock.Advance(time.Millisecond)
+				}
+			}
+			for range 27 {
+				h.enqueue(withOrg("b"))
+				h.clock.Advance(time.Millisecond)
+			}
+
+			for range 3 {
+				h.runMain()
+			}
+
+			require.Equal(t, map[string]int{"k1": 1, "k2": 1, "k3": 1, "k4": 1, "b": 6}, h.runningByOrg(),
+				"every slot the keys leave goes to b's ready work")
+			info, err := h.m.Pool(h.ctx, "k1", "default")
+			require.NoError(t, err)
+			require.Equal(t, int64(1), info.BlockedByKey)
+		})
+	}
 }
 
 // A key's items may carry different limits: the start reads the limit of
@@ -309,6 +346,69 @@ func TestUpdatePool_SetsRemovesAndClearsOrgWeights(t *testing.T) {
 	require.Equal(t, map[string]int{"d": 2}, ws, "cleared, then set")
 
 	require.ErrorIs(t, h.m.UpdatePool(h.ctx, "missing", PoolUpdate{OrgWeights: map[string]*int{"a": ptr(2)}}), ErrPoolNotFound)
+}
+
+// A change to a pool's limits and weights in one PATCH: a fast fair
+// iteration that took its snapshot before the change committed, and then
+// waited for the pool row the change held, read the new limits from the
+// row but the old weights from its snapshot — a state that never existed
+// (9 new slots shared 1:1, not 3:1). It picks nothing instead, and the
+// next iteration picks with the whole change.
+func TestUpdatePool_AFastFairPickSeesAWholeChangeOrNoneOfIt(t *testing.T) {
+	t.Parallel()
+	setUp := func() *harness {
+		h := newHarness(t, withMaxParallelism(1))
+		for range 10 {
+			h.enqueue(withOrg("a"))
+			h.enqueue(withOrg("b"))
+			h.clock.Advance(time.Millisecond)
+		}
+		h.runMain()
+		require.True(t, h.l.shared, "from now on the loop starts fairly in one statement")
+		running := h.observe().running
+		require.Len(t, running, 1)
+		h.complete(running[0], "success", 1)
+		return h
+	}
+	// The change's statements, as UpdatePool runs them, in a transaction
+	// left open.
+	change := func(h *harness) pgx.Tx {
+		tx, err := h.db.Begin(h.ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		_, err = tx.Exec(h.ctx, sqlUpdatePool, "default", ptr(int32(9)), false, (*int32)(nil), (*bool)(nil))
+		require.NoError(t, err)
+		_, err = tx.Exec(h.ctx, sqlSetOrgWeights, "default", []string{"a"}, []int32{3})
+		require.NoError(t, err)
+		return tx
+	}
+
+	settled := setUp()
+	require.NoError(t, change(settled).Commit(settled.ctx))
+	settled.runMain()
+	want := settled.runningByOrg()
+	require.Equal(t, map[string]int{"a": 7, "b": 2}, want, "9 slots at weights 3:1 (b's one start before counts)")
+
+	h := setUp()
+	tx := change(h)
+	picked := make(chan iterResult, 1)
+	go func() {
+		res, err := h.l.iterate(h.ctx)
+		assert.NoError(t, err)
+		picked <- res
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := h.db.QueryRow(h.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE workpool_pools%')`).Scan(&waiting)
+		return assert.NoError(t, err) && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the iteration waits for the pool row after taking its snapshot")
+	require.NoError(t, tx.Commit(h.ctx))
+	<-picked
+	require.Empty(t, h.runningByOrg(), "the iteration that straddled the change started nothing")
+
+	h.runMain()
+	require.Equal(t, want, h.runningByOrg(), "the next one starts as after the change")
 }
 
 // One bad weight — or a bad limit next to good weights — writes nothing.

@@ -692,17 +692,30 @@ keys(org_id, ckey, klimit) AS (
       AND (w.org_id, w.concurrency_key) > (k.org_id, k.ckey)
     ORDER BY w.org_id, w.concurrency_key, w.run_at LIMIT 1) n
 ),
+key_room AS (
+  -- each ready key's room: its limit (its earliest ready item's) less its
+  -- running attempts
+  SELECT k.org_id, k.ckey, greatest(coalesce(k.klimit, 1) - (
+      SELECT count(*) FROM workpool_work a
+      WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state = 'running' AND a.concurrency_key = k.ckey), 0) AS n
+  FROM keys k
+),
 held AS (
   -- every org with ready work: its weight, served and vrun (as in
   -- queued), its running attempts (CTE
   -- running: one pass over the running set for every org, as a probe per
   -- org would walk the running index's dead entries once per org), and its
-  -- room, the most it may start now (the free slots, within the per-org cap)
+  -- room, the most it may start now (the free slots, within the per-org
+  -- cap; for an org whose ready work is all keyed, within its keys' room
+  -- too: dealt a share its keys then refused, the slots would stay idle
+  -- while other orgs' work is ready)
   SELECT d.org_id, coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
     ` + sqlServed(turns, "coalesce(wt.weight, 1)") + ` AS served,
     ` + sqlTurnsHeld(turns, "coalesce(wt.weight, 1)") + ` - 1 AS vrun,
-    ` + sqlOrgRoom(perOrgCap) + ` AS room
-  FROM (SELECT org_id FROM orgs UNION SELECT org_id FROM keys) d
+    least(` + sqlOrgRoom(perOrgCap) + `, CASE WHEN d.plain THEN 2147483647 ELSE coalesce(kr.n, 0) END) AS room
+  FROM (SELECT org_id, bool_or(plain) AS plain FROM (SELECT org_id, true AS plain FROM orgs
+        UNION ALL SELECT org_id, false FROM keys) x GROUP BY org_id) d
+  LEFT JOIN (SELECT org_id, sum(n) AS n FROM key_room GROUP BY org_id) kr ON kr.org_id = d.org_id
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
   LEFT JOIN turns tu ON tu.org_id = d.org_id AND tu.weight = coalesce(wt.weight, 1)
   LEFT JOIN running r ON r.org_id = d.org_id
@@ -726,14 +739,12 @@ cand AS (
   WHERE o.n > 1
   UNION ALL
   SELECT c.tid, k.org_id, c.run_at, o.weight, o.running, o.vrun, o.n
-  FROM keys k JOIN lim o ON o.org_id = k.org_id CROSS JOIN LATERAL (
+  FROM key_room k JOIN lim o ON o.org_id = k.org_id CROSS JOIN LATERAL (
     SELECT w.ctid AS tid, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = k.org_id AND w.concurrency_key = k.ckey AND w.state = 'pending' AND w.run_at <= $2
     ORDER BY w.run_at
-    LIMIT least(o.n, greatest(coalesce(k.klimit, 1) - (
-      SELECT count(*) FROM workpool_work a
-      WHERE a.pool = $1 AND a.org_id = k.org_id AND a.state = 'running' AND a.concurrency_key = k.ckey), 0))) c
-  WHERE o.n > 0
+    LIMIT least(o.n, k.n)) c
+  WHERE o.n > 0 AND k.n > 0
 ),
 ranked AS (
   SELECT c.tid, c.run_at, c.weight, c.running, c.vrun, c.n,
@@ -1020,8 +1031,17 @@ WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
   SELECT EXISTS (SELECT 1 FROM bump WHERE max_parallelism_per_org IS NULL)
     AND (SELECT count(*) FROM (SELECT 1 FROM workpool_org_queues WHERE pool = $1 AND head_at <= $2 LIMIT 2) q) <= 1
     AND NOT (SELECT waits FROM keyed) AS ok
+), changed AS (
+  -- whether a change to the pool's settings committed while the bump
+  -- waited for the pool row: the bump returns the new settings, this
+  -- statement's snapshot holds the old row and the old weights (a PATCH
+  -- writes both), and a pick would mix the two. It picks nothing; the
+  -- change's kick brings the loop back at once, to a snapshot with all of it.
+  SELECT EXISTS (SELECT 1 FROM workpool_pools p, bump b WHERE p.name = $1
+    AND (p.max_parallelism, p.max_parallelism_per_org, p.paused)
+        IS DISTINCT FROM (b.max_parallelism, b.max_parallelism_per_org, b.paused)) AS since
 ), ` + sqlRunningByOrg + `, free AS (
-  SELECT CASE WHEN NOT coalesce((SELECT paused FROM bump), true)
+  SELECT CASE WHEN NOT coalesce((SELECT paused FROM bump), true) AND NOT (SELECT since FROM changed)
       AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)
     THEN ` + sqlFreeSlotsOfOrgs("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
 ),
