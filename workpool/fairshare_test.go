@@ -182,6 +182,100 @@ func TestConcurrencyKey_AnOrgBlockedByItsKeysLeavesItsShareToOthers(t *testing.T
 	}
 }
 
+// Whatever the mix of orgs, keys and cap, once the loop has nothing more to
+// start no slot is free while work it may start waits: a ready plain item
+// of an org under its cap, or a ready keyed item whose key is under its
+// limit. And no key or org is ever past its limit. Random pools, each
+// burnt down through rounds of starts and completions.
+func TestFairShare_NoSlotIdlesWhileWorkThatMayStartWaits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 13))
+	for i := range 16 {
+		maxPar, fullOnly := 2+rng.IntN(12), i%2 == 1
+		var perOrgCap *int
+		if rng.IntN(2) == 0 {
+			perOrgCap = ptr(1 + rng.IntN(4))
+		}
+		type spec struct {
+			org, key string
+			limit    int
+		}
+		var items []spec
+		for o := range 2 + rng.IntN(4) {
+			org := fmt.Sprintf("org-%d", o)
+			for range rng.IntN(8) {
+				items = append(items, spec{org: org})
+			}
+			for k := range rng.IntN(3) {
+				limit := 1 + rng.IntN(2) // one limit per key: the oracle needs no earliest item
+				for range 1 + rng.IntN(5) {
+					items = append(items, spec{org: org, key: fmt.Sprintf("k%d", k), limit: limit})
+				}
+			}
+		}
+		rng.Shuffle(len(items), func(a, b int) { items[a], items[b] = items[b], items[a] })
+		seed, capName := rng.Uint64(), "none"
+		if perOrgCap != nil {
+			capName = fmt.Sprint(*perOrgCap)
+		}
+		t.Run(fmt.Sprintf("pool %d: %d slots, cap %s, %d items, full iteration %t", i, maxPar, capName, len(items), fullOnly), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(maxPar))
+			h.l.fullOnly = fullOnly
+			if perOrgCap != nil {
+				withPerOrgCap(t, h, *perOrgCap)
+			}
+			for _, it := range items {
+				opts := []workOpt{withOrg(it.org)}
+				if it.key != "" {
+					opts = append(opts, withKey(it.key, it.limit))
+				}
+				h.enqueue(opts...)
+				h.clock.Advance(time.Millisecond)
+			}
+			capSQL := "NULL::int"
+			if perOrgCap != nil {
+				capSQL = fmt.Sprint(*perOrgCap)
+			}
+			rng := rand.New(rand.NewPCG(seed, 1))
+			for round := 0; ; round++ {
+				require.Less(t, round, 200, "the burn-down ends")
+				for n := 0; h.runMain().didWork; n++ {
+					require.Less(t, n, 50, "the loop settles")
+				}
+				var overKey, overCap, idleBeside int
+				require.NoError(t, h.db.QueryRow(h.ctx, `
+					WITH running AS (SELECT org_id, concurrency_key, key_limit FROM workpool_work WHERE pool = 'default' AND state = 'running'),
+					by_org AS (SELECT org_id, count(*) AS n FROM running GROUP BY org_id),
+					by_key AS (SELECT org_id, concurrency_key, count(*) AS n FROM running WHERE concurrency_key IS NOT NULL GROUP BY 1, 2),
+					free AS (SELECT $1::int - (SELECT count(*) FROM running) AS n)
+					SELECT
+					  (SELECT count(*) FROM by_key k WHERE k.n > (SELECT max(key_limit) FROM workpool_work w
+					     WHERE w.pool = 'default' AND w.org_id = k.org_id AND w.concurrency_key = k.concurrency_key)),
+					  (SELECT count(*) FROM by_org WHERE `+capSQL+` IS NOT NULL AND n > `+capSQL+`),
+					  (SELECT count(*) FROM workpool_work w
+					   LEFT JOIN by_org o ON o.org_id = w.org_id
+					   LEFT JOIN by_key k ON k.org_id = w.org_id AND k.concurrency_key = w.concurrency_key
+					   WHERE w.pool = 'default' AND w.state = 'pending' AND w.run_at <= $2 AND (SELECT n FROM free) > 0
+					     AND (`+capSQL+` IS NULL OR coalesce(o.n, 0) < `+capSQL+`)
+					     AND (w.concurrency_key IS NULL OR coalesce(k.n, 0) < w.key_limit))`,
+					maxPar, h.clock.Now()).Scan(&overKey, &overCap, &idleBeside))
+				require.Zero(t, overKey, "round %d: a key past its limit", round)
+				require.Zero(t, overCap, "round %d: an org past the cap", round)
+				require.Zero(t, idleBeside, "round %d: a slot is free while %d items that may start wait: %v", round, idleBeside, h.runningByOrg())
+				running := h.observe().running
+				if len(running) == 0 {
+					require.Empty(t, h.observe().pending, "nothing runs, so nothing waits")
+					return
+				}
+				rng.Shuffle(len(running), func(a, b int) { running[a], running[b] = running[b], running[a] })
+				for _, id := range running[:1+rng.IntN(len(running))] {
+					h.complete(id, "success", 1)
+				}
+			}
+		})
+	}
+}
+
 // A key's items may carry different limits: the start reads the limit of
 // the key's earliest ready item (by run_at), so that is the one that
 // applies.
