@@ -82,7 +82,10 @@ func decideInTx(ctx context.Context, pool *pgxpool.Pool, b *pgx.Batch, read func
 	if err != nil {
 		return err
 	}
-	if err := then(conn); err != nil {
+	// (joined as a transaction: code that joins a pgx.Tx, as an approval
+	// webhook's enqueue does, would begin and commit its own on the bare
+	// connection, committing the batch half done)
+	if err := then(db.JoinedTx(conn.Conn())); err != nil {
 		return err
 	}
 	tag, err := conn.Exec(ctx, "COMMIT")

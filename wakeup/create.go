@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/workpool"
 )
@@ -484,8 +485,12 @@ func (s *Service) readDecisions(ctx context.Context, c groupConn, b *pgx.Batch, 
 	if err := br.Close(); err != nil {
 		return err
 	}
+	// (joined as a transaction: code that joins a pgx.Tx, as an approval
+	// webhook's enqueue does, would begin and commit its own on the bare
+	// connection, committing the group's half done: db.JoinedTx)
+	tx := db.JoinedTx(c.Conn)
 	for _, m := range spenders {
-		if err := m.spend.AppendRequested(ctx, c, m.res, true); err != nil {
+		if err := m.spend.AppendRequested(ctx, tx, m.res, true); err != nil {
 			return fmt.Errorf("spend for wake-up: %w", err)
 		}
 	}

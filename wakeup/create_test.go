@@ -9,9 +9,12 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/workpool"
@@ -164,6 +167,48 @@ func TestARequestThatFailsInItsGroupFailsAloneAndTheOthersAreCreated(t *testing.
 	}
 	require.Equal(t, 2, f.wakeupCount(t))
 	require.EqualValues(t, 6, f.spent(t))
+}
+
+// An approval event's hook that joins the transaction it is handed (an
+// approval webhook's enqueue) joins the group's gate: given the bare
+// connection it began and committed a transaction of its own, which
+// committed the gate half done; a later failure then sent every request
+// through again alone, spending twice for the funded one and leaving the
+// failed one's approval request behind.
+func TestAnApprovalEventsHookWritesInTheGroupsTransaction(t *testing.T) {
+	f := newFixtureWith(t, fixtureOptions{onAppend: func(ctx context.Context, q db.Querier, ev inbox.Event) error {
+		return db.InTx(ctx, q, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO test_hooked (seq) VALUES ($1)`, ev.Seq)
+			return err
+		})
+	}})
+	ctx := context.Background()
+	// A fault valid input cannot cause: the event of agent "faulty"'s
+	// refusal fails, after the refused request's event and its hook ran.
+	_, err := f.db.Exec(ctx, `
+		CREATE TABLE test_hooked (seq bigint);
+		CREATE FUNCTION refuse_faulty() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.payload->>'agent_id' = 'faulty' THEN RAISE EXCEPTION 'faulty event'; END IF; RETURN NEW; END $$;
+		CREATE TRIGGER refuse_faulty BEFORE INSERT ON approval_events FOR EACH ROW EXECUTE FUNCTION refuse_faulty();`)
+	require.NoError(t, err)
+	funded, refused, faulty := params(""), params(""), params("")
+	refused.Cost = 50 // past the budget of 10
+	faulty.AgentID = "faulty"
+
+	ws, errs := f.createTogether(t, funded, refused, faulty)
+
+	require.NoError(t, errs[0])
+	require.Equal(t, "enqueued", f.state(t, ws[0].ID))
+	var refusedErr *RefusedError
+	require.ErrorAs(t, errs[1], &refusedErr)
+	require.ErrorContains(t, errs[2], "faulty event")
+	require.EqualValues(t, 3, f.spent(t), "the funded request spent once")
+	require.Equal(t, 2, f.wakeupCount(t), "the failed request left no wake-up")
+	var approvals, hooked int
+	require.NoError(t, f.db.QueryRow(ctx, `SELECT (SELECT count(*) FROM mandate_approvals), (SELECT count(*) FROM test_hooked)`).
+		Scan(&approvals, &hooked))
+	require.Equal(t, 1, approvals, "one approval request: the refused one's")
+	require.Equal(t, 1, hooked, "its event's hook ran once, in the transaction that committed it")
 }
 
 // The pending cap is decided per org in a group, before the spend: the org

@@ -14,7 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/internal/startstop"
 	"github.com/reveille/reveille/internal/testkit"
@@ -58,6 +60,10 @@ type fixtureOptions struct {
 	// logger, when set, is the service's and the dispatcher's (default
 	// testkit.Logger).
 	logger *slog.Logger
+	// onAppend, when set, runs in the transaction of each approval event
+	// the mandates append (inbox.Log.OnAppend, as the service wires its
+	// approval webhooks there).
+	onAppend func(ctx context.Context, q db.Querier, ev inbox.Event) error
 }
 
 func newFixtureWith(t *testing.T, o fixtureOptions) *fixture {
@@ -86,7 +92,12 @@ func newFixtureWith(t *testing.T, o fixtureOptions) *fixture {
 		MaxPendingPerOrg: o.maxPending})
 	require.NoError(t, err)
 	f.pool.Register("echo", func(_ context.Context, j workpool.Job) (json.RawMessage, error) { return j.Args, nil })
-	f.mandates = mandates.New(f.db, mandates.Config{Logger: testkit.Logger(t)})
+	mcfg := mandates.Config{Logger: testkit.Logger(t)}
+	if o.onAppend != nil {
+		mcfg.Inbox = inbox.New(f.db, inbox.Config{Logger: testkit.Logger(t)})
+		mcfg.Inbox.OnAppend = o.onAppend
+	}
+	f.mandates = mandates.New(f.db, mcfg)
 	f.svc = New(f.db, f.pool, f.mandates, Config{ReconcileAfter: time.Millisecond, Logger: o.logger, Dispatcher: f.dispatcher,
 		BeforeEnqueue: func(context.Context, uuid.UUID) error {
 			if f.crash {

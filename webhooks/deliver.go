@@ -79,8 +79,9 @@ type target struct {
 }
 
 // Enqueue enqueues one delivery of ev to each of its org's webhooks, in q's
-// transaction (a savepoint of it when q is a pgx.Tx, else a transaction of
-// its own), so the deliveries exist only if the event commits. Deliveries
+// transaction (db.InTx: q itself when it is a pgx.Tx, the transaction a
+// connection is already in, else a transaction of its own), so the
+// deliveries exist only if the event commits. Deliveries
 // are counted toward the org's pending cap but never refused by it: a
 // notification must not undo the approval it announces.
 func (s *Store) Enqueue(ctx context.Context, q db.Querier, ev Event) error {
@@ -118,7 +119,7 @@ func (s *Store) Enqueue(ctx context.Context, q db.Querier, ev Event) error {
 			// allow-list dropped since fails its delivery, not the approval)
 			SkipArgsCheck: true}
 	}
-	return inTx(ctx, q, func(tx pgx.Tx) error {
+	return db.InTx(ctx, q, func(tx pgx.Tx) error {
 		if _, err := s.pool.EnqueueManyTx(ctx, tx, ps); err != nil {
 			return fmt.Errorf("enqueueing approval webhook deliveries: %w", err)
 		}
@@ -170,21 +171,6 @@ func clip(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + "…"
-}
-
-// inTx runs f in q's transaction when q is one, else in a new transaction
-// on q (a pool or a connection).
-func inTx(ctx context.Context, q db.Querier, f func(pgx.Tx) error) error {
-	if tx, ok := q.(pgx.Tx); ok {
-		return f(tx)
-	}
-	b, ok := q.(interface {
-		Begin(ctx context.Context) (pgx.Tx, error)
-	})
-	if !ok {
-		return fmt.Errorf("approval webhooks: %T cannot begin a transaction", q)
-	}
-	return pgx.BeginFunc(ctx, b, f)
 }
 
 // deliveryArgs are the http handler's args of one delivery: a POST whose

@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/workpool"
 )
 
@@ -265,6 +267,32 @@ func TestDeliveriesCommitWithTheEventOrNotAtAll(t *testing.T) {
 	// Outside a transaction the store opens its own.
 	require.NoError(t, f.store.Enqueue(ctx, f.db, toolEvent(orgA, 2, TypeResolved, approvedCall)))
 	require.Equal(t, 4, f.workCount(t, orgA))
+
+	// On a connection inside a transaction its owner began with a BEGIN of
+	// its own (the spend batch's and the wake-up gate's pipelines), the
+	// deliveries join that transaction: a BEGIN and COMMIT of the store's
+	// would have committed the owner's work half done.
+	for _, onConn := range []struct {
+		name string
+		q    func(*pgxpool.Conn) db.Querier
+	}{
+		{"a pool's connection", func(c *pgxpool.Conn) db.Querier { return c }},
+		{"its pgx connection", func(c *pgxpool.Conn) db.Querier { return c.Conn() }},
+		{"joined as a transaction", func(c *pgxpool.Conn) db.Querier { return db.JoinedTx(c.Conn()) }},
+	} {
+		conn, err := f.db.Acquire(ctx)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, "BEGIN")
+		require.NoError(t, err)
+		err = f.store.Enqueue(ctx, onConn.q(conn), toolEvent(orgA, 3, TypeResolved, approvedCall))
+		status := conn.Conn().PgConn().TxStatus()
+		_, rerr := conn.Exec(ctx, "ROLLBACK")
+		conn.Release()
+		require.NoError(t, err, onConn.name)
+		require.NoError(t, rerr, onConn.name)
+		require.Equal(t, "T", string(status), "%s: the owner's transaction is still open", onConn.name)
+		require.Equal(t, 4, f.workCount(t, orgA), "%s: rolled back with the owner's transaction", onConn.name)
+	}
 }
 
 // A notification never undoes the approval it announces: an org at its

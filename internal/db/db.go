@@ -1,7 +1,9 @@
 // Package db holds what every domain package needs from a database
 // connection, so that a call runs inside the caller's transaction or on its
 // own through one interface: pgx.Tx, *pgxpool.Pool and *pgx.Conn all
-// satisfy it. It is a leaf: it imports only pgx.
+// satisfy it; InTx runs code in the caller's transaction whichever of them
+// it is handed, and JoinedTx shows a transaction begun by a bare BEGIN as a
+// pgx.Tx. It is a leaf: it imports only pgx.
 package db
 
 import (

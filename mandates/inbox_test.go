@@ -1,0 +1,59 @@
+package mandates
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/inbox"
+	"github.com/reveille/reveille/internal/db"
+	"github.com/reveille/reveille/internal/testkit"
+)
+
+// An approval event's hook that joins the transaction it is handed (an
+// approval webhook's enqueue) joins the batch's: given the bare connection
+// it began and committed a transaction of its own, which committed the
+// batch half done; a later failure then sent every spend through again
+// alone, debiting the granted one twice and leaving the failed one's
+// approval request behind.
+func TestAnApprovalEventsHookWritesInTheBatchsTransaction(t *testing.T) {
+	ctx := context.Background()
+	pool := testkit.NewPool(t)
+	events := inbox.New(pool, inbox.Config{Logger: testkit.Logger(t)})
+	events.OnAppend = func(ctx context.Context, q db.Querier, ev inbox.Event) error {
+		return db.InTx(ctx, q, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO test_hooked (seq) VALUES ($1)`, ev.Seq)
+			return err
+		})
+	}
+	s := New(pool, Config{Logger: testkit.Logger(t), Inbox: events})
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 100)
+	// A fault valid input cannot cause: the event of agent "faulty"'s
+	// refusal fails, after the refused spend's event and its hook ran.
+	_, err := pool.Exec(ctx, `
+		CREATE TABLE test_hooked (seq bigint);
+		CREATE FUNCTION refuse_faulty() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.payload->>'agent_id' = 'faulty' THEN RAISE EXCEPTION 'faulty event'; END IF; RETURN NEW; END $$;
+		CREATE TRIGGER refuse_faulty BEFORE INSERT ON approval_events FOR EACH ROW EXECUTE FUNCTION refuse_faulty();`)
+	require.NoError(t, err)
+	granted := request(SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1})
+	refused := request(SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1000})
+	faulty := request(SpendParams{OrgID: "org-a", AgentID: "faulty", Scope: "llm", Cost: 1})
+
+	s.batcher.run([]*spendRequest{granted, refused, faulty})
+
+	g, r, f := <-granted.reply, <-refused.reply, <-faulty.reply
+	require.NoError(t, g.err)
+	require.True(t, g.res.OK)
+	require.NoError(t, r.err)
+	require.False(t, r.res.OK)
+	require.ErrorContains(t, f.err, "faulty event")
+	require.EqualValues(t, 1, mustGet(t, s, "org-a", m).Spent, "the granted spend was debited once")
+	require.Equal(t, 1, countApprovals(t, pool, "org-a", StatePending), "one approval request: the refused spend's")
+	var hooked int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM test_hooked`).Scan(&hooked))
+	require.Equal(t, 1, hooked, "its event's hook ran once, in the transaction that committed it")
+	requireLedgerMatches(t, pool)
+}
