@@ -328,8 +328,13 @@ func TestARetriedRequestWithItsKeyReturnsTheSameApproval(t *testing.T) {
 	require.Equal(t, DecisionPending, again.Decision)
 	require.Equal(t, 1, count(t, db, `SELECT count(*) FROM tool_approvals`))
 	require.Len(t, eventsOf(t, s, sess), 1, "a replay appends nothing")
+	again = request(t, s, "shell", `{"a":1.0}`, key)
+	require.Equal(t, first.Approval.ID, again.Approval.ID, "1.0 is 1")
+	_, err := s.Request(context.Background(), RequestParams{OrgID: org, SessionID: sess, AgentID: agent, ToolName: "shell",
+		Input: json.RawMessage(`{"a":1.0000000000000001}`), IdempotencyKey: "k1"})
+	require.ErrorIs(t, err, ErrIdempotencyKeyReused, "another input, though one as float64")
 
-	_, err := s.Request(context.Background(), RequestParams{OrgID: org, SessionID: sess, AgentID: agent, ToolName: "other", IdempotencyKey: "k1"})
+	_, err = s.Request(context.Background(), RequestParams{OrgID: org, SessionID: sess, AgentID: agent, ToolName: "other", IdempotencyKey: "k1"})
 	require.ErrorIs(t, err, ErrIdempotencyKeyReused)
 	_, err = s.Request(context.Background(), RequestParams{OrgID: org, SessionID: "s-new", AgentID: agent, ToolName: "shell", IdempotencyKey: "k1"})
 	require.ErrorIs(t, err, ErrIdempotencyKeyReused)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"reflect"
 	"time"
 
 	"github.com/google/uuid"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/jsonb"
 	"github.com/reveille/reveille/workflows/signals"
 )
 
@@ -133,7 +133,7 @@ var errReplay = errors.New("approvals: idempotency key replay")
 // approval, as it stands now.
 func (s *Service) replay(ctx context.Context, p RequestParams, input json.RawMessage, a ToolApproval) (RequestResult, error) {
 	if a.SessionID != p.SessionID || a.AgentID != p.AgentID || a.ToolName != p.ToolName || a.WorkflowID != p.WorkflowID ||
-		a.RunID != p.RunID || a.Signal != p.Signal || !sameJSON(a.Input, input) ||
+		a.RunID != p.RunID || a.Signal != p.Signal || !jsonb.Equal(a.Input, input) ||
 		// (a retry without expires_in_s asks for no particular wait: the
 		// configured TTL may have changed since the first call)
 		(p.ExpiresIn != nil && a.ExpiresAt.Sub(a.CreatedAt) != *p.ExpiresIn) {
@@ -177,10 +177,4 @@ func rawOrNull(b json.RawMessage) json.RawMessage {
 		return json.RawMessage("null")
 	}
 	return b
-}
-
-func sameJSON(a, b json.RawMessage) bool {
-	var x, y any
-	errA, errB := json.Unmarshal(rawOrNull(a), &x), json.Unmarshal(rawOrNull(b), &y)
-	return errA == nil && errB == nil && reflect.DeepEqual(x, y)
 }

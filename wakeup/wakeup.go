@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -26,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/jsonb"
 	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/queue"
@@ -434,20 +434,7 @@ func sameRequest(w Wakeup, p CreateParams) bool {
 		w.Scope == p.Scope && w.Reason == p.Reason && w.Cost == p.Cost && w.Pool == p.Pool &&
 		w.Work.Handler == p.Work.Handler && w.Work.TimeoutMS == p.Work.TimeoutMS &&
 		w.Work.ConcurrencyKey == p.Work.ConcurrencyKey && w.Work.KeyLimit == p.Work.KeyLimit &&
-		sameJSON(w.Work.Args, p.Work.Args) && sameJSON(mustMarshal(w.Work.Retry), mustMarshal(p.Work.Retry))
-}
-
-func sameJSON(a, b json.RawMessage) bool {
-	var x, y any
-	errA, errB := json.Unmarshal(orNull(a), &x), json.Unmarshal(orNull(b), &y)
-	return errA == nil && errB == nil && reflect.DeepEqual(x, y)
-}
-
-func orNull(b json.RawMessage) json.RawMessage {
-	if len(b) == 0 {
-		return json.RawMessage("null")
-	}
-	return b
+		jsonb.Equal(w.Work.Args, p.Work.Args) && jsonb.Equal(mustMarshal(w.Work.Retry), mustMarshal(p.Work.Retry))
 }
 
 func mustMarshal(v any) json.RawMessage {

@@ -425,6 +425,8 @@ func TestReplayWithDifferentWorkIsRefused(t *testing.T) {
 		change func(*Work)
 	}{
 		{"other args", func(w *Work) { w.Args = json.RawMessage(`{"other":true}`) }},
+		// (one value as float64: the args are compared exactly)
+		{"args that differ past float64's precision", func(w *Work) { w.Args = json.RawMessage(`{"n":9007199254740992}`) }},
 		{"another concurrency key", func(w *Work) { w.ConcurrencyKey = "k2" }},
 		{"another key limit", func(w *Work) { w.KeyLimit = 3 }},
 	} {
@@ -433,6 +435,7 @@ func TestReplayWithDifferentWorkIsRefused(t *testing.T) {
 			p := params("")
 			p.IdempotencyKey = "k"
 			p.Work.ConcurrencyKey, p.Work.KeyLimit = "k1", 2
+			p.Work.Args = json.RawMessage(`{"n":9007199254740993}`)
 			_, err := f.svc.Create(context.Background(), p)
 			require.NoError(t, err)
 			tc.change(&p.Work)

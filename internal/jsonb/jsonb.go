@@ -3,7 +3,7 @@
 // numeric's range. The API checks request bodies with it (a 400 naming the
 // field), the workpool handlers' results (a failed attempt instead of a
 // statement that fails the whole report). Text makes any string storable
-// as Postgres text.
+// as Postgres text; Equal compares two JSON texts as jsonb values.
 package jsonb
 
 import (
