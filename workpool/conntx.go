@@ -3,87 +3,36 @@ package workpool
 import (
 	"context"
 	"fmt"
-	"strconv"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/reveille/reveille/internal/db"
 )
 
 // connTx is a transaction opened by a BEGIN sent in the same pipeline as
 // its first statements, which pgx.Tx cannot do: it saves the report its
-// BEGIN round trip. It is what the hooks see (through hookTx); nested
-// Begin makes savepoints.
-type connTx struct {
-	conn  *pgx.Conn
-	depth int
-}
+// BEGIN round trip. It is what the hooks see (through hookTx): db.JoinedTx,
+// whose nested Begin makes savepoints, and which the completer, its owner,
+// commits or rolls back itself.
+type connTx struct{ pgx.Tx }
 
-var _ pgx.Tx = (*connTx)(nil)
+func newConnTx(conn *pgx.Conn) connTx { return connTx{db.JoinedTx(conn)} }
 
-// Begin opens a savepoint.
-func (t *connTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	sp := &connTx{conn: t.conn, depth: t.depth + 1}
-	if _, err := t.conn.Exec(ctx, "SAVEPOINT "+sp.name()); err != nil {
-		return nil, err
-	}
-	return sp, nil
-}
-
-func (t *connTx) name() string { return "workpool_sp_" + strconv.Itoa(t.depth) }
-
-// Commit releases a savepoint, or commits the transaction itself. Like
-// pgx's own, it reports a COMMIT that rolled back (the transaction had
-// failed) as pgx.ErrTxCommitRollback.
-func (t *connTx) Commit(ctx context.Context) error {
-	if t.depth > 0 {
-		_, err := t.conn.Exec(ctx, "RELEASE SAVEPOINT "+t.name())
-		return err
-	}
-	tag, err := t.conn.Exec(ctx, "COMMIT")
+// Commit commits the transaction. Like pgx's own, it reports a COMMIT that
+// rolled back (the transaction had failed) as pgx.ErrTxCommitRollback.
+func (t connTx) Commit(ctx context.Context) error {
+	tag, err := t.Conn().Exec(ctx, "COMMIT")
 	if err == nil && tag.String() == "ROLLBACK" {
 		return pgx.ErrTxCommitRollback
 	}
 	return err
 }
 
-// Rollback rolls back to a savepoint, or the transaction itself.
-func (t *connTx) Rollback(ctx context.Context) error {
-	sql := "ROLLBACK"
-	if t.depth > 0 {
-		sql = "ROLLBACK TO SAVEPOINT " + t.name()
-	}
-	_, err := t.conn.Exec(ctx, sql)
+// Rollback rolls the transaction back.
+func (t connTx) Rollback(ctx context.Context) error {
+	_, err := t.Conn().Exec(ctx, "ROLLBACK")
 	return err
 }
-
-func (t *connTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	return t.conn.CopyFrom(ctx, table, columns, src)
-}
-
-func (t *connTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	return t.conn.SendBatch(ctx, b)
-}
-
-// LargeObjects is not offered to hooks.
-func (t *connTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
-
-func (t *connTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	return t.conn.Prepare(ctx, name, sql)
-}
-
-func (t *connTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	return t.conn.Exec(ctx, sql, args...)
-}
-
-func (t *connTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	return t.conn.Query(ctx, sql, args...)
-}
-
-func (t *connTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return t.conn.QueryRow(ctx, sql, args...)
-}
-
-func (t *connTx) Conn() *pgx.Conn { return t.conn }
 
 // recordWithHooks records results and runs their hooks in one transaction
 // whose BEGIN travels with the statement: two round trips in all
@@ -104,7 +53,7 @@ func (m *Manager) recordWithHooks(ctx context.Context, results []attemptResult) 
 			}
 		}
 	}()
-	tx := &connTx{conn: conn}
+	tx := newConnTx(conn)
 	hctx, actions := withCommitActions(ctx)
 	if done, err = m.completeIn(hctx, tx, results, true); err != nil {
 		return nil, err
