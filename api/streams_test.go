@@ -125,6 +125,11 @@ func TestStreamChunksAppendAsOneRawChunkOrAJSONBatch(t *testing.T) {
 
 	require.Equal(t, map[string]any{"tail_index": 3.0, "done": false}, s.info(t, tok, "out"))
 	require.Equal(t, []string{"first", "a", "b", "c"}, s.page(t, tok, "out", "").data(t))
+
+	r = s.post(t, tok, "out", nil)
+	require.Equal(t, http.StatusCreated, r.Status, "an empty raw body is one empty chunk: %s", r.Body)
+	require.Equal(t, map[string]any{"first_index": 4.0, "last_index": 4.0}, r.JSON(t))
+	require.Equal(t, []string{"first", "a", "b", "c", ""}, s.page(t, tok, "out", "").data(t))
 }
 
 func TestConcurrentRESTWritersGetGapFreeIndexes(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/google/uuid"
@@ -198,7 +199,7 @@ func (s *Service) appendTo(ctx context.Context, q Querier, org, runID, name stri
 	offsets, total := chunkOffsets(chunks)
 	var first int64
 	var notified *string
-	err = q.QueryRow(ctx, appendSQL, id, org, runID, name, n, chunks, notify, total, offsets).Scan(&first, &notified)
+	err = q.QueryRow(ctx, appendSQL, id, org, runID, name, n, nonNil(chunks), notify, total, offsets).Scan(&first, &notified)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Range{}, ErrClosed
 	}
@@ -223,7 +224,7 @@ func (s *Service) appendKeyed(ctx context.Context, org, runID, name, key string,
 	hash := fingerprint(chunks)
 	for attempt := 0; ; attempt++ {
 		var firstHash []byte
-		err = s.db.QueryRow(ctx, appendKeyedSQL, id, org, runID, name, int64(len(chunks)), chunks, key, total, offsets, hash).
+		err = s.db.QueryRow(ctx, appendKeyedSQL, id, org, runID, name, int64(len(chunks)), nonNil(chunks), key, total, offsets, hash).
 			Scan(&r.FirstIndex, &r.LastIndex, &replayed, &firstHash)
 		var pgErr *pgconn.PgError
 		switch {
@@ -257,6 +258,23 @@ func fingerprint(chunks [][]byte) []byte {
 		h.Write(c)
 	}
 	return h.Sum(nil)
+}
+
+// nonNil is chunks with each nil chunk an empty one (a copy when there is
+// one): pgx sends a nil []byte as NULL, which a chunk's data refuses.
+func nonNil(chunks [][]byte) [][]byte {
+	for i, c := range chunks {
+		if c == nil {
+			out := slices.Clone(chunks)
+			for j := i; j < len(out); j++ {
+				if out[j] == nil {
+					out[j] = []byte{}
+				}
+			}
+			return out
+		}
+	}
+	return chunks
 }
 
 func chunkOffsets(chunks [][]byte) (offsets []int64, total int64) {

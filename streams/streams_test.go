@@ -162,6 +162,27 @@ func TestAppendCreatesTheStreamOnFirstUse(t *testing.T) {
 	require.Equal(t, streams.Info{TailIndex: 3, Done: false}, info)
 }
 
+// A nil chunk is an empty one, keyed or not: pgx sends a nil []byte as
+// NULL, which refused the whole append.
+func TestANilChunkIsAnEmptyChunk(t *testing.T) {
+	svc, _ := newService(t, streams.Config{})
+	ctx := context.Background()
+	chunks := [][]byte{[]byte("a"), nil, []byte("b")}
+	r, err := svc.Append(ctx, org, "run-1", "out", chunks)
+	require.NoError(t, err)
+	require.Equal(t, streams.Range{FirstIndex: 0, LastIndex: 2}, r)
+	require.Nil(t, chunks[1], "the caller's chunks are left as they were")
+	r, err = svc.AppendWithKey(ctx, org, "run-1", "out", "k", [][]byte{nil})
+	require.NoError(t, err)
+	require.Equal(t, streams.Range{FirstIndex: 3, LastIndex: 3}, r)
+	got := readAll(t, svc, org, "run-1", "out", 10)
+	require.Len(t, got, 4)
+	for _, i := range []int{1, 3} {
+		require.Empty(t, got[i].Data)
+	}
+	require.Equal(t, "b", string(got[2].Data))
+}
+
 func mustAppend(t *testing.T, svc *streams.Service, org, run, name string, data ...string) streams.Range {
 	t.Helper()
 	chunks := make([][]byte, len(data))
