@@ -61,7 +61,13 @@ func (s *Service) onWorkComplete(ctx context.Context, tx pgx.Tx, c workpool.Comp
 		return fmt.Errorf("wakeup hook: context org %q differs from the work's org %q", hc.OrgID, c.OrgID)
 	}
 	s.logger.DebugContext(ctx, "wake-up's work finished", "org_id", c.OrgID, "wakeup_id", hc.WakeupID, "outcome", string(c.Outcome))
-	_, err := s.resolveTx(ctx, tx, c.OrgID, hc.WakeupID, string(c.Outcome), c.Result, c.Error)
+	errText := c.Error
+	if c.Outcome == workpool.OutcomeCanceled && errText == "" {
+		// (the pool keeps no error of canceled work; a Wake says why, as
+		// the cancels before the work was enqueued do)
+		errText = "canceled after its work was enqueued"
+	}
+	_, err := s.resolveTx(ctx, tx, c.OrgID, hc.WakeupID, string(c.Outcome), c.Result, errText)
 	return err
 }
 

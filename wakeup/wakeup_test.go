@@ -201,6 +201,27 @@ func TestCancelOfAFundedIntentRefundsAndQueuesCanceled(t *testing.T) {
 	require.Zero(t, f.spent(t), "and refunds nothing twice")
 }
 
+// The pool keeps no error of canceled work; the Wake still says why, as
+// a cancel before the work was enqueued does.
+func TestAWakeForCanceledWorkSaysWhy(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	w, err := f.svc.Create(ctx, params(""))
+	require.NoError(t, err)
+	hookCtx, _ := json.Marshal(hookContext{OrgID: "o", WakeupID: w.ID})
+	require.NoError(t, pgx.BeginFunc(ctx, f.db, func(tx pgx.Tx) error {
+		return f.svc.onWorkComplete(ctx, tx, workpool.Completion{WorkID: *w.WorkID, OrgID: "o", Outcome: workpool.OutcomeCanceled, Context: hookCtx})
+	}))
+	msg, err := queue.GetByKey(ctx, f.db, "o", Queue, w.ID.String())
+	require.NoError(t, err)
+	var wake Wake
+	require.NoError(t, json.Unmarshal(msg.Payload, &wake))
+	require.Equal(t, Wake{OrgID: "o", WakeupID: w.ID.String(), Outcome: "canceled", Error: "canceled after its work was enqueued"}, wake)
+	got, err := f.svc.Get(ctx, "o", AnyAgent, w.ID)
+	require.NoError(t, err)
+	require.Equal(t, "canceled after its work was enqueued", got.Error)
+}
+
 func TestTheHookResolvesOnceAndQueuesOneSignal(t *testing.T) {
 	f := newFixture(t)
 	w, err := f.svc.Create(context.Background(), params(""))
