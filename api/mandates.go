@@ -322,15 +322,16 @@ func (s *Server) resolveMandateApproval(resolve func(ctx context.Context, orgID 
 // alreadyResolved is the 409 for answering a request (a mandate approval,
 // or a tool call by its approval_id) that is no longer pending, with what
 // a UI needs to show what became of it instead of the answer: approval_id,
-// its current state, and resolved_by and resolved_at when known (not for
-// an expiry).
+// its current state, and resolved_by and resolved_at when a person
+// resolved it (as the document says: not for an expiry, a withdrawal or a
+// policy's decision, which have a resolved_at but no one behind it).
 func alreadyResolved(err error, id uuid.UUID, state, resolvedBy string, resolvedAt *time.Time) *Problem {
 	p := NewProblem(http.StatusConflict, "conflict", err.Error()).With("approval_id", id.String()).With("state", state)
 	if resolvedBy != "" {
 		p.With("resolved_by", resolvedBy)
-	}
-	if resolvedAt != nil {
-		p.With("resolved_at", resolvedAt.UTC())
+		if resolvedAt != nil {
+			p.With("resolved_at", resolvedAt.UTC())
+		}
 	}
 	return p
 }

@@ -423,6 +423,15 @@ func TestApproversResolveOverrunsButNotTheirOwn(t *testing.T) {
 		require.Equal(t, want, items[0].(map[string]any)["id"])
 	}
 	require.Empty(t, do(t, h, http.MethodGet, "/v1/mandate-approvals?status=pending", bob, nil).JSON(t)["items"])
+
+	// An expired request's 409 names no one, and no time of an answer.
+	a3 := refused()
+	_, err := s.svc.DB.Exec(context.Background(), `UPDATE mandate_approvals SET expires_at = now() - interval '1 minute' WHERE id = $1`, a3)
+	require.NoError(t, err)
+	p := do(t, h, http.MethodPost, "/v1/mandate-approvals/"+a3+"/approve", bob, `{}`).requireProblem(t, http.StatusConflict)
+	require.Equal(t, "expired", p["state"])
+	require.NotContains(t, p, "resolved_by")
+	require.NotContains(t, p, "resolved_at", "absent for an expiry")
 }
 
 // The tester's repro: overruns of 2^53−1 approved one after another. The

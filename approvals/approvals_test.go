@@ -207,6 +207,46 @@ func TestASessionIsBoundToItsFirstAgentAndAnotherOrgsIsAbsent(t *testing.T) {
 	require.ErrorIs(t, err, ErrSessionNotFound)
 }
 
+// An answer that waited for the session's lock past the call's expiry is
+// refused as expired: checked against its transaction's start (now()), it
+// approved the expired call and recorded an answer time before the expiry.
+func TestAnAnswerThatWaitedPastTheExpiryIsRefused(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	res := request(t, s, "shell", "")
+	_, err := db.Exec(ctx, `UPDATE tool_approvals SET expires_at = clock_timestamp() + interval '300 milliseconds' WHERE id = $1`, res.Approval.ID)
+	require.NoError(t, err)
+	// Any writer of the session holds its lock.
+	blocker, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(ctx) }()
+	_, err = blocker.Exec(ctx, `SELECT 1 FROM approval_sessions WHERE org_id = $1 AND session_id = $2 FOR UPDATE`, org, sess)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := respond(s, RespondParams{ApprovalID: res.Approval.ID, Decision: DecisionApproved})
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the answer waits for the session")
+	// (past the expiry, by the database's clock)
+	require.Eventually(t, func() bool {
+		var past bool
+		require.NoError(t, db.QueryRow(ctx, `SELECT expires_at < clock_timestamp() FROM tool_approvals WHERE id = $1`, res.Approval.ID).Scan(&past))
+		return past
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, blocker.Commit(ctx))
+
+	require.ErrorIs(t, <-done, ErrAlreadyResolved, "the call had expired when the answer got to it")
+	a, err := s.Get(ctx, org, res.Approval.ID, "")
+	require.NoError(t, err)
+	require.Equal(t, StatusPending, a.Status, "left to the sweeper")
+}
+
 func TestAnswersAreCompareAndSetAndNeverByTheRequester(t *testing.T) {
 	s, db := newTestService(t)
 	mine := request(t, s, "shell", "", func(p *RequestParams) { p.RequestedBy = "alice" })

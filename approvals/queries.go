@@ -67,16 +67,20 @@ ON CONFLICT (org_id, agent_id, idempotency_key) WHERE idempotency_key IS NOT NUL
 // the agent's own: migration 00010). $1 org, $2 agent, $3 key.
 const qApprovalByKey = `SELECT id FROM tool_approvals WHERE org_id = $1 AND agent_id = $2 AND idempotency_key = $3`
 
+// Expiry and answer times are the statement's, not the transaction's
+// (now()): an answer runs these once it holds the session's lock, which
+// it may have waited for past a call's expiry.
+
 // qPendingForTool locks the unexpired pending calls of a tool in a session
 // (expired ones are the sweeper's). $1 org, $2 session, $3 tool.
 const qPendingForTool = `
 SELECT id, tool_name, requested_by, true, false FROM tool_approvals
- WHERE org_id = $1 AND session_id = $2 AND tool_name = $3 AND status = 'pending' AND expires_at > now()
+ WHERE org_id = $1 AND session_id = $2 AND tool_name = $3 AND status = 'pending' AND expires_at > statement_timestamp()
  ORDER BY id FOR UPDATE`
 
 // qLockApproval locks one request of a session. $1 org, $2 session, $3 id.
 const qLockApproval = `
-SELECT id, tool_name, requested_by, status = 'pending', expires_at <= now() FROM tool_approvals
+SELECT id, tool_name, requested_by, status = 'pending', expires_at <= statement_timestamp() FROM tool_approvals
  WHERE org_id = $1 AND session_id = $2 AND id = $3
  FOR UPDATE`
 
@@ -85,15 +89,15 @@ SELECT id, tool_name, requested_by, status = 'pending', expires_at <= now() FROM
 // $6 note.
 const qResolve = `
 UPDATE tool_approvals
-   SET status = $3, source = $4, resolved_by = NULLIF($5::text, ''), note = NULLIF($6::text, ''), resolved_at = now()
+   SET status = $3, source = $4, resolved_by = NULLIF($5::text, ''), note = NULLIF($6::text, ''), resolved_at = statement_timestamp()
  WHERE org_id = $1 AND id = $2 AND status = 'pending'
 RETURNING tool_name, coalesce(workflow_id, ''), coalesce(run_id, ''), coalesce(signal, ''), created_at, resolved_at`
 
 // qExpire is qResolve for the sweeper: only past expires_at.
 // $1 org, $2 id.
 const qExpire = `
-UPDATE tool_approvals SET status = 'expired', source = 'expired', resolved_at = now()
- WHERE org_id = $1 AND id = $2 AND status = 'pending' AND expires_at <= now()
+UPDATE tool_approvals SET status = 'expired', source = 'expired', resolved_at = statement_timestamp()
+ WHERE org_id = $1 AND id = $2 AND status = 'pending' AND expires_at <= statement_timestamp()
 RETURNING tool_name, coalesce(workflow_id, ''), coalesce(run_id, ''), coalesce(signal, ''), created_at, resolved_at`
 
 // qExpiredApprovals lists pending requests past expires_at, across orgs.

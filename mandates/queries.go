@@ -48,7 +48,12 @@ WITH claim AS (
                 ELSE 'insufficient' END AS why,
            GREATEST(COALESCE(m.budget - m.spent, 0), 0) AS remaining, m.budget, m.spent
       FROM (SELECT 1) AS one
-      LEFT JOIN mandates m ON m.org_id = $1 AND m.agent_id = $2 AND m.scope = $3
+      -- (locked as the debit locks it, so that the refusal reads the row
+      -- the debit refused: a spend that waited for a revoke or a budget cut
+      -- to commit read the row as it was before from the statement's
+      -- snapshot, and was refused as insufficient, with the old budget)
+      LEFT JOIN (SELECT id, status, valid_until, budget, spent FROM mandates
+                  WHERE org_id = $1 AND agent_id = $2 AND scope = $3 FOR NO KEY UPDATE) m ON true
      WHERE EXISTS (SELECT 1 FROM proceed) AND NOT EXISTS (SELECT 1 FROM debit)
 ), request AS (
     INSERT INTO mandate_approvals (id, org_id, agent_id, scope, cost, reason, requested_by, refusal, remaining,
@@ -120,19 +125,21 @@ const qChargeRefused = `SELECT spent FROM mandates WHERE org_id = $1 AND agent_i
 
 // qResolve is the compare-and-set from pending. Expiry ($6 true) takes only
 // requests past expires_at and ignores who resolves; approve and deny take
-// only unexpired ones not created by the resolver.
+// only unexpired ones not created by the resolver. Times are the
+// statement's, not its transaction's (now()), which may have begun long
+// before, and waited for a lock past the expiry.
 // $1 org, $2 id, $3 new state, $4 resolver, $5 note, $6 expiring.
 const qResolve = `
 UPDATE mandate_approvals
-   SET state = $3, resolved_at = now(), resolved_by = NULLIF($4::text, ''), note = NULLIF($5::text, '')
+   SET state = $3, resolved_at = statement_timestamp(), resolved_by = NULLIF($4::text, ''), note = NULLIF($5::text, '')
  WHERE org_id = $1 AND id = $2 AND state = 'pending'
-   AND CASE WHEN $6::boolean THEN expires_at <= now()
-            ELSE expires_at > now() AND NOT (requested_by <> '' AND requested_by = $4) END
+   AND CASE WHEN $6::boolean THEN expires_at <= statement_timestamp()
+            ELSE expires_at > statement_timestamp() AND NOT (requested_by <> '' AND requested_by = $4) END
 RETURNING ` + approvalColumns
 
 // qResolveDiagnose explains a failed qResolve.
 const qResolveDiagnose = `
-SELECT state, requested_by, expires_at <= now() FROM mandate_approvals WHERE org_id = $1 AND id = $2`
+SELECT state, requested_by, expires_at <= statement_timestamp() FROM mandate_approvals WHERE org_id = $1 AND id = $2`
 
 // qCancelApproval withdraws a pending request for its caller.
 const qCancelApproval = `

@@ -159,6 +159,53 @@ func TestAbsentRevokedAndExpiredMandatesRefuseWithAnApprovalRequest(t *testing.T
 	requireLedgerMatches(t, db)
 }
 
+// A spend that waited for a revoke or a budget cut to commit is refused
+// for what it waited for, and its approval request shows the mandate as
+// it refused: read from the statement's snapshot, the refusal was
+// "insufficient", with the budget from before the change.
+func TestASpendThatWaitedForAChangeIsRefusedForIt(t *testing.T) {
+	for _, tc := range []struct {
+		name, change, why string
+		budget, remaining int64
+	}{
+		{"a revoke", `UPDATE mandates SET status = 'revoked', updated_at = now() WHERE id = $1`, RefusalRevoked, 10, 10},
+		{"a budget cut", `UPDATE mandates SET budget = 2, updated_at = now() WHERE id = $1`, RefusalInsufficient, 2, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, db := newTestService(t, Config{MaxSpendBatch: 1})
+			ctx := context.Background()
+			m := mustCreate(t, s, "org-a", "agent-1", "llm", 10)
+			tx, err := db.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = tx.Exec(ctx, tc.change, m.ID)
+			require.NoError(t, err)
+			type answer struct {
+				r   SpendResult
+				err error
+			}
+			done := make(chan answer, 1)
+			go func() {
+				r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 5, Reason: "r"})
+				done <- answer{r, err}
+			}()
+			require.Eventually(t, func() bool { return lockWaiters(t, db) > 0 }, testWait, pollEvery, "the spend waits for the change")
+			require.NoError(t, tx.Commit(ctx))
+			got := <-done
+			require.NoError(t, got.err)
+			require.False(t, got.r.OK)
+			require.Equal(t, tc.why, got.r.Refusal)
+			require.Equal(t, tc.remaining, got.r.Remaining)
+			a, err := s.GetApproval(ctx, "org-a", AnyAgent, got.r.ApprovalID)
+			require.NoError(t, err)
+			require.Equal(t, tc.why, a.Refusal)
+			require.NotNil(t, a.Budget)
+			require.Equal(t, tc.budget, *a.Budget, "the request shows the mandate that refused")
+			requireLedgerMatches(t, db)
+		})
+	}
+}
+
 func TestAFutureValidUntilStillSpends(t *testing.T) {
 	s, _ := newTestService(t)
 	ctx := context.Background()
