@@ -107,7 +107,7 @@ func (s *Server) approvalEvents(c echo.Context) error {
 			}
 			return nil // the client resumes with Last-Event-ID
 		}
-		if buf, err = appendInboxEvents(buf, events); err != nil {
+		if buf, err = appendInboxEvents(buf, after, events); err != nil {
 			return err
 		}
 		// The first send flushes the headers.
@@ -150,13 +150,23 @@ func (s *Server) awaitInbox(c echo.Context, sub *inbox.Subscription, keepAlive *
 	}
 }
 
-func appendInboxEvents(buf []byte, events []inbox.Event) ([]byte, error) {
+// appendInboxEvents appends events, read after seq after, to buf as SSE.
+// An org's seqs have no gaps and commit in order, so a hole before an
+// event was purged by retention (which purges by the time an append's
+// transaction began, not by seq, in batches committed one by one, and may
+// purge between this stream's reads): it is said with a reset to the seq
+// before the event, as at a start, never skipped in silence.
+func appendInboxEvents(buf []byte, after int64, events []inbox.Event) ([]byte, error) {
 	for _, ev := range events {
+		if ev.Seq != after+1 {
+			buf = fmt.Appendf(buf, "id: %d\nevent: reset\ndata: {\"seq\":%d}\n\n", ev.Seq-1, ev.Seq-1)
+		}
 		data, err := json.Marshal(ev)
 		if err != nil {
 			return buf, fmt.Errorf("encoding approval event %d: %w", ev.Seq, err)
 		}
 		buf = fmt.Appendf(buf, "id: %d\nevent: %s\ndata: %s\n\n", ev.Seq, ev.Type, data)
+		after = ev.Seq
 	}
 	return buf, nil
 }

@@ -437,6 +437,30 @@ func TestApprovalEventsStartWithResetWhenTheResumePointWasPruned(t *testing.T) {
 	}
 }
 
+// Retention may leave a hole above the oldest event it kept (it purges by
+// the time an append's transaction began, which does not rise with seq, in
+// batches committed one by one, and may purge between the stream's reads):
+// the stream says so with a reset where the hole is, never skipping in
+// silence what a reader resuming below it had not seen.
+func TestApprovalEventsSayResetWhereRetentionLeftAHole(t *testing.T) {
+	f := newInboxFixture(t, time.Minute)
+	for range 4 {
+		f.overrun(t, f.agent, 1)
+	}
+	tag, err := f.s.svc.DB.Exec(context.Background(), `DELETE FROM approval_events WHERE seq = 2`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+
+	sse := f.subscribe(t, f.alice, "Last-Event-ID", "0")
+	require.EqualValues(t, 1, sse.nextData(t).Seq)
+	ev := sse.next(t)
+	require.Equal(t, "reset", ev.Event, "event 2 is gone")
+	require.JSONEq(t, `{"seq":2}`, ev.Data)
+	require.Equal(t, "2", ev.ID, "the seq to resume after")
+	require.EqualValues(t, 3, sse.nextData(t).Seq)
+	require.EqualValues(t, 4, sse.nextData(t).Seq)
+}
+
 // A resume point past the log's end (a seq from a restored database or
 // another deployment) is not waited for in silence: the stream starts with
 // a reset to the end, and the next event follows.

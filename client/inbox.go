@@ -25,8 +25,9 @@ const (
 // ApprovalEvent is one event of GET /v1/approvals/events. A Type of
 // ApprovalReset says the resume point was older than what the server
 // keeps, or past the end of its log (a seq from a restored database or
-// another deployment): reload the lists; the events after Seq follow (a
-// reconnect resumes after Seq).
+// another deployment), or, mid-stream, that retention purged events not
+// yet sent: reload the lists; the events after Seq follow (a reconnect
+// resumes after Seq).
 type ApprovalEvent struct {
 	Seq        int64  `json:"seq"`
 	Type       string `json:"type"`
