@@ -12,7 +12,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -485,18 +484,7 @@ func TestUpdatePool_AFastFairPickSeesAWholeChangeOrNoneOfIt(t *testing.T) {
 
 	h := setUp()
 	tx := change(h)
-	picked := make(chan iterResult, 1)
-	go func() {
-		res, err := h.l.iterate(h.ctx)
-		assert.NoError(t, err)
-		picked <- res
-	}()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		err := h.db.QueryRow(h.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE workpool_pools%')`).Scan(&waiting)
-		return assert.NoError(t, err) && waiting
-	}, 10*time.Second, 5*time.Millisecond, "the iteration waits for the pool row after taking its snapshot")
+	picked := h.iterateHeldAtThePoolRow()
 	require.NoError(t, tx.Commit(h.ctx))
 	<-picked
 	require.Empty(t, h.runningByOrg(), "the iteration that straddled the change started nothing")

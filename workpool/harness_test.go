@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
@@ -91,6 +92,27 @@ func (h *harness) runMain() iterResult {
 	res, err := h.l.iterate(h.ctx)
 	require.NoError(h.t, err)
 	return res
+}
+
+// iterateHeldAtThePoolRow runs an iteration of the loop in the background
+// while the test holds the pool row locked, and returns once the
+// iteration, its snapshot taken, waits for that row (its fence, its first
+// write); its result arrives on the channel once the test lets go.
+func (h *harness) iterateHeldAtThePoolRow() <-chan iterResult {
+	h.t.Helper()
+	picked := make(chan iterResult, 1)
+	go func() {
+		res, err := h.l.iterate(h.ctx)
+		assert.NoError(h.t, err)
+		picked <- res
+	}()
+	require.Eventually(h.t, func() bool {
+		var waiting bool
+		err := h.db.QueryRow(h.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE workpool_pools%')`).Scan(&waiting)
+		return assert.NoError(h.t, err) && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the iteration waits for the pool row after taking its snapshot")
+	return picked
 }
 
 type workOpt func(*EnqueueParams)

@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
@@ -424,18 +423,7 @@ func TestOrgQueues_AnEnqueueCommittedDuringThePickKeepsTheHeadItLowered(t *testi
 	defer func() { _ = lock.Rollback(h.ctx) }()
 	_, err = lock.Exec(h.ctx, `SELECT 1 FROM workpool_pools WHERE name = 'default' FOR UPDATE`)
 	require.NoError(t, err)
-	picked := make(chan iterResult, 1)
-	go func() {
-		res, err := h.l.iterate(h.ctx)
-		assert.NoError(t, err)
-		picked <- res
-	}()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		err := h.db.QueryRow(h.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE workpool_pools%')`).Scan(&waiting)
-		return assert.NoError(t, err) && waiting
-	}, 10*time.Second, 5*time.Millisecond, "the pick waits for the pool row after taking its snapshot")
+	picked := h.iterateHeldAtThePoolRow()
 	// a's next item, a2, is ahead of a's head: this pick would move the
 	// head to it, past the item enqueued now
 	late, err := h.m.Enqueue(h.ctx, EnqueueParams{OrgID: "a", Pool: "default", Handler: "test_handle", RunAt: t0.Add(5 * time.Millisecond)})
