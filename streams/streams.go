@@ -263,18 +263,16 @@ func fingerprint(chunks [][]byte) []byte {
 // nonNil is chunks with each nil chunk an empty one (a copy when there is
 // one): pgx sends a nil []byte as NULL, which a chunk's data refuses.
 func nonNil(chunks [][]byte) [][]byte {
-	for i, c := range chunks {
+	if !slices.ContainsFunc(chunks, func(c []byte) bool { return c == nil }) {
+		return chunks
+	}
+	out := slices.Clone(chunks)
+	for i, c := range out {
 		if c == nil {
-			out := slices.Clone(chunks)
-			for j := i; j < len(out); j++ {
-				if out[j] == nil {
-					out[j] = []byte{}
-				}
-			}
-			return out
+			out[i] = []byte{}
 		}
 	}
-	return chunks
+	return out
 }
 
 func chunkOffsets(chunks [][]byte) (offsets []int64, total int64) {

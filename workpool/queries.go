@@ -712,9 +712,9 @@ held AS (
   SELECT d.org_id, coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
     ` + sqlServed(turns, "coalesce(wt.weight, 1)") + ` AS served,
     ` + sqlTurnsHeld(turns, "coalesce(wt.weight, 1)") + ` - 1 AS vrun,
-    least(` + sqlOrgRoom(perOrgCap) + `, CASE WHEN d.plain THEN 2147483647 ELSE coalesce(kr.n, 0) END) AS room
-  FROM (SELECT org_id, bool_or(plain) AS plain FROM (SELECT org_id, true AS plain FROM orgs
-        UNION ALL SELECT org_id, false FROM keys) x GROUP BY org_id) d
+    least(` + sqlOrgRoom(perOrgCap) + `, CASE WHEN p.org_id IS NOT NULL THEN 2147483647 ELSE coalesce(kr.n, 0) END) AS room
+  FROM (SELECT org_id FROM orgs UNION SELECT org_id FROM keys) d
+  LEFT JOIN orgs p ON p.org_id = d.org_id
   LEFT JOIN (SELECT org_id, sum(n) AS n FROM key_room GROUP BY org_id) kr ON kr.org_id = d.org_id
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
   LEFT JOIN turns tu ON tu.org_id = d.org_id AND tu.weight = coalesce(wt.weight, 1)
@@ -1039,9 +1039,9 @@ WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
   -- change's kick brings the loop back at once, to a snapshot with all of it.
   SELECT EXISTS (SELECT 1 FROM workpool_pools p, bump b WHERE p.name = $1
     AND (p.max_parallelism, p.max_parallelism_per_org, p.paused)
-        IS DISTINCT FROM (b.max_parallelism, b.max_parallelism_per_org, b.paused)) AS since
+        IS DISTINCT FROM (b.max_parallelism, b.max_parallelism_per_org, b.paused)) AS settings
 ), ` + sqlRunningByOrg + `, free AS (
-  SELECT CASE WHEN NOT coalesce((SELECT paused FROM bump), true) AND NOT (SELECT since FROM changed)
+  SELECT CASE WHEN NOT coalesce((SELECT paused FROM bump), true) AND NOT (SELECT settings FROM changed)
       AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)
     THEN ` + sqlFreeSlotsOfOrgs("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
 ),
