@@ -30,8 +30,8 @@ func decodeValue(b []byte) (any, bool) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, false
 	}
-	if _, err := dec.Token(); err == nil {
-		return nil, false // a second value
+	if len(bytes.TrimLeft(b[dec.InputOffset():], " \t\r\n")) != 0 {
+		return nil, false // more after the value
 	}
 	return v, true
 }

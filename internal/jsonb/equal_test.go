@@ -27,6 +27,8 @@ func TestEqualComparesValuesAsJSONBDoes(t *testing.T) {
 		{`null`, `{}`, false},
 		{`{`, `{`, false},
 		{`1 2`, `1 2`, false},
+		{`{"a":1} x`, `{"a":1} x`, false},
+		{`{"a":1}` + "\n", `{"a":1}`, true},
 	} {
 		require.Equal(t, tc.equal, Equal([]byte(tc.a), []byte(tc.b)), "%s vs %s", tc.a, tc.b)
 		require.Equal(t, tc.equal, Equal([]byte(tc.b), []byte(tc.a)), "%s vs %s", tc.b, tc.a)
