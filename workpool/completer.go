@@ -341,8 +341,9 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 	if begin {
 		_, err = br.Exec()
 	}
+	var before string
 	if err == nil {
-		_, err = br.Exec()
+		err = br.QueryRow().Scan(&before, nil)
 	}
 	if err == nil {
 		_, err = br.Exec()
@@ -371,6 +372,12 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 	}
 	if err := m.runHooks(ctx, tx, hookCalls(done), false, true); err != nil {
 		return nil, err
+	}
+	if !begin {
+		// The caller's transaction goes on (the loop's: starts follow).
+		if err := restoreStatementTimeout(ctx, tx, before); err != nil {
+			return nil, err
+		}
 	}
 	return done, nil
 }

@@ -20,9 +20,15 @@ const (
 	sqlSavepoint         = "SAVEPOINT workpool_hooks"
 	sqlRollbackSavepoint = "ROLLBACK TO SAVEPOINT workpool_hooks"
 	// sqlHookStatementTimeout bounds every later statement of the
-	// transaction — a hook's among them — to $1 ms. It is set before the
-	// hooks' savepoint, so that rolling back to it keeps the bound.
-	sqlHookStatementTimeout = "SELECT set_config('statement_timeout', $1, true)"
+	// transaction — a hook's among them — to $1 ms, and returns the bound
+	// it replaces. It is set before the hooks' savepoint, so that rolling
+	// back to it keeps the bound.
+	sqlHookStatementTimeout = "SELECT current_setting('statement_timeout'), set_config('statement_timeout', $1, true)"
+	// sqlRestoreStatementTimeout puts back the bound the transaction had
+	// before the hooks' ($1, as sqlHookStatementTimeout returned it): in
+	// the loop's transaction the starts follow the hooks, and a start
+	// bounded by a short hook timeout would fail the iteration.
+	sqlRestoreStatementTimeout = "SELECT set_config('statement_timeout', $1, true)"
 )
 
 // hookTimeoutSlack is how much longer a hook call's context lasts than its
@@ -43,16 +49,37 @@ func (m *Manager) hookStatementTimeout() string {
 // does, and each failing call is scheduled for a retry. The completion
 // commits either way. retrying says the calls come from the retry queue
 // (successes must then be marked done); open says the savepoint was just
-// set, and the statement timeout before it (completeIn does both).
+// set, and the statement timeout before it (completeIn does both, and
+// puts the timeout back). Otherwise runHooks sets both, and leaves the
+// transaction's statement timeout as it found it.
 func (m *Manager) runHooks(ctx context.Context, tx pgx.Tx, calls []hookCall, retrying, open bool) error {
 	if len(calls) == 0 {
 		return nil
 	}
-	if !open {
-		if _, err := tx.Exec(ctx, sqlHookStatementTimeout, m.hookStatementTimeout()); err != nil {
-			return fmt.Errorf("hook statement timeout: %w", err)
-		}
+	if open {
+		return m.runHooksBounded(ctx, tx, calls, retrying, true)
 	}
+	var before string
+	if err := tx.QueryRow(ctx, sqlHookStatementTimeout, m.hookStatementTimeout()).Scan(&before, nil); err != nil {
+		return fmt.Errorf("hook statement timeout: %w", err)
+	}
+	if err := m.runHooksBounded(ctx, tx, calls, retrying, false); err != nil {
+		return err
+	}
+	return restoreStatementTimeout(ctx, tx, before)
+}
+
+// restoreStatementTimeout puts back the statement timeout a transaction
+// had before the hooks' bound.
+func restoreStatementTimeout(ctx context.Context, tx pgx.Tx, before string) error {
+	if _, err := tx.Exec(ctx, sqlRestoreStatementTimeout, before); err != nil {
+		return fmt.Errorf("restoring the statement timeout after hooks: %w", err)
+	}
+	return nil
+}
+
+// runHooksBounded is runHooks once the hooks' statement timeout is set.
+func (m *Manager) runHooksBounded(ctx context.Context, tx pgx.Tx, calls []hookCall, retrying, open bool) error {
 	failed := map[uuid.UUID]error{}
 	if err := m.hookBatch(ctx, tx, calls, failed, open); err != nil {
 		return err

@@ -376,3 +376,47 @@ func TestHooks_AHookThatCannotReturnFailsAtTheHookTimeoutAndIsRetried(t *testing
 		})
 	}
 }
+
+// The hooks' statement timeout is set in the transaction that runs them;
+// in the loop's own transaction the starts come after them and must not
+// inherit a bound meant for a hook (a start that takes longer would fail
+// the iteration, and the leader would stand down).
+func TestHooks_TheHookTimeoutDoesNotBoundTheIterationsStartsAfterThem(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// before leaves work for the iteration to finish ahead of its
+		// start, and returns it with the state it ends in
+		before func(h *harness) (uuid.UUID, string)
+	}{
+		{"a canceled item's hook", func(h *harness) (uuid.UUID, string) {
+			id := h.enqueue(withHook("noop", `{}`), withRunAt(h.clock.Now().Add(time.Hour)))
+			h.cancel(id)
+			return id, "finished"
+		}},
+		{"a silent executor's work recovered", func(h *harness) (uuid.UUID, string) {
+			id := h.s2RunningWithRetries()
+			h.claimAll()
+			h.pastRecovery()
+			return id, "pending"
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, func(c *Config) { c.HookTimeout = 100 * time.Millisecond })
+			h.m.RegisterHook("noop", func(context.Context, pgx.Tx, Completion) error { return nil })
+			finished, state := tc.before(h)
+			due := h.enqueue()
+			// A start slower than a hook may be (a trigger stands in for
+			// a busy database).
+			h.exec(`CREATE FUNCTION test_slow_start() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$`)
+			h.exec(`CREATE TRIGGER test_slow_start BEFORE UPDATE ON workpool_work
+				FOR EACH ROW WHEN (NEW.state = 'running') EXECUTE FUNCTION test_slow_start()`)
+
+			_, err := h.l.iterateFull(h.ctx)
+			require.NoError(t, err, "a start may take as long as any loop statement")
+			require.Equal(t, state, h.work(finished).state)
+			require.Equal(t, "running", h.work(due).state)
+		})
+	}
+}
