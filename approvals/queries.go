@@ -100,11 +100,12 @@ UPDATE tool_approvals SET status = 'expired', source = 'expired', resolved_at = 
  WHERE org_id = $1 AND id = $2 AND status = 'pending' AND expires_at <= statement_timestamp()
 RETURNING tool_name, coalesce(workflow_id, ''), coalesce(run_id, ''), coalesce(signal, ''), created_at, resolved_at`
 
-// qExpiredApprovals lists pending requests past expires_at, across orgs.
+// qExpiredApprovals lists pending requests past expires_at, across orgs,
+// after ($2 expires_at, $3 id) in that order.
 const qExpiredApprovals = `
-SELECT org_id, session_id, id FROM tool_approvals
- WHERE status = 'pending' AND expires_at <= now()
- ORDER BY expires_at LIMIT $1`
+SELECT org_id, session_id, id, expires_at FROM tool_approvals
+ WHERE status = 'pending' AND expires_at <= now() AND (expires_at, id) > ($2, $3)
+ ORDER BY expires_at, id LIMIT $1`
 
 // qUpsertPolicy sets the policy for (org, agent, tool, match).
 // $1 id, $2 org, $3 agent, $4 tool, $5 match (NULL: unconditional),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -49,16 +50,21 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 type dueApproval struct {
 	orgID, sessionID string
 	id               uuid.UUID
+	expiresAt        time.Time // with id, its place in the sweep's order
 }
 
-func (s *Service) expiredApprovals(ctx context.Context, batch int) ([]dueApproval, error) {
-	rows, err := s.db.Query(ctx, qExpiredApprovals, batch)
+func (s *Service) expiredApprovals(ctx context.Context, after *dueApproval, batch int) ([]dueApproval, error) {
+	from := dueApproval{expiresAt: time.Unix(0, 0)} // before any request
+	if after != nil {
+		from = *after
+	}
+	rows, err := s.db.Query(ctx, qExpiredApprovals, batch, from.expiresAt, from.id)
 	if err != nil {
 		return nil, fmt.Errorf("scanning for expired tool approvals: %w", err)
 	}
 	due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (dueApproval, error) {
 		var d dueApproval
-		return d, r.Scan(&d.orgID, &d.sessionID, &d.id)
+		return d, r.Scan(&d.orgID, &d.sessionID, &d.id, &d.expiresAt)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("scanning for expired tool approvals: %w", err)

@@ -147,11 +147,12 @@ UPDATE mandate_approvals SET state = 'canceled', resolved_at = now()
  WHERE org_id = $1 AND id = $2 AND state = 'pending'
 RETURNING ` + approvalColumns
 
-// qExpiredApprovals lists pending requests past expires_at, across orgs.
+// qExpiredApprovals lists pending requests past expires_at, across orgs,
+// after ($2 expires_at, $3 id) in that order.
 const qExpiredApprovals = `
-SELECT org_id, id FROM mandate_approvals
- WHERE state = 'pending' AND expires_at <= now()
- ORDER BY expires_at LIMIT $1`
+SELECT org_id, id, expires_at FROM mandate_approvals
+ WHERE state = 'pending' AND expires_at <= now() AND (expires_at, id) > ($2, $3)
+ ORDER BY expires_at, id LIMIT $1`
 
 // qGetApproval: $1 org, $2 id, $3 agent (empty: any). The agent is in the
 // WHERE clause so that another agent's request is absent exactly as another

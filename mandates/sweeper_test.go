@@ -2,10 +2,12 @@ package mandates
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/leader"
@@ -64,6 +66,37 @@ func TestSweepLeavesARequestWhoseHookFailsPendingForTheNextSweep(t *testing.T) {
 	n, err = s.Sweep(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
+}
+
+// Requests that keep failing stay pending and are the oldest due; a
+// sweep that began again from them after each batch stopped at a batch's
+// worth of them, and every org's requests behind them waited for good.
+func TestSweepGoesOnPastABatchOfRequestsWhoseHooksKeepFailing(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	rec := newRecorder(t, s, db, "test")
+	s.RegisterResolveHook("stuck", func(context.Context, pgx.Tx, Resolution) error { return errors.New("stuck") })
+	for range sweepBatch + 1 {
+		r, err := s.Spend(ctx, SpendParams{OrgID: "org-stuck", AgentID: "agent-1", Scope: "llm", Cost: 5,
+			OnResolve: &Payload{Kind: "stuck"}})
+		require.NoError(t, err)
+		require.False(t, r.OK)
+	}
+	_, err := db.Exec(ctx, `UPDATE mandate_approvals SET expires_at = now() - interval '1 hour' WHERE org_id = 'org-stuck'`)
+	require.NoError(t, err)
+	behind := refuse(t, s, "org-b", "llm", 5, "")
+	makeOverdue(t, db, behind)
+
+	n, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	a, err := s.GetApproval(ctx, "org-b", AnyAgent, behind)
+	require.NoError(t, err)
+	require.Equal(t, StateExpired, a.State, "expired behind another org's failures")
+	require.Len(t, rec.snapshot(), 1)
+	var stuck int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM mandate_approvals WHERE org_id = 'org-stuck' AND state = 'pending'`).Scan(&stuck))
+	require.Equal(t, sweepBatch+1, stuck, "the failing ones stay pending for the next sweep")
 }
 
 // Two replicas run the sweeper; only the leader sweeps, and an overdue

@@ -49,20 +49,25 @@ func Every(interval time.Duration, round func(context.Context) error, onError fu
 }
 
 // SweepBatches drains a backlog batch by batch: scan returns up to batch
-// due items, each is handled alone (true: it counted, false: it no longer
+// due items in a total order, after the item it is given (nil: from the
+// first), each is handled alone (true: it counted, false: it no longer
 // needed handling), and a failure is logged through onError and left for
-// the next sweep. It stops when a batch comes back short, when every item
-// of a batch failed (those failures would only be met again at once), or
-// at the first ErrDeposed (returned), and returns how many items counted.
-func SweepBatches[T any](ctx context.Context, batch int, scan func(context.Context, int) ([]T, error),
+// the next sweep. Each scan goes on after the last item of the one before,
+// failed or not, so items that keep failing never hold up the rest (a
+// sweep that went back to the oldest due items would meet the same
+// failures first every time, and a batch's worth of them would stall every
+// item behind them, other orgs' among them). It stops when a batch comes
+// back short or at the first ErrDeposed (returned), and returns how many
+// items counted.
+func SweepBatches[T any](ctx context.Context, batch int, scan func(ctx context.Context, after *T, batch int) ([]T, error),
 	handle func(context.Context, T) (bool, error), onError func(T, error)) (int, error) {
 	total := 0
+	var after *T
 	for {
-		due, err := scan(ctx, batch)
+		due, err := scan(ctx, after, batch)
 		if err != nil {
 			return total, err
 		}
-		failed := 0
 		for _, d := range due {
 			counted, err := handle(ctx, d)
 			if err != nil {
@@ -72,7 +77,6 @@ func SweepBatches[T any](ctx context.Context, batch int, scan func(context.Conte
 				if errors.Is(err, ErrDeposed) {
 					return total, err // every other item would meet it too
 				}
-				failed++
 				onError(d, err)
 				continue
 			}
@@ -80,8 +84,9 @@ func SweepBatches[T any](ctx context.Context, batch int, scan func(context.Conte
 				total++
 			}
 		}
-		if len(due) < batch || failed == len(due) {
+		if len(due) < batch {
 			return total, nil
 		}
+		after = &due[len(due)-1]
 	}
 }

@@ -68,11 +68,11 @@ func TestEveryRunsARoundAtOnceAndReportsOnlyLiveFailures(t *testing.T) {
 	require.Equal(t, []error{boom, boom}, reported, "failures of live rounds are reported; the one that ended it is not")
 }
 
-func TestSweepBatchesDrainsUntilAShortBatchAndStopsWhenAWholeBatchFails(t *testing.T) {
+func TestSweepBatchesDrainsUntilAShortBatch(t *testing.T) {
 	ctx := context.Background()
 	backlog := []int{1, 2, 3, 4, 5} // 5 due items, batches of 2
 	var logged []int
-	scan := func(_ context.Context, n int) ([]int, error) { return backlog[:min(n, len(backlog))], nil }
+	scan := func(_ context.Context, after *int, n int) ([]int, error) { return backlog[:min(n, len(backlog))], nil }
 	handle := func(_ context.Context, d int) (bool, error) {
 		backlog = backlog[1:]
 		return d != 4, nil // 4 no longer needed handling
@@ -81,13 +81,36 @@ func TestSweepBatchesDrainsUntilAShortBatchAndStopsWhenAWholeBatchFails(t *testi
 	require.NoError(t, err)
 	require.Equal(t, 4, n, "five handled, four counted, through a short last batch")
 	require.Empty(t, logged)
+}
 
-	scans := 0
-	failing := func(_ context.Context, n int) ([]int, error) { scans++; return []int{7, 8}, nil }
-	n, err = SweepBatches(ctx, 2, failing, func(context.Context, int) (bool, error) { return false, errors.New("boom") },
-		func(d int, err error) { logged = append(logged, d) })
+// Items that keep failing stay due; a sweep that scanned from the oldest
+// again would meet them first every time, and a batch's worth of them
+// would hold up everything behind them.
+func TestSweepBatchesGoesOnPastItemsThatFail(t *testing.T) {
+	ctx := context.Background()
+	due := []int{1, 2, 3, 4, 5, 6, 7} // 1–4 fail and stay due
+	var afters []any
+	scan := func(_ context.Context, after *int, n int) ([]int, error) {
+		afters = append(afters, after)
+		from := 0
+		if after != nil {
+			afters[len(afters)-1] = *after
+			for from < len(due) && due[from] <= *after {
+				from++
+			}
+		}
+		return due[from:min(from+n, len(due))], nil
+	}
+	handle := func(_ context.Context, d int) (bool, error) {
+		if d <= 4 {
+			return false, errors.New("boom")
+		}
+		return true, nil
+	}
+	var logged []int
+	n, err := SweepBatches(ctx, 2, scan, handle, func(d int, err error) { logged = append(logged, d) })
 	require.NoError(t, err)
-	require.Zero(t, n)
-	require.Equal(t, 1, scans, "a batch that failed whole is not scanned again at once")
-	require.Equal(t, []int{7, 8}, logged)
+	require.Equal(t, 3, n, "5, 6 and 7 handled behind four failures")
+	require.Equal(t, []int{1, 2, 3, 4}, logged)
+	require.Equal(t, []any{(*int)(nil), 2, 4, 6}, afters, "each scan after the last item of the one before")
 }

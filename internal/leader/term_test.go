@@ -133,7 +133,7 @@ func TestEveryStandsDownWhenItsTermIsSuperseded(t *testing.T) {
 func TestSweepBatchesStopsAtTheFirstDeposedItem(t *testing.T) {
 	handled := 0
 	n, err := SweepBatches(context.Background(), 10,
-		func(context.Context, int) ([]int, error) { return []int{1, 2, 3}, nil },
+		func(context.Context, *int, int) ([]int, error) { return []int{1, 2, 3}, nil },
 		func(context.Context, int) (bool, error) {
 			handled++
 			return false, fmt.Errorf("expiring: %w", ErrDeposed)
