@@ -447,10 +447,15 @@ func awaitSignal[T any](ctx workflow.Context, signal string, timeout time.Durati
 		var got, received bool
 		sel := workflow.NewSelector(ctx)
 		sel.AddReceive(ch, func(c workflow.ReceiveChannel, _ bool) {
+			// ReceiveAsync, not Receive: the SDK drops (and logs) a payload
+			// its data converter cannot decode, and Receive would then
+			// block here for the next signal, past the timer and the
+			// cancellation.
 			var raw json.RawMessage
-			c.Receive(ctx, &raw)
 			received = true
-			v, got = decode(raw)
+			if c.ReceiveAsync(&raw) {
+				v, got = decode(raw)
+			}
 		})
 		if timer != nil {
 			sel.AddFuture(timer, func(workflow.Future) { timedOut = true })

@@ -14,6 +14,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // These run AwaitWake's selection logic in the SDK's workflow test
@@ -497,4 +498,61 @@ func TestATimeoutIsMatchedByIsTimeoutOutsideTheWorkflow(t *testing.T) {
 	require.False(t, IsTimeout(errors.New("timed out waiting for the wake signal")))
 	require.False(t, IsTimeout(temporal.NewApplicationError("other", "SomethingElse")))
 	require.False(t, IsTimeout(nil))
+}
+
+type undecodableInput struct{ Dedupe, Approval bool }
+
+func awaitPastAnUndecodableSignal(ctx workflow.Context, in undecodableInput) (string, error) {
+	if in.Dedupe {
+		ctx = WithWakeDedupe(ctx)
+	}
+	if in.Approval {
+		d, err := AwaitApproval(ctx, "", "a1", time.Minute)
+		return d.ApprovalID, err
+	}
+	w, err := AwaitWakeFor(ctx, "wake", "w1", time.Minute)
+	return w.WakeupID, err
+}
+
+// A signal whose payload the data converter cannot decode as JSON (here a
+// protobuf message on the channel) is skipped: the await still times out
+// after its minute, and a cancel still ends it, with or without the shared
+// wait.
+func TestAnUndecodableSignalLeavesTheTimeoutAndTheCancelWorking(t *testing.T) {
+	for _, cancel := range []bool{false, true} {
+		for _, approval := range []bool{false, true} {
+			for _, dedupe := range []bool{false, true} {
+				name := map[bool]string{false: "timeout", true: "cancel"}[cancel] +
+					map[bool]string{false: "/wake", true: "/approval"}[approval] +
+					map[bool]string{false: "/own-wait", true: "/shared-wait"}[dedupe]
+				t.Run(name, func(t *testing.T) {
+					var suite testsuite.WorkflowTestSuite
+					env := suite.NewTestWorkflowEnvironment()
+					env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/undecodable"})
+					sig := "wake"
+					if approval {
+						sig = ApprovalSignal
+					}
+					env.RegisterDelayedCallback(func() { env.SignalWorkflow(sig, durationpb.New(time.Second)) }, time.Second)
+					if cancel {
+						env.RegisterDelayedCallback(env.CancelWorkflow, 2*time.Second)
+					}
+					// Hours after the timeout: the await must have ended by then.
+					sendWake(t, env, "wake", Wake{OrgID: "org-a", WakeupID: "w1", Outcome: OutcomeSucceeded}, 2*time.Hour)
+					sendDecision(t, env, Decision{OrgID: "org-a", ApprovalID: "a1", Decision: DecisionApproved}, 2*time.Hour)
+
+					env.ExecuteWorkflow(awaitPastAnUndecodableSignal, undecodableInput{Dedupe: dedupe, Approval: approval})
+
+					require.True(t, env.IsWorkflowCompleted())
+					err := env.GetWorkflowError()
+					if cancel {
+						var canceled *temporal.CanceledError
+						require.True(t, errors.As(err, &canceled), "want the cancel, got %v", err)
+						return
+					}
+					require.True(t, IsTimeout(err), "want the timeout, got %v", err)
+				})
+			}
+		}
+	}
 }
