@@ -130,6 +130,9 @@ func (d *Dispatcher) Stop(ctx context.Context) error { return d.life.Stop(ctx) }
 // query that keeps failing) must not be retried every 50 ms.
 func (d *Dispatcher) run(ctx context.Context) {
 	backoff := listen.NewReconnectBackoff()
+	// However the run ends — listening, reconnecting or backing off — the
+	// handoffs accepted and not sent are released for any dispatcher.
+	defer d.releaseHandoffs(context.WithoutCancel(ctx))
 	var listenedAt time.Time
 	for ctx.Err() == nil {
 		listenedAt = time.Time{}

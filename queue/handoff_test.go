@@ -3,8 +3,10 @@ package queue
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -464,4 +466,77 @@ func TestStopReleasesClaimedSignalsStillWaitingForASendSlot(t *testing.T) {
 	defer cancel()
 	_, err := l.Conn().WaitForNotification(wctx)
 	require.NoError(t, err, "the dispatchers are told")
+}
+
+// A dispatcher that lost its LISTEN connection (a Postgres restart, a
+// terminated backend) backs off between reconnects, up to 5 s. A handoff
+// accepted meanwhile waits in the handoff queue; if the replica is stopped
+// (SIGTERM) before the dispatcher reconnects, the stop must release it as
+// it releases any handoff it did not send (handoff.go, releaseHandoffs:
+// "rather than left hidden, which held those wakes back by HandoffLease at
+// every rolling restart") — not leave it hidden for its whole lease and
+// counted nowhere.
+func TestAStopWhileReconnectingReleasesTheHandoffsItHolds(t *testing.T) {
+	ctx := context.Background()
+	dsn := testkit.NewDatabase(t)
+	writer := testkit.NewPoolFor(t, dsn)
+	// The dispatcher's own pool: while down, every acquire fails, as when
+	// Postgres cannot be reached.
+	var down atomic.Bool
+	var failed atomic.Int64
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
+		if down.Load() {
+			failed.Add(1)
+			return true, errors.New("test: database unreachable")
+		}
+		return true, nil
+	}
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+
+	sig := newRecordingSignaler()
+	d := NewDispatcher(db, sig, DispatcherConfig{Logger: testkit.Logger(t), HandoffLease: time.Hour})
+	require.NoError(t, d.Start(ctx))
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	_, _, err = Enqueue(ctx, writer, signalParams("o/before"))
+	require.NoError(t, err)
+	requireDelivered(t, writer, "o/before") // listening
+
+	// Its LISTEN connection is cut and it cannot reconnect for a while.
+	down.Store(true)
+	var pid uint32
+	require.Eventually(t, func() bool {
+		return writer.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND query = 'LISTEN `+notifyChannel+`'`).Scan(&pid) == nil
+	}, testWait, testTick)
+	_, err = writer.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
+	require.NoError(t, err)
+	// Five failed reconnects: it now waits 1.6 s before the next one.
+	require.Eventually(t, func() bool { return failed.Load() >= 5 }, testWait, time.Millisecond)
+	down.Store(false)
+
+	// A wake committed now is handed to the (running) dispatcher…
+	var h *Handoff
+	err = pgx.BeginFunc(ctx, writer, func(tx pgx.Tx) error {
+		var err error
+		_, h, err = d.EnqueueForHandoff(ctx, tx, signalParams("o/handed"))
+		return err
+	})
+	require.NoError(t, err)
+	require.NotNil(t, h, "the dispatcher runs: the message is written leased to it")
+	require.True(t, d.Handoff(h), "accepted into the handoff queue")
+
+	// …and the replica is stopped before the dispatcher reconnects.
+	require.NoError(t, d.Stop(ctx))
+
+	m, err := GetByKey(ctx, writer, "o", "q", "o/handed")
+	require.NoError(t, err)
+	require.Zero(t, sig.count("o/handed"), "not sent by the stopped dispatcher")
+	require.False(t, m.NextAttemptAt.After(time.Now().Add(time.Minute)),
+		"released at the stop, due at once — not hidden until its lease ends at %s", m.NextAttemptAt)
+	require.Zero(t, m.Attempts, "its attempt was never made")
+	require.Equal(t, 1.0, testutil.ToFloat64(d.metrics.handoffs.WithLabelValues("released")))
 }
