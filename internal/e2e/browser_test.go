@@ -61,7 +61,7 @@ type browser struct {
 	requests   map[network.RequestID]*sentRequest
 	order      []network.RequestID
 	exceptions []string
-	fulfill    func(*fetch.EventRequestPaused) fetch.FulfillRequestParams // see intercept
+	fulfill    func(*fetch.EventRequestPaused) *fetch.FulfillRequestParams // see intercept
 }
 
 // browserStarts is how many times newBrowser starts Chromium when it
@@ -184,9 +184,15 @@ func (b *browser) observe(ev any) {
 	case *fetch.EventRequestPaused:
 		if b.fulfill != nil {
 			params := b.fulfill(ev)
-			params.RequestID = ev.RequestID
 			// Not on the listener's goroutine, which delivers the answer.
-			go func() { _, _ = chromedp.Call(b.ctx, fetch.FulfillRequest, params) }()
+			if params == nil {
+				go func() {
+					_, _ = chromedp.Call(b.ctx, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID})
+				}()
+				break
+			}
+			params.RequestID = ev.RequestID
+			go func() { _, _ = chromedp.Call(b.ctx, fetch.FulfillRequest, *params) }()
 		}
 	case *runtime.EventExceptionThrown:
 		d := ev.ExceptionDetails
@@ -287,8 +293,9 @@ func (b *browser) diagnose() string {
 }
 
 // intercept answers the page's requests whose URL matches pattern (* is
-// any text) with what fulfill returns, instead of sending them.
-func (b *browser) intercept(pattern string, fulfill func(*fetch.EventRequestPaused) fetch.FulfillRequestParams) {
+// any text) with what fulfill returns, instead of sending them; a request
+// for which it returns nil goes to the server.
+func (b *browser) intercept(pattern string, fulfill func(*fetch.EventRequestPaused) *fetch.FulfillRequestParams) {
 	b.t.Helper()
 	b.mu.Lock()
 	b.fulfill = fulfill

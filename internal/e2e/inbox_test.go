@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -631,8 +632,8 @@ func TestInboxRefusesATokenThatCannotAnswer(t *testing.T) {
 		require.Equal(t, http.StatusForbidden, r.status, string(r.raw))
 		detail, _ := r.body["detail"].(string)
 		require.NotEmpty(t, detail)
-		b.intercept("*/v1/approvals/events*", func(*fetch.EventRequestPaused) fetch.FulfillRequestParams {
-			return fetch.FulfillRequestParams{ResponseCode: http.StatusForbidden, Body: r.raw,
+		b.intercept("*/v1/approvals/events*", func(*fetch.EventRequestPaused) *fetch.FulfillRequestParams {
+			return &fetch.FulfillRequestParams{ResponseCode: http.StatusForbidden, Body: r.raw,
 				ResponseHeaders: []*fetch.HeaderEntry{{Name: "Content-Type", Value: "application/problem+json"}}}
 		})
 		b.run(chromedp.Navigate("about:blank"))
@@ -759,5 +760,75 @@ func TestInboxShortcutsComeFromTheRequestNotItsControls(t *testing.T) {
 		require.Contains(t, string(r.raw), `"approval":"always"`, "the selected policy was sent")
 		require.Contains(t, string(r.raw), `"tool_name":"deploy"`)
 	})
+	b.noExceptions()
+}
+
+// A list that fails to load at sign-in (a replica restarting, a proxy's
+// 502) loads again before the page follows live, as its banner says: the
+// stream alone starts at the log's end (the page has no seq to resume
+// from), and what was pending before the page opened never showed.
+func TestInboxLoadsTheListAgainWhenItFailedAtSignIn(t *testing.T) {
+	s := newStack(t)
+	id := s.toolCall(token(t, org, "agent"), "s1", map[string]any{"agent_id": agent, "tool_name": "shell"})
+	b := newBrowser(t)
+	var failed atomic.Bool
+	b.intercept("*/v1/tool-approvals?*", func(ev *fetch.EventRequestPaused) *fetch.FulfillRequestParams {
+		if ev.Request.Method != http.MethodGet || !failed.CompareAndSwap(false, true) {
+			return nil
+		}
+		return &fetch.FulfillRequestParams{ResponseCode: http.StatusServiceUnavailable,
+			Body:            []byte(`{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"restarting"}`),
+			ResponseHeaders: []*fetch.HeaderEntry{{Name: "Content-Type", Value: "application/problem+json"}}}
+	})
+	b.run(chromedp.Navigate(s.http.URL + "/inbox#token=" + signedToken(t, "alice", "approver")))
+	b.waitFor("the request pending since before the page opened", itemJS(id, "true"))
+	b.waitFor("the live indicator", `document.getElementById('conn').dataset.state === 'live'`)
+	require.True(t, failed.Load(), "the first list read failed")
+	var banner string
+	b.eval(`document.getElementById('banner').textContent`, &banner)
+	require.NotContains(t, banner, "could not be loaded", "the list loaded, and the banner still says it did not")
+	b.noExceptions()
+}
+
+// After a reset (retention purged events the page had not seen), what was
+// answered meanwhile leaves Pending and shows in Resolved, which the page
+// had loaded before: it reloaded Pending only, and the request was in
+// neither tab.
+func TestInboxShowsInResolvedWhatWasAnsweredAcrossAReset(t *testing.T) {
+	s := newStack(t)
+	id := s.toolCall(token(t, org, "agent"), "s1", map[string]any{"agent_id": agent, "tool_name": "shell"})
+	b := newBrowser(t)
+	var down atomic.Bool
+	b.intercept("*/v1/approvals/events*", func(*fetch.EventRequestPaused) *fetch.FulfillRequestParams {
+		if !down.Load() {
+			return nil
+		}
+		return &fetch.FulfillRequestParams{ResponseCode: http.StatusServiceUnavailable}
+	})
+	b.openInbox(s.http.URL, signedToken(t, "alice", "approver"))
+	b.waitFor("the pending request", itemJS(id, "true"))
+	b.waitFor("the live indicator", `document.getElementById('conn').dataset.state === 'live'`)
+	// The approver looks at Resolved once (nothing there yet), then back.
+	b.run(chromedp.Click(chromedp.CSS(`#tab-resolved`)))
+	b.waitFor("the resolved list", `document.getElementById('loading').hidden && !`+itemJS(id, "true"))
+	b.run(chromedp.Click(chromedp.CSS(`#tab-pending`)))
+	b.waitFor("the pending request again", itemJS(id, "true"))
+
+	// The stream drops and stays down; meanwhile bob answers, and
+	// retention purges the org's events.
+	down.Store(true)
+	s.http.CloseClientConnections()
+	b.waitFor("the page to notice", `document.getElementById('conn').dataset.state !== 'live'`)
+	r := s.call(http.MethodPost, "/v1/sessions/s1/tool-approvals", signedToken(t, "bob", "approver"),
+		map[string]any{"approval_id": id, "decision": "approved"})
+	require.Equal(t, http.StatusOK, r.status, string(r.raw))
+	_, err := s.db.Exec(context.Background(), `DELETE FROM approval_events WHERE org_id = $1`, org)
+	require.NoError(t, err)
+	down.Store(false)
+	b.waitFor("the request to leave Pending after the reset", `!`+itemJS(id, "true"))
+	b.waitFor("the live indicator", `document.getElementById('conn').dataset.state === 'live'`)
+
+	b.run(chromedp.Click(chromedp.CSS(`#tab-resolved`)))
+	b.waitFor("the request bob answered, in Resolved", itemJS(id, `el.textContent.includes('Approved by bob')`))
 	b.noExceptions()
 }

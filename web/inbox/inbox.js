@@ -724,10 +724,27 @@
     while (gen === state.gen) {
       setConn(failures ? 'reconnecting' : 'connecting', failures ? 'Reconnecting…' : 'Connecting…');
       let outcome;
-      try {
-        outcome = await streamOnce(gen, () => { failures = 0; setConn('live', 'Live'); });
-      } catch (e) {
-        outcome = { retry: true, error: e };
+      if (state.seq === null) {
+        // The list never loaded (the banner says it loads again): load it
+        // before following, or the stream starts at the end and what was
+        // pending before never shows.
+        try {
+          await loadPending(gen);
+          if (gen !== state.gen) return;
+          showBanner('');
+          render();
+        } catch (e) {
+          if (gen !== state.gen) return;
+          if (e.status === 401) return expired(gen);
+          outcome = { retry: true, error: e };
+        }
+      }
+      if (!outcome) {
+        try {
+          outcome = await streamOnce(gen, () => { failures = 0; setConn('live', 'Live'); });
+        } catch (e) {
+          outcome = { retry: true, error: e };
+        }
       }
       if (gen !== state.gen) return;
       if (outcome.stop) {
@@ -737,6 +754,12 @@
       if (outcome.reload) {
         try {
           await loadPending(gen);
+          if (gen !== state.gen) return;
+          // What was answered in the hole left Pending: Resolved must be
+          // read again to show it (now if it is the tab shown, else when
+          // it is next opened).
+          state.resolvedLoaded = false;
+          if (state.tab === 'resolved') await loadResolved(gen);
           if (gen !== state.gen) return;
           render();
           continue; // resubscribe at once from the reloaded list's seq
