@@ -189,8 +189,8 @@ type signalReaders map[string]*signalReader
 // one waits for: each waits on a condition over the held state instead,
 // which the SDK re-evaluates after every step of every coroutine. It stops
 // when nobody waits, so that a signal sent between awaits stays on the
-// channel as it always did (a workflow may drain it before continuing as
-// new).
+// channel as it always did (PendingWakes and PendingDecisions hand over
+// both it and what is held before a workflow continues as new).
 type signalReader struct {
 	waiters int
 	running bool

@@ -1,0 +1,114 @@
+package workflows
+
+import (
+	"cmp"
+	"encoding/json"
+	"maps"
+	"slices"
+
+	"go.temporal.io/sdk/workflow"
+)
+
+// A run that continues as new must drain its signal channels first
+// (Temporal refuses to lose a signal), and the outbox delivers each wake
+// and decision once: whatever the run received and did not return has to
+// travel to the next run in its input. In a WithWakeDedupe context the
+// run also holds, off the channel, wakes and decisions that arrived while
+// it awaited others; draining the channel alone would miss those.
+// PendingWakes and PendingDecisions hand both over; HoldWakes and
+// HoldDecisions give them to the next run's awaits.
+
+// PendingWakes removes and returns the wakes on signal that the run has
+// received and not returned, in arrival order: those a WithWakeDedupe
+// context holds for a later await, then those still on the channel (of the
+// workflow's org, well formed, not returned before). Call it when no await
+// is running, just before continuing as new, and pass the result to the
+// next run, which gives it to its awaits with HoldWakes.
+func PendingWakes(ctx workflow.Context, signal string) []Wake {
+	var out []Wake
+	if held, _ := ctx.Value(heldWakesKey{}).(*heldWakes); held != nil {
+		for {
+			w, ok := held.take(signal, "")
+			if !ok {
+				break
+			}
+			out = append(out, w)
+		}
+	}
+	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
+	seen, _ := ctx.Value(seenKey{}).(seenWakes)
+	ch := workflow.GetSignalChannel(ctx, signal)
+	var raw json.RawMessage
+	for ch.ReceiveAsync(&raw) {
+		w, ok := decodeWake(raw)
+		raw = nil
+		if !ok || w.OrgID != org || seen[w.WakeupID] ||
+			slices.ContainsFunc(out, func(o Wake) bool { return o.WakeupID == w.WakeupID }) {
+			continue
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
+// HoldWakes gives the run wakes on signal that its previous run handed
+// over (PendingWakes): later awaits take them as if they had just arrived.
+// It returns a WithWakeDedupe context (ctx itself when it is one); use it
+// for the awaits.
+func HoldWakes(ctx workflow.Context, signal string, wakes []Wake) workflow.Context {
+	ctx = WithWakeDedupe(ctx)
+	held := ctx.Value(heldWakesKey{}).(*heldWakes)
+	for _, w := range wakes {
+		if !held.holds(signal, w.WakeupID) {
+			held.wakes = append(held.wakes, heldWake{signal, w})
+		}
+	}
+	return ctx
+}
+
+// PendingDecisions removes and returns the tool approvals' decisions the
+// run has received and not returned: every decision a WithWakeDedupe
+// context holds for a later AwaitApproval (by approval id), then those
+// still on the channel named signal ("": ApprovalSignal) of the workflow's
+// org, well formed and not returned before, in arrival order. As
+// PendingWakes, for a run about to continue as new; the next run gives
+// them to its awaits with HoldDecisions.
+func PendingDecisions(ctx workflow.Context, signal string) []Decision {
+	signal = cmp.Or(signal, ApprovalSignal)
+	var out []Decision
+	if held, _ := ctx.Value(heldKey{}).(heldDecisions); held != nil {
+		for _, id := range slices.Sorted(maps.Keys(held)) { // (map order is not deterministic)
+			out = append(out, held[id])
+			delete(held, id)
+		}
+	}
+	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
+	seen, _ := ctx.Value(seenKey{}).(seenWakes)
+	ch := workflow.GetSignalChannel(ctx, signal)
+	var raw json.RawMessage
+	for ch.ReceiveAsync(&raw) {
+		d, ok := decodeDecision(raw)
+		raw = nil
+		if !ok || d.OrgID != org || seen["approval:"+d.ApprovalID] ||
+			slices.ContainsFunc(out, func(o Decision) bool { return o.ApprovalID == d.ApprovalID }) {
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// HoldDecisions gives the run decisions its previous run handed over
+// (PendingDecisions): a later AwaitApproval of each returns it at once. It
+// returns a WithWakeDedupe context (ctx itself when it is one); use it for
+// the awaits.
+func HoldDecisions(ctx workflow.Context, decisions []Decision) workflow.Context {
+	ctx = WithWakeDedupe(ctx)
+	held := ctx.Value(heldKey{}).(heldDecisions)
+	for _, d := range decisions {
+		if _, ok := held[d.ApprovalID]; !ok {
+			held[d.ApprovalID] = d
+		}
+	}
+	return ctx
+}
