@@ -35,6 +35,7 @@ func defaultMaxConnections() int {
 type connLimit struct {
 	places chan struct{} // one token per open connection
 	done   chan struct{} // closed with the listener
+	idled  chan struct{} // told (without blocking) when a connection turns idle
 
 	mu   sync.Mutex
 	idle list.List // of *limitedConn, idle the longest first
@@ -43,7 +44,7 @@ type connLimit struct {
 }
 
 func newConnLimit(max int, m *httpMetrics) *connLimit {
-	return &connLimit{places: make(chan struct{}, max), done: make(chan struct{}),
+	return &connLimit{places: make(chan struct{}, max), done: make(chan struct{}), idled: make(chan struct{}, 1),
 		closedIdle: m.atLimit.WithLabelValues("closed_idle"), waited: m.atLimit.WithLabelValues("waited")}
 }
 
@@ -67,37 +68,51 @@ func (l *connLimit) connState(c net.Conn, state http.ConnState) {
 	}
 	if state == http.StateIdle {
 		lc.idleAt = l.idle.PushBack(lc)
+		// (a connection waiting in take for a place takes this one's)
+		select {
+		case l.idled <- struct{}{}:
+		default:
+		}
 	}
 }
 
-// take takes a place for a new connection, making one if need be.
+// take takes a place for a new connection, making one if need be: it
+// closes the connection idle the longest, or waits while every one is busy
+// — until one closes, or turns idle and is closed for it.
 func (l *connLimit) take() bool {
-	select {
-	case l.places <- struct{}{}:
-		return true
-	default:
-	}
-	l.mu.Lock()
-	oldest := l.idle.Front()
-	if oldest != nil {
-		lc := l.idle.Remove(oldest).(*limitedConn)
-		lc.idleAt = nil
+	waited := false
+	for {
+		select {
+		case l.places <- struct{}{}:
+			return true
+		default:
+		}
+		l.mu.Lock()
+		oldest := l.idle.Front()
+		if oldest != nil {
+			lc := l.idle.Remove(oldest).(*limitedConn)
+			lc.idleAt = nil
+			l.mu.Unlock()
+			l.closedIdle.Inc()
+			// Its place is given back at once; net/http's read of the next
+			// request fails and it forgets the connection. A request that raced in
+			// meanwhile is lost as on any idle close; clients retry those
+			// (Go's transport does for idempotent ones and Idempotency-Keys).
+			_ = lc.Close()
+			continue
+		}
 		l.mu.Unlock()
-		l.closedIdle.Inc()
-		// Its place is given back at once; net/http's read of the next
-		// request fails and it forgets the connection. A request that raced in
-		// meanwhile is lost as on any idle close; clients retry those
-		// (Go's transport does for idempotent ones and Idempotency-Keys).
-		_ = lc.Close()
-	} else {
-		l.mu.Unlock()
-		l.waited.Inc()
-	}
-	select {
-	case l.places <- struct{}{}:
-		return true
-	case <-l.done:
-		return false
+		if !waited {
+			waited = true
+			l.waited.Inc()
+		}
+		select {
+		case l.places <- struct{}{}:
+			return true
+		case <-l.idled:
+		case <-l.done:
+			return false
+		}
 	}
 }
 

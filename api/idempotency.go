@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -70,8 +71,19 @@ func idempotencyScope(c echo.Context) string {
 	if p.AgentID != "" {
 		scope = "agent " + strconv.Quote(p.AgentID) + " " + scope
 	}
+	if len(scope) > maxStoredScope {
+		// (the path is the client's to choose, and the claim is written
+		// before the handler checks it: a long one would exceed the
+		// primary key's btree row limit and fail the request with a 500)
+		sum := sha256.Sum256([]byte(scope))
+		scope = "sha256 " + hex.EncodeToString(sum[:])
+	}
 	return scope
 }
+
+// maxStoredScope is the longest scope stored as it is; a longer one is
+// stored as its SHA-256 ("sha256 " cannot begin a method, "sub" or "agent").
+const maxStoredScope = 1024
 
 // idempotencyStore keeps first responses per (org, caller, route, key): the
 // caller is the token's sub and, for a bound token, its agent
@@ -308,6 +320,18 @@ func (s *idempotencyStore) runFirst(c echo.Context, next echo.HandlerFunc, org, 
 	runCtx, cancelRun := context.WithTimeout(req.Context(), idempotencyRunLimit)
 	defer cancelRun()
 	c.SetRequest(req.WithContext(runCtx))
+	defer func() {
+		// A handler that panics is answered 500 by the recover middleware
+		// above this one, which is never kept: give the key back, as after
+		// any other 5xx, rather than leave a retry waiting for the claim to
+		// be abandoned.
+		if r := recover(); r != nil {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), idempotencyRecordLimit)
+			defer cancel()
+			s.release(ctx, org, route, key, claimedAt)
+			panic(r)
+		}
+	}()
 	err := next(c)
 	if err != nil {
 		c.Error(err) // write the problem now, so it is recorded
@@ -317,8 +341,7 @@ func (s *idempotencyStore) runFirst(c echo.Context, next echo.HandlerFunc, org, 
 	defer cancel()
 	status := c.Response().Status
 	if !keptUnderKey(status) || !c.Response().Committed {
-		_, _ = s.db.Exec(ctx, `DELETE FROM idempotency_keys WHERE org_id = $1 AND route = $2 AND key = $3 AND created_at = $4`,
-			org, route, key, claimedAt)
+		s.release(ctx, org, route, key, claimedAt)
 		return nil
 	}
 	tag, dbErr := s.db.Exec(ctx, `
@@ -330,6 +353,14 @@ func (s *idempotencyStore) runFirst(c echo.Context, next echo.HandlerFunc, org, 
 			"org_id", org, "route", route, "idempotency_key", key)
 	}
 	return dbErr
+}
+
+// release gives back a key whose response is not kept, so that a retry
+// runs at once (best effort: a claim left behind is taken over once
+// abandoned).
+func (s *idempotencyStore) release(ctx context.Context, org, route, key string, claimedAt time.Time) {
+	_, _ = s.db.Exec(ctx, `DELETE FROM idempotency_keys WHERE org_id = $1 AND route = $2 AND key = $3 AND created_at = $4`,
+		org, route, key, claimedAt)
 }
 
 // keptUnderKey reports whether a response is replayed to a retry. Not kept:

@@ -2,9 +2,11 @@ package api
 
 import (
 	"context"
+	cryptorand "crypto/rand"
 	"crypto/sha256"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -348,4 +350,59 @@ func TestARecordKeepsTheRawBodysHashForEarlierReplicas(t *testing.T) {
 	do(t, s.Handler(), "POST", "/v1/test/things", token(t, "org-a", "admin"), `{"name":"x"}`, "Idempotency-Key", "k").
 		requireProblem(t, http.StatusUnprocessableEntity)
 	require.EqualValues(t, 1, runs.Load())
+}
+
+// A handler that panics under an Idempotency-Key is answered 500 (the
+// recover middleware), which is never kept: a retry under the key must run
+// again at once, as after any other 5xx. The claim was left in flight
+// (the panic unwound past its release), and the retry waited for it to be
+// abandoned (45 s).
+func TestIdempotency_AHandlerThatPanicsGivesTheKeyBack(t *testing.T) {
+	s := newTestServer(t)
+	var runs atomic.Int64
+	s.Echo().POST("/v1/test/panics", func(c echo.Context) error {
+		if runs.Add(1) == 1 {
+			panic("boom")
+		}
+		return c.JSON(http.StatusCreated, map[string]any{"ok": true})
+	}, s.auth.middleware, s.idempotent())
+	tok := token(t, "org-a", "admin")
+
+	first := do(t, s.Handler(), "POST", "/v1/test/panics", tok, `{}`, "Idempotency-Key", "k")
+	require.Equal(t, http.StatusInternalServerError, first.Status, "body: %s", first.Body)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req := httptest.NewRequest("POST", "/v1/test/panics", strings.NewReader(`{}`)).WithContext(ctx)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+tok)
+	req.Header.Set("Idempotency-Key", "k")
+	rec := httptest.NewRecorder()
+	start := time.Now()
+	s.Handler().ServeHTTP(rec, req)
+	require.Equal(t, http.StatusCreated, rec.Code, "the retry after a 500 runs again (waited %s): %s", time.Since(start).Round(time.Millisecond), rec.Body)
+}
+
+// An Idempotency-Key changes nothing of what a request is answered when it
+// runs: a path that names nothing is 404 with the key as without it. The
+// key's scope holds the request's path, and the claim is written before
+// the handler checks the path, so a long path (here an approval id of 3000
+// characters, which names no approval) failed the claim's insert — the
+// primary key's index row was over Postgres' btree limit — and was a 500.
+// A scope past 1 KiB is stored as its hash.
+func TestIdempotency_ALongPathIsAnsweredAsWithoutAKey(t *testing.T) {
+	s, _ := newMandateServer(t)
+	h := s.Handler()
+	tok := subToken(t, "org-a", "bob", "", RoleApprover)
+	rnd := make([]byte, 3000)
+	_, _ = cryptorand.Read(rnd)
+	for i := range rnd {
+		rnd[i] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"[int(rnd[i])%62]
+	}
+	path := "/v1/mandate-approvals/" + string(rnd) + "/approve"
+
+	without := do(t, h, http.MethodPost, path, tok, `{}`)
+	without.requireProblem(t, http.StatusNotFound)
+	with := do(t, h, http.MethodPost, path, tok, `{}`, "Idempotency-Key", "k1")
+	require.Equal(t, without.Status, with.Status, "with an Idempotency-Key: %s", with.Body)
 }

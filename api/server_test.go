@@ -358,3 +358,41 @@ func TestServeOpsWithoutAnOpsAddressFails(t *testing.T) {
 	defer ln.Close()
 	require.ErrorContains(t, s.ServeOps(context.Background(), ln), "ServeOps without Config.OpsAddr")
 }
+
+// At MaxConnections a new connection waits "only while all are busy": once
+// one of the busy connections turns idle (its answer sent, kept alive), the
+// waiting one takes its place, as a new one arriving then would. It kept
+// waiting, until the idle connection closed on its own (IdleTimeout, 120 s
+// by default), and Accept with it.
+func TestMaxConnections_AWaitingConnectionTakesThePlaceOfOneThatTurnsIdle(t *testing.T) {
+	s := newTestServer(t, func(c *Config, _ *Services) {
+		c.MaxConnections = 2
+		c.ReadHeaderTimeout, c.IdleTimeout = time.Minute, time.Minute
+	})
+	addr := serveOn(t, s)
+	var busy []net.Conn
+	for range 2 {
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		_, err = io.WriteString(conn, "GET /healthz HTTP/1.1\r\n") // a request half sent
+		require.NoError(t, err)
+		busy = append(busy, conn)
+	}
+	require.Eventually(t, func() bool { return testutil.ToFloat64(s.metrics.connections) == 2 }, testWait, 5*time.Millisecond)
+
+	third, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { third.Close() })
+	ask(t, third)
+	require.False(t, answered(t, third, 200*time.Millisecond), "answered past the limit")
+
+	// busy[0] finishes its request: answered, it is idle, kept alive.
+	_, err = io.WriteString(busy[0], "Host: x\r\n\r\n")
+	require.NoError(t, err)
+	require.True(t, answered(t, busy[0], testWait))
+
+	require.True(t, answered(t, third, 5*time.Second),
+		"the waiting connection is still waiting although a connection is idle (closed_idle=%v)",
+		testutil.ToFloat64(s.metrics.atLimit.WithLabelValues("closed_idle")))
+}
