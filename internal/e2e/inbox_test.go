@@ -832,3 +832,35 @@ func TestInboxShowsInResolvedWhatWasAnsweredAcrossAReset(t *testing.T) {
 	b.waitFor("the request bob answered, in Resolved", itemJS(id, `el.textContent.includes('Approved by bob')`))
 	b.noExceptions()
 }
+
+// A sign-in that fails for want of the server (a replica restarting, a
+// proxy's 502) is not the token's fault: the page keeps the token, even
+// across a reload, and signs in by itself once the server answers. It used
+// to drop the token on any failure, so a reload during a restart signed
+// the approver out.
+func TestInboxKeepsItsTokenThroughASignInTheServerCouldNotAnswer(t *testing.T) {
+	s := newStack(t)
+	id := s.toolCall(token(t, org, "agent"), "s1", map[string]any{"agent_id": agent, "tool_name": "shell"})
+	b := newBrowser(t)
+	var whoamis atomic.Int64
+	b.intercept("*/v1/whoami*", func(*fetch.EventRequestPaused) *fetch.FulfillRequestParams {
+		if whoamis.Add(1) > 2 {
+			return nil
+		}
+		return &fetch.FulfillRequestParams{ResponseCode: http.StatusBadGateway,
+			Body:            []byte(`{"type":"about:blank","title":"Bad Gateway","status":502,"detail":"upstream restarting"}`),
+			ResponseHeaders: []*fetch.HeaderEntry{{Name: "Content-Type", Value: "application/problem+json"}}}
+	})
+	tok := signedToken(t, "alice", "approver")
+	b.run(chromedp.Navigate(s.http.URL + "/inbox#token=" + tok))
+	b.waitFor("the failed sign-in", `document.getElementById('signin-error').textContent.includes('Trying again')`)
+	var stored string
+	b.eval(`sessionStorage.getItem(`+js(inboxTokenKey)+`) || ''`, &stored)
+	require.Equal(t, tok, stored, "the token is kept")
+
+	b.run(chromedp.Reload()) // the approver reloads while the server is still down
+	b.waitFor("the signed-in inbox", `!document.getElementById('inbox-view').hidden`)
+	b.waitFor("the pending request", itemJS(id, "true"))
+	require.EqualValues(t, 3, whoamis.Load(), "two refusals, then the sign-in that worked")
+	b.noExceptions()
+}

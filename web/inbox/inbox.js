@@ -869,22 +869,34 @@
     signOut('The server refused your token (it may have expired). Sign in again.');
   }
 
-  async function signIn(token, fromLink) {
+  async function signIn(token, fromLink, attempt = 0) {
     const gen = ++state.gen;
     state.token = token;
     const err = $('signin-error');
-    err.textContent = '';
+    if (!attempt) err.textContent = '';
     let me;
     try {
       me = await api('GET', '/v1/whoami');
     } catch (e) {
       if (gen !== state.gen) return;
+      showSignIn();
+      if (e.status !== 401 && e.status !== 403 && (e.status === 0 || e.status === 429 || e.status >= 500)) {
+        // Not the token's fault (a replica restarting, a proxy's 502, no
+        // network): keep it, and sign in again by itself — a reload
+        // during a restart must not sign the approver out.
+        state.token = null;
+        sessionStorage.setItem(TOKEN_KEY, token);
+        const wait = Math.min(30, 2 ** Math.min(attempt + 1, 5));
+        err.textContent = (e.status === 0 ? 'The server could not be reached' : 'Sign-in failed: ' + e.message) +
+          '. Trying again in ' + wait + ' s.';
+        setTimeout(() => { if (gen === state.gen) signIn(token, fromLink, attempt + 1); }, wait * 1000);
+        return;
+      }
       state.token = null;
       sessionStorage.removeItem(TOKEN_KEY);
-      showSignIn();
       err.textContent = e.status === 401
         ? 'The server refused this token: it is malformed, expired, or signed with another secret.'
-        : e.status === 0 ? 'The server could not be reached.' : 'Sign-in failed: ' + e.message;
+        : 'Sign-in failed: ' + e.message;
       if (fromLink) $('token-input').focus();
       return;
     }
