@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"strconv"
@@ -20,7 +21,7 @@ type httpMetrics struct {
 	atLimit     *prometheus.CounterVec
 }
 
-func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
+func newHTTPMetrics(reg prometheus.Registerer) (*httpMetrics, error) {
 	m := &httpMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "reveille_http_requests_total", Help: "HTTP requests by method, route pattern and status.",
@@ -43,8 +44,12 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 		Name: "reveille_http_connections_at_limit_total",
 		Help: "New connections that found REVEILLE_MAX_CONNECTIONS open: closed_idle when the one idle the longest between requests was closed for it, waited when every one was busy and it waited to be served.",
 	}, []string{"action"})
-	reg.MustRegister(m.requests, m.duration, m.rateLimited, m.connections, m.atLimit)
-	return m
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.rateLimited, m.connections, m.atLimit} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("api: register the HTTP metrics: %w", err)
+		}
+	}
+	return m, nil
 }
 
 // connState counts the server's open connections (http.Server.ConnState).

@@ -198,11 +198,15 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading the inbox page: %w", err)
 	}
+	metrics, err := newHTTPMetrics(cfg.Registry)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
 		cfg: cfg, svc: svc, logger: cfg.Logger, auth: auth,
 		idem:       &idempotencyStore{db: svc.DB, logger: cfg.Logger, retention: cfg.IdempotencyRetention},
 		bodyLimits: map[string]int64{},
-		metrics:    newHTTPMetrics(cfg.Registry),
+		metrics:    metrics,
 		limiter:    newOrgLimiter(cfg.OrgRate, cfg.OrgBurst),
 		streamCap:  newOrgStreamCap(cfg.OrgMaxStreams),
 		inboxHTML:  inboxHTML,

@@ -93,17 +93,18 @@ func (s *Service) Spend(ctx context.Context, p SpendParams) (SpendResult, error)
 
 // SpendTx decides a spend inside the caller's transaction, so the caller's
 // rows commit (or roll back) with the decision. A concurrent spend with the
-// same key waits until tx ends.
-func (s *Service) SpendTx(ctx context.Context, tx pgx.Tx, p SpendParams) (SpendResult, error) {
-	res, decided, err := s.spend(ctx, tx, p)
-	if err != nil {
-		return SpendResult{}, err
-	}
-	if decided {
-		s.metrics.spend(res.OK)
-	}
-	return res, nil
+// same key waits until tx ends. decided is false when p's key had been
+// used, and the result is then the first answer; the caller counts a
+// decision with CountSpend once tx has committed.
+func (s *Service) SpendTx(ctx context.Context, tx pgx.Tx, p SpendParams) (res SpendResult, decided bool, err error) {
+	return s.spend(ctx, tx, p)
 }
+
+// CountSpend counts a decision made in a caller's transaction (SpendTx,
+// QueueSpend) in reveille_mandates_spends_total. Call it once that
+// transaction has committed: one rolled back decided nothing, and a
+// caller that runs it again would count it twice.
+func (s *Service) CountSpend(res SpendResult) { s.metrics.spend(res.OK) }
 
 // spend decides p on q in one statement: on the pool, its own implicit
 // transaction. decided reports whether this call made the decision rather
@@ -198,12 +199,10 @@ func (s *Service) QueueSpend(b *pgx.Batch, p SpendParams) (*QueuedSpend, error) 
 // Read takes the decision from br. decided is false when p's key had been
 // used before, so that nothing was decided now: Answer reads the first
 // answer once br is closed.
+// Once the batch's transaction has committed, count a decision with
+// Service.CountSpend.
 func (q *QueuedSpend) Read(br pgx.BatchResults) (res SpendResult, decided bool, err error) {
-	res, decided, err = readSpend(br)
-	if err == nil && decided {
-		q.s.metrics.spend(res.OK)
-	}
-	return res, decided, err
+	return readSpend(br)
 }
 
 // Answer is the first answer to the key of a spend Read found already

@@ -262,7 +262,7 @@ func TestARefusedSpendTxStaysCommittedWhenItsCallerFailsAfterwards(t *testing.T)
 	var res SpendResult
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var err error
-		res, err = s.SpendTx(ctx, tx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 5, Reason: "wake",
+		res, _, err = s.SpendTx(ctx, tx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 5, Reason: "wake",
 			OnResolve: &Payload{Kind: "wakeup", Data: []byte(`{"wakeup_id":"` + intent.String() + `"}`)}})
 		if err != nil {
 			return err
@@ -315,7 +315,7 @@ func TestASpendTxRolledBackByItsCallerLeavesNothing(t *testing.T) {
 	for _, cost := range []int64{1, 5} {
 		tx, err := db.Begin(ctx)
 		require.NoError(t, err)
-		_, err = s.SpendTx(ctx, tx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: cost, IdempotencyKey: "k"})
+		_, _, err = s.SpendTx(ctx, tx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: cost, IdempotencyKey: "k"})
 		require.NoError(t, err)
 		require.NoError(t, tx.Rollback(ctx))
 	}
@@ -444,7 +444,7 @@ func TestADuplicateKeyWaitsForTheOpenTransactionThatHoldsIt(t *testing.T) {
 	tx, err := db.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	first, err := s.SpendTx(ctx, tx, p)
+	first, _, err := s.SpendTx(ctx, tx, p)
 	require.NoError(t, err)
 	require.True(t, first.OK)
 

@@ -434,6 +434,9 @@ func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, sp
 	if err != nil {
 		return fmt.Errorf("committing the wake-up gate: %w", err)
 	}
+	for _, m := range spenders {
+		s.mandates.CountSpend(m.res) // (only now: a group that fails is sent again alone)
+	}
 	if len(byID) == 0 {
 		return br.Close()
 	}

@@ -450,7 +450,9 @@ func (s *Service) gate(ctx context.Context, p CreateParams) (id uuid.UUID, exist
 	if err != nil {
 		return uuid.Nil, false, "", err
 	}
+	var spent *mandates.SpendResult // the decision made, counted once committed
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		spent = nil // (a retried transaction decides again)
 		work, err := json.Marshal(p.Work)
 		if err != nil {
 			return err
@@ -479,13 +481,16 @@ func (s *Service) gate(ctx context.Context, p CreateParams) (id uuid.UUID, exist
 			return err
 		}
 		data, _ := json.Marshal(resolveData{WakeupID: id})
-		res, err := s.mandates.SpendTx(ctx, tx, mandates.SpendParams{
+		res, decided, err := s.mandates.SpendTx(ctx, tx, mandates.SpendParams{
 			OrgID: p.OrgID, AgentID: p.AgentID, Scope: p.Scope, Cost: p.Cost, Reason: p.Reason,
 			IdempotencyKey: "wakeup:" + id.String(), RequestedBy: p.RequestedBy,
 			OnResolve: &mandates.Payload{Kind: ResolveKind, Data: data},
 		})
 		if err != nil {
 			return fmt.Errorf("spend for wake-up: %w", err)
+		}
+		if decided {
+			spent = &res
 		}
 		if !res.OK {
 			refusal = res.Refusal
@@ -494,6 +499,9 @@ func (s *Service) gate(ctx context.Context, p CreateParams) (id uuid.UUID, exist
 		}
 		return nil
 	})
+	if err == nil && spent != nil {
+		s.mandates.CountSpend(*spent)
+	}
 	return id, existing, refusal, err
 }
 
@@ -560,7 +568,13 @@ func (s *Service) resolveTx(ctx context.Context, tx pgx.Tx, orgID string, id uui
 	if err := s.enqueueSignal(ctx, tx, orgID, id, payload, sig); err != nil {
 		return false, err
 	}
-	s.metrics.resolved.WithLabelValues(outcome).Inc()
+	// Counted once the pool's completing transaction commits (a hook's
+	// savepoint rolled back, or a commit that failed and is recorded
+	// again, resolved nothing); elsewhere, as before, at once.
+	count := func() { s.metrics.resolved.WithLabelValues(outcome).Inc() }
+	if !workpool.AfterCommit(ctx, count) {
+		count()
+	}
 	// In the resolving transaction: the signal is queued when it commits.
 	s.logger.DebugContext(ctx, "wake-up resolved, signal queued", "org_id", orgID, "wakeup_id", id, "outcome", outcome, "workflow_id", workflowID)
 	return true, nil

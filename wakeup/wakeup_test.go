@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/inbox"
@@ -64,6 +65,8 @@ type fixtureOptions struct {
 	// the mandates append (inbox.Log.OnAppend, as the service wires its
 	// approval webhooks there).
 	onAppend func(ctx context.Context, q db.Querier, ev inbox.Event) error
+	// mandatesRegistry, when set, receives the mandates' metrics.
+	mandatesRegistry prometheus.Registerer
 }
 
 func newFixtureWith(t *testing.T, o fixtureOptions) *fixture {
@@ -92,7 +95,7 @@ func newFixtureWith(t *testing.T, o fixtureOptions) *fixture {
 		MaxPendingPerOrg: o.maxPending})
 	require.NoError(t, err)
 	f.pool.Register("echo", func(_ context.Context, j workpool.Job) (json.RawMessage, error) { return j.Args, nil })
-	mcfg := mandates.Config{Logger: testkit.Logger(t)}
+	mcfg := mandates.Config{Logger: testkit.Logger(t), Registry: o.mandatesRegistry}
 	if o.onAppend != nil {
 		mcfg.Inbox = inbox.New(f.db, inbox.Config{Logger: testkit.Logger(t)})
 		mcfg.Inbox.OnAppend = o.onAppend

@@ -195,7 +195,10 @@ func (s *Store) deliveryArgs(t target, ev Event) (json.RawMessage, error) {
 	if err != nil {
 		return nil, err
 	}
-	args, err := marshal(httpwork.Args{URL: t.url, Method: "POST", Headers: headers, Body: mustString(body)})
+	// (a Slack webhook's URL is its credential: kept out of the errors the
+	// work, the webhook's last failure and the log show)
+	args, err := marshal(httpwork.Args{URL: t.url, Method: "POST", Headers: headers, Body: mustString(body),
+		SecretPath: t.format == FormatSlack})
 	if err != nil {
 		return nil, fmt.Errorf("approval webhook %s: %w", t.name, err)
 	}

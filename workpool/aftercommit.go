@@ -51,3 +51,13 @@ func (a *commitActions) run() {
 		fn()
 	}
 }
+
+// countAfterCommit runs count, a metric's update, once ctx's transaction
+// has committed (a transaction rolled back and run again would count
+// twice), or at once where ctx carries no commit actions (a caller's own
+// transaction, in tests).
+func countAfterCommit(ctx context.Context, count func()) {
+	if !AfterCommit(ctx, count) {
+		count()
+	}
+}

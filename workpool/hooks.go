@@ -88,9 +88,17 @@ func (m *Manager) runHooksBounded(ctx context.Context, tx pgx.Tx, calls []hookCa
 	var nextAts []time.Time
 	var msgs []string
 	now := m.now()
+	counts := make(map[[2]string]int)
+	// (a completion whose commit fails is recorded again, and its hooks
+	// called again)
+	defer countAfterCommit(ctx, func() {
+		for k, n := range counts {
+			m.metrics.hookCalls.WithLabelValues(k[0], k[1]).Add(float64(n))
+		}
+	})
 	for _, c := range calls {
 		herr, bad := failed[c.c.WorkID]
-		m.metrics.hookCalls.WithLabelValues(c.c.Pool, hookResult(bad)).Inc()
+		counts[[2]string{c.c.Pool, hookResult(bad)}]++
 		if !bad {
 			okIDs = append(okIDs, c.c.WorkID)
 			continue

@@ -225,9 +225,11 @@ func (it *iteration) finishCanceled(ctx context.Context, ids []uuid.UUID) error 
 	}
 	it.needSync = true
 	rep := it.l.m.report(it.l.pool)
-	for range done {
-		rep.finished(OutcomeCanceled)
-	}
+	countAfterCommit(ctx, func() { // (rolled back, nothing was canceled)
+		for range done {
+			rep.finished(OutcomeCanceled)
+		}
+	})
 	return it.l.m.runHooks(ctx, it.tx, hookCalls(done), false, false)
 }
 
@@ -404,7 +406,7 @@ func (it *iteration) retryHooks(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	it.needSync = true
-	it.l.m.metrics.hookRetries.WithLabelValues(it.l.pool).Add(float64(len(calls)))
+	countAfterCommit(ctx, func() { it.l.m.metrics.hookRetries.WithLabelValues(it.l.pool).Add(float64(len(calls))) })
 	if err := it.l.m.runHooks(ctx, it.tx, calls, true, false); err != nil {
 		return 0, err
 	}

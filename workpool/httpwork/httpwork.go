@@ -78,6 +78,10 @@ type Args struct {
 	Headers map[string]string `json:"headers,omitempty"`
 	// Body is sent as is when it is a JSON string, else JSON-encoded.
 	Body json.RawMessage `json:"body,omitempty"`
+	// SecretPath says the URL's path is a secret (a Slack or Discord
+	// webhook's URL is its credential): errors — the work's, the log's —
+	// name the URL's scheme and host only.
+	SecretPath bool `json:"secret_path,omitempty"`
 }
 
 // Result is the handler's result.
@@ -127,7 +131,7 @@ func Register(m *workpool.Manager, cfg Config) error {
 
 // CheckArgs is the check at enqueue of what the handler would refuse for
 // good whatever happens later: arguments that are not {url, method?,
-// headers?, body?} (an unknown key included), a URL that is not absolute
+// headers?, body?, secret_path?} (an unknown key included), a URL that is not absolute
 // http(s), a method other than GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS,
 // a host or port outside the allow-list. (Addresses are checked when a
 // request connects: DNS may answer differently by then.)
@@ -135,9 +139,9 @@ func CheckArgs(list *AllowList) workpool.ArgsCheck { return checkArgs(list, func
 
 // argKeys are the keys Args has, as the check at enqueue accepts them
 // (spelt exactly so: JSON decoding alone would take "URL" for url).
-var argKeys = []string{"url", "method", "headers", "body"}
+var argKeys = []string{"url", "method", "headers", "body", "secret_path"}
 
-const argsShape = `must be an object {"url", "method"?, "headers"?, "body"?} (url a string, headers an object of strings)`
+const argsShape = `must be an object {"url", "method"?, "headers"?, "body"?, "secret_path"?} (url a string, headers an object of strings, secret_path a boolean)`
 
 // methods are the methods a request may use (any case). CONNECT and TRACE,
 // and extension methods, are refused: no API call needs them.
@@ -236,7 +240,7 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 		},
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
 			if r := list.check(req.URL); r != nil {
-				return refused(r.Reason, "redirect to %s refused: %s", redacted(req.URL), strings.TrimPrefix(r.Error(), "http: "))
+				return refused(r.Reason, "redirect to %s refused: %s", shown(req.Context(), req.URL), strings.TrimPrefix(r.Error(), "http: "))
 			}
 			if len(via) >= 10 {
 				return workpool.NonRetryable(errors.New("stopped after 10 redirects"))
@@ -248,6 +252,9 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 		var a Args
 		if err := json.Unmarshal(job.Args, &a); err != nil {
 			return nil, workpool.NonRetryable(fmt.Errorf("http work args: %w", err))
+		}
+		if a.SecretPath {
+			ctx = context.WithValue(ctx, secretPathKey{}, true)
 		}
 		req, err := buildRequest(ctx, a)
 		if err != nil {
@@ -280,6 +287,9 @@ func (e *badArgError) Error() string { return e.err.Error() }
 func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
 	u, err := url.Parse(a.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		if a.SecretPath {
+			return nil, &badArgError{"url", "must be an absolute http(s) URL", errors.New("url: want an absolute http(s) URL")}
+		}
 		return nil, &badArgError{"url", "must be an absolute http(s) URL", fmt.Errorf("url %q: want an absolute http(s) URL", redactedString(a.URL))}
 	}
 	method := strings.ToUpper(cmpOr(a.Method, http.MethodGet))
@@ -329,9 +339,9 @@ func do(client *http.Client, req *http.Request) (json.RawMessage, error) {
 			if workpool.IsNonRetryable(ue.Err) {
 				return nil, ue.Err
 			}
-			ue.URL = redactedString(ue.URL) // (it quotes the URL whole)
+			ue.URL = shownString(req.Context(), ue.URL) // (it quotes the URL whole)
 		}
-		return nil, fmt.Errorf("%s %s: %w", req.Method, redacted(req.URL), err) // network: retryable
+		return nil, fmt.Errorf("%s %s: %w", req.Method, shown(req.Context(), req.URL), err) // network: retryable
 	}
 	defer res.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(res.Body, MaxResponseBytes+1))
@@ -406,6 +416,30 @@ func redacted(u *url.URL) string {
 	}
 	c.RawQuery = strings.Join(parts, "&")
 	return c.Redacted()
+}
+
+// secretPathKey marks a request's context when its work's URL path is a
+// secret (Args.SecretPath).
+type secretPathKey struct{}
+
+// shown is u as the errors of ctx's request show it: redacted, or only its
+// scheme and host when its path is a secret.
+func shown(ctx context.Context, u *url.URL) string {
+	if secret, _ := ctx.Value(secretPathKey{}).(bool); secret {
+		return u.Scheme + "://" + u.Host + "/…"
+	}
+	return redacted(u)
+}
+
+// shownString is shown for a URL as text.
+func shownString(ctx context.Context, raw string) string {
+	if secret, _ := ctx.Value(secretPathKey{}).(bool); secret {
+		if u, err := url.Parse(raw); err == nil {
+			return shown(ctx, u)
+		}
+		return "(a URL whose path is secret)"
+	}
+	return redactedString(raw)
 }
 
 // redactedString is redacted for a URL as text; one that does not parse

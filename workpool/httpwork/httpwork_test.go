@@ -343,3 +343,32 @@ func TestAFailedRequestsErrorMasksTheQuerysValuesAndThePassword(t *testing.T) {
 		})
 	}
 }
+
+// A URL whose path is its credential (a Slack webhook's) is named by its
+// scheme and host only in the errors of work that says so (secret_path):
+// they are the work's error, a webhook's last failure and the log's line.
+func TestAFailedRequestsErrorLeavesOutASecretPath(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := ln.Addr().String()
+	require.NoError(t, ln.Close()) // (nothing listens there now: the connect fails)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "http://elsewhere.example.com/services/REDIRSECRET", http.StatusFound)
+	}))
+	defer srv.Close()
+	h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
+	require.NoError(t, err)
+	for _, tc := range []struct{ name, url, want string }{
+		{"a connect that fails", "http://" + closed + "/services/T000/B000/PATHSECRET", "http://" + closed + "/…"},
+		{"a redirect refused", srv.URL + "/services/T000/B000/PATHSECRET", "http://elsewhere.example.com/…"},
+		{"a URL that is not absolute", "/services/T000/B000/PATHSECRET", "url: want an absolute http(s) URL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := run(t, h, context.Background(), Args{URL: tc.url, SecretPath: true})
+			require.Error(t, err)
+			require.NotContains(t, err.Error(), "SECRET")
+			require.NotContains(t, err.Error(), "/services", "nothing of the path")
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}

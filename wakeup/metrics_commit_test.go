@@ -1,0 +1,81 @@
+package wakeup
+
+import (
+	"context"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/mandates"
+)
+
+// A completing transaction whose commit fails is recorded again by the
+// pool: the wake-up is resolved once (one row, one signal), and
+// reveille_wakeups_resolved_total must count it once.
+func TestAResolutionWhoseCommitFailedIsNotCounted(t *testing.T) {
+	sig := newRecordingSignaler()
+	f := newFixtureWith(t, fixtureOptions{signals: sig})
+	ctx := context.Background()
+	_, err := f.db.Exec(ctx, `
+		CREATE SEQUENCE wake_commits;
+		CREATE FUNCTION fail_first_wake_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  IF nextval('wake_commits') = 1 THEN
+		    RAISE EXCEPTION 'the first commit of a wake signal fails';
+		  END IF;
+		  RETURN NULL;
+		END $$;
+		CREATE CONSTRAINT TRIGGER fail_first_wake_commit AFTER INSERT ON queue_messages
+		  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fail_first_wake_commit();`)
+	require.NoError(t, err)
+
+	w, err := f.svc.Create(ctx, params(""))
+	require.NoError(t, err)
+	f.requireSignalSent(t, w.ID.String())
+	require.Equal(t, "resolved", f.state(t, w.ID))
+
+	require.Equal(t, 1.0, testutil.ToFloat64(f.svc.metrics.resolved.WithLabelValues(OutcomeSucceeded)),
+		"one wake-up resolved once; the rolled-back attempt must not count")
+}
+
+// A group whose transaction fails after its spends were decided sends
+// each request through again alone: each spend is decided (and committed)
+// once, but reveille_mandates_spends_total counted the group's rolled-back
+// decisions too.
+func TestSpendsDecidedInAFailedGroupAreNotCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	f := newFixtureWith(t, fixtureOptions{mandatesRegistry: reg})
+	ctx := context.Background()
+	_, err := f.db.Exec(ctx, `
+		CREATE FUNCTION refuse_faulty() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.agent_id = 'faulty' THEN RAISE EXCEPTION 'faulty agent'; END IF; RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER refuse_faulty AFTER INSERT ON wakeups
+		  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_faulty();`)
+	require.NoError(t, err)
+	_, err = f.mandates.Create(ctx, "o", mandates.CreateParams{AgentID: "faulty", Scope: "s", Budget: 10})
+	require.NoError(t, err)
+	funded, refused, faulty := params(""), params(""), params("")
+	refused.Cost = 50 // past the budget of 10
+	faulty.AgentID = "faulty"
+
+	_, errs := f.createTogether(t, funded, refused, faulty)
+	require.NoError(t, errs[0])
+	require.ErrorContains(t, errs[2], "faulty agent")
+	require.EqualValues(t, 3, f.spent(t), "the funded request spent once")
+
+	got := map[string]float64{}
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, fam := range families {
+		if fam.GetName() == "reveille_mandates_spends_total" {
+			for _, m := range fam.GetMetric() {
+				got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Logf("reveille_mandates_spends_total: %v", got)
+	require.Equal(t, map[string]float64{"ok": 1, "refused": 1}, got,
+		"one spend granted and one refused were committed (the faulty agent's spend rolled back with its intent)")
+}
