@@ -326,7 +326,7 @@ func (s *Server) setBodyLimit(routePath string, limit int64) { s.bodyLimits[rout
 func (s *Server) readyz(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), readyTimeout)
 	defer cancel()
-	results := s.checkDependencies(ctx)
+	results := s.checkDependencies(ctx, readyOthersTimeout)
 	status := map[string]string{}
 	for _, r := range results {
 		status[r.name] = "ok"
@@ -352,6 +352,11 @@ func (s *Server) readyz(c echo.Context) error {
 // readyTimeout bounds each dependency check of /readyz and of a scrape.
 const readyTimeout = 3 * time.Second
 
+// readyOthersTimeout bounds, in /readyz, the checks that do not decide its
+// status (Temporal): a hung one must not hold the answer past a prober's
+// timeout (Kubernetes': 1 s), which would take a ready replica out.
+const readyOthersTimeout = 500 * time.Millisecond
+
 // dependencyResult is one readiness check's answer.
 type dependencyResult struct {
 	name string
@@ -360,12 +365,20 @@ type dependencyResult struct {
 
 // checkDependencies asks Postgres (always first in the answer) and every
 // extra check at once, so that a hung one does not delay the others.
-func (s *Server) checkDependencies(ctx context.Context) []dependencyResult {
+func (s *Server) checkDependencies(ctx context.Context, othersTimeout time.Duration) []dependencyResult {
 	checks := append([]ReadinessCheck{{Name: "postgres", Check: s.svc.DB.Ping}}, s.svc.Ready...)
 	results := make([]dependencyResult, len(checks))
 	var wg sync.WaitGroup
 	for i, chk := range checks {
-		wg.Go(func() { results[i] = dependencyResult{name: chk.Name, err: chk.Check(ctx)} })
+		wg.Go(func() {
+			cctx := ctx
+			if i > 0 && othersTimeout > 0 {
+				var cancel context.CancelFunc
+				cctx, cancel = context.WithTimeout(ctx, othersTimeout)
+				defer cancel()
+			}
+			results[i] = dependencyResult{name: chk.Name, err: chk.Check(cctx)}
+		})
 	}
 	wg.Wait()
 	return results
@@ -513,7 +526,10 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, h http.Handler, con
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
-		return fmt.Errorf("graceful shutdown: %w", err)
+		// Requests still in flight past the bound (a client slow to send
+		// its body, a long wait) are cut: the stop itself went as it should.
+		s.logger.Warn("requests still in flight at the end of the drain were cut", "shutdown_timeout", s.cfg.ShutdownTimeout.String(), "error", err.Error())
+		_ = srv.Close()
 	}
 	return nil
 }

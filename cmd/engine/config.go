@@ -144,7 +144,7 @@ func envConfig() (settings, error) {
 		DataDir:      envOr("REVEILLE_DATA_DIR", "./.reveille"),
 		TemporalPort: 7233,
 		DatabaseURL:  os.Getenv("DATABASE_URL"),
-		TemporalAddr: os.Getenv("TEMPORAL_ADDRESS"),
+		TemporalAddr: temporalAddr(os.Getenv("TEMPORAL_ADDRESS"), &errs),
 		Namespace:    envOr("TEMPORAL_NAMESPACE", "default"),
 		JWTSecrets:   list(os.Getenv("REVEILLE_JWT_SECRET")),
 		JWKSURL:      jwksURL(os.Getenv("REVEILLE_JWKS_URL"), &errs),
@@ -356,6 +356,19 @@ func (f portFlag) Set(v string) error {
 	return nil
 }
 
+// temporalAddr reads the Temporal frontend: host:port with a numeric
+// port, or a gRPC resolver target (dns:///host:port); "" for the default.
+func temporalAddr(v string, errs *[]error) string {
+	if v == "" || strings.Contains(v, ":///") {
+		return v
+	}
+	host, port, err := net.SplitHostPort(v)
+	if _, perr := strconv.ParseUint(port, 10, 16); err != nil || host == "" || perr != nil {
+		*errs = append(*errs, fmt.Errorf("TEMPORAL_ADDRESS=%q: want the frontend's host:port such as temporal.example.com:7233", v))
+	}
+	return v
+}
+
 // jwksURL reads the JWKS address: absolute http(s), or "" for none.
 func jwksURL(v string, errs *[]error) string {
 	if v = strings.TrimSpace(v); v == "" {
@@ -448,6 +461,9 @@ func envDuration(name string, def, least time.Duration, errs *[]error) time.Dura
 // envPools reads pools as name=max_parallelism pairs (workpool.ParsePools).
 func envPools(name, def string, errs *[]error) map[string]int {
 	pools, err := workpool.ParsePools(envOr(name, def))
+	if err == nil && len(pools) == 0 {
+		err = fmt.Errorf("%q names no pool: want name=max_parallelism pairs such as %s", os.Getenv(name), def)
+	}
 	if err != nil {
 		*errs = append(*errs, fmt.Errorf("%s: %w", name, err))
 		pools, _ = workpool.ParsePools(def)

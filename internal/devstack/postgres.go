@@ -142,6 +142,16 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 		return p, nil
 	}
 
+	// A postmaster that exited unreaped (a zombie, which livePostmaster
+	// counts as dead) still holds its pid: postgres refuses its lock file.
+	pidFile := filepath.Join(clusterDir, "postmaster.pid")
+	if b, err := os.ReadFile(pidFile); err == nil {
+		first, _, _ := strings.Cut(string(b), "\n")
+		if pid, err := strconv.Atoi(strings.TrimSpace(first)); err == nil && processAlive(pid) && processGone(pid) {
+			return nil, fmt.Errorf("postmaster %d of %s has exited but was not reaped (its parent does not reap children), and postgres refuses %s while the pid exists: "+
+				"once no postgres process of this cluster is left, remove %s", pid, clusterDir, pidFile, pidFile)
+		}
+	}
 	if _, err := os.Stat(filepath.Join(clusterDir, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
 		logger.Info("initializing postgres cluster", "dir", clusterDir)
 		if err := p.run(ctx, runAs, filepath.Join(binDir, "initdb"), "-D", clusterDir, "-U", "postgres",
@@ -155,6 +165,10 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 		if port, err = freePort(); err != nil {
 			return nil, err
 		}
+	} else if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err != nil {
+		return nil, fmt.Errorf("port %d on 127.0.0.1 is not available (is another postgres running?): %w", port, err)
+	} else {
+		l.Close()
 	}
 	args := []string{"-D", clusterDir, "-p", strconv.Itoa(port), "-k", clusterDir,
 		"-c", "listen_addresses=127.0.0.1", "-c", "max_connections=300"}
