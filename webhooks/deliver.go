@@ -76,6 +76,7 @@ func Sign(secret string, body []byte) string {
 // target is what a delivery needs of one webhook.
 type target struct {
 	name, url, format, secret string
+	created                   time.Time
 }
 
 // Enqueue enqueues one delivery of ev to each of its org's webhooks, in q's
@@ -94,7 +95,7 @@ func (s *Store) Enqueue(ctx context.Context, q db.Querier, ev Event) error {
 	}
 	targets, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (target, error) {
 		var t target
-		return t, r.Scan(&t.name, &t.url, &t.format, &t.secret)
+		return t, r.Scan(&t.name, &t.url, &t.format, &t.secret, &t.created)
 	})
 	if err != nil {
 		return fmt.Errorf("reading approval webhooks: %w", err)
@@ -108,7 +109,7 @@ func (s *Store) Enqueue(ctx context.Context, q db.Querier, ev Event) error {
 		if err != nil {
 			return err
 		}
-		hookCtx, err := json.Marshal(deliveryContext{Name: t.name, Seq: ev.Seq, URL: t.url})
+		hookCtx, err := json.Marshal(deliveryContext{Name: t.name, Created: &t.created, Seq: ev.Seq, URL: t.url})
 		if err != nil {
 			return fmt.Errorf("approval webhook delivery: %w", err)
 		}
@@ -135,8 +136,12 @@ const HookName = "approval-webhook.delivered"
 // event, and where it went.
 type deliveryContext struct {
 	Name string `json:"name"`
-	Seq  int64  `json:"seq"`
-	URL  string `json:"url"`
+	// Created is the webhook's created_at: a webhook deleted and created
+	// again under its name is another webhook, which must not show the
+	// old one's deliveries. (nil in deliveries enqueued before it was kept)
+	Created *time.Time `json:"created,omitempty"`
+	Seq     int64      `json:"seq"`
+	URL     string     `json:"url"`
 }
 
 // maxRecordedError bounds the error a webhook keeps of a failed delivery
@@ -155,7 +160,7 @@ func (s *Store) delivered(ctx context.Context, tx pgx.Tx, c workpool.Completion)
 	d := Delivery{Seq: dc.Seq, WorkID: c.WorkID, URL: dc.URL, Outcome: string(c.Outcome),
 		Error:      clip(strings.ReplaceAll(c.Error, "\x00", ""), maxRecordedError),
 		FinishedAt: time.Now().UTC()}
-	if _, err := tx.Exec(ctx, qDelivered, c.OrgID, dc.Name, d, c.Outcome == workpool.OutcomeSucceeded); err != nil {
+	if _, err := tx.Exec(ctx, qDelivered, c.OrgID, dc.Name, d, c.Outcome == workpool.OutcomeSucceeded, dc.Created); err != nil {
 		return fmt.Errorf("recording approval webhook delivery %s: %w", c.WorkID, err)
 	}
 	return nil

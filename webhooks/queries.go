@@ -31,14 +31,16 @@ const qDelete = `DELETE FROM approval_webhooks WHERE org_id = $1 AND name = $2`
 
 // qTargets reads what a delivery needs of each of an org's webhooks, in
 // the event's transaction. $1 org.
-const qTargets = `SELECT name, url, format, secret FROM approval_webhooks WHERE org_id = $1 ORDER BY name`
+const qTargets = `SELECT name, url, format, secret, created_at FROM approval_webhooks WHERE org_id = $1 ORDER BY name`
 
 // qDelivered records a finished delivery on its webhook, in the pool's
 // completion transaction: as the last delivery, and as the last failure
 // when it did not succeed. A deleted webhook has no row to record on.
 // $1 org, $2 name, $3 the delivery ({seq, work_id, url, outcome, error?,
-// finished_at}), $4 whether it succeeded.
+// finished_at}), $4 whether it succeeded, $5 the webhook's created_at when
+// the delivery was enqueued (NULL: not known), so that a webhook created
+// again under the name records nothing of the deleted one's deliveries.
 const qDelivered = `
 UPDATE approval_webhooks
    SET last_delivery = $3, last_failure = CASE WHEN $4 THEN last_failure ELSE $3 END
- WHERE org_id = $1 AND name = $2`
+ WHERE org_id = $1 AND name = $2 AND ($5::timestamptz IS NULL OR created_at = $5)`

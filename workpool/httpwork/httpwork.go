@@ -242,6 +242,13 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 			if r := list.check(req.URL); r != nil {
 				return refused(r.Reason, "redirect to %s refused: %s", shown(req.Context(), req.URL), strings.TrimPrefix(r.Error(), "http: "))
 			}
+			// (a 301, 302 or 303 turns a POST into a GET without its body:
+			// following it would report a request that never reached the
+			// target as answered — a webhook's event lost as "succeeded")
+			if req.Method != via[0].Method {
+				return workpool.NonRetryable(fmt.Errorf("redirect to %s refused: it would send the %s again as a %s without its body; use the final URL",
+					shown(req.Context(), req.URL), via[0].Method, req.Method))
+			}
 			if len(via) >= 10 {
 				return workpool.NonRetryable(errors.New("stopped after 10 redirects"))
 			}

@@ -3,10 +3,12 @@ package httpwork
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -369,6 +371,48 @@ func TestAFailedRequestsErrorLeavesOutASecretPath(t *testing.T) {
 			require.NotContains(t, err.Error(), "SECRET")
 			require.NotContains(t, err.Error(), "/services", "nothing of the path")
 			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+// A redirect that keeps the method and body (307, 308) is followed; one
+// that would send the request again as a GET without its body (301, 302,
+// 303 after a POST) fails for good: followed, the work was reported
+// answered by a target that never got what it was sent. A GET follows any.
+func TestARedirectIsFollowedOnlyWhereItKeepsTheRequest(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if code, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/moved/")); err == nil {
+			http.Redirect(w, r, "/here", code)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		_, _ = fmt.Fprintf(w, "%s %s", r.Method, b)
+	}))
+	defer srv.Close()
+	h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		method string
+		code   int
+		want   string // the body answered; "" for a refusal
+	}{
+		{http.MethodPost, http.StatusTemporaryRedirect, `"POST event"`},
+		{http.MethodPost, http.StatusPermanentRedirect, `"POST event"`},
+		{http.MethodPost, http.StatusMovedPermanently, ""},
+		{http.MethodPost, http.StatusFound, ""},
+		{http.MethodPut, http.StatusSeeOther, ""},
+		{http.MethodGet, http.StatusFound, `"GET "`},
+	} {
+		t.Run(fmt.Sprintf("%s %d", tc.method, tc.code), func(t *testing.T) {
+			res, err := run(t, h, context.Background(), Args{URL: srv.URL + "/moved/" + strconv.Itoa(tc.code), Method: tc.method, Body: json.RawMessage(`"event"`)})
+			if tc.want != "" {
+				require.NoError(t, err)
+				require.JSONEq(t, tc.want, string(res.Body))
+				return
+			}
+			require.Error(t, err)
+			require.True(t, workpool.IsNonRetryable(err), "a redirect refused does not retry: %v", err)
+			require.Contains(t, err.Error(), "redirect to "+srv.URL+"/here refused: it would send the "+tc.method+" again as a GET without its body")
 		})
 	}
 }
