@@ -197,5 +197,11 @@ func medianPhase(ps []fairPhase) fairPhase {
 		}
 		return 0
 	})
-	return s[len(s)/2]
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	// An even count: the mean of the two middle phases, as median() takes
+	// (the upper one was the faster of the default two rounds).
+	a, b := s[len(s)/2-1], s[len(s)/2]
+	return fairPhase{rate: (a.rate + b.rate) / 2, worstP99: (a.worstP99 + b.worstP99) / 2, bestP99: (a.bestP99 + b.bestP99) / 2}
 }

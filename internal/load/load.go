@@ -665,7 +665,10 @@ func (rc *recorder) summary(elapsed, deadline time.Duration) Report {
 			rep.Interrupted++
 			continue
 		}
-		if e.woken == nil {
+		// A wake past its deadline is lost whether it never came or came
+		// late while the run was still going (else the verdict depends on
+		// where in the run the wake-up fell).
+		if e.woken == nil || e.wokenAt.Sub(e.accepted) > deadline {
 			rep.Lost++
 			continue
 		}
@@ -679,7 +682,9 @@ func (rc *recorder) summary(elapsed, deadline time.Duration) Report {
 	}
 	slices.Sort(lat)
 	if n := len(lat); n > 0 {
-		rep.P50, rep.P99, rep.Max = lat[(n-1)*50/100], lat[(n-1)*99/100], lat[n-1]
+		// Nearest rank, as engine bench's figures.
+		rank := func(p int) time.Duration { return lat[max((n*p+99)/100-1, 0)] }
+		rep.P50, rep.P99, rep.Max = rank(50), rank(99), lat[n-1]
 	}
 	return rep
 }

@@ -17,7 +17,7 @@ func TestSummaryCountsAWakeupLostOnlyPastItsDeadline(t *testing.T) {
 		woken                     bool
 		wantWoken, wantLost, want int
 	}{
-		{name: "woken", acceptedAgo: time.Hour, woken: true, wantWoken: 1},
+		{name: "woken", acceptedAgo: time.Second, woken: true, wantWoken: 1},
 		{name: "not woken past its deadline", acceptedAgo: time.Hour, wantLost: 1},
 		{name: "not woken within its deadline", acceptedAgo: 0, want: 1},
 	} {
