@@ -380,3 +380,26 @@ func TestABoundTokenSendingAnotherAgentsToolCallKeyGetsWhatItWouldWithout(t *tes
 	require.Equal(t, http.StatusOK, elsewhere.Status, "body: %s", elsewhere.Body)
 	require.NotEqual(t, first.JSON(t)["approval_id"], elsewhere.JSON(t)["approval_id"])
 }
+
+// A retry of a policy-decided call, answered from the domain's key (the
+// HTTP record gone, or another caller), shows "the policy that decided":
+// not the same policy as since replaced, whose approval contradicts the
+// decision it is shown beside (it used to show the policy as it stands now).
+func TestARetriedToolCallNeverShowsAPolicyThatContradictsItsDecision(t *testing.T) {
+	f := newApprovalsFixture(t)
+	r := do(t, f.h, http.MethodPut, "/v1/agents/agent-1/tool-policies/shell", f.admin, map[string]any{"approval": "always"})
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	body := map[string]any{"agent_id": "agent-1", "tool_name": "shell"}
+	first := do(t, f.h, http.MethodPost, "/v1/sessions/s1/tool-calls", f.agent, body, "Idempotency-Key", "k1").JSON(t)
+	require.Equal(t, "approved", first["decision"])
+	require.Equal(t, "always", first["policy"].(map[string]any)["approval"])
+
+	r = do(t, f.h, http.MethodPut, "/v1/agents/agent-1/tool-policies/shell", f.admin, map[string]any{"approval": "never"})
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	_, err := f.db.Exec(context.Background(), `DELETE FROM idempotency_keys`)
+	require.NoError(t, err)
+	again := do(t, f.h, http.MethodPost, "/v1/sessions/s1/tool-calls", f.agent, body, "Idempotency-Key", "k1").JSON(t)
+	require.Equal(t, first["approval_id"], again["approval_id"])
+	require.Equal(t, "approved", again["decision"])
+	require.Nil(t, again["policy"], "the policy that decided was replaced since: not shown, as a deleted one is not: %v", again)
+}

@@ -144,7 +144,11 @@ func (s *Service) replay(ctx context.Context, p RequestParams, input json.RawMes
 		pol, err := scanPolicy(s.db.QueryRow(ctx, qGetPolicy, p.OrgID, *a.PolicyID))
 		switch {
 		case err == nil:
-			res.Policy = &pol
+			// (a policy whose approval was replaced since no longer gives
+			// this decision: not shown, as a deleted one is not)
+			if (pol.Approval == PolicyAlways) == (a.Status == StatusApproved) && pol.Approval != PolicyOnce {
+				res.Policy = &pol
+			}
 		case !errors.Is(err, pgx.ErrNoRows): // a deleted policy is simply not shown
 			return RequestResult{}, fmt.Errorf("reading tool policy: %w", err)
 		}

@@ -72,6 +72,7 @@ func (s *Service) resolve(ctx context.Context, orgID string, id uuid.UUID, state
 	if err := inv.OrNil(); err != nil {
 		return Approval{}, err
 	}
+	ctx, committed := withOnCommit(ctx)
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return Approval{}, fmt.Errorf("beginning resolution: %w", err)
@@ -87,6 +88,7 @@ func (s *Service) resolve(ctx context.Context, orgID string, id uuid.UUID, state
 		if err := tx.Commit(ctx); err != nil {
 			return Approval{}, fmt.Errorf("committing expiry: %w", err)
 		}
+		committed.run()
 		s.metrics.resolve(StateExpired)
 		return Approval{}, fmt.Errorf("%w (it expired)", ErrAlreadyResolved)
 	}
@@ -96,6 +98,7 @@ func (s *Service) resolve(ctx context.Context, orgID string, id uuid.UUID, state
 	if err := tx.Commit(ctx); err != nil {
 		return Approval{}, fmt.Errorf("committing resolution: %w", err)
 	}
+	committed.run()
 	s.metrics.resolve(state)
 	return a, nil
 }

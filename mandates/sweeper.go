@@ -73,12 +73,15 @@ func (s *Service) expiredApprovals(ctx context.Context, after *dueApproval, batc
 // expire resolves one request as expired; one already resolved (by a
 // concurrent approver or sweeper) is skipped. Both count as swept.
 func (s *Service) expire(ctx context.Context, d dueApproval) (bool, error) {
+	ctx, committed := withOnCommit(ctx)
 	err := leader.FencedTx(ctx, s.db, func(tx pgx.Tx) error {
+		committed.fns = nil // (a rolled-back try registers again)
 		_, err := s.resolveTx(ctx, tx, d.orgID, d.id, StateExpired, "", "")
 		return err
 	})
 	switch {
 	case err == nil:
+		committed.run()
 		s.metrics.resolve(StateExpired)
 		return true, nil
 	case errors.Is(err, ErrAlreadyResolved), errors.Is(err, ErrApprovalNotFound):

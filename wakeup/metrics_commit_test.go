@@ -2,12 +2,16 @@ package wakeup
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/inbox"
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/mandates"
 )
 
@@ -78,4 +82,37 @@ func TestSpendsDecidedInAFailedGroupAreNotCounted(t *testing.T) {
 	t.Logf("reveille_mandates_spends_total: %v", got)
 	require.Equal(t, map[string]float64{"ok": 1, "refused": 1}, got,
 		"one spend granted and one refused were committed (the faulty agent's spend rolled back with its intent)")
+}
+
+// A denial whose transaction rolls back (here: the approval event's
+// webhook enqueue, which runs in it, fails) resolves nothing, yet
+// reveille_wakeups_resolved_total{outcome="denied"} counted it; the retried
+// denial counts it again: one wake-up denied, counted twice.
+func TestADenialRolledBackIsNotCountedAsResolved(t *testing.T) {
+	var failResolved atomic.Bool
+	failResolved.Store(true)
+	f := newFixtureWith(t, fixtureOptions{onAppend: func(_ context.Context, _ db.Querier, ev inbox.Event) error {
+		if ev.Type == inbox.TypeResolved && failResolved.Load() {
+			return errors.New("webhook enqueue failed")
+		}
+		return nil
+	}})
+	ctx := context.Background()
+	p := params("")
+	p.Cost = 50 // refused
+	_, err := f.svc.Create(ctx, p)
+	var refused *RefusedError
+	require.ErrorAs(t, err, &refused)
+
+	_, err = f.mandates.Deny(ctx, "o", refused.ApprovalID, "approver", "no")
+	require.Error(t, err, "the denial rolled back")
+	require.Equal(t, "awaiting_approval", f.state(t, refused.Wakeup.ID), "nothing resolved")
+
+	failResolved.Store(false)
+	_, err = f.mandates.Deny(ctx, "o", refused.ApprovalID, "approver", "no")
+	require.NoError(t, err)
+	require.Equal(t, "resolved", f.state(t, refused.Wakeup.ID))
+
+	require.Equal(t, 1.0, testutil.ToFloat64(f.svc.metrics.resolved.WithLabelValues(OutcomeDenied)),
+		"one wake-up denied once; the rolled-back denial must not count")
 }

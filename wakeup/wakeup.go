@@ -572,7 +572,7 @@ func (s *Service) resolveTx(ctx context.Context, tx pgx.Tx, orgID string, id uui
 	// savepoint rolled back, or a commit that failed and is recorded
 	// again, resolved nothing); elsewhere, as before, at once.
 	count := func() { s.metrics.resolved.WithLabelValues(outcome).Inc() }
-	if !workpool.AfterCommit(ctx, count) {
+	if !workpool.AfterCommit(ctx, count) && !mandates.OnCommit(ctx, count) {
 		count()
 	}
 	// In the resolving transaction: the signal is queued when it commits.
