@@ -121,8 +121,11 @@ func decodeWakeup(body []byte) (wakeupRequest, error) {
 	switch {
 	case in.Work == nil:
 		inv.Add("work", "is required: {handler, args, retry?, timeout_ms?, concurrency_key?, key_limit?}")
-	case in.Work.KeyLimit != nil:
-		checkKeyLimit(inv, "work.key_limit", *in.Work.KeyLimit)
+	default:
+		in.Work.Retry.checkBase(inv, "work.retry.base")
+		if in.Work.KeyLimit != nil {
+			checkKeyLimit(inv, "work.key_limit", *in.Work.KeyLimit)
+		}
 	}
 	if len(inv.Fields) > 0 {
 		// Every problem in one answer: the required fields the service
@@ -149,8 +152,9 @@ func decodeWorkEnqueue(body []byte) (workpool.EnqueueParams, error) {
 	if err := decodeJSON(body, &in); err != nil {
 		return workpool.EnqueueParams{}, err
 	}
-	p := workpool.EnqueueParams{Handler: in.Handler, Args: in.Args, Retry: in.Retry, ConcurrencyKey: in.ConcurrencyKey}
+	p := workpool.EnqueueParams{Handler: in.Handler, Args: in.Args, Retry: in.Retry.policy(), ConcurrencyKey: in.ConcurrencyKey}
 	inv := &apperr.InvalidError{}
+	in.Retry.checkBase(inv, "retry.base")
 	if in.KeyLimit != nil {
 		checkKeyLimit(inv, "key_limit", *in.KeyLimit)
 		p.KeyLimit = *in.KeyLimit
@@ -180,6 +184,30 @@ func decodeWorkEnqueue(body []byte) (workpool.EnqueueParams, error) {
 		return workpool.EnqueueParams{}, invalidFields(inv.Fields)
 	}
 	return p, nil
+}
+
+// retryIn is a request's retry policy: base is kept as given, so that an
+// explicit 0 (which the Go API reads as "the default") is refused.
+type retryIn struct {
+	MaxAttempts      int      `json:"max_attempts" required:"true"`
+	InitialBackoffMS int      `json:"initial_backoff_ms"`
+	Base             *float64 `json:"base"`
+}
+
+func (r *retryIn) policy() *workpool.RetryPolicy {
+	if r == nil {
+		return nil
+	}
+	return &workpool.RetryPolicy{MaxAttempts: r.MaxAttempts, InitialBackoffMS: r.InitialBackoffMS, Base: deref(r.Base)}
+}
+
+// checkBase refuses a base the domain would read as its default (0, or a
+// number so small it decodes to 0); other out-of-range bases are the
+// domain's to name.
+func (r *retryIn) checkBase(inv *apperr.InvalidError, field string) {
+	if r != nil && r.Base != nil && *r.Base == 0 {
+		inv.Add(field, "must be between 1 and 100 (omit it for the default, 2)")
+	}
 }
 
 // checkKeyLimit refuses a key_limit below 1: the Go API reads 0 as "the

@@ -430,3 +430,50 @@ func TestAWorkItemsBadFieldsAreNamedTogether(t *testing.T) {
 		})
 	}
 }
+
+// The document gives retry.base a minimum of 1 (default 2); the domain reads
+// 0 as "the default", so an explicit 0 — or 1e-400, which decodes to 0 —
+// was accepted and silently became 2, where 0.5 is a 400 (as key_limit and
+// the work route's timeout_ms, guarded against exactly this).
+func TestARetryBaseBelowOneIsRefused(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t))
+	admin := subToken(t, "org-a", "root", "", RoleAdmin)
+	before := workCount(t, s)
+	for _, base := range []string{"0", "1e-400"} {
+		body := `{"handler":"echo","retry":{"max_attempts":2,"base":` + base + `}}`
+		do(t, s.Handler(), http.MethodPost, "/v1/pools/default/work", admin, body).
+			requireProblem(t, http.StatusBadRequest, "retry.base")
+	}
+	require.Equal(t, before, workCount(t, s), "a refused request enqueues nothing")
+}
+
+// A null for a field the document lists as required says so ("is required;
+// null is not a value", as the BadRequest response documents), not "leave
+// the field out for its default": leaving these out is a 400 too.
+// (TestRequiredTagsMatchTheDocument follows neither allOf nor array items,
+// so retry.max_attempts and chunks[].data_base64 had gone untagged.)
+func TestANullForARequiredNestedFieldSaysItIsRequired(t *testing.T) {
+	for _, tc := range []struct {
+		name, field string
+		decode      func() error
+	}{
+		{"retry.max_attempts", "retry.max_attempts", func() error {
+			_, err := decodeWorkEnqueue([]byte(`{"handler":"h","retry":{"max_attempts":null}}`))
+			return err
+		}},
+		{"work.retry.max_attempts", "work.retry.max_attempts", func() error {
+			_, err := decodeWakeup([]byte(`{"agent_id":"a","workflow_id":"o/w","signal":"s","scope":"s","cost":1,"work":{"handler":"h","retry":{"max_attempts":null}}}`))
+			return err
+		}},
+		{"chunks[0].data_base64", "chunks[0].data_base64", func() error {
+			_, err := decodeStreamChunks([]byte(`{"chunks":[{"data_base64":null}]}`), 10)
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var p *Problem
+			require.True(t, errors.As(tc.decode(), &p))
+			require.Equal(t, []apperr.FieldError{{Field: tc.field, Detail: requiredNullDetail}}, p.Errors)
+		})
+	}
+}

@@ -99,9 +99,20 @@ func queryParamsProblem(rawQuery string) error {
 		if !isText(value) {
 			return paramProblem("query", name, "must be UTF-8 text without NUL characters")
 		}
+		if value == "" && notEmptyQueryParams[name] {
+			return paramProblem("query", name, "must not be empty: leave the parameter out for its default")
+		}
 	}
 	return nil
 }
+
+// notEmptyQueryParams are the query parameters the document types as an
+// integer or an enum, of which "" is no value (?limit=, ?status=): a 400,
+// rather than read as absent — a filter a client meant to set and sent
+// empty would list everything. (TestEmptyQueryValuesAreRefusedWhereTheDocumentTypesThem
+// keeps this set equal to the document's.) The string parameters (cursor,
+// agent_id, …) take "" as absent, as the document allows.
+var notEmptyQueryParams = map[string]bool{"after": true, "delivery": true, "limit": true, "start_index": true, "status": true}
 
 func isText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 

@@ -141,3 +141,41 @@ func TestAnIdempotencyKeyThatIsNotUTF8Is400NamingIt(t *testing.T) {
 	r.requireProblem(t, http.StatusBadRequest, "Idempotency-Key")
 	require.Zero(t, workCount(t, s))
 }
+
+// A query parameter the document types as an integer or an enum takes no
+// empty value (?status=, ?limit=): a 400 naming it, where it used to read
+// as absent — a filter sent empty listed everything. The set the check
+// refuses is the document's (string parameters take "" as absent).
+func TestEmptyQueryValuesAreRefusedWhereTheDocumentTypesThem(t *testing.T) {
+	doc, err := contractDocument()
+	require.NoError(t, err)
+	typed := map[string]bool{}
+	for _, item := range doc.Paths.Map() {
+		for _, op := range item.Operations() {
+			for _, ref := range append(slices.Clone(item.Parameters), op.Parameters...) {
+				p := ref.Value
+				if p.In != "query" || p.Schema == nil || p.Schema.Value == nil {
+					continue
+				}
+				s := p.Schema.Value
+				if s.Type.Is("integer") || len(s.Enum) > 0 {
+					typed[p.Name] = true
+				}
+			}
+		}
+	}
+	require.Equal(t, typed, notEmptyQueryParams)
+
+	for name := range notEmptyQueryParams {
+		err := queryParamsProblem(name + "=&x=1")
+		var p *Problem
+		require.ErrorAs(t, err, &p, name)
+		require.Equal(t, name, p.Errors[0].Field)
+		require.Contains(t, p.Errors[0].Detail, "must not be empty")
+	}
+	require.NoError(t, queryParamsProblem("cursor=&agent_id=&limit=5"), "string parameters take an empty value as absent")
+
+	s := newTestServer(t, withWakeups(t))
+	tok := subToken(t, "org-a", "root", "", RoleAdmin, RoleAgent)
+	do(t, s.Handler(), http.MethodGet, "/v1/wakeups?status=", tok, nil).requireProblem(t, http.StatusBadRequest, "status")
+}

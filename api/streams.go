@@ -41,7 +41,7 @@ func (s *Server) streamRoutes() {
 
 // streamChunkIn is one chunk of a JSON append.
 type streamChunkIn struct {
-	DataBase64 *string `json:"data_base64"`
+	DataBase64 *string `json:"data_base64" required:"true"`
 }
 
 type streamAppendIn struct {

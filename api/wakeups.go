@@ -9,7 +9,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/reveille/reveille/wakeup"
-	"github.com/reveille/reveille/workpool"
 )
 
 func (s *Server) wakeupRoutes() {
@@ -76,12 +75,12 @@ type wakeupRequest struct {
 	Cost       *int64 `json:"cost" required:"true"`
 	Pool       string `json:"pool"`
 	Work       *struct {
-		Handler        string                `json:"handler" required:"true"`
-		Args           rawArgs               `json:"args"`
-		Retry          *workpool.RetryPolicy `json:"retry"`
-		TimeoutMS      int                   `json:"timeout_ms"`
-		ConcurrencyKey string                `json:"concurrency_key" nullable:"true"`
-		KeyLimit       *int                  `json:"key_limit" nullable:"true"`
+		Handler        string   `json:"handler" required:"true"`
+		Args           rawArgs  `json:"args"`
+		Retry          *retryIn `json:"retry"`
+		TimeoutMS      int      `json:"timeout_ms"`
+		ConcurrencyKey string   `json:"concurrency_key" nullable:"true"`
+		KeyLimit       *int     `json:"key_limit" nullable:"true"`
 	} `json:"work" required:"true"`
 }
 
@@ -102,7 +101,7 @@ func (s *Server) createWakeup(c echo.Context) error {
 	w, err := s.svc.Wakeups.Create(c.Request().Context(), wakeup.CreateParams{
 		OrgID: p.OrgID, AgentID: in.AgentID, WorkflowID: in.WorkflowID, RunID: in.RunID, Signal: in.Signal,
 		Scope: in.Scope, Reason: in.Reason, Cost: *in.Cost, Pool: in.Pool,
-		Work: wakeup.Work{Handler: in.Work.Handler, Args: []byte(in.Work.Args), Retry: in.Work.Retry, TimeoutMS: in.Work.TimeoutMS,
+		Work: wakeup.Work{Handler: in.Work.Handler, Args: []byte(in.Work.Args), Retry: in.Work.Retry.policy(), TimeoutMS: in.Work.TimeoutMS,
 			ConcurrencyKey: in.Work.ConcurrencyKey, KeyLimit: deref(in.Work.KeyLimit)},
 		IdempotencyKey: IdempotencyKey(c), RequestedBy: p.Sub,
 	})

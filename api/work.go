@@ -31,13 +31,13 @@ func (s *Server) workRoutes() {
 }
 
 type workIn struct {
-	Handler        string                `json:"handler" required:"true"`
-	Args           json.RawMessage       `json:"args"`
-	RunAt          *string               `json:"run_at"`
-	Retry          *workpool.RetryPolicy `json:"retry"`
-	TimeoutMS      *int                  `json:"timeout_ms"`
-	ConcurrencyKey string                `json:"concurrency_key" nullable:"true"`
-	KeyLimit       *int                  `json:"key_limit" nullable:"true"`
+	Handler        string          `json:"handler" required:"true"`
+	Args           json.RawMessage `json:"args"`
+	RunAt          *string         `json:"run_at"`
+	Retry          *retryIn        `json:"retry"`
+	TimeoutMS      *int            `json:"timeout_ms"`
+	ConcurrencyKey string          `json:"concurrency_key" nullable:"true"`
+	KeyLimit       *int            `json:"key_limit" nullable:"true"`
 }
 
 type workJSON struct {

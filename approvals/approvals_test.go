@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -148,6 +150,35 @@ func TestAPolicyIsOnePerToolAndMatchAndCanBeDeleted(t *testing.T) {
 	require.NoError(t, s.DeletePolicy(ctx, org, agent, "git", nil))
 	require.ErrorIs(t, s.DeletePolicy(ctx, org, agent, "git", nil), ErrPolicyNotFound)
 	require.ErrorIs(t, s.DeletePolicy(ctx, "org-b", agent, "git", nil), ErrPolicyNotFound)
+}
+
+// A match as long as its limit (4 KiB) is stored beside the longest agent
+// id, and still keys its policy by JSON value (1 and 1.0 alike). The key
+// held the match itself, and a btree row holds at most 2704 bytes: such a
+// match failed the upsert (a 500 over REST).
+func TestALongMatchIsStoredAndStillKeysItsPolicy(t *testing.T) {
+	s, _ := newTestService(t)
+	ctx := context.Background()
+	longAgent := strings.Repeat("a", MaxText-10) + "-agent-id" // (repeats compress; the match below does not)
+	rnd := rand.New(rand.NewChaCha8([32]byte{1}))              // (text Postgres cannot compress)
+	noise := make([]byte, 2800)
+	for i := range noise {
+		noise[i] = "abcdefghijklmnopqrstuvwxyz0123456789"[rnd.IntN(36)]
+	}
+	match := fmt.Sprintf(`{"n": 1, "k": %q}`, noise)
+	require.Less(t, len(match), MaxMatch)
+	a, err := s.PutPolicy(ctx, org, PolicyParams{AgentID: longAgent, ToolName: "git", Approval: PolicyNever, Match: json.RawMessage(match), UpdatedBy: "root"})
+	require.NoError(t, err)
+	b, err := s.PutPolicy(ctx, org, PolicyParams{AgentID: longAgent, ToolName: "git", Approval: PolicyAlways,
+		Match: json.RawMessage(fmt.Sprintf(`{"k": %q, "n": 1.0}`, noise)), UpdatedBy: "root"})
+	require.NoError(t, err)
+	require.Equal(t, a.ID, b.ID, "the same match as a JSON value replaces the policy")
+	require.Equal(t, PolicyAlways, b.Approval)
+	c, err := s.PutPolicy(ctx, org, PolicyParams{AgentID: longAgent, ToolName: "git", Approval: PolicyOnce,
+		Match: json.RawMessage(fmt.Sprintf(`{"k": %q, "n": 2}`, noise)), UpdatedBy: "root"})
+	require.NoError(t, err)
+	require.NotEqual(t, a.ID, c.ID, "another match is another policy")
+	require.NoError(t, s.DeletePolicy(ctx, org, longAgent, "git", json.RawMessage(match)))
 }
 
 func TestSessionEventsAreNumberedWithoutGapsUnderConcurrentCallsAndAnswers(t *testing.T) {

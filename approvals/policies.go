@@ -39,11 +39,19 @@ func (s *Service) PutPolicy(ctx context.Context, orgID string, p PolicyParams) (
 		return Policy{}, err
 	}
 	pol, err := scanPolicy(s.db.QueryRow(ctx, qUpsertPolicy, newID(), orgID, p.AgentID, p.ToolName, match, p.Approval, p.UpdatedBy))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Policy{}, errPolicyKeyCollision
+	}
 	if err != nil {
 		return Policy{}, fmt.Errorf("setting tool policy: %w", err)
 	}
 	return pol, nil
 }
+
+// errPolicyKeyCollision: another policy of the agent and tool has a match
+// whose 64-bit hash is this one's (qUpsertPolicy), which nothing but a
+// collision of the hash can cause; neither is changed.
+var errPolicyKeyCollision = errors.New("setting tool policy: another policy's match has the same key hash; nothing was changed")
 
 // DeletePolicy removes the policy for (org, agent, tool, match); match nil
 // names the unconditional one. ErrPolicyNotFound when there is none.

@@ -113,8 +113,11 @@ SELECT org_id, session_id, id, expires_at FROM tool_approvals
 const qUpsertPolicy = `
 INSERT INTO tool_policies (id, org_id, agent_id, tool_name, match, approval, updated_by)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
-ON CONFLICT (org_id, agent_id, tool_name, (coalesce(match, 'null'::jsonb)))
+ON CONFLICT (org_id, agent_id, tool_name, (jsonb_hash_extended(coalesce(match, 'null'::jsonb), 0)))
 DO UPDATE SET approval = EXCLUDED.approval, updated_by = EXCLUDED.updated_by, updated_at = now()
+ -- (the key is match's hash: a policy whose match only hashes alike is
+ -- another policy, and is left alone — no row then, ErrPolicyKeyCollision)
+ WHERE coalesce(tool_policies.match, 'null'::jsonb) = coalesce(EXCLUDED.match, 'null'::jsonb)
 RETURNING ` + policyColumns
 
 // qDeletePolicy: $1 org, $2 agent, $3 tool, $4 match (NULL: unconditional).
