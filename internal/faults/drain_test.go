@@ -17,9 +17,9 @@ import (
 )
 
 // SIGTERM with work running: the replica stops claiming, lets the work
-// that fits in REVEILLE_SHUTDOWN_GRACE finish, hands the rest back — which
-// the other replica starts at once, long before the heartbeat timeout —
-// and exits 0.
+// that fits in REVEILLE_SHUTDOWN_GRACE finish, sends its signal, hands the
+// rest back — which another replica then starts at once, long before the
+// heartbeat timeout — and exits 0.
 func TestSigtermDrainsWithinTheGraceAndHandsBackTheRest(t *testing.T) {
 	const grace = 5 * time.Second
 	// A heartbeat timeout far beyond the test: work that is not handed
@@ -36,10 +36,14 @@ func TestSigtermDrainsWithinTheGraceAndHandsBackTheRest(t *testing.T) {
 
 	sent := time.Now()
 	e.replicas[0].p.signal(syscall.SIGTERM)
-	e.replicas[1].start() // takes over what a hands back
 	require.NoError(t, e.replicas[0].p.wait(grace+20*time.Second), "the replica exits after its grace")
 	took := time.Since(sent)
 	require.Equal(t, 0, e.replicas[0].p.exitCode(), "a drained replica exits 0:\n%s", e.replicas[0].p.logTail(10))
+	// It sent the signal of what finished before it exited: the message is
+	// delivered already, and no other replica runs yet.
+	require.EqualValues(t, 1, e.count(`SELECT count(*) FROM queue_messages WHERE org_id = $1 AND queue = 'wakeup' AND idempotency_key = $2 AND status = 'delivered'`,
+		org, short[0].wakeupID), "the finished work's signal is sent before the replica exits")
+	e.replicas[1].start() // takes over what a handed back
 	t.Logf("SIGTERM to exit: %s (grace %s)", took.Round(time.Millisecond), grace)
 
 	var attempts int

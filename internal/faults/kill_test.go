@@ -71,3 +71,32 @@ func TestKilledReplicasLoseNoWake(t *testing.T) {
 		})
 	}
 }
+
+// A wake-up whose work has a single attempt (no retry policy), cut by the
+// death of the replicas while it runs, resolves failed with the recovery's
+// error and wakes its workflow with it (docs/wakeup.md § "A replica dies
+// while the work runs"): nothing waits for an attempt that never returns.
+func TestASingleAttemptCutByAKillWakesItsWorkflowFailed(t *testing.T) {
+	e := newEnv(t)
+	c := e.client(0)
+	e.fund(c, 10)
+	wf, run := e.park()
+	req := e.wakeRequest(wf, 60_000) // it would run a minute
+	req.Work.Retry = nil
+	created, err := c.Wakeups.Create(context.Background(), req)
+	require.NoError(t, err)
+	e.waitRunning(1)
+
+	e.replicas[0].kill()
+	e.replicas[1].kill()
+	time.Sleep(time.Second)
+	e.replicas[0].start()
+	e.replicas[1].start()
+
+	e.requireWoken([]parked{{workflowID: wf, run: run, wakeupID: created.ID}})
+	var outcome, text string
+	require.NoError(t, e.db.QueryRow(context.Background(), `SELECT outcome, coalesce(error, '') FROM wakeups WHERE org_id = $1 AND id = $2`,
+		org, created.ID).Scan(&outcome, &text))
+	require.Equal(t, "failed", outcome)
+	require.Contains(t, text, "stopped heartbeating")
+}
