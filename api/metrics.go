@@ -137,7 +137,7 @@ func (d *dependencyUp) Describe(ch chan<- *prometheus.Desc) { ch <- d.desc }
 func (d *dependencyUp) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	for _, r := range d.s.checkDependencies(ctx, 0) {
+	for _, r := range d.s.checkDependencies(ctx, sameBound) {
 		up := 1.0
 		if r.err != nil {
 			up = 0

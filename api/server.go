@@ -357,6 +357,10 @@ const readyTimeout = 3 * time.Second
 // timeout (Kubernetes': 1 s), which would take a ready replica out.
 const readyOthersTimeout = 500 * time.Millisecond
 
+// sameBound, as checkDependencies' othersTimeout: every check has ctx's
+// bound (the scrape's reveille_dependency_up).
+const sameBound time.Duration = 0
+
 // dependencyResult is one readiness check's answer.
 type dependencyResult struct {
 	name string

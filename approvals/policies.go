@@ -51,7 +51,7 @@ func (s *Service) PutPolicy(ctx context.Context, orgID string, p PolicyParams) (
 // errPolicyKeyCollision: another policy of the agent and tool has a match
 // whose 64-bit hash is this one's (qUpsertPolicy), which nothing but a
 // collision of the hash can cause; neither is changed.
-var errPolicyKeyCollision = errors.New("setting tool policy: another policy's match has the same key hash; nothing was changed")
+var errPolicyKeyCollision = fmt.Errorf("%w: another policy of this agent and tool has a match with the same key hash; nothing was changed", apperr.ErrConflict)
 
 // DeletePolicy removes the policy for (org, agent, tool, match); match nil
 // names the unconditional one. ErrPolicyNotFound when there is none.

@@ -116,7 +116,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (org_id, agent_id, tool_name, (jsonb_hash_extended(coalesce(match, 'null'::jsonb), 0)))
 DO UPDATE SET approval = EXCLUDED.approval, updated_by = EXCLUDED.updated_by, updated_at = now()
  -- (the key is match's hash: a policy whose match only hashes alike is
- -- another policy, and is left alone — no row then, ErrPolicyKeyCollision)
+ -- another policy, and is left alone — no row then: errPolicyKeyCollision)
  WHERE coalesce(tool_policies.match, 'null'::jsonb) = coalesce(EXCLUDED.match, 'null'::jsonb)
 RETURNING ` + policyColumns
 

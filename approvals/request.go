@@ -146,7 +146,7 @@ func (s *Service) replay(ctx context.Context, p RequestParams, input json.RawMes
 		case err == nil:
 			// (a policy whose approval was replaced since no longer gives
 			// this decision: not shown, as a deleted one is not)
-			if (pol.Approval == PolicyAlways) == (a.Status == StatusApproved) && pol.Approval != PolicyOnce {
+			if decidedBy[pol.Approval] == a.Status {
 				res.Policy = &pol
 			}
 		case !errors.Is(err, pgx.ErrNoRows): // a deleted policy is simply not shown
@@ -182,3 +182,7 @@ func rawOrNull(b json.RawMessage) json.RawMessage {
 	}
 	return b
 }
+
+// decidedBy is the status a policy's approval gives a call it decides
+// (once decides none: the call waits for a human).
+var decidedBy = map[string]string{PolicyAlways: StatusApproved, PolicyNever: StatusDenied}

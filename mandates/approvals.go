@@ -183,7 +183,8 @@ func (s *Service) diagnose(ctx context.Context, tx pgx.Tx, orgID string, id uuid
 
 // CancelApprovalTx withdraws a pending request for its caller (canceled);
 // no hook is called, as the caller is the one withdrawing. It reports false
-// when the request was not pending (or does not exist).
+// when the request was not pending (or does not exist). Its count waits for
+// tx's commit when ctx comes from WithOnCommit.
 func (s *Service) CancelApprovalTx(ctx context.Context, tx pgx.Tx, orgID string, id uuid.UUID) (bool, error) {
 	a, err := scanApproval(tx.QueryRow(ctx, qCancelApproval, orgID, id))
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -196,7 +197,11 @@ func (s *Service) CancelApprovalTx(ctx context.Context, tx pgx.Tx, orgID string,
 	if err := s.appendEvent(ctx, tx, inbox.TypeResolved, a); err != nil {
 		return false, err
 	}
-	s.metrics.resolve(StateCanceled)
+	// (counted once tx commits, when the caller's ctx says when: WithOnCommit)
+	count := func() { s.metrics.resolve(StateCanceled) }
+	if !OnCommit(ctx, count) {
+		count()
+	}
 	return true, nil
 }
 

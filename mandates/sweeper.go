@@ -75,7 +75,6 @@ func (s *Service) expiredApprovals(ctx context.Context, after *dueApproval, batc
 func (s *Service) expire(ctx context.Context, d dueApproval) (bool, error) {
 	ctx, committed := withOnCommit(ctx)
 	err := leader.FencedTx(ctx, s.db, func(tx pgx.Tx) error {
-		committed.fns = nil // (a rolled-back try registers again)
 		_, err := s.resolveTx(ctx, tx, d.orgID, d.id, StateExpired, "", "")
 		return err
 	})

@@ -114,6 +114,9 @@ func (s *Service) onApprovalResolved(ctx context.Context, tx pgx.Tx, r mandates.
 // spend is refunded. A settled wake-up is left alone. agentID narrows it to
 // that agent's wake-ups as in Get.
 func (s *Service) Cancel(ctx context.Context, orgID, agentID string, id uuid.UUID) (Wakeup, error) {
+	// (what the cancel counts — a request withdrawn, a wake-up resolved —
+	// counts once it commits)
+	ctx, committed := mandates.WithOnCommit(ctx)
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var state string
 		var approvalID, enqueuedWork *uuid.UUID
@@ -168,6 +171,7 @@ func (s *Service) Cancel(ctx context.Context, orgID, agentID string, id uuid.UUI
 	if err != nil {
 		return Wakeup{}, err
 	}
+	committed()
 	s.logger.DebugContext(ctx, "wake-up canceled", "org_id", orgID, "wakeup_id", id)
 	return s.Get(ctx, orgID, AnyAgent, id)
 }

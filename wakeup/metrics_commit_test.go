@@ -116,3 +116,51 @@ func TestADenialRolledBackIsNotCountedAsResolved(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(f.svc.metrics.resolved.WithLabelValues(OutcomeDenied)),
 		"one wake-up denied once; the rolled-back denial must not count")
 }
+
+// A cancel whose commit fails (here a deferred trigger) canceled nothing:
+// neither the wake-up resolved nor its approval request withdrawn count
+// until the cancel that commits.
+func TestACancelWhoseCommitFailedIsNotCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	f := newFixtureWith(t, fixtureOptions{mandatesRegistry: reg})
+	ctx := context.Background()
+	p := params("")
+	p.Cost = 50 // refused: the wake-up awaits approval
+	_, err := f.svc.Create(ctx, p)
+	var refused *RefusedError
+	require.ErrorAs(t, err, &refused)
+	_, err = f.db.Exec(ctx, `
+		CREATE SEQUENCE cancel_commits;
+		CREATE FUNCTION fail_first_cancel_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  IF NEW.state = 'resolved' AND nextval('cancel_commits') = 1 THEN
+		    RAISE EXCEPTION 'the first commit of a cancel fails';
+		  END IF;
+		  RETURN NULL;
+		END $$;
+		CREATE CONSTRAINT TRIGGER fail_first_cancel_commit AFTER UPDATE ON wakeups
+		  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fail_first_cancel_commit();`)
+	require.NoError(t, err)
+
+	_, err = f.svc.Cancel(ctx, "o", AnyAgent, refused.Wakeup.ID)
+	require.Error(t, err, "the cancel's commit failed")
+	require.Equal(t, "awaiting_approval", f.state(t, refused.Wakeup.ID))
+	_, err = f.svc.Cancel(ctx, "o", AnyAgent, refused.Wakeup.ID)
+	require.NoError(t, err)
+	require.Equal(t, "resolved", f.state(t, refused.Wakeup.ID))
+
+	require.Equal(t, 1.0, testutil.ToFloat64(f.svc.metrics.resolved.WithLabelValues(OutcomeCanceled)), "one wake-up canceled once")
+	var withdrawn float64
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, fam := range families {
+		if fam.GetName() == "reveille_mandates_approvals_resolved_total" {
+			for _, m := range fam.GetMetric() {
+				if m.GetLabel()[0].GetValue() == "canceled" {
+					withdrawn = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	require.Equal(t, 1.0, withdrawn, "one approval request withdrawn once")
+}

@@ -452,7 +452,6 @@ func (s *Service) gate(ctx context.Context, p CreateParams) (id uuid.UUID, exist
 	}
 	var spent *mandates.SpendResult // the decision made, counted once committed
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		spent = nil // (a retried transaction decides again)
 		work, err := json.Marshal(p.Work)
 		if err != nil {
 			return err
@@ -568,9 +567,10 @@ func (s *Service) resolveTx(ctx context.Context, tx pgx.Tx, orgID string, id uui
 	if err := s.enqueueSignal(ctx, tx, orgID, id, payload, sig); err != nil {
 		return false, err
 	}
-	// Counted once the pool's completing transaction commits (a hook's
-	// savepoint rolled back, or a commit that failed and is recorded
-	// again, resolved nothing); elsewhere, as before, at once.
+	// Counted once the transaction commits — the pool's completing one
+	// (workpool.AfterCommit), a mandate resolution's or a cancel's
+	// (mandates.OnCommit): one rolled back resolved nothing, and is run
+	// again; elsewhere (a reconciler's), at once.
 	count := func() { s.metrics.resolved.WithLabelValues(outcome).Inc() }
 	if !workpool.AfterCommit(ctx, count) && !mandates.OnCommit(ctx, count) {
 		count()

@@ -63,7 +63,11 @@ func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 	if err != nil || (fast.didWork && fast.clean && !fast.filled) {
 		return fast, err
 	}
-	if fast.clean && (fast.filled || !fast.didWork && !l.paused.Load() && now.Sub(l.lastActivity) < l.m.cfg.Cooldown) {
+	// (Within the cooldown, an iteration that found nothing goes on to the
+	// full one: the fast statement knows only the first org's next plain
+	// start, and work of another org or keyed work due before the
+	// cooldown ends would wait for its end.)
+	if fast.clean && fast.filled {
 		// Nothing new, or every free slot just taken (nothing more can
 		// start until a slot frees, and whatever frees one kicks the
 		// loop): still "running" through the cooldown, so there is no

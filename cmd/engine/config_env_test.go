@@ -14,6 +14,7 @@ import (
 func TestEnvConfigRefusesPoolsThatNameNoPool(t *testing.T) {
 	for _, v := range []string{",", " ", " , "} {
 		t.Run(v, func(t *testing.T) {
+			clearEnv(t)
 			t.Setenv("REVEILLE_POOLS", v)
 			t.Setenv("REVEILLE_WEBHOOK_POOL", "")
 			s, err := envConfig()

@@ -185,7 +185,8 @@ func orgStartLags(ctx context.Context, db *pgxpool.Pool, orgs []string, resumed 
 	return out, nil
 }
 
-// medianPhase is the phase of median rate (its lags with it).
+// medianPhase is the phase of median rate, its lags with it; of an even
+// count, the mean of the two middle phases (rate and lags).
 func medianPhase(ps []fairPhase) fairPhase {
 	s := slices.Clone(ps)
 	slices.SortFunc(s, func(a, b fairPhase) int {

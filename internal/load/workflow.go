@@ -45,10 +45,9 @@ type woken struct {
 // runs.
 func parkedWorkflow(report func(context.Context, woken) error) func(workflow.Context, workflowInput) error {
 	return func(ctx workflow.Context, in workflowInput) error {
-		// No WithWakeDedupe: its shared reader takes every signal buffered with
-		// the wake off the channel and drops the repeats uncounted (the
-		// workflow awaits one decision and one wake: nothing to share).
-
+		// (No WithWakeDedupe: its shared reader takes every signal buffered
+		// with the wake off the channel and drops the repeats uncounted; the
+		// workflow awaits one decision and one wake, nothing to share.)
 		r := woken{WorkflowID: workflow.GetInfo(ctx).WorkflowExecution.ID}
 		if in.ApprovalID != "" {
 			d, err := workflows.AwaitApproval(ctx, "", in.ApprovalID, in.Timeout)

@@ -3,7 +3,10 @@ package service_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,7 +38,17 @@ func TestAStopWithASlowClientStillReturnsNil(t *testing.T) {
 	defer conn.Close()
 	_, err = fmt.Fprintf(conn, "POST /v1/work HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
 	require.NoError(t, err)
-	time.Sleep(300 * time.Millisecond)
+	// (the server holds it: it and the scrape's own are open)
+	scrape := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	require.Eventually(t, func() bool {
+		res, err := scrape.Get("http://" + a + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return strings.Contains(string(b), "\nreveille_http_open_connections 2\n")
+	}, 10*time.Second, 20*time.Millisecond, "the slow request's connection is open")
 
 	stop()
 	select {

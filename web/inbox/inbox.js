@@ -759,7 +759,15 @@
           // read again to show it (now if it is the tab shown, else when
           // it is next opened).
           state.resolvedLoaded = false;
-          if (state.tab === 'resolved') await loadResolved(gen);
+          if (state.tab === 'resolved') {
+            try {
+              await loadResolved(gen);
+            } catch (e) {
+              // (Pending did reload: follow from it; Resolved is read again
+              // when the tab is next opened)
+              if (e.status === 401) return expired(gen);
+            }
+          }
           if (gen !== state.gen) return;
           render();
           continue; // resubscribe at once from the reloaded list's seq
@@ -880,7 +888,7 @@
     } catch (e) {
       if (gen !== state.gen) return;
       showSignIn();
-      if (e.status !== 401 && e.status !== 403 && (e.status === 0 || e.status === 429 || e.status >= 500)) {
+      if (e.status === 0 || e.status === 429 || e.status >= 500) {
         // Not the token's fault (a replica restarting, a proxy's 502, no
         // network): keep it, and sign in again by itself — a reload
         // during a restart must not sign the approver out.

@@ -216,17 +216,21 @@ func (l *AllowList) CheckURL(u *url.URL) error {
 	return nil
 }
 
-func (l *AllowList) check(u *url.URL) *RefusedError {
+func (l *AllowList) check(u *url.URL) *RefusedError { return l.checkShown(u, redacted(u)) }
+
+// checkShown is check naming u as shownURL in its refusals (shown: the
+// scheme and host alone when the path is a secret).
+func (l *AllowList) checkShown(u *url.URL, shownURL string) *RefusedError {
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return refused("url", "url %q: want an absolute http(s) URL", redacted(u))
+		return refused("url", "url %q: want an absolute http(s) URL", shownURL)
 	}
 	host := u.Hostname()
 	if host == "" {
-		return refused("url", "url %q has no host", redacted(u))
+		return refused("url", "url %q has no host", shownURL)
 	}
 	port, ok := urlPort(u)
 	if !ok {
-		return refused("url", "url %q: port %q is not 1-65535", redacted(u), u.Port())
+		return refused("url", "url %q: port %q is not 1-65535", shownURL, u.Port())
 	}
 	hostPort := u.Host
 	if u.Port() == "" {

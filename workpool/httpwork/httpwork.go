@@ -239,7 +239,7 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 			MaxResponseHeaderBytes: MaxResponseHeaderBytes,
 		},
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
-			if r := list.check(req.URL); r != nil {
+			if r := list.checkShown(req.URL, shown(req.Context(), req.URL)); r != nil {
 				return refused(r.Reason, "redirect to %s refused: %s", shown(req.Context(), req.URL), strings.TrimPrefix(r.Error(), "http: "))
 			}
 			// (a 301, 302 or 303 turns a POST into a GET without its body:
@@ -267,7 +267,9 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 		if err != nil {
 			return nil, workpool.NonRetryable(err)
 		}
-		if err = list.CheckURL(req.URL); err == nil {
+		if r := list.checkShown(req.URL, shown(ctx, req.URL)); r != nil {
+			err = r
+		} else {
 			var out json.RawMessage
 			if out, err = do(client, req); err == nil {
 				return out, nil

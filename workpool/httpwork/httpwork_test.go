@@ -416,3 +416,34 @@ func TestARedirectIsFollowedOnlyWhereItKeepsTheRequest(t *testing.T) {
 		})
 	}
 }
+
+// The allow-list's own refusals (a scheme or port no request may use) name
+// a secret path's URL by scheme and host only too — for a redirect's URL
+// and for the work's own; they quoted it whole.
+func TestARefusalByTheAllowListLeavesOutASecretPath(t *testing.T) {
+	for _, loc := range []string{
+		"ftp://elsewhere.example.com/services/REDIRSECRET",
+		"http://127.0.0.1:0/services/REDIRSECRET",
+	} {
+		t.Run("a redirect to "+loc, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Location", loc)
+				w.WriteHeader(http.StatusTemporaryRedirect)
+			}))
+			defer srv.Close()
+			h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
+			require.NoError(t, err)
+			_, err = run(t, h, context.Background(), Args{URL: srv.URL + "/services/T000/B000/PATHSECRET", SecretPath: true, Method: "POST"})
+			require.Error(t, err)
+			require.NotContains(t, err.Error(), "SECRET")
+		})
+	}
+	t.Run("the work's own URL", func(t *testing.T) {
+		h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
+		require.NoError(t, err)
+		_, err = run(t, h, context.Background(), Args{URL: "http://127.0.0.1:0/services/T000/B000/PATHSECRET", SecretPath: true})
+		require.Error(t, err)
+		require.NotContains(t, err.Error(), "SECRET")
+		require.Contains(t, err.Error(), "http://127.0.0.1:0/…")
+	})
+}
