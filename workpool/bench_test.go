@@ -237,7 +237,7 @@ func benchStartStatement(b *testing.B, orgs, running int) {
 		s                                              startedWork
 		charges                                        turnCharges
 	)
-	args, dest := append(l.startArgs(time.Now()), l.gen), []any{&fenced, &paused, &plain, &cancels, &nextAt, &decided, &keyed, &free}
+	args, dest := append(l.startArgs(time.Now()), l.gen), []any{&fenced, &paused, &plain, &cancels, &nextAt, &decided, &keyed, &free, new(bool)}
 	if shared {
 		args, dest = append(args, l.turns.args()...), append(dest, charges.dest()...)
 	}

@@ -42,7 +42,7 @@ func (h *harness) tryFairPick(sql string) pickOutcome {
 	)
 	var charges turnCharges
 	err = tx.QueryRow(h.ctx, sql, append(append(h.l.startArgs(now), h.l.gen), h.l.turns.args()...)...).
-		Scan(append(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &out.decided, &keyed, &free}, charges.dest()...), s.dest()...)...)
+		Scan(append(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &out.decided, &keyed, &free, new(bool)}, charges.dest()...), s.dest()...)...)
 	require.NoError(h.t, err)
 	require.True(h.t, fenced)
 	rows, err := tx.Query(h.ctx, `SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'running' AND started_at = $1 ORDER BY id`, now)

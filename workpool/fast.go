@@ -42,13 +42,13 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 // fence).
 func (l *loop) runFast(ctx context.Context, now time.Time, sql string, shared bool) (res iterResult, decided bool, err error) {
 	var (
-		fenced, paused, plain, cancels, keyed bool
-		nextAt                                *time.Time
-		free                                  int32
-		s                                     startedWork
-		charges                               turnCharges
+		fenced, paused, plain, cancels, keyed, unseen bool
+		nextAt                                        *time.Time
+		free                                          int32
+		s                                             startedWork
+		charges                                       turnCharges
 	)
-	args, dest := append(l.startArgs(now), l.gen), []any{&fenced, &paused, &plain, &cancels, &nextAt, &decided, &keyed, &free}
+	args, dest := append(l.startArgs(now), l.gen), []any{&fenced, &paused, &plain, &cancels, &nextAt, &decided, &keyed, &free, &unseen}
 	if shared {
 		args, dest = append(args, l.turns.args()...), append(dest, charges.dest()...)
 	}
@@ -83,7 +83,7 @@ func (l *loop) runFast(ctx context.Context, now time.Time, sql string, shared bo
 		l.lastActivity = now
 	}
 	res = iterResult{didWork: didWork, clean: (plain || shared) && !cancels, plain: plain, status: RunStatus{Kind: "running"},
-		filled: didWork && len(s.lags) >= int(free)}
+		filled: didWork && len(s.lags) >= int(free), unseen: unseen}
 	if nextAt != nil {
 		res.wakeAt = *nextAt
 	}

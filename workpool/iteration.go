@@ -21,6 +21,9 @@ type iterResult struct {
 	clean   bool // (fast path) nothing it could not handle was waiting
 	plain   bool // (fast path) the ready work was one org's plain work (or none)
 	filled  bool // (fast path) it started work into every free slot
+	// unseen: (fast path) work may wait whose next start it did not see
+	// (another org's, keyed work): its wakeAt may be late for it
+	unseen bool
 }
 
 // iterate runs one iteration: the one-statement fast path (fast.go) when
@@ -63,11 +66,12 @@ func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 	if err != nil || (fast.didWork && fast.clean && !fast.filled) {
 		return fast, err
 	}
-	// (Within the cooldown, an iteration that found nothing goes on to the
-	// full one: the fast statement knows only the first org's next plain
-	// start, and work of another org or keyed work due before the
-	// cooldown ends would wait for its end.)
-	if fast.clean && fast.filled {
+	// Within the cooldown, an iteration that found nothing waits — unless
+	// work waits whose next start it did not see (the plain statement sees
+	// only the first org's plain work): then the full iteration's outlook
+	// finds it, or a retry of another org, or keyed, due before the
+	// cooldown's end would wait for the end.
+	if fast.clean && (fast.filled || !fast.didWork && !fast.unseen && !l.paused.Load() && now.Sub(l.lastActivity) < l.m.cfg.Cooldown) {
 		// Nothing new, or every free slot just taken (nothing more can
 		// start until a slot frees, and whatever frees one kicks the
 		// loop): still "running" through the cooldown, so there is no

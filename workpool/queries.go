@@ -965,8 +965,10 @@ func sqlPlainCensus(noCap string) string {
 
 // sqlFastTail ends sqlIterateFast: what it reports besides the starts
 // (fenced, paused, plain, cancelations waiting, the next start, in the
-// fair iterations' shape decided and keyed: true and false, and the free
-// slots it filled from).
+// fair iterations' shape decided and keyed: true and false, the free
+// slots it filled from, and whether work it cannot see the next start of
+// may wait: another org's, or keyed work — the loop's full iteration then
+// finds it).
 const sqlFastTail = `EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM bump), false), (SELECT ok FROM plain),
   EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1),
   -- the next start of the first org's plain work (a retry, say): two index
@@ -975,7 +977,12 @@ const sqlFastTail = `EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM b
    WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at > $2
      AND org_id = (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
                    ORDER BY org_id LIMIT 1)),
-  true, false, (SELECT n FROM free),`
+  true, false, (SELECT n FROM free),
+  -- (two index probes)
+  EXISTS (SELECT 1 FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL)
+    OR EXISTS (SELECT 1 FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
+      AND org_id > (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
+                    ORDER BY org_id LIMIT 1)),`
 
 // sqlIterateFast is a whole iteration in one statement for the common
 // case: no cancelation to process, and ready work of one org only, without
@@ -1052,7 +1059,7 @@ WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
   -- that the loop waiting out its cooldown wakes for it in time
   least((SELECT min(head_at) FROM workpool_org_queues WHERE pool = $1 AND head_at > $2),
         (SELECT min(head_at) FROM moved WHERE head_at > $2)),
-  `+decided+`, `+keyed+`, (SELECT n FROM free), `+sqlTurnsCharged+`,`)
+  `+decided+`, `+keyed+`, (SELECT n FROM free), true, `+sqlTurnsCharged+`,`)
 }
 
 // sqlPendingOrgsWalk is the recursive CTE orgs: every org with pending
