@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/queue"
 )
 
@@ -93,25 +94,14 @@ func TestAFailedCompletingCommitHandsNothingOff(t *testing.T) {
 	ctx := context.Background()
 	// A deferred trigger fails the first commit that holds a queue message:
 	// a failing commit cannot be caused otherwise.
-	_, err := f.db.Exec(ctx, `
-		CREATE SEQUENCE wake_commits;
-		CREATE FUNCTION fail_first_wake_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  IF nextval('wake_commits') = 1 THEN
-		    RAISE EXCEPTION 'the first commit of a wake signal fails';
-		  END IF;
-		  RETURN NULL;
-		END $$;
-		CREATE CONSTRAINT TRIGGER fail_first_wake_commit AFTER INSERT ON queue_messages
-		  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fail_first_wake_commit();`)
-	require.NoError(t, err)
+	testkit.FailFirstCommit(t, f.db, "fail_first_wake_commit", "INSERT", "queue_messages", "")
 
 	w, err := f.svc.Create(ctx, params(""))
 	require.NoError(t, err)
 
 	m := f.requireSignalSent(t, w.ID.String())
 	var commits int64
-	require.NoError(t, f.db.QueryRow(ctx, `SELECT last_value FROM wake_commits`).Scan(&commits))
+	require.NoError(t, f.db.QueryRow(ctx, `SELECT last_value FROM fail_first_wake_commit_commits`).Scan(&commits))
 	require.EqualValues(t, 2, commits, "the first commit failed, the second held the signal")
 	require.Equal(t, 1, sig.count("o/wf"), "the failed commit's message was never sent")
 	require.Equal(t, 1, m.Attempts)

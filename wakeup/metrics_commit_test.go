@@ -12,6 +12,7 @@ import (
 
 	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/db"
+	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/mandates"
 )
 
@@ -22,18 +23,7 @@ func TestAResolutionWhoseCommitFailedIsNotCounted(t *testing.T) {
 	sig := newRecordingSignaler()
 	f := newFixtureWith(t, fixtureOptions{signals: sig})
 	ctx := context.Background()
-	_, err := f.db.Exec(ctx, `
-		CREATE SEQUENCE wake_commits;
-		CREATE FUNCTION fail_first_wake_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  IF nextval('wake_commits') = 1 THEN
-		    RAISE EXCEPTION 'the first commit of a wake signal fails';
-		  END IF;
-		  RETURN NULL;
-		END $$;
-		CREATE CONSTRAINT TRIGGER fail_first_wake_commit AFTER INSERT ON queue_messages
-		  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fail_first_wake_commit();`)
-	require.NoError(t, err)
+	testkit.FailFirstCommit(t, f.db, "fail_first_wake_commit", "INSERT", "queue_messages", "")
 
 	w, err := f.svc.Create(ctx, params(""))
 	require.NoError(t, err)
@@ -129,18 +119,7 @@ func TestACancelWhoseCommitFailedIsNotCounted(t *testing.T) {
 	_, err := f.svc.Create(ctx, p)
 	var refused *RefusedError
 	require.ErrorAs(t, err, &refused)
-	_, err = f.db.Exec(ctx, `
-		CREATE SEQUENCE cancel_commits;
-		CREATE FUNCTION fail_first_cancel_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  IF NEW.state = 'resolved' AND nextval('cancel_commits') = 1 THEN
-		    RAISE EXCEPTION 'the first commit of a cancel fails';
-		  END IF;
-		  RETURN NULL;
-		END $$;
-		CREATE CONSTRAINT TRIGGER fail_first_cancel_commit AFTER UPDATE ON wakeups
-		  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fail_first_cancel_commit();`)
-	require.NoError(t, err)
+	testkit.FailFirstCommit(t, f.db, "fail_first_cancel_commit", "UPDATE", "wakeups", "NEW.state = 'resolved'")
 
 	_, err = f.svc.Cancel(ctx, "o", AnyAgent, refused.Wakeup.ID)
 	require.Error(t, err, "the cancel's commit failed")

@@ -5,7 +5,6 @@ import (
 	"context"
 	"log/slog"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,23 +15,11 @@ import (
 	"github.com/reveille/reveille/workpool/httpwork"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // A Slack webhook's URL is its secret (docs/approvals.md: "its URL is its
 // secret, so keep the webhook list to admins"). A delivery that fails for
 // good on a network error must not write that URL to the operator's log.
 func TestASlackWebhooksURLIsNotLoggedWhenItsDeliveryFails(t *testing.T) {
-	var logs syncBuffer
+	var logs testkit.LogBuffer
 	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	db := testkit.NewPool(t)
 	pool, err := workpool.New(db, workpool.Config{Logger: logger, Cooldown: 50 * time.Millisecond,

@@ -7,24 +7,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
-)
 
-// failFirstHookCommit makes the first commit that holds a hook_calls row
-// fail (a deferred trigger), as a commit lost to a Postgres restart would.
-func failFirstHookCommit(t *testing.T, ctx context.Context, exec func(context.Context, string) error) {
-	t.Helper()
-	require.NoError(t, exec(ctx, `
-		CREATE SEQUENCE hook_commits;
-		CREATE FUNCTION fail_first_hook_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  IF nextval('hook_commits') = 1 THEN
-		    RAISE EXCEPTION 'the first commit of a hook call fails';
-		  END IF;
-		  RETURN NULL;
-		END $$;
-		CREATE CONSTRAINT TRIGGER fail_first_hook_commit AFTER INSERT ON hook_calls
-		  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fail_first_hook_commit();`))
-}
+	"github.com/reveille/reveille/internal/testkit"
+)
 
 // The executor's report transaction fails at its commit and is recorded
 // again: the hook ran into one committed transaction, once, and
@@ -34,7 +19,7 @@ func TestMetrics_AHookCallWhoseCommitFailedIsNotCounted(t *testing.T) {
 	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
 	hookTable(t, db)
 	ctx := context.Background()
-	failFirstHookCommit(t, ctx, func(ctx context.Context, sql string) error { _, err := db.Exec(ctx, sql); return err })
+	testkit.FailFirstCommit(t, db, "fail_first_hook_commit", "INSERT", "hook_calls", "")
 	m.RegisterHook("record", recordHook)
 	id, err := m.Enqueue(ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop", OnComplete: &OnComplete{Hook: "record"}})
 	require.NoError(t, err)
@@ -53,7 +38,7 @@ func TestMetrics_ACancelationWhoseIterationRolledBackIsNotCounted(t *testing.T) 
 	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
 	hookTable(t, db)
 	ctx := context.Background()
-	failFirstHookCommit(t, ctx, func(ctx context.Context, sql string) error { _, err := db.Exec(ctx, sql); return err })
+	testkit.FailFirstCommit(t, db, "fail_first_hook_commit", "INSERT", "hook_calls", "")
 	m.RegisterHook("record", recordHook)
 	id, err := m.Enqueue(ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop",
 		RunAt: time.Now().Add(time.Hour), OnComplete: &OnComplete{Hook: "record"}})
