@@ -979,10 +979,10 @@ const sqlFastTail = `EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM b
                    ORDER BY org_id LIMIT 1)),
   true, false, (SELECT n FROM free),
   -- (two index probes)
-  EXISTS (SELECT 1 FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL)
+  (SELECT n FROM free) > 0 AND (EXISTS (SELECT 1 FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL)
     OR EXISTS (SELECT 1 FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
       AND org_id > (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
-                    ORDER BY org_id LIMIT 1)),`
+                    ORDER BY org_id LIMIT 1))),`
 
 // sqlIterateFast is a whole iteration in one statement for the common
 // case: no cancelation to process, and ready work of one org only, without
@@ -1059,7 +1059,7 @@ WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
   -- that the loop waiting out its cooldown wakes for it in time
   least((SELECT min(head_at) FROM workpool_org_queues WHERE pool = $1 AND head_at > $2),
         (SELECT min(head_at) FROM moved WHERE head_at > $2)),
-  `+decided+`, `+keyed+`, (SELECT n FROM free), true, `+sqlTurnsCharged+`,`)
+  `+decided+`, `+keyed+`, (SELECT n FROM free), (SELECT n FROM free) > 0 OR (SELECT settings FROM changed), `+sqlTurnsCharged+`,`)
 }
 
 // sqlPendingOrgsWalk is the recursive CTE orgs: every org with pending

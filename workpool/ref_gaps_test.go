@@ -322,3 +322,72 @@ func TestRef002_DoesNotStartNewWorkOverALoweredMaxParallelism_WhenFairShareStart
 		})
 	}
 }
+
+// runMainCounted is runMain and how many statements fenced the pool in
+// it (each bumps the generation once): 1, the fast statement alone; 2,
+// the full iteration after it.
+func (h *harness) runMainCounted() (iterResult, int64) {
+	h.t.Helper()
+	g := h.l.gen
+	res := h.runMain()
+	return res, h.l.gen - g
+}
+
+// A saturated pool of several orgs, within its cooldown: an enqueue's kick
+// costs the fast statement alone. Nothing can start before a slot frees,
+// and whatever frees one kicks the loop, so no work it cannot see can be
+// late; going on to the full iteration here cost every enqueue a second
+// transaction.
+func TestCooldown_ASaturatedPoolsEnqueueKickCostsOneStatement(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(2))
+	h.enqueue(withOrg("org-a"))
+	h.enqueue(withOrg("org-b"))
+	h.enqueue(withOrg("org-a"))
+	h.runMain()
+	require.Len(t, h.observe().running, 2)
+	require.True(t, h.l.shared, "the loop starts fairly in one statement")
+	h.clock.Advance(100 * time.Millisecond)
+	for range 3 {
+		h.enqueue(withOrg("org-c"))
+		res, n := h.runMainCounted()
+		require.False(t, res.didWork)
+		require.True(t, res.wakeAt.After(h.clock.Now()), "it sleeps")
+		require.EqualValues(t, 1, n)
+	}
+}
+
+// Work held back by its key or its org's cap, within the cooldown: the
+// loop goes on to the full iteration (it cannot see keyed work's next
+// start) and sleeps until the cooldown's end — it does not spin.
+func TestCooldown_WorkHeldBackByItsKeyOrCapSleeps(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		setUp func(h *harness)
+	}{
+		{"by its key", func(h *harness) {
+			h.enqueue(withKey("k", 1))
+			h.enqueue(withKey("k", 1))
+		}},
+		{"by its org's cap", func(h *harness) {
+			require.NoError(h.t, h.m.SetMaxParallelismPerOrg(h.ctx, "default", ptr(1)))
+			h.enqueue()
+			h.enqueue()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			tc.setUp(h)
+			h.runMain()
+			require.Len(t, h.observe().running, 1)
+			for range 3 {
+				h.clock.Advance(100 * time.Millisecond)
+				res := h.runMain()
+				require.False(t, res.didWork)
+				require.True(t, res.wakeAt.After(h.clock.Now()), "it sleeps")
+			}
+		})
+	}
+}
