@@ -482,12 +482,13 @@ func (r *run) one(ctx context.Context, i int) {
 			return
 		}
 	}
-	if err := r.wakeup(ctx, i, wf, k, key); err != nil {
+	wakeupID, err := r.wakeup(ctx, i, wf, k, key)
+	if err != nil {
 		r.recorder.forget(wf)
 		r.fail(i, "wake-up", err)
 		return
 	}
-	r.recorder.accepted(e)
+	r.recorder.accepted(e, wakeupID)
 	select {
 	case <-e.done:
 	case <-time.After(r.cfg.Deadline):
@@ -513,8 +514,9 @@ func wakeupRequest(agentID, wf, targetURL string, k kind) reveille.WakeupRequest
 }
 
 // wakeup creates the i-th wake-up and settles it as its kind says; it
-// returns once the request that settles it was accepted.
-func (r *run) wakeup(ctx context.Context, i int, wf string, k kind, key func(string) reveille.CallOption) error {
+// returns, with the wake-up's id, once the request that settles it was
+// accepted.
+func (r *run) wakeup(ctx context.Context, i int, wf string, k kind, key func(string) reveille.CallOption) (string, error) {
 	req := wakeupRequest(r.agent, wf, r.target.url, k)
 	var created reveille.WakeupCreated
 	err := r.call(ctx, i, func(p apiPair) error {
@@ -526,21 +528,21 @@ func (r *run) wakeup(ctx context.Context, i int, wf string, k kind, key func(str
 	case k.refused:
 		var refusal *reveille.Error
 		if !errors.As(err, &refusal) || refusal.Status != http.StatusPaymentRequired {
-			return fmt.Errorf("want a refused spend (402), got %v", err)
+			return "", fmt.Errorf("want a refused spend (402), got %v", err)
 		}
-		return r.call(ctx, i, func(p apiPair) error {
+		return refusal.WakeupID, r.call(ctx, i, func(p apiPair) error {
 			_, err := p.approver.MandateApprovals.Approve(ctx, refusal.ApprovalID, reveille.Resolution{Note: "engine load"}, key("approve"))
 			return err
 		})
 	case err != nil:
-		return err
+		return "", err
 	case k.canceled:
-		return r.call(ctx, i, func(p apiPair) error {
+		return created.ID, r.call(ctx, i, func(p apiPair) error {
 			_, err := p.agent.Wakeups.Cancel(ctx, created.ID)
 			return err
 		})
 	}
-	return nil
+	return created.ID, nil
 }
 
 // fail counts a wake-up whose requests failed for good; the first few are
@@ -563,6 +565,7 @@ type recorder struct {
 
 type entry struct {
 	kind     kind
+	wakeupID string    // the wake-up its workflow must wake with
 	accepted time.Time // zero until its settling request was accepted
 	woken    *woken
 	wokenAt  time.Time
@@ -590,10 +593,11 @@ func (rc *recorder) forget(wf string) {
 	delete(rc.entries, wf)
 }
 
-// accepted notes that e's settling request was accepted now.
-func (rc *recorder) accepted(e *entry) {
+// accepted notes that e's settling request, for wake-up wakeupID, was
+// accepted now.
+func (rc *recorder) accepted(e *entry, wakeupID string) {
 	rc.mu.Lock()
-	e.accepted = time.Now()
+	e.accepted, e.wakeupID = time.Now(), wakeupID
 	rc.nAccepted++
 	rc.mu.Unlock()
 }
@@ -674,7 +678,9 @@ func (rc *recorder) summary(elapsed, deadline time.Duration) Report {
 		}
 		rep.Woken++
 		rep.Duplicates += e.woken.Duplicates
-		if !e.kind.outcomeOK(*e.woken) {
+		// (the wake of another wake-up — a second one created for this
+		// request — is as wrong as a wrong outcome)
+		if !e.kind.outcomeOK(*e.woken) || e.wakeupID != "" && e.woken.WakeupID != e.wakeupID {
 			rep.WrongOutcomes++
 		}
 		// The wake may be reported before the client read its answer.

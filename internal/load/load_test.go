@@ -24,7 +24,7 @@ func TestSummaryCountsAWakeupLostOnlyPastItsDeadline(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rc := newRecorder()
 			e := rc.expect("org/wf", kind{})
-			rc.accepted(e)
+			rc.accepted(e, "")
 			e.accepted = e.accepted.Add(-tc.acceptedAgo)
 			if tc.woken {
 				require.NoError(t, rc.woke(t.Context(), woken{WorkflowID: "org/wf", Outcome: "succeeded"}))

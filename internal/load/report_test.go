@@ -54,7 +54,7 @@ func TestARepeatedWakeIsCountedAsADuplicate(t *testing.T) {
 func TestAWakeLaterThanTheDeadlineCountsAsLost(t *testing.T) {
 	rc := newRecorder()
 	e := rc.expect("org/wf", kind{})
-	rc.accepted(e)
+	rc.accepted(e, "")
 	e.accepted = e.accepted.Add(-3 * time.Minute) // settled 3 min ago
 	require.NoError(t, rc.woke(t.Context(), woken{WorkflowID: "org/wf", Outcome: "succeeded"}))
 	rep := rc.summary(time.Hour, 2*time.Minute)
@@ -69,7 +69,7 @@ func TestTheP99OfASmallRunIsNotItsFastestWakeup(t *testing.T) {
 	for i, lat := range []time.Duration{time.Millisecond, 100 * time.Millisecond} {
 		wf := "org/wf-" + string(rune('a'+i))
 		e := rc.expect(wf, kind{})
-		rc.accepted(e)
+		rc.accepted(e, "")
 		require.NoError(t, rc.woke(t.Context(), woken{WorkflowID: wf, Outcome: "succeeded"}))
 		rc.mu.Lock()
 		e.wokenAt = e.accepted.Add(lat)
@@ -78,4 +78,22 @@ func TestTheP99OfASmallRunIsNotItsFastestWakeup(t *testing.T) {
 	rep := rc.summary(time.Second, time.Minute)
 	require.Equal(t, 100*time.Millisecond, rep.Max)
 	require.Equal(t, 100*time.Millisecond, rep.P99, "p99 of {1ms, 100ms}")
+}
+
+// A workflow woken with another wake-up than the one its request created
+// (a second wake-up made for the same request) is a wrong outcome, not a
+// wake; the wake of its own is fine.
+func TestAWakeOfAnotherWakeupIsAWrongOutcome(t *testing.T) {
+	rc := newRecorder()
+	for _, w := range []struct{ wf, created, woke string }{
+		{"org/wf-1", "w-1", "w-1"},
+		{"org/wf-2", "w-2", "w-2-second"},
+	} {
+		e := rc.expect(w.wf, kind{})
+		rc.accepted(e, w.created)
+		require.NoError(t, rc.woke(t.Context(), woken{WorkflowID: w.wf, WakeupID: w.woke, Outcome: "succeeded"}))
+	}
+	rep := rc.summary(time.Second, time.Minute)
+	require.Equal(t, 2, rep.Woken)
+	require.Equal(t, 1, rep.WrongOutcomes, "the other wake-up's wake")
 }
