@@ -11,6 +11,7 @@ import (
 
 	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/page"
 )
 
@@ -72,7 +73,7 @@ func (s *Service) resolve(ctx context.Context, orgID string, id uuid.UUID, state
 	if err := inv.OrNil(); err != nil {
 		return Approval{}, err
 	}
-	ctx, committed := withOnCommit(ctx)
+	ctx, committed := db.WithAfterCommit(ctx)
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return Approval{}, fmt.Errorf("beginning resolution: %w", err)
@@ -88,7 +89,7 @@ func (s *Service) resolve(ctx context.Context, orgID string, id uuid.UUID, state
 		if err := tx.Commit(ctx); err != nil {
 			return Approval{}, fmt.Errorf("committing expiry: %w", err)
 		}
-		committed.run()
+		committed.Run()
 		s.metrics.resolve(StateExpired)
 		return Approval{}, fmt.Errorf("%w (it expired)", ErrAlreadyResolved)
 	}
@@ -98,7 +99,7 @@ func (s *Service) resolve(ctx context.Context, orgID string, id uuid.UUID, state
 	if err := tx.Commit(ctx); err != nil {
 		return Approval{}, fmt.Errorf("committing resolution: %w", err)
 	}
-	committed.run()
+	committed.Run()
 	s.metrics.resolve(state)
 	return a, nil
 }
@@ -184,7 +185,7 @@ func (s *Service) diagnose(ctx context.Context, tx pgx.Tx, orgID string, id uuid
 // CancelApprovalTx withdraws a pending request for its caller (canceled);
 // no hook is called, as the caller is the one withdrawing. It reports false
 // when the request was not pending (or does not exist). Its count waits for
-// tx's commit when ctx comes from WithOnCommit.
+// tx's commit when ctx carries db.WithAfterCommit's collector.
 func (s *Service) CancelApprovalTx(ctx context.Context, tx pgx.Tx, orgID string, id uuid.UUID) (bool, error) {
 	a, err := scanApproval(tx.QueryRow(ctx, qCancelApproval, orgID, id))
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -197,11 +198,8 @@ func (s *Service) CancelApprovalTx(ctx context.Context, tx pgx.Tx, orgID string,
 	if err := s.appendEvent(ctx, tx, inbox.TypeResolved, a); err != nil {
 		return false, err
 	}
-	// (counted once tx commits, when the caller's ctx says when: WithOnCommit)
-	count := func() { s.metrics.resolve(StateCanceled) }
-	if !OnCommit(ctx, count) {
-		count()
-	}
+	// (counted once tx commits, when the caller's ctx says when)
+	db.CountAfterCommit(ctx, func() { s.metrics.resolve(StateCanceled) })
 	return true, nil
 }
 

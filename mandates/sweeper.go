@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/leader"
 )
 
@@ -73,14 +74,14 @@ func (s *Service) expiredApprovals(ctx context.Context, after *dueApproval, batc
 // expire resolves one request as expired; one already resolved (by a
 // concurrent approver or sweeper) is skipped. Both count as swept.
 func (s *Service) expire(ctx context.Context, d dueApproval) (bool, error) {
-	ctx, committed := withOnCommit(ctx)
+	ctx, committed := db.WithAfterCommit(ctx)
 	err := leader.FencedTx(ctx, s.db, func(tx pgx.Tx) error {
 		_, err := s.resolveTx(ctx, tx, d.orgID, d.id, StateExpired, "", "")
 		return err
 	})
 	switch {
 	case err == nil:
-		committed.run()
+		committed.Run()
 		s.metrics.resolve(StateExpired)
 		return true, nil
 	case errors.Is(err, ErrAlreadyResolved), errors.Is(err, ErrApprovalNotFound):

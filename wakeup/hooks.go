@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/queue"
@@ -116,7 +117,7 @@ func (s *Service) onApprovalResolved(ctx context.Context, tx pgx.Tx, r mandates.
 func (s *Service) Cancel(ctx context.Context, orgID, agentID string, id uuid.UUID) (Wakeup, error) {
 	// (what the cancel counts — a request withdrawn, a wake-up resolved —
 	// counts once it commits)
-	ctx, committed := mandates.WithOnCommit(ctx)
+	ctx, committed := db.WithAfterCommit(ctx)
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var state string
 		var approvalID, enqueuedWork *uuid.UUID
@@ -171,7 +172,7 @@ func (s *Service) Cancel(ctx context.Context, orgID, agentID string, id uuid.UUI
 	if err != nil {
 		return Wakeup{}, err
 	}
-	committed()
+	committed.Run()
 	s.logger.DebugContext(ctx, "wake-up canceled", "org_id", orgID, "wakeup_id", id)
 	return s.Get(ctx, orgID, AnyAgent, id)
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/reveille/reveille/internal/apperr"
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/jsonb"
 	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/mandates"
@@ -567,14 +568,11 @@ func (s *Service) resolveTx(ctx context.Context, tx pgx.Tx, orgID string, id uui
 	if err := s.enqueueSignal(ctx, tx, orgID, id, payload, sig); err != nil {
 		return false, err
 	}
-	// Counted once the transaction commits — the pool's completing one
-	// (workpool.AfterCommit), a mandate resolution's or a cancel's
-	// (mandates.OnCommit): one rolled back resolved nothing, and is run
-	// again; elsewhere (a reconciler's), at once.
-	count := func() { s.metrics.resolved.WithLabelValues(outcome).Inc() }
-	if !workpool.AfterCommit(ctx, count) && !mandates.OnCommit(ctx, count) {
-		count()
-	}
+	// Counted once the transaction commits — the pool's completing one, a
+	// mandate resolution's or a cancel's (their ctx carries the collector):
+	// one rolled back resolved nothing, and is run again; elsewhere (a
+	// reconciler's), at once.
+	db.CountAfterCommit(ctx, func() { s.metrics.resolved.WithLabelValues(outcome).Inc() })
 	// In the resolving transaction: the signal is queued when it commits.
 	s.logger.DebugContext(ctx, "wake-up resolved, signal queued", "org_id", orgID, "wakeup_id", id, "outcome", outcome, "workflow_id", workflowID)
 	return true, nil

@@ -54,13 +54,13 @@ func (m *Manager) recordWithHooks(ctx context.Context, results []attemptResult) 
 		}
 	}()
 	tx := newConnTx(conn)
-	hctx, actions := withCommitActions(ctx)
+	hctx, actions := db.WithAfterCommit(ctx)
 	if done, err = m.completeIn(hctx, tx, results, true); err != nil {
 		return nil, err
 	}
 	if err = tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("committing %d completions: %w", len(results), err)
 	}
-	actions.run()
+	actions.Run()
 	return done, nil
 }

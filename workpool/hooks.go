@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/jsonb"
 )
 
@@ -91,7 +92,7 @@ func (m *Manager) runHooksBounded(ctx context.Context, tx pgx.Tx, calls []hookCa
 	counts := make(map[[2]string]int)
 	// (a completion whose commit fails is recorded again, and its hooks
 	// called again)
-	defer countAfterCommit(ctx, func() {
+	defer db.CountAfterCommit(ctx, func() {
 		for k, n := range counts {
 			m.metrics.hookCalls.WithLabelValues(k[0], k[1]).Add(float64(n))
 		}
@@ -148,7 +149,7 @@ func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, fa
 	htx := hookTx{Tx: tx}
 	// What the hooks register to run after the commit is kept only if this
 	// savepoint is.
-	hctx, actions := withCommitActions(ctx)
+	hctx, actions := db.WithAfterCommit(ctx)
 	bad, herr := -1, error(nil)
 	for i, c := range calls {
 		if herr = m.callHook(hctx, htx, c); herr != nil {
@@ -157,7 +158,7 @@ func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, fa
 		}
 	}
 	if bad < 0 {
-		actions.keepIn(ctx)
+		actions.KeepIn(ctx)
 		return nil
 	}
 	if _, err := tx.Exec(ctx, sqlRollbackSavepoint); err != nil {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/reveille/reveille/internal/db"
 )
 
 // iterResult is what an iteration tells the loop: loop again at once, or
@@ -114,7 +116,7 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	it := &iteration{l: l, tx: tx, now: l.m.now(), gen: l.gen + 1}
-	ctx, actions := withCommitActions(ctx)
+	ctx, actions := db.WithAfterCommit(ctx)
 	cancels, err := it.open(ctx)
 	if err != nil {
 		return iterResult{}, err
@@ -161,7 +163,7 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	l.turns.apply(it.charges)
 	l.paused.Store(it.paused)
 	l.shared = !it.plain
-	actions.run()
+	actions.Run()
 	l.startsBlocked.Store(res.status.Kind == "scheduled" && (res.status.Saturated || it.paused))
 	// Only now that the starts are committed may this replica's share run.
 	l.launch(it.started)
@@ -233,7 +235,7 @@ func (it *iteration) finishCanceled(ctx context.Context, ids []uuid.UUID) error 
 	}
 	it.needSync = true
 	rep := it.l.m.report(it.l.pool)
-	countAfterCommit(ctx, func() { // (rolled back, nothing was canceled)
+	db.CountAfterCommit(ctx, func() { // (rolled back, nothing was canceled)
 		for range done {
 			rep.finished(OutcomeCanceled)
 		}
@@ -414,7 +416,7 @@ func (it *iteration) retryHooks(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	it.needSync = true
-	countAfterCommit(ctx, func() { it.l.m.metrics.hookRetries.WithLabelValues(it.l.pool).Add(float64(len(calls))) })
+	db.CountAfterCommit(ctx, func() { it.l.m.metrics.hookRetries.WithLabelValues(it.l.pool).Add(float64(len(calls))) })
 	if err := it.l.m.runHooks(ctx, it.tx, calls, true, false); err != nil {
 		return 0, err
 	}
