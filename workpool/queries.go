@@ -978,11 +978,16 @@ const sqlFastTail = `EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM b
      AND org_id = (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
                    ORDER BY org_id LIMIT 1)),
   true, false, (SELECT n FROM free),
-  -- (two index probes)
-  (SELECT n FROM free) > 0 AND (EXISTS (SELECT 1 FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL)
-    OR EXISTS (SELECT 1 FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
-      AND org_id > (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
-                    ORDER BY org_id LIMIT 1))),`
+  -- (two ordered index probes: as an EXISTS, the generic plan took a
+  -- sequential scan of the whole table, expected to stop at its first row,
+  -- for "another org than the first" — which one org's pool never has)
+  (SELECT n FROM free) > 0 AND (
+    (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL
+     ORDER BY org_id LIMIT 1) IS NOT NULL
+    OR (SELECT w.org_id FROM workpool_work w WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL
+          AND w.org_id > (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL
+                          ORDER BY org_id LIMIT 1)
+        ORDER BY w.org_id LIMIT 1) IS NOT NULL),`
 
 // sqlIterateFast is a whole iteration in one statement for the common
 // case: no cancelation to process, and ready work of one org only, without
@@ -1125,7 +1130,8 @@ WITH RECURSIVE ` + sqlPendingOrgsWalk + `, heads AS (
 SELECT
   ` + sqlSlotsInUse + `,
   EXISTS (SELECT 1 FROM heads WHERE first_at <= $2)
-    OR EXISTS (SELECT 1 FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2),
+    OR (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
+        ORDER BY org_id LIMIT 1) IS NOT NULL,
   least((SELECT min(next_at) FROM heads),
         (SELECT min(run_at) FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at > $2)),
   (SELECT min(hook_next_at) FROM workpool_work WHERE pool = $1 AND hook_state = 'retry'),
