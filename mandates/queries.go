@@ -203,8 +203,11 @@ UPDATE mandates
  WHERE org_id = $1 AND id = $2 AND ($7::text = '' OR agent_id = $7)
 RETURNING ` + mandateColumns
 
-// qLedger: $1 org, $2 mandate, $3 cursor, $4 limit.
+// qLedger: $1 org, $2 mandate, $3 cursor, $4 limit. The cursor is a bound
+// of the index's range, never an OR: the generic plan Postgres reuses
+// after five executions keeps an OR as a filter, and each page then read
+// the mandate's whole ledger up to the cursor (a ledger is never purged).
 const qLedger = `
 SELECT ` + ledgerColumns + ` FROM mandate_ledger
- WHERE org_id = $1 AND mandate_id = $2 AND ($3::uuid IS NULL OR id > $3)
+ WHERE org_id = $1 AND mandate_id = $2 AND id > coalesce($3::uuid, '00000000-0000-0000-0000-000000000000')
  ORDER BY id LIMIT $4`

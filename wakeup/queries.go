@@ -110,6 +110,36 @@ var deliveryConds = map[string]string{
 	DeliveryUndeliverable: ` AND m.status = 'failed'`,
 }
 
+// The wake-ups whose signal is not yet sent, or failed, are few beside
+// the org's settled ones that retention keeps: a list of them starts from
+// the open rows' partial indexes (wakeups_open, queue_messages_outbox_open,
+// queue_messages_failed), not from the org's every wake-up, whose signal
+// the status conditions would otherwise look up one by one. (A wake-up has
+// a message once it resolves, keyed by its id: waiting is unresolved.)
+const (
+	openWaiting = `SELECT id FROM wakeups WHERE org_id = $1 AND state <> 'resolved'`
+	openQueued  = `SELECT idempotency_key::uuid FROM queue_messages
+	                WHERE org_id = $1 AND queue = '` + Queue + `' AND status = 'pending' AND signal_workflow_id IS NOT NULL`
+	openFailed = `SELECT idempotency_key::uuid FROM queue_messages
+	               WHERE org_id = $1 AND queue = '` + Queue + `' AND status = 'failed'`
+)
+
+// openRows narrows a list filtered to open wake-ups to the candidates the
+// open rows name (the status and delivery conditions still decide).
+func openRows(f ListFilter) string {
+	switch {
+	case f.Status == StatusFailed || f.Delivery == DeliveryUndeliverable:
+		return ` AND w.id IN (` + openFailed + `)`
+	case f.Delivery == DeliveryWaiting:
+		return ` AND w.id IN (` + openWaiting + `)`
+	case f.Delivery == DeliveryQueued:
+		return ` AND w.id IN (` + openQueued + `)`
+	case f.Status == StatusPending:
+		return ` AND w.id IN (` + openWaiting + ` UNION ALL ` + openQueued + `)`
+	}
+	return ""
+}
+
 // List returns the org's wake-ups, newest first, after cursor (exclusive);
 // next is the cursor of the following page, nil at the end.
 func (s *Service) List(ctx context.Context, orgID string, f ListFilter, cursor *uuid.UUID, limit int) (items []Wakeup, next *uuid.UUID, err error) {
@@ -138,7 +168,7 @@ func (s *Service) List(ctx context.Context, orgID string, f ListFilter, cursor *
 	}
 	rows, err := s.db.Query(ctx, selectWakeup+`
 		WHERE w.org_id = $1 AND ($2 = '' OR w.workflow_id = $2) AND ($3::uuid IS NULL OR w.id < $3)
-		  AND ($5 = '' OR w.agent_id = $5)`+statusCond+deliveryConds[f.Delivery]+`
+		  AND ($5 = '' OR w.agent_id = $5)`+openRows(f)+statusCond+deliveryConds[f.Delivery]+`
 		ORDER BY w.id DESC LIMIT $4`, orgID, f.WorkflowID, cursor, limit+1, f.AgentID)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list wake-ups: %w", err)

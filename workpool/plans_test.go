@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
@@ -70,7 +68,7 @@ func TestTheLoopsStatementsNeverScanTheWholeWorkTable(t *testing.T) {
 				{"sqlStale", sqlStale, []any{l.pool, now}},
 				{"sqlDueHooks", sqlDueHooks, []any{l.pool, now}},
 			} {
-				plan := genericPlan(t, m, s.sql, s.args)
+				plan := testkit.GenericPlan(t, m.db, s.sql, s.args)
 				for i, line := range plan {
 					if strings.Contains(line, "Seq Scan on workpool_work ") {
 						t.Errorf("%s reads the whole table:\n%s\n%s", s.name, line, plan[min(i+1, len(plan)-1)])
@@ -79,37 +77,4 @@ func TestTheLoopsStatementsNeverScanTheWholeWorkTable(t *testing.T) {
 			}
 		})
 	}
-}
-
-// genericPlan is the plan Postgres reuses for sql once it stops planning
-// it for each set of parameters (plan_cache_mode force_generic_plan, on a
-// statement prepared on one connection and explained there).
-func genericPlan(t *testing.T, m *Manager, sql string, args []any) []string {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := m.db.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
-	require.NoError(t, err)
-	defer conn.Exec(ctx, "RESET plan_cache_mode") //nolint:errcheck // the connection is released either way
-	sd, err := conn.Conn().Prepare(ctx, "plan_check", sql)
-	require.NoError(t, err)
-	defer conn.Conn().Deallocate(ctx, "plan_check") //nolint:errcheck
-	require.Len(t, args, len(sd.ParamOIDs))
-	params := make([]string, len(args))
-	text := []any{pgx.QueryExecModeSimpleProtocol}
-	for i, a := range args {
-		params[i] = fmt.Sprintf("$%d", i+1)
-		if id, ok := a.([16]byte); ok {
-			a = uuid.UUID(id).String()
-		}
-		text = append(text, a)
-	}
-	// (the simple protocol: EXPLAIN EXECUTE takes no parameters of its own)
-	rows, err := conn.Query(ctx, "EXPLAIN EXECUTE plan_check("+strings.Join(params, ", ")+")", text...)
-	require.NoError(t, err)
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return lines
 }

@@ -1,0 +1,136 @@
+package testkit
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Plans of prepared statements. pgx prepares every statement it sends, and
+// Postgres plans a prepared statement for its parameters five times, then
+// may reuse one generic plan, whose estimates know nothing of the
+// parameters' values or of a subquery's: a predicate on them (an OR with
+// "no cursor", "another org than the first") can then turn an index probe
+// into a scan of the whole table. These helpers show such plans on a
+// test's own tables, filled and analyzed as a busy system's would be.
+
+// GenericPlan is the generic plan of sql (plan_cache_mode
+// force_generic_plan), explained without running it: the plan Postgres
+// would reuse once it stops planning sql per call.
+func GenericPlan(t testing.TB, db *pgxpool.Pool, sql string, args []any) []string {
+	t.Helper()
+	return explainPrepared(t, db, sql, nil, "EXPLAIN ", args, true)
+}
+
+// PlanAfter runs sql, prepared on one connection, with each of warm's
+// arguments (as a client's requests on a pooled connection do), then
+// returns the analyzed plan Postgres uses for probe: past five executions,
+// the generic plan when it estimates it no dearer than the custom ones.
+func PlanAfter(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, probe []any) []string {
+	t.Helper()
+	return explainPrepared(t, db, sql, warm, "EXPLAIN (ANALYZE, COSTS OFF) ", probe, false)
+}
+
+func explainPrepared(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, explain string, probe []any, generic bool) []string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A connection whose session settings changed is not handed out again.
+	defer func() { _ = conn.Conn().Close(ctx); conn.Release() }()
+	if generic {
+		if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sd, err := conn.Conn().Prepare(ctx, "plan_check", sql)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// EXECUTE takes no protocol parameters of its own: the arguments go as
+	// literals (the simple protocol), in their text forms.
+	execute := func(prefix string, args []any) pgx.Rows {
+		if len(args) != len(sd.ParamOIDs) {
+			t.Fatalf("%d arguments for %d parameters", len(args), len(sd.ParamOIDs))
+		}
+		text := append([]any{pgx.QueryExecModeSimpleProtocol}, textArgs(args)...)
+		rows, err := conn.Query(ctx, prefix+"EXECUTE plan_check("+placeholders(len(args))+")", text...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+	for _, args := range warm {
+		rows := execute("", args)
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lines, err := pgx.CollectRows(execute(explain, probe), pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lines
+}
+
+func placeholders(n int) string {
+	p := make([]string, n)
+	for i := range p {
+		p[i] = fmt.Sprintf("$%d", i+1)
+	}
+	return strings.Join(p, ", ")
+}
+
+func textArgs(args []any) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		out[i] = textArg(a)
+	}
+	return out
+}
+
+// textArg is an argument the simple protocol can spell: ids as text.
+func textArg(a any) any {
+	switch v := a.(type) {
+	case [16]byte:
+		return uuid.UUID(v).String()
+	case uuid.UUID:
+		return v.String()
+	case *uuid.UUID:
+		if v == nil {
+			return nil
+		}
+		return v.String()
+	}
+	return a
+}
+
+var removedByFilter = regexp.MustCompile(`Rows Removed by (?:Filter|Join Filter): (\d+)`)
+
+// RequireReadsAPage fails t when an analyzed plan (PlanAfter) threw away
+// more than limit rows it read, or scanned a table whole.
+func RequireReadsAPage(t testing.TB, name string, plan []string, limit int) {
+	t.Helper()
+	for _, line := range plan {
+		if m := removedByFilter.FindStringSubmatch(line); m != nil {
+			if n, _ := strconv.Atoi(m[1]); n > limit {
+				t.Errorf("%s reads %d rows it does not return:\n%s", name, n, strings.Join(plan, "\n"))
+				return
+			}
+		}
+		if strings.Contains(line, "Seq Scan on ") {
+			t.Errorf("%s reads a whole table:\n%s", name, strings.Join(plan, "\n"))
+			return
+		}
+	}
+}
