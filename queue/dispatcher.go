@@ -99,6 +99,11 @@ type Dispatcher struct {
 	// handoffs; handoffsClosed: that look was taken, later ones are dropped.
 	handoffMu      sync.Mutex
 	handoffsClosed bool
+
+	// now is this host's clock (a test's skewed one): it times the grace
+	// of a signal to an absent workflow, never a due time, which the
+	// database's clock keeps (next_attempt_at is compared with its now()).
+	now func() time.Time
 }
 
 // NewDispatcher builds a dispatcher sending through signals.
@@ -109,7 +114,7 @@ func NewDispatcher(db *pgxpool.Pool, signals Signaler, cfg DispatcherConfig) *Di
 		history = h
 	}
 	return &Dispatcher{db: db, signals: signals, history: history, cfg: cfg, metrics: newDispatchMetrics(cfg.Registry),
-		handoffs: make(chan *Handoff, cfg.BatchSize)}
+		handoffs: make(chan *Handoff, cfg.BatchSize), now: time.Now}
 }
 
 // Start runs the dispatcher in the background until Stop or ctx ends
@@ -452,14 +457,16 @@ func (p *pipeline) close() {
 // look otherwise.
 func (d *Dispatcher) untilNextDue(ctx context.Context) time.Duration {
 	longest := min(d.cfg.HandoffLease, time.Minute)
-	var next *time.Time
-	// Spans every org: the dispatcher is the system's outbox worker.
-	err := d.db.QueryRow(ctx, `SELECT min(next_attempt_at) FROM queue_messages
-		WHERE status = 'pending' AND signal_workflow_id IS NOT NULL`).Scan(&next)
-	if err != nil || next == nil {
+	var secs *float64
+	// Spans every org: the dispatcher is the system's outbox worker. Due
+	// by the database's clock, which the claim compares with: by this
+	// host's, a clock ahead woke too early and polled until it was due.
+	err := d.db.QueryRow(ctx, `SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 FROM queue_messages
+		WHERE status = 'pending' AND signal_workflow_id IS NOT NULL`).Scan(&secs)
+	if err != nil || secs == nil {
 		return longest
 	}
-	wait := time.Until(*next)
+	wait := time.Duration(*secs * float64(time.Second))
 	return min(max(wait, time.Millisecond), longest)
 }
 
@@ -598,9 +605,9 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 	var delivered, failedIDs, retryIDs []uuid.UUID
 	var failedAttempts, retryAttempts []int32
 	var failedReasons, retryReasons []string
-	var retryAt []time.Time
+	var retryIn []int64 // µs from the database's now()
 	var retryNotFound []*time.Time
-	now := time.Now()
+	now := d.now()
 	for i, r := range results {
 		m := msgs[i]
 		switch kind := r.kind(); kind {
@@ -648,16 +655,13 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 			retryIDs, retryReasons = append(retryIDs, r.id), append(retryReasons, "workflow not found (yet): "+r.err.Error())
 			retryAttempts = append(retryAttempts, int32(r.attempts))
 			// (the last try when the grace ends, not a backoff past it)
-			at := now.Add(d.backoff(r.attempts))
-			if end := since.Add(d.cfg.NotFoundGrace); at.After(end) {
-				at = end
-			}
-			retryAt, retryNotFound = append(retryAt, at), append(retryNotFound, since)
+			in := min(d.backoff(r.attempts), since.Add(d.cfg.NotFoundGrace).Sub(now))
+			retryIn, retryNotFound = append(retryIn, in.Microseconds()), append(retryNotFound, since)
 			d.metrics.results.WithLabelValues("retry").Inc()
 		default:
 			retryIDs, retryReasons = append(retryIDs, r.id), append(retryReasons, r.err.Error())
 			retryAttempts = append(retryAttempts, int32(r.attempts))
-			retryAt, retryNotFound = append(retryAt, now.Add(d.backoff(r.attempts))), append(retryNotFound, nil)
+			retryIn, retryNotFound = append(retryIn, d.backoff(r.attempts).Microseconds()), append(retryNotFound, nil)
 			d.metrics.results.WithLabelValues("retry").Inc()
 			// (Info, but every sendFailuresBeforeWarn-th failure of a
 			// message a Warn: an outage of Temporal shows at the warn level
@@ -681,9 +685,13 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 			WHERE m.id = f.id AND m.attempts = f.attempts AND m.status = 'pending'`, failedIDs, failedReasons, failedAttempts)
 	}
 	if len(retryIDs) > 0 {
-		batch.Queue(`UPDATE queue_messages m SET next_attempt_at = r.at, last_error = r.reason, not_found_since = r.nf, updated_at = now()
-			FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::timestamptz[], $5::int[]) AS r(id, at, reason, nf, attempts)
-			WHERE m.id = r.id AND m.attempts = r.attempts AND m.status = 'pending'`, retryIDs, retryAt, retryReasons, retryNotFound, retryAttempts)
+		// (a backoff from the database's now(), which the claim compares
+		// next_attempt_at with: from this host's, a retry was due late or
+		// early by the clocks' skew)
+		batch.Queue(`UPDATE queue_messages m SET next_attempt_at = now() + r.us * interval '1 microsecond', last_error = r.reason,
+			  not_found_since = r.nf, updated_at = now()
+			FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::timestamptz[], $5::int[]) AS r(id, us, reason, nf, attempts)
+			WHERE m.id = r.id AND m.attempts = r.attempts AND m.status = 'pending'`, retryIDs, retryIn, retryReasons, retryNotFound, retryAttempts)
 	}
 	if err := d.db.SendBatch(ctx, batch).Close(); err != nil {
 		return fmt.Errorf("record signal outcomes: %w", err)

@@ -174,3 +174,44 @@ func TestASignalToAWorkflowAboutToStartIsDeliveredWithinTheGrace(t *testing.T) {
 	defer wf.mu.Unlock()
 	require.Equal(t, 1, wf.accepted)
 }
+
+// A retry is due a backoff after the database's now(), which the claim
+// compares next_attempt_at with: a host whose clock runs ahead of the
+// database's set it late by the skew — and, waiting by its own clock,
+// woke when it was not yet due and polled every millisecond until it was;
+// a host behind set it early and slept past it by the skew.
+func TestARetryIsDueABackoffAfterTheDatabasesClockWhateverTheHostsSays(t *testing.T) {
+	const backoff = 10 * time.Second
+	for _, tt := range []struct {
+		name string
+		skew time.Duration
+		err  error
+	}{
+		{"host an hour ahead, Temporal unavailable", time.Hour, serviceerror.NewUnavailable("down")},
+		{"host an hour behind, Temporal unavailable", -time.Hour, serviceerror.NewUnavailable("down")},
+		{"host an hour ahead, workflow not found", time.Hour, serviceerror.NewNotFound("workflow execution not found")},
+		{"host an hour behind, workflow not found", -time.Hour, serviceerror.NewNotFound("workflow execution not found")},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			db := testkit.NewPool(t)
+			ctx := context.Background()
+			d := NewDispatcher(db, nil, DispatcherConfig{MinBackoff: backoff, MaxBackoff: backoff, NotFoundGrace: 10 * time.Minute,
+				Logger: testkit.Logger(t)})
+			d.now = func() time.Time { return time.Now().Add(tt.skew) }
+			m, _, err := Enqueue(ctx, db, signalParams("o/wf"))
+			require.NoError(t, err)
+			msgs, err := d.claim(ctx, 10)
+			require.NoError(t, err)
+			require.Len(t, msgs, 1)
+			require.NoError(t, d.settle(ctx, msgs, []sendResult{{id: m.ID, err: tt.err, attempts: msgs[0].Attempts}}))
+
+			var dueIn float64
+			require.NoError(t, db.QueryRow(ctx, `SELECT extract(epoch FROM next_attempt_at - now()) FROM queue_messages WHERE id = $1`,
+				m.ID).Scan(&dueIn))
+			// (the backoff's jitter: 0.75–1.25 of it)
+			require.InDelta(t, backoff.Seconds(), dueIn, backoff.Seconds()/4+1, "due in %.1f s by the database's clock", dueIn)
+			wait := d.untilNextDue(ctx)
+			require.InDelta(t, dueIn, wait.Seconds(), 1, "the dispatcher sleeps until it is due: %s", wait)
+		})
+	}
+}
