@@ -3,8 +3,10 @@ package workpool
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -27,6 +29,7 @@ type metrics struct {
 	// Executor-side batching (this replica, all pools).
 	claimBatch, reportBatch     prometheus.Histogram
 	claimSeconds, reportSeconds prometheus.Histogram
+	depth                       *depthCollector
 }
 
 func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
@@ -53,6 +56,7 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 			Help:    "Delay from a work item's run_at to its start.",
 			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 60, 300}}, []string{"pool"}),
 	}
+	mt.depth = &depthCollector{m: m}
 	sizes := []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000}
 	durations := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}
 	mt.claimBatch = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "reveille_workpool_claim_batch_size",
@@ -68,7 +72,7 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{mt.started, mt.succeeded, mt.failed, mt.retried, mt.canceled,
 		mt.hookCalls, mt.hookRetries, mt.refused, mt.queueRepairs, mt.iteration, mt.startLag, mt.claimBatch, mt.reportBatch, mt.claimSeconds,
-		mt.reportSeconds, &depthCollector{m: m}} {
+		mt.reportSeconds, mt.depth} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("workpool metrics: %w", err)
 		}
@@ -92,8 +96,28 @@ func (mt *metrics) forPool(pool string) {
 	mt.startLag.WithLabelValues(pool)
 }
 
-// depthCollector reads queue depth per pool at scrape time.
-type depthCollector struct{ m *Manager }
+// depthCollector reads queue depth per pool when scraped, at most once
+// per depthMaxAge: /metrics is unauthenticated, and a count of a big
+// backlog is not free, so a burst of scrapes — or anyone's loop — shares
+// one read instead of making the database count once per scrape. (The
+// oldest item's age is taken at each scrape from the time read.)
+type depthCollector struct {
+	m *Manager
+
+	mu     sync.Mutex // held through a read: scrapes meanwhile wait for it
+	readAt time.Time  // zero: never read, or the last read failed
+	pools  []poolDepth
+}
+
+// depthMaxAge is how long a depth read serves scrapes.
+const depthMaxAge = time.Second
+
+type poolDepth struct {
+	pool             string
+	paused           bool
+	pending, running int64
+	oldest           *time.Time
+}
 
 var (
 	pendingDesc = prometheus.NewDesc("reveille_workpool_pending", "Work waiting to start (ready or not).", []string{"pool"}, nil)
@@ -122,36 +146,56 @@ func (d *depthCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (d *depthCollector) Collect(ch chan<- prometheus.Metric) {
+	now := d.m.now()
+	pools, ok := d.read(now)
+	if !ok {
+		return
+	}
+	for _, p := range pools {
+		age := 0.0
+		if p.oldest != nil && p.oldest.Before(now) {
+			age = now.Sub(*p.oldest).Seconds()
+		}
+		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(p.pending), p.pool)
+		ch <- prometheus.MustNewConstMetric(runningDesc, prometheus.GaugeValue, float64(p.running), p.pool)
+		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, age, p.pool)
+		pausedValue := 0.0
+		if p.paused {
+			pausedValue = 1
+		}
+		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, pausedValue, p.pool)
+	}
+}
+
+// forget drops the last read: the next scrape reads again.
+func (d *depthCollector) forget() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.readAt = time.Time{}
+}
+
+// read returns the pools' depth as read within depthMaxAge of now, reading
+// it again when older; ok is false when that read failed (logged).
+func (d *depthCollector) read(now time.Time) (pools []poolDepth, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.readAt.IsZero() && now.Sub(d.readAt) < depthMaxAge && !now.Before(d.readAt) {
+		return d.pools, true
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	rows, err := d.m.db.Query(ctx, sqlDepth)
+	if err == nil {
+		pools, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (p poolDepth, err error) {
+			err = r.Scan(&p.pool, &p.paused, &p.pending, &p.running, &p.oldest)
+			return p, err
+		})
+	}
 	if err != nil {
+		d.readAt = time.Time{}
 		d.m.logger.Warn("reading pool depth for metrics failed", "error", err.Error())
-		return
+		return nil, false
 	}
-	defer rows.Close()
-	now := d.m.now()
-	for rows.Next() {
-		var (
-			pool             string
-			paused           bool
-			pending, running int64
-			oldest           *time.Time
-		)
-		if err := rows.Scan(&pool, &paused, &pending, &running, &oldest); err != nil {
-			return
-		}
-		age := 0.0
-		if oldest != nil && oldest.Before(now) {
-			age = now.Sub(*oldest).Seconds()
-		}
-		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(pending), pool)
-		ch <- prometheus.MustNewConstMetric(runningDesc, prometheus.GaugeValue, float64(running), pool)
-		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, age, pool)
-		pausedValue := 0.0
-		if paused {
-			pausedValue = 1
-		}
-		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, pausedValue, pool)
-	}
+	d.pools, d.readAt = pools, now
+	return pools, true
 }

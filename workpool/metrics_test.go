@@ -2,12 +2,18 @@ package workpool
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
 )
 
 func TestMetrics_CountFinishedWorkAndReadQueueDepthPerPool(t *testing.T) {
@@ -63,4 +69,68 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	var m dto.Metric
 	require.NoError(t, c.Write(&m))
 	return m.GetCounter().GetValue()
+}
+
+// /metrics is unauthenticated, and counting a big backlog is not free: a
+// burst of scrapes shares one depth read, and a scrape after depthMaxAge
+// reads again.
+func TestMetrics_ABurstOfScrapesReadsTheDepthOnce(t *testing.T) {
+	ctx := context.Background()
+	rt := &testkit.RoundTrips{}
+	cfg, err := pgxpool.ParseConfig(testkit.NewDatabase(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = rt
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	clock := newFakeClock()
+	reg := prometheus.NewRegistry()
+	m, err := New(db, Config{Pools: map[string]int{"default": 5}, Registry: reg, Logger: testkit.Logger(t), Now: clock.Now})
+	require.NoError(t, err)
+	m.Register("noop", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
+	enqueue := func(n int) {
+		for range n {
+			_, err := m.Enqueue(ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
+			require.NoError(t, err)
+		}
+	}
+	depthReads := func() (n int) {
+		for _, sent := range rt.Take() {
+			if strings.HasPrefix(sent, "SELECT p.name, p.paused") {
+				n++
+			}
+		}
+		return n
+	}
+	scrape := func() float64 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == "reveille_workpool_pending" {
+				return mf.Metric[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no reveille_workpool_pending")
+		return 0
+	}
+	enqueue(3)
+	depthReads()
+
+	var wg sync.WaitGroup
+	got := make([]float64, 20)
+	for i := range got {
+		wg.Go(func() { got[i] = scrape() })
+	}
+	wg.Wait()
+	for _, v := range got {
+		require.Equal(t, 3.0, v)
+	}
+	require.Equal(t, 1, depthReads(), "twenty scrapes at once, one read")
+
+	enqueue(2)
+	clock.Advance(depthMaxAge / 2)
+	require.Equal(t, 3.0, scrape(), "within depthMaxAge, the last read")
+	clock.Advance(depthMaxAge)
+	require.Equal(t, 5.0, scrape(), "past it, a new one")
+	require.Equal(t, 1, depthReads())
 }

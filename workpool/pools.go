@@ -192,6 +192,8 @@ func (m *Manager) UpdatePool(ctx context.Context, pool string, u PoolUpdate) err
 	if err := inv.OrNil(); err != nil {
 		return err
 	}
+	// (a scrape of this replica after the change shows it, paused or not)
+	defer m.metrics.depth.forget()
 	return pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
 		// The pool row first: it tells an unknown pool, and its lock orders
 		// this change after any iteration in flight.
