@@ -348,8 +348,10 @@ type TailParams struct {
 }
 
 // ErrStreamGap is yielded when a tail would skip chunks: the server sent an
-// index past the next one expected. It means a broken server or proxy;
-// Reveille's streams are gap-free.
+// index past the next one expected, or ended the stream at an index past
+// the last chunk yielded. Reveille's streams are gap-free, so it means that
+// retention purged the closed stream before it was read to the end (see
+// REVEILLE_STREAM_RETENTION), or a broken server or proxy.
 var ErrStreamGap = errors.New("client: the stream skipped chunks")
 
 // Tail follows a stream live (GET …/sse): the chunks stored from

@@ -422,11 +422,17 @@ func (s *Service) read(ctx context.Context, org, runID, name string, start int64
 			return Page{}, fmt.Errorf("reading stream %s/%s: %w", runID, name, err)
 		}
 		page.Info.TailIndex = count - 1
-		if idx != nil {
+		if idx != nil && *idx == page.Next {
 			page.Items = append(page.Items, Chunk{Index: *idx, Data: data})
 			page.Next = *idx + 1
+		} else if idx != nil {
+			// A hole: retention is purging this closed stream, in batches
+			// that follow the heap, not the indexes. The page stops before
+			// it, and a reader at the hole finds nothing there.
+			break
 		}
 	}
+	rows.Close()
 	if err := rows.Err(); err != nil {
 		return Page{}, fmt.Errorf("reading stream %s/%s: %w", runID, name, err)
 	}

@@ -112,6 +112,15 @@ func (s *Subscription) needsRead(next int64) bool {
 	return need
 }
 
+// committed is the highest index known to be committed (a read saw it, or
+// an append's notification or publication announced it): a read that
+// starts after the call sees it, unless retention purged it.
+func (s *Subscription) committed() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hint
+}
+
 // pending reports whether anything from index next is known to be
 // readable now, from the inbox or the table.
 func (s *Subscription) pending(next int64) bool {

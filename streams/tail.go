@@ -32,8 +32,14 @@ type Batch struct {
 	// More: chunks beyond these are stored already; call Next again
 	// without waiting.
 	More bool
-	// Ended: the stream is closed and every chunk up to TailIndex was read.
+	// Ended: the stream is closed and every chunk up to TailIndex was read
+	// — or, with Purged, retention purged it before the tail read it all:
+	// TailIndex is then at or past Position, and the chunks from there to
+	// it are lost.
 	Ended bool
+	// Purged: the tail ended because retention purged the stream's chunks
+	// from its position on.
+	Purged bool
 	// TailIndex is the stream's last index as far as known (-1: none).
 	TailIndex int64
 }
@@ -66,6 +72,7 @@ func (t *Tail) Next(ctx context.Context) (Batch, error) {
 		t.next = got[len(got)-1].Index + 1
 		return Batch{Chunks: got, More: t.sub.pending(t.next), TailIndex: t.next - 1}, nil
 	}
+	committed := t.sub.committed() // before the read: it must see these
 	if !t.sub.needsRead(t.next) {
 		return Batch{TailIndex: t.next - 1}, nil
 	}
@@ -73,6 +80,15 @@ func (t *Tail) Next(ctx context.Context) (Batch, error) {
 	if err != nil {
 		t.sub.markStale() // read again next time
 		return Batch{}, err
+	}
+	if len(page.Items) == 0 && (page.HasMore || committed >= t.next) {
+		// Chunk t.next was committed (the row counts it, or it was known
+		// before this read began) and is gone: only retention deletes
+		// chunks, those of a closed stream, and the stream with them. Nothing
+		// more will come: the tail ends, at a TailIndex at or past its
+		// position, which tells its reader that it missed chunks. (Reading
+		// on would find the same, at once and for ever: a busy loop.)
+		return Batch{Ended: true, Purged: true, TailIndex: max(page.Info.TailIndex, committed)}, nil
 	}
 	t.next = page.Next
 	// A page bounds the read: what it left is stored already, and the next
