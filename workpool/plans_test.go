@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
@@ -78,3 +80,112 @@ func TestTheLoopsStatementsNeverScanTheWholeWorkTable(t *testing.T) {
 		})
 	}
 }
+
+// The statements of requests (a pool's description, a work item's status,
+// a cancel), of the executors and completers, and of the leader's chores
+// run on the same table as the loop's: planned generically on an analyzed
+// table of one org's backlog beside finished work (retention keeps it),
+// keyed work and running work, each must reach workpool_work through its
+// indexes. GET /v1/pools/{pool} read the whole table at every call: the
+// count of what an org's keys hold back asked for state IN ('pending',
+// 'running'), which neither partial index serves.
+func TestTheRequestsAndChoresStatementsNeverScanTheWholeWorkTable(t *testing.T) {
+	ctx := context.Background()
+	m, err := New(testkit.NewPool(t), Config{Pools: map[string]int{"default": 100}, Logger: testkit.Logger(t), MaxPendingPerOrg: 1_000_000})
+	require.NoError(t, err)
+	_, err = m.db.Exec(ctx, `INSERT INTO workpool_pools (name, max_parallelism) VALUES ('default', 100) ON CONFLICT DO NOTHING`)
+	require.NoError(t, err)
+	// 30,000 items, four in five org-00's: 70% finished, 1 in 1000 running,
+	// the rest pending, a seventh of it keyed
+	_, err = m.db.Exec(ctx, `
+INSERT INTO workpool_work (id, org_id, pool, handler, args, state, run_at, timeout_ms, concurrency_key, key_limit,
+  started_at, finished_at, outcome, result, attempts, hook_state, on_complete_hook, created_at)
+SELECT gen_random_uuid(), CASE WHEN i % 10 < 8 THEN 'org-00' ELSE 'org-' || lpad((1 + i % 19)::text, 2, '0') END,
+  'default', 'noop', '{}', CASE WHEN i % 100 < 70 THEN 'finished' WHEN i % 1000 = 999 THEN 'running' ELSE 'pending' END,
+  now() - interval '1 hour' + i * interval '1 ms', 600000,
+  CASE WHEN i % 100 >= 70 AND i % 7 = 0 THEN 'key-' || (i % 50) END, CASE WHEN i % 100 >= 70 AND i % 7 = 0 THEN 1 END,
+  CASE WHEN i % 100 < 70 OR i % 1000 = 999 THEN now() - interval '30 minutes' END,
+  CASE WHEN i % 100 < 70 THEN now() - interval '20 minutes' + i * interval '1 ms' END,
+  CASE WHEN i % 100 < 70 THEN (ARRAY['succeeded', 'failed', 'canceled'])[1 + i % 3] END,
+  CASE WHEN i % 100 < 70 THEN '{}'::jsonb END, CASE WHEN i % 100 < 70 THEN 1 ELSE 0 END,
+  CASE WHEN i % 100 < 70 THEN 'done' END, CASE WHEN i % 100 < 70 THEN 'h' END, now() - interval '2 hours'
+FROM generate_series(1, 30000) i`)
+	require.NoError(t, err)
+	_, err = m.db.Exec(ctx, `VACUUM ANALYZE workpool_work`)
+	require.NoError(t, err)
+	_, err = m.db.Exec(ctx, `ANALYZE workpool_pools`)
+	require.NoError(t, err)
+
+	now := time.Now()
+	ids := []string{uuid.NewString(), uuid.NewString()}
+	exec := uuid.NewString()
+	for _, s := range []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"sqlPoolInfo", sqlPoolInfo, []any{[]string{"default"}, "org-00", now}},
+		{"sqlPoolInfo (a small org)", sqlPoolInfo, []any{[]string{"default"}, "org-05", now}},
+		{"sqlStatus", sqlStatus, []any{ids[0], "org-00"}},
+		{"sqlCancel", sqlCancel, []any{ids[0], "org-00", now}},
+		{"sqlCancelAll", sqlCancelAll, []any{"org-05", "default", now, now}},
+		{"sqlComplete", sqlComplete, []any{ids, []int32{1, 1}, []string{"succeeded", "failed"}, []*string{nil, nil},
+			[]string{"", "x"}, []bool{false, true}, now, exec}},
+		{"sqlCompleteUnstorable", sqlCompleteUnstorable, []any{ids, []int32{1, 1}, "x", now}},
+		{"sqlClaim", sqlClaim, []any{exec, now, []string{"noop"}, int32(10)}},
+		{"sqlHeartbeat", sqlHeartbeat, []any{ids, exec, now}},
+		{"sqlMarkCanceled", sqlMarkCanceled, []any{ids}},
+		{"sqlFinishCanceled", sqlFinishCanceled, []any{ids, now}},
+		{"sqlHookFailed", sqlHookFailed, []any{ids, []time.Time{now, now}, []string{"x", "y"}}},
+		{"sqlHookDone", sqlHookDone, []any{ids}},
+		{"sqlCountPending", sqlCountPending, []any{"default", "org-00", int64(1_000_001)}},
+		{"sqlRepairQueues", sqlRepairQueues, []any{"default"}},
+	} {
+		plan := testkit.GenericPlan(t, m.db, s.sql, s.args)
+		for i, line := range plan {
+			if strings.Contains(line, "Seq Scan on workpool_work ") {
+				t.Errorf("%s reads the whole table:\n%s\n%s", s.name, line, plan[min(i+1, len(plan)-1)])
+			}
+		}
+	}
+}
+
+// The cancelations table is empty nearly always: the loop drains it as
+// soon as anything is in it. So the plan each connection caches for
+// sqlTakeCancelations (generic, after five runs) is made for an empty
+// table: a nested loop that reads the whole table and, for each of its
+// rows, the 100 it takes. Once a CancelAll of an org's backlog fills the
+// table, every iteration — each takes 100, and starts nothing while more
+// wait — read 100 × the table until autovacuum analyzed it: 50,000
+// cancelations cost ~1.5 s an iteration, not a millisecond.
+
+// workpool_cancelations is empty nearly always, so the plan a connection
+// caches for taking a batch of them (every full iteration) is one made for
+// an empty table. Once a CancelAll of a backlog fills it, that plan must
+// still take the batch reading the table no more than once for the batch
+// and once for the delete: written as a join of the table with the batch,
+// it read the batch again for every row of the table — 5 million rows
+// compared, 1.5–3 s an iteration at 50,000 cancelations, until an ANALYZE
+// saw the table.
+func TestTakingCancelationsAfterACancelAllOfABacklogReadsTheTableOnce(t *testing.T) {
+	ctx := context.Background()
+	db := testkit.NewPool(t)
+	_, err := db.Exec(ctx, `VACUUM ANALYZE workpool_cancelations`)
+	require.NoError(t, err)
+	args := []any{"default", int32(cancelationBatch)}
+	plan := testkit.PlanAfterChange(t, db, sqlTakeCancelations, [][]any{args, args, args, args, args, args}, func() {
+		_, err := db.Exec(ctx, `INSERT INTO workpool_cancelations (work_id, pool, org_id, created_at)
+			SELECT gen_random_uuid(), 'default', 'org-00', now() + i * interval '1 ms' FROM generate_series(1, 50000) i`)
+		require.NoError(t, err)
+	}, args)
+	for _, line := range plan {
+		if m := loops.FindStringSubmatch(line); m != nil && m[1] != "1" {
+			t.Fatalf("a node runs %s times:\n%s", m[1], strings.Join(plan, "\n"))
+		}
+	}
+	var left int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM workpool_cancelations`).Scan(&left))
+	require.Equal(t, 50000-cancelationBatch, left, "a batch taken")
+}
+
+var loops = regexp.MustCompile(`loops=(\d+)\)`)

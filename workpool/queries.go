@@ -61,8 +61,11 @@ CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE w.state = 'pending' AND w.run_at <= $3) AS ready,
       greatest(coalesce((array_agg(w.key_limit ORDER BY w.run_at) FILTER (WHERE w.state = 'pending' AND w.run_at <= $3))[1], 1)
         - count(*) FILTER (WHERE w.state = 'running'), 0) AS room
-    FROM workpool_work w
-    WHERE w.pool = p.name AND w.org_id = $2 AND w.state IN ('pending', 'running') AND w.concurrency_key IS NOT NULL
+    FROM (SELECT w.concurrency_key, w.state, w.run_at, w.key_limit FROM workpool_work w
+          WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL
+          UNION ALL
+          SELECT w.concurrency_key, w.state, w.run_at, w.key_limit FROM workpool_work w
+          WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'running' AND w.concurrency_key IS NOT NULL) w
     GROUP BY w.concurrency_key) kk) k
 WHERE p.name = ANY($1)
 ORDER BY p.name`
@@ -437,11 +440,15 @@ WHERE name = $1 AND generation = ` + gen + `
 RETURNING max_parallelism, max_parallelism_per_org, paused`
 }
 
+// sqlTakeCancelations takes the oldest batch of a pool's cancelations. By
+// tuple id: the table is empty nearly always, and the generic plan cached
+// for an empty table joined it with the batch by comparing every row with
+// every row taken — 1.5 s an iteration once a CancelAll of a backlog
+// filled it, until an ANALYZE (only the loop deletes these rows).
 const sqlTakeCancelations = `
-DELETE FROM workpool_cancelations c
-USING (SELECT work_id FROM workpool_cancelations WHERE pool = $1 ORDER BY created_at LIMIT $2) d
-WHERE c.work_id = d.work_id
-RETURNING c.work_id`
+DELETE FROM workpool_cancelations
+WHERE ctid = ANY(ARRAY(SELECT ctid FROM workpool_cancelations WHERE pool = $1 ORDER BY created_at LIMIT $2))
+RETURNING work_id`
 
 // sqlMarkCanceled flags unfinished work canceled (so it never runs again)
 // and reports where each item stands. Rows are locked in id order, the
