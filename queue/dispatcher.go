@@ -568,7 +568,7 @@ func (d *Dispatcher) claim(ctx context.Context, limit int) ([]claimed, error) {
 		  FROM due WHERE m.id = due.id
 		RETURNING m.id, m.org_id, m.queue, m.payload, m.idempotency_key, m.status, m.signal_workflow_id, m.signal_run_id,
 		          m.signal_name, m.attempts, coalesce(m.last_error, ''), m.next_attempt_at, m.created_at, m.updated_at,
-		          m.delivered_at, m.not_found_since`, limit, d.cfg.Lease)
+		          m.delivered_at, extract(epoch FROM now() - m.not_found_since)::float8`, limit, d.cfg.Lease)
 	br := d.db.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
@@ -581,8 +581,13 @@ func (d *Dispatcher) claim(ctx context.Context, limit int) ([]claimed, error) {
 	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
 		var c claimed
 		var wf, run, name *string
+		var notFoundFor *float64 // by the database's clock
 		err := row.Scan(&c.ID, &c.OrgID, &c.Queue, &c.Payload, &c.IdempotencyKey, &c.Status, &wf, &run, &name,
-			&c.Attempts, &c.LastError, &c.NextAttemptAt, &c.CreatedAt, &c.UpdatedAt, &c.DeliveredAt, &c.notFoundSince)
+			&c.Attempts, &c.LastError, &c.NextAttemptAt, &c.CreatedAt, &c.UpdatedAt, &c.DeliveredAt, &notFoundFor)
+		if notFoundFor != nil {
+			since := d.now().Add(-time.Duration(*notFoundFor * float64(time.Second)))
+			c.notFoundSince = &since
+		}
 		c.Signal = &Signal{WorkflowID: deref(wf), RunID: deref(run), Name: deref(name)}
 		return c, err
 	})
@@ -606,7 +611,7 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 	var failedAttempts, retryAttempts []int32
 	var failedReasons, retryReasons []string
 	var retryIn []int64 // µs from the database's now()
-	var retryNotFound []*time.Time
+	var retryNotFound []bool // a NotFound: its grace runs from the first one, by the database's clock
 	now := d.now()
 	for i, r := range results {
 		m := msgs[i]
@@ -656,12 +661,12 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 			retryAttempts = append(retryAttempts, int32(r.attempts))
 			// (the last try when the grace ends, not a backoff past it)
 			in := min(d.backoff(r.attempts), since.Add(d.cfg.NotFoundGrace).Sub(now))
-			retryIn, retryNotFound = append(retryIn, in.Microseconds()), append(retryNotFound, since)
+			retryIn, retryNotFound = append(retryIn, in.Microseconds()), append(retryNotFound, true)
 			d.metrics.results.WithLabelValues("retry").Inc()
 		default:
 			retryIDs, retryReasons = append(retryIDs, r.id), append(retryReasons, r.err.Error())
 			retryAttempts = append(retryAttempts, int32(r.attempts))
-			retryIn, retryNotFound = append(retryIn, d.backoff(r.attempts).Microseconds()), append(retryNotFound, nil)
+			retryIn, retryNotFound = append(retryIn, d.backoff(r.attempts).Microseconds()), append(retryNotFound, false)
 			d.metrics.results.WithLabelValues("retry").Inc()
 			// (Info, but every sendFailuresBeforeWarn-th failure of a
 			// message a Warn: an outage of Temporal shows at the warn level
@@ -689,8 +694,8 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 		// next_attempt_at with: from this host's, a retry was due late or
 		// early by the clocks' skew)
 		batch.Queue(`UPDATE queue_messages m SET next_attempt_at = now() + r.us * interval '1 microsecond', last_error = r.reason,
-			  not_found_since = r.nf, updated_at = now()
-			FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::timestamptz[], $5::int[]) AS r(id, us, reason, nf, attempts)
+			  not_found_since = CASE WHEN r.nf THEN coalesce(m.not_found_since, now()) END, updated_at = now()
+			FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bool[], $5::int[]) AS r(id, us, reason, nf, attempts)
 			WHERE m.id = r.id AND m.attempts = r.attempts AND m.status = 'pending'`, retryIDs, retryIn, retryReasons, retryNotFound, retryAttempts)
 	}
 	if err := d.db.SendBatch(ctx, batch).Close(); err != nil {
