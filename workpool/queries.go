@@ -495,9 +495,11 @@ FOR UPDATE SKIP LOCKED`
 // makes the same choice.
 const sqlPickPlain = `
 pick AS (
+  -- (the census's org: with the org fixed, run_at bounds the index range,
+  -- so that a backlog of future work is not read to find the ready items)
   SELECT id, handler, ctid AS tid FROM workpool_work
-  WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
-  ORDER BY org_id, run_at
+  WHERE pool = $1 AND org_id = (SELECT org FROM census) AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
+  ORDER BY run_at
   LIMIT (SELECT n FROM free)
   FOR UPDATE SKIP LOCKED
 )`
@@ -951,19 +953,26 @@ func sqlShareBound(prefix, orgs string) string {
 // sqlPlainCensus is the CTEs census and plain of the plain starts:
 // plain.ok says that the ready work (if any) is one org's plain work and
 // noCap (SQL: the pool has no per-org cap), so that fair share has nothing
-// to share.
+// to share; census.org is that org (null: none may have ready work).
+//
+// The orgs come from their queues (workpool_org_queues: every org with
+// pending plain work has one, its head at or before its oldest item), not
+// from the work: "an org with ready work" asked of the pending index
+// (pool, org_id, run_at) walks every entry of the orgs whose work is all
+// in the future — a pool holding a week of scheduled work read all of it
+// at every iteration. A queue whose head has gone stale (its org's ready
+// work started) may count an org with nothing ready: the plain start then
+// finds nothing, or the fair one, which moves the heads, runs instead.
 func sqlPlainCensus(noCap string) string {
 	return `census AS (
-  SELECT (SELECT org_id FROM workpool_work
-          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
+  SELECT (SELECT org_id FROM workpool_org_queues WHERE pool = $1 AND head_at <= $2
           ORDER BY org_id LIMIT 1) AS org
 ), plain AS (
   SELECT ` + noCap + `
     -- (ordered probes: a generic plan would rather seq-scan for "any row")
-    AND (SELECT w.org_id FROM workpool_work w
-         WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $2
-           AND w.org_id > (SELECT org FROM census)
-         ORDER BY w.org_id LIMIT 1) IS NULL
+    AND (SELECT q.org_id FROM workpool_org_queues q
+         WHERE q.pool = $1 AND q.head_at <= $2 AND q.org_id > (SELECT org FROM census)
+         ORDER BY q.org_id LIMIT 1) IS NULL
     AND (SELECT org_id FROM workpool_work
          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
          ORDER BY org_id LIMIT 1) IS NULL AS ok
@@ -1106,20 +1115,13 @@ ON CONFLICT (pool, org_id) DO UPDATE SET head_at = excluded.head_at
 WHERE excluded.head_at < workpool_org_queues.head_at`
 
 // sqlCensus tells an iteration whether fair share has anything to share:
-// how many orgs (up to 2) have ready plain work, and whether keyed work is
-// ready. Index probes only.
+// how many orgs (up to 2) may have ready plain work (their queues' heads
+// have come: sqlPlainCensus), and whether keyed work is ready. Index
+// probes only.
 const sqlCensus = `
-WITH first AS (
-  SELECT org_id FROM workpool_work
-  WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
-  ORDER BY org_id LIMIT 1
-)
 SELECT
-  (SELECT count(*) FROM first)
-    + (SELECT count(*) FROM (SELECT w.org_id FROM workpool_work w
-         WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at <= $2
-           AND w.org_id > (SELECT org_id FROM first)
-         ORDER BY w.org_id LIMIT 1) x),
+  -- (the orgs whose queues may hold ready work, as sqlPlainCensus reads them)
+  (SELECT count(*) FROM (SELECT 1 FROM workpool_org_queues WHERE pool = $1 AND head_at <= $2 LIMIT 2) q),
   (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
    ORDER BY org_id LIMIT 1) IS NOT NULL`
 

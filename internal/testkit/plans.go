@@ -35,7 +35,7 @@ func GenericPlan(t testing.TB, db *pgxpool.Pool, sql string, args []any) []strin
 // the generic plan when it estimates it no dearer than the custom ones.
 func PlanAfter(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, probe []any) []string {
 	t.Helper()
-	return explainPrepared(t, db, sql, warm, nil, "EXPLAIN (ANALYZE, COSTS OFF) ", probe, false)
+	return explainPrepared(t, db, sql, warm, nil, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) ", probe, false)
 }
 
 // PlanAfterChange is PlanAfter with change run between the warm-up and
@@ -43,7 +43,7 @@ func PlanAfter(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, probe [
 // run on them as change left them (before any ANALYZE sees it).
 func PlanAfterChange(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, change func(), probe []any) []string {
 	t.Helper()
-	return explainPrepared(t, db, sql, warm, change, "EXPLAIN (ANALYZE, COSTS OFF) ", probe, false)
+	return explainPrepared(t, db, sql, warm, change, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) ", probe, false)
 }
 
 func explainPrepared(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, change func(), explain string, probe []any, generic bool) []string {
@@ -124,6 +124,21 @@ func textArg(a any) any {
 		return v.String()
 	}
 	return a
+}
+
+var buffers = regexp.MustCompile(`Buffers: shared(?: hit=(\d+))?(?: read=(\d+))?`)
+
+// BuffersTouched is the shared buffers an analyzed plan's statement hit
+// or read, as its top node counts them (its children's included).
+func BuffersTouched(plan []string) int {
+	for _, line := range plan {
+		if m := buffers.FindStringSubmatch(line); m != nil {
+			hit, _ := strconv.Atoi(m[1])
+			read, _ := strconv.Atoi(m[2])
+			return hit + read
+		}
+	}
+	return 0
 }
 
 var removedByFilter = regexp.MustCompile(`Rows Removed by (?:Filter|Join Filter): (\d+)`)
