@@ -75,3 +75,32 @@ func newHTTPStreamServer(t *testing.T, s *Server) streamServer {
 	t.Cleanup(func() { hs.CloseClientConnections(); hs.Close() })
 	return streamServer{Server: s, url: hs.URL}
 }
+
+// A REST reader paging a closed stream that retention is purging (its
+// chunks deleted, its row not yet) must not be told has_more with an empty
+// page and a next_cursor equal to its own: a client following has_more
+// (as the document says to) asks for the same page forever.
+func TestAChunksPageOfAStreamBeingPurgedDoesNotPromiseMoreItCannotGive(t *testing.T) {
+	s := newStreamServer(t, streams.Config{Retention: 10 * 365 * 24 * time.Hour})
+	tok := agentToken(t, "org-a")
+	chunks := make([][]byte, 30)
+	for i := range chunks {
+		chunks[i] = fmt.Appendf(nil, "c%d", i)
+	}
+	require.Equal(t, 201, s.postJSON(t, tok, "out", chunks...).Status)
+	s.closeStream(t, tok, "out")
+	_, err := s.svc.DB.Exec(context.Background(), `DELETE FROM stream_chunks`) // retention's first statements
+	require.NoError(t, err)
+
+	query, cursor, pages := "limit=10", "0", 0
+	for ; pages < 20; pages++ {
+		p := s.page(t, tok, "out", query)
+		if !p.HasMore {
+			break
+		}
+		require.NotEqual(t, cursor, *p.NextCursor, "page %d (%s): has_more with %d items and the request's own cursor as next_cursor", pages, query, len(p.Items))
+		cursor = *p.NextCursor
+		query = "limit=10&cursor=" + cursor
+	}
+	require.Less(t, pages, 20, "a client following has_more never ends")
+}

@@ -150,10 +150,10 @@ func (s *ToolApprovalsService) Events(ctx context.Context, sessionID string, p S
 // seq to pass as After next.
 func (s *ToolApprovalsService) EventsPage(ctx context.Context, sessionID string, p SessionEventParams, opts ...CallOption) (Page[SessionEvent], error) {
 	q := url.Values{}
-	if p.After > 0 {
+	if p.After != 0 { // (a negative one too: the server's 400 names it)
 		q.Set("after", strconv.FormatInt(p.After, 10))
 	}
-	if p.Limit > 0 {
+	if p.Limit != 0 { // (a negative one too: the server's 400 names it)
 		q.Set("limit", strconv.Itoa(p.Limit))
 	}
 	ep := endpoint{method: http.MethodGet, path: pathOf("v1", "sessions", sessionID, "events"), query: q, argErr: needArgs("ToolApprovals.EventsPage", "sessionID", sessionID)}

@@ -32,7 +32,7 @@ func (p PageParams) addTo(q url.Values) url.Values {
 	if q == nil {
 		q = url.Values{}
 	}
-	if p.Limit > 0 {
+	if p.Limit != 0 { // (a negative one too: the server's 400 names it)
 		q.Set("limit", strconv.Itoa(p.Limit))
 	}
 	if p.Cursor != "" {

@@ -127,7 +127,9 @@ func (s *StreamsService) NamesPage(ctx context.Context, runID string, p PagePara
 }
 
 // Chunks iterates over the chunks stored now, from p's index on (a
-// stream still written to may get more later: Tail follows it).
+// stream still written to may get more later: Tail follows it). It yields
+// ErrStreamGap where chunks are missing: retention is purging the closed
+// stream.
 func (s *StreamsService) Chunks(ctx context.Context, runID, name string, p ChunkParams, opts ...CallOption) iter.Seq2[StreamChunk, error] {
 	return func(yield func(StreamChunk, error) bool) {
 		p := p // (its own copy: one iterator may be ranged again, or by goroutines at once)
@@ -137,10 +139,24 @@ func (s *StreamsService) Chunks(ctx context.Context, runID, name string, p Chunk
 				yield(StreamChunk{}, err)
 				return
 			}
+			next := p.StartIndex
+			if p.Cursor != "" {
+				next, _ = strconv.ParseInt(p.Cursor, 10, 64)
+			}
 			for _, ch := range page.Items {
+				if ch.Index != next {
+					yield(StreamChunk{}, fmt.Errorf("%w: got %d, expected %d", ErrStreamGap, ch.Index, next))
+					return
+				}
+				next = ch.Index + 1
 				if !yield(ch, nil) {
 					return
 				}
+			}
+			if page.NextCursor != strconv.FormatInt(next, 10) {
+				// (the server went past chunks a purge deleted)
+				yield(StreamChunk{}, fmt.Errorf("%w: the next page starts at %s, after chunk %d", ErrStreamGap, page.NextCursor, next-1))
+				return
 			}
 			if !page.HasMore || len(page.Items) == 0 {
 				return
@@ -159,7 +175,7 @@ func (s *StreamsService) ChunksPage(ctx context.Context, runID, name string, p C
 		// (a negative one too: the server's 400 names it)
 		q.Set("start_index", strconv.FormatInt(p.StartIndex, 10))
 	}
-	if p.Limit > 0 {
+	if p.Limit != 0 { // (a negative one too: the server's 400 names it)
 		q.Set("limit", strconv.Itoa(p.Limit))
 	}
 	raw, err := doJSON[chunkPageJSON](ctx, s.c, endpoint{method: http.MethodGet, path: streamPath(runID, name, "chunks"), query: q,

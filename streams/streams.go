@@ -428,13 +428,24 @@ func (s *Service) read(ctx context.Context, org, runID, name string, start int64
 		} else if idx != nil {
 			// A hole: retention is purging this closed stream, in batches
 			// that follow the heap, not the indexes. The page stops before
-			// it, and a reader at the hole finds nothing there.
+			// it; a page that starts at the hole reads nothing and goes on
+			// past it (next cursor beyond the start: the reader sees the
+			// chunks in between are gone).
+			if len(page.Items) == 0 {
+				page.Next = *idx
+			}
 			break
 		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return Page{}, fmt.Errorf("reading stream %s/%s: %w", runID, name, err)
+	}
+	if len(page.Items) == 0 && page.Next == start && page.Info.TailIndex >= start {
+		// Nothing stored from start to the window's end, though the row
+		// counts chunks there: purged. The next page starts past the
+		// window (never at start again: a reader would loop on it).
+		page.Next = min(start+int64(limit), page.Info.TailIndex+1)
 	}
 	page.HasMore = page.Info.TailIndex >= page.Next
 	return page, nil
