@@ -610,7 +610,7 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 	var delivered, failedIDs, retryIDs []uuid.UUID
 	var failedAttempts, retryAttempts []int32
 	var failedReasons, retryReasons []string
-	var retryIn []int64 // µs from the database's now()
+	var retryIn []int64      // µs from the database's now()
 	var retryNotFound []bool // a NotFound: its grace runs from the first one, by the database's clock
 	now := d.now()
 	for i, r := range results {
