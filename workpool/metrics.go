@@ -105,8 +105,9 @@ type depthCollector struct {
 	m *Manager
 
 	mu     sync.Mutex // held through a read: scrapes meanwhile wait for it
-	readAt time.Time  // zero: never read, or the last read failed
+	readAt time.Time  // when the last read ended (zero: never, or forgotten)
 	pools  []poolDepth
+	failed bool // the last read failed: scrapes until depthMaxAge share that too
 }
 
 // depthMaxAge is how long a depth read serves scrapes.
@@ -146,8 +147,7 @@ func (d *depthCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (d *depthCollector) Collect(ch chan<- prometheus.Metric) {
-	now := d.m.now()
-	pools, ok := d.read(now)
+	pools, now, ok := d.read()
 	if !ok {
 		return
 	}
@@ -175,12 +175,16 @@ func (d *depthCollector) forget() {
 }
 
 // read returns the pools' depth as read within depthMaxAge of now, reading
-// it again when older; ok is false when that read failed (logged).
-func (d *depthCollector) read(now time.Time) (pools []poolDepth, ok bool) {
+// it again when older; ok is false when that read failed (logged). A
+// failed read is shared as a good one is: scrapes waiting on a slow
+// database would otherwise each wait out their own timeout, one after the
+// other.
+func (d *depthCollector) read() (pools []poolDepth, now time.Time, ok bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	now = d.m.now() // (after the lock: the read a scrape waited for counts)
 	if !d.readAt.IsZero() && now.Sub(d.readAt) < depthMaxAge && !now.Before(d.readAt) {
-		return d.pools, true
+		return d.pools, now, !d.failed
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -191,11 +195,10 @@ func (d *depthCollector) read(now time.Time) (pools []poolDepth, ok bool) {
 			return p, err
 		})
 	}
+	d.pools, d.readAt, d.failed = pools, d.m.now(), err != nil
 	if err != nil {
-		d.readAt = time.Time{}
 		d.m.logger.Warn("reading pool depth for metrics failed", "error", err.Error())
-		return nil, false
+		return nil, now, false
 	}
-	d.pools, d.readAt = pools, now
-	return pools, true
+	return pools, now, true
 }

@@ -134,3 +134,40 @@ func TestMetrics_ABurstOfScrapesReadsTheDepthOnce(t *testing.T) {
 	require.Equal(t, 5.0, scrape(), "past it, a new one")
 	require.Equal(t, 1, depthReads())
 }
+
+// A depth read that fails — a database too slow to answer within the
+// read's timeout — is shared as a good one is: scrapes at once waited for
+// each other's timeouts one after the other (k × 2 s for the k-th), and
+// every other metric of /metrics with them.
+func TestMetrics_ScrapesDuringASlowDatabaseShareOneFailedRead(t *testing.T) {
+	ctx := context.Background()
+	rt := &testkit.RoundTrips{}
+	cfg, err := pgxpool.ParseConfig(testkit.NewDatabase(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = rt
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	reg := prometheus.NewRegistry()
+	_, err = New(db, Config{Pools: map[string]int{"default": 5}, Registry: reg, Logger: testkit.Logger(t), Now: newFakeClock().Now})
+	require.NoError(t, err)
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `LOCK TABLE workpool_pools IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	rt.Take()
+
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() { _, _ = reg.Gather() })
+	}
+	wg.Wait()
+	reads := 0
+	for _, sent := range rt.Take() {
+		if strings.HasPrefix(sent, "SELECT p.name, p.paused") {
+			reads++
+		}
+	}
+	require.Equal(t, 1, reads, "four scrapes at once, one read that timed out")
+}
