@@ -491,8 +491,16 @@ func (it *iteration) outlook(ctx context.Context) (iterResult, error) {
 		// Ready work that did not start although nothing runs: no cap or
 		// key can hold it back, so its row was locked; look again shortly.
 		// (Work held back by its org's cap or its key while slots are in
-		// use starts when a completion kicks the loop.)
+		// use starts when a completion kicks the loop.) Or no org queue
+		// names it — work written by something that does not keep the
+		// queues: a hand-made INSERT, a replica of a version before them —
+		// and no start will see it until the queues are repaired: ask the
+		// chores for that now, not at their next tick (up to a minute).
 		wake = earliest(wake, ptr(it.now.Add(100*time.Millisecond)))
+		select {
+		case l.repairc <- struct{}{}:
+		default:
+		}
 	}
 	var st RunStatus
 	switch {

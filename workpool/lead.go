@@ -33,6 +33,10 @@ type loop struct {
 	m     *Manager
 	pool  string
 	kickc chan struct{}
+	// repairc asks the leader's chores for a repair of the org queues now
+	// (outlook: ready work that did not start while nothing runs may be
+	// work no queue names, which no start sees).
+	repairc chan struct{}
 
 	leading atomic.Bool
 	// startsBlocked: the last published status was "scheduled" and nothing
@@ -71,7 +75,7 @@ type loop struct {
 }
 
 func newLoop(m *Manager, pool string) *loop {
-	return &loop{m: m, pool: pool, kickc: make(chan struct{}, 1)}
+	return &loop{m: m, pool: pool, kickc: make(chan struct{}, 1), repairc: make(chan struct{}, 1)}
 }
 
 // Kinds of kick.
@@ -205,15 +209,33 @@ func (l *loop) wait(ctx context.Context, wakeAt time.Time) {
 }
 
 // maintain runs the leader's periodic chores: purging finished work and
-// idempotency keys past retention, and repairing pending counts.
+// idempotency keys past retention, and repairing pending counts and org
+// queues — the queues also when an iteration asks (repairc), at most once
+// a second.
 func (l *loop) maintain(ctx context.Context) {
 	every := min(max(l.m.cfg.WorkRetention/100, time.Second), time.Minute)
 	purge := time.NewTicker(every)
 	defer purge.Stop()
+	var lastAsked time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-l.repairc:
+			if time.Since(lastAsked) < time.Second {
+				continue
+			}
+			lastAsked = time.Now()
+			repaired, err := l.repairQueuesCounted(ctx)
+			if errors.Is(err, leader.ErrDeposed) {
+				return
+			}
+			if err != nil && ctx.Err() == nil {
+				l.m.logger.Warn("repairing org queues failed", "pool", l.pool, "error", err.Error())
+			}
+			if repaired > 0 {
+				l.kick(kickWork) // the work it found may start now
+			}
 		case <-purge.C:
 			for _, c := range []struct {
 				what string
@@ -271,6 +293,12 @@ func (l *loop) purgeBatches(ctx context.Context, sql string, cutoff time.Time, w
 // says so when it wrote anything: the queues' writers keep them, so a
 // repair means work was made pending by something that did not.
 func (l *loop) repairQueues(ctx context.Context) error {
+	_, err := l.repairQueuesCounted(ctx)
+	return err
+}
+
+// repairQueuesCounted is repairQueues, returning how many queues it wrote.
+func (l *loop) repairQueuesCounted(ctx context.Context) (int64, error) {
 	var n int64
 	err := leader.FencedTx(ctx, l.m.db, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, sqlRepairQueues, l.pool)
@@ -278,12 +306,12 @@ func (l *loop) repairQueues(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("repairing the org queues of pool %s: %w", l.pool, err)
+		return 0, fmt.Errorf("repairing the org queues of pool %s: %w", l.pool, err)
 	}
 	if n > 0 {
 		l.m.metrics.queueRepairs.WithLabelValues(l.pool).Add(float64(n))
 		l.m.logger.Warn("pending work had no org queue (or one whose head was past it): repaired; expected only during a rolling upgrade from a version before the queues",
 			"pool", l.pool, "orgs", n)
 	}
-	return nil
+	return n, nil
 }

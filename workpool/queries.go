@@ -973,9 +973,9 @@ func sqlPlainCensus(noCap string) string {
     AND (SELECT q.org_id FROM workpool_org_queues q
          WHERE q.pool = $1 AND q.head_at <= $2 AND q.org_id > (SELECT org FROM census)
          ORDER BY q.org_id LIMIT 1) IS NULL
-    AND (SELECT org_id FROM workpool_work
+    AND (SELECT run_at FROM workpool_work
          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
-         ORDER BY org_id LIMIT 1) IS NULL AS ok
+         ORDER BY run_at LIMIT 1) IS NULL AS ok
 )`
 }
 
@@ -1050,9 +1050,9 @@ func sqlIterateFair(pick, decided, keyed string) string {
 WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
 ), keyed AS (
   -- (an ordered probe: a generic plan would rather seq-scan for "any row")
-  SELECT (SELECT org_id FROM workpool_work
+  SELECT (SELECT run_at FROM workpool_work
           WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
-          ORDER BY org_id LIMIT 1) IS NOT NULL AS waits
+          ORDER BY run_at LIMIT 1) IS NOT NULL AS waits
 ), plain AS (
   -- (the queues hold every org with ready plain work, perhaps more: "one
   -- org" read from them may say "several", which only keeps fair share)
@@ -1122,8 +1122,8 @@ const sqlCensus = `
 SELECT
   -- (the orgs whose queues may hold ready work, as sqlPlainCensus reads them)
   (SELECT count(*) FROM (SELECT 1 FROM workpool_org_queues WHERE pool = $1 AND head_at <= $2 LIMIT 2) q),
-  (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
-   ORDER BY org_id LIMIT 1) IS NOT NULL`
+  (SELECT run_at FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
+   ORDER BY run_at LIMIT 1) IS NOT NULL`
 
 // sqlOutlook tells an iteration that found nothing to do what remains: slots
 // in use, whether ready work waits, the earliest future start and the
@@ -1139,10 +1139,11 @@ WITH RECURSIVE ` + sqlPendingOrgsWalk + `, heads AS (
 SELECT
   ` + sqlSlotsInUse + `,
   EXISTS (SELECT 1 FROM heads WHERE first_at <= $2)
-    OR (SELECT org_id FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
-        ORDER BY org_id LIMIT 1) IS NOT NULL,
+    OR (SELECT run_at FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
+        ORDER BY run_at LIMIT 1) IS NOT NULL,
   least((SELECT min(next_at) FROM heads),
-        (SELECT min(run_at) FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at > $2)),
+        (SELECT run_at FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at > $2
+         ORDER BY run_at LIMIT 1)),
   (SELECT min(hook_next_at) FROM workpool_work WHERE pool = $1 AND hook_state = 'retry'),
   EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)`
 

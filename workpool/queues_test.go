@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -436,4 +438,31 @@ func TestOrgQueues_AnEnqueueCommittedDuringThePickKeepsTheHeadItLowered(t *testi
 	h.complete(a2, "success", 1)
 	h.runMain()
 	require.True(t, h.observe().isRunning(late), "the late item starts on the next pick")
+}
+
+// Work that no org queue names — written by something that does not keep
+// them: a hand-made INSERT, a replica of a version before the queues
+// during a rolling upgrade — is seen by no start, which reads the orgs
+// from their queues. The loop's outlook still sees it ready with nothing
+// running, and asks the leader's chores to repair the queues at once
+// rather than at their next tick (a minute apart with the default
+// retention): the work starts, and the repair is counted and logged.
+func TestWorkNoQueueNamesStartsWithoutWaitingForTheChoresTick(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, Registry: reg, WorkRetention: 24 * time.Hour})
+	ctx := context.Background()
+	requireLoopSettled(t, db, m, "default", "idle") // (its term began: the takeover's repair is behind it)
+	var id uuid.UUID
+	require.NoError(t, db.QueryRow(ctx, `
+		INSERT INTO workpool_work (id, org_id, pool, handler, args, state, run_at, max_attempts, initial_backoff_ms,
+		  backoff_base, timeout_ms, created_at)
+		VALUES (gen_random_uuid(), 'org-1', 'default', 'noop', '{}', 'pending', now(), 1, 1000, 2, 60000, now())
+		RETURNING id`).Scan(&id))
+	// what an older replica's enqueue would send
+	_, err := db.Exec(ctx, sqlNotify, "k:default")
+	require.NoError(t, err)
+
+	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+	require.Equal(t, 1.0, counterValue(t, m.metrics.queueRepairs.WithLabelValues("default")))
 }
