@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
@@ -44,12 +43,7 @@ func (l *lastQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndD
 func TestListingWakeupsByDeliveryStateReadsTheOpenRowsNotTheOrgsTable(t *testing.T) {
 	ctx := context.Background()
 	trace := &lastQuery{}
-	cfg, err := pgxpool.ParseConfig(testkit.NewDatabase(t))
-	require.NoError(t, err)
-	cfg.ConnConfig.Tracer = trace
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
+	db := testkit.NewTracedPool(t, trace)
 	wp, err := workpool.New(db, workpool.Config{Pools: map[string]int{"wakeup": 5}, Logger: testkit.Logger(t)})
 	require.NoError(t, err)
 	svc := New(db, wp, mandates.New(db, mandates.Config{Logger: testkit.Logger(t)}), Config{Logger: testkit.Logger(t)})

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
@@ -77,12 +76,7 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 func TestMetrics_ABurstOfScrapesReadsTheDepthOnce(t *testing.T) {
 	ctx := context.Background()
 	rt := &testkit.RoundTrips{}
-	cfg, err := pgxpool.ParseConfig(testkit.NewDatabase(t))
-	require.NoError(t, err)
-	cfg.ConnConfig.Tracer = rt
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
+	db := testkit.NewTracedPool(t, rt)
 	clock := newFakeClock()
 	reg := prometheus.NewRegistry()
 	m, err := New(db, Config{Pools: map[string]int{"default": 5}, Registry: reg, Logger: testkit.Logger(t), Now: clock.Now})
@@ -142,14 +136,9 @@ func TestMetrics_ABurstOfScrapesReadsTheDepthOnce(t *testing.T) {
 func TestMetrics_ScrapesDuringASlowDatabaseShareOneFailedRead(t *testing.T) {
 	ctx := context.Background()
 	rt := &testkit.RoundTrips{}
-	cfg, err := pgxpool.ParseConfig(testkit.NewDatabase(t))
-	require.NoError(t, err)
-	cfg.ConnConfig.Tracer = rt
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
+	db := testkit.NewTracedPool(t, rt)
 	reg := prometheus.NewRegistry()
-	_, err = New(db, Config{Pools: map[string]int{"default": 5}, Registry: reg, Logger: testkit.Logger(t), Now: newFakeClock().Now})
+	_, err := New(db, Config{Pools: map[string]int{"default": 5}, Registry: reg, Logger: testkit.Logger(t), Now: newFakeClock().Now})
 	require.NoError(t, err)
 	tx, err := db.Begin(ctx)
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
@@ -70,12 +71,7 @@ func TestTheLoopsStatementsNeverScanTheWholeWorkTable(t *testing.T) {
 				{"sqlStale", sqlStale, []any{l.pool, now}},
 				{"sqlDueHooks", sqlDueHooks, []any{l.pool, now}},
 			} {
-				plan := testkit.GenericPlan(t, m.db, s.sql, s.args)
-				for i, line := range plan {
-					if strings.Contains(line, "Seq Scan on workpool_work ") {
-						t.Errorf("%s reads the whole table:\n%s\n%s", s.name, line, plan[min(i+1, len(plan)-1)])
-					}
-				}
+				requireNoWorkTableScan(t, m.db, s.name, s.sql, s.args)
 			}
 		})
 	}
@@ -141,23 +137,9 @@ FROM generate_series(1, 30000) i`)
 		{"sqlCountPending", sqlCountPending, []any{"default", "org-00", int64(1_000_001)}},
 		{"sqlRepairQueues", sqlRepairQueues, []any{"default"}},
 	} {
-		plan := testkit.GenericPlan(t, m.db, s.sql, s.args)
-		for i, line := range plan {
-			if strings.Contains(line, "Seq Scan on workpool_work ") {
-				t.Errorf("%s reads the whole table:\n%s\n%s", s.name, line, plan[min(i+1, len(plan)-1)])
-			}
-		}
+		requireNoWorkTableScan(t, m.db, s.name, s.sql, s.args)
 	}
 }
-
-// The cancelations table is empty nearly always: the loop drains it as
-// soon as anything is in it. So the plan each connection caches for
-// sqlTakeCancelations (generic, after five runs) is made for an empty
-// table: a nested loop that reads the whole table and, for each of its
-// rows, the 100 it takes. Once a CancelAll of an org's backlog fills the
-// table, every iteration — each takes 100, and starts nothing while more
-// wait — read 100 × the table until autovacuum analyzed it: 50,000
-// cancelations cost ~1.5 s an iteration, not a millisecond.
 
 // workpool_cancelations is empty nearly always, so the plan a connection
 // caches for taking a batch of them (every full iteration) is one made for
@@ -266,5 +248,17 @@ func TestAPoolsScheduledKeyedBacklogIsNotReadAtEveryIteration(t *testing.T) {
 	} {
 		plan := testkit.PlanAfter(t, db, s.sql, [][]any{s.args, s.args, s.args, s.args, s.args}, s.args)
 		require.Less(t, testkit.BuffersTouched(plan), 50, "%s reads the schedule:\n%s", s.name, strings.Join(plan, "\n"))
+	}
+}
+
+// requireNoWorkTableScan fails t when the generic plan of sql (named name)
+// reads workpool_work whole.
+func requireNoWorkTableScan(t *testing.T, db *pgxpool.Pool, name, sql string, args []any) {
+	t.Helper()
+	plan := testkit.GenericPlan(t, db, sql, args)
+	for i, line := range plan {
+		if strings.Contains(line, "Seq Scan on workpool_work ") {
+			t.Errorf("%s reads the whole table:\n%s\n%s", name, line, plan[min(i+1, len(plan)-1)])
+		}
 	}
 }

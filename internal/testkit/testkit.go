@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx" for pgtestdb
 	"github.com/peterldowns/pgtestdb"
@@ -170,13 +171,26 @@ func NewPool(t testing.TB) *pgxpool.Pool {
 	return NewPoolFor(t, NewDatabase(t))
 }
 
+// NewTracedPool is NewPool with tracer (a RoundTrips, say) watching every
+// statement its connections send.
+func NewTracedPool(t testing.TB, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	return newPool(t, NewDatabase(t), tracer)
+}
+
 // NewPoolFor opens a pgx pool on dsn, closed at the end of the test.
 func NewPoolFor(t testing.TB, dsn string) *pgxpool.Pool {
+	t.Helper()
+	return newPool(t, dsn, nil)
+}
+
+func newPool(t testing.TB, dsn string, tracer pgx.QueryTracer) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatalf("testkit: parse dsn: %v", err)
 	}
+	cfg.ConnConfig.Tracer = tracer
 	cfg.MaxConns = 20
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
