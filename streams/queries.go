@@ -124,7 +124,10 @@ SELECT s.chunk_count, s.done, c.chunk_index, c.data
        WHERE stream_id = s.id AND org_id = s.org_id
          AND chunk_index >= $4 AND chunk_index < $4 + $5
          AND (chunk_index = $4 OR byte_start + octet_length(data) <= $6 +
-              (SELECT f.byte_start FROM stream_chunks f WHERE f.stream_id = s.id AND f.chunk_index = $4))
+              coalesce((SELECT f.byte_start FROM stream_chunks f WHERE f.stream_id = s.id AND f.chunk_index = $4),
+                       -- (chunk $4 purged: the first stored one after it, that the page goes on to)
+                       (SELECT f.byte_start + octet_length(f.data) - $6 FROM stream_chunks f WHERE f.stream_id = s.id AND f.chunk_index > $4
+                        ORDER BY f.chunk_index LIMIT 1)))
        ORDER BY chunk_index
   ) c ON true
  WHERE s.org_id = $1 AND s.run_id = $2 AND s.name = $3

@@ -770,3 +770,25 @@ func TestConcurrentUsesOfOneKeyAppendOnce(t *testing.T) {
 	}
 	require.Equal(t, []string{"once"}, dataOf(readAll(t, svc, org, "run-1", "out", 10)))
 }
+
+// A purge's batches follow the heap, not the indexes: chunk 0 may go while
+// 1–29 are still stored. A page from 0 has nothing to give and goes on to
+// the first stored chunk, not past the whole window (chunks 1–9 would be
+// skipped by a reader following next_cursor).
+func TestAPageAtAHoleDoesNotSkipStoredChunks(t *testing.T) {
+	svc, db := newService(t, streams.Config{Retention: 10 * 365 * 24 * time.Hour})
+	ctx := context.Background()
+	chunks := make([][]byte, 30)
+	for i := range chunks {
+		chunks[i] = fmt.Appendf(nil, "c%d", i)
+	}
+	_, err := svc.Append(ctx, org, "run", "out", chunks)
+	require.NoError(t, err)
+	require.NoError(t, svc.Close(ctx, org, "run", "out"))
+	_, err = db.Exec(ctx, `DELETE FROM stream_chunks WHERE chunk_index = 0`) // a purge's first batch
+	require.NoError(t, err)
+	p, err := svc.Chunks(ctx, org, "run", "out", 0, 10)
+	require.NoError(t, err)
+	require.Empty(t, p.Items)
+	require.Equal(t, int64(1), p.Next, "next cursor skips stored chunks 1..%d", p.Next-1)
+}

@@ -26,7 +26,7 @@ import (
 // would reuse once it stops planning sql per call.
 func GenericPlan(t testing.TB, db *pgxpool.Pool, sql string, args []any) []string {
 	t.Helper()
-	return explainPrepared(t, db, sql, nil, nil, "EXPLAIN ", args, true)
+	return explainPrepared(t, db, sql, planRequest{explain: "EXPLAIN ", probe: args, generic: true})
 }
 
 // PlanAfter runs sql, prepared on one connection, with each of warm's
@@ -35,7 +35,7 @@ func GenericPlan(t testing.TB, db *pgxpool.Pool, sql string, args []any) []strin
 // the generic plan when it estimates it no dearer than the custom ones.
 func PlanAfter(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, probe []any) []string {
 	t.Helper()
-	return explainPrepared(t, db, sql, warm, nil, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) ", probe, false)
+	return explainPrepared(t, db, sql, planRequest{warm: warm, explain: analyze, probe: probe})
 }
 
 // PlanAfterChange is PlanAfter with change run between the warm-up and
@@ -43,10 +43,23 @@ func PlanAfter(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, probe [
 // run on them as change left them (before any ANALYZE sees it).
 func PlanAfterChange(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, change func(), probe []any) []string {
 	t.Helper()
-	return explainPrepared(t, db, sql, warm, change, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) ", probe, false)
+	return explainPrepared(t, db, sql, planRequest{warm: warm, change: change, explain: analyze, probe: probe})
 }
 
-func explainPrepared(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, change func(), explain string, probe []any, generic bool) []string {
+const analyze = "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "
+
+// planRequest is how explainPrepared explains a statement: run with each
+// of warm's arguments, then change, then explained (explain, the EXPLAIN
+// and its options) with probe's; generic forces the generic plan.
+type planRequest struct {
+	warm    [][]any
+	change  func()
+	explain string
+	probe   []any
+	generic bool
+}
+
+func explainPrepared(t testing.TB, db *pgxpool.Pool, sql string, r planRequest) []string {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := db.Acquire(ctx)
@@ -55,7 +68,7 @@ func explainPrepared(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, c
 	}
 	// A connection whose session settings changed is not handed out again.
 	defer func() { _ = conn.Conn().Close(ctx); conn.Release() }()
-	if generic {
+	if r.generic {
 		if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
 			t.Fatal(err)
 		}
@@ -77,17 +90,17 @@ func explainPrepared(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, c
 		}
 		return rows
 	}
-	for _, args := range warm {
+	for _, args := range r.warm {
 		rows := execute("", args)
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if change != nil {
-		change()
+	if r.change != nil {
+		r.change()
 	}
-	lines, err := pgx.CollectRows(execute(explain, probe), pgx.RowTo[string])
+	lines, err := pgx.CollectRows(execute(r.explain, r.probe), pgx.RowTo[string])
 	if err != nil {
 		t.Fatal(err)
 	}
