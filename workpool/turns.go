@@ -118,7 +118,10 @@ WITH fence AS (
   WHERE EXISTS (SELECT 1 FROM fence)
   ON CONFLICT (pool, org_id) DO UPDATE SET served = excluded.served, weight = excluded.weight
 ), gone AS (
-  DELETE FROM workpool_org_turns WHERE pool = $1 AND org_id <> ALL($3::text[]) AND EXISTS (SELECT 1 FROM fence)
+  -- (an anti-join: as org_id <> ALL($3), the generic plan a connection
+  -- reuses compared every line with every org of the ledger)
+  DELETE FROM workpool_org_turns o WHERE o.pool = $1 AND EXISTS (SELECT 1 FROM fence)
+    AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) AS k(org_id) WHERE k.org_id = o.org_id)
 ), clock AS (
   INSERT INTO workpool_fair_clocks (pool, turn_num, turn_den)
   SELECT $1, $6, $7 WHERE EXISTS (SELECT 1 FROM fence)
