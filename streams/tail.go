@@ -33,13 +33,10 @@ type Batch struct {
 	// without waiting.
 	More bool
 	// Ended: the stream is closed and every chunk up to TailIndex was read
-	// — or, with Purged, retention purged it before the tail read it all:
-	// TailIndex is then at or past Position, and the chunks from there to
-	// it are lost.
+	// — or retention purged it before the tail read it all: TailIndex is
+	// then at or past the tail's position, and the chunks from there to it
+	// are lost.
 	Ended bool
-	// Purged: the tail ended because retention purged the stream's chunks
-	// from its position on.
-	Purged bool
 	// TailIndex is the stream's last index as far as known (-1: none).
 	TailIndex int64
 }
@@ -88,7 +85,7 @@ func (t *Tail) Next(ctx context.Context) (Batch, error) {
 		// more will come: the tail ends, at a TailIndex at or past its
 		// position, which tells its reader that it missed chunks. (Reading
 		// on would find the same, at once and for ever: a busy loop.)
-		return Batch{Ended: true, Purged: true, TailIndex: max(page.Info.TailIndex, committed)}, nil
+		return Batch{Ended: true, TailIndex: max(page.Info.TailIndex, committed)}, nil
 	}
 	t.next = page.Next
 	// A page bounds the read: what it left is stored already, and the next

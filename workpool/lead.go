@@ -132,7 +132,7 @@ func (l *loop) lead(ctx context.Context) {
 	}()
 	// (a new term may follow replicas of a version that did not keep the
 	// org queues: repair them before the first fair pick reads them)
-	if err := l.repairQueues(ctx); err != nil {
+	if _, err := l.repairQueues(ctx); err != nil {
 		if ctx.Err() == nil {
 			log.Warn("repairing org queues failed; standing down to retry", "error", err.Error())
 		}
@@ -226,12 +226,12 @@ func (l *loop) maintain(ctx context.Context) {
 				continue
 			}
 			lastAsked = time.Now()
-			repaired, err := l.repairQueuesCounted(ctx)
-			if errors.Is(err, leader.ErrDeposed) {
+			var repaired int64
+			if !l.chore(ctx, "repairing org queues", func(ctx context.Context) (err error) {
+				repaired, err = l.repairQueues(ctx)
+				return err
+			}) {
 				return
-			}
-			if err != nil && ctx.Err() == nil {
-				l.m.logger.Warn("repairing org queues failed", "pool", l.pool, "error", err.Error())
 			}
 			if repaired > 0 {
 				l.kick(kickWork) // the work it found may start now
@@ -244,18 +244,27 @@ func (l *loop) maintain(ctx context.Context) {
 				{"purging finished work", func(ctx context.Context) error { _, err := l.purge(ctx); return err }},
 				{"purging idempotency keys", func(ctx context.Context) error { _, err := l.purgeKeys(ctx); return err }},
 				{"refreshing pending counts", l.refreshPending},
-				{"repairing org queues", l.repairQueues},
+				{"repairing org queues", func(ctx context.Context) error { _, err := l.repairQueues(ctx); return err }},
 			} {
-				err := c.do(ctx)
-				if errors.Is(err, leader.ErrDeposed) {
-					return // another replica leads now; this term ends with its context
-				}
-				if err != nil && ctx.Err() == nil {
-					l.m.logger.Warn(c.what+" failed", "pool", l.pool, "error", err.Error())
+				if !l.chore(ctx, c.what, c.do) {
+					return
 				}
 			}
 		}
 	}
+}
+
+// chore runs one of the leader's chores, logging its failure; false when
+// another replica leads now (this term ends with its context).
+func (l *loop) chore(ctx context.Context, what string, do func(context.Context) error) bool {
+	err := do(ctx)
+	if errors.Is(err, leader.ErrDeposed) {
+		return false
+	}
+	if err != nil && ctx.Err() == nil {
+		l.m.logger.Warn(what+" failed", "pool", l.pool, "error", err.Error())
+	}
+	return true
 }
 
 // purge deletes finished work past retention in bounded batches.
@@ -290,17 +299,10 @@ func (l *loop) purgeBatches(ctx context.Context, sql string, cutoff time.Time, w
 }
 
 // repairQueues runs sqlRepairQueues, fenced by the leadership's term, and
-// says so when it wrote anything: the queues' writers keep them, so a
-// repair means work was made pending by something that did not.
-func (l *loop) repairQueues(ctx context.Context) error {
-	_, err := l.repairQueuesCounted(ctx)
-	return err
-}
-
-// repairQueuesCounted is repairQueues, returning how many queues it wrote.
-func (l *loop) repairQueuesCounted(ctx context.Context) (int64, error) {
-	var n int64
-	err := leader.FencedTx(ctx, l.m.db, func(tx pgx.Tx) error {
+// says so when it wrote anything (n queues): the queues' writers keep
+// them, so a repair means work was made pending by something that did not.
+func (l *loop) repairQueues(ctx context.Context) (n int64, err error) {
+	err = leader.FencedTx(ctx, l.m.db, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, sqlRepairQueues, l.pool)
 		n = tag.RowsAffected()
 		return err

@@ -950,6 +950,18 @@ func sqlShareBound(prefix, orgs string) string {
 )`
 }
 
+// sqlKeyedReady is ready keyed work's earliest run_at (null: none): one
+// probe of its own index in run_at order (migration 00026). (Ordered, not
+// an EXISTS: a generic plan would rather seq-scan for "any row"; and not in
+// (org_id, key) order, which walks every entry scheduled later.)
+const sqlKeyedReady = `(SELECT run_at FROM workpool_work
+   WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
+   ORDER BY run_at LIMIT 1)`
+
+// sqlDueQueues is how many orgs (up to 2) may have ready plain work: those
+// whose queue's head has come (sqlPlainCensus).
+const sqlDueQueues = `(SELECT count(*) FROM (SELECT 1 FROM workpool_org_queues WHERE pool = $1 AND head_at <= $2 LIMIT 2) q)`
+
 // sqlPlainCensus is the CTEs census and plain of the plain starts:
 // plain.ok says that the ready work (if any) is one org's plain work and
 // noCap (SQL: the pool has no per-org cap), so that fair share has nothing
@@ -973,9 +985,7 @@ func sqlPlainCensus(noCap string) string {
     AND (SELECT q.org_id FROM workpool_org_queues q
          WHERE q.pool = $1 AND q.head_at <= $2 AND q.org_id > (SELECT org FROM census)
          ORDER BY q.org_id LIMIT 1) IS NULL
-    AND (SELECT run_at FROM workpool_work
-         WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
-         ORDER BY run_at LIMIT 1) IS NULL AS ok
+    AND ` + sqlKeyedReady + ` IS NULL AS ok
 )`
 }
 
@@ -1049,15 +1059,12 @@ func sqlIterateFair(pick, decided, keyed string) string {
 	return `
 WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
 ), keyed AS (
-  -- (an ordered probe: a generic plan would rather seq-scan for "any row")
-  SELECT (SELECT run_at FROM workpool_work
-          WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
-          ORDER BY run_at LIMIT 1) IS NOT NULL AS waits
+  SELECT ` + sqlKeyedReady + ` IS NOT NULL AS waits
 ), plain AS (
   -- (the queues hold every org with ready plain work, perhaps more: "one
   -- org" read from them may say "several", which only keeps fair share)
   SELECT EXISTS (SELECT 1 FROM bump WHERE max_parallelism_per_org IS NULL)
-    AND (SELECT count(*) FROM (SELECT 1 FROM workpool_org_queues WHERE pool = $1 AND head_at <= $2 LIMIT 2) q) <= 1
+    AND ` + sqlDueQueues + ` <= 1
     AND NOT (SELECT waits FROM keyed) AS ok
 ), changed AS (
   -- whether a change to the pool's settings committed while the bump
@@ -1120,10 +1127,8 @@ WHERE excluded.head_at < workpool_org_queues.head_at`
 // probes only.
 const sqlCensus = `
 SELECT
-  -- (the orgs whose queues may hold ready work, as sqlPlainCensus reads them)
-  (SELECT count(*) FROM (SELECT 1 FROM workpool_org_queues WHERE pool = $1 AND head_at <= $2 LIMIT 2) q),
-  (SELECT run_at FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
-   ORDER BY run_at LIMIT 1) IS NOT NULL`
+  ` + sqlDueQueues + `,
+  ` + sqlKeyedReady + ` IS NOT NULL`
 
 // sqlOutlook tells an iteration that found nothing to do what remains: slots
 // in use, whether ready work waits, the earliest future start and the
@@ -1139,8 +1144,7 @@ WITH RECURSIVE ` + sqlPendingOrgsWalk + `, heads AS (
 SELECT
   ` + sqlSlotsInUse + `,
   EXISTS (SELECT 1 FROM heads WHERE first_at <= $2)
-    OR (SELECT run_at FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
-        ORDER BY run_at LIMIT 1) IS NOT NULL,
+    OR ` + sqlKeyedReady + ` IS NOT NULL,
   least((SELECT min(next_at) FROM heads),
         (SELECT run_at FROM workpool_work WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at > $2
          ORDER BY run_at LIMIT 1)),

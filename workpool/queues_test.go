@@ -363,7 +363,8 @@ func TestOrgQueues_TheRepairWritesBackAMissingQueueAndCountsIt(t *testing.T) {
 	var xmin string
 	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT xmin::text FROM workpool_org_queues WHERE org_id = 'b'`).Scan(&xmin))
 
-	require.NoError(t, h.l.repairQueues(h.ctx))
+	_, err := h.l.repairQueues(h.ctx)
+	require.NoError(t, err)
 
 	require.Equal(t, now.Add(-time.Second), h.queueHeads()["a"])
 	var after string
