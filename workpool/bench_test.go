@@ -34,13 +34,13 @@ func benchManager(b *testing.B, parallelism int, reg prometheus.Registerer) *Man
 	return benchManagerWith(b, Config{Pools: map[string]int{"default": parallelism}, Registry: reg, MaxPendingPerOrg: benchMaxPending})
 }
 
-func benchManagerWith(b *testing.B, cfg Config) *Manager {
-	b.Helper()
-	db := testkit.NewPool(b)
-	cfg.Logger = testkit.Logger(b)
+func benchManagerWith(tb testing.TB, cfg Config) *Manager {
+	tb.Helper()
+	db := testkit.NewPool(tb)
+	cfg.Logger = testkit.Logger(tb)
 	m, err := New(db, cfg)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	m.Register("noop", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
 	m.RegisterHook("noop", func(context.Context, pgx.Tx, Completion) error { return nil })
@@ -282,4 +282,94 @@ func processCPU(pid int) time.Duration {
 		return -1
 	}
 	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// BenchmarkFairStartAmongManyOrgs is the fair fast statement (the near
+// pick) on a frozen pool of many orgs, each with a few ready items, half
+// of them already served this round (a line in the ledger one start past
+// the clock) and half tied at the clock, as midway through a round of a
+// busy pool: a start of one free slot and of 100. Each run is rolled back.
+func BenchmarkFairStartAmongManyOrgs(b *testing.B) {
+	for _, orgs := range []int{20, 1000, 10_000} {
+		for _, free := range []int{1, 100} {
+			b.Run(fmt.Sprintf("orgs=%d/free=%d", orgs, free), func(b *testing.B) {
+				benchFairStartAmongManyOrgs(b, orgs, free)
+			})
+		}
+	}
+}
+
+func benchFairStartAmongManyOrgs(b *testing.B, orgs, free int) {
+	m, args := manyOrgsPool(b, orgs, free)
+	ctx := context.Background()
+	conn, err := m.db.Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Release()
+	var (
+		fenced, paused, plain, cancels, decided, keyed bool
+		nextAt                                         *time.Time
+		freeSlots                                      int32
+		s                                              startedWork
+		charges                                        turnCharges
+	)
+	dest := append(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &decided, &keyed, &freeSlots, new(bool)}, charges.dest()...), s.dest()...)
+	for b.Loop() {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.QueryRow(ctx, sqlIterateFastNear, args...).Scan(dest...); err != nil {
+			b.Fatal(err)
+		}
+		if !fenced || !decided || len(s.lags) != free {
+			b.Fatalf("fenced %v, decided %v, started %d of %d", fenced, decided, len(s.lags), free)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// manyOrgsPool is a frozen pool of 100 slots, free of them free, and orgs
+// orgs, each with a few ready items, half of them already served this
+// round (a line in the ledger one start past the clock) and half tied at
+// the clock, as midway through a round of a busy pool; with the arguments
+// of its leading loop's fair fast statement.
+func manyOrgsPool(tb testing.TB, orgs, free int) (*Manager, []any) {
+	tb.Helper()
+	m := benchManagerWith(tb, Config{Pools: map[string]int{"default": 100}, MaxPendingPerOrg: benchMaxPending})
+	ctx := context.Background()
+	ps := benchParams(max(3, 400/orgs) * orgs)
+	at := time.Now().Add(-time.Minute)
+	for i := range ps {
+		ps[i].OrgID = fmt.Sprintf("org-%05d", i%orgs)
+		ps[i].RunAt = at.Add(time.Duration(i) * time.Microsecond)
+	}
+	for i := 0; i < len(ps); i += 1000 {
+		if _, err := m.EnqueueMany(ctx, ps[i:min(i+1000, len(ps))]); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	// the slots not free hold items of the orgs served this round
+	if _, err := m.db.Exec(ctx, `
+		UPDATE workpool_work w SET state = 'running', started_at = now() FROM (
+		  SELECT id, row_number() OVER (ORDER BY run_at) AS k FROM workpool_work
+		  WHERE org_id IN (SELECT org_id FROM workpool_work GROUP BY org_id ORDER BY org_id LIMIT $2)) r
+		WHERE w.id = r.id AND r.k <= $1`, 100-free, orgs/2); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := m.db.Exec(ctx, `VACUUM ANALYZE workpool_work`); err != nil {
+		tb.Fatal(err)
+	}
+	l := newLoop(m, "default")
+	if err := l.takeover(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	l.turns = fairTurns{orgs: map[string]orgTurns{}, num: 100, den: 1}
+	for k := range orgs / 2 {
+		l.turns.orgs[fmt.Sprintf("org-%05d", k)] = orgTurns{served: 101, weight: 1}
+	}
+	return m, append(append(l.startArgs(time.Now()), l.gen), l.turns.args()...)
 }

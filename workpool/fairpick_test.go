@@ -1,9 +1,11 @@
 package workpool
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,6 +94,9 @@ func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.
 			h.l.turns.num, h.l.turns.den = int64(rng.IntN(40)), int64(1+rng.IntN(4))
 		}
 		maxPar := 1 + rng.IntN(10)
+		if round%3 == 0 { // fewer slots than orgs: the near pick reads some of them
+			maxPar = 1 + rng.IntN(3)
+		}
 		var perOrg *int32
 		if rng.IntN(3) == 0 {
 			perOrg = ptr(int32(1 + rng.IntN(4)))
@@ -99,7 +104,7 @@ func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.
 		h.exec(`UPDATE workpool_pools SET max_parallelism = $1, max_parallelism_per_org = $2 WHERE name = 'default'`, maxPar, perOrg)
 		now := h.clock.Now()
 		tick := 0
-		for o := range 1 + rng.IntN(6) {
+		for o := range 1 + rng.IntN(8) {
 			org := fmt.Sprintf("org-%d", o)
 			weight := int32(1)
 			if rng.IntN(3) == 0 {
@@ -118,7 +123,8 @@ func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.
 			var params []EnqueueParams
 			for range rng.IntN(7) {
 				tick++
-				at := now.Add(-time.Duration(tick) * time.Millisecond)
+				// the orgs' items interleave, each at its own run_at
+				at := now.Add(-time.Duration(rng.IntN(50)*1000+tick) * time.Microsecond)
 				if rng.IntN(6) == 0 {
 					at = now.Add(time.Duration(tick) * time.Millisecond) // not yet due
 				}
@@ -130,13 +136,21 @@ func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.
 			ids, err := h.m.EnqueueMany(h.ctx, params)
 			require.NoError(t, err)
 			for _, id := range ids {
-				if rng.IntN(3) == 0 { // started by an earlier pick: the head lags behind it
+				switch k := rng.IntN(6); {
+				case k < 2 && round%3 != 0: // started by an earlier pick: the head lags behind it
 					h.exec(`UPDATE workpool_work SET state = 'running', started_at = $2 WHERE id = $1`, id, now.Add(-time.Second))
+				case k < 3: // started and finished since: the head lags, no slot held
+					h.exec(`UPDATE workpool_work SET state = 'finished', outcome = 'succeeded', started_at = $2, finished_at = $2 WHERE id = $1`,
+						id, now.Add(-time.Second))
 				}
 			}
 		}
-		near, full := h.tryFairPick(sqlIterateFastNear), h.tryFairPick(sqlIterateFastShared)
+		near, full, every := h.tryFairPick(sqlIterateFastNear), h.tryFairPick(sqlIterateFastShared), h.tryFairPick(sqlEveryOrgPick)
 		require.True(t, full.decided, "round %d", round)
+		// (both fair statements share the near way: the full pick's starts
+		// are also checked against its other way alone)
+		require.Equal(t, every.started, full.started, "round %d: the full pick starts what reading every org starts", round)
+		require.Equal(t, every.turns, full.turns, "round %d: the full pick charges what reading every org charges", round)
 		if !near.decided {
 			deferred++
 			require.Empty(t, near.started, "round %d: an undecided near pick starts nothing", round)
@@ -157,6 +171,73 @@ func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.
 	require.Greater(t, starts, 50, "most decided rounds start work")
 	require.Positive(t, deferred, "some rounds need the full pick")
 	t.Logf("near pick decided %d rounds (%d of them started work), deferred %d", decided, starts, deferred)
+}
+
+// sqlEveryOrgPick is sqlIterateFastShared without its near way: it probes
+// every queued org, the reference both ways of the fair pick must agree
+// with.
+var sqlEveryOrgPick = func() string {
+	const near = "SELECT (SELECT org_id FROM keys LIMIT 1) IS NULL AND NOT EXISTS"
+	if strings.Count(sqlIterateFastShared, near) != 1 {
+		panic("sqlEveryOrgPick: the near way's condition is not where it was")
+	}
+	return strings.Replace(sqlIterateFastShared, near, "SELECT false AND NOT EXISTS", 1)
+}()
+
+// The near pick reads only the free slots' worth of orgs whose next start
+// comes first, placed by their queues' heads. A head gone stale (the
+// org's oldest items started or finished since the last pick moved it)
+// places its org earlier than its first item: here org a, tied on its
+// turn with org b, seems to come first, but its first ready item is newer
+// than b's. b's item starts, whichever pick decides.
+func TestFairPick_AStaleHeadNeverStartsAnOrgOutOfTurn(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(1))
+	now := h.clock.Now()
+	a1 := h.enqueue(withOrg("a"), withRunAt(now.Add(-3*time.Millisecond)))
+	b1 := h.enqueue(withOrg("b"), withRunAt(now.Add(-2*time.Millisecond)))
+	h.enqueue(withOrg("a"), withRunAt(now.Add(-1*time.Millisecond)))
+	h.exec(`UPDATE workpool_work SET state = 'finished', outcome = 'succeeded', finished_at = $2 WHERE id = $1`, a1, now)
+
+	if near := h.tryFairPick(sqlIterateFastNear); near.decided {
+		require.Equal(t, []uuid.UUID{b1}, near.started, "the oldest item of the orgs tied on their turn starts")
+	} else {
+		require.Empty(t, near.started)
+	}
+	full := h.tryFairPick(sqlIterateFastShared)
+	require.True(t, full.decided)
+	require.Equal(t, []uuid.UUID{b1}, full.started, "the oldest item of the orgs tied on their turn starts")
+}
+
+// Among many orgs tied on their turn, a start of one free slot reads one
+// org's queue, not every tied org's: the near pick orders the orgs by
+// their queues' heads first (a start of one slot read each of 500 tied
+// orgs, ~27 ms at 1,000 orgs; docs/benchmarks.md § pool).
+func TestFairPick_AStartAmongManyTiedOrgsReadsOnlyTheOrgsItCanStart(t *testing.T) {
+	t.Parallel()
+	for _, free := range []int{1, 10} {
+		m, args := manyOrgsPool(t, 500, free)
+		tx, err := m.db.Begin(context.Background())
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(context.Background()) }()
+		var (
+			fenced, paused, plain, cancels, decided, keyed bool
+			nextAt                                         *time.Time
+			freeSlots                                      int32
+			s                                              startedWork
+			charges                                        turnCharges
+		)
+		err = tx.QueryRow(context.Background(), sqlIterateFastNear, args...).Scan(append(append(
+			[]any{&fenced, &paused, &plain, &cancels, &nextAt, &decided, &keyed, &freeSlots, new(bool)}, charges.dest()...), s.dest()...)...)
+		require.NoError(t, err)
+		var probes int
+		require.NoError(t, tx.QueryRow(context.Background(),
+			`SELECT pg_stat_get_xact_numscans('workpool_work_pending'::regclass)`).Scan(&probes))
+		require.NoError(t, tx.Rollback(context.Background()))
+		require.True(t, decided)
+		require.Len(t, s.lags, free)
+		require.LessOrEqual(t, probes, free, "a start of %d read %d orgs' queues", free, probes)
+	}
 }
 
 // Keyed work that appears while the loop starts fairly on the near pick is

@@ -601,21 +601,25 @@ func sqlOrgRoom(perOrgCap string) string {
       CASE WHEN ` + perOrgCap + ` IS NULL THEN 2147483647 ELSE ` + perOrgCap + ` - coalesce(r.n, 0) END), 0)`
 }
 
-// sqlNearRead is the CTEs weights, turns, queued, level, near (with
-// near_share1 … near_lim) and near_read that both fair picks begin with:
-// the orgs nearest in turn, each read once, from its queue's head, as far
-// as its share of the free slots (CTE free) reaches. perOrgCap is the SQL
+// sqlNearRead is the CTEs weights, turns, queued, near_plus, near (with
+// near_share1 … near_lim), near_next and near_read that both fair picks
+// begin with: the free slots' worth of orgs whose next start comes first,
+// each read once, from its queue's head, as far as its share of the free
+// slots (CTE free) reaches. perOrgCap is the SQL
 // of the per-org cap (null: none); turns numbers the loop's turns
 // parameters.
 func sqlNearRead(perOrgCap string, turns turnParams) string {
 	return `
--- The pool's weights, and the loop's turns, each read once into a tuple
--- store: as subqueries (even fenced by OFFSET 0) the generic plan scanned
--- them again for every queued org, 20 orgs × 20 rows, a sixth of the
--- statement's time. A line of the turns charged at another weight than
--- the org's current one is left out: a weight change restarts its turns.
+-- The pool's weights, read once into a tuple store: as a subquery (even
+-- fenced by OFFSET 0) the generic plan scanned it again for every queued
+-- org. The loop's turns, one line per org served, as one map each org's
+-- line is looked up in (sqlTurnLine): joined as rows, the generic plan,
+-- which takes any parameter array for ten rows, compared every queued org
+-- with every line (a nested loop: 1,000 orgs × 500 lines, ~30 ms a start).
 weights AS MATERIALIZED (SELECT org_id, weight FROM workpool_org_weights WHERE pool = $1),
-turns AS MATERIALIZED (` + turns.lines() + `),
+turns AS MATERIALIZED (
+  SELECT coalesce(jsonb_object_agg(t.org_id, jsonb_build_array(t.served, t.weight)), '{}') AS m FROM (` + turns.lines() + `) t
+),
 queued AS (
   -- the orgs whose plain queues may hold ready work (workpool_org_queues:
   -- a superset, each head at or before the org's oldest pending item),
@@ -631,18 +635,27 @@ queued AS (
     ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM workpool_org_queues q
   LEFT JOIN weights wt ON wt.org_id = q.org_id
-  LEFT JOIN turns tu ON tu.org_id = q.org_id AND tu.weight = coalesce(wt.weight, 1)
+  LEFT JOIN LATERAL ` + sqlTurnLine("q.org_id") + ` tu ON true
   LEFT JOIN running r ON r.org_id = q.org_id
   WHERE q.pool = $1 AND q.head_at <= $2 AND (SELECT n FROM free) > 0
 ),
-level AS (
-  -- the free slots' worth of the lowest next turns (the turn an org's
-  -- next start would take: its position / weight)
-  SELECT max(t1) AS t FROM (SELECT ` + sqlNextTurn + ` AS t1 FROM queued WHERE open ORDER BY 1 LIMIT (SELECT n FROM free)) x
+near_plus AS (
+  -- the free slots' worth of orgs whose next start comes first, and the
+  -- first org after them, in the pick's order with the queue's head for
+  -- the item's run_at (sqlNextStart; a head is at or before its org's
+  -- first item): only those orgs can take a free slot, since an org's first
+  -- item comes before its others. (Not every org tied on the lowest turn:
+  -- among thousands of orgs tied, that was a probe per org for a start
+  -- of one.)
+  SELECT x.*, row_number() OVER (ORDER BY ` + sqlNextStart("x.head_at", "x.", "") + `) AS qn FROM (
+    SELECT * FROM queued WHERE open ORDER BY ` + sqlNextStart("head_at", "", "") + ` LIMIT (SELECT n FROM free) + 1) x
 ),
 near AS (
-  -- the orgs whose next turn is within that level
-  SELECT * FROM queued WHERE open AND ` + sqlNextTurn + ` <= (SELECT t FROM level)
+  SELECT * FROM near_plus WHERE qn <= (SELECT n FROM free)
+),
+near_next AS (
+  -- the first org left out, and where its next start stands at the earliest
+  SELECT ROW(` + sqlNextStart("head_at", "", "") + `) AS k FROM near_plus WHERE qn > (SELECT n FROM free)
 ),
 ` + sqlShareBound("near_", "near") + `,
 near_read AS (
@@ -664,19 +677,22 @@ near_read AS (
 // sqlStartFair describes; perOrgCap is the SQL of the per-org cap (null:
 // none). It needs WITH RECURSIVE.
 //
-// It has two ways to the same pick. The near one reads only the orgs
-// nearest in turn, each with one index range read from its queue's head;
-// when that proves too little (an org among them has no ready work, or
-// keyed work waits), the full one probes every queued org. (sqlPickNear
+// It has two ways to the same pick. The near one reads only the free
+// slots' worth of orgs whose next start comes first, each with one index
+// range read from its queue's head; when that proves too little (an org
+// among them has no ready work, a stale head put one among them out of
+// turn, or keyed work waits), the full one probes every queued org. (sqlPickNear
 // is the near way alone.)
 func sqlPickFair(perOrgCap string, turns turnParams) string {
 	return sqlNearRead(perOrgCap, turns) + `,
 near_ok AS (
-  -- When no keyed work waits and each near org has ready work, they hold
-  -- at least the free slots' worth of turns up to the level, and no other
-  -- org has one: the pick needs nothing from the others. For a slot or
-  -- two freed in a busy pool, that is one org read, not every org.
-  SELECT (SELECT org_id FROM keys LIMIT 1) IS NULL AND NOT EXISTS (SELECT 1 FROM near_read WHERE tid IS NULL) AS ok
+  -- When no keyed work waits, each near org has ready work and their
+  -- first items come before any start of the others (sqlNearExact), the
+  -- free slots' worth of first starts is theirs: the pick needs nothing
+  -- from the others. For a slot or two freed in a busy pool, that is one
+  -- org read, not every org.
+  SELECT (SELECT org_id FROM keys LIMIT 1) IS NULL AND NOT EXISTS (SELECT 1 FROM near_read WHERE tid IS NULL)
+    AND ` + sqlNearExact + ` AS ok
 ),
 queues AS (
   -- otherwise (a head gone stale, keyed work) every queued org, each with
@@ -726,7 +742,7 @@ held AS (
   LEFT JOIN orgs p ON p.org_id = d.org_id
   LEFT JOIN (SELECT org_id, sum(n) AS n FROM key_room GROUP BY org_id) kr ON kr.org_id = d.org_id
   LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
-  LEFT JOIN turns tu ON tu.org_id = d.org_id AND tu.weight = coalesce(wt.weight, 1)
+  LEFT JOIN LATERAL ` + sqlTurnLine("d.org_id") + ` tu ON true
   LEFT JOIN running r ON r.org_id = d.org_id
   WHERE (SELECT n FROM free) > 0
 ),
@@ -756,7 +772,7 @@ cand AS (
   WHERE o.n > 0 AND k.n > 0
 ),
 ranked AS (
-  SELECT c.tid, c.run_at, c.weight, c.running, c.vrun, c.n,
+  SELECT c.tid, c.org_id, c.run_at, c.weight, c.running, c.vrun, c.n,
     row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at) AS rn
   FROM cand c
 ),
@@ -789,7 +805,8 @@ heads AS (
 func sqlPickNear(perOrgCap string, turns turnParams) string {
 	return sqlNearRead(perOrgCap, turns) + `,
 near_ok AS (
-  SELECT NOT (SELECT waits FROM keyed) AND NOT EXISTS (SELECT 1 FROM near_read WHERE tid IS NULL) AS ok
+  SELECT NOT (SELECT waits FROM keyed) AND NOT EXISTS (SELECT 1 FROM near_read WHERE tid IS NULL)
+    AND ` + sqlNearExact + ` AS ok
 ),
 pick AS (
   -- (by tuple id: no index lookup per started item)
@@ -813,6 +830,15 @@ heads AS (
 func sqlClockTurns(turns turnParams, weight string) string {
 	num, den := turns.param(3, "bigint"), turns.param(4, "bigint")
 	return `(` + num + ` * ` + weight + ` + ` + den + ` - 1) / ` + den
+}
+
+// sqlTurnLine is org's line of the loop's turns (tu.served), from CTE
+// turns' map: none without a line, or with a line charged at another
+// weight than the org's current one (wt.weight): a weight change restarts
+// its turns.
+func sqlTurnLine(org string) string {
+	return `(SELECT (l ->> 0)::bigint AS served FROM (SELECT (SELECT m FROM turns) -> ` + org + ` AS l) x
+    WHERE (l ->> 1)::int = coalesce(wt.weight, 1))`
 }
 
 // sqlServed is the starts charged to an org (tu.served, from the loop's
@@ -867,15 +893,32 @@ const sqlTurnsCharged = `coalesce((SELECT array_agg(org_id ORDER BY org_id) FROM
   coalesce((SELECT array_agg(weight::int ORDER BY org_id) FROM charged), '{}'),
   (SELECT last FROM clock_turn), (SELECT weight FROM clock_turn)`
 
-// sqlNextTurn is the turn an org's next start would take (CTE queued's
-// vrun, its position less one, and weight): position / weight.
-const sqlNextTurn = `(vrun + 1)::float8 / weight`
-
 // sqlTurnOrder is the fair order of a pick's candidates (vrun: the org's
 // position less one, running, weight, rn: the candidate's place in its
-// org's queue): the turn, then the slots held, then run_at — both picks'
-// spelling.
-const sqlTurnOrder = `(vrun + rn)::float8 / weight, (running + rn)::float8 / weight, run_at`
+// org's queue): the turn, then the slots held, then run_at, then the org
+// (so that no two orgs' candidates tie) — both picks' spelling.
+const sqlTurnOrder = `(vrun + rn)::float8 / weight, (running + rn)::float8 / weight, run_at, org_id`
+
+// sqlNextStart is where an org's next start stands in the fair order:
+// sqlTurnOrder's terms at rn 1 (first the turn it would take, its
+// position / weight, from CTE queued's vrun, its position less one), with
+// runAt (SQL) for its item's run_at: the head of its queue before its
+// read, the item read after. of ("" or "x.") qualifies the other columns,
+// and desc ("" or " DESC") follows each term, for an ORDER BY.
+func sqlNextStart(runAt, of, desc string) string {
+	return `(` + of + `vrun + 1)::float8 / ` + of + `weight` + desc + `, (` + of + `running + 1)::float8 / ` + of + `weight` + desc +
+		`, ` + runAt + desc + `, ` + of + `org_id` + desc
+}
+
+// sqlNearExact says that the near orgs' first items, as read, all come
+// before any start of the orgs left out (near_next): so the free slots'
+// worth of first starts is theirs, and the near pick is the whole one.
+// A head gone stale (its items started or canceled since it was moved)
+// can put an org among the near ones whose first item comes later; then
+// the full pick decides.
+var sqlNearExact = `coalesce((SELECT k FROM near_next) > (
+    SELECT ROW(` + sqlNextStart("run_at", "", "") + `) FROM near_read WHERE rn = 1
+    ORDER BY ` + sqlNextStart("run_at", "", " DESC") + ` LIMIT 1), true)`
 
 // sqlNearHeads is, for CTE heads, each near org read with the head its
 // read found (null: no ready item), when the near way decided the pick.
