@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
 )
 
 // Nullable is a field of a PATCH that has three states: absent (the zero
@@ -29,10 +30,19 @@ func (n Nullable[T]) IsNull() bool { return n.set && n.null }
 // Get returns the value and whether there is one.
 func (n Nullable[T]) Get() (T, bool) { return n.value, n.set && !n.null }
 
-// MarshalJSON writes null or the value.
+// MarshalJSON writes null or the value. A set nil map or slice is an
+// empty one: sent as null, it would ask for the clear only Null asks for
+// (Set of a nil weights map, built only when some condition held, cleared
+// every org's weight in the pool).
 func (n Nullable[T]) MarshalJSON() ([]byte, error) {
 	if !n.set || n.null {
 		return []byte("null"), nil
+	}
+	switch v := reflect.ValueOf(n.value); {
+	case v.Kind() == reflect.Map && v.IsNil():
+		return []byte("{}"), nil
+	case v.Kind() == reflect.Slice && v.IsNil():
+		return []byte("[]"), nil
 	}
 	return json.Marshal(n.value)
 }
