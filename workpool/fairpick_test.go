@@ -12,6 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
 )
 
 // pickOutcome is what one fair fast statement did: the items it started,
@@ -317,4 +319,39 @@ func TestPlainStart_TakesNothingWhenASecondOrgsWorkIsReady(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The pool's weights are one CTE each queued org's weight is found in.
+// Set for many orgs (a PATCH of the pool's weights) and not yet analyzed,
+// as until autovacuum gets to the table, the near pick's plan must still
+// find each org's weight once, not compare every queued org with every
+// weight: a start among 2,000 orgs, 500 of them weighted, reads the
+// weights once.
+func TestFairPick_ManyWeightsAreNotComparedWithEveryQueuedOrg(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const orgs, weighted = 2000, 500
+	m, args := manyOrgsPool(t, orgs, 1)
+	_, err := m.db.Exec(ctx, `ALTER TABLE workpool_org_weights SET (autovacuum_enabled = false)`) // not yet analyzed
+	require.NoError(t, err)
+	w := 2
+	weights := map[string]*int{}
+	for k := range weighted {
+		weights[fmt.Sprintf("org-%05d", orgs-1-k)] = &w
+	}
+	require.NoError(t, m.UpdatePool(ctx, "default", PoolUpdate{OrgWeights: weights}))
+
+	// past five executions: the generic plan, as the loop runs it
+	plan := testkit.PlanAfterRolledBack(t, m.db, sqlIterateFastNear, [][]any{args, args, args, args, args, args}, args)
+	read := 0
+	for _, line := range plan {
+		if i := strings.Index(line, "loops="); i >= 0 && strings.Contains(line, "CTE Scan on weights") {
+			var loops int
+			_, err := fmt.Sscanf(line[i:], "loops=%d)", &loops)
+			require.NoError(t, err)
+			require.Equal(t, 1, loops, "the weights were read again for every queued org:\n%s", strings.Join(plan, "\n"))
+			read++
+		}
+	}
+	require.Positive(t, read, "the plan reads the weights:\n%s", strings.Join(plan, "\n"))
 }

@@ -610,13 +610,14 @@ func sqlOrgRoom(perOrgCap string) string {
 // parameters.
 func sqlNearRead(perOrgCap string, turns turnParams) string {
 	return `
--- The pool's weights, read once into a tuple store: as a subquery (even
--- fenced by OFFSET 0) the generic plan scanned it again for every queued
--- org. The loop's turns, one line per org served, as one map each org's
--- line is looked up in (sqlTurnLine): joined as rows, the generic plan,
--- which takes any parameter array for ten rows, compared every queued org
--- with every line (a nested loop: 1,000 orgs × 500 lines, ~30 ms a start).
-weights AS MATERIALIZED (SELECT org_id, weight FROM workpool_org_weights WHERE pool = $1),
+-- The pool's weights and the loop's turns (one line per org served), each
+-- as one map each queued org is looked up in (sqlTurnLine): joined as
+-- rows, the generic plan compared every queued org with every row — for
+-- the turns, which it takes for ten rows whatever the parameter arrays
+-- hold, 1,000 orgs × 500 lines, ~30 ms a start; for weights not yet
+-- analyzed (a PATCH of many, until autovacuum gets to the table) 10,000
+-- orgs × 1,000 weights, ~1.5 s.
+weights AS MATERIALIZED (SELECT coalesce(jsonb_object_agg(org_id, weight), '{}') AS m FROM workpool_org_weights WHERE pool = $1),
 turns AS MATERIALIZED (
   SELECT coalesce(jsonb_object_agg(t.org_id, jsonb_build_array(t.served, t.weight)), '{}') AS m FROM (` + turns.lines() + `) t
 ),
@@ -634,7 +635,7 @@ queued AS (
     ` + perOrgCap + ` IS NULL OR coalesce(r.n, 0) < ` + perOrgCap + ` AS open,
     ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM workpool_org_queues q
-  LEFT JOIN weights wt ON wt.org_id = q.org_id
+  CROSS JOIN LATERAL (SELECT ((SELECT m FROM weights) ->> q.org_id)::int AS weight) wt
   LEFT JOIN LATERAL ` + sqlTurnLine("q.org_id") + ` tu ON true
   LEFT JOIN running r ON r.org_id = q.org_id
   WHERE q.pool = $1 AND q.head_at <= $2 AND (SELECT n FROM free) > 0

@@ -46,17 +46,28 @@ func PlanAfterChange(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, c
 	return explainPrepared(t, db, sql, planRequest{warm: warm, change: change, explain: analyze, probe: probe})
 }
 
+// PlanAfterRolledBack is PlanAfter with every run — the warm-up's and
+// the explained one — in a transaction rolled back: for a statement that
+// writes what its next run would read differently (a start, fenced by the
+// generation it bumps).
+func PlanAfterRolledBack(t testing.TB, db *pgxpool.Pool, sql string, warm [][]any, probe []any) []string {
+	t.Helper()
+	return explainPrepared(t, db, sql, planRequest{warm: warm, explain: analyze, probe: probe, rollback: true})
+}
+
 const analyze = "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "
 
 // planRequest is how explainPrepared explains a statement: run with each
 // of warm's arguments, then change, then explained (explain, the EXPLAIN
-// and its options) with probe's; generic forces the generic plan.
+// and its options) with probe's; generic forces the generic plan;
+// rollback runs each in a transaction rolled back.
 type planRequest struct {
-	warm    [][]any
-	change  func()
-	explain string
-	probe   []any
-	generic bool
+	warm     [][]any
+	change   func()
+	explain  string
+	probe    []any
+	generic  bool
+	rollback bool
 }
 
 func explainPrepared(t testing.TB, db *pgxpool.Pool, sql string, r planRequest) []string {
@@ -79,32 +90,46 @@ func explainPrepared(t testing.TB, db *pgxpool.Pool, sql string, r planRequest) 
 	}
 	// EXECUTE takes no protocol parameters of its own: the arguments go as
 	// literals (the simple protocol), in their text forms.
-	execute := func(prefix string, args []any) pgx.Rows {
+	// run runs the statement with args (prefix: EXPLAIN and its options),
+	// in a transaction rolled back when r.rollback says so.
+	run := func(prefix string, args []any) []string {
 		if len(args) != len(sd.ParamOIDs) {
 			t.Fatalf("%d arguments for %d parameters", len(args), len(sd.ParamOIDs))
+		}
+		if r.rollback {
+			if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _, _ = conn.Exec(ctx, "ROLLBACK") }()
 		}
 		text := append([]any{pgx.QueryExecModeSimpleProtocol}, textArgs(args)...)
 		rows, err := conn.Query(ctx, prefix+"EXECUTE plan_check("+placeholders(len(args))+")", text...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return rows
-	}
-	for _, args := range r.warm {
-		rows := execute("", args)
-		rows.Close()
+		var lines []string
+		for rows.Next() {
+			if prefix == "" {
+				continue
+			}
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			lines = append(lines, line)
+		}
 		if err := rows.Err(); err != nil {
 			t.Fatal(err)
 		}
+		return lines
+	}
+	for _, args := range r.warm {
+		run("", args)
 	}
 	if r.change != nil {
 		r.change()
 	}
-	lines, err := pgx.CollectRows(execute(r.explain, r.probe), pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lines
+	return run(r.explain, r.probe)
 }
 
 func placeholders(n int) string {
