@@ -307,14 +307,8 @@ func benchFairStartAmongManyOrgs(b *testing.B, orgs, free int) {
 		b.Fatal(err)
 	}
 	defer conn.Release()
-	var (
-		fenced, paused, plain, cancels, decided, keyed bool
-		nextAt                                         *time.Time
-		freeSlots                                      int32
-		s                                              startedWork
-		charges                                        turnCharges
-	)
-	dest := append(append([]any{&fenced, &paused, &plain, &cancels, &nextAt, &decided, &keyed, &freeSlots, new(bool)}, charges.dest()...), s.dest()...)
+	var r fairRun
+	dest := r.dest()
 	for b.Loop() {
 		tx, err := conn.Begin(ctx)
 		if err != nil {
@@ -323,13 +317,29 @@ func benchFairStartAmongManyOrgs(b *testing.B, orgs, free int) {
 		if err := tx.QueryRow(ctx, sqlIterateFastNear, args...).Scan(dest...); err != nil {
 			b.Fatal(err)
 		}
-		if !fenced || !decided || len(s.lags) != free {
-			b.Fatalf("fenced %v, decided %v, started %d of %d", fenced, decided, len(s.lags), free)
+		if !r.fenced || !r.decided || len(r.started.lags) != free {
+			b.Fatalf("fenced %v, decided %v, started %d of %d", r.fenced, r.decided, len(r.started.lags), free)
 		}
 		if err := tx.Rollback(ctx); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// fairRun is what one fair fast statement returns, for the tests and
+// benchmarks that run one by hand.
+type fairRun struct {
+	fenced, paused, plain, cancels, decided, keyed, unseen bool
+	nextAt                                                 *time.Time
+	free                                                   int32
+	charges                                                turnCharges
+	started                                                startedWork
+}
+
+// dest is the statement's result columns, in order.
+func (r *fairRun) dest() []any {
+	return append(append([]any{&r.fenced, &r.paused, &r.plain, &r.cancels, &r.nextAt, &r.decided, &r.keyed, &r.free, &r.unseen},
+		r.charges.dest()...), r.started.dest()...)
 }
 
 // manyOrgsPool is a frozen pool of 100 slots, free of them free, and orgs
