@@ -88,7 +88,7 @@ WHERE name = $1`
 // A weight change restarts the org's fair-share turns at the pool's
 // current turn without a word to the loop: the loop's ledger keeps the
 // weight each line was charged at, and a pick leaves out a line charged
-// at another weight (sqlNearRead). Starts charged are counted at the
+// at another weight (sqlTurnLine). Starts charged are counted at the
 // weight, so a lowered weight would read a long history as far ahead of
 // everyone (the org started nothing until the others caught up).
 
@@ -628,7 +628,7 @@ queued AS (
   -- (served, sqlServed), its position less one (vrun, sqlTurnsHeld),
   -- whether the per-org cap lets it start one, and its room, the most it
   -- may start now
-  SELECT q.org_id, q.head_at, q.xmin AS seen,
+  SELECT q.org_id, q.ctid AS qtid, q.head_at, q.xmin AS seen,
     coalesce(wt.weight, 1)::bigint AS weight, coalesce(r.n, 0) AS running,
     ` + sqlServed(turns, "coalesce(wt.weight, 1)") + ` AS served,
     ` + sqlTurnsHeld(turns, "coalesce(wt.weight, 1)") + ` - 1 AS vrun,
@@ -645,7 +645,9 @@ near_plus AS (
   -- first org after them, in the pick's order with the queue's head for
   -- the item's run_at (sqlNextStart; a head is at or before its org's
   -- first item): only those orgs can take a free slot, since an org's first
-  -- item comes before its others. (Not every org tied on the lowest turn:
+  -- item comes before its others (when their first items, as read, still
+  -- come before the first org left out at its head: sqlNearExact). (Not
+  -- every org tied on the lowest turn:
   -- among thousands of orgs tied, that was a probe per org for a start
   -- of one.)
   SELECT x.*, row_number() OVER (ORDER BY ` + sqlNextStart("x.head_at", "x.", "") + `) AS qn FROM (
@@ -662,7 +664,7 @@ near_next AS (
 near_read AS (
   -- each near org's candidates (at least its head, to learn that it has
   -- one): one index range read from its queue's head
-  SELECT o.org_id, o.head_at, o.seen, o.weight, o.running, o.vrun, o.n, c.tid, c.run_at, c.rn
+  SELECT o.org_id, o.qtid, o.head_at, o.seen, o.weight, o.running, o.vrun, o.n, c.tid, c.run_at, c.rn
   FROM near_lim o LEFT JOIN LATERAL (
     -- (numbered outside the limit: a window beside it would read on to
     -- the end of the run_at group)
@@ -698,7 +700,7 @@ near_ok AS (
 queues AS (
   -- otherwise (a head gone stale, keyed work) every queued org, each with
   -- its oldest ready item (null: none): one short probe per org
-  SELECT q.org_id, q.head_at, q.seen, h.tid, h.run_at
+  SELECT q.org_id, q.qtid, q.head_at, q.seen, h.tid, h.run_at
   FROM queued q ` + sqlHeadProbe + `
   WHERE NOT (SELECT ok FROM near_ok)
 ),
@@ -789,7 +791,7 @@ heads AS (
   -- each org read, with the head its read found (null: no ready item)
   ` + sqlNearHeads + `
   UNION ALL
-  SELECT org_id, head_at, seen, run_at FROM queues
+  SELECT org_id, qtid, head_at, seen, run_at FROM queues
 ),
 ` + sqlMoveHeads + `,
 ` + sqlChargeTurns("(SELECT org_id, weight, served, vrun FROM near_lim UNION SELECT org_id, weight, served, vrun FROM lim)")
@@ -798,8 +800,10 @@ heads AS (
 // sqlPickNear is sqlPickFair's near way alone, for the fast iteration of a
 // pool without keyed work (sqlIterateFastNear): the same pick whenever
 // that way can decide it (near_ok), and nothing at all, not even a head
-// moved, when it cannot — keyed work waits, or a near org has no ready
-// work — so that the loop takes sqlIterateFastShared at once. Without the
+// moved, when it cannot — keyed work waits, a near org has no ready work,
+// a stale head put an org among the near ones out of turn, or they would
+// leave slots free while orgs were left out (sqlNearExact) — so that the
+// loop takes sqlIterateFastShared at once. Without the
 // other way's CTEs its plan has half the nodes, which every execution
 // initialises (docs/benchmarks.md § pool: a fifth of the fair statement's
 // time). It needs the CTE keyed (sqlIterateFair's).
@@ -836,7 +840,8 @@ func sqlClockTurns(turns turnParams, weight string) string {
 // sqlTurnLine is org's line of the loop's turns (tu.served), from CTE
 // turns' map: none without a line, or with a line charged at another
 // weight than the org's current one (wt.weight): a weight change restarts
-// its turns.
+// its turns. The caller has the org's weight (null: the default) in scope
+// as wt.weight.
 func sqlTurnLine(org string) string {
 	return `(SELECT (l ->> 0)::bigint AS served FROM (SELECT (SELECT m FROM turns) -> ` + org + ` AS l) x
     WHERE (l ->> 1)::int = coalesce(wt.weight, 1))`
@@ -916,42 +921,53 @@ func sqlNextStart(runAt, of, desc string) string {
 // worth of first starts is theirs, and the near pick is the whole one.
 // A head gone stale (its items started or canceled since it was moved)
 // can put an org among the near ones whose first item comes later; then
-// the full pick decides.
+// the full pick decides. So does a near pick that would leave free slots
+// while orgs were left out: the share bound, dealt over the near orgs
+// alone, can give one of them slots it has no items for and the next
+// near org none.
 var sqlNearExact = `coalesce((SELECT k FROM near_next) > (
     SELECT ROW(` + sqlNextStart("run_at", "", "") + `) FROM near_read WHERE rn = 1
-    ORDER BY ` + sqlNextStart("run_at", "", " DESC") + ` LIMIT 1), true)`
+    ORDER BY ` + sqlNextStart("run_at", "", " DESC") + ` LIMIT 1), true)
+  AND (NOT EXISTS (SELECT 1 FROM near_next) OR (SELECT count(*) FROM near_read WHERE rn <= n) >= (SELECT n FROM free))`
 
 // sqlNearHeads is, for CTE heads, each near org read with the head its
 // read found (null: no ready item), when the near way decided the pick.
-const sqlNearHeads = `SELECT org_id, head_at, seen, run_at FROM near_read WHERE (rn = 1 OR tid IS NULL) AND (SELECT ok FROM near_ok)`
+const sqlNearHeads = `SELECT org_id, qtid, head_at, seen, run_at FROM near_read WHERE (rn = 1 OR tid IS NULL) AND (SELECT ok FROM near_ok)`
 
 // sqlMoveHeads is the CTEs moved, untouched, raised and dropped of a fair
-// pick: they move the queue heads of CTE heads (org_id, head_at and seen
-// as read from the queue, run_at the head its read found, null for none).
+// pick: they move the queue heads of CTE heads (org_id, qtid the queue
+// row's tuple id, head_at and seen as read from the queue, run_at the
+// head its read found, null for none). Each row is found by its tuple id:
+// joined with the moves by org, the generic plan could run every queue
+// row of the pool against every move, three times (2,000 orgs and 100
+// moves: ~125 ms of a start, when items have their own run_at and every
+// near org's head moves).
 const sqlMoveHeads = `moved AS (
   -- each queue whose recorded head is behind: to the head the read found
   -- (past what the last picks started), or, with no ready item, to the
   -- org's first future item (null: nothing pending, the row goes)
-  SELECT q.org_id, q.seen, coalesce(q.run_at, (SELECT min(w.run_at) FROM workpool_work w
+  SELECT q.org_id, q.qtid, q.seen, coalesce(q.run_at, (SELECT min(w.run_at) FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = q.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
       AND w.run_at > $2)) AS head_at
   FROM heads q
   WHERE q.run_at IS DISTINCT FROM q.head_at
 ),
 untouched AS (
-  -- only rows no other transaction wrote since this snapshot (xmin) or
-  -- holds now: an enqueue or a retry that raced this pick keeps its head
-  SELECT q.org_id, m.head_at FROM workpool_org_queues q JOIN moved m ON m.org_id = q.org_id
-  WHERE q.pool = $1 AND q.xmin = m.seen
-  FOR UPDATE OF q SKIP LOCKED
+  -- only rows no other transaction wrote since this snapshot (xmin: a row
+  -- written since has another tuple id too) or holds now: an enqueue or a
+  -- retry that raced this pick keeps its head
+  SELECT q.tid, m.head_at FROM moved m CROSS JOIN LATERAL (
+    SELECT q.ctid AS tid FROM workpool_org_queues q
+    WHERE q.ctid = m.qtid AND q.pool = $1 AND q.xmin = m.seen
+    FOR UPDATE SKIP LOCKED) q
 ),
 raised AS (
   UPDATE workpool_org_queues q SET head_at = u.head_at FROM untouched u
-  WHERE q.pool = $1 AND q.org_id = u.org_id AND u.head_at IS NOT NULL
+  WHERE q.ctid = u.tid AND q.pool = $1 AND u.head_at IS NOT NULL
 ),
 dropped AS (
   DELETE FROM workpool_org_queues q USING untouched u
-  WHERE q.pool = $1 AND q.org_id = u.org_id AND u.head_at IS NULL
+  WHERE q.ctid = u.tid AND q.pool = $1 AND u.head_at IS NULL
 )`
 
 // sqlShareBound is the CTEs share1, under, bound and lim of a fair pick,
