@@ -191,26 +191,12 @@ func benchStartStatement(b *testing.B, orgs, running int) {
 	for i := range ps {
 		ps[i].OrgID = fmt.Sprintf("org-%02d", i*orgs/len(ps))
 	}
-	for i := 0; i < len(ps); i += 1000 {
-		if _, err := m.EnqueueMany(ctx, ps[i:i+1000]); err != nil {
-			b.Fatal(err)
-		}
-	}
 	// the oldest items of each org run, as after earlier starts
-	if _, err := m.db.Exec(ctx, `
+	l := frozenPool(b, m, ps, `
 		UPDATE workpool_work w SET state = 'running', started_at = now() FROM (
 		  SELECT id, row_number() OVER (ORDER BY rn, org_id) AS k FROM (
 		    SELECT id, org_id, row_number() OVER (PARTITION BY org_id ORDER BY run_at, id) AS rn FROM workpool_work) x) r
-		WHERE w.id = r.id AND r.k <= $1`, running); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := m.db.Exec(ctx, `VACUUM ANALYZE workpool_work`); err != nil {
-		b.Fatal(err)
-	}
-	l := newLoop(m, "default")
-	if err := l.takeover(ctx); err != nil {
-		b.Fatal(err)
-	}
+		WHERE w.id = r.id AND r.k <= $1`, running)
 	if orgs > 1 {
 		l.turns = fairTurns{orgs: map[string]orgTurns{}, num: 100, den: 1}
 		for k := range orgs {
@@ -326,6 +312,32 @@ func benchFairStartAmongManyOrgs(b *testing.B, orgs, free int) {
 	}
 }
 
+// frozenPool enqueues ps into the default pool (1,000 a statement), runs
+// running (SQL, with args) to mark the work that holds slots, analyzes
+// the table as a busy system's would be, and returns the pool's loop,
+// leading: the pool the start statement benchmarks run on, each run
+// rolled back.
+func frozenPool(tb testing.TB, m *Manager, ps []EnqueueParams, running string, args ...any) *loop {
+	tb.Helper()
+	ctx := context.Background()
+	for i := 0; i < len(ps); i += 1000 {
+		if _, err := m.EnqueueMany(ctx, ps[i:min(i+1000, len(ps))]); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if _, err := m.db.Exec(ctx, running, args...); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := m.db.Exec(ctx, `VACUUM ANALYZE workpool_work`); err != nil {
+		tb.Fatal(err)
+	}
+	l := newLoop(m, "default")
+	if err := l.takeover(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	return l
+}
+
 // fairRun is what one fair fast statement returns, for the tests and
 // benchmarks that run one by hand.
 type fairRun struct {
@@ -350,33 +362,18 @@ func (r *fairRun) dest() []any {
 func manyOrgsPool(tb testing.TB, orgs, free int) (*Manager, []any) {
 	tb.Helper()
 	m := benchManagerWith(tb, Config{Pools: map[string]int{"default": 100}, MaxPendingPerOrg: benchMaxPending})
-	ctx := context.Background()
 	ps := benchParams(max(3, 400/orgs) * orgs)
 	at := time.Now().Add(-time.Minute)
 	for i := range ps {
 		ps[i].OrgID = fmt.Sprintf("org-%05d", i%orgs)
 		ps[i].RunAt = at.Add(time.Duration(i) * time.Microsecond)
 	}
-	for i := 0; i < len(ps); i += 1000 {
-		if _, err := m.EnqueueMany(ctx, ps[i:min(i+1000, len(ps))]); err != nil {
-			tb.Fatal(err)
-		}
-	}
 	// the slots not free hold items of the orgs served this round
-	if _, err := m.db.Exec(ctx, `
+	l := frozenPool(tb, m, ps, `
 		UPDATE workpool_work w SET state = 'running', started_at = now() FROM (
 		  SELECT id, row_number() OVER (ORDER BY run_at) AS k FROM workpool_work
 		  WHERE org_id IN (SELECT org_id FROM workpool_work GROUP BY org_id ORDER BY org_id LIMIT $2)) r
-		WHERE w.id = r.id AND r.k <= $1`, 100-free, orgs/2); err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := m.db.Exec(ctx, `VACUUM ANALYZE workpool_work`); err != nil {
-		tb.Fatal(err)
-	}
-	l := newLoop(m, "default")
-	if err := l.takeover(ctx); err != nil {
-		tb.Fatal(err)
-	}
+		WHERE w.id = r.id AND r.k <= $1`, 100-free, orgs/2)
 	l.turns = fairTurns{orgs: map[string]orgTurns{}, num: 100, den: 1}
 	for k := range orgs / 2 {
 		l.turns.orgs[fmt.Sprintf("org-%05d", k)] = orgTurns{served: 101, weight: 1}

@@ -605,13 +605,12 @@ func sqlOrgRoom(perOrgCap string) string {
 // near_share1 … near_lim), near_next and near_read that both fair picks
 // begin with: the free slots' worth of orgs whose next start comes first,
 // each read once, from its queue's head, as far as its share of the free
-// slots (CTE free) reaches. perOrgCap is the SQL
-// of the per-org cap (null: none); turns numbers the loop's turns
-// parameters.
+// slots (CTE free) reaches. perOrgCap is the SQL of the per-org cap (null:
+// none); turns numbers the loop's turns parameters.
 func sqlNearRead(perOrgCap string, turns turnParams) string {
 	return `
 -- The pool's weights and the loop's turns (one line per org served), each
--- as one map each queued org is looked up in (sqlTurnLine): joined as
+-- as one map each org is looked up in (sqlOrgWeight, sqlTurnLine): joined as
 -- rows, the generic plan compared every queued org with every row — for
 -- the turns, which it takes for ten rows whatever the parameter arrays
 -- hold, 1,000 orgs × 500 lines, ~30 ms a start; for weights not yet
@@ -635,7 +634,7 @@ queued AS (
     ` + perOrgCap + ` IS NULL OR coalesce(r.n, 0) < ` + perOrgCap + ` AS open,
     ` + sqlOrgRoom(perOrgCap) + ` AS room
   FROM workpool_org_queues q
-  CROSS JOIN LATERAL (SELECT ((SELECT m FROM weights) ->> q.org_id)::int AS weight) wt
+  CROSS JOIN LATERAL ` + sqlOrgWeight("q.org_id") + ` wt
   LEFT JOIN LATERAL ` + sqlTurnLine("q.org_id") + ` tu ON true
   LEFT JOIN running r ON r.org_id = q.org_id
   WHERE q.pool = $1 AND q.head_at <= $2 AND (SELECT n FROM free) > 0
@@ -644,12 +643,11 @@ near_plus AS (
   -- the free slots' worth of orgs whose next start comes first, and the
   -- first org after them, in the pick's order with the queue's head for
   -- the item's run_at (sqlNextStart; a head is at or before its org's
-  -- first item): only those orgs can take a free slot, since an org's first
-  -- item comes before its others (when their first items, as read, still
-  -- come before the first org left out at its head: sqlNearExact). (Not
-  -- every org tied on the lowest turn:
-  -- among thousands of orgs tied, that was a probe per org for a start
-  -- of one.)
+  -- first item): only those orgs can take a free slot, since an org's
+  -- first item comes before its others — when their first items, as read,
+  -- still come before the first org left out at its head (sqlNearExact).
+  -- (Not every org tied on the lowest turn: among thousands of orgs tied,
+  -- that was a probe per org for a start of one.)
   SELECT x.*, row_number() OVER (ORDER BY ` + sqlNextStart("x.head_at", "x.", "") + `) AS qn FROM (
     SELECT * FROM queued WHERE open ORDER BY ` + sqlNextStart("head_at", "", "") + ` LIMIT (SELECT n FROM free) + 1) x
 ),
@@ -682,10 +680,11 @@ near_read AS (
 //
 // It has two ways to the same pick. The near one reads only the free
 // slots' worth of orgs whose next start comes first, each with one index
-// range read from its queue's head; when that proves too little (an org
-// among them has no ready work, a stale head put one among them out of
-// turn, or keyed work waits), the full one probes every queued org. (sqlPickNear
-// is the near way alone.)
+// range read from its queue's head; when that proves too little (keyed
+// work waits, an org among them has no ready work, or sqlNearExact fails:
+// a stale head put one out of turn, or their items cannot fill the free
+// slots while orgs were left out), the full one probes every queued org.
+// (sqlPickNear is the near way alone.)
 func sqlPickFair(perOrgCap string, turns turnParams) string {
 	return sqlNearRead(perOrgCap, turns) + `,
 near_ok AS (
@@ -744,7 +743,7 @@ held AS (
   FROM (SELECT org_id FROM orgs UNION SELECT org_id FROM keys) d
   LEFT JOIN orgs p ON p.org_id = d.org_id
   LEFT JOIN (SELECT org_id, sum(n) AS n FROM key_room GROUP BY org_id) kr ON kr.org_id = d.org_id
-  LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = d.org_id
+  CROSS JOIN LATERAL ` + sqlOrgWeight("d.org_id") + ` wt
   LEFT JOIN LATERAL ` + sqlTurnLine("d.org_id") + ` tu ON true
   LEFT JOIN running r ON r.org_id = d.org_id
   WHERE (SELECT n FROM free) > 0
@@ -835,6 +834,12 @@ heads AS (
 func sqlClockTurns(turns turnParams, weight string) string {
 	num, den := turns.param(3, "bigint"), turns.param(4, "bigint")
 	return `(` + num + ` * ` + weight + ` + ` + den + ` - 1) / ` + den
+}
+
+// sqlOrgWeight is org's weight (wt.weight; null: the default, 1), from
+// CTE weights' map.
+func sqlOrgWeight(org string) string {
+	return `(SELECT ((SELECT m FROM weights) ->> ` + org + `)::int AS weight)`
 }
 
 // sqlTurnLine is org's line of the loop's turns (tu.served), from CTE
