@@ -99,9 +99,12 @@ func (b *Base) Stop(ctx context.Context) error {
 		return nil
 	}
 	b.state = stopped
-	name, cancel, done := b.name, b.cancel, b.stopped
+	name, done := b.name, b.stopped
+	// (under the lock: whoever sees the service not running sees its
+	// context canceled, or a dispatcher's send waiting for a slot could
+	// take one as if no stop had come)
+	b.cancel()
 	b.mu.Unlock()
-	cancel()
 	select {
 	case <-done:
 		return nil

@@ -186,3 +186,25 @@ func TestConcurrentStartsAndStopsAreSafe(t *testing.T) {
 		require.False(t, b.Running())
 	}
 }
+
+// Whoever sees a service no longer running sees its context canceled: a
+// dispatcher told the test "stopped" (Running false) before its context
+// ended, and a send waiting for a slot took one freed in between, as if
+// no stop had come.
+func TestAServiceSeenStoppedHasItsContextCanceled(t *testing.T) {
+	for range 2000 {
+		var b Base
+		ctxc := make(chan context.Context, 1)
+		require.NoError(t, b.Start(context.Background(), "test service", func(ctx context.Context) {
+			ctxc <- ctx
+			<-ctx.Done()
+		}))
+		ctx := <-ctxc
+		stopped := make(chan error, 1)
+		go func() { stopped <- b.Stop(context.Background()) }()
+		for b.Running() {
+		}
+		require.Error(t, ctx.Err(), "not running, its context not canceled")
+		require.NoError(t, <-stopped)
+	}
+}
