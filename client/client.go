@@ -298,7 +298,8 @@ func doNoContent(ctx context.Context, c *Client, ep endpoint, in any, opts []Cal
 }
 
 func decodeJSON(res *http.Response, dst any) error {
-	if res.StatusCode == http.StatusNoContent {
+	_, none := dst.(*struct{})
+	if res.StatusCode == http.StatusNoContent && none {
 		return nil
 	}
 	raw, err := io.ReadAll(res.Body)
@@ -306,7 +307,7 @@ func decodeJSON(res *http.Response, dst any) error {
 		return err
 	}
 	if len(bytes.TrimSpace(raw)) == 0 {
-		if _, none := dst.(*struct{}); none {
+		if none {
 			return nil
 		}
 		// Not the API's answer (each of its 2xx but 204 has a body): a

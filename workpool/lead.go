@@ -201,11 +201,30 @@ func (l *loop) wait(ctx context.Context, wakeAt time.Time) {
 		defer t.Stop()
 		timer = t.C
 	}
-	select {
-	case <-ctx.Done():
-	case <-l.kickc:
-	case <-timer:
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer:
+			return
+		case <-l.kickc:
+			if !l.kickMoot() {
+				return
+			}
+		}
 	}
+}
+
+// kickMoot says that a kick taken while the loop waits can start nothing:
+// an enqueue's (any other kind sets freed), sent while the last iteration
+// ran — so not dropped by kick — into a pool that iteration then found
+// saturated or paused. The work it announced waits for the kick that
+// frees a slot or resumes the pool, as any enqueued later would; without
+// this, every iteration of a paused or saturated pool that enqueues
+// overlapped was followed by another that found nothing (a full one, its
+// outlook reading every org with pending work).
+func (l *loop) kickMoot() bool {
+	return l.startsBlocked.Load() && !l.freed.Load()
 }
 
 // maintain runs the leader's periodic chores: purging finished work and

@@ -2,6 +2,7 @@ package workpool
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -65,4 +66,57 @@ func TestLoop_AKickSentBeforeAnIterationReadsIsSpentByIt(t *testing.T) {
 	h.l.kick(kickWork)
 	h.runMain()
 	require.Empty(t, h.l.kickc)
+}
+
+// An enqueue that commits while an iteration runs kicks the loop (the
+// iteration may not have seen it), and the kick waits in the channel. When
+// that iteration then publishes that nothing can start — the pool paused,
+// or every slot taken past the cooldown — the kick can start nothing
+// either: the waiting loop does not run another iteration for it, but
+// still wakes for a kick that frees a slot or resumes the pool.
+func TestLoop_AnEnqueueKickLeftByAnIterationThatFoundStartsBlockedDoesNotWakeIt(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setUp func(h *harness)
+	}{
+		{"paused", func(h *harness) {
+			require.NoError(t, h.m.Pause(h.ctx, "default"))
+			h.enqueue()
+		}},
+		{"saturated", func(h *harness) {
+			h.enqueue()
+			h.enqueue()
+			h.runMain()
+			h.clock.Advance(DefaultCooldown + time.Second)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(1))
+			tc.setUp(h)
+
+			lock, err := h.db.Begin(h.ctx)
+			require.NoError(t, err)
+			defer func() { _ = lock.Rollback(h.ctx) }()
+			_, err = lock.Exec(h.ctx, `SELECT 1 FROM workpool_pools WHERE name = 'default' FOR UPDATE`)
+			require.NoError(t, err)
+			picked := h.iterateHeldAtThePoolRow()
+			h.enqueue()
+			h.l.kick(kickEnqueue) // the enqueue's, sent while the iteration runs
+			require.Len(t, h.l.kickc, 1)
+			require.NoError(t, lock.Rollback(h.ctx))
+			res := <-picked
+			require.False(t, res.didWork)
+			require.Equal(t, "scheduled", h.observe().runStatus.Kind)
+			require.True(t, h.l.startsBlocked.Load(), "the iteration published that nothing can start")
+
+			woke := make(chan struct{})
+			go func() { h.l.wait(h.ctx, time.Time{}); close(woke) }()
+			require.Eventually(t, func() bool { return len(h.l.kickc) == 0 }, 10*time.Second, time.Millisecond,
+				"the waiting loop takes the enqueue's kick")
+			h.l.kick(kickWork) // a slot freed, or the pool resumed
+			<-woke
+			require.Len(t, h.l.kickc, 0, "the loop woke for the kick that can start work, not the enqueue's")
+		})
+	}
 }
