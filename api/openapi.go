@@ -49,7 +49,41 @@ func mergedOpenAPI() (map[string]any, error) {
 			return nil, err
 		}
 	}
+	declareServerFailures(doc)
 	return doc, nil
+}
+
+// declareServerFailures declares, on every operation that does not declare
+// its own, the two answers any handler may give whatever its route (see
+// problemFor): 500 `internal`, and 503 `unavailable` while the database
+// cannot be reached — except on the operations marked
+// `x-reveille-database: false`, which touch none. Written once here, not
+// in each part, so that no new operation can leave them out: a generated
+// client then knows a 503 as retryable, and the test server's contract
+// check admits them where they happen.
+func declareServerFailures(doc map[string]any) {
+	paths, _ := doc["paths"].(map[string]any)
+	for _, item := range paths {
+		ops, _ := item.(map[string]any)
+		for _, method := range httpMethods {
+			op, ok := ops[method].(map[string]any)
+			if !ok {
+				continue
+			}
+			responses, _ := op["responses"].(map[string]any)
+			if responses == nil {
+				continue
+			}
+			if _, ok := responses["500"]; !ok {
+				responses["500"] = map[string]any{"$ref": "#/components/responses/Internal"}
+			}
+			if db, _ := op["x-reveille-database"].(bool); db || op["x-reveille-database"] == nil {
+				if _, ok := responses["503"]; !ok {
+					responses["503"] = map[string]any{"$ref": "#/components/responses/Unavailable"}
+				}
+			}
+		}
+	}
 }
 
 // bodylessOperations lists the document's operations that take no request
@@ -76,6 +110,9 @@ func bodylessOperations() (map[string]bool, error) {
 	}
 	return out, nil
 }
+
+// httpMethods are the operations' keys in a path item.
+var httpMethods = []string{"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 
 // openapiParam is a path parameter as the document spells it: {name}.
 var openapiParam = regexp.MustCompile(`\{([^}]+)\}`)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/streams"
 )
 
@@ -107,8 +108,6 @@ func TestEveryV1OperationDeclaresItsRefusals(t *testing.T) {
 		})
 	}
 }
-
-var httpMethods = []string{"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 
 // operationIDPattern is camelCase: generated clients name their methods
 // after it.
@@ -243,4 +242,49 @@ func walkSchema(schema, components map[string]any, at string, seen map[string]bo
 			walkSchema(sub, components, fmt.Sprintf("%s/%s/%d", at, key, i), seen, visit)
 		}
 	}
+}
+
+// While the database cannot be reached, every operation that reads it
+// answers 503 `unavailable` with Retry-After, and those marked
+// `x-reveille-database: false` answer as ever; through newTestServer's
+// contract check, an operation whose document does not declare the 503
+// (or whatever else it answers) fails here, routes added later included.
+// Each route is called once, bodiless, with every role: the reads reach
+// the database; the writes are refused before it (400) or reach it too.
+func TestEveryOperationDeclaresTheDatabasesOutage(t *testing.T) {
+	db, cut := testkit.NewCuttablePool(t)
+	s := newTestServer(t, func(c *Config, sv *Services) { sv.DB = db; c.Auth.OperatorOrgs = []string{"org-a"} },
+		withStreams(t, streams.Config{}), withMandates(t), withWakeups(t), withWorkpool(t), withApprovals(t), withInbox(t, 0), withWebhooks(t))
+	cut()
+	h := s.Handler()
+	doc, err := mergedOpenAPI()
+	require.NoError(t, err)
+	paths, _ := doc["paths"].(map[string]any)
+	every := token(t, "org-a", AllRoles...)
+	unavailable := 0
+	for _, rt := range s.Echo().Routes() {
+		if rt.Method == http.MethodHead {
+			continue
+		}
+		item, _ := paths[echoParam.ReplaceAllString(rt.Path, "{$1}")].(map[string]any)
+		op, _ := item[strings.ToLower(rt.Method)].(map[string]any)
+		require.NotNil(t, op, "%s %s is documented", rt.Method, rt.Path)
+		t.Run(rt.Method+" "+rt.Path, func(t *testing.T) {
+			// a UUID for an id (anything else names nothing: 404 before any read)
+			path := strings.ReplaceAll(rt.Path, ":id", "0190a5c4-0000-7000-8000-000000000000")
+			r := do(t, h, rt.Method, echoParam.ReplaceAllString(path, "x"), every, nil)
+			if op["x-reveille-database"] == false {
+				require.NotEqual(t, http.StatusServiceUnavailable, r.Status, "body: %s", r.Body)
+				return
+			}
+			if rt.Method == http.MethodGet {
+				r.requireProblem(t, http.StatusServiceUnavailable)
+			}
+			if r.Status == http.StatusServiceUnavailable && strings.Contains(string(r.Body), "/problems/unavailable") {
+				unavailable++
+				require.Equal(t, "5", r.Header.Get("Retry-After"))
+			}
+		})
+	}
+	require.Greater(t, unavailable, 15, "most operations reached the database")
 }

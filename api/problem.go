@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -116,6 +117,10 @@ func databaseUnavailable(err error) bool {
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &connect), errors.As(err, &netErr):
+		return true
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF), errors.Is(err, pgconn.ErrConnClosed):
+		// a pooled connection the server (or the network) closed: what the
+		// first requests after a restart or a failover meet
 		return true
 	case errors.As(err, &pgErr):
 		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P")

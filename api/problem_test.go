@@ -6,8 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -18,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/stretchr/testify/require"
 
@@ -317,6 +318,8 @@ func TestADatabaseOutOfReachIs503WithRetryAfter(t *testing.T) {
 		{"a connection refused", queryErr, http.StatusServiceUnavailable},
 		{"the server shutting down", &pgconn.PgError{Code: "57P01"}, http.StatusServiceUnavailable},
 		{"a connection failure", &pgconn.PgError{Code: "08006"}, http.StatusServiceUnavailable},
+		{"a pooled connection the server closed", fmt.Errorf("listing things: %w", io.ErrUnexpectedEOF), http.StatusServiceUnavailable},
+		{"a connection already closed", fmt.Errorf("listing things: %w", pgconn.ErrConnClosed), http.StatusServiceUnavailable},
 		{"a unique violation", &pgconn.PgError{Code: "23505"}, http.StatusInternalServerError},
 		{"any other error", errors.New("boom"), http.StatusInternalServerError},
 	} {
