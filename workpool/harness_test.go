@@ -115,6 +115,22 @@ func (h *harness) iterateHeldAtThePoolRow() <-chan iterResult {
 	return picked
 }
 
+// iterateAround runs an iteration of the loop with during run while it
+// is under way — its snapshot taken, before its first write (the test
+// holds the pool row meanwhile) — and returns its result.
+func (h *harness) iterateAround(during func()) iterResult {
+	h.t.Helper()
+	lock, err := h.db.Begin(h.ctx)
+	require.NoError(h.t, err)
+	defer func() { _ = lock.Rollback(h.ctx) }()
+	_, err = lock.Exec(h.ctx, `SELECT 1 FROM workpool_pools WHERE name = 'default' FOR UPDATE`)
+	require.NoError(h.t, err)
+	picked := h.iterateHeldAtThePoolRow()
+	during()
+	require.NoError(h.t, lock.Rollback(h.ctx))
+	return <-picked
+}
+
 type workOpt func(*EnqueueParams)
 
 func withRetry(max, backoffMS int, base float64) workOpt {

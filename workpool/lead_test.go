@@ -95,17 +95,11 @@ func TestLoop_AnEnqueueKickLeftByAnIterationThatFoundStartsBlockedDoesNotWakeIt(
 			h := newHarness(t, withMaxParallelism(1))
 			tc.setUp(h)
 
-			lock, err := h.db.Begin(h.ctx)
-			require.NoError(t, err)
-			defer func() { _ = lock.Rollback(h.ctx) }()
-			_, err = lock.Exec(h.ctx, `SELECT 1 FROM workpool_pools WHERE name = 'default' FOR UPDATE`)
-			require.NoError(t, err)
-			picked := h.iterateHeldAtThePoolRow()
-			h.enqueue()
-			h.l.kick(kickEnqueue) // the enqueue's, sent while the iteration runs
-			require.Len(t, h.l.kickc, 1)
-			require.NoError(t, lock.Rollback(h.ctx))
-			res := <-picked
+			res := h.iterateAround(func() {
+				h.enqueue()
+				h.l.kick(kickEnqueue) // the enqueue's, sent while the iteration runs
+				require.Len(t, h.l.kickc, 1)
+			})
 			require.False(t, res.didWork)
 			require.Equal(t, "scheduled", h.observe().runStatus.Kind)
 			require.True(t, h.l.startsBlocked.Load(), "the iteration published that nothing can start")
