@@ -44,6 +44,7 @@ func keyOf(p SpendParams) mandateKey { return mandateKey{p.OrgID, p.AgentID, p.S
 
 type spendRequest struct {
 	p     SpendParams
+	ctx   context.Context // the caller's: one that ended before a batch took it is not decided
 	reply chan spendReply // buffered: the batch never waits for its caller
 }
 
@@ -61,13 +62,15 @@ func newSpendBatcher(s *Service, maxBatch, maxRunning int) *spendBatcher {
 	return &spendBatcher{s: s, maxBatch: maxBatch, maxRunning: maxRunning, inFlight: map[mandateKey]bool{}}
 }
 
-// do queues p and waits for its answer. When the caller gives up first the
-// spend may still be decided; its idempotency key makes a retry safe.
+// do queues p and waits for its answer. When the caller gives up first,
+// a spend no batch has taken yet is dropped (nothing was decided); one a
+// batch took may still be decided — its idempotency key makes a retry
+// safe.
 func (b *spendBatcher) do(ctx context.Context, p SpendParams) (SpendResult, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return SpendResult{}, false, err
 	}
-	req := &spendRequest{p: p, reply: make(chan spendReply, 1)}
+	req := &spendRequest{p: p, ctx: ctx, reply: make(chan spendReply, 1)}
 	b.mu.Lock()
 	b.pending = append(b.pending, req)
 	if b.running < b.maxRunning {
@@ -114,6 +117,9 @@ func (b *spendBatcher) take() ([]*spendRequest, []mandateKey) {
 	mine := map[mandateKey]bool{}
 	rest := b.pending[:0]
 	for _, r := range b.pending {
+		if r.ctx != nil && r.ctx.Err() != nil {
+			continue // its caller left, answered with its context's error
+		}
 		k := keyOf(r.p)
 		if len(batch) < b.maxBatch && (mine[k] || !b.inFlight[k]) {
 			if !mine[k] {

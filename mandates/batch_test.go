@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -186,4 +188,44 @@ func TestABatchLeavesTheSpendsOfAMandateInFlightForTheNextOne(t *testing.T) {
 	require.Empty(t, b.pending)
 	batch, _ = b.take()
 	require.Empty(t, batch)
+}
+
+// A spend whose caller gave up while it waited behind a batch of its
+// mandate is answered with its context's error and not decided: a caller
+// told that its spend failed is not debited for it.
+func TestASpendWhoseCallerLeftBeforeItsBatchBeganIsNotDebited(t *testing.T) {
+	s, db := newTestService(t)
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 100)
+	ctx := context.Background()
+	// the first spend's batch waits for the mandate's row
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM mandates WHERE id = $1 FOR UPDATE`, m.ID)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1})
+		assert.NoError(t, err)
+	})
+	b := s.batcher
+	require.Eventually(t, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.inFlight) == 1 && len(b.pending) == 0
+	}, testWait, pollEvery, "the first spend's batch runs")
+
+	left, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_, err = s.Spend(left, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 10})
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the caller is told its spend failed")
+
+	require.NoError(t, tx.Rollback(ctx))
+	wg.Wait()
+	require.Eventually(t, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.running == 0 && len(b.pending) == 0
+	}, testWait, pollEvery, "every spend taken")
+	require.EqualValues(t, 1, mustGet(t, s, "org-a", m).Spent, "the 10 of the caller that left is not debited")
 }

@@ -65,6 +65,7 @@ const groupTimeout = 30 * time.Second
 
 type createRequest struct {
 	p     CreateParams
+	ctx   context.Context  // the caller's: one that ended before a group took it is not run
 	reply chan createReply // buffered: the group never waits for its caller
 }
 
@@ -84,13 +85,15 @@ func newCreateBatcher(s *Service, maxBatch int) *createBatcher {
 	return &createBatcher{s: s, maxBatch: maxBatch, maxRunning: createBatchers}
 }
 
-// do queues p and waits for its answer. When the caller gives up first the
-// wake-up may still be created; its idempotency key makes a retry safe.
+// do queues p and waits for its answer. When the caller gives up first,
+// a request no group has taken yet is dropped (nothing was done for it);
+// one a group took may still be created — its idempotency key makes a
+// retry safe.
 func (b *createBatcher) do(ctx context.Context, p CreateParams) createReply {
 	if err := ctx.Err(); err != nil {
 		return createReply{err: err}
 	}
-	req := &createRequest{p: p, reply: make(chan createReply, 1)}
+	req := &createRequest{p: p, ctx: ctx, reply: make(chan createReply, 1)}
 	b.mu.Lock()
 	b.pending = append(b.pending, req)
 	if b.running < b.maxRunning {
@@ -120,6 +123,12 @@ func (b *createBatcher) drain() {
 		clear(b.pending[:n])
 		b.pending = b.pending[n:]
 		b.mu.Unlock()
+		// (a caller that left while its request waited was answered with
+		// its context's error: nothing is done for it)
+		group = slices.DeleteFunc(group, func(r *createRequest) bool { return r.ctx != nil && r.ctx.Err() != nil })
+		if len(group) == 0 {
+			continue
+		}
 
 		ctx, cancel := context.WithTimeout(context.Background(), groupTimeout)
 		b.s.metrics.createBatch.Observe(float64(len(group)))
@@ -306,12 +315,20 @@ func (s *Service) gateGroup(ctx context.Context, c groupConn, ms []*member) erro
 		return err
 	}
 	for pair, check := range checks {
-		err := check.Decide(ctx, c)
+		// (one check for all the pair's requests: each needs its own room,
+		// as one after another each would find the ones before it counted)
+		var pairs []*member
+		for _, m := range ms {
+			if m.inserted && m.pair == pair {
+				pairs = append(pairs, m)
+			}
+		}
+		room, err := check.DecideN(ctx, c, int64(len(pairs)))
 		if !errors.Is(err, workpool.ErrTooManyPending) && err != nil {
 			return err
 		}
-		for _, m := range ms {
-			if m.inserted && m.pair == pair && err != nil {
+		for i, m := range pairs {
+			if int64(i) >= room {
 				m.dropped = err
 			}
 		}

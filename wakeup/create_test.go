@@ -7,9 +7,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/inbox"
@@ -302,4 +304,104 @@ func TestConcurrentRequestsNeverOverspendAndEachIsSettled(t *testing.T) {
 			require.Equal(t, 40, funded+refused)
 		})
 	}
+}
+
+// The pending cap (REVEILLE_ORG_MAX_PENDING) holds for a group as for the
+// same requests one after another: a group carrying ten requests of an org
+// with room for two admits two and refuses the rest, not all ten on the
+// strength of "one more fits".
+func TestAGroupAdmitsNoMoreOfAnOrgsRequestsThanItsPendingCapLeavesRoom(t *testing.T) {
+	f := newFixtureCapped(t, 2)
+	ps := make([]CreateParams, 10)
+	for i := range ps {
+		ps[i] = params("")
+		ps[i].Cost = 0 // the mandate refuses none
+		ps[i].WorkflowID = fmt.Sprintf("o/wf-%d", i)
+	}
+
+	_, errs := f.createTogether(t, ps...)
+
+	created := 0
+	for _, err := range errs {
+		if err == nil {
+			created++
+		} else {
+			require.ErrorIs(t, err, workpool.ErrTooManyPending)
+		}
+	}
+	require.Equal(t, 2, created, "the cap is 2")
+	require.Equal(t, 2, f.pendingWork(t), "nothing enqueued for the refused")
+}
+
+// Concurrent requests, grouped as they arrive, stop near the pending cap:
+// two groups run at once and neither sees the other's enqueues, so each
+// may take the room it counted — never every request of the org.
+func TestConcurrentRequestsOfAnOrgStopNearItsPendingCap(t *testing.T) {
+	f := newFixtureCapped(t, 10)
+	var wg sync.WaitGroup
+	errs := make([]error, 32)
+	for i := range errs {
+		wg.Go(func() {
+			p := params("")
+			p.Cost = 0
+			p.WorkflowID = fmt.Sprintf("o/wf-%d", i)
+			_, errs[i] = f.svc.Create(context.Background(), p)
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			require.ErrorIs(t, err, workpool.ErrTooManyPending)
+		}
+	}
+	require.LessOrEqual(t, f.pendingWork(t), 20, "cap 10, two groups at once")
+}
+
+// A request whose caller gave up while it waited for a group (both busy)
+// is answered with its context's error, and nothing is done for it: not
+// charged, not created — a caller told that its request failed, and never
+// given the wake-up's id, would pay for one it does not know of.
+func TestARequestWhoseCallerLeftBeforeItsGroupBeganIsNotRun(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	// both groups wait for the mandate's row
+	tx, err := f.db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM mandates WHERE org_id = 'o' AND agent_id = 'a' FOR UPDATE`)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() {
+			p := params("")
+			p.Cost, p.WorkflowID = 1, fmt.Sprintf("o/busy-%d", i)
+			_, err := f.svc.Create(ctx, p)
+			assert.NoError(t, err)
+		})
+	}
+	c := f.svc.creator
+	require.Eventually(t, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.running == 2 && len(c.pending) == 0
+	}, 5*time.Second, time.Millisecond, "both groups run")
+
+	left, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	p := params("")
+	p.Cost, p.WorkflowID = 1, "o/left"
+	_, err = f.svc.Create(left, p)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the caller is told its request failed")
+
+	require.NoError(t, tx.Rollback(ctx))
+	wg.Wait()
+	require.Eventually(t, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.running == 0 && len(c.pending) == 0
+	}, 5*time.Second, time.Millisecond, "every request taken")
+	var n int
+	require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM wakeups WHERE workflow_id = 'o/left'`).Scan(&n))
+	require.Zero(t, n, "no wake-up for the caller that left")
+	require.EqualValues(t, 2, f.spent(t), "the two others charged, not the third")
 }

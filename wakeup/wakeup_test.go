@@ -124,6 +124,14 @@ func params(pool string) CreateParams {
 		Work: Work{Handler: "echo", Args: json.RawMessage(`{}`)}, Pool: pool}
 }
 
+// pendingWork is how many work items org o has.
+func (f *fixture) pendingWork(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, f.db.QueryRow(context.Background(), `SELECT count(*) FROM workpool_work WHERE org_id = 'o'`).Scan(&n))
+	return n
+}
+
 func (f *fixture) spent(t *testing.T) int64 {
 	t.Helper()
 	m, err := f.mandates.Find(context.Background(), "o", "a", "s")

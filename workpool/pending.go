@@ -119,7 +119,7 @@ type admission struct {
 // pendingRefreshAfter go first, then any.
 const admitLogSize = 10_000
 
-// admits reports whether one more item of (pool, org) fits under limit
+// admits reports whether n more items of (pool, org) fit under limit
 // given the stored bound just read (bound, counted at countedAt), without
 // a count: the last admitting count found e.found items, and the bound
 // has grown by bound−e.bound since — which counts every item enqueued since
@@ -127,12 +127,12 @@ const admitLogSize = 10_000
 // (counted_at unchanged; a count that lowers it could be followed by
 // enqueues that take it back past e.bound). So found+(bound−e.bound)
 // bounds the org's unfinished work from above.
-func (a *admitLog) admits(pool, org string, bound int64, countedAt time.Time, limit int64, now time.Time) bool {
+func (a *admitLog) admits(pool, org string, bound int64, countedAt time.Time, limit, n int64, now time.Time) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	e, ok := a.last[[2]string{pool, org}]
 	return ok && now.Sub(e.at) < pendingRefreshAfter && e.countedAt.Equal(countedAt) &&
-		bound >= e.bound && e.found+(bound-e.bound)+1 <= limit
+		bound >= e.bound && e.found+(bound-e.bound)+n <= limit
 }
 
 // admitted records a check's count that admitted.
@@ -365,32 +365,54 @@ func (c *PendingCheck) scan(row pgx.Row) error {
 // so while the bound stays past the cap the checks count again each time
 // the enqueues since the last count use up the room it found.
 func (c *PendingCheck) Decide(ctx context.Context, q Querier) error {
-	if c == nil || !c.found {
-		return nil
+	_, err := c.DecideN(ctx, q, 1)
+	return err
+}
+
+// DecideN is Decide for n items checked together (a group of wake-up
+// requests of one org and pool, each an item): room is how many of them
+// fit, the first ones admitted; when room < n, err wraps
+// ErrTooManyPending for the rest (each counted as refused). Any other
+// error admits none.
+func (c *PendingCheck) DecideN(ctx context.Context, q Querier, n int64) (room int64, err error) {
+	if c == nil || !c.found && n <= 1 {
+		// (no count yet: nothing was enqueued; for more than one item
+		// c.pending, 0, is checked below like any count)
+		return n, nil
 	}
 	m := c.m
 	limit := int64(m.cfg.MaxPendingPerOrg)
-	if c.pending+1 <= limit {
-		return nil
+	if c.pending+n <= limit {
+		return n, nil
+	}
+	refuse := func(found, room int64) (int64, error) {
+		err := m.refuse(c.pool, c.org, found, 1) // each refused request is one item
+		if k := n - room; k > 1 {
+			m.metrics.refused.WithLabelValues(c.pool).Add(float64(k - 1))
+		}
+		return room, err
 	}
 	now := m.now()
 	if found, held := m.refusals.heldOff(c.pool, c.org, 1, limit, now); held {
-		return m.refuse(c.pool, c.org, found, 1)
+		return refuse(found, 0)
 	}
-	if m.admits.admits(c.pool, c.org, c.pending, c.countedAt, limit, now) {
-		return nil
+	if m.admits.admits(c.pool, c.org, c.pending, c.countedAt, limit, n, now) {
+		return n, nil
 	}
 	found, err := m.countPending(ctx, q, c.pool, c.org)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if found+1 <= limit {
 		m.admits.admitted(c.pool, c.org, admission{at: now, found: found, bound: c.pending, countedAt: c.countedAt})
-		return nil
+		if found+n <= limit {
+			return n, nil
+		}
+		return refuse(limit, limit-found) // the first limit−found fit: the rest find the cap reached
 	}
 	m.admits.forget(c.pool, c.org)
 	m.refusals.refused(c.pool, c.org, found, now)
-	return m.refuse(c.pool, c.org, found, 1)
+	return refuse(found, 0)
 }
 
 // refreshPending counts again the pool's stalest counts (the leader, on
