@@ -127,6 +127,13 @@ type authenticator struct {
 	operatorOrgs []string
 }
 
+// jwksFetchTimeout bounds each fetch of the JWKS. The first is made at
+// start, before the API listens: with the library's default (a minute), a
+// JWKS endpoint that does not answer held the start that long, nothing
+// listening and no line saying why. A start past a failed first fetch
+// refuses every token until a refresh succeeds (logged at ERROR).
+const jwksFetchTimeout = 5 * time.Second
+
 func newAuthenticator(ctx context.Context, cfg AuthConfig) (*authenticator, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -148,7 +155,8 @@ func newAuthenticator(ctx context.Context, cfg AuthConfig) (*authenticator, erro
 		a.keyfunc = func(*jwt.Token) (any, error) { return keys, nil }
 	} else {
 		noErr := true
-		kf, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{cfg.JWKSURL}, keyfunc.Override{NoErrorReturnFirstHTTPReq: &noErr})
+		kf, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{cfg.JWKSURL},
+			keyfunc.Override{NoErrorReturnFirstHTTPReq: &noErr, HTTPTimeout: jwksFetchTimeout})
 		if err != nil {
 			return nil, fmt.Errorf("auth: JWKS %s: %w", cfg.JWKSURL, err)
 		}

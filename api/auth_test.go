@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -354,4 +355,36 @@ func TestJWKSRefusesATokenSignedByAKeyItDoesNotServe(t *testing.T) {
 		})
 	}
 	require.Equal(t, http.StatusOK, do(t, s.Handler(), http.MethodGet, "/v1/whoami", signedAs(served, "k1"), nil).Status)
+}
+
+// A JWKS endpoint that does not answer holds the start (the first fetch,
+// before the API listens) for one fetch timeout, not the library's
+// default minute with nothing listening; the authenticator then refuses
+// tokens until a refresh gets the keys.
+func TestAJWKSThatDoesNotAnswerHoldsTheStartOneFetchTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	made := make(chan error, 1)
+	go func() {
+		_, err := newAuthenticator(ctx, AuthConfig{JWKSURL: "http://" + ln.Addr().String() + "/jwks", Issuer: "https://idp", Audience: "reveille"})
+		made <- err
+	}()
+	select {
+	case err := <-made:
+		require.NoError(t, err, "the start goes on; tokens are refused until a refresh succeeds")
+	case <-time.After(6 * jwksFetchTimeout):
+		t.Fatalf("the start still waits for the JWKS after %s", 6*jwksFetchTimeout)
+	}
 }

@@ -134,7 +134,7 @@ func TestEnvConfigHandsTheWorkpoolItsTypedConfig(t *testing.T) {
 		HeartbeatTimeout: 30 * time.Second, WorkRetention: 24 * time.Hour, MaxPendingPerOrg: workpool.DefaultMaxPendingPerOrg,
 		HookTimeout: workpool.DefaultHookTimeout}, s.workpoolConfig(), "the documented defaults")
 
-	t.Setenv("REVEILLE_POOLS", "a=2")
+	t.Setenv("REVEILLE_POOLS", "a=2,wakeup=1")
 	t.Setenv("REVEILLE_RECOVERY_PERIOD", "3s")
 	t.Setenv("REVEILLE_HEARTBEAT_TIMEOUT", "9s")
 	t.Setenv("REVEILLE_WORK_RETENTION", "1h")
@@ -142,7 +142,7 @@ func TestEnvConfigHandsTheWorkpoolItsTypedConfig(t *testing.T) {
 	t.Setenv("REVEILLE_HOOK_TIMEOUT", "2s")
 	s, err = envConfig()
 	require.NoError(t, err)
-	require.Equal(t, workpool.Config{Pools: map[string]int{"a": 2}, RecoveryPeriod: 3 * time.Second,
+	require.Equal(t, workpool.Config{Pools: map[string]int{"a": 2, "wakeup": 1}, RecoveryPeriod: 3 * time.Second,
 		HeartbeatTimeout: 9 * time.Second, WorkRetention: time.Hour, MaxPendingPerOrg: 5, HookTimeout: 2 * time.Second}, s.workpoolConfig())
 
 	t.Setenv("REVEILLE_HEARTBEAT_TIMEOUT", "3s")
@@ -260,6 +260,7 @@ func TestEnvConfigNamesTheMalformedVariable(t *testing.T) {
 		{"REVEILLE_POOLS", "default", `REVEILLE_POOLS: pools "default"`},
 		{"REVEILLE_POOLS", "default=0", "REVEILLE_POOLS"},
 		{"REVEILLE_POOLS", "a=1,a=2", "given twice"},
+		{"REVEILLE_POOLS", "default=10", `REVEILLE_POOLS="default=10": no pool "wakeup", where wake-ups' work runs`},
 		{"REVEILLE_RECOVERY_PERIOD", "soon", `REVEILLE_RECOVERY_PERIOD="soon"`},
 		{"REVEILLE_HEARTBEAT_TIMEOUT", "-1s", "REVEILLE_HEARTBEAT_TIMEOUT"},
 		{"REVEILLE_HEARTBEAT_TIMEOUT", "1ms", "REVEILLE_HEARTBEAT_TIMEOUT=1ms: want at least 3s"},

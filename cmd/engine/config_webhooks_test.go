@@ -16,8 +16,8 @@ func TestEnvConfigHandsTheWebhooksTheirPoolAndPublicURL(t *testing.T) {
 		wantPool, wantPublic string
 	}{
 		{name: "the defaults", wantPool: "default"},
-		{name: "a pool of REVEILLE_POOLS", pools: "default=5,hooks=2", pool: "hooks", wantPool: "hooks"},
-		{name: "pools without default: the first by name", pools: "zeta=1,alpha=2", wantPool: "alpha"},
+		{name: "a pool of REVEILLE_POOLS", pools: "default=5,hooks=2,wakeup=1", pool: "hooks", wantPool: "hooks"},
+		{name: "pools without default: the first by name", pools: "zeta=1,alpha=2,wakeup=1", wantPool: "alpha"},
 		{name: "a public URL, its trailing slash dropped", public: "https://reveille.example.com/", wantPool: "default",
 			wantPublic: "https://reveille.example.com"},
 	}

@@ -201,6 +201,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 }
 
 func (s *Service) build(ctx context.Context) error {
+	// A malformed DATABASE_URL stops the start before anything is dialled.
+	if _, err := pgxpool.ParseConfig(s.cfg.DatabaseURL); err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
 	// One Temporal client per process; lazy, so the service starts (and
 	// queues signals) while Temporal is down.
 	var err error
@@ -607,16 +611,28 @@ func (t temporalWorker) Stop(context.Context) error {
 	return nil
 }
 
+// waitForPostgres pings db until it answers, for at most 30 s; what it
+// returns names the last ping's own error, not the stop that ended the wait.
 func waitForPostgres(ctx context.Context, db *pgxpool.Pool) error {
 	deadline := time.Now().Add(30 * time.Second)
+	var last error
 	for {
 		err := db.Ping(ctx)
 		if err == nil {
 			return nil
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("postgres does not answer: %w", err)
+		if ctx.Err() == nil || last == nil {
+			last = err
 		}
-		time.Sleep(500 * time.Millisecond)
+		if ctx.Err() != nil {
+			return fmt.Errorf("postgres did not answer before the stop: %w (%w)", last, ctx.Err())
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("postgres does not answer: %w", last)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 }
