@@ -210,7 +210,7 @@ func runDevstack(ctx context.Context, args []string) error {
 	select {
 	case <-ctx.Done():
 	case <-st.PostgresExited():
-		return fmt.Errorf("postgres exited")
+		return st.PostgresExit()
 	}
 	return nil
 }

@@ -96,9 +96,12 @@ func Run(ctx context.Context, c Config) error {
 	}
 	tc, err := client.Dial(client.Options{HostPort: c.TemporalAddress, Namespace: c.Namespace, Logger: service.TemporalLogger(c.Logger)})
 	if err != nil {
-		return fmt.Errorf("connect to Temporal at %s: %w", c.TemporalAddress, err)
+		return fmt.Errorf("connect to Temporal at %s (TEMPORAL_ADDRESS): %w", c.TemporalAddress, err)
 	}
 	defer tc.Close()
+	if err := AwaitWorker(ctx, tc, workflows.TaskQueue, workerWait); err != nil {
+		return err
+	}
 
 	target := newDemoTarget()
 	defer target.Close()
@@ -114,6 +117,35 @@ func Run(ctx context.Context, c Config) error {
 		}
 	}
 	return nil
+}
+
+// workerWait is how long the demo waits for a worker on the engine's task
+// queue (one starting beside it) before it says none runs.
+const workerWait = 10 * time.Second
+
+// AwaitWorker returns once a worker polls taskQueue for workflow tasks,
+// and an error naming the cause when none does within wait: without one
+// the demo's workflows sat in the queue for each case's two minutes,
+// printing nothing, before the first case failed.
+func AwaitWorker(ctx context.Context, tc client.Client, taskQueue string, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		res, err := tc.DescribeTaskQueue(ctx, taskQueue, enums.TASK_QUEUE_TYPE_WORKFLOW)
+		if err == nil && len(res.GetPollers()) > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			if err != nil {
+				return fmt.Errorf("ask Temporal for the workers of task queue %q: %w", taskQueue, err)
+			}
+			return fmt.Errorf("no worker polls task queue %q (waited %s): run the engine with its Temporal worker — engine dev does; engine serve needs --worker (REVEILLE_WORKER=true)",
+				taskQueue, wait)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // demoCases are the runs of the demo, in order.

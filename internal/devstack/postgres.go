@@ -65,6 +65,16 @@ type Postgres struct {
 	adoptedPID int
 	ownerFile  string
 	logger     *slog.Logger
+	// logPath is the server's log; waitErr how the server started here
+	// ended (set before done closes)
+	logPath string
+	waitErr error
+}
+
+// Exited says how a server started here ended, and where its log is, once
+// Wait's channel is closed.
+func (p *Postgres) Exited() error {
+	return fmt.Errorf("postgres exited (%v): its log is %s", p.waitErr, p.logPath)
 }
 
 // Port is the TCP port the server listens on at 127.0.0.1.
@@ -188,7 +198,8 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	if opts.DieWithParent {
 		dieWithParent(cmd.SysProcAttr)
 	}
-	logFile, err := os.OpenFile(filepath.Join(clusterDir, "server.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	p.logPath = filepath.Join(clusterDir, "server.log")
+	logFile, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open server log: %w", err)
 	}
@@ -225,7 +236,7 @@ func startServer(cmd *exec.Cmd, logFile *os.File, p *Postgres) error {
 		}
 		p.cmd = cmd
 		started <- nil
-		_ = cmd.Wait()
+		p.waitErr = cmd.Wait()
 		logFile.Close()
 		close(p.done)
 	}()

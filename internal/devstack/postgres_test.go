@@ -57,6 +57,8 @@ func TestStartStopAndReuseFromPrivateTempDir(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the adopted postmaster was not stopped")
 	}
+	// (what engine devstack reports when its Postgres ends under it)
+	require.ErrorContains(t, pg.Exited(), "its log is "+filepath.Join(pg.ClusterDir(), "server.log"))
 
 	// Stopped, then started again: the data dir is reused, not re-initialized.
 	require.NoError(t, pg.Stop(ctx))

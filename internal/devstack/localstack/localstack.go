@@ -141,6 +141,10 @@ func (st *Stack) PostgresExited() <-chan struct{} {
 	return st.pg.Wait()
 }
 
+// PostgresExit says how the local Postgres ended and where its log is,
+// once PostgresExited's channel is closed.
+func (st *Stack) PostgresExit() error { return st.pg.Exited() }
+
 // Stop stops what Start started and releases the data dir.
 func (st *Stack) Stop() {
 	if st.temporal != nil {
