@@ -297,6 +297,12 @@ func (s *Server) streamEvents(c echo.Context) error {
 		if batch.Ended {
 			return nil
 		}
+		if cap(buf) > maxIdleSSEBuffer {
+			// (a catch-up's megabytes are not kept while the reader waits
+			// — in awaitStream or in the next read — perhaps for hours: a
+			// thousand idle tails held ~14 GiB)
+			buf = nil
+		}
 		if batch.More {
 			if s.tokenExpiredNow(c, expired) {
 				return nil
@@ -338,6 +344,10 @@ func (s *Server) awaitStream(c echo.Context, tail *streams.Tail, keepAlive *time
 		}
 	}
 }
+
+// maxIdleSSEBuffer is the largest event buffer an SSE handler keeps
+// while it waits for the stream to change.
+const maxIdleSSEBuffer = 64 << 10
 
 func appendSSEChunks(buf []byte, chunks []streams.Chunk) []byte {
 	for _, ch := range chunks {

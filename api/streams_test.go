@@ -2,12 +2,14 @@ package api
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -814,4 +816,38 @@ func liveSubscribers(t *testing.T, reg *prometheus.Registry) float64 {
 		}
 	}
 	return -1
+}
+
+// An SSE reader that caught up on a large backlog and then idles does not
+// keep the encoded backlog in memory for as long as it stays connected:
+// each held its largest catch-up's buffer (8 MiB of chunks, ~11 MiB of
+// events), and an org may hold a thousand tails per replica. (Run alone:
+// the package's parallel tests wait for it, so the heap is its own.)
+func TestAnIdleSSEReaderDoesNotHoldItsCatchUpBuffer(t *testing.T) {
+	s := newStreamServer(t, streams.Config{KeepAlive: time.Hour})
+	tok := agentToken(t, "org-a")
+	chunk := bytes.Repeat([]byte("x"), 1<<20)
+	for range 8 {
+		require.Equal(t, http.StatusCreated, s.post(t, tok, "big", chunk).Status)
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	const readers = 10
+	for range readers {
+		sse := openSSE(t, s, tok, "big")
+		for j := range 8 {
+			require.Equal(t, fmt.Sprint(j), sse.next(t).ID)
+		}
+	}
+	// (each handler drops its buffer as it starts to wait for the next
+	// chunk; the readers' own scanners hold ~2 MiB each)
+	require.Eventually(t, func() bool {
+		return int64(heap())-int64(before) < readers*3<<20
+	}, 10*time.Second, 50*time.Millisecond, "%d idle SSE readers hold more than 3 MiB each", readers)
 }
