@@ -403,3 +403,24 @@ func TestARetriedToolCallNeverShowsAPolicyThatContradictsItsDecision(t *testing.
 	require.Equal(t, "approved", again["decision"])
 	require.Nil(t, again["policy"], "the policy that decided was replaced since: not shown, as a deleted one is not: %v", again)
 }
+
+// An answer naming the nil UUID as its approval_id, beside tool_name, is
+// a 400 naming approval_id that resolves nothing: read as "no id given",
+// it answered every pending call of the tool in the session, the ones
+// the approver never saw among them.
+func TestAnAnswerNamingTheNilApprovalIDResolvesNothing(t *testing.T) {
+	f := newApprovalsFixture(t)
+	for _, cmd := range []string{"ls", "rm -rf /"} {
+		call := f.toolCall(t, f.agent, "s1", map[string]any{"agent_id": "agent-1", "tool_name": "shell", "input": map[string]any{"cmd": cmd}})
+		require.Equal(t, "pending", call["decision"])
+	}
+	for _, body := range []map[string]any{
+		{"tool_name": "shell", "approval_id": "00000000-0000-0000-0000-000000000000", "decision": "approved"},
+		{"approval_id": "00000000-0000-0000-0000-000000000000", "decision": "approved"},
+	} {
+		do(t, f.h, http.MethodPost, "/v1/sessions/s1/tool-approvals", f.alice, body).requireProblem(t, http.StatusBadRequest, "approval_id")
+	}
+	r := do(t, f.h, http.MethodGet, "/v1/tool-approvals?status=pending", f.alice, nil)
+	require.Equal(t, http.StatusOK, r.Status)
+	require.Len(t, r.JSON(t)["items"], 2, "nothing was resolved")
+}

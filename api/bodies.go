@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/reveille/reveille/approvals"
 	"github.com/reveille/reveille/internal/apperr"
 	"github.com/reveille/reveille/mandates"
@@ -319,6 +321,11 @@ func decodeToolAnswer(body []byte) (approvals.RespondParams, error) {
 		id, err := parseUUID(in.ApprovalID)
 		if err != nil {
 			return approvals.RespondParams{}, Invalid("approval_id", "must be a tool approval's id (a UUID)")
+		}
+		if id == uuid.Nil {
+			// (read as "absent", the nil UUID beside tool_name turned an
+			// answer naming one call into an answer to every call of the tool)
+			return approvals.RespondParams{}, Invalid("approval_id", "must be a tool approval's id (the nil UUID names none)")
 		}
 		p.ApprovalID = id
 	}
