@@ -7,8 +7,8 @@
 // answers this call (these pending calls) only, while a standing policy —
 // set by an admin, or by the approver alongside a decision — decides future
 // calls. Policies may be conditional (a match object the call's input must
-// contain); the specific beats the general: the strictest matching
-// conditional policy decides, else the unconditional one, else "once".
+// contain); they decide in SPEC §7's order: a matching never, then a
+// matching always, then the unconditional policy, then "once".
 //
 // Every write to a session takes its row lock first (binding, requests,
 // answers, expiry), which numbers the session's events without gaps under

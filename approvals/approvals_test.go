@@ -77,7 +77,9 @@ func TestADecisionAnswersThisCallAndUpdatePolicySetsTheNextOnesIndependently(t *
 	}
 }
 
-func TestPoliciesDecideWithoutAHumanAndTheSpecificBeatsTheGeneral(t *testing.T) {
+// Policies decide in SPEC §7's order: a matching never, then a matching
+// always, then the unconditional policy, then once.
+func TestPoliciesDecideWithoutAHumanInTheSpecsOrder(t *testing.T) {
 	cases := []struct {
 		name     string
 		policies [][2]string // approval, match ("" unconditional)
@@ -96,16 +98,23 @@ func TestPoliciesDecideWithoutAHumanAndTheSpecificBeatsTheGeneral(t *testing.T) 
 			want: DecisionPending},
 		{name: "a non-matching conditional policy leaves it to the unconditional one",
 			policies: [][2]string{{PolicyNever, `{"repo":"acme/prod"}`}, {PolicyAlways, ""}}, input: `{"repo":"acme/docs"}`, want: DecisionApproved},
-		{name: "a matching conditional once beats an unconditional always",
-			policies: [][2]string{{PolicyAlways, ""}, {PolicyOnce, `{"repo":"acme/prod"}`}}, input: `{"repo":"acme/prod"}`, want: DecisionPending},
+		{name: "an unconditional always beats a matching conditional once",
+			policies: [][2]string{{PolicyAlways, ""}, {PolicyOnce, `{"repo":"acme/prod"}`}}, input: `{"repo":"acme/prod"}`, want: DecisionApproved},
+		{name: "an unconditional never beats a matching conditional once",
+			policies: [][2]string{{PolicyNever, ""}, {PolicyOnce, `{"repo":"acme/prod"}`}}, input: `{"repo":"acme/prod"}`, want: DecisionDenied},
+		{name: "a matching conditional once without an unconditional policy asks",
+			policies: [][2]string{{PolicyOnce, `{"repo":"acme/prod"}`}}, input: `{"repo":"acme/prod"}`, want: DecisionPending},
 		{name: "a matching conditional always beats an unconditional never",
 			policies: [][2]string{{PolicyNever, ""}, {PolicyAlways, `{"repo":"acme/docs"}`}}, input: `{"repo":"acme/docs"}`, want: DecisionApproved},
 		{name: "a matching never beats a matching always",
 			policies: [][2]string{{PolicyAlways, `{"repo":"acme/docs"}`}, {PolicyNever, `{"branch":"main"}`}},
 			input:    `{"repo":"acme/docs","branch":"main"}`, want: DecisionDenied},
-		{name: "a matching once beats a matching always",
+		{name: "a matching always beats a matching once",
 			policies: [][2]string{{PolicyAlways, `{"repo":"acme/docs"}`}, {PolicyOnce, `{"branch":"main"}`}},
-			input:    `{"repo":"acme/docs","branch":"main"}`, want: DecisionPending},
+			input:    `{"repo":"acme/docs","branch":"main"}`, want: DecisionApproved},
+		{name: "a matching never beats an unconditional always",
+			policies: [][2]string{{PolicyAlways, ""}, {PolicyNever, `{"branch":"main"}`}},
+			input:    `{"branch":"main"}`, want: DecisionDenied},
 		{name: "containment is deep", policies: [][2]string{{PolicyAlways, `{"opts":{"dry_run":true}}`}},
 			input: `{"opts":{"dry_run":true,"v":2}}`, want: DecisionApproved},
 	}

@@ -40,15 +40,15 @@ INSERT INTO session_events (org_id, session_id, seq, name, payload)
 SELECT $1, $2, s.event_count - cardinality($3::text[]) + t.ord, t.name, t.payload::jsonb
   FROM s, unnest($3::text[], $4::text[]) WITH ORDINALITY AS t(name, payload, ord)`
 
-// qDecidingPolicy picks the policy that decides a call: any matching
-// conditional policy before the unconditional one, and among matching
-// conditional ones the strictest (never, then once, then always). A call
-// without input ($4 NULL) matches no conditional policy.
+// qDecidingPolicy picks the policy that decides a call, in SPEC §7's
+// order: a matching (conditional) never, then a matching always, then the
+// unconditional policy, then a matching once. A call without input ($4
+// NULL) matches no conditional policy.
 // $1 org, $2 agent, $3 tool, $4 input.
 const qDecidingPolicy = `
 SELECT ` + policyColumns + ` FROM tool_policies
  WHERE org_id = $1 AND agent_id = $2 AND tool_name = $3 AND (match IS NULL OR $4::jsonb @> match)
- ORDER BY match IS NULL, CASE approval WHEN 'never' THEN 0 WHEN 'once' THEN 1 ELSE 2 END, id
+ ORDER BY CASE WHEN match IS NULL THEN 2 WHEN approval = 'never' THEN 0 WHEN approval = 'always' THEN 1 ELSE 3 END, id
  LIMIT 1`
 
 // qInsertApproval records a request, pending or decided by a policy; a
