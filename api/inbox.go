@@ -60,7 +60,7 @@ func (s *Server) approvalEvents(c echo.Context) error {
 	defer release()
 	sub, err := s.svc.Inbox.Subscribe(org)
 	if err != nil {
-		return NewProblem(http.StatusServiceUnavailable, "unavailable", "the approvals event stream is unavailable while the server starts or stops; retry")
+		return stoppingProblem("the approvals event stream is")
 	}
 	defer sub.Close()
 	oldest, last, err := s.svc.Inbox.Window(ctx, org)

@@ -105,6 +105,19 @@ const pendingRetryAfterSeconds = 5
 // database out of reach: a restart or a failover takes seconds.
 const unavailableRetryAfterSeconds = 5
 
+// stoppingRetryAfterSeconds is the Retry-After of a 503 for a live stream
+// asked of a replica that is starting or stopping: another replica, or
+// this one a moment later, serves it.
+const stoppingRetryAfterSeconds = 1
+
+// stoppingProblem is the 503 of a live stream (what) asked while the
+// server starts or stops.
+func stoppingProblem(what string) *Problem {
+	p := NewProblem(http.StatusServiceUnavailable, "unavailable", what+" unavailable while the server starts or stops; retry")
+	p.retryAfter = stoppingRetryAfterSeconds
+	return p
+}
+
 // databaseUnavailable reports whether err is Postgres out of reach rather
 // than a statement that failed: no connection could be made (or one
 // broke), or the server is shutting down or starting (SQLSTATE classes
@@ -213,7 +226,11 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	if p.Status == http.StatusServiceUnavailable {
 		// (an outage is the operator's already, from /readyz: one line
 		// per refused request at WARN, not a page of ERRORs)
-		s.logger.WarnContext(c.Request().Context(), "request refused: the database cannot be reached", "error", err.Error(),
+		msg := "request refused: the database cannot be reached"
+		if !databaseUnavailable(err) {
+			msg = "request refused: " + p.Detail
+		}
+		s.logger.WarnContext(c.Request().Context(), msg, "error", err.Error(),
 			"request_id", c.Response().Header().Get(echo.HeaderXRequestID), "path", c.Request().URL.Path)
 	} else if p.Status >= 500 {
 		s.logger.ErrorContext(c.Request().Context(), "request failed", "error", err.Error(),

@@ -419,7 +419,7 @@ func streamProblem(err error) error {
 		return NewProblem(http.StatusConflict, "idempotency-key-used",
 			"this Idempotency-Key was used for a different append to this stream (by another caller, or before its replay record expired); use a new key for new chunks")
 	case errors.Is(err, streams.ErrStopped):
-		return NewProblem(http.StatusServiceUnavailable, "unavailable", "live tails are unavailable while the server starts or stops; retry")
+		return stoppingProblem("live tails are")
 	}
 	return err
 }

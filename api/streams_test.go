@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -850,4 +851,19 @@ func TestAnIdleSSEReaderDoesNotHoldItsCatchUpBuffer(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return int64(heap())-int64(before) < readers*3<<20
 	}, 10*time.Second, 50*time.Millisecond, "%d idle SSE readers hold more than 3 MiB each", readers)
+}
+
+// A live tail asked of a replica whose streams have stopped (it is
+// stopping) is 503 `unavailable` with a short Retry-After, logged as what
+// it is — not as the database out of reach.
+func TestALiveTailAskedWhileTheServerStopsIs503WithRetryAfter(t *testing.T) {
+	var logs testkit.LogBuffer
+	s := newTestServer(t, withStreams(t, streams.Config{}), func(c *Config, _ *Services) { c.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
+	require.NoError(t, s.svc.Streams.Stop(context.Background()))
+
+	r := do(t, s.Handler(), http.MethodGet, streamBase+"out/sse", agentToken(t, "org-a"), nil)
+	r.requireProblem(t, http.StatusServiceUnavailable)
+	require.Equal(t, "1", r.Header.Get("Retry-After"))
+	require.Contains(t, logs.String(), "request refused: live tails are unavailable while the server starts or stops")
+	require.NotContains(t, logs.String(), "the database cannot be reached")
 }
