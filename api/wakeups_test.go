@@ -304,3 +304,23 @@ func TestWakeupsListByDeliveryStateShowsOnlyTheOrgsWakeupsInThatState(t *testing
 		})
 	}
 }
+
+// A wake-up of cost 0 is not refused past an approved overrun of its
+// mandate (spent above budget): the gate's spend is the mandates' own,
+// where what is left is never below 0.
+func TestAZeroCostWakeupIsNotRefusedAfterAnApprovedOverrun(t *testing.T) {
+	s := newTestServer(t, withMandates(t), withWakeups(t))
+	h := s.Handler()
+	createMandate(t, h, token(t, "org-a", "admin"), "a1", "llm", 5)
+	agent := subToken(t, "org-a", "alice", "", RoleAgent)
+	bob := subToken(t, "org-a", "bob", "", RoleApprover)
+	p := do(t, h, http.MethodPost, "/v1/mandates/spend", agent, `{"agent_id":"a1","scope":"llm","cost":8}`).requireProblem(t, http.StatusPaymentRequired)
+	r := do(t, h, http.MethodPost, "/v1/mandate-approvals/"+p["approval_id"].(string)+"/approve", bob, `{}`)
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+
+	r = do(t, h, http.MethodPost, "/v1/mandates/spend", agent, `{"agent_id":"a1","scope":"llm","cost":0}`)
+	require.Equal(t, http.StatusOK, r.Status, "a spend of 0: %s", r.Body)
+	r = do(t, h, http.MethodPost, "/v1/wakeups", agent, map[string]any{"agent_id": "a1", "workflow_id": "org-a/wf", "signal": "wake",
+		"scope": "llm", "cost": 0, "work": map[string]any{"handler": "echo"}})
+	require.Equal(t, http.StatusCreated, r.Status, "a wake-up of cost 0: %s", r.Body)
+}

@@ -35,9 +35,11 @@ WITH claim AS (
     UPDATE mandates SET spent = spent + $4, updated_at = now()
      WHERE org_id = $1 AND agent_id = $2 AND scope = $3
        AND status = 'active' AND (valid_until IS NULL OR valid_until > now())
-       AND $4 <= budget - spent
+       -- (what is left is never below 0: past an approved overrun a spend
+       -- of 0, an authority check, still passes, as at spent = budget)
+       AND $4 <= GREATEST(budget - spent, 0)
        AND EXISTS (SELECT 1 FROM proceed)
-    RETURNING id, budget - spent AS remaining
+    RETURNING id, GREATEST(budget - spent, 0) AS remaining
 ), ledger AS (
     INSERT INTO mandate_ledger (id, org_id, mandate_id, kind, amount, reason, idempotency_key, remaining)
     SELECT $7, $1, debit.id, 'debit', $4, $5, NULLIF($6::text, ''), debit.remaining FROM debit

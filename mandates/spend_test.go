@@ -88,6 +88,31 @@ func TestACostOfZeroPassesEvenWithNothingLeft(t *testing.T) {
 	requireLedgerMatches(t, db)
 }
 
+// Past an approved overrun (spent above budget) a spend of 0 still passes,
+// as at spent = budget, and asks no human: what is left is 0, not less.
+// It was refused as insufficient, with an approval request for nothing.
+func TestACostOfZeroPassesAfterAnApprovedOverrun(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	m := mustCreate(t, s, "org-a", "agent-1", "llm", 5)
+	over, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 8, RequestedBy: "alice"})
+	require.NoError(t, err)
+	require.False(t, over.OK)
+	_, err = s.Approve(ctx, "org-a", over.ApprovalID, "bob", "")
+	require.NoError(t, err)
+	require.EqualValues(t, 8, mustGet(t, s, "org-a", m).Spent)
+
+	r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 0, RequestedBy: "alice"})
+	require.NoError(t, err)
+	require.True(t, r.OK, "refused as %q", r.Refusal)
+	require.EqualValues(t, 0, r.Remaining)
+	require.Zero(t, countApprovals(t, db, "org-a", StatePending), "no approval request for a spend of nothing")
+	r, err = s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1, RequestedBy: "alice"})
+	require.NoError(t, err)
+	require.False(t, r.OK, "a spend of 1 is still refused")
+	requireLedgerMatches(t, db)
+}
+
 func TestSpendRejectsBadInputNamingTheField(t *testing.T) {
 	s, db := newTestService(t)
 	ctx := context.Background()
