@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"iter"
 	"path"
 	"regexp"
 	"sort"
@@ -62,25 +63,18 @@ func mergedOpenAPI() (map[string]any, error) {
 // client then knows a 503 as retryable, and the test server's contract
 // check admits them where they happen.
 func declareServerFailures(doc map[string]any) {
-	paths, _ := doc["paths"].(map[string]any)
-	for _, item := range paths {
-		ops, _ := item.(map[string]any)
-		for _, method := range httpMethods {
-			op, ok := ops[method].(map[string]any)
-			if !ok {
-				continue
-			}
-			responses, _ := op["responses"].(map[string]any)
-			if responses == nil {
-				continue
-			}
-			if _, ok := responses["500"]; !ok {
-				responses["500"] = map[string]any{"$ref": "#/components/responses/Internal"}
-			}
-			if db, _ := op["x-reveille-database"].(bool); db || op["x-reveille-database"] == nil {
-				if _, ok := responses["503"]; !ok {
-					responses["503"] = map[string]any{"$ref": "#/components/responses/Unavailable"}
-				}
+	for o := range operations(doc) {
+		op := o.op
+		responses, _ := op["responses"].(map[string]any)
+		if responses == nil {
+			continue
+		}
+		if _, ok := responses["500"]; !ok {
+			responses["500"] = map[string]any{"$ref": "#/components/responses/Internal"}
+		}
+		if db, _ := op["x-reveille-database"].(bool); db || op["x-reveille-database"] == nil {
+			if _, ok := responses["503"]; !ok {
+				responses["503"] = map[string]any{"$ref": "#/components/responses/Unavailable"}
 			}
 		}
 	}
@@ -93,22 +87,35 @@ func bodylessOperations() (map[string]bool, error) {
 	if err != nil {
 		return nil, err
 	}
-	paths, _ := doc["paths"].(map[string]any)
 	out := map[string]bool{}
-	for p, item := range paths {
-		ops, _ := item.(map[string]any)
-		route := openapiParam.ReplaceAllString(p, ":$1")
-		for method, op := range ops {
-			o, ok := op.(map[string]any)
-			if !ok {
-				continue // (parameters shared by the path's operations)
-			}
-			if _, body := o["requestBody"]; !body {
-				out[strings.ToUpper(method)+" "+route] = true
-			}
+	for o := range operations(doc) {
+		if _, body := o.op["requestBody"]; !body {
+			out[strings.ToUpper(o.method)+" "+openapiParam.ReplaceAllString(o.path, ":$1")] = true
 		}
 	}
 	return out, nil
+}
+
+// operation is one operation of the document: its method (lower case),
+// its path as the document spells it, and the operation object.
+type operation struct {
+	method, path string
+	op           map[string]any
+}
+
+// operations yields each operation of doc.
+func operations(doc map[string]any) iter.Seq[operation] {
+	return func(yield func(operation) bool) {
+		paths, _ := doc["paths"].(map[string]any)
+		for path, item := range paths {
+			ops, _ := item.(map[string]any)
+			for _, method := range httpMethods {
+				if op, ok := ops[method].(map[string]any); ok && !yield(operation{method, path, op}) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // httpMethods are the operations' keys in a path item.

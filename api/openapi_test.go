@@ -119,29 +119,21 @@ var operationIDPattern = regexp.MustCompile(`^[a-z][a-zA-Z0-9]*$`)
 func TestEveryOperationHasAStableOperationID(t *testing.T) {
 	doc, err := mergedOpenAPI()
 	require.NoError(t, err)
-	paths, _ := doc["paths"].(map[string]any)
-	require.NotEmpty(t, paths)
 	var got []string
 	seen := map[string]string{}
-	for path, item := range paths {
-		ops, _ := item.(map[string]any)
-		for _, method := range httpMethods {
-			op, ok := ops[method].(map[string]any)
-			if !ok {
-				continue
-			}
-			where := strings.ToUpper(method) + " " + path
-			id, _ := op["operationId"].(string)
-			if !assert.Regexp(t, operationIDPattern, id, "%s: operationId must be camelCase", where) {
-				continue
-			}
-			if other, dup := seen[id]; dup {
-				t.Errorf("operationId %s names both %s and %s", id, other, where)
-			}
-			seen[id] = where
-			got = append(got, id+" "+where)
+	for o := range operations(doc) {
+		where := strings.ToUpper(o.method) + " " + o.path
+		id, _ := o.op["operationId"].(string)
+		if !assert.Regexp(t, operationIDPattern, id, "%s: operationId must be camelCase", where) {
+			continue
 		}
+		if other, dup := seen[id]; dup {
+			t.Errorf("operationId %s names both %s and %s", id, other, where)
+		}
+		seen[id] = where
+		got = append(got, id+" "+where)
 	}
+	require.NotEmpty(t, got)
 	raw, err := os.ReadFile("testdata/operation-ids.txt")
 	require.NoError(t, err)
 	var pinned []string
@@ -175,20 +167,15 @@ func TestOpenAPIDocumentHasNoSilentYAMLMistakes(t *testing.T) {
 		}
 	})
 	schemas, _ := doc["components"].(map[string]any)["schemas"].(map[string]any)
-	paths, _ := doc["paths"].(map[string]any)
-	for path, item := range paths {
-		ops, _ := item.(map[string]any)
-		for _, method := range httpMethods {
-			op, _ := ops[method].(map[string]any)
-			body, _ := op["requestBody"].(map[string]any)
-			content, _ := body["content"].(map[string]any)
-			for mediaType, mt := range content {
-				schema, _ := mt.(map[string]any)["schema"].(map[string]any)
-				at := strings.ToUpper(method) + " " + path + " " + mediaType
-				walkSchema(schema, schemas, at, map[string]bool{}, func(node map[string]any, at string) {
-					assert.NotContains(t, node, "default", "%s: a request body's default goes in the description (generators make a field with a default required)", at)
-				})
-			}
+	for o := range operations(doc) {
+		body, _ := o.op["requestBody"].(map[string]any)
+		content, _ := body["content"].(map[string]any)
+		for mediaType, mt := range content {
+			schema, _ := mt.(map[string]any)["schema"].(map[string]any)
+			at := strings.ToUpper(o.method) + " " + o.path + " " + mediaType
+			walkSchema(schema, schemas, at, map[string]bool{}, func(node map[string]any, at string) {
+				assert.NotContains(t, node, "default", "%s: a request body's default goes in the description (generators make a field with a default required)", at)
+			})
 		}
 	}
 }
