@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/MicahParks/keyfunc/v3"
 	"github.com/golang-jwt/jwt/v5"
@@ -210,7 +211,8 @@ const maxIdentityClaim = 255
 
 // checkIdentityClaims refuses a token whose org_id is missing, or whose
 // org_id, sub or agent_id (each optional but org_id) is blank, longer than
-// maxIdentityClaim bytes or holds NUL (which Postgres text cannot store):
+// maxIdentityClaim bytes, holds NUL (which Postgres text cannot store) or
+// another control character:
 // every query and key carries them. An agent_id of "." or ".." is refused
 // too: it is a path segment of /v1/agents/{agent_id}/….
 func checkIdentityClaims(claims Claims) error {
@@ -229,6 +231,11 @@ func checkIdentityClaims(claims Claims) error {
 			return fmt.Errorf("the %s claim is %d bytes long; at most %d are allowed", claim.name, len(v), maxIdentityClaim)
 		case strings.ContainsRune(v, 0):
 			return fmt.Errorf("the %s claim holds NUL", claim.name)
+		case strings.ContainsFunc(v, unicode.IsControl):
+			// (the org id goes into webhook deliveries' X-Reveille-Delivery
+			// header, which no control character may be in: every delivery
+			// of such an org failed; and each is a log field)
+			return fmt.Errorf("the %s claim holds a control character", claim.name)
 		case claim.name == "agent_id" && isDotSegment(v):
 			// (a path segment of the policy routes, and the tool calls' agent)
 			return fmt.Errorf("the agent_id claim is %q: it %s", v, dotSegmentDetail)

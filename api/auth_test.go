@@ -107,6 +107,8 @@ func TestATokenWithABlankOrOverlongIdentityClaimIs401NamingIt(t *testing.T) {
 		{"an empty org_id", with(agent, "org_id", ""), "token has no org_id claim"},
 		{"a whitespace-only org_id", with(agent, "org_id", " \t "), "the org_id claim is blank"},
 		{"an org_id with NUL", with(agent, "org_id", "org\x00a"), "the org_id claim holds NUL"},
+		{"an org_id with DEL", with(agent, "org_id", "acme\x7f"), "the org_id claim holds a control character"},
+		{"a sub with a newline", with(agent, "sub", "alice\nadmin"), "the sub claim holds a control character"},
 		{"a 256-byte sub", with(agent, "sub", strings.Repeat("s", 256)), "the sub claim is 256 bytes long; at most 255 are allowed"},
 		{"a whitespace-only sub", with(agent, "sub", "  "), "the sub claim is blank"},
 		{"a 256-byte agent_id", with(agent, "agent_id", strings.Repeat("a", 256)), "the agent_id claim is 256 bytes long; at most 255 are allowed"},

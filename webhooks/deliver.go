@@ -89,38 +89,38 @@ func (s *Store) Enqueue(ctx context.Context, q db.Querier, ev Event) error {
 	if ev.Type != TypeRequested && ev.Type != TypeResolved {
 		return fmt.Errorf("approval webhooks: event type %q is neither requested nor resolved", ev.Type)
 	}
-	rows, err := q.Query(ctx, qTargets, ev.OrgID)
-	if err != nil {
-		return fmt.Errorf("reading approval webhooks: %w", err)
-	}
-	targets, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (target, error) {
-		var t target
-		return t, r.Scan(&t.name, &t.url, &t.format, &t.secret, &t.created)
-	})
-	if err != nil {
-		return fmt.Errorf("reading approval webhooks: %w", err)
-	}
-	if len(targets) == 0 {
-		return nil
-	}
-	ps := make([]workpool.EnqueueParams, len(targets))
-	for i, t := range targets {
-		args, err := s.deliveryArgs(t, ev)
-		if err != nil {
-			return err
-		}
-		hookCtx, err := json.Marshal(deliveryContext{Name: t.name, Created: &t.created, Seq: ev.Seq, URL: t.url})
-		if err != nil {
-			return fmt.Errorf("approval webhook delivery: %w", err)
-		}
-		ps[i] = workpool.EnqueueParams{OrgID: ev.OrgID, Pool: s.cfg.Pool, Handler: httpwork.Name, Args: args,
-			Retry: s.cfg.Retry, TimeoutMS: s.cfg.TimeoutMS, BypassPendingCap: true,
-			OnComplete: &workpool.OnComplete{Hook: HookName, Context: hookCtx},
-			// (the URL was checked when the webhook was registered; one the
-			// allow-list dropped since fails its delivery, not the approval)
-			SkipArgsCheck: true}
-	}
 	return db.InTx(ctx, q, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, qTargets, ev.OrgID)
+		if err != nil {
+			return fmt.Errorf("reading approval webhooks: %w", err)
+		}
+		targets, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (target, error) {
+			var t target
+			return t, r.Scan(&t.name, &t.url, &t.format, &t.secret, &t.created)
+		})
+		if err != nil {
+			return fmt.Errorf("reading approval webhooks: %w", err)
+		}
+		if len(targets) == 0 {
+			return nil
+		}
+		ps := make([]workpool.EnqueueParams, len(targets))
+		for i, t := range targets {
+			args, err := s.deliveryArgs(t, ev)
+			if err != nil {
+				return err
+			}
+			hookCtx, err := json.Marshal(deliveryContext{Name: t.name, Created: &t.created, Seq: ev.Seq, URL: t.url})
+			if err != nil {
+				return fmt.Errorf("approval webhook delivery: %w", err)
+			}
+			ps[i] = workpool.EnqueueParams{OrgID: ev.OrgID, Pool: s.cfg.Pool, Handler: httpwork.Name, Args: args,
+				Retry: s.cfg.Retry, TimeoutMS: s.cfg.TimeoutMS, BypassPendingCap: true,
+				OnComplete: &workpool.OnComplete{Hook: HookName, Context: hookCtx},
+				// (the URL was checked when the webhook was registered; one the
+				// allow-list dropped since fails its delivery, not the approval)
+				SkipArgsCheck: true}
+		}
 		if _, err := s.pool.EnqueueManyTx(ctx, tx, ps); err != nil {
 			return fmt.Errorf("enqueueing approval webhook deliveries: %w", err)
 		}

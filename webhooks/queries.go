@@ -30,8 +30,11 @@ const qList = `SELECT ` + webhookColumns + ` FROM approval_webhooks WHERE org_id
 const qDelete = `DELETE FROM approval_webhooks WHERE org_id = $1 AND name = $2`
 
 // qTargets reads what a delivery needs of each of an org's webhooks, in
-// the event's transaction. $1 org.
-const qTargets = `SELECT name, url, format, secret, created_at FROM approval_webhooks WHERE org_id = $1 ORDER BY name`
+// the event's transaction, FOR SHARE: a DELETE or a replacing PUT of one
+// waits for the event to commit, so once it has answered no event that
+// commits later is sent to the webhook deleted or to the URL replaced.
+// $1 org.
+const qTargets = `SELECT name, url, format, secret, created_at FROM approval_webhooks WHERE org_id = $1 ORDER BY name FOR SHARE`
 
 // qDelivered records a finished delivery on its webhook, in the pool's
 // completion transaction: as the last delivery, and as the last failure

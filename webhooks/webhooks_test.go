@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/apperr"
@@ -400,4 +401,46 @@ func TestADeliveryOfADeletedWebhookFinishesWithoutARowToRecordOn(t *testing.T) {
 		require.NoError(t, f.db.QueryRow(ctx, `SELECT count(*) FROM workpool_work WHERE org_id = $1 AND state = 'finished' AND outcome = 'succeeded'`, orgA).Scan(&n))
 		return n == 1
 	}, testWait, 10*time.Millisecond, "the hook finds no webhook and the delivery completes all the same")
+}
+
+// An event's transaction holds the org's webhooks as it read them until it
+// commits: a DELETE, or a PUT that replaces the URL, waits for it, so once
+// the admin has the answer no event committed later goes to the webhook
+// deleted or to the old URL. (They answered at once, and an event that
+// committed after a 204 was delivered to the deleted webhook — the whole
+// approval, to an endpoint the admin had just cut off.)
+func TestAWebhooksDeleteOrReplaceWaitsForTheEventsThatReadIt(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(f fixture, url string) error
+	}{
+		{"delete", func(f fixture, _ string) error { return f.store.Delete(context.Background(), orgA, "ops") }},
+		{"replace", func(f fixture, url string) error {
+			_, err := f.store.Put(context.Background(), orgA, "ops", PutParams{URL: url, Format: FormatJSON})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			ctx := context.Background()
+			old, repl := newReceiver(t, 0), newReceiver(t, 0)
+			f.put(t, orgA, "ops", old.srv.URL+"/hook", FormatJSON)
+
+			tx, err := f.db.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			require.NoError(t, f.store.Enqueue(ctx, tx, toolEvent(orgA, 1, TypeRequested, pendingCall)))
+			changed := make(chan error, 1)
+			go func() { changed <- tc.change(f, repl.srv.URL+"/hook") }()
+			require.Eventually(t, func() bool {
+				var waiting bool
+				err := f.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+					WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%approval_webhooks%')`).Scan(&waiting)
+				return assert.NoError(t, err) && waiting
+			}, 10*time.Second, 5*time.Millisecond, "the %s waits for the event that read the webhook", tc.name)
+			require.NoError(t, tx.Commit(ctx))
+			require.NoError(t, <-changed)
+			require.Equal(t, 1, f.workCount(t, orgA), "the event committed first, for the webhook it read")
+		})
+	}
 }
