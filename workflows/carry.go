@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+	"strings"
 
 	"go.temporal.io/sdk/workflow"
 )
@@ -16,7 +17,11 @@ import (
 // run also holds, off the channel, wakes and decisions that arrived while
 // it awaited others; draining the channel alone would miss those.
 // PendingWakes and PendingDecisions hand both over; HoldWakes and
-// HoldDecisions give them to the next run's awaits.
+// HoldDecisions give them to the next run's awaits. Delivery is at least
+// once (a send that timed out after Temporal took it is sent again, to
+// whatever run is current by then), so the ids the run's awaits returned
+// travel too: ReturnedIDs hands them over and HoldReturned gives them to
+// the next run, whose awaits then drop a repeat of one.
 
 // PendingWakes removes and returns the wakes on signal that the run has
 // received and not returned, in arrival order: those a WithWakeDedupe
@@ -109,6 +114,48 @@ func HoldDecisions(ctx workflow.Context, decisions []Decision) workflow.Context 
 		if _, ok := held[d.ApprovalID]; !ok {
 			held[d.ApprovalID] = d
 		}
+	}
+	return ctx
+}
+
+// maxCarriedReturned bounds the ids of each kind (wake-ups, approvals)
+// ReturnedIDs hands over, so that a loop that continues as new for ever
+// does not carry every id it ever returned: the newest are kept, which
+// are the ones a repeat can still come for (a repeat is the outbox's
+// retry of a send whose outcome it did not learn, within minutes).
+const maxCarriedReturned = 1000
+
+// ReturnedIDs returns the ids of the wake-ups this run's awaits returned
+// (and "approval:" + the ids of the decisions), with those its previous
+// run handed over (HoldReturned): the newest maxCarriedReturned of each
+// kind (the ids are UUIDv7s, which sort by creation), sorted. Pass them
+// to the next run with PendingWakes' and PendingDecisions' results.
+func ReturnedIDs(ctx workflow.Context) []string {
+	seen, _ := ctx.Value(seenKey{}).(seenWakes)
+	var wakes, approvals []string
+	for id := range seen {
+		if strings.HasPrefix(id, "approval:") {
+			approvals = append(approvals, id)
+		} else {
+			wakes = append(wakes, id)
+		}
+	}
+	newest := func(ids []string) []string {
+		slices.Sort(ids) // (map order is not deterministic)
+		return ids[max(len(ids)-maxCarriedReturned, 0):]
+	}
+	return append(newest(wakes), newest(approvals)...)
+}
+
+// HoldReturned gives the run the ids its previous run's awaits returned
+// (ReturnedIDs): its awaits drop a repeated delivery of one. It returns a
+// WithWakeDedupe context (ctx itself when it is one); use it for the
+// awaits.
+func HoldReturned(ctx workflow.Context, ids []string) workflow.Context {
+	ctx = WithWakeDedupe(ctx)
+	seen := ctx.Value(seenKey{}).(seenWakes)
+	for _, id := range ids {
+		seen[id] = true
 	}
 	return ctx
 }

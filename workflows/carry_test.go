@@ -2,6 +2,7 @@ package workflows
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -89,4 +90,77 @@ func TestWhatARunReceivedAndDidNotReturnGoesToItsNextRun(t *testing.T) {
 	var got []string
 	require.NoError(t, env.GetWorkflowResult(&got))
 	require.Equal(t, []string{"w3", "w2", "a1:approved"}, got, "each await took its own, nothing signalled again")
+}
+
+type loopInput struct {
+	Run      int
+	Wakes    []Wake
+	Returned []string
+}
+
+// loopWorkflow is the documented continue-as-new loop: each run awaits the
+// next wake (of any wake-up) and continues as new, handing over what it
+// received and did not return, and the ids it returned.
+func loopWorkflow(ctx workflow.Context, in loopInput) (string, error) {
+	ctx = HoldReturned(HoldWakes(ctx, "wake", in.Wakes), in.Returned)
+	w, err := AwaitWake(ctx, "wake", time.Hour)
+	if err != nil {
+		return "", err
+	}
+	if in.Run == 0 {
+		return "", workflow.NewContinueAsNewError(ctx, loopWorkflow,
+			loopInput{Run: 1, Wakes: PendingWakes(ctx, "wake"), Returned: ReturnedIDs(ctx)})
+	}
+	return w.WakeupID, nil
+}
+
+// Delivery is at least once: a send that timed out after Temporal took it
+// is sent again, and the retry reaches whatever run is current by then. A
+// wake the previous run returned is not returned again by the next run as
+// if it were new: the ids returned travel with the run's input
+// (ReturnedIDs, HoldReturned). Without them the next run acted on w1 twice.
+func TestAWakeTheLastRunReturnedIsNotReturnedAgainAfterContinueAsNew(t *testing.T) {
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestWorkflowEnvironment()
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/loop"})
+	sendWake(t, env, "wake", Wake{OrgID: "org-a", WakeupID: "w1", Outcome: OutcomeSucceeded}, time.Second)
+	env.ExecuteWorkflow(loopWorkflow, loopInput{})
+	var can *workflow.ContinueAsNewError
+	require.True(t, errors.As(env.GetWorkflowError(), &can), "%v", env.GetWorkflowError())
+	var next loopInput
+	require.NoError(t, converter.GetDefaultDataConverter().FromPayloads(can.Input, &next))
+	require.Equal(t, []string{"w1"}, next.Returned)
+
+	// the next run: the dispatcher's repeat of w1 lands, then w2
+	env = suite.NewTestWorkflowEnvironment()
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/loop"})
+	sendWake(t, env, "wake", Wake{OrgID: "org-a", WakeupID: "w1", Outcome: OutcomeSucceeded}, time.Second)
+	sendWake(t, env, "wake", Wake{OrgID: "org-a", WakeupID: "w2", Outcome: OutcomeFailed}, 2*time.Second)
+	env.ExecuteWorkflow(loopWorkflow, next)
+	require.NoError(t, env.GetWorkflowError())
+	var got string
+	require.NoError(t, env.GetWorkflowResult(&got))
+	require.Equal(t, "w2", got, "the repeat of w1 was returned again as a new wake")
+}
+
+// ReturnedIDs hands over the newest maxCarriedReturned ids of each kind
+// (UUIDv7s sort by creation), sorted: a loop that continues as new for
+// ever does not carry every id it ever returned.
+func TestReturnedIDsKeepsTheNewestOfEachKind(t *testing.T) {
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestWorkflowEnvironment()
+	var ids []string
+	for i := range maxCarriedReturned + 5 {
+		ids = append(ids, fmt.Sprintf("0190a5c4-%04d", i), fmt.Sprintf("approval:0190a5c4-%04d", i))
+	}
+	env.ExecuteWorkflow(func(ctx workflow.Context) ([]string, error) {
+		return ReturnedIDs(HoldReturned(ctx, ids)), nil
+	})
+	require.NoError(t, env.GetWorkflowError())
+	var got []string
+	require.NoError(t, env.GetWorkflowResult(&got))
+	require.Len(t, got, 2*maxCarriedReturned)
+	require.Equal(t, "0190a5c4-0005", got[0], "the oldest wake-up ids are dropped")
+	require.Equal(t, fmt.Sprintf("0190a5c4-%04d", maxCarriedReturned+4), got[maxCarriedReturned-1])
+	require.Equal(t, "approval:0190a5c4-0005", got[maxCarriedReturned])
 }
