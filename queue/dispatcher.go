@@ -748,7 +748,8 @@ func (d *Dispatcher) unclaim(ctx context.Context, msgs []claimed) (int64, error)
 func subjectKey(queue string) string { return queue + "_id" }
 
 // backoff is the capped exponential delay after the given attempt, with
-// ±25 % jitter so that a Temporal outage does not end in a thundering herd.
+// ±25 % jitter (after the cap: MinBackoff·0.75 … MaxBackoff·1.25) so that a
+// Temporal outage does not end in a thundering herd.
 func (d *Dispatcher) backoff(attempts int) time.Duration {
 	exp := float64(d.cfg.MinBackoff) * math.Pow(2, float64(max(attempts-1, 0)))
 	wait := time.Duration(min(exp, float64(d.cfg.MaxBackoff)))
