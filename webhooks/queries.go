@@ -30,11 +30,19 @@ const qList = `SELECT ` + webhookColumns + ` FROM approval_webhooks WHERE org_id
 const qDelete = `DELETE FROM approval_webhooks WHERE org_id = $1 AND name = $2`
 
 // qTargets reads what a delivery needs of each of an org's webhooks, in
-// the event's transaction, FOR SHARE: a DELETE or a replacing PUT of one
-// waits for the event to commit, so once it has answered no event that
-// commits later is sent to the webhook deleted or to the URL replaced.
-// $1 org.
-const qTargets = `SELECT name, url, format, secret, created_at FROM approval_webhooks WHERE org_id = $1 ORDER BY name FOR SHARE`
+// the event's transaction, FOR KEY SHARE: a DELETE of one, or a PUT that
+// replaces it (qLockForReplace), waits for the event to commit, so once it
+// has answered no event that commits later is sent to the webhook deleted
+// or to the URL replaced. (Not FOR SHARE: a delivery's completion, whose
+// hook updates the row (qDelivered) after its own statement locked the
+// org's queue row, would wait for the event while the event's enqueue
+// waits for that queue row — a deadlock.) $1 org.
+const qTargets = `SELECT name, url, format, secret, created_at FROM approval_webhooks WHERE org_id = $1 ORDER BY name FOR KEY SHARE`
+
+// qLockForReplace locks a webhook before a PUT replaces it, so that the
+// PUT waits for the events that read it (qTargets); its upsert alone
+// changes no key and would not. $1 org, $2 name.
+const qLockForReplace = `SELECT 1 FROM approval_webhooks WHERE org_id = $1 AND name = $2 FOR UPDATE`
 
 // qDelivered records a finished delivery on its webhook, in the pool's
 // completion transaction: as the last delivery, and as the last failure

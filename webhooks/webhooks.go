@@ -181,8 +181,14 @@ func (s *Store) Put(ctx context.Context, orgID, name string, p PutParams) (PutRe
 		return PutResult{}, err
 	}
 	var res PutResult
-	row := s.db.QueryRow(ctx, qUpsert, orgID, name, p.URL, p.Format, secret, MaxPerOrg)
-	res.Webhook, err = scanWebhook(row, &res.Created)
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, qLockForReplace, orgID, name); err != nil {
+			return err
+		}
+		var err error
+		res.Webhook, err = scanWebhook(tx.QueryRow(ctx, qUpsert, orgID, name, p.URL, p.Format, secret, MaxPerOrg), &res.Created)
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return PutResult{}, ErrTooMany
 	}

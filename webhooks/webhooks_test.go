@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -443,4 +444,65 @@ func TestAWebhooksDeleteOrReplaceWaitsForTheEventsThatReadIt(t *testing.T) {
 			require.Equal(t, 1, f.workCount(t, orgA), "the event committed first, for the webhook it read")
 		})
 	}
+}
+
+// A delivery's completion locks the org's queue row (sqlComplete's
+// requeued CTE: a delivery to retry) and then its hook updates the webhook
+// (qDelivered); an event of the org reads its webhooks and then enqueues
+// into that queue. The event's read must not lock the webhook against the
+// hook's update, or the two wait for each other: read FOR SHARE, the
+// event's transaction was ended by "deadlock detected" (the approval it
+// carried failed with it).
+func TestAnEventAndADeliverysCompletionDoNotDeadlock(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	rcv := newReceiver(t, 0)
+	put := f.put(t, orgA, "ops", rcv.srv.URL+"/hook", FormatJSON)
+
+	// the completer's transaction: a retried delivery of org A requeued
+	// (sqlComplete's requeued CTE) ...
+	c, err := f.db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = c.Rollback(ctx) }()
+	_, err = c.Exec(ctx, `INSERT INTO workpool_org_queues (pool, org_id, head_at) VALUES ($1, $2, now())
+		ON CONFLICT (pool, org_id) DO UPDATE SET head_at = least(workpool_org_queues.head_at, excluded.head_at)`,
+		f.store.cfg.Pool, orgA)
+	require.NoError(t, err)
+
+	// ... while an event of org A commits its deliveries
+	evDone := make(chan error, 1)
+	go func() {
+		tx, err := f.db.Begin(ctx)
+		if err != nil {
+			evDone <- err
+			return
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err := f.store.Enqueue(ctx, tx, toolEvent(orgA, 1, TypeRequested, pendingCall)); err != nil {
+			evDone <- err
+			return
+		}
+		evDone <- tx.Commit(ctx)
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := f.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%workpool_org_queues%')`).Scan(&waiting)
+		return assert.NoError(t, err) && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the event's enqueue waits for the org queue row")
+
+	// the same completion batch then runs the delivered hook of a delivery
+	// to "ops" that finished
+	hookCtx, err := json.Marshal(deliveryContext{Name: "ops", Created: &put.Webhook.CreatedAt, Seq: 0, URL: rcv.srv.URL + "/hook"})
+	require.NoError(t, err)
+	hookErr := f.store.delivered(ctx, c, workpool.Completion{WorkID: uuid.Must(uuid.NewV7()), OrgID: orgA,
+		Pool: f.store.cfg.Pool, Outcome: workpool.OutcomeSucceeded, Context: hookCtx})
+	if hookErr == nil {
+		require.NoError(t, c.Commit(ctx))
+	} else {
+		_ = c.Rollback(ctx)
+	}
+	evErr := <-evDone
+	require.NoError(t, hookErr, "the completion's hook")
+	require.NoError(t, evErr, "the event's transaction")
 }
