@@ -387,6 +387,12 @@ func (c *PendingCheck) DecideN(ctx context.Context, q Querier, n int64) (room in
 	}
 	refuse := func(found, room int64) (int64, error) {
 		err := m.refuse(c.pool, c.org, found, 1) // each refused request is one item
+		if room > 0 {
+			// (the room went to the items ahead of these in the group,
+			// whether or not they end up enqueued: refused, retry)
+			err = fmt.Errorf("org %s has %d unfinished work items in pool %s, and the %d requests ahead of this one in its group took the room left under its cap of %d: %w",
+				c.org, found-room, c.pool, room, limit, ErrTooManyPending)
+		}
 		if k := n - room; k > 1 {
 			m.metrics.refused.WithLabelValues(c.pool).Add(float64(k - 1))
 		}
@@ -408,7 +414,7 @@ func (c *PendingCheck) DecideN(ctx context.Context, q Querier, n int64) (room in
 		if found+n <= limit {
 			return n, nil
 		}
-		return refuse(limit, limit-found) // the first limit−found fit: the rest find the cap reached
+		return refuse(limit, limit-found) // the first limit−found fit; the rest are refused
 	}
 	m.admits.forget(c.pool, c.org)
 	m.refusals.refused(c.pool, c.org, found, now)
