@@ -22,7 +22,6 @@ import (
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/streams"
-	"github.com/reveille/reveille/wakeup"
 	"github.com/reveille/reveille/webhooks"
 	"github.com/reveille/reveille/workpool"
 	"github.com/reveille/reveille/workpool/httpwork"
@@ -188,12 +187,6 @@ func envConfig() (settings, error) {
 	s.ShutdownGrace = envDuration("REVEILLE_SHUTDOWN_GRACE", service.DefaultShutdownGrace, minDuration, &errs)
 	s.Worker = envBool("REVEILLE_WORKER", false, &errs)
 	s.Pools = envPools("REVEILLE_POOLS", workpool.DefaultPools, &errs)
-	if _, ok := s.Pools[wakeup.DefaultPool]; !ok {
-		// (no route creates a pool: without it every wake-up that names
-		// none would be refused, naming a pool field the client never sent)
-		errs = append(errs, fmt.Errorf("REVEILLE_POOLS=%q: no pool %q, where wake-ups' work runs unless they name another: add %s=N (the default is %s)",
-			os.Getenv("REVEILLE_POOLS"), wakeup.DefaultPool, wakeup.DefaultPool, workpool.DefaultPools))
-	}
 	s.OrgMaxPending = envCap("REVEILLE_ORG_MAX_PENDING", workpool.DefaultMaxPendingPerOrg, workpool.NoPendingLimit, &errs)
 	s.Retention = envRetention(&errs)
 	if s.StreamChunk > s.StreamRequest {

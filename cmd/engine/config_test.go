@@ -260,7 +260,6 @@ func TestEnvConfigNamesTheMalformedVariable(t *testing.T) {
 		{"REVEILLE_POOLS", "default", `REVEILLE_POOLS: pools "default"`},
 		{"REVEILLE_POOLS", "default=0", "REVEILLE_POOLS"},
 		{"REVEILLE_POOLS", "a=1,a=2", "given twice"},
-		{"REVEILLE_POOLS", "default=10", `REVEILLE_POOLS="default=10": no pool "wakeup", where wake-ups' work runs`},
 		{"REVEILLE_RECOVERY_PERIOD", "soon", `REVEILLE_RECOVERY_PERIOD="soon"`},
 		{"REVEILLE_HEARTBEAT_TIMEOUT", "-1s", "REVEILLE_HEARTBEAT_TIMEOUT"},
 		{"REVEILLE_HEARTBEAT_TIMEOUT", "1ms", "REVEILLE_HEARTBEAT_TIMEOUT=1ms: want at least 3s"},

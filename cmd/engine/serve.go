@@ -131,7 +131,7 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_ORG_MAX_STREAMS      live streams (SSE) per org on this replica; past it 429 (default 1000; 0 = no cap)
   REVEILLE_MAX_CONNECTIONS      connections the API server holds open; at it a new one closes an idle one or waits
                                 (default: half the open-file limit; 0 = no bound)
-  REVEILLE_POOLS                pools created at start if missing, wakeup among them (default default=25,wakeup=25)
+  REVEILLE_POOLS                pools created at start if missing; the database needs wakeup (default default=25,wakeup=25)
   REVEILLE_RECOVERY_PERIOD      how often running work is checked for dead executors (default 10s, at least 100ms)
   REVEILLE_HEARTBEAT_TIMEOUT    heartbeat age after which running work is recovered (default 30s, at least 3s)
   REVEILLE_HOOK_TIMEOUT         the most one onComplete hook call may take before it fails and is retried (default 10s, 1s to 1h)

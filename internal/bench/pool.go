@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/reveille/reveille/internal/service"
+	"github.com/reveille/reveille/wakeup"
 	"github.com/reveille/reveille/workpool"
 )
 
@@ -53,7 +54,8 @@ func poolService(ctx context.Context, c PoolConfig) (*service.Service, *where, e
 	}
 	cfg, _ := serviceConfig(c.Service, w, quiet)
 	cfg.ConfigureDB = func(pc *pgxpool.Config) { pc.MaxConns = int32(min(max(c.Parallelism/10, 16), 64)) }
-	cfg.Workpool.Pools = map[string]int{poolName: c.Parallelism}
+	// (and the wake-ups' pool, which a service will not start without: idle)
+	cfg.Workpool.Pools = map[string]int{poolName: c.Parallelism, wakeup.DefaultPool: 1}
 	cfg.Workpool.MaxPendingPerOrg = max(c.N, workpool.DefaultMaxPendingPerOrg)
 	svc, err := service.New(ctx, cfg)
 	return svc, w, err

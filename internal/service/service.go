@@ -234,6 +234,9 @@ func (s *Service) build(ctx context.Context) error {
 	if err := s.buildDomain(); err != nil {
 		return err
 	}
+	if err := s.checkWakeupPool(ctx); err != nil {
+		return err
+	}
 	return s.buildAPI(ctx)
 }
 
@@ -342,6 +345,22 @@ func (s *Service) connect(ctx context.Context) error {
 		return fmt.Errorf("connect to Postgres: %w", err)
 	}
 	return waitForPostgres(ctx, s.db)
+}
+
+// checkWakeupPool refuses the start when the database has no pool for the
+// wake-ups that name none (wakeup.DefaultPool): no route creates a pool —
+// REVEILLE_POOLS does, on some replica — and without it every such
+// wake-up would be refused, naming a pool field the client never sent.
+func (s *Service) checkWakeupPool(ctx context.Context) error {
+	_, err := s.workpool.Pool(ctx, "", wakeup.DefaultPool)
+	if errors.Is(err, workpool.ErrPoolNotFound) {
+		return fmt.Errorf("REVEILLE_POOLS: the database has no pool %q, where wake-ups' work runs unless they name another: add %s=N (the default is %s)",
+			wakeup.DefaultPool, wakeup.DefaultPool, workpool.DefaultPools)
+	}
+	if err != nil {
+		return fmt.Errorf("checking the wake-ups' pool: %w", err)
+	}
+	return nil
 }
 
 // buildDomain builds the domain services, the hooks between them and the

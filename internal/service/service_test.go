@@ -385,3 +385,24 @@ func TestNewWarnsThatAReplicaWithoutAnAllowListRefusesEveryHTTPRequest(t *testin
 		})
 	}
 }
+
+// Wake-ups that name no pool run in the "wakeup" pool, which only
+// REVEILLE_POOLS creates: a start on a database without it is refused,
+// naming the variable (every such wake-up was a 400 "unknown pool" naming a
+// pool field the client never sent); a replica whose pools leave it out
+// starts beside a database another replica's pools created it in.
+func TestNewRefusesADatabaseWithoutTheWakeupsPool(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Workpool = workpool.Config{Pools: map[string]int{"default": 10}}
+	_, err := service.New(context.Background(), cfg)
+	require.ErrorContains(t, err, `REVEILLE_POOLS: the database has no pool "wakeup"`)
+
+	cfg.Workpool = workpool.Config{Pools: map[string]int{"wakeup": 5}}
+	svc, err := service.New(context.Background(), cfg)
+	require.NoError(t, err)
+	svc.Close()
+	cfg.Workpool = workpool.Config{Pools: map[string]int{"default": 10}}
+	svc, err = service.New(context.Background(), cfg)
+	require.NoError(t, err, "another replica created the pool")
+	svc.Close()
+}
