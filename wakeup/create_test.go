@@ -327,7 +327,7 @@ func TestAGroupAdmitsNoMoreOfAnOrgsRequestsThanItsPendingCapLeavesRoom(t *testin
 			created++
 		} else {
 			require.ErrorIs(t, err, workpool.ErrTooManyPending)
-			require.ErrorContains(t, err, "the 2 requests ahead of this one in its group took the room left under its cap of 2")
+			require.ErrorContains(t, err, "the first 2 requests of this one's group took the room left under its cap of 2")
 		}
 	}
 	require.Equal(t, 2, created, "the cap is 2")

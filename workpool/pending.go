@@ -390,7 +390,7 @@ func (c *PendingCheck) DecideN(ctx context.Context, q Querier, n int64) (room in
 		if room > 0 {
 			// (the room went to the items ahead of these in the group,
 			// whether or not they end up enqueued: refused, retry)
-			err = fmt.Errorf("org %s has %d unfinished work items in pool %s, and the %d requests ahead of this one in its group took the room left under its cap of %d: %w",
+			err = fmt.Errorf("org %s has %d unfinished work items in pool %s, and the first %d requests of this one's group took the room left under its cap of %d: %w",
 				c.org, found-room, c.pool, room, limit, ErrTooManyPending)
 		}
 		if k := n - room; k > 1 {
