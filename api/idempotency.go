@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
+
+	"github.com/reveille/reveille/internal/jsonb"
 )
 
 // DefaultIdempotencyRetention is how long a first response is replayed
@@ -183,6 +185,12 @@ func fingerprintRequest(contentType string, body []byte) requestFingerprint {
 		return fp
 	}
 	if _, _, repeated := misnamedKey(body, nil); repeated {
+		return fp
+	}
+	if !jsonb.Storable(body) {
+		// (a body Postgres cannot store, which the handlers refuse: an
+		// unpaired surrogate escape decodes to U+FFFD as "\ufffd" does, and
+		// compared by value it was replayed another body's answer)
 		return fp
 	}
 	canonical, err := json.Marshal(v)

@@ -406,3 +406,19 @@ func TestIdempotency_ALongPathIsAnsweredAsWithoutAKey(t *testing.T) {
 	with := do(t, h, http.MethodPost, path, tok, `{}`, "Idempotency-Key", "k1")
 	require.Equal(t, without.Status, with.Status, "with an Idempotency-Key: %s", with.Body)
 }
+
+// A body Postgres cannot store (an unpaired surrogate escape, which the
+// JSON decoder turns into U+FFFD as "\ufffd" itself decodes) is not a
+// repeat of a kept request whose body holds U+FFFD: compared by value, it
+// was replayed that request's 201 where a different body is a 422.
+func TestABodyPostgresCannotStoreIsNotAReplayOfOneItDecodesLike(t *testing.T) {
+	s := newTestServer(t)
+	var runs atomic.Int64
+	countingRoute(s, &runs, nil)
+	tok := token(t, "org-a", "admin")
+	first := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"\ufffd"}`, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusCreated, first.Status)
+	second := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"\ud800"}`, "Idempotency-Key", "k1")
+	require.Empty(t, second.Header.Get("Idempotent-Replayed"), "replayed: %d %s", second.Status, second.Body)
+	second.requireProblem(t, http.StatusUnprocessableEntity)
+}
