@@ -441,56 +441,78 @@ func TestUpdatePool_SetsRemovesAndClearsOrgWeights(t *testing.T) {
 	require.ErrorIs(t, h.m.UpdatePool(h.ctx, "missing", PoolUpdate{OrgWeights: map[string]*int{"a": ptr(2)}}), ErrPoolNotFound)
 }
 
-// A change to a pool's limits and weights in one PATCH: a fast fair
-// iteration that took its snapshot before the change committed, and then
-// waited for the pool row the change held, read the new limits from the
-// row but the old weights from its snapshot — a state that never existed
-// (9 new slots shared 1:1, not 3:1). It picks nothing instead, and the
-// full iteration after it picks with the whole change.
+// A change to a pool's weights, alone or with its limits in one PATCH: a
+// fast fair iteration that took its snapshot before the change committed,
+// and then waited for the pool row the change held, read the new limits
+// from the row but the old weights from its snapshot — a state that never
+// existed (9 new slots shared 1:1, not 3:1). With the weights alone it saw
+// no change at all: it compared the row's limits and pause, which the
+// change left as they were. It picks nothing instead, and the full
+// iteration after it picks with the whole change.
 func TestUpdatePool_AFastFairPickSeesAWholeChangeOrNoneOfIt(t *testing.T) {
-	t.Parallel()
-	setUp := func() *harness {
-		h := newHarness(t, withMaxParallelism(1))
-		for range 10 {
-			h.enqueue(withOrg("a"))
-			h.enqueue(withOrg("b"))
-			h.clock.Advance(time.Millisecond)
-		}
-		h.runMain()
-		require.True(t, h.l.shared, "from now on the loop starts fairly in one statement")
-		running := h.observe().running
-		require.Len(t, running, 1)
-		h.complete(running[0], "success", 1)
-		return h
-	}
-	// The change's statements, as UpdatePool runs them, in a transaction
-	// left open.
-	change := func(h *harness) pgx.Tx {
-		tx, err := h.db.Begin(h.ctx)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-		_, err = tx.Exec(h.ctx, sqlUpdatePool, "default", ptr(int32(9)), false, (*int32)(nil), (*bool)(nil))
-		require.NoError(t, err)
-		_, err = tx.Exec(h.ctx, sqlSetOrgWeights, "default", []string{"a"}, []int32{3})
-		require.NoError(t, err)
-		return tx
-	}
+	for _, tc := range []struct {
+		name string
+		// limit: the change sets max_parallelism 9 with the weights (else
+		// 9 is set before, and the change sets the weights alone)
+		limit bool
+	}{
+		{"limits and weights", true},
+		{"weights alone", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			setUp := func() *harness {
+				h := newHarness(t, withMaxParallelism(1))
+				for range 10 {
+					h.enqueue(withOrg("a"))
+					h.enqueue(withOrg("b"))
+					h.clock.Advance(time.Millisecond)
+				}
+				h.runMain()
+				require.True(t, h.l.shared, "from now on the loop starts fairly in one statement")
+				running := h.observe().running
+				require.Len(t, running, 1)
+				h.complete(running[0], "success", 1)
+				if !tc.limit {
+					require.NoError(t, h.m.SetMaxParallelism(h.ctx, "default", 9))
+				}
+				return h
+			}
+			// The change's statements, as UpdatePool runs them, in a
+			// transaction left open.
+			change := func(h *harness) pgx.Tx {
+				tx, err := h.db.Begin(h.ctx)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+				limit := ptr(int32(9))
+				if !tc.limit {
+					limit = nil
+				}
+				_, err = tx.Exec(h.ctx, sqlUpdatePool, "default", limit, false, (*int32)(nil), (*bool)(nil))
+				require.NoError(t, err)
+				_, err = tx.Exec(h.ctx, sqlSetOrgWeights, "default", []string{"a"}, []int32{3})
+				require.NoError(t, err)
+				return tx
+			}
 
-	settled := setUp()
-	require.NoError(t, change(settled).Commit(settled.ctx))
-	settled.runMain()
-	want := settled.runningByOrg()
-	require.Equal(t, map[string]int{"a": 7, "b": 2}, want, "9 slots at weights 3:1 (b's one start before counts)")
+			settled := setUp()
+			require.NoError(t, change(settled).Commit(settled.ctx))
+			settled.runMain()
+			want := settled.runningByOrg()
+			require.Equal(t, map[string]int{"a": 7, "b": 2}, want, "9 slots at weights 3:1 (b's one start before counts)")
 
-	h := setUp()
-	tx := change(h)
-	picked := h.iterateHeldAtThePoolRow()
-	require.NoError(t, tx.Commit(h.ctx))
-	<-picked
-	// The fast statement that straddled the change started nothing, and
-	// the full iteration that follows it at once (a fast one that starts
-	// nothing always goes on to it) started with the whole change.
-	require.Equal(t, want, h.runningByOrg(), "never a mix of the change's two states")
+			h := setUp()
+			tx := change(h)
+			picked := h.iterateHeldAtThePoolRow()
+			require.NoError(t, tx.Commit(h.ctx))
+			<-picked
+			// The fast statement that straddled the change started nothing,
+			// and the full iteration that follows it at once (a fast one
+			// that starts nothing always goes on to it) started with the
+			// whole change.
+			require.Equal(t, want, h.runningByOrg(), "never a mix of the change's two states")
+		})
+	}
 }
 
 // One bad weight — or a bad limit next to good weights — writes nothing.

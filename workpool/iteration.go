@@ -190,8 +190,11 @@ func (it *iteration) open(ctx context.Context) ([]uuid.UUID, error) {
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("iteration commit mode: %w", err)
 	}
-	var maxPar int32
-	if err := br.QueryRow().Scan(&maxPar, &it.perOrg, &it.paused); errors.Is(err, pgx.ErrNoRows) {
+	var (
+		maxPar   int32
+		settings int64 // (the full iteration's later statements read the settings as they are)
+	)
+	if err := br.QueryRow().Scan(&maxPar, &it.perOrg, &it.paused, &settings); errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
 	} else if err != nil {
 		return nil, fmt.Errorf("opening iteration: %w", err)

@@ -79,7 +79,7 @@ ORDER BY p.name`
 const sqlUpdatePool = `
 UPDATE workpool_pools SET max_parallelism = coalesce($2, max_parallelism),
   max_parallelism_per_org = CASE WHEN $3 THEN $4 ELSE max_parallelism_per_org END,
-  paused = coalesce($5, paused),
+  paused = coalesce($5, paused), settings_version = settings_version + 1,
   run_kind = CASE WHEN $5 AND run_kind = 'running' THEN 'scheduled' ELSE run_kind END,
   run_saturated = CASE WHEN $5 THEN false ELSE run_saturated END,
   updated_at = now()
@@ -437,7 +437,7 @@ UPDATE workpool_pools SET generation = generation + 1,
   run_kind = CASE WHEN paused THEN run_kind ELSE 'running' END,
   run_saturated = paused AND run_saturated, run_at = CASE WHEN paused THEN run_at END, updated_at = ` + now + `
 WHERE name = $1 AND generation = ` + gen + `
-RETURNING max_parallelism, max_parallelism_per_org, paused`
+RETURNING max_parallelism, max_parallelism_per_org, paused, settings_version`
 }
 
 // sqlTakeCancelations takes the oldest batch of a pool's cancelations. By
@@ -1137,9 +1137,10 @@ WITH RECURSIVE bump AS (` + bumpSQL("$8", "$2") + `
   -- statement's snapshot holds the old row and the old weights (a PATCH
   -- writes both), and a pick would mix the two. It picks nothing; the
   -- change's kick brings the loop back at once, to a snapshot with all of it.
+  -- (by the settings' version, which every change bumps: a change of the
+  -- weights alone leaves the row's limits and pause as they were)
   SELECT EXISTS (SELECT 1 FROM workpool_pools p, bump b WHERE p.name = $1
-    AND (p.max_parallelism, p.max_parallelism_per_org, p.paused)
-        IS DISTINCT FROM (b.max_parallelism, b.max_parallelism_per_org, b.paused)) AS settings
+    AND p.settings_version <> b.settings_version) AS settings
 ), ` + sqlRunningByOrg + `, free AS (
   SELECT CASE WHEN NOT coalesce((SELECT paused FROM bump), true) AND NOT (SELECT settings FROM changed)
       AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)

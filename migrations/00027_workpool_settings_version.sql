@@ -1,0 +1,9 @@
+-- +goose Up
+-- Every settings change of a pool (UpdatePool: limits, pause, weights)
+-- bumps it, so that a fair start whose snapshot predates a change that
+-- committed while it waited for the pool row sees that it straddles one —
+-- a change of weights alone leaves the row's other settings as they were.
+ALTER TABLE workpool_pools ADD COLUMN settings_version bigint NOT NULL DEFAULT 0;
+
+-- +goose Down
+ALTER TABLE workpool_pools DROP COLUMN settings_version;
