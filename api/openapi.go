@@ -64,18 +64,15 @@ func mergedOpenAPI() (map[string]any, error) {
 // check admits them where they happen.
 func declareServerFailures(doc map[string]any) {
 	for o := range operations(doc) {
-		op := o.op
-		responses, _ := op["responses"].(map[string]any)
+		responses, _ := o.op["responses"].(map[string]any)
 		if responses == nil {
 			continue
 		}
 		if _, ok := responses["500"]; !ok {
 			responses["500"] = map[string]any{"$ref": "#/components/responses/Internal"}
 		}
-		if db, _ := op["x-reveille-database"].(bool); db || op["x-reveille-database"] == nil {
-			if _, ok := responses["503"]; !ok {
-				responses["503"] = map[string]any{"$ref": "#/components/responses/Unavailable"}
-			}
+		if _, ok := responses["503"]; !ok && o.op["x-reveille-database"] != false {
+			responses["503"] = map[string]any{"$ref": "#/components/responses/Unavailable"}
 		}
 	}
 }

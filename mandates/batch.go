@@ -117,7 +117,7 @@ func (b *spendBatcher) take() ([]*spendRequest, []mandateKey) {
 	mine := map[mandateKey]bool{}
 	rest := b.pending[:0]
 	for _, r := range b.pending {
-		if r.ctx != nil && r.ctx.Err() != nil {
+		if r.ctx.Err() != nil {
 			continue // its caller left, answered with its context's error
 		}
 		k := keyOf(r.p)

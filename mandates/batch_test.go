@@ -23,7 +23,7 @@ func failOnCost13(t *testing.T, db *pgxpool.Pool) {
 }
 
 func request(p SpendParams) *spendRequest {
-	return &spendRequest{p: p, reply: make(chan spendReply, 1)}
+	return &spendRequest{p: p, ctx: context.Background(), reply: make(chan spendReply, 1)}
 }
 
 // A failing statement rolls its batch back whole; every other spend of the

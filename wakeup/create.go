@@ -125,7 +125,7 @@ func (b *createBatcher) drain() {
 		b.mu.Unlock()
 		// (a caller that left while its request waited was answered with
 		// its context's error: nothing is done for it)
-		group = slices.DeleteFunc(group, func(r *createRequest) bool { return r.ctx != nil && r.ctx.Err() != nil })
+		group = slices.DeleteFunc(group, func(r *createRequest) bool { return r.ctx.Err() != nil })
 		if len(group) == 0 {
 			continue
 		}

@@ -34,7 +34,7 @@ func (f *fixture) createTogether(t *testing.T, ps ...CreateParams) ([]Wakeup, []
 		if errs[i] = f.svc.validate(ctx, &ps[i]); errs[i] != nil {
 			continue
 		}
-		r := &createRequest{p: ps[i], reply: make(chan createReply, 1)}
+		r := &createRequest{p: ps[i], ctx: context.Background(), reply: make(chan createReply, 1)}
 		reqs, index[r] = append(reqs, r), i
 	}
 	f.svc.createGroup(ctx, reqs)

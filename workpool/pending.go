@@ -385,18 +385,18 @@ func (c *PendingCheck) DecideN(ctx context.Context, q Querier, n int64) (room in
 	if c.pending+n <= limit {
 		return n, nil
 	}
+	// refuse refuses the items past the first room, each request an item.
 	refuse := func(found, room int64) (int64, error) {
-		err := m.refuse(c.pool, c.org, found, 1) // each refused request is one item
-		if room > 0 {
-			// (the room went to the items ahead of these in the group,
-			// whether or not they end up enqueued: refused, retry)
-			err = fmt.Errorf("org %s has %d unfinished work items in pool %s, and the first %d requests of this one's group took the room left under its cap of %d: %w",
-				c.org, found-room, c.pool, room, limit, ErrTooManyPending)
+		if room == 0 {
+			err := m.refuse(c.pool, c.org, found, 1)
+			m.metrics.refused.WithLabelValues(c.pool).Add(float64(n - 1))
+			return 0, err
 		}
-		if k := n - room; k > 1 {
-			m.metrics.refused.WithLabelValues(c.pool).Add(float64(k - 1))
-		}
-		return room, err
+		// (the room went to the items ahead of these in the group, whether
+		// or not they end up enqueued: refused, retry)
+		m.metrics.refused.WithLabelValues(c.pool).Add(float64(n - room))
+		return room, fmt.Errorf("org %s has %d unfinished work items in pool %s, and the first %d requests of this one's group took the room left under its cap of %d: %w",
+			c.org, found, c.pool, room, limit, ErrTooManyPending)
 	}
 	now := m.now()
 	if found, held := m.refusals.heldOff(c.pool, c.org, 1, limit, now); held {
@@ -414,7 +414,7 @@ func (c *PendingCheck) DecideN(ctx context.Context, q Querier, n int64) (room in
 		if found+n <= limit {
 			return n, nil
 		}
-		return refuse(limit, limit-found) // the first limit−found fit; the rest are refused
+		return refuse(found, limit-found) // the first limit−found fit; the rest are refused
 	}
 	m.admits.forget(c.pool, c.org)
 	m.refusals.refused(c.pool, c.org, found, now)

@@ -640,12 +640,11 @@ func waitForPostgres(ctx context.Context, db *pgxpool.Pool) error {
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() == nil || last == nil {
-			last = err
-		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("postgres did not answer before the stop: %w (%w)", last, ctx.Err())
+			// (a ping the stop cut off says only that: keep the one before)
+			return fmt.Errorf("postgres did not answer before the stop: %w (%w)", cmp.Or(last, err), ctx.Err())
 		}
+		last = err
 		if time.Now().After(deadline) {
 			return fmt.Errorf("postgres does not answer: %w", last)
 		}
