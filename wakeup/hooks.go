@@ -187,16 +187,39 @@ func (s *Service) Redeliver(ctx context.Context, orgID, agentID string, id uuid.
 	if w.Delivery.State != DeliveryUndeliverable {
 		return w, ErrNotUndeliverable
 	}
-	msg, err := queue.GetByKey(ctx, s.db, orgID, Queue, id.String())
-	if err != nil {
+	if err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error { return RedeliverTx(ctx, tx, orgID, id) }); err != nil {
+		if errors.Is(err, ErrNotUndeliverable) {
+			return w, err
+		}
 		return Wakeup{}, err
-	}
-	if ok, err := queue.Redeliver(ctx, s.db, orgID, msg.ID); err != nil {
-		return Wakeup{}, err
-	} else if !ok {
-		return w, ErrNotUndeliverable
 	}
 	return s.Get(ctx, orgID, AnyAgent, id)
+}
+
+// RedeliverTx re-queues the undeliverable signal of wake-up id in tx. It
+// writes the wake-up row first: retention deletes an old wake-up whose
+// signal is not pending, and the write both holds off a purge under way
+// (it skips locked rows) and makes one whose snapshot predates this
+// transaction re-read the row and find it young. A wake-up already purged
+// is ErrNotFound, and the signal is left as it is.
+func RedeliverTx(ctx context.Context, tx pgx.Tx, orgID string, id uuid.UUID) error {
+	tag, err := tx.Exec(ctx, `UPDATE wakeups SET updated_at = now() WHERE org_id = $1 AND id = $2`, orgID, id)
+	if err != nil {
+		return fmt.Errorf("lock wake-up: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	msg, err := queue.GetByKey(ctx, tx, orgID, Queue, id.String())
+	if err != nil {
+		return err
+	}
+	if ok, err := queue.Redeliver(ctx, tx, orgID, msg.ID); err != nil {
+		return err
+	} else if !ok {
+		return ErrNotUndeliverable
+	}
+	return nil
 }
 
 // failUnenqueueableTx settles an intent whose work can never be enqueued:

@@ -642,3 +642,32 @@ func TestTheReconcilerRunsOnItsLeaderFromStartUntilStop(t *testing.T) {
 	require.NoError(t, f.svc.Stop(ctx))
 	require.NoError(t, f.svc.Stop(ctx), "stopping twice is safe")
 }
+
+// An undeliverable signal is queued again by a redelivery, and only once:
+// a signal already queued is not undeliverable.
+func TestARedeliveryQueuesAnUndeliverableSignalAgain(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.crash = true // a funded intent, canceled: resolved, its signal queued
+	w, err := f.svc.Create(ctx, params(""))
+	require.Error(t, err)
+	_, err = f.svc.Cancel(ctx, "o", AnyAgent, w.ID)
+	require.NoError(t, err)
+	require.Equal(t, "resolved", f.state(t, w.ID))
+	_, err = f.db.Exec(ctx, `UPDATE queue_messages SET status = 'failed', last_error = 'workflow not found' WHERE org_id = 'o' AND idempotency_key = $1`, w.ID.String())
+	require.NoError(t, err)
+	got, err := f.svc.Get(ctx, "o", AnyAgent, w.ID)
+	require.NoError(t, err)
+	require.Equal(t, DeliveryUndeliverable, got.Delivery.State)
+
+	got, err = f.svc.Redeliver(ctx, "o", "a", w.ID)
+	require.NoError(t, err)
+	require.Equal(t, DeliveryQueued, got.Delivery.State)
+	msg, err := queue.GetByKey(ctx, f.db, "o", Queue, w.ID.String())
+	require.NoError(t, err)
+	require.Equal(t, queue.StatusPending, msg.Status)
+
+	again, err := f.svc.Redeliver(ctx, "o", "a", w.ID)
+	require.ErrorIs(t, err, ErrNotUndeliverable)
+	require.Equal(t, DeliveryQueued, again.Delivery.State, "the refusal shows the wake-up as it is")
+}

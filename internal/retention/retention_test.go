@@ -16,6 +16,7 @@ import (
 
 	"github.com/reveille/reveille/internal/leader"
 	"github.com/reveille/reveille/internal/testkit"
+	"github.com/reveille/reveille/wakeup"
 )
 
 func TestMain(m *testing.M) { testkit.Main(m) }
@@ -441,4 +442,37 @@ func TestRetentionsOfKeyedRowsAreNeverShorterThanTheIdempotencyWindow(t *testing
 		"mandate_approvals": time.Hour, "queue_messages": time.Hour, "session_events": time.Hour,
 		"approval_events": time.Hour,
 	}, keep)
+}
+
+// An operator redelivers an old wake-up's undeliverable signal while a
+// pass runs: the pass leaves the wake-up to the redelivery, whose signal is
+// queued again; a redelivery after the pass took the wake-up finds none.
+func TestAWakeupIsNotPurgedUnderARedeliveryOfItsSignal(t *testing.T) {
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	r := rows{t: t, db: db, org: "org-a"}
+	w := uuid.New()
+	r.wakeup(w, "resolved", old, nil)
+	r.message("wakeup", w.String(), "failed", old)
+
+	tx, err := db.Begin(ctx) // the redelivery, under way
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	require.NoError(t, wakeup.RedeliverTx(ctx, tx, "org-a", w))
+	_, err = newPurger(t, db, Config{}).Pass(ctx)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	require.Equal(t, 1, count(t, db, "queue_messages", "status = 'pending'"), "the redelivered signal is queued")
+	require.Equal(t, 1, count(t, db, "wakeups", "id = $1", w), "and its wake-up stays")
+
+	gone := uuid.New()
+	r.wakeup(gone, "resolved", old, nil)
+	r.message("wakeup", gone.String(), "failed", old)
+	_, err = newPurger(t, db, Config{}).Pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, count(t, db, "wakeups", "id = $1", gone))
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return wakeup.RedeliverTx(ctx, tx, "org-a", gone) })
+	require.ErrorIs(t, err, wakeup.ErrNotFound)
+	require.Equal(t, 1, count(t, db, "queue_messages", "status = 'pending'"), "no signal for a purged wake-up is queued")
 }
