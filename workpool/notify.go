@@ -4,71 +4,40 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/reveille/reveille/internal/listen"
 )
 
 // listener holds this replica's LISTEN connection and routes notifications
 // to the loops and the executor. It listens before anything looks at the
-// tables, so work committed later always announces itself; after a lost
-// connection it reconnects and wakes everything, since notifications sent
-// meanwhile are gone.
+// tables, so work committed later always announces itself; a connection
+// silent for a heartbeat interval is pinged (an idle loop sets no timer, so
+// a peer that vanished without a word would leave enqueued work unstarted
+// for good); after a lost connection it reconnects and wakes everything,
+// since notifications sent meanwhile are gone.
 type listener struct {
 	m    *Manager
-	conn *pgx.Conn
+	loop listen.Loop
+	conn atomic.Pointer[pgx.Conn] // the current connection
 }
 
 func newListener(ctx context.Context, m *Manager) (*listener, error) {
 	l := &listener{m: m}
-	if err := l.connect(ctx); err != nil {
-		return nil, err
+	l.loop = listen.Loop{DB: m.db, Channel: notifyChannel, Name: "workpool listener", Logger: m.logger,
+		PingEvery: m.cfg.HeartbeatInterval, PingTimeout: max(m.cfg.HeartbeatInterval, 5*time.Second),
+		Notify: l.dispatch, Reconnected: m.kickAll, Connected: func(c *pgx.Conn) { l.conn.Store(c) }}
+	if _, err := l.loop.Connect(ctx); err != nil {
+		return nil, fmt.Errorf("workpool listener: %w", err)
 	}
 	return l, nil
 }
 
-func (l *listener) connect(ctx context.Context) error {
-	conn, err := pgx.ConnectConfig(ctx, l.m.db.Config().ConnConfig.Copy())
-	if err != nil {
-		return fmt.Errorf("workpool listener: connect: %w", err)
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		return fmt.Errorf("workpool listener: listen: %w", err)
-	}
-	l.conn = conn
-	return nil
-}
-
-func (l *listener) run(ctx context.Context) {
-	defer func() { _ = l.conn.Close(context.WithoutCancel(ctx)) }()
-	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
-	for {
-		n, err := l.conn.WaitForNotification(ctx)
-		if err == nil {
-			l.dispatch(n.Payload)
-			continue
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		l.m.logger.Warn("workpool listener lost its connection; reconnecting", "error", err.Error())
-		_ = l.conn.Close(context.WithoutCancel(ctx))
-		for {
-			if !sleepCtx(ctx, backoff.next()) {
-				return
-			}
-			if err := l.connect(ctx); err == nil {
-				break
-			} else if ctx.Err() == nil {
-				l.m.logger.Warn("workpool listener reconnect failed", "error", err.Error())
-			}
-		}
-		backoff.reset()
-		l.m.kickAll()
-	}
-}
+func (l *listener) run(ctx context.Context) { l.loop.Run(ctx, l.conn.Load()) }
 
 // dispatch routes one payload (see notifyChannel). This replica's own
 // notifications were already acted on directly.

@@ -12,9 +12,11 @@ import (
 	"errors"
 	"hash/fnv"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -72,6 +74,12 @@ func (e *Elector) term(ctx context.Context, key int64, retry time.Duration, logg
 	// The connection now carries the lock: never hand it back to the pool.
 	raw := conn.Hijack()
 	defer raw.Close(context.Background())
+	if err := holdAsLease(ctx, raw, retry); err != nil {
+		if ctx.Err() == nil {
+			logger.Warn("could not bound the leadership's lock connection; standing by", "leadership", e.Name, "error", err.Error())
+		}
+		return
+	}
 	// A new term waits for the old one's fenced writes in flight; bounded,
 	// so that a write left open by a frozen process costs a retry, not the
 	// leadership for good (closing raw releases the lock for another try).
@@ -107,6 +115,28 @@ func (e *Elector) term(ctx context.Context, key int64, retry time.Duration, logg
 		<-lost
 	}
 }
+
+// holdAsLease makes the lock a lease: the server ends the lock's session
+// once it sits idle for LeaseFor(retry), which a live leader's watch never
+// lets happen (it pings after every retry of silence). A leader that
+// vanished with its node or behind a partition closes nothing, and without
+// the bound Postgres would keep its session — and the lock, and every
+// standby waiting — until its TCP keepalive gave up on the peer (two hours
+// by the kernel's defaults). Postgres before 14 has no idle_session_timeout:
+// there the lock is held as before.
+func holdAsLease(ctx context.Context, conn *pgx.Conn, retry time.Duration) error {
+	_, err := conn.Exec(ctx, "SELECT set_config('idle_session_timeout', $1, false)", strconv.FormatInt(LeaseFor(retry).Milliseconds(), 10))
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42704" { // undefined_object: no such setting
+		return nil
+	}
+	return err
+}
+
+// LeaseFor is how long a leader's lock connection may sit idle before the
+// server ends it: several of the leader's own pings apart, so that a
+// loaded machine's late ping costs nothing.
+func LeaseFor(retry time.Duration) time.Duration { return max(5*retry, 10*time.Second) }
 
 // watch blocks on the lock connection until it fails (returning the error)
 // or ctx ends (returning nil). Blocked in a read, it learns of a terminated

@@ -243,3 +243,37 @@ func TestElectionsOfDifferentNamesDoNotExcludeEachOther(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, map[string]bool{"a": true, "b": true}, got)
 }
+
+// A leader whose node drops off the network closes nothing: the server
+// would keep its session, and the lock, until TCP gave up on the peer
+// (hours). The lock is a lease instead: the server ends a lock session
+// idle for LeaseFor(retry), which a live leader's pings never let happen.
+func TestAStandbyTakesOverFromALeaderThatVanishedFromTheNetwork(t *testing.T) {
+	dsn := testkit.NewDatabase(t)
+	admin := testkit.NewPoolFor(t, dsn)
+	relay, relayed := testkit.NewRelay(t, dsn)
+	const retry = 2 * time.Second // the default
+	ctx, cancel := context.WithCancel(context.Background())
+	var tr terms
+	var done sync.WaitGroup
+	t.Cleanup(func() { cancel(); done.Wait() })
+	for i, db := range []*pgxpool.Pool{testkit.NewPoolFor(t, relayed), testkit.NewPoolFor(t, dsn)} {
+		if i == 1 { // the standby starts once the first leads
+			require.Eventually(t, func() bool { s, _, _, _ := tr.snapshot(); return len(s) == 1 }, testWait, pollEvery)
+		}
+		e := &Elector{DB: db, Name: "test.sweeper", Retry: retry, Logger: testkit.Logger(t)}
+		done.Go(func() { e.Run(ctx, tr.lead(i)) })
+	}
+
+	time.Sleep(LeaseFor(retry) + retry) // a live leader outlives its lease
+	started, ended, _, _ := tr.snapshot()
+	require.Equal(t, []int{0}, started)
+	require.Equal(t, []bool{false}, ended)
+
+	relay.Partition()
+	require.Eventually(t, func() bool {
+		s, _, _, _ := tr.snapshot()
+		return len(s) == 2 && s[1] == 1
+	}, LeaseFor(retry)+2*retry+testWait, pollEvery, "the standby took over once the lease ran out")
+	require.NotZero(t, lockHolder(t, admin, "test.sweeper"))
+}

@@ -1,7 +1,6 @@
 package testkit
 
 import (
-	"io"
 	"net"
 	"net/url"
 	"sync"
@@ -17,43 +16,49 @@ import (
 // after the services that need the database at start have started.
 func NewCuttablePool(t testing.TB) (*pgxpool.Pool, func()) {
 	t.Helper()
-	u, err := url.Parse(NewDatabase(t))
+	r, dsn := NewRelay(t, NewDatabase(t))
+	return NewPoolFor(t, dsn), r.Cut
+}
+
+// Relay copies bytes between a test's clients and a Postgres server, and
+// breaks that the ways a network does: Cut closes everything at once (the
+// server sees its clients go), Silence and Partition drop bytes without a
+// word (a NAT or firewall that forgot a connection, a node gone from the
+// network: neither side hears of it).
+type Relay struct {
+	ln          net.Listener
+	target      string
+	mu          sync.Mutex
+	conns       []net.Conn
+	silent      map[string]bool // by the client's address
+	partitioned bool
+	done        bool
+}
+
+// NewRelay starts a relay to dsn's server and returns it with the DSN
+// that reaches the server through it. It is cut when the test ends.
+func NewRelay(t testing.TB, dsn string) (*Relay, string) {
+	t.Helper()
+	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatalf("testkit: parse dsn: %v", err)
 	}
-	r, err := newRelay(u.Host)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("testkit: relay: %v", err)
 	}
-	t.Cleanup(r.cut)
-	u.Host = r.ln.Addr().String()
-	return NewPoolFor(t, u.String()), r.cut
-}
-
-// relay copies bytes between its clients and target until cut.
-type relay struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	conns  []net.Conn
-	done   bool
-}
-
-func newRelay(target string) (*relay, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	r := &relay{ln: ln, target: target}
+	r := &Relay{ln: ln, target: u.Host, silent: map[string]bool{}}
 	go r.accept()
-	return r, nil
+	t.Cleanup(r.Cut)
+	u.Host = ln.Addr().String()
+	return r, u.String()
 }
 
-func (r *relay) accept() {
+func (r *Relay) accept() {
 	for {
 		c, err := r.ln.Accept()
 		if err != nil {
-			return // cut
+			return // cut or partitioned
 		}
 		up, err := net.Dial("tcp", r.target)
 		if err != nil {
@@ -63,13 +68,14 @@ func (r *relay) accept() {
 		if !r.track(c, up) {
 			return
 		}
-		go r.pipe(c, up)
-		go r.pipe(up, c)
+		client := c.RemoteAddr().String()
+		go r.pipe(client, c, up)
+		go r.pipe(client, up, c)
 	}
 }
 
 // track records a relayed pair; false (both closed) once cut.
-func (r *relay) track(conns ...net.Conn) bool {
+func (r *Relay) track(conns ...net.Conn) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.done {
@@ -82,15 +88,37 @@ func (r *relay) track(conns ...net.Conn) bool {
 	return true
 }
 
-func (r *relay) pipe(dst, src net.Conn) {
-	_, _ = io.Copy(dst, src) // until either side closes, or the cut
-	_ = dst.Close()
-	_ = src.Close()
+func (r *Relay) isSilent(client string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.partitioned || r.silent[client]
 }
 
-// cut closes the listener (new connections are refused) and every relayed
+// pipe copies src to dst until either side closes or the cut; bytes read
+// while the connection is silent are dropped, and so is its close.
+func (r *Relay) pipe(client string, dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		silent := r.isSilent(client)
+		if n > 0 && !silent {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				err = werr
+			}
+		}
+		if err != nil {
+			if !silent {
+				_ = dst.Close()
+				_ = src.Close()
+			}
+			return
+		}
+	}
+}
+
+// Cut closes the listener (new connections are refused) and every relayed
 // connection. Safe to call twice.
-func (r *relay) cut() {
+func (r *Relay) Cut() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.done {
@@ -101,4 +129,23 @@ func (r *relay) cut() {
 	for _, c := range r.conns {
 		_ = c.Close()
 	}
+}
+
+// Silence makes the relayed connection whose client end is at client (the
+// client's local address) go silent: nothing more passes either way and
+// neither end is closed, so each side waits on the other for good.
+func (r *Relay) Silence(client net.Addr) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.silent[client.String()] = true
+}
+
+// Partition silences every relayed connection and refuses new ones, as
+// when the clients' host drops off the network: nothing it sends or
+// closes reaches the server any more.
+func (r *Relay) Partition() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.partitioned = true
+	_ = r.ln.Close()
 }
