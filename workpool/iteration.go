@@ -102,8 +102,11 @@ type iteration struct {
 	needSync bool // it finished work or ran hooks: commit durably
 	plain    bool // one org, no keys, no cap: start without fair share
 	cancels  []uuid.UUID
-	started  startedWork
-	charges  turnCharges // the fair start's, entered in the loop's turns once committed
+	// besideCancels: it took a full batch of cancelations, so more may
+	// wait (the start passes over their work)
+	besideCancels bool
+	started       startedWork
+	charges       turnCharges // the fair start's, entered in the loop's turns once committed
 }
 
 // iterateFull runs one iteration in one transaction: cancelations, then
@@ -128,13 +131,14 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	if err != nil {
 		return iterResult{}, err
 	}
-	// Cancelations go first: with a full batch taken more may wait, perhaps
-	// for the very items a start would pick; start once they are done (the
-	// loop iterates again at once, since it did work).
-	if len(cancels) < cancelationBatch {
-		if err := it.start(ctx); err != nil {
-			return iterResult{}, err
-		}
+	// Cancelations go first, and the start fills the free slots even when
+	// the batch was full: one org's CancelAll of a backlog must not hold up
+	// every org's starts until the last of its batches. More cancelations
+	// may wait then, perhaps for the very items the start would pick, so
+	// that start passes over work with a cancelation waiting.
+	it.besideCancels = len(cancels) == cancelationBatch
+	if err := it.start(ctx); err != nil {
+		return iterResult{}, err
 	}
 	res := iterResult{didWork: len(cancels) > 0 || recovered > 0 || len(it.started.lags) > 0}
 	if res.didWork {
@@ -437,9 +441,13 @@ func (it *iteration) start(ctx context.Context) error {
 	if it.paused {
 		return nil
 	}
+	startPlain, startFair := sqlStartPlain, sqlStartFair
+	if it.besideCancels {
+		startPlain, startFair = sqlStartPlainBesideCancels, sqlStartFairBesideCancels
+	}
 	if it.plain {
 		var ok bool
-		err := it.tx.QueryRow(ctx, sqlStartPlain, append(l.startArgs(it.now), int32(it.maxPar))...).Scan(append([]any{&ok}, it.started.dest()...)...)
+		err := it.tx.QueryRow(ctx, startPlain, append(l.startArgs(it.now), int32(it.maxPar))...).Scan(append([]any{&ok}, it.started.dest()...)...)
 		if err != nil {
 			return fmt.Errorf("starting work: %w", err)
 		}
@@ -451,7 +459,7 @@ func (it *iteration) start(ctx context.Context) error {
 		it.plain = false
 	}
 	args := append(append(l.startArgs(it.now), int32(it.maxPar), it.perOrg), l.turns.args()...)
-	if err := it.tx.QueryRow(ctx, sqlStartFair, args...).Scan(append(it.charges.dest(), it.started.dest()...)...); err != nil {
+	if err := it.tx.QueryRow(ctx, startFair, args...).Scan(append(it.charges.dest(), it.started.dest()...)...); err != nil {
 		return fmt.Errorf("starting work: %w", err)
 	}
 	return nil

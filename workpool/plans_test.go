@@ -69,6 +69,8 @@ func TestTheLoopsStatementsNeverScanTheWholeWorkTable(t *testing.T) {
 				{"sqlOutlook", sqlOutlook, []any{l.pool, now}},
 				{"sqlStartPlain", sqlStartPlain, append(l.startArgs(now), int32(100))},
 				{"sqlStartFair", sqlStartFair, append(append(l.startArgs(now), int32(100), (*int32)(nil)), l.turns.args()...)},
+				{"sqlStartPlainBesideCancels", sqlStartPlainBesideCancels, append(l.startArgs(now), int32(100))},
+				{"sqlStartFairBesideCancels", sqlStartFairBesideCancels, append(append(l.startArgs(now), int32(100), (*int32)(nil)), l.turns.args()...)},
 				{"sqlStale", sqlStale, []any{l.pool, now}},
 				{"sqlDueHooks", sqlDueHooks, []any{l.pool, now}},
 			} {
@@ -171,6 +173,40 @@ func TestTakingCancelationsAfterACancelAllOfABacklogReadsTheTableOnce(t *testing
 	require.Equal(t, 50000-cancelationBatch, left, "a batch taken")
 }
 
+// A start beside a full batch of cancelations passes over work whose
+// cancelation waits, tested on the items the pick took: one org's CancelAll
+// of 20,000 ready items leaves the plain start reading its free slots'
+// worth of them, not the backlog to find one that is not being canceled.
+func TestAStartBesideACancelAllOfAReadyBacklogReadsOnlyWhatItPicked(t *testing.T) {
+	ctx := context.Background()
+	db := testkit.NewPool(t)
+	m, err := New(db, Config{Pools: map[string]int{"default": 100}, Logger: testkit.Logger(t), MaxPendingPerOrg: 1_000_000})
+	require.NoError(t, err)
+	m.Register("noop", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
+	l := newLoop(m, "default")
+	require.NoError(t, l.takeover(ctx))
+	ps := make([]EnqueueParams, 5_000)
+	for i := range ps {
+		ps[i] = EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"}
+	}
+	for range 4 {
+		_, err := m.EnqueueMany(ctx, ps)
+		require.NoError(t, err)
+	}
+	n, err := m.CancelAll(ctx, "org-1", "default", time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, 20_000, n)
+	_, err = db.Exec(ctx, `VACUUM ANALYZE workpool_work, workpool_cancelations`)
+	require.NoError(t, err)
+	args := append(l.startArgs(time.Now()), int32(100))
+	plan := testkit.PlanAfter(t, db, sqlStartPlainBesideCancels, [][]any{args, args, args, args, args}, args)
+	text := strings.Join(plan, "\n")
+	require.Less(t, testkit.BuffersTouched(plan), 1000, "the start read the backlog:\n%s", text)
+	require.NotContains(t, text, "Seq Scan on workpool_cancelations", "the start read every cancelation waiting")
+	require.Contains(t, text, "using workpool_cancelations_pkey", "each picked item is probed")
+	require.Regexp(t, `Subquery Scan on p \(actual time=\S+ rows=0 `, text, "none of the backlog is started")
+}
+
 var loops = regexp.MustCompile(`loops=(\d+)\)`)
 
 // A pool that holds a week of scheduled work (run_at in the future) has
@@ -213,6 +249,7 @@ func TestAPoolsScheduledBacklogIsNotReadAtEveryIteration(t *testing.T) {
 			}{
 				{"sqlCensus", sqlCensus, []any{l.pool, now}},
 				{"sqlStartPlain", sqlStartPlain, append(l.startArgs(now), int32(100))},
+				{"sqlStartPlainBesideCancels", sqlStartPlainBesideCancels, append(l.startArgs(now), int32(100))},
 			} {
 				plan := testkit.PlanAfter(t, db, s.sql, [][]any{s.args, s.args, s.args, s.args, s.args}, s.args)
 				require.Less(t, testkit.BuffersTouched(plan), 50, "%s reads the schedule:\n%s", s.name, strings.Join(plan, "\n"))

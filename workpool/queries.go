@@ -495,14 +495,37 @@ FOR UPDATE SKIP LOCKED`
 // makes the same choice.
 const sqlPickPlain = `
 pick AS (
+  ` + sqlPlainReady + `
+)`
+
+// sqlPickPlainBesideCancels is sqlPickPlain for a start beside a full batch
+// of cancelations: of what it picked, it leaves the work whose cancelation
+// waits in a later batch. (Tested after the limit, not in the index read: a
+// CancelAll of the org's backlog would have the read pass all of it.)
+var sqlPickPlainBesideCancels = `
+pick AS (
+  SELECT p.* FROM (` + sqlPlainReady + `) p
+  WHERE ` + sqlNotBeingCanceled("p") + `
+)`
+
+const sqlPlainReady = `
   -- (the census's org: with the org fixed, run_at bounds the index range,
   -- so that a backlog of future work is not read to find the ready items)
   SELECT id, handler, ctid AS tid FROM workpool_work
   WHERE pool = $1 AND org_id = (SELECT org FROM census) AND state = 'pending' AND concurrency_key IS NULL AND run_at <= $2
   ORDER BY run_at
   LIMIT (SELECT n FROM free)
-  FOR UPDATE SKIP LOCKED
-)`
+  FOR UPDATE SKIP LOCKED`
+
+// sqlNotBeingCanceled is a picked item's (of row alias) test that no
+// cancelation of it waits: the start beside a full batch of cancelations
+// (the iteration took only a batch of them) must not start work that a
+// later batch cancels. A scalar subquery, one primary-key probe per picked
+// item: written NOT EXISTS, the planner made it a hash anti-join that read
+// every cancelation waiting, 100,000 of them after a CancelAll of a backlog.
+func sqlNotBeingCanceled(alias string) string {
+	return `(SELECT true FROM workpool_cancelations x WHERE x.work_id = ` + alias + `.id) IS NULL`
+}
 
 // sqlStartPicked starts the work of CTE pick (id, handler): this replica's
 // executor's share is claimed in the same statement (picked work of the
@@ -556,11 +579,19 @@ SELECT ` + extra + `
 // transaction's statements each see what has committed when they begin):
 // it returns whether it could start (plain.ok) before the starts, and the
 // iteration then starts fairly.
-var sqlStartPlain = `
+var sqlStartPlain = startPlain(sqlPickPlain)
+
+// sqlStartPlainBesideCancels is sqlStartPlain beside a full batch of
+// cancelations (sqlPickPlainBesideCancels).
+var sqlStartPlainBesideCancels = startPlain(sqlPickPlainBesideCancels)
+
+func startPlain(pick string) string {
+	return `
 WITH ` + sqlPlainCensus("true") + `,
 free AS (SELECT CASE WHEN (SELECT ok FROM plain) THEN ` + sqlFreeSlots("$8::int") + ` ELSE 0 END AS n),
-` + sqlPickPlain + `,
+` + pick + `,
 ` + sqlStartPicked("(SELECT ok FROM plain),")
+}
 
 // sqlStartFair gives free slots to ready work fairly: orgs with ready work
 // take turns (weighted), an org's running work stays within
@@ -577,12 +608,21 @@ free AS (SELECT CASE WHEN (SELECT ok FROM plain) THEN ` + sqlFreeSlots("$8::int"
 // taken in the same snapshot as the start (only the loop ever adds to the
 // slots in use). $8 max_parallelism; $10–$14 the loop's turns
 // (turnParams). It returns the charges (sqlTurnsCharged) before the starts.
-var sqlStartFair = `
+var sqlStartFair = startFair(false)
+
+// sqlStartFairBesideCancels is sqlStartFair beside a full batch of
+// cancelations: it leaves picked work whose cancelation waits in a later
+// batch (sqlPickFair's besideCancels).
+var sqlStartFairBesideCancels = startFair(true)
+
+func startFair(besideCancels bool) string {
+	return `
 WITH RECURSIVE
 ` + sqlRunningByOrg + `,
 free AS (SELECT ` + sqlFreeSlotsOfOrgs("$8::int") + ` AS n),
-` + sqlPickFair("$9::int", 10) + `,
+` + sqlPickFair("$9::int", 10, besideCancels) + `,
 ` + sqlStartPicked(sqlTurnsCharged+",")
+}
 
 // sqlHeadProbe joins each queued org q (org_id, head_at) with its oldest
 // ready plain item h (tid, run_at; null when it has none): one short index
@@ -684,8 +724,14 @@ near_read AS (
 // work waits, an org among them has no ready work, or sqlNearExact fails:
 // a stale head put one out of turn, or their items cannot fill the free
 // slots while orgs were left out), the full one probes every queued org.
-// (sqlPickNear is the near way alone.)
-func sqlPickFair(perOrgCap string, turns turnParams) string {
+// (sqlPickNear is the near way alone.) besideCancels leaves, of what it
+// picked, the work whose cancelation waits (sqlNotBeingCanceled): a pick
+// that passes it over is neither started nor charged.
+func sqlPickFair(perOrgCap string, turns turnParams, besideCancels bool) string {
+	notCanceled := ""
+	if besideCancels {
+		notCanceled = "\n    AND " + sqlNotBeingCanceled("w")
+	}
 	return sqlNearRead(perOrgCap, turns) + `,
 near_ok AS (
   -- When no keyed work waits, each near org has ready work and their
@@ -783,7 +829,7 @@ pick AS (
   SELECT w.id, w.handler, w.ctid AS tid, w.org_id FROM workpool_work w
   WHERE w.ctid = ANY(ARRAY(SELECT tid FROM ranked WHERE rn <= n
                            ORDER BY ` + sqlTurnOrder + ` LIMIT (SELECT n FROM free)))
-    AND w.state = 'pending'
+    AND w.state = 'pending'` + notCanceled + `
   FOR UPDATE SKIP LOCKED
 ),
 heads AS (
@@ -1105,7 +1151,7 @@ WITH bump AS (` + bumpSQL("$8", "$2") + `
 // The loop takes it while the last start needed fair share and keyed work
 // waited, or when sqlIterateFastNear could not decide: a busy pool of many
 // orgs then costs one statement per iteration, as one org's does.
-var sqlIterateFastShared = sqlIterateFair(sqlPickFair("(SELECT max_parallelism_per_org FROM bump)", 9),
+var sqlIterateFastShared = sqlIterateFair(sqlPickFair("(SELECT max_parallelism_per_org FROM bump)", 9, false),
 	"true", "(SELECT org_id FROM keys LIMIT 1) IS NOT NULL")
 
 // sqlIterateFastNear is sqlIterateFastShared with sqlPickNear, for a pool

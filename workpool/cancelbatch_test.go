@@ -1,0 +1,75 @@
+package workpool
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// One org's CancelAll of a backlog fills batch after batch of
+// cancelations; each iteration takes one batch and still starts other
+// orgs' ready work (SPEC §3: cancelations, then recovery, then starts; the
+// reference starts in the same pass, less the work it cancels), never the
+// work whose cancelation waits in a later batch.
+func TestAFullBatchOfCancelationsDoesNotHoldBackStarts(t *testing.T) {
+	t.Parallel()
+	for _, full := range []bool{true, false} {
+		t.Run(map[bool]string{true: "full", false: "fast"}[full], func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			h.l.fullOnly = full
+			h.runMain()
+			ps := make([]EnqueueParams, 3*cancelationBatch)
+			for i := range ps {
+				ps[i] = EnqueueParams{OrgID: "org-a", Pool: "default", Handler: "test_handle"}
+			}
+			_, err := h.m.EnqueueMany(h.ctx, ps)
+			require.NoError(t, err)
+			n, err := h.m.CancelAll(h.ctx, "org-a", "default", h.clock.Now().Add(time.Minute))
+			require.NoError(t, err)
+			require.Equal(t, len(ps), n)
+			b := h.enqueue(withOrg("org-b"))
+
+			h.runMain()
+
+			o := h.observe()
+			require.True(t, o.isRunning(b), "org-b's ready work waits for org-a's cancelations")
+			require.Len(t, o.running, 1, "none of org-a's work starts")
+			require.Len(t, o.pendingCancelation, 2*cancelationBatch, "one batch taken")
+		})
+	}
+}
+
+// A start beside a full batch of cancelations never starts work whose
+// cancelation waits in a later batch, on the plain and the fair start.
+func TestAStartBesideAFullBatchOfCancelationsPassesOverWorkBeingCanceled(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		orgs int
+	}{{"one org (plain start)", 1}, {"several orgs (fair start)", 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(1000))
+			ps := make([]EnqueueParams, 3*cancelationBatch)
+			for i := range ps {
+				ps[i] = EnqueueParams{OrgID: fmt.Sprintf("org-%d", i%tc.orgs), Pool: "default", Handler: "test_handle"}
+			}
+			_, err := h.m.EnqueueMany(h.ctx, ps)
+			require.NoError(t, err)
+			for o := range tc.orgs {
+				_, err := h.m.CancelAll(h.ctx, fmt.Sprintf("org-%d", o), "default", h.clock.Now().Add(time.Minute))
+				require.NoError(t, err)
+			}
+			for range 5 {
+				h.runMain()
+			}
+			o := h.observe()
+			require.Empty(t, o.running)
+			require.Empty(t, o.pending)
+			require.Empty(t, o.pendingCancelation)
+		})
+	}
+}
