@@ -1,7 +1,9 @@
 package api
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,6 +15,7 @@ import (
 	"github.com/MicahParks/keyfunc/v3"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/labstack/echo/v4"
+	"golang.org/x/time/rate"
 )
 
 // Roles a token may carry (SPEC §2). They are not hierarchical.
@@ -45,6 +48,11 @@ type AuthConfig struct {
 	Audience string
 	// OperatorOrgs are the orgs whose operator role counts.
 	OperatorOrgs []string
+
+	// unknownKIDRefetchEvery is the least time between the JWKS refetches
+	// that tokens with an unknown kid cause (0: jwksUnknownKIDRefetchEvery;
+	// tests shorten it).
+	unknownKIDRefetchEvery time.Duration
 }
 
 // minSecret is the shortest HS256 key accepted: HMAC-SHA256's block of
@@ -107,6 +115,34 @@ type Claims struct {
 	jwt.RegisteredClaims
 }
 
+// UnmarshalJSON reads the claims by their exact names: encoding/json
+// matches struct fields case-insensitively, so "ORG_ID", "Roles" or
+// "Agent_Id" (another service's claims in the same token) were read as
+// org_id, roles or agent_id, the last one replacing the real claim.
+func (c *Claims) UnmarshalJSON(b []byte) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	if m == nil {
+		return errors.New("the claims are not a JSON object")
+	}
+	*c = Claims{}
+	var errs []error
+	for name, dst := range map[string]any{
+		"org_id": &c.OrgID, "roles": &c.Roles, "agent_id": &c.AgentID,
+		"iss": &c.Issuer, "sub": &c.Subject, "aud": &c.Audience, "exp": &c.ExpiresAt,
+		"nbf": &c.NotBefore, "iat": &c.IssuedAt, "jti": &c.ID,
+	} {
+		if raw, ok := m[name]; ok {
+			if err := json.Unmarshal(raw, dst); err != nil {
+				errs = append(errs, fmt.Errorf("the %s claim: %w", name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 type principalKey struct{}
 
 // PrincipalFrom returns the request's principal (set by the auth middleware).
@@ -132,8 +168,15 @@ type authenticator struct {
 // start, before the API listens: with the library's default (a minute), a
 // JWKS endpoint that does not answer held the start that long, nothing
 // listening and no line saying why. A start past a failed first fetch
-// refuses every token until a refresh succeeds (logged at ERROR).
+// refuses every token until a fetch succeeds (failures logged at ERROR):
+// the hourly refresh, or the refetch a token makes — with or without a kid —
+// at most every jwksUnknownKIDRefetchEvery.
 const jwksFetchTimeout = 5 * time.Second
+
+// jwksUnknownKIDRefetchEvery is the least time between JWKS refetches for
+// tokens with an unknown kid (the library's default): anyone can send such
+// tokens, and each must not cost the identity provider a request.
+const jwksUnknownKIDRefetchEvery = 5 * time.Minute
 
 func newAuthenticator(ctx context.Context, cfg AuthConfig) (*authenticator, error) {
 	if err := cfg.Validate(); err != nil {
@@ -156,13 +199,28 @@ func newAuthenticator(ctx context.Context, cfg AuthConfig) (*authenticator, erro
 		a.keyfunc = func(*jwt.Token) (any, error) { return keys, nil }
 	} else {
 		noErr := true
+		// A token with an unknown kid refetches the set (a key rotated in),
+		// at most every unknownKIDRefetchEvery; one that comes sooner waits
+		// for the limiter at most jwksFetchTimeout, then is refused with the
+		// keys at hand (the library's default held it up to a minute).
 		kf, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{cfg.JWKSURL},
-			keyfunc.Override{NoErrorReturnFirstHTTPReq: &noErr, HTTPTimeout: jwksFetchTimeout})
+			keyfunc.Override{NoErrorReturnFirstHTTPReq: &noErr, HTTPTimeout: jwksFetchTimeout, RateLimitWaitMax: jwksFetchTimeout,
+				RefreshUnknownKID: rate.NewLimiter(rate.Every(cmp.Or(cfg.unknownKIDRefetchEvery, jwksUnknownKIDRefetchEvery)), 1)})
 		if err != nil {
 			return nil, fmt.Errorf("auth: JWKS %s: %w", cfg.JWKSURL, err)
 		}
 		opts = append(opts, jwt.WithValidMethods([]string{"RS256", "ES256", "EdDSA"}))
-		a.keyfunc = kf.Keyfunc
+		a.keyfunc = func(t *jwt.Token) (any, error) {
+			if _, hasKid := t.Header["kid"]; !hasKid {
+				// A token without a kid is checked against every key: with
+				// none (a failed first fetch), read an absent kid, which
+				// refetches the set as an unknown kid does (rate-limited).
+				if keys, err := kf.Storage().KeyReadAll(ctx); err == nil && len(keys) == 0 {
+					_, _ = kf.Storage().KeyRead(ctx, "")
+				}
+			}
+			return kf.Keyfunc(t)
+		}
 	}
 	a.parser = jwt.NewParser(opts...)
 	return a, nil
@@ -276,7 +334,18 @@ func tokenErrorDetail(err error) string {
 	case errors.Is(err, jwt.ErrTokenExpired):
 		return "token has expired"
 	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
-		return "token has no exp claim"
+		// (exp always; iss and aud when configured: the parser says which
+		// only in its message, "<claim> claim is required")
+		var missing []string
+		for _, claim := range []string{"exp", "iss", "aud"} {
+			if strings.Contains(err.Error(), claim+" claim is required") {
+				missing = append(missing, claim)
+			}
+		}
+		if len(missing) == 0 {
+			return "token lacks a required claim"
+		}
+		return "token has no " + strings.Join(missing, " and ") + " claim"
 	case errors.Is(err, jwt.ErrTokenNotValidYet):
 		return "token is not valid yet (nbf)"
 	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
