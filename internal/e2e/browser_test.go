@@ -62,6 +62,7 @@ type browser struct {
 	order      []network.RequestID
 	exceptions []string
 	fulfill    func(*fetch.EventRequestPaused) *fetch.FulfillRequestParams // see intercept
+	lose       func(*fetch.EventRequestPaused) bool                        // see loseResponses
 }
 
 // browserStarts is how many times newBrowser starts Chromium when it
@@ -182,6 +183,18 @@ func (b *browser) observe(ev any) {
 			r.Headers[strings.ToLower(k)] = fmt.Sprint(v)
 		}
 	case *fetch.EventRequestPaused:
+		if b.lose != nil {
+			// (paused at the response: the server has answered)
+			lost := b.lose(ev)
+			go func() {
+				if lost {
+					_, _ = chromedp.Call(b.ctx, fetch.FailRequest, fetch.FailRequestParams{RequestID: ev.RequestID, ErrorReason: network.ErrorReasonConnectionReset})
+				} else {
+					_, _ = chromedp.Call(b.ctx, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID})
+				}
+			}()
+			break
+		}
 		if b.fulfill != nil {
 			params := b.fulfill(ev)
 			// Not on the listener's goroutine, which delivers the answer.
@@ -302,6 +315,21 @@ func (b *browser) intercept(pattern string, fulfill func(*fetch.EventRequestPaus
 	b.mu.Unlock()
 	b.run(chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
 		_, err := cdp.Call(ctx, tgt, fetch.Enable, fetch.EnableParams{Patterns: []*fetch.RequestPattern{{URLPattern: pattern}}})
+		return err
+	}))
+}
+
+// loseResponses lets the page's requests whose URL matches pattern reach
+// the server, and loses the answers for which lose returns true: the
+// connection is reset after the server answered, as when a network drops a
+// response.
+func (b *browser) loseResponses(pattern string, lose func(*fetch.EventRequestPaused) bool) {
+	b.t.Helper()
+	b.mu.Lock()
+	b.lose = lose
+	b.mu.Unlock()
+	b.run(chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tgt, fetch.Enable, fetch.EnableParams{Patterns: []*fetch.RequestPattern{{URLPattern: pattern, RequestStage: fetch.RequestStageResponse}}})
 		return err
 	}))
 }

@@ -147,15 +147,19 @@
 
   // listAll reads every page of a list; seq is the smallest events_seq the
   // pages reflect (null when the server sends none).
-  async function listAll(path, params) {
+  // A list in creation order (the mandate approvals': oldest first) is read
+  // to its end, keeping the newest MAX_PAGES pages: cut after MAX_PAGES, it
+  // kept the oldest and never showed the newest requests.
+  async function listAll(path, params, oldestFirst) {
     let items = [];
     let seq = null;
     let cursor = null;
-    for (let page = 0; page < MAX_PAGES; page++) {
+    for (let page = 0; oldestFirst || page < MAX_PAGES; page++) {
       const q = new URLSearchParams(Object.assign({ limit: String(PAGE_LIMIT) }, params));
       if (cursor) q.set('cursor', cursor);
       const body = await api('GET', path + '?' + q.toString());
       items = items.concat(body.items || []);
+      if (items.length > MAX_PAGES * PAGE_LIMIT) items = items.slice(items.length - MAX_PAGES * PAGE_LIMIT);
       if (typeof body.events_seq === 'number') seq = seq === null ? body.events_seq : Math.min(seq, body.events_seq);
       cursor = body.next_cursor;
       if (!cursor) break;
@@ -244,11 +248,15 @@
     const list = $('list');
     const items = visible();
     const wanted = new Set(items.map((it) => it.id));
+    // One pass over the list's elements, not a document-wide query per
+    // item: quadratic in the items shown, a render of thousands took seconds.
+    const shown = new Map();
     for (const li of Array.from(list.children)) {
       if (!wanted.has(li.dataset.id)) li.remove();
+      else shown.set(li.dataset.id, li);
     }
     items.forEach((it, i) => {
-      let li = itemNode(it.id);
+      let li = shown.get(it.id);
       const sig = signature(it);
       if (!li) {
         li = el('li', { class: 'item', tabindex: 0, 'data-id': it.id });
@@ -580,7 +588,11 @@
     } catch (err) {
       if (gen !== state.gen) return;
       d.error = await answerError(err, it, gen);
-      announce('Not recorded: ' + d.error);
+      if (d.error) announce('Not recorded: ' + d.error);
+      else {
+        d.last = null;
+        announce(statusWord(decision) + ': ' + describe(it));
+      }
     } finally {
       d.busy = false;
       if (gen === state.gen) render();
@@ -603,8 +615,17 @@
     const p = err.problem || {};
     const detail = p.detail || '';
     switch (err.status) {
-      case 0:
-        return 'The server could not be reached, so your answer was not recorded. Check the connection and try again.';
+      case 0: {
+        // The request may have reached the server and only its answer been
+        // lost: ask what became of the request before saying anything.
+        const fresh = await refreshOne(it.kind, it.id, gen);
+        const now = fresh ? normalize(it.kind, fresh) : null;
+        if (now && now.status !== 'pending' && state.me && now.resolvedBy === state.me.sub) {
+          state.lingering.add(it.id);
+          return '';
+        }
+        return 'The server could not be reached, so your answer may not have been recorded. Check the connection and answer again (the same answer is not recorded twice).';
+      }
       case 401:
         return 'The server refused your token (it may have expired), so your answer was not recorded. Sign out and sign in with a new token.';
       case 403:
@@ -680,7 +701,7 @@
   async function loadPending(gen) {
     const [tools, overruns] = await Promise.all([
       listAll(TOOL_PATH, { status: 'pending' }),
-      listAll(MANDATE_PATH, { status: 'pending' }),
+      listAll(MANDATE_PATH, { status: 'pending' }, true),
     ]);
     if (gen !== state.gen) return;
     // What was pending and is absent now was answered meanwhile: the
@@ -697,7 +718,7 @@
 
   async function loadResolved(gen) {
     const lists = [listAll(TOOL_PATH, { status: 'resolved' })];
-    for (const s of MANDATE_STATES) lists.push(listAll(MANDATE_PATH, { status: s }));
+    for (const s of MANDATE_STATES) lists.push(listAll(MANDATE_PATH, { status: s }, true));
     const [tools, ...overruns] = await Promise.all(lists);
     if (gen !== state.gen) return;
     for (const a of tools.items) upsert('tool_call', a);
@@ -995,8 +1016,12 @@
       const gen = state.gen;
       $('loading').hidden = false;
       render();
-      loadResolved(gen).catch((e) => {
-        if (gen === state.gen) showBanner('Resolved requests could not be loaded: ' + e.message + '.');
+      const failed = 'Resolved requests could not be loaded: ';
+      loadResolved(gen).then(() => {
+        // (a failure of an earlier opening no longer holds)
+        if (gen === state.gen && $('banner').textContent.startsWith(failed)) showBanner('');
+      }, (e) => {
+        if (gen === state.gen) showBanner(failed + e.message + '.');
       }).finally(() => {
         if (gen !== state.gen) return;
         $('loading').hidden = true;
