@@ -129,19 +129,31 @@ func (c *Claims) UnmarshalJSON(b []byte) error {
 	}
 	*c = Claims{}
 	var errs []error
-	for name, dst := range map[string]any{
-		"org_id": &c.OrgID, "roles": &c.Roles, "agent_id": &c.AgentID,
-		"iss": &c.Issuer, "sub": &c.Subject, "aud": &c.Audience, "exp": &c.ExpiresAt,
-		"nbf": &c.NotBefore, "iat": &c.IssuedAt, "jti": &c.ID,
+	for _, f := range []struct {
+		name string
+		dst  any
+	}{
+		{"org_id", &c.OrgID}, {"roles", &c.Roles}, {"agent_id", &c.AgentID},
+		{"iss", &c.Issuer}, {"sub", &c.Subject}, {"aud", &c.Audience}, {"exp", &c.ExpiresAt},
+		{"nbf", &c.NotBefore}, {"iat", &c.IssuedAt}, {"jti", &c.ID},
 	} {
-		if raw, ok := m[name]; ok {
-			if err := json.Unmarshal(raw, dst); err != nil {
-				errs = append(errs, fmt.Errorf("the %s claim: %w", name, err))
+		if raw, ok := m[f.name]; ok {
+			if err := json.Unmarshal(raw, f.dst); err != nil {
+				errs = append(errs, &claimTypeError{claim: f.name, err: err})
 			}
 		}
 	}
 	return errors.Join(errs...)
 }
+
+// claimTypeError is a claim read whose value has the wrong JSON type.
+type claimTypeError struct {
+	claim string
+	err   error
+}
+
+func (e *claimTypeError) Error() string { return "the " + e.claim + " claim: " + e.err.Error() }
+func (e *claimTypeError) Unwrap() error { return e.err }
 
 type principalKey struct{}
 
@@ -330,6 +342,7 @@ func unauthorized(detail string) *Problem {
 }
 
 func tokenErrorDetail(err error) string {
+	var typeErr *claimTypeError
 	switch {
 	case errors.Is(err, jwt.ErrTokenExpired):
 		return "token has expired"
@@ -348,14 +361,19 @@ func tokenErrorDetail(err error) string {
 		return "token has no " + strings.Join(missing, " and ") + " claim"
 	case errors.Is(err, jwt.ErrTokenNotValidYet):
 		return "token is not valid yet (nbf)"
+	case errors.Is(err, jwt.ErrTokenSignatureInvalid) && strings.Contains(err.Error(), "signing method"):
+		// (the parser's word for an alg outside the allowed ones, none included)
+		return "token's algorithm (alg) is not allowed"
 	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
 		return "signature is invalid"
 	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
 		return "wrong issuer"
 	case errors.Is(err, jwt.ErrTokenInvalidAudience):
 		return "wrong audience"
-	case errors.Is(err, jwt.ErrTokenUnverifiable), errors.Is(err, jwt.ErrTokenSignatureInvalid):
+	case errors.Is(err, jwt.ErrTokenUnverifiable):
 		return "token cannot be verified (algorithm not allowed or unknown key)"
+	case errors.As(err, &typeErr):
+		return "the " + typeErr.claim + " claim has the wrong type"
 	case errors.Is(err, jwt.ErrTokenMalformed):
 		return "token is malformed"
 	}

@@ -59,22 +59,28 @@ func TestTokensThatAreRejected(t *testing.T) {
 	good := with(validClaims(), "iss", "https://issuer", "aud", "reveille")
 	cases := []struct {
 		name, token string
+		detail      string // what the 401 says (when set)
 	}{
-		{"no token", ""},
-		{"alg none", unsigned(t, good)},
-		{"bad signature", signHS(t, []byte("another-secret-another-secret-0123456"), good)},
-		{"expired", signHS(t, testSecret, with(good, "exp", time.Now().Add(-time.Hour).Unix()))},
-		{"no exp", signHS(t, testSecret, with(good, "exp", nil))},
-		{"nbf in the future", signHS(t, testSecret, with(good, "nbf", time.Now().Add(time.Hour).Unix()))},
-		{"missing org_id", signHS(t, testSecret, with(good, "org_id", nil))},
-		{"wrong iss", signHS(t, testSecret, with(good, "iss", "https://evil"))},
-		{"wrong aud", signHS(t, testSecret, with(good, "aud", "someone-else"))},
-		{"garbage", "not.a.jwt"},
+		{"no token", "", ""},
+		{"alg none", unsigned(t, good), "invalid token: token's algorithm (alg) is not allowed"},
+		{"bad signature", signHS(t, []byte("another-secret-another-secret-0123456"), good), "invalid token: signature is invalid"},
+		{"roles not a list", signHS(t, testSecret, with(good, "roles", "admin")), "invalid token: the roles claim has the wrong type"},
+		{"org_id a number", signHS(t, testSecret, with(good, "org_id", 7)), "invalid token: the org_id claim has the wrong type"},
+		{"expired", signHS(t, testSecret, with(good, "exp", time.Now().Add(-time.Hour).Unix())), ""},
+		{"no exp", signHS(t, testSecret, with(good, "exp", nil)), ""},
+		{"nbf in the future", signHS(t, testSecret, with(good, "nbf", time.Now().Add(time.Hour).Unix())), ""},
+		{"missing org_id", signHS(t, testSecret, with(good, "org_id", nil)), ""},
+		{"wrong iss", signHS(t, testSecret, with(good, "iss", "https://evil")), ""},
+		{"wrong aud", signHS(t, testSecret, with(good, "aud", "someone-else")), ""},
+		{"garbage", "not.a.jwt", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r := do(t, s.Handler(), http.MethodGet, "/v1/whoami", tc.token, nil)
-			r.requireProblem(t, http.StatusUnauthorized)
+			p := r.requireProblem(t, http.StatusUnauthorized)
+			if tc.detail != "" {
+				require.Equal(t, tc.detail, p["detail"])
+			}
 			// RFC 6750 §3: the scheme to use, and whether the token sent was at fault
 			want := `Bearer realm="reveille", error="invalid_token"`
 			if tc.token == "" {
