@@ -139,9 +139,10 @@ func (b *spendBatcher) take() ([]*spendRequest, []mandateKey) {
 	return batch, keys
 }
 
-// run decides one batch. Requests are ordered by mandate (stably: arrival
-// order within one) so that batches lock mandate rows in one order where
-// they meet (batches of other replicas). If a statement fails,
+// run decides one batch. Requests are ordered by mandate, then by
+// idempotency key (stably: unkeyed ones in arrival order), so that batches
+// lock mandate rows and key rows in one order where they meet (batches of
+// other replicas). If a statement fails,
 // the batch's transaction is rolled back whole and every request in it is
 // decided again on its own.
 func (b *spendBatcher) run(batch []*spendRequest) {
