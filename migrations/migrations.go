@@ -9,10 +9,12 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,16 +30,16 @@ var files embed.FS
 // starting together apply them one at a time. ("reveille" in ASCII.)
 const lockID int64 = 0x7265766569_6c6c
 
-func provider(db *sql.DB, logger *slog.Logger) (*goose.Provider, error) {
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID), lock.WithLockTimeout(1, 300))
+// lockWait is how long a migrator waits for another's lock (tried every
+// second) before it gives up: longer than any migration should take.
+var lockWait = 5 * time.Minute
+
+func provider(db *sql.DB) (*goose.Provider, error) {
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID), lock.WithLockTimeout(1, uint64(lockWait/time.Second)))
 	if err != nil {
 		return nil, fmt.Errorf("migration locker: %w", err)
 	}
-	opts := []goose.ProviderOption{goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true)}
-	if logger != nil {
-		opts = append(opts, goose.WithSlog(logger))
-	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, files, opts...)
+	p, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
@@ -45,17 +47,47 @@ func provider(db *sql.DB, logger *slog.Logger) (*goose.Provider, error) {
 }
 
 // Up applies every pending migration under the migration advisory lock. It
-// returns the number applied.
+// returns the number applied. logger (nil: none) hears when it waits for
+// another process's migrations.
 func Up(ctx context.Context, db *sql.DB, logger *slog.Logger) (int, error) {
-	p, err := provider(db, logger)
+	p, err := provider(db)
 	if err != nil {
 		return 0, err
 	}
+	// (goose waits for the lock in silence: say so once when another
+	// process holds it now, and name the lock when the wait gives up)
+	holder, err := lockHolder(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	if holder != 0 && logger != nil {
+		logger.Info("waiting for another process's migrations", "advisory_lock", lockID, "holder_pid", holder, "gives_up_after", lockWait.String())
+	}
 	res, err := p.Up(ctx)
+	if err != nil && strings.Contains(err.Error(), "failed to acquire lock") {
+		return len(res), fmt.Errorf("apply migrations: another process held the migration lock (advisory lock %d) for %s — "+
+			"a replica applying a long migration? pg_stat_activity shows what it runs: %w", lockID, lockWait, err)
+	}
 	if err != nil {
 		return len(res), fmt.Errorf("apply migrations: %w", err)
 	}
 	return len(res), nil
+}
+
+// lockHolder is the backend pid that holds the migration lock, 0 when none.
+func lockHolder(ctx context.Context, db *sql.DB) (int, error) {
+	var pid int
+	err := db.QueryRowContext(ctx, `SELECT pid FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND classid::bigint = $1 AND objid::bigint = $2
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+		int64(uint64(lockID)>>32), int64(uint64(lockID)&0xffffffff)).Scan(&pid)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("migration lock: %w", err)
+	}
+	return pid, nil
 }
 
 // UpPool applies pending migrations through a pgx pool.
@@ -67,7 +99,7 @@ func UpPool(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (int, 
 
 // Status writes one line per migration: its version, name and state.
 func Status(ctx context.Context, db *sql.DB, w io.Writer) error {
-	p, err := provider(db, nil)
+	p, err := provider(db)
 	if err != nil {
 		return err
 	}
@@ -107,7 +139,7 @@ type AppliedVersion struct {
 // so at start, and `engine migrate status` lists them. A database never
 // migrated has none.
 func Unknown(ctx context.Context, db *sql.DB) ([]AppliedVersion, error) {
-	p, err := provider(db, nil)
+	p, err := provider(db)
 	if err != nil {
 		return nil, err
 	}

@@ -48,7 +48,7 @@ func runMigrate(ctx context.Context, args []string) error {
 	defer db.Close()
 	switch fs.Arg(0) {
 	case "up":
-		n, err := migrations.Up(ctx, db, nil)
+		n, err := migrations.Up(ctx, db, newLogger(s.LogLevel))
 		if err != nil {
 			return err
 		}

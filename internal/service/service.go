@@ -223,7 +223,7 @@ func (s *Service) build(ctx context.Context) error {
 	if err := s.connect(ctx); err != nil {
 		return err
 	}
-	n, err := migrations.UpPool(ctx, s.db, nil)
+	n, err := migrations.UpPool(ctx, s.db, s.logger)
 	if err != nil {
 		return err
 	}
