@@ -162,8 +162,8 @@ func decodeWorkEnqueue(body []byte) (workpool.EnqueueParams, error) {
 		p.KeyLimit = *in.KeyLimit
 	}
 	if in.RunAt != nil {
-		if at, err := time.Parse(time.RFC3339Nano, *in.RunAt); err != nil {
-			inv.Add("run_at", "must be an RFC 3339 timestamp")
+		if at, err := parseTimestamp(*in.RunAt); err != nil {
+			inv.Add("run_at", err.Error())
 		} else {
 			p.RunAt = at
 		}

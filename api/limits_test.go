@@ -185,3 +185,76 @@ func TestABodySentToAnOperationWithoutOneIsNeverReadAsTheNextRequest(t *testing.
 		})
 	}
 }
+
+// A timestamp a client sends (run_at, valid_until) is RFC 3339 with any
+// offset; one whose UTC instant falls outside the years 0000–9999, which
+// the API's own RFC 3339 answers cannot spell, is a 400 naming the field
+// — not stored and then answered with a 500, leaving a row that fails
+// every read that meets it (GET /v1/mandates for the whole org).
+func TestATimestampBeyondYear9999InUTCIsRefusedNotStored(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t), withMandates(t))
+	h, admin := s.Handler(), token(t, "org-a", RoleAdmin)
+	for _, ts := range []string{"9999-12-31T23:59:59-01:00", "0000-01-01T00:00:00+01:00"} {
+		t.Run(ts, func(t *testing.T) {
+			before := workCount(t, s)
+			do(t, h, http.MethodPost, "/v1/pools/default/work", admin, map[string]any{"handler": "echo", "run_at": ts}).
+				requireProblem(t, http.StatusBadRequest, "run_at")
+			require.Equal(t, before, workCount(t, s), "the refused work was not enqueued")
+
+			do(t, h, http.MethodPost, "/v1/mandates", admin, map[string]any{"agent_id": "a-" + ts, "scope": "s", "budget": 1, "valid_until": ts}).
+				requireProblem(t, http.StatusBadRequest, "valid_until")
+			r := do(t, h, http.MethodGet, "/v1/mandates", admin, nil)
+			require.Equal(t, http.StatusOK, r.Status, "the org's mandates still list: %s", r.Body)
+			for _, m := range r.JSON(t)["items"].([]any) {
+				require.NotEqual(t, "a-"+ts, m.(map[string]any)["agent_id"], "the refused mandate was not created")
+			}
+
+			r = do(t, h, http.MethodPost, "/v1/mandates", admin, map[string]any{"agent_id": "b-" + ts, "scope": "s", "budget": 1})
+			require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+			id := r.JSON(t)["id"].(string)
+			do(t, h, http.MethodPatch, "/v1/mandates/"+id, admin, map[string]any{"valid_until": ts}).
+				requireProblem(t, http.StatusBadRequest, "valid_until")
+			r = do(t, h, http.MethodGet, "/v1/mandates/"+id, admin, nil)
+			require.Equal(t, http.StatusOK, r.Status, "the mandate still reads: %s", r.Body)
+			require.Nil(t, r.JSON(t)["valid_until"], "the refused PATCH changed nothing")
+		})
+	}
+}
+
+// Work enqueued to a pool that does not exist is a 400 naming pool
+// whatever the name's length: a name past Postgres' NOTIFY payload limit
+// (8000 bytes), which no pool can have (pool names are at most 63
+// characters), failed the enqueue's statement instead (500).
+func TestWorkForAnUnknownPoolIsA400HoweverLongItsName(t *testing.T) {
+	s := newTestServer(t, withWorkpool(t))
+	admin := token(t, "org-a", RoleAdmin)
+	for _, n := range []int{64, 8000} {
+		r := do(t, s.Handler(), http.MethodPost, "/v1/pools/"+strings.Repeat("p", n)+"/work", admin, map[string]any{"handler": "echo"})
+		r.requireProblem(t, http.StatusBadRequest, "pool")
+	}
+	require.Zero(t, workCount(t, s))
+}
+
+// A tool call's input is shown again inside the lists' items
+// ({items: [{input}]}, {items: [{payload: {input}}]}): an input nested so
+// deep that the list nests past what JSON decoders read (encoding/json,
+// and so the Go client and kin-openapi: 10,000) is refused with a 400
+// naming input — accepted, it made the org's approvals inbox and the
+// session's events unreadable while it was listed.
+func TestAToolCallInputIsNeverNestedSoDeepThatTheListsShowingItCannotBeDecoded(t *testing.T) {
+	f := newApprovalsFixture(t)
+	r := do(t, f.h, http.MethodPost, "/v1/sessions/s1/tool-calls", f.agent, `{"agent_id":"a1","tool_name":"t","input":[[1]]}`)
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	const depth = 9999 // the body {"input": …} nests 10,000 deep: the decoder's limit
+	input := strings.Repeat("[", depth) + strings.Repeat("]", depth)
+	r = do(t, f.h, http.MethodPost, "/v1/sessions/s1/tool-calls", f.agent, `{"agent_id":"a1","tool_name":"t","input":`+input+`}`)
+	if r.Status != http.StatusOK {
+		r.requireProblem(t, http.StatusBadRequest, "input")
+	}
+	for _, path := range []string{"/v1/tool-approvals", "/v1/sessions/s1/events"} {
+		r := do(t, f.h, http.MethodGet, path, f.alice, nil)
+		require.Equal(t, http.StatusOK, r.Status)
+		var v any
+		require.NoError(t, json.Unmarshal(r.Body, &v), "GET %s answers JSON a client can decode", path)
+	}
+}

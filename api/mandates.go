@@ -137,11 +137,26 @@ func pathID(c echo.Context, notFound error) (uuid.UUID, error) {
 
 // parseValidUntil reads an RFC 3339 timestamp for valid_until.
 func parseValidUntil(raw string) (*time.Time, error) {
-	t, err := time.Parse(time.RFC3339Nano, raw)
+	t, err := parseTimestamp(raw)
 	if err != nil {
-		return nil, Invalid("valid_until", "must be an RFC 3339 timestamp")
+		return nil, Invalid("valid_until", err.Error())
 	}
 	return &t, nil
+}
+
+// parseTimestamp reads a client's RFC 3339 timestamp; its UTC instant must
+// fall within the years 0000–9999, which the answers (RFC 3339, in UTC)
+// can spell: one beyond was stored and then failed every response that
+// showed it (a 500, for good).
+func parseTimestamp(raw string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, raw)
+	if err != nil {
+		return time.Time{}, errors.New("must be an RFC 3339 timestamp")
+	}
+	if y := t.UTC().Year(); y < 0 || y > 9999 {
+		return time.Time{}, errors.New("must be an RFC 3339 timestamp within the years 0000–9999 in UTC")
+	}
+	return t, nil
 }
 
 func (s *Server) createMandate(c echo.Context) error {

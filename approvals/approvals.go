@@ -87,7 +87,9 @@ const (
 	MaxID       = 255  // session ids
 	MaxText     = 1000 // agent ids, workflow ids, run ids, signal names, notes
 	MaxInput    = 64 << 10
-	MaxMatch    = 4 << 10
+	// MaxInputNesting bounds how deep an input's arrays and objects nest.
+	MaxInputNesting = 1000
+	MaxMatch        = 4 << 10
 	// MinExpiresIn and MaxExpiresIn bound a request's expires_in_s.
 	MinExpiresIn = 10 * time.Second
 	MaxExpiresIn = 7 * 24 * time.Hour

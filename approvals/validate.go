@@ -110,6 +110,12 @@ func normalizeInput(inv *apperr.InvalidError, input json.RawMessage) json.RawMes
 		inv.Add("input", "must be JSON")
 		return nil
 	}
+	if jsonb.Nesting(trimmed) > MaxInputNesting {
+		// (the lists show it inside their items: nested deeper, they
+		// would be JSON no decoder with Go's limit, 10,000, could read)
+		inv.Add("input", fmt.Sprintf("must not nest arrays and objects more than %d deep", MaxInputNesting))
+		return nil
+	}
 	if !jsonb.Storable(trimmed) {
 		inv.Add("input", unstorable)
 		return nil

@@ -373,8 +373,13 @@ func (m *Manager) validate(inv *apperr.InvalidError, prefix string, p EnqueuePar
 	if p.OrgID == "" {
 		inv.Add(prefix+"org_id", "must not be empty")
 	}
-	if p.Pool == "" {
+	switch {
+	case p.Pool == "":
 		inv.Add(prefix+"pool", "must not be empty")
+	case !poolNameRE.MatchString(p.Pool):
+		// (no pool has such a name; a long one would also overflow the
+		// enqueue's NOTIFY payload, failing its statement)
+		inv.Add(prefix+"pool", fmt.Sprintf("unknown pool %q", p.Pool))
 	}
 	switch {
 	case p.Handler == "":

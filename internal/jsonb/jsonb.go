@@ -146,3 +146,25 @@ func NumberProblem(n []byte) (string, bool) {
 	}
 	return "", true
 }
+
+// Nesting is how deep the arrays and objects of b, valid JSON, nest (0 for
+// a scalar). Go's decoder refuses JSON nested past 10,000, so a value shown
+// again inside others must leave them room.
+func Nesting(b []byte) int {
+	depth, most, inString := 0, 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '[' || c == '{':
+			depth++
+			most = max(most, depth)
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return most
+}

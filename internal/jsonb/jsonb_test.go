@@ -56,3 +56,20 @@ func TestTextIsStorableAsPostgresText(t *testing.T) {
 		})
 	}
 }
+
+func TestNestingCountsArraysAndObjectsNotWhatStringsHold(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+	}{
+		{`1`, 0},
+		{`"[[["`, 0},
+		{`[]`, 1},
+		{`{"a":[{"b":[]}]}`, 4},
+		{`[[1],[[2]]]`, 3},
+		{`["\"[[", {"k\\": [1]}]`, 3},
+		{`{"a":"]]]","b":[[]]}`, 3},
+	} {
+		require.Equal(t, tc.want, Nesting([]byte(tc.in)), tc.in)
+	}
+}

@@ -378,12 +378,19 @@ func do(client *http.Client, req *http.Request) (json.RawMessage, error) {
 // is JSON Postgres jsonb can store, else as a string jsonb can store (NUL
 // and bytes that are not UTF-8 become U+FFFD).
 func bodyJSON(raw []byte) json.RawMessage {
-	if len(bytes.TrimSpace(raw)) > 0 && json.Valid(raw) && jsonb.Storable(raw) {
+	if len(bytes.TrimSpace(raw)) > 0 && json.Valid(raw) && jsonb.Storable(raw) && jsonb.Nesting(raw) <= maxBodyNesting {
 		return raw
 	}
 	b, _ := json.Marshal(jsonb.Text(string(raw)))
 	return b
 }
+
+// maxBodyNesting bounds how deep a body kept as JSON may nest: the result
+// wraps it ({status, headers, body}), a wake-up's signal wraps the result
+// ({result}), and Go's JSON decoder (the pool's check of a result, the
+// workflow's of its signal) refuses anything nested past 10,000. A deeper
+// body is kept as a string.
+const maxBodyNesting = 10000 - 8
 
 func flatten(h http.Header) map[string]string {
 	out := make(map[string]string, len(h))

@@ -447,3 +447,34 @@ func TestARefusalByTheAllowListLeavesOutASecretPath(t *testing.T) {
 		require.Contains(t, err.Error(), "http://127.0.0.1:0/…")
 	})
 }
+
+// A 2xx body nested as deep as Go's JSON decoder allows (10,000) is valid
+// JSON, and the request succeeds: kept in the result one level deeper
+// ({status, headers, body}), it must still be a result the pool takes —
+// not "handler returned invalid JSON", a final failure of a request that
+// succeeded.
+func TestA2xxBodyNestedToTheDecodersDepthLimitSucceeds(t *testing.T) {
+	const depth = 10000
+	body := strings.Repeat("[", depth) + strings.Repeat("]", depth)
+	require.True(t, json.Valid([]byte(body)), "the body is valid JSON")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(body)) }))
+	defer srv.Close()
+
+	db := testkit.NewPool(t)
+	m, err := workpool.New(db, workpool.Config{Pools: map[string]int{"default": 2}, Logger: testkit.Logger(t)})
+	require.NoError(t, err)
+	require.NoError(t, Register(m, Config{AllowedHosts: []string{"127.0.0.1:*"}}))
+	ctx := context.Background()
+	require.NoError(t, m.Start(ctx))
+	defer m.Stop(ctx)
+
+	args, _ := json.Marshal(Args{URL: srv.URL})
+	id, err := m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: args})
+	require.NoError(t, err)
+	var st workpool.Status
+	require.Eventually(t, func() bool {
+		st, err = m.Status(ctx, "o", id)
+		return err == nil && st.State == workpool.StateFinished
+	}, 20*time.Second, 10*time.Millisecond)
+	require.Equal(t, workpool.OutcomeSucceeded, st.Outcome, "error: %s", st.Error)
+}
