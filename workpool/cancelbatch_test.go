@@ -73,3 +73,37 @@ func TestAStartBesideAFullBatchOfCancelationsPassesOverWorkBeingCanceled(t *test
 		})
 	}
 }
+
+// With one slot free, the fair pick hands it to the org whose turn comes
+// first: the org whose backlog is being canceled, every time, were its
+// passed-over pick not charged. It is, so the next iteration's slot goes
+// to the other org.
+func TestOneFreeSlotBesideAFullBatchOfCancelationsGoesToAnotherOrg(t *testing.T) {
+	t.Parallel()
+	for _, full := range []bool{true, false} {
+		t.Run(map[bool]string{true: "full", false: "fast"}[full], func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(1))
+			h.l.fullOnly = full
+			h.runMain()
+			ps := make([]EnqueueParams, 3*cancelationBatch)
+			for i := range ps {
+				ps[i] = EnqueueParams{OrgID: "org-a", Pool: "default", Handler: "test_handle"}
+			}
+			_, err := h.m.EnqueueMany(h.ctx, ps)
+			require.NoError(t, err)
+			n, err := h.m.CancelAll(h.ctx, "org-a", "default", h.clock.Now().Add(time.Minute))
+			require.NoError(t, err)
+			require.Equal(t, len(ps), n)
+			b := h.enqueue(withOrg("org-b"))
+
+			h.runMain()
+			h.runMain()
+
+			o := h.observe()
+			require.True(t, o.isRunning(b), "org-b's ready work waits for org-a's cancelations")
+			require.Len(t, o.running, 1)
+			require.Len(t, o.pendingCancelation, cancelationBatch, "two batches taken")
+		})
+	}
+}

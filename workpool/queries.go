@@ -725,12 +725,17 @@ near_read AS (
 // a stale head put one out of turn, or their items cannot fill the free
 // slots while orgs were left out), the full one probes every queued org.
 // (sqlPickNear is the near way alone.) besideCancels leaves, of what it
-// picked, the work whose cancelation waits (sqlNotBeingCanceled): a pick
-// that passes it over is neither started nor charged.
+// picked (CTE picked), the work whose cancelation waits (pick holds the
+// rest): passed over, it is not started, but its org is charged the turn
+// all the same, so that the next turn goes to another org — else an org
+// whose backlog is being canceled kept the first turn, and with one slot
+// free nothing started until its last cancelation.
 func sqlPickFair(perOrgCap string, turns turnParams, besideCancels bool) string {
-	notCanceled := ""
+	picked, passOver := "pick", ""
 	if besideCancels {
-		notCanceled = "\n    AND " + sqlNotBeingCanceled("w")
+		picked = "picked"
+		passOver = `,
+pick AS (SELECT id, handler, tid, org_id FROM picked WHERE ` + sqlNotBeingCanceled("picked") + `)`
 	}
 	return sqlNearRead(perOrgCap, turns) + `,
 near_ok AS (
@@ -824,14 +829,14 @@ ranked AS (
     row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at) AS rn
   FROM cand c
 ),
-pick AS (
+` + picked + ` AS (
   -- (by tuple id: no index lookup per started item)
   SELECT w.id, w.handler, w.ctid AS tid, w.org_id FROM workpool_work w
   WHERE w.ctid = ANY(ARRAY(SELECT tid FROM ranked WHERE rn <= n
                            ORDER BY ` + sqlTurnOrder + ` LIMIT (SELECT n FROM free)))
-    AND w.state = 'pending'` + notCanceled + `
+    AND w.state = 'pending'
   FOR UPDATE SKIP LOCKED
-),
+)` + passOver + `,
 heads AS (
   -- each org read, with the head its read found (null: no ready item)
   ` + sqlNearHeads + `
@@ -839,7 +844,7 @@ heads AS (
   SELECT org_id, qtid, head_at, seen, run_at FROM queues
 ),
 ` + sqlMoveHeads + `,
-` + sqlChargeTurns("(SELECT org_id, weight, served, vrun FROM near_lim UNION SELECT org_id, weight, served, vrun FROM lim)")
+` + sqlChargeTurns(picked, "(SELECT org_id, weight, served, vrun FROM near_lim UNION SELECT org_id, weight, served, vrun FROM lim)")
 }
 
 // sqlPickNear is sqlPickFair's near way alone, for the fast iteration of a
@@ -870,7 +875,7 @@ heads AS (
   ` + sqlNearHeads + `
 ),
 ` + sqlMoveHeads + `,
-` + sqlChargeTurns("near_lim")
+` + sqlChargeTurns("pick", "near_lim")
 }
 
 // sqlClockTurns is the pool's current turn (the clock, num / den, of the
@@ -923,20 +928,21 @@ func sqlTurnsHeld(turns turnParams, weight string) string {
 }
 
 // sqlChargeTurns is the CTEs charged and clock_turn of a fair pick: each
-// org that started k items is charged them (served + k), and the clock
+// org that took k items of CTE picked (pick, or what sqlPickFair picked
+// beside cancelations) is charged them (served + k), and the clock
 // moves to the turn of the last start, the highest a started item took
 // (every item picked takes a turn at or past the clock's, so it never
 // moves back). orgs is the SQL of the picked orgs' (org_id, weight,
 // served, vrun) as the pick ranked them. The statement returns them
 // (sqlTurnsCharged); the loop enters them in its turns once it committed.
-func sqlChargeTurns(orgs string) string {
+func sqlChargeTurns(picked, orgs string) string {
 	return `charged AS (
   -- last: the turn numerator of the org's last start, vrun + k; charged_to: what
   -- the org has been charged, served + k
   -- (counted before the join: joined first, every started item was
   -- compared with every org, a fifth of a big start's time)
   SELECT p.org_id, o.weight, o.vrun + p.k AS last, o.served + p.k AS charged_to
-  FROM (SELECT org_id, count(*) AS k FROM pick GROUP BY org_id) p JOIN ` + orgs + ` o ON o.org_id = p.org_id
+  FROM (SELECT org_id, count(*) AS k FROM ` + picked + ` GROUP BY org_id) p JOIN ` + orgs + ` o ON o.org_id = p.org_id
 ),
 clock_turn AS (
   SELECT last, weight FROM charged ORDER BY last::float8 / weight DESC LIMIT 1
