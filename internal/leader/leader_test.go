@@ -277,3 +277,42 @@ func TestAStandbyTakesOverFromALeaderThatVanishedFromTheNetwork(t *testing.T) {
 	}, LeaseFor(retry)+2*retry+testWait, pollEvery, "the standby took over once the lease ran out")
 	require.NotZero(t, lockHolder(t, admin, "test.sweeper"))
 }
+
+// A leader that vanishes from the network mid-write leaves its fenced
+// transaction idle on the server, holding the term row FOR SHARE: the
+// standby that takes the lock once the lease ran out waits on that row to
+// start its term. The server ends the transaction once it sat idle for
+// fencedIdleBound, and the standby leads.
+func TestAStandbyTakesOverFromALeaderThatVanishedMidWrite(t *testing.T) {
+	old := fencedIdleBound
+	fencedIdleBound = 3 * time.Second
+	t.Cleanup(func() { fencedIdleBound = old })
+	dsn := testkit.NewDatabase(t)
+	relay, relayed := testkit.NewRelay(t, dsn)
+	const retry = 2 * time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	var tr terms
+	var done sync.WaitGroup
+	t.Cleanup(func() { cancel(); done.Wait() })
+	writing := make(chan struct{}, 1)
+	leaderDB := testkit.NewPoolFor(t, relayed)
+	first := &Elector{DB: leaderDB, Name: "test.sweeper", Retry: retry, Logger: testkit.Logger(t)}
+	done.Go(func() {
+		first.Run(ctx, func(lctx context.Context) {
+			go tr.lead(0)(lctx)
+			_ = FencedTx(lctx, leaderDB, func(pgx.Tx) error {
+				writing <- struct{}{}
+				<-lctx.Done() // a sweep's write under way
+				return lctx.Err()
+			})
+		})
+	})
+	<-writing
+	standby := &Elector{DB: testkit.NewPoolFor(t, dsn), Name: "test.sweeper", Retry: retry, Logger: testkit.Logger(t)}
+	done.Go(func() { standby.Run(ctx, tr.lead(1)) })
+	relay.Partition()
+	require.Eventually(t, func() bool {
+		s, _, _, _ := tr.snapshot()
+		return len(s) >= 2 && s[len(s)-1] == 1
+	}, LeaseFor(retry)+2*retry+testWait, pollEvery, "the standby took over")
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -69,6 +71,11 @@ func FenceSQL(nameParam, termParam int) string {
 	return fmt.Sprintf(`EXISTS (SELECT 1 FROM leader_terms WHERE name = $%d AND term = $%d FOR SHARE)`, nameParam, termParam)
 }
 
+// fencedIdleBound is how long a fenced transaction may sit idle (between
+// its statements) before the server ends it: far longer than any leader's
+// write pauses.
+var fencedIdleBound = 30 * time.Second
+
 // Hold fences the rest of tx by ctx's term: it returns ErrDeposed if the
 // term is no longer current, and otherwise keeps any later term from
 // starting until tx ends. Without a term in ctx (a test or a tool calling
@@ -79,8 +86,14 @@ func Hold(ctx context.Context, tx pgx.Tx) error {
 	if !ok {
 		return nil
 	}
+	// (the transaction's idle time is bounded too: a leader that vanished
+	// with its node or behind a partition mid-write leaves it idle on the
+	// server, holding the term row, and the next NewTerm would wait on it
+	// until TCP keepalive gave up on the peer, hours)
 	var current bool
-	if err := tx.QueryRow(ctx, `SELECT `+FenceSQL(1, 2), t.Name, t.N).Scan(&current); err != nil {
+	err := tx.QueryRow(ctx, `SELECT `+FenceSQL(1, 2)+`, set_config('idle_in_transaction_session_timeout', $3, true)`,
+		t.Name, t.N, strconv.FormatInt(fencedIdleBound.Milliseconds(), 10)).Scan(&current, nil)
+	if err != nil {
 		return fmt.Errorf("checking the term of leadership %s: %w", t.Name, err)
 	}
 	if !current {
