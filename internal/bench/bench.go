@@ -169,6 +169,9 @@ func serviceConfig(base service.Config, w *where, logger *slog.Logger) (service.
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	c.API.Addr, c.API.Auth = "127.0.0.1:0", api.AuthConfig{Secrets: [][]byte{secret}}
+	// The probes and /metrics on that API (the rest bench reads its
+	// histograms there), not on an ops address of the environment's.
+	c.API.OpsAddr = ""
 	return c, secret
 }
 

@@ -81,7 +81,7 @@ func poolFairShare(ctx context.Context, c PoolConfig) error {
 	s, f := medianPhase(single), medianPhase(fair)
 	fmt.Printf("pool: n=%d parallelism=%d orgs=%d rounds=%d single-org burndown=%.0f jobs/s fair-share burndown=%.0f jobs/s (%.2f×) "+
 		"worst org p99 start lag=%s (single org: %s)\n",
-		c.N, c.Parallelism, c.Orgs, c.Rounds, s.rate, f.rate, f.rate/s.rate, f.worstP99.Round(time.Millisecond), s.worstP99.Round(time.Millisecond))
+		c.N, c.Parallelism, c.Orgs, c.Rounds, s.rate, f.rate, fairRatio(single, fair), f.worstP99.Round(time.Millisecond), s.worstP99.Round(time.Millisecond))
 	return nil
 }
 
@@ -183,6 +183,17 @@ func orgStartLags(ctx context.Context, db *pgxpool.Pool, orgs []string, resumed 
 		out[i] = time.Duration(s * float64(time.Second))
 	}
 	return out, nil
+}
+
+// fairRatio is the median, over the rounds, of each round's fair-share
+// rate over its own single-org rate: only the two burn-downs of one round
+// compare (single[i] and fair[i] ran in round i).
+func fairRatio(single, fair []fairPhase) float64 {
+	r := make([]float64, min(len(single), len(fair)))
+	for i := range r {
+		r[i] = fair[i].rate / single[i].rate
+	}
+	return median(r)
 }
 
 // medianPhase is the phase of median rate, its lags with it; of an even

@@ -262,6 +262,9 @@ func (r *restRunner) histogram(ctx context.Context, name string) (sum, count flo
 	if err != nil {
 		return 0, 0, err
 	}
+	if res.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("GET /metrics: %d %s", res.StatusCode, raw)
+	}
 	for _, line := range strings.Split(string(raw), "\n") {
 		if v, ok := strings.CutPrefix(line, name+"_sum "); ok {
 			sum, _ = strconv.ParseFloat(v, 64)
