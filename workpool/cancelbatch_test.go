@@ -5,8 +5,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 )
+
+// cancelAllBesideAnotherOrg runs an iteration, then has org-a enqueue
+// three batches' worth of ready work and cancel it all (CancelAll), and
+// org-b enqueue one item, whose id it returns.
+func (h *harness) cancelAllBesideAnotherOrg(t *testing.T) uuid.UUID {
+	t.Helper()
+	h.runMain()
+	ps := make([]EnqueueParams, 3*cancelationBatch)
+	for i := range ps {
+		ps[i] = EnqueueParams{OrgID: "org-a", Pool: "default", Handler: "test_handle"}
+	}
+	_, err := h.m.EnqueueMany(h.ctx, ps)
+	require.NoError(t, err)
+	n, err := h.m.CancelAll(h.ctx, "org-a", "default", h.clock.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, len(ps), n)
+	return h.enqueue(withOrg("org-b"))
+}
 
 // One org's CancelAll of a backlog fills batch after batch of
 // cancelations; each iteration takes one batch and still starts other
@@ -20,17 +39,7 @@ func TestAFullBatchOfCancelationsDoesNotHoldBackStarts(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t)
 			h.l.fullOnly = full
-			h.runMain()
-			ps := make([]EnqueueParams, 3*cancelationBatch)
-			for i := range ps {
-				ps[i] = EnqueueParams{OrgID: "org-a", Pool: "default", Handler: "test_handle"}
-			}
-			_, err := h.m.EnqueueMany(h.ctx, ps)
-			require.NoError(t, err)
-			n, err := h.m.CancelAll(h.ctx, "org-a", "default", h.clock.Now().Add(time.Minute))
-			require.NoError(t, err)
-			require.Equal(t, len(ps), n)
-			b := h.enqueue(withOrg("org-b"))
+			b := h.cancelAllBesideAnotherOrg(t)
 
 			h.runMain()
 
@@ -85,17 +94,7 @@ func TestOneFreeSlotBesideAFullBatchOfCancelationsGoesToAnotherOrg(t *testing.T)
 			t.Parallel()
 			h := newHarness(t, withMaxParallelism(1))
 			h.l.fullOnly = full
-			h.runMain()
-			ps := make([]EnqueueParams, 3*cancelationBatch)
-			for i := range ps {
-				ps[i] = EnqueueParams{OrgID: "org-a", Pool: "default", Handler: "test_handle"}
-			}
-			_, err := h.m.EnqueueMany(h.ctx, ps)
-			require.NoError(t, err)
-			n, err := h.m.CancelAll(h.ctx, "org-a", "default", h.clock.Now().Add(time.Minute))
-			require.NoError(t, err)
-			require.Equal(t, len(ps), n)
-			b := h.enqueue(withOrg("org-b"))
+			b := h.cancelAllBesideAnotherOrg(t)
 
 			h.runMain()
 			h.runMain()
