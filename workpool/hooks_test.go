@@ -420,3 +420,38 @@ func TestHooks_TheHookTimeoutDoesNotBoundTheIterationsStartsAfterThem(t *testing
 		})
 	}
 }
+
+// The full iteration is one transaction holding the pool row: a leader
+// lost in its middle would leave it open on the server, and the next
+// leader's takeover would wait on the row until TCP gave up on the peer.
+// Its idle time is bounded, as a leader's fenced write's is: a hook the
+// loop retries runs in it and reads the bound.
+func TestTheLoopsIterationBoundsItsTransactionsIdleTime(t *testing.T) {
+	t.Parallel()
+	_, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}})
+	var calls atomic.Int64
+	seen := make(chan string, 1)
+	m.RegisterHook("probe", func(ctx context.Context, tx pgx.Tx, _ Completion) error {
+		if calls.Add(1) == 1 {
+			return errors.New("the first call fails: the loop retries it")
+		}
+		var bound string
+		if err := tx.QueryRow(ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&bound); err != nil {
+			return err
+		}
+		select {
+		case seen <- bound:
+		default:
+		}
+		return nil
+	})
+	_, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop",
+		OnComplete: &OnComplete{Hook: "probe"}})
+	require.NoError(t, err)
+	select {
+	case bound := <-seen:
+		require.Equal(t, "30s", bound)
+	case <-time.After(testWait):
+		t.Fatal("the loop never retried the hook")
+	}
+}

@@ -181,11 +181,15 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 // round trip. It also commits the iteration without waiting for the WAL
 // flush, which iterateFull undoes when the iteration finished work or ran
 // hooks: losing the commit of an iteration that only started work loses
-// only starts (made again), nothing anyone was promised.
+// only starts (made again), nothing anyone was promised. And it bounds the
+// transaction's idle time, as a leader's fenced write does: the
+// transaction holds the pool row, and a leader lost in its middle (its
+// node gone, a partition) would leave it open on the server, the next
+// leader's takeover waiting on that row until TCP gave up on the peer.
 func (it *iteration) open(ctx context.Context) ([]uuid.UUID, error) {
 	l := it.l
 	b := &pgx.Batch{}
-	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
+	b.Queue("SELECT set_config('synchronous_commit', 'off', true), set_config('idle_in_transaction_session_timeout', '30s', true)")
 	b.Queue(sqlBump, l.pool, l.gen, it.now)
 	b.Queue(sqlTakeCancelations, l.pool, cancelationBatch)
 	b.Queue(sqlCensus, l.pool, it.now)
