@@ -34,21 +34,16 @@ func (h *harness) cancelAllBesideAnotherOrg(t *testing.T) uuid.UUID {
 // work whose cancelation waits in a later batch.
 func TestAFullBatchOfCancelationsDoesNotHoldBackStarts(t *testing.T) {
 	t.Parallel()
-	for _, full := range []bool{true, false} {
-		t.Run(map[bool]string{true: "full", false: "fast"}[full], func(t *testing.T) {
-			t.Parallel()
-			h := newHarness(t)
-			h.l.fullOnly = full
-			b := h.cancelAllBesideAnotherOrg(t)
+	onBothPaths(t, func(t *testing.T, h *harness) {
+		b := h.cancelAllBesideAnotherOrg(t)
 
-			h.runMain()
+		h.runMain()
 
-			o := h.observe()
-			require.True(t, o.isRunning(b), "org-b's ready work waits for org-a's cancelations")
-			require.Len(t, o.running, 1, "none of org-a's work starts")
-			require.Len(t, o.pendingCancelation, 2*cancelationBatch, "one batch taken")
-		})
-	}
+		o := h.observe()
+		require.True(t, o.isRunning(b), "org-b's ready work waits for org-a's cancelations")
+		require.Len(t, o.running, 1, "none of org-a's work starts")
+		require.Len(t, o.pendingCancelation, 2*cancelationBatch, "one batch taken")
+	})
 }
 
 // A start beside a full batch of cancelations never starts work whose
@@ -89,20 +84,15 @@ func TestAStartBesideAFullBatchOfCancelationsPassesOverWorkBeingCanceled(t *test
 // to the other org.
 func TestOneFreeSlotBesideAFullBatchOfCancelationsGoesToAnotherOrg(t *testing.T) {
 	t.Parallel()
-	for _, full := range []bool{true, false} {
-		t.Run(map[bool]string{true: "full", false: "fast"}[full], func(t *testing.T) {
-			t.Parallel()
-			h := newHarness(t, withMaxParallelism(1))
-			h.l.fullOnly = full
-			b := h.cancelAllBesideAnotherOrg(t)
+	onBothPaths(t, func(t *testing.T, h *harness) {
+		b := h.cancelAllBesideAnotherOrg(t)
 
-			h.runMain()
-			h.runMain()
+		h.runMain()
+		h.runMain()
 
-			o := h.observe()
-			require.True(t, o.isRunning(b), "org-b's ready work waits for org-a's cancelations")
-			require.Len(t, o.running, 1)
-			require.Len(t, o.pendingCancelation, cancelationBatch, "two batches taken")
-		})
-	}
+		o := h.observe()
+		require.True(t, o.isRunning(b), "org-b's ready work waits for org-a's cancelations")
+		require.Len(t, o.running, 1)
+		require.Len(t, o.pendingCancelation, cancelationBatch, "two batches taken")
+	}, withMaxParallelism(1))
 }

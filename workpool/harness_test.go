@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -267,4 +268,29 @@ func (h *harness) exec(sql string, args ...any) {
 	h.t.Helper()
 	_, err := h.db.Exec(h.ctx, sql, args...)
 	require.NoError(h.t, err)
+}
+
+// onBothPaths runs test as parallel subtests "full" and "fast", each on a
+// harness of its own (opts): the loop taking only the full iteration, or
+// the fast one wherever it can.
+func onBothPaths(t *testing.T, test func(t *testing.T, h *harness), opts ...harnessOpt) {
+	for _, full := range []bool{true, false} {
+		t.Run(map[bool]string{true: "full", false: "fast"}[full], func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, opts...)
+			h.l.fullOnly = full
+			test(t, h)
+		})
+	}
+}
+
+// raisePeak raises peak to n when n is higher (for handlers that track the
+// most attempts running at once).
+func raisePeak(peak *atomic.Int64, n int64) {
+	for {
+		p := peak.Load()
+		if n <= p || peak.CompareAndSwap(p, n) {
+			return
+		}
+	}
 }

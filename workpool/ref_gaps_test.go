@@ -287,40 +287,35 @@ func TestCooldown_AKeyedRetryDueBeforeTheCooldownEndsWakesTheLoopInTime(t *testi
 // (the fair pick, full and fast), not only one org's plain work.
 func TestRef002_DoesNotStartNewWorkOverALoweredMaxParallelism_WhenFairShareStarts(t *testing.T) {
 	t.Parallel()
-	for _, full := range []bool{true, false} {
-		t.Run(map[bool]string{true: "full", false: "fast"}[full], func(t *testing.T) {
-			t.Parallel()
-			h := newHarness(t, withMaxParallelism(4))
-			h.l.fullOnly = full
-			for range 4 {
-				h.enqueue(withOrg("org-1"))
-			}
-			h.runMain()
-			require.Len(t, h.observe().running, 4)
-			require.NoError(t, h.m.SetMaxParallelism(h.ctx, "default", 2))
-			h.enqueue(withOrg("org-a"))
-			h.enqueue(withOrg("org-b"))
-			h.enqueue(withOrg("org-c"), withKey("k", 1))
+	onBothPaths(t, func(t *testing.T, h *harness) {
+		for range 4 {
+			h.enqueue(withOrg("org-1"))
+		}
+		h.runMain()
+		require.Len(t, h.observe().running, 4)
+		require.NoError(t, h.m.SetMaxParallelism(h.ctx, "default", 2))
+		h.enqueue(withOrg("org-a"))
+		h.enqueue(withOrg("org-b"))
+		h.enqueue(withOrg("org-c"), withKey("k", 1))
 
-			h.runMain()
-			o := h.observe()
-			require.Len(t, o.running, 4)
-			require.Len(t, o.pending, 3)
+		h.runMain()
+		o := h.observe()
+		require.Len(t, o.running, 4)
+		require.Len(t, o.pending, 3)
 
-			h.complete(o.running[0], "success", 1)
-			h.runMain()
-			o = h.observe()
-			require.Len(t, o.running, 3, "3 > 2 still run")
-			require.Len(t, o.pending, 3)
+		h.complete(o.running[0], "success", 1)
+		h.runMain()
+		o = h.observe()
+		require.Len(t, o.running, 3, "3 > 2 still run")
+		require.Len(t, o.pending, 3)
 
-			h.complete(o.running[0], "success", 1)
-			h.complete(o.running[1], "success", 1)
-			h.runMain()
-			o = h.observe()
-			require.Len(t, o.running, 2, "one slot freed under the new limit is filled, no more")
-			require.Len(t, o.pending, 2)
-		})
-	}
+		h.complete(o.running[0], "success", 1)
+		h.complete(o.running[1], "success", 1)
+		h.runMain()
+		o = h.observe()
+		require.Len(t, o.running, 2, "one slot freed under the new limit is filled, no more")
+		require.Len(t, o.pending, 2)
+	}, withMaxParallelism(4))
 }
 
 // runMainCounted is runMain and how many statements fenced the pool in

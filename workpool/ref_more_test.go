@@ -29,41 +29,36 @@ import (
 // pending for its retry: S10 + cancel, a different state.)
 func TestRef003_S9CanceledWhileRunningThenARetryableFailure_FinishesCanceled(t *testing.T) {
 	t.Parallel()
-	for _, full := range []bool{true, false} {
-		t.Run(map[bool]string{true: "full", false: "fast"}[full], func(t *testing.T) {
-			t.Parallel()
-			h := newHarness(t)
-			h.l.fullOnly = full
-			var got []Completion
-			h.m.RegisterHook("record", func(_ context.Context, _ pgx.Tx, c Completion) error {
-				got = append(got, c)
-				return nil
-			})
-			id := h.s2Running(withRetry(5, 100, 2), withHook("record", `{}`))
-			h.cancel(id)
-			h.runMain() // S8 -> S12: canceled, still running
-			require.True(t, h.work(id).canceled)
-			require.True(t, h.observe().isRunning(id))
-
-			done := h.complete(id, "failed", 1) // the attempt fails retryably
-			require.Len(t, done, 1)
-
-			w := h.work(id)
-			require.Equal(t, "finished", w.state)
-			require.Equal(t, "canceled", *w.outcome)
-			h.clock.Advance(2 * time.Second)
-			h.runMain()
-			o := h.observe()
-			require.False(t, o.isRunning(id))
-			require.False(t, o.isPending(id))
-			require.False(t, o.isCanceling(id))
-			require.Len(t, got, 1)
-			require.Equal(t, OutcomeCanceled, got[0].Outcome)
-			r := h.m.report("default")
-			require.Equal(t, int64(1), r.canceled)
-			require.Zero(t, r.retries)
+	onBothPaths(t, func(t *testing.T, h *harness) {
+		var got []Completion
+		h.m.RegisterHook("record", func(_ context.Context, _ pgx.Tx, c Completion) error {
+			got = append(got, c)
+			return nil
 		})
-	}
+		id := h.s2Running(withRetry(5, 100, 2), withHook("record", `{}`))
+		h.cancel(id)
+		h.runMain() // S8 -> S12: canceled, still running
+		require.True(t, h.work(id).canceled)
+		require.True(t, h.observe().isRunning(id))
+
+		done := h.complete(id, "failed", 1) // the attempt fails retryably
+		require.Len(t, done, 1)
+
+		w := h.work(id)
+		require.Equal(t, "finished", w.state)
+		require.Equal(t, "canceled", *w.outcome)
+		h.clock.Advance(2 * time.Second)
+		h.runMain()
+		o := h.observe()
+		require.False(t, o.isRunning(id))
+		require.False(t, o.isPending(id))
+		require.False(t, o.isCanceling(id))
+		require.Len(t, got, 1)
+		require.Equal(t, OutcomeCanceled, got[0].Outcome)
+		r := h.m.report("default")
+		require.Equal(t, int64(1), r.canceled)
+		require.Zero(t, r.retries)
+	})
 }
 
 // 003 "cancel arrives while retry completion is pending -> cancel wins":
@@ -72,28 +67,23 @@ func TestRef003_S9CanceledWhileRunningThenARetryableFailure_FinishesCanceled(t *
 // wins, on both the fast and the full path.
 func TestRef003_CancelOfARetryThatIsAlreadyDue_Wins(t *testing.T) {
 	t.Parallel()
-	for _, full := range []bool{true, false} {
-		t.Run(map[bool]string{true: "full", false: "fast"}[full], func(t *testing.T) {
-			t.Parallel()
-			h := newHarness(t)
-			h.l.fullOnly = full
-			id := h.s5CompletingWillRetry()
-			h.cancel(id)
-			h.clock.Advance(2 * time.Second) // the retry is due
+	onBothPaths(t, func(t *testing.T, h *harness) {
+		id := h.s5CompletingWillRetry()
+		h.cancel(id)
+		h.clock.Advance(2 * time.Second) // the retry is due
 
-			h.runMain()
-			h.runMain()
+		h.runMain()
+		h.runMain()
 
-			o := h.observe()
-			require.False(t, o.isPending(id))
-			require.False(t, o.isRunning(id))
-			require.False(t, o.isCanceling(id))
-			w := h.work(id)
-			require.Equal(t, "finished", w.state)
-			require.Equal(t, "canceled", *w.outcome)
-			require.Equal(t, 1, w.attempts, "the retry never started")
-		})
-	}
+		o := h.observe()
+		require.False(t, o.isPending(id))
+		require.False(t, o.isRunning(id))
+		require.False(t, o.isCanceling(id))
+		w := h.work(id)
+		require.Equal(t, "finished", w.state)
+		require.Equal(t, "canceled", *w.outcome)
+		require.Equal(t, 1, w.attempts, "the retry never started")
+	})
 }
 
 // 002 "rejects main calls with the wrong generation" as a real stale leader
@@ -168,13 +158,7 @@ func TestRef003_InterleavedRetriesAndCancelsOnTwoReplicas(t *testing.T) {
 		mu.Lock()
 		runs[j.ID]++
 		mu.Unlock()
-		now := running.Add(1)
-		for {
-			p := peak.Load()
-			if now <= p || peak.CompareAndSwap(p, now) {
-				break
-			}
-		}
+		raisePeak(&peak, running.Add(1))
 		defer running.Add(-1)
 		select {
 		case <-time.After(time.Duration(rand.IntN(4)) * time.Millisecond):

@@ -174,13 +174,7 @@ func TestTwoReplicas_ThousandItemsNeverExceedMaxParallelismAndEachHookFiresOnce(
 	hookTable(t, db)
 	var running, peak atomic.Int64
 	handler := func(context.Context, Job) (json.RawMessage, error) {
-		now := running.Add(1)
-		for {
-			p := peak.Load()
-			if now <= p || peak.CompareAndSwap(p, now) {
-				break
-			}
-		}
+		raisePeak(&peak, running.Add(1))
 		time.Sleep(time.Millisecond) // simulated work, so attempts overlap
 		running.Add(-1)
 		return json.RawMessage(`{"ok":true}`), nil

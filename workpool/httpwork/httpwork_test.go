@@ -173,23 +173,7 @@ func TestServerErrorThenSuccessIsRetriedInThePool(t *testing.T) {
 	}))
 	defer srv.Close()
 
-	db := testkit.NewPool(t)
-	m, err := workpool.New(db, workpool.Config{Pools: map[string]int{"default": 2}, Logger: testkit.Logger(t)})
-	require.NoError(t, err)
-	require.NoError(t, Register(m, Config{AllowedHosts: []string{"127.0.0.1:*"}}))
-	ctx := context.Background()
-	require.NoError(t, m.Start(ctx))
-	defer m.Stop(ctx)
-
-	args, _ := json.Marshal(Args{URL: srv.URL})
-	id, err := m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: args,
-		Retry: &workpool.RetryPolicy{MaxAttempts: 3, InitialBackoffMS: 10, Base: 2}})
-	require.NoError(t, err)
-	var st workpool.Status
-	require.Eventually(t, func() bool {
-		st, err = m.Status(ctx, "o", id)
-		return err == nil && st.State == workpool.StateFinished
-	}, 20*time.Second, 10*time.Millisecond)
+	st := runInPool(t, srv.URL, &workpool.RetryPolicy{MaxAttempts: 3, InitialBackoffMS: 10, Base: 2})
 	require.Equal(t, workpool.OutcomeSucceeded, st.Outcome)
 	require.EqualValues(t, 2, calls.Load())
 	require.Equal(t, 2, st.Attempts)
@@ -460,6 +444,14 @@ func TestA2xxBodyNestedToTheDecodersDepthLimitSucceeds(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(body)) }))
 	defer srv.Close()
 
+	st := runInPool(t, srv.URL, nil)
+	require.Equal(t, workpool.OutcomeSucceeded, st.Outcome, "error: %s", st.Error)
+}
+
+// runInPool runs one request to url as work of a started pool (with
+// retry, when set) and returns the work's status once it finished.
+func runInPool(t *testing.T, url string, retry *workpool.RetryPolicy) workpool.Status {
+	t.Helper()
 	db := testkit.NewPool(t)
 	m, err := workpool.New(db, workpool.Config{Pools: map[string]int{"default": 2}, Logger: testkit.Logger(t)})
 	require.NoError(t, err)
@@ -468,13 +460,13 @@ func TestA2xxBodyNestedToTheDecodersDepthLimitSucceeds(t *testing.T) {
 	require.NoError(t, m.Start(ctx))
 	defer m.Stop(ctx)
 
-	args, _ := json.Marshal(Args{URL: srv.URL})
-	id, err := m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: args})
+	args, _ := json.Marshal(Args{URL: url})
+	id, err := m.Enqueue(ctx, workpool.EnqueueParams{OrgID: "o", Pool: "default", Handler: Name, Args: args, Retry: retry})
 	require.NoError(t, err)
 	var st workpool.Status
 	require.Eventually(t, func() bool {
 		st, err = m.Status(ctx, "o", id)
 		return err == nil && st.State == workpool.StateFinished
 	}, 20*time.Second, 10*time.Millisecond)
-	require.Equal(t, workpool.OutcomeSucceeded, st.Outcome, "error: %s", st.Error)
+	return st
 }
