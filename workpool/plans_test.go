@@ -179,12 +179,7 @@ func TestTakingCancelationsAfterACancelAllOfABacklogReadsTheTableOnce(t *testing
 // worth of them, not the backlog to find one that is not being canceled.
 func TestAStartBesideACancelAllOfAReadyBacklogReadsOnlyWhatItPicked(t *testing.T) {
 	ctx := context.Background()
-	db := testkit.NewPool(t)
-	m, err := New(db, Config{Pools: map[string]int{"default": 100}, Logger: testkit.Logger(t), MaxPendingPerOrg: 1_000_000})
-	require.NoError(t, err)
-	m.Register("noop", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
-	l := newLoop(m, "default")
-	require.NoError(t, l.takeover(ctx))
+	db, m, l := leadingLoop(t)
 	ps := make([]EnqueueParams, 5_000)
 	for i := range ps {
 		ps[i] = EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"}
@@ -222,12 +217,7 @@ func TestAPoolsScheduledBacklogIsNotReadAtEveryIteration(t *testing.T) {
 	for _, key := range []string{"", "k"} {
 		t.Run("key "+strconv.Quote(key), func(t *testing.T) {
 			ctx := context.Background()
-			db := testkit.NewPool(t)
-			m, err := New(db, Config{Pools: map[string]int{"default": 100}, Logger: testkit.Logger(t), MaxPendingPerOrg: 1_000_000})
-			require.NoError(t, err)
-			m.Register("noop", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
-			l := newLoop(m, "default")
-			require.NoError(t, l.takeover(ctx))
+			db, m, l := leadingLoop(t)
 			for _, org := range []string{"org-1", "org-2", "org-3"} {
 				ps := make([]EnqueueParams, 20_000)
 				for i := range ps {
@@ -239,7 +229,7 @@ func TestAPoolsScheduledBacklogIsNotReadAtEveryIteration(t *testing.T) {
 					require.NoError(t, err)
 				}
 			}
-			_, err = db.Exec(ctx, `VACUUM ANALYZE workpool_work`)
+			_, err := db.Exec(ctx, `VACUUM ANALYZE workpool_work`)
 			require.NoError(t, err)
 			now := time.Now()
 			for _, s := range []struct {
@@ -268,4 +258,18 @@ func requireNoWorkTableScan(t *testing.T, db *pgxpool.Pool, name, sql string, ar
 			t.Errorf("%s reads the whole table:\n%s\n%s", name, line, plan[min(i+1, len(plan)-1)])
 		}
 	}
+}
+
+// leadingLoop is a fresh database's manager (pool default, 100 slots, a
+// pending cap out of reach, handler noop) and its pool's loop, taken over:
+// for reading the loop's statements' plans.
+func leadingLoop(t *testing.T) (*pgxpool.Pool, *Manager, *loop) {
+	t.Helper()
+	db := testkit.NewPool(t)
+	m, err := New(db, Config{Pools: map[string]int{"default": 100}, Logger: testkit.Logger(t), MaxPendingPerOrg: 1_000_000})
+	require.NoError(t, err)
+	m.Register("noop", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
+	l := newLoop(m, "default")
+	require.NoError(t, l.takeover(context.Background()))
+	return db, m, l
 }

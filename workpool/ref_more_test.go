@@ -170,13 +170,7 @@ func TestRef003_InterleavedRetriesAndCancelsOnTwoReplicas(t *testing.T) {
 		}
 		return json.RawMessage(`{"ok":true}`), nil
 	}
-	var ms []*Manager
-	for range 2 {
-		m := startManager(t, db, Config{Pools: map[string]int{"default": limit}})
-		m.Register("work", handler)
-		m.RegisterHook("record", recordHook)
-		ms = append(ms, m)
-	}
+	ms := startRecordingReplicas(t, db, limit, handler)
 	ps := make([]EnqueueParams, n)
 	for i := range ps {
 		ps[i] = EnqueueParams{OrgID: fmt.Sprintf("org-%d", i%3), Pool: "default", Handler: "work",

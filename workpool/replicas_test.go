@@ -179,13 +179,7 @@ func TestTwoReplicas_ThousandItemsNeverExceedMaxParallelismAndEachHookFiresOnce(
 		running.Add(-1)
 		return json.RawMessage(`{"ok":true}`), nil
 	}
-	var ms []*Manager
-	for range 2 {
-		m := startManager(t, db, Config{Pools: map[string]int{"default": limit}})
-		m.Register("work", handler)
-		m.RegisterHook("record", recordHook)
-		ms = append(ms, m)
-	}
+	ms := startRecordingReplicas(t, db, limit, handler)
 
 	ctx, stopSampling := context.WithCancel(context.Background())
 	var sampledPeak, samples atomic.Int64
@@ -386,4 +380,18 @@ func TestFencing_ADeposedLeadersChoresWriteNothing(t *testing.T) {
 	n, err = h.l.purge(leader.WithTerm(h.ctx, current))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
+}
+
+// startRecordingReplicas starts two replicas on db, each with pool default
+// of limit slots, handler as "work" and recordHook as "record".
+func startRecordingReplicas(t *testing.T, db *pgxpool.Pool, limit int, handler Handler) []*Manager {
+	t.Helper()
+	var ms []*Manager
+	for range 2 {
+		m := startManager(t, db, Config{Pools: map[string]int{"default": limit}})
+		m.Register("work", handler)
+		m.RegisterHook("record", recordHook)
+		ms = append(ms, m)
+	}
+	return ms
 }
