@@ -1,8 +1,9 @@
 // Package leader elects one replica to run a leader-only task (sweepers,
 // reconcilers): the replica that holds a session-level advisory lock on a
 // dedicated connection is leader for as long as that connection lives. When
-// the leader dies its connection closes, Postgres releases the lock, and a
-// standby takes it over on its next try. Each leader starts a new term, and
+// the leader dies its connection closes (or, when it vanished without a
+// word, the server ends the idle session: the lock is a lease), Postgres
+// releases the lock, and a standby takes it over on its next try. Each leader starts a new term, and
 // a leader-only loop's writes are fenced by it (term.go), so a leader that
 // lost its lock without noticing yet writes nothing.
 package leader
