@@ -275,6 +275,13 @@ func (s *Server) listMandateApprovals(c echo.Context) error {
 		return err
 	}
 	f := mandates.ApprovalFilter{State: c.QueryParam("status"), AgentID: agent}
+	switch c.QueryParam("order") {
+	case "", "oldest":
+	case "newest":
+		f.NewestFirst = true
+	default:
+		return Invalid("order", "must be oldest or newest")
+	}
 	seq, err := s.eventsSeq(c)
 	if err != nil {
 		return err

@@ -196,6 +196,7 @@ func TestBadMandateInputIsA400NamingTheField(t *testing.T) {
 		{"GET", "/v1/mandates?cursor=nope", admin, nil, "cursor"},
 		{"GET", "/v1/mandates/" + id + "/ledger?limit=-1", admin, nil, "limit"},
 		{"GET", "/v1/mandate-approvals?status=bogus", approver, nil, "status"},
+		{"GET", "/v1/mandate-approvals?order=desc", approver, nil, "order"},
 		{"POST", "/v1/mandate-approvals/" + id + "/approve", approver, `{"note":1}`, "note"},
 	}
 	for _, tc := range cases {
@@ -287,6 +288,31 @@ func TestSpendAnswers200WhileCoveredAnd402WithACommittedApprovalRequest(t *testi
 		p := do(t, h, http.MethodPost, "/v1/mandates/spend", agent, `{"agent_id":"agent-1","scope":"none","cost":0}`).requireProblem(t, http.StatusPaymentRequired)
 		require.Equal(t, "no_mandate", p["refusal"])
 	})
+}
+
+func TestMandateApprovalsListNewestFirstWithOrderNewest(t *testing.T) {
+	s, _ := newMandateServer(t)
+	h, agent, approver := s.Handler(), token(t, "org-a", "agent"), token(t, "org-a", "approver")
+	var ids []string
+	for range 3 {
+		p := do(t, h, http.MethodPost, "/v1/mandates/spend", agent, `{"agent_id":"agent-1","scope":"none","cost":1}`).requireProblem(t, http.StatusPaymentRequired)
+		ids = append(ids, p["approval_id"].(string))
+	}
+	listed := func(query string) ([]string, any) {
+		page := do(t, h, http.MethodGet, "/v1/mandate-approvals?"+query, approver, nil).JSON(t)
+		var got []string
+		for _, it := range page["items"].([]any) {
+			got = append(got, it.(map[string]any)["id"].(string))
+		}
+		return got, page["next_cursor"]
+	}
+	first, next := listed("order=newest&limit=2")
+	require.Equal(t, []string{ids[2], ids[1]}, first)
+	rest, end := listed("order=newest&limit=2&cursor=" + next.(string))
+	require.Equal(t, []string{ids[0]}, rest)
+	require.Nil(t, end)
+	oldest, _ := listed("order=oldest")
+	require.Equal(t, ids, oldest)
 }
 
 // Many clients against a small budget: never overspent, and every refusal's

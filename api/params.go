@@ -112,7 +112,7 @@ func queryParamsProblem(rawQuery string) error {
 // empty would list everything. (TestEmptyQueryValuesAreRefusedWhereTheDocumentTypesThem
 // keeps this set equal to the document's.) The string parameters (cursor,
 // agent_id, …) take "" as absent, as the document allows.
-var notEmptyQueryParams = map[string]bool{"after": true, "delivery": true, "limit": true, "start_index": true, "status": true}
+var notEmptyQueryParams = map[string]bool{"after": true, "delivery": true, "limit": true, "order": true, "start_index": true, "status": true}
 
 func isText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 

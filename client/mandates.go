@@ -171,6 +171,8 @@ type MandateApprovalListParams struct {
 	// Status is pending, approved, denied, expired or canceled.
 	Status  string
 	AgentID string
+	// Order is "oldest" (the server's default: creation order) or "newest".
+	Order string
 	PageParams
 }
 
@@ -179,7 +181,8 @@ type Resolution struct {
 	Note string `json:"note,omitempty"`
 }
 
-// List iterates over the approval requests in creation order.
+// List iterates over the approval requests in creation order, or newest
+// first with Order "newest".
 func (s *MandateApprovalsService) List(ctx context.Context, p MandateApprovalListParams, opts ...CallOption) iter.Seq2[MandateApproval, error] {
 	return all(ctx, p.Cursor, func(ctx context.Context, cursor string) (Page[MandateApproval], error) {
 		p := p // (its own copy: one iterator may be ranged by goroutines at once)
@@ -193,6 +196,7 @@ func (s *MandateApprovalsService) ListPage(ctx context.Context, p MandateApprova
 	q := url.Values{}
 	setIf(q, "status", p.Status)
 	setIf(q, "agent_id", p.AgentID)
+	setIf(q, "order", p.Order)
 	ep := endpoint{method: http.MethodGet, path: "/v1/mandate-approvals", query: p.addTo(q)}
 	return doJSON[Page[MandateApproval]](ctx, s.c, ep, nil, opts)
 }

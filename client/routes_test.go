@@ -129,6 +129,9 @@ func TestEveryRouteIsReachableThroughTheClient(t *testing.T) {
 	}
 	pending := collect(t, asApprover.MandateApprovals.List(ctx, client.MandateApprovalListParams{Status: "pending"}))
 	require.Len(t, pending, 2)
+	require.Equal(t, approvalIDs[0], pending[0].ID)
+	newest := collect(t, asApprover.MandateApprovals.List(ctx, client.MandateApprovalListParams{Status: "pending", Order: "newest", PageParams: client.PageParams{Limit: 1}}))
+	require.Equal(t, []string{approvalIDs[1], approvalIDs[0]}, []string{newest[0].ID, newest[1].ID})
 	a, err := asApprover.MandateApprovals.Get(ctx, approvalIDs[0])
 	require.NoError(t, err)
 	require.Equal(t, "insufficient", a.Refusal)

@@ -220,10 +220,14 @@ func (s *Service) GetApproval(ctx context.Context, orgID, agentID string, id uui
 type ApprovalFilter struct {
 	State   string
 	AgentID string
+	// NewestFirst lists in reverse creation order: a cursor then continues
+	// towards older requests. A reader after the newest (an inbox) reads a
+	// page or two instead of the whole history.
+	NewestFirst bool
 }
 
 // ListApprovals returns a page of the org's requests in id (creation)
-// order, and the cursor of the next page (nil at the end).
+// order, or newest first, and the cursor of the next page (nil at the end).
 func (s *Service) ListApprovals(ctx context.Context, orgID string, f ApprovalFilter, p Page) ([]Approval, *uuid.UUID, error) {
 	switch f.State {
 	case "", StatePending, StateApproved, StateDenied, StateExpired, StateCanceled:
@@ -235,7 +239,11 @@ func (s *Service) ListApprovals(ctx context.Context, orgID string, f ApprovalFil
 	if err := inv.OrNil(); err != nil {
 		return nil, nil, err
 	}
-	rows, err := s.db.Query(ctx, qListApprovals, orgID, f.State, f.AgentID, p.After(), p.Size()+1)
+	list := qListApprovals
+	if f.NewestFirst {
+		list = qListApprovalsNewestFirst
+	}
+	rows, err := s.db.Query(ctx, list, orgID, f.State, f.AgentID, p.After(), p.Size()+1)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing approval requests: %w", err)
 	}

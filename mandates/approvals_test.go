@@ -477,6 +477,40 @@ func TestListApprovalsFiltersByStatusAndPages(t *testing.T) {
 	require.Equal(t, "status", inv.Fields[0].Field)
 }
 
+func TestListApprovalsNewestFirstPagesBackToTheOldest(t *testing.T) {
+	s, _ := newTestService(t)
+	ctx := context.Background()
+	var ids []uuid.UUID
+	for range 5 {
+		r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1})
+		require.NoError(t, err)
+		ids = append(ids, r.ApprovalID)
+	}
+	_, err := s.Spend(ctx, SpendParams{OrgID: "org-b", AgentID: "agent-1", Scope: "llm", Cost: 1})
+	require.NoError(t, err)
+	_, err = s.Deny(ctx, "org-a", ids[3], "human", "")
+	require.NoError(t, err)
+
+	list := func(f ApprovalFilter) []uuid.UUID {
+		var seen []uuid.UUID
+		page := Page{Limit: 2}
+		for {
+			items, next, err := s.ListApprovals(ctx, "org-a", f, page)
+			require.NoError(t, err)
+			for _, a := range items {
+				seen = append(seen, a.ID)
+			}
+			if next == nil {
+				return seen
+			}
+			page.Cursor = *next
+		}
+	}
+	require.Equal(t, []uuid.UUID{ids[4], ids[3], ids[2], ids[1], ids[0]}, list(ApprovalFilter{NewestFirst: true}),
+		"another org's request is not listed")
+	require.Equal(t, []uuid.UUID{ids[4], ids[2], ids[1], ids[0]}, list(ApprovalFilter{State: StatePending, NewestFirst: true}))
+}
+
 func TestResolutionMetricsCountByState(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	s, db := newTestService(t, Config{Registry: reg})

@@ -169,6 +169,14 @@ SELECT ` + approvalColumns + ` FROM mandate_approvals
    AND ($4::uuid IS NULL OR id > $4)
  ORDER BY id LIMIT $5`
 
+// qListApprovalsNewestFirst: qListApprovals in reverse; the cursor is the
+// last (oldest) id of the page before.
+const qListApprovalsNewestFirst = `
+SELECT ` + approvalColumns + ` FROM mandate_approvals
+ WHERE org_id = $1 AND ($2::text = '' OR state = $2) AND ($3::text = '' OR agent_id = $3)
+   AND ($4::uuid IS NULL OR id < $4)
+ ORDER BY id DESC LIMIT $5`
+
 // qCreateMandate: $1 id, $2 org, $3 agent, $4 scope, $5 budget, $6 valid_until.
 const qCreateMandate = `
 INSERT INTO mandates (id, org_id, agent_id, scope, budget, valid_until)

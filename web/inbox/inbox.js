@@ -145,21 +145,20 @@
     return data;
   }
 
-  // listAll reads every page of a list; seq is the smallest events_seq the
-  // pages reflect (null when the server sends none).
-  // A list in creation order (the mandate approvals': oldest first) is read
-  // to its end, keeping the newest MAX_PAGES pages: cut after MAX_PAGES, it
-  // kept the oldest and never showed the newest requests.
-  async function listAll(path, params, oldestFirst) {
+  // listAll reads a list's pages, newest first, up to MAX_PAGES of them;
+  // seq is the smallest events_seq the pages reflect (null when the server
+  // sends none). The mandate approvals' list is asked for newest first
+  // (order=newest): in its default creation order, the first pages of an
+  // org's history would be its oldest requests.
+  async function listAll(path, params) {
     let items = [];
     let seq = null;
     let cursor = null;
-    for (let page = 0; oldestFirst || page < MAX_PAGES; page++) {
+    for (let page = 0; page < MAX_PAGES; page++) {
       const q = new URLSearchParams(Object.assign({ limit: String(PAGE_LIMIT) }, params));
       if (cursor) q.set('cursor', cursor);
       const body = await api('GET', path + '?' + q.toString());
       items = items.concat(body.items || []);
-      if (items.length > MAX_PAGES * PAGE_LIMIT) items = items.slice(items.length - MAX_PAGES * PAGE_LIMIT);
       if (typeof body.events_seq === 'number') seq = seq === null ? body.events_seq : Math.min(seq, body.events_seq);
       cursor = body.next_cursor;
       if (!cursor) break;
@@ -701,7 +700,7 @@
   async function loadPending(gen) {
     const [tools, overruns] = await Promise.all([
       listAll(TOOL_PATH, { status: 'pending' }),
-      listAll(MANDATE_PATH, { status: 'pending' }, true),
+      listAll(MANDATE_PATH, { status: 'pending', order: 'newest' }),
     ]);
     if (gen !== state.gen) return;
     // What was pending and is absent now was answered meanwhile: the
@@ -718,7 +717,7 @@
 
   async function loadResolved(gen) {
     const lists = [listAll(TOOL_PATH, { status: 'resolved' })];
-    for (const s of MANDATE_STATES) lists.push(listAll(MANDATE_PATH, { status: s }, true));
+    for (const s of MANDATE_STATES) lists.push(listAll(MANDATE_PATH, { status: s, order: 'newest' }));
     const [tools, ...overruns] = await Promise.all(lists);
     if (gen !== state.gen) return;
     for (const a of tools.items) upsert('tool_call', a);
