@@ -51,7 +51,44 @@ func mergedOpenAPI() (map[string]any, error) {
 		}
 	}
 	declareServerFailures(doc)
+	declareReplayHeader(doc)
 	return doc, nil
+}
+
+// declareReplayHeader declares Idempotent-Replayed on the 2xx answers of
+// every operation that takes an Idempotency-Key, the answers a retry is
+// replayed most (the shared error responses are $refs, which cannot take
+// a header beside them; the key's description names it for those).
+func declareReplayHeader(doc map[string]any) {
+	for o := range operations(doc) {
+		if !takesIdempotencyKey(o.op) {
+			continue
+		}
+		responses, _ := o.op["responses"].(map[string]any)
+		for status, r := range responses {
+			res, _ := r.(map[string]any)
+			if res == nil || !strings.HasPrefix(status, "2") || res["$ref"] != nil {
+				continue
+			}
+			headers, _ := res["headers"].(map[string]any)
+			if headers == nil {
+				headers = map[string]any{}
+				res["headers"] = headers
+			}
+			headers["Idempotent-Replayed"] = map[string]any{"$ref": "#/components/headers/IdempotentReplayed"}
+		}
+	}
+}
+
+// takesIdempotencyKey reports whether op lists the IdempotencyKey parameter.
+func takesIdempotencyKey(op map[string]any) bool {
+	params, _ := op["parameters"].([]any)
+	for _, p := range params {
+		if m, _ := p.(map[string]any); m != nil && m["$ref"] == "#/components/parameters/IdempotencyKey" {
+			return true
+		}
+	}
+	return false
 }
 
 // declareServerFailures declares, on every operation that does not declare

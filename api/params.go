@@ -153,7 +153,9 @@ func parseUUID(s string) (uuid.UUID, error) {
 // "not UTF-8", a gzipped stream chunk stored compressed.
 func contentEncodingProblem(r *http.Request) error {
 	enc := strings.TrimSpace(r.Header.Get("Content-Encoding"))
-	if enc == "" || strings.EqualFold(enc, "identity") || r.ContentLength == 0 {
+	// (an operation that takes no body was given none by limitBody, whatever
+	// was sent: there is nothing to decode, so nothing to refuse)
+	if enc == "" || strings.EqualFold(enc, "identity") || r.ContentLength == 0 || r.Body == http.NoBody {
 		return nil
 	}
 	p := NewProblem(http.StatusUnsupportedMediaType, "unsupported-media-type",

@@ -73,10 +73,10 @@ func (s *Server) appendStreamChunks(c echo.Context) error {
 	}
 	mt, _, _ := mime.ParseMediaType(c.Request().Header.Get(echo.HeaderContentType))
 	var chunks [][]byte
-	switch mt {
-	case echo.MIMEOctetStream:
+	switch {
+	case mt == echo.MIMEOctetStream:
 		chunks, err = s.octetChunk(c)
-	case echo.MIMEApplicationJSON:
+	case mt == echo.MIMEApplicationJSON || strings.HasSuffix(mt, "+json"):
 		chunks, err = s.jsonChunks(c)
 	default:
 		return unsupportedMediaType("send one chunk as application/octet-stream or many as application/json {chunks: [{data_base64}]}")
