@@ -197,7 +197,9 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, id
 			return true, true, yieldErr(yield, fmt.Errorf("client: following %s: a line longer than %d bytes", ep.path, maxSSELine))
 		}
 		if err != nil {
-			return gotBytes || time.Since(opened) >= healthyAfter, false, err
+			// (a connection the caller's context ended was not a failed
+			// one: the server had answered it)
+			return gotBytes || time.Since(opened) >= healthyAfter || ctx.Err() != nil, false, err
 		}
 		// The consumer's time is not the server's silence.
 		watchdog.Stop()
