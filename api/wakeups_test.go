@@ -190,15 +190,23 @@ func TestAWakeupRequestTakesAtMostFourRoundTripsOnTheAllowedPath(t *testing.T) {
 		status    int
 		maxTrips  int
 		overspend bool
+		inbox     bool
 	}{
 		{name: "allowed, no Idempotency-Key", status: http.StatusCreated, maxTrips: 4},
 		{name: "allowed, with an Idempotency-Key", key: true, status: http.StatusCreated, maxTrips: 6},
 		{name: "refused by the mandate", overspend: true, status: http.StatusPaymentRequired, maxTrips: 3},
+		// (the refusal's inbox event: its request read, then the append)
+		{name: "refused by the mandate, with the approvals inbox", overspend: true, inbox: true, status: http.StatusPaymentRequired, maxTrips: 5},
+		{name: "allowed, with the approvals inbox", inbox: true, status: http.StatusCreated, maxTrips: 4},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rt := &testkit.RoundTrips{}
-			s := newTestServer(t, withCountedDB(t, rt), withWakeups(t))
+			opts := []func(*Config, *Services){withCountedDB(t, rt)}
+			if tt.inbox {
+				opts = append(opts, withInbox(t, 0))
+			}
+			s := newTestServer(t, append(opts, withWakeups(t))...)
 			ctx := context.Background()
 			_, err := s.svc.Mandates.Create(ctx, "org-a", mandates.CreateParams{AgentID: "a1", Scope: "llm", Budget: 1000})
 			require.NoError(t, err)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -250,9 +251,19 @@ func (s *Service) createGroup(ctx context.Context, reqs []*createRequest) {
 		return cmp.Or(cmp.Compare(a.req.p.OrgID, b.req.p.OrgID), cmp.Compare(a.req.p.AgentID, b.req.p.AgentID),
 			cmp.Compare(a.req.p.IdempotencyKey, b.req.p.IdempotencyKey))
 	})
+	// A panic in the group (a bug) fails its unanswered requests and is
+	// logged with its stack: the group's goroutine serves every org, and
+	// unrecovered the panic would end the process. What the group committed
+	// stays committed, as after any failure (the reconciler enqueues a
+	// funded wake-up; a retry under its Idempotency-Key replays it).
 	defer func() {
-		for _, m := range ms { // cannot happen: every path answers
-			m.answer(createReply{err: errors.New("wake-up request left unanswered")})
+		err := errors.New("wake-up request left unanswered") // cannot happen: every path answers
+		if p := recover(); p != nil {
+			s.logger.Error("wake-up group panicked; its unanswered requests fail", "requests", len(ms), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			err = fmt.Errorf("wake-up request: its group failed: %v", p)
+		}
+		for _, m := range ms {
+			m.answer(createReply{err: err})
 		}
 	}()
 	pc, err := s.db.Acquire(ctx)
@@ -322,6 +333,9 @@ func (s *Service) gateGroup(ctx context.Context, c groupConn, ms []*member) erro
 			if m.inserted && m.pair == pair {
 				pairs = append(pairs, m)
 			}
+		}
+		if len(pairs) == 0 {
+			continue // (its requests all replay a key: nothing to admit)
 		}
 		room, err := check.DecideN(ctx, c, int64(len(pairs)))
 		if !errors.Is(err, workpool.ErrTooManyPending) && err != nil {

@@ -213,6 +213,28 @@ func TestAnApprovalEventsHookWritesInTheGroupsTransaction(t *testing.T) {
 	require.Equal(t, 1, hooked, "its event's hook ran once, in the transaction that committed it")
 }
 
+// A panic in a group (a bug; here a hook that panics on agent "faulty"'s
+// refusal) fails that group's request and leaves the process serving: the
+// group's goroutine serves every org, and its panic ended the process.
+func TestAPanicInAGroupFailsItsRequestAndTheNextRequestIsServed(t *testing.T) {
+	f := newFixtureWith(t, fixtureOptions{onAppend: func(_ context.Context, _ db.Querier, ev inbox.Event) error {
+		if strings.Contains(string(ev.Approval), `"faulty"`) {
+			panic("a hook's bug")
+		}
+		return nil
+	}})
+	ctx := context.Background()
+	faulty := params("")
+	faulty.AgentID, faulty.Cost = "faulty", 50 // refused: its event runs the hook
+
+	_, err := f.svc.Create(ctx, faulty)
+	require.ErrorContains(t, err, "a hook's bug")
+
+	w, err := f.svc.Create(ctx, params(""))
+	require.NoError(t, err)
+	require.Equal(t, "enqueued", f.state(t, w.ID))
+}
+
 // The pending cap is decided per org in a group, before the spend: the org
 // at its cap is refused and leaves nothing; the other org's request goes on.
 func TestAGroupRefusesOnlyTheOrgAtItsPendingCapAndBeforeItsSpend(t *testing.T) {
@@ -332,6 +354,34 @@ func TestAGroupAdmitsNoMoreOfAnOrgsRequestsThanItsPendingCapLeavesRoom(t *testin
 	}
 	require.Equal(t, 2, created, "the cap is 2")
 	require.Equal(t, 2, f.pendingWork(t), "nothing enqueued for the refused")
+}
+
+// A retry under an Idempotency-Key whose wake-up exists replays it, even
+// while its org is past its pending cap (an approved overrun's work is
+// enqueued whatever the cap). Its group inserts nothing for it, and the cap
+// was decided for zero requests, whose refusal counted −1 on a Prometheus
+// counter: a panic in the group's goroutine, which killed the process.
+func TestAReplayWhileTheOrgIsPastItsPendingCapIsAnswered(t *testing.T) {
+	f := newFixtureCapped(t, 1)
+	ctx := context.Background()
+	over := params("")
+	over.Cost, over.WorkflowID, over.RequestedBy = 50, "o/over", "agent-sub"
+	_, err := f.svc.Create(ctx, over)
+	var refused *RefusedError
+	require.ErrorAs(t, err, &refused)
+	keyed := params("")
+	keyed.IdempotencyKey = "k"
+	first, err := f.svc.Create(ctx, keyed)
+	require.NoError(t, err) // the org's one pending item: at its cap
+	_, err = f.mandates.Approve(ctx, "o", refused.ApprovalID, "approver", "")
+	require.NoError(t, err) // its work is owed: enqueued past the cap
+	require.Equal(t, 2, f.pendingWork(t))
+
+	var ws []Wakeup
+	var errs []error
+	require.NotPanics(t, func() { ws, errs = f.createTogether(t, keyed) })
+	require.NoError(t, errs[0])
+	require.Equal(t, first.ID, ws[0].ID)
 }
 
 // Concurrent requests, grouped as they arrive, stop near the pending cap:

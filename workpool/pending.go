@@ -375,6 +375,9 @@ func (c *PendingCheck) Decide(ctx context.Context, q Querier) error {
 // ErrTooManyPending for the rest (each counted as refused). Any other
 // error admits none.
 func (c *PendingCheck) DecideN(ctx context.Context, q Querier, n int64) (room int64, err error) {
+	if n <= 0 {
+		return 0, nil // (nothing to admit, and nothing refused to count)
+	}
 	if c == nil || !c.found && n <= 1 {
 		// (no count yet: nothing was enqueued; for more than one item
 		// c.pending, 0, is checked below like any count)
