@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/reveille/reveille/internal/listen"
@@ -108,6 +109,13 @@ func (h *Hub) dispatch(payload string) {
 // and only if anyone listens, and shared read-only; an append too large
 // for an inbox only tells them to read.
 func (h *Hub) publish(org, runID, name string, first int64, chunks [][]byte) {
+	h.publishOf(uuid.Nil, org, runID, name, first, chunks)
+}
+
+// publishOf is publish naming the stream row the chunks went to (uuid.Nil:
+// unknown), so that a tail of a purged stream never takes the chunks of a
+// new stream of the same name as its own.
+func (h *Hub) publishOf(stream uuid.UUID, org, runID, name string, first int64, chunks [][]byte) {
 	key := streamKey{org: org, run: runID, name: name}
 	h.mu.Lock()
 	listened := len(h.subs[key]) > 0
@@ -115,7 +123,7 @@ func (h *Hub) publish(org, runID, name string, first int64, chunks [][]byte) {
 	if !listened {
 		return
 	}
-	b := inboxBatch{first: first}
+	b := inboxBatch{first: first, stream: stream}
 	for _, c := range chunks {
 		b.size += len(c)
 	}

@@ -245,3 +245,62 @@ func TestATailAheadOfAPurgeReadsTheRestAndEnds(t *testing.T) {
 	require.Equal(t, []string{"5", "6", "7", "8", "9"}, got)
 	require.EqualValues(t, 9, last)
 }
+
+// A tail still behind when its closed stream is purged must end (README:
+// "ends at once with event: end and a tail_index past its last id"), even
+// when a new stream of the same name was written meanwhile: it must not go
+// on with the new stream's chunks as if they were the purged one's.
+func TestATailBehindAPurgedStreamDoesNotContinueIntoANewStreamOfTheSameName(t *testing.T) {
+	rt := &testkit.RoundTrips{}
+	svc, db := newTracedService(t, rt)
+	ctx := context.Background()
+	appendClosed(t, svc, "out", 300) // "0".."299"
+	tail, err := svc.Tail(org, "run-1", "out", 0)
+	require.NoError(t, err)
+	defer tail.Close()
+	first, err := tail.Next(ctx)
+	require.NoError(t, err)
+	require.Len(t, first.Chunks, 256)
+	require.True(t, first.More)
+
+	purgeAll(t, svc, db)
+	// The run reuses the name: a new stream, new content.
+	chunks := make([][]byte, 300)
+	for i := range chunks {
+		chunks[i] = fmt.Appendf(nil, "new-%d", i)
+	}
+	_, err = svc.Append(ctx, org, "run-1", "out", chunks)
+	require.NoError(t, err)
+
+	b, err := tail.Next(ctx)
+	require.NoError(t, err)
+	for _, c := range b.Chunks {
+		require.NotContains(t, string(c.Data), "new-", "chunk %d of the new stream handed to a tail of the purged one", c.Index)
+	}
+	require.True(t, b.Ended, "the tail of the purged stream ends")
+}
+
+// A tail that has every chunk of its stream ends once the stream is
+// closed — also when retention purged the closed stream before the tail
+// read again: it must not wait for ever on a stream that is gone.
+func TestACaughtUpTailWhoseClosedStreamIsPurgedBeforeItRereadsEnds(t *testing.T) {
+	rt := &testkit.RoundTrips{}
+	svc, db := newTracedService(t, rt)
+	ctx := context.Background()
+	_, err := svc.Append(ctx, org, "run-1", "out", [][]byte{[]byte("a"), []byte("b")})
+	require.NoError(t, err)
+	tail, err := svc.Tail(org, "run-1", "out", 0)
+	require.NoError(t, err)
+	defer tail.Close()
+	b, err := tail.Next(ctx)
+	require.NoError(t, err)
+	require.Len(t, b.Chunks, 2)
+	require.False(t, b.Ended)
+
+	require.NoError(t, svc.Close(ctx, org, "run-1", "out"))
+	purgeAll(t, svc, db) // before the tail got round to reading the close
+
+	b, _ = driveFor(t, rt, tail, 30*time.Second) // (ends at its first read)
+	require.True(t, b.Ended, "the tail of a closed, purged stream ends")
+	require.Equal(t, int64(1), b.TailIndex, "it had every chunk")
+}

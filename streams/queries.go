@@ -30,7 +30,7 @@ WITH s AS (
     SELECT s.id, s.chunk_count - $5 + t.ord - 1, $2, s.byte_count - $8 + t.off, t.data
       FROM s, unnest($6::bytea[], $9::bigint[]) WITH ORDINALITY AS t(data, off, ord)
 )
-SELECT s.chunk_count - $5,
+SELECT s.chunk_count - $5, s.id,
        CASE WHEN $7 THEN pg_notify('` + notifyChannel + `', 'a' || (s.chunk_count - 1)::text || '/' || $3 || '/' || $4 || '/' || $2)::text END
   FROM s`
 
@@ -66,9 +66,9 @@ WITH prior AS (
     INSERT INTO stream_appends (stream_id, key, org_id, first_index, last_index, request_hash)
     SELECT s.id, $7, $2, s.chunk_count - $5, s.chunk_count - 1, $10 FROM s
 )
-SELECT s.chunk_count - $5, s.chunk_count - 1, false, NULL::bytea FROM s
+SELECT s.chunk_count - $5, s.chunk_count - 1, false, NULL::bytea, s.id FROM s
 UNION ALL
-SELECT first_index, last_index, true, request_hash FROM prior`
+SELECT first_index, last_index, true, request_hash, NULL::uuid FROM prior`
 
 // notifySQL announces committed appends ($1, payloads) in a transaction of
 // its own. Postgres serialises the commits of notifying transactions (a
@@ -116,7 +116,7 @@ SELECT name FROM streams
 // plain range conditions on the chunks. An absent stream gives no row; a
 // stream with nothing to read gives one row with a NULL chunk.
 const readSQL = `
-SELECT s.chunk_count, s.done, c.chunk_index, c.data
+SELECT s.chunk_count, s.done, c.chunk_index, c.data, s.id
   FROM streams s
   LEFT JOIN LATERAL (
       SELECT chunk_index, data

@@ -159,12 +159,13 @@ func (s *Service) AppendWithKey(ctx context.Context, org, runID, name, key strin
 		return Range{}, err
 	}
 	var r Range
+	var stream uuid.UUID
 	var err error
 	if key == "" {
-		r, err = s.appendTo(ctx, s.db, org, runID, name, chunks, false)
+		r, stream, err = s.appendTo(ctx, s.db, org, runID, name, chunks, false)
 	} else {
 		var replayed bool
-		if r, replayed, err = s.appendKeyed(ctx, org, runID, name, key, chunks); replayed {
+		if r, stream, replayed, err = s.appendKeyed(ctx, org, runID, name, key, chunks); replayed {
 			return r, err
 		}
 	}
@@ -175,7 +176,7 @@ func (s *Service) AppendWithKey(ctx context.Context, org, runID, name, key strin
 	// elsewhere learn of them from the notification, sent right after. The
 	// chunks stand whatever happens to it: its failure is logged, never
 	// returned, lest a retry append them twice.
-	s.hub.publish(org, runID, name, r.FirstIndex, chunks)
+	s.hub.publishOf(stream, org, runID, name, r.FirstIndex, chunks)
 	s.notifier.add("a" + strconv.FormatInt(r.LastIndex, 10) + "/" + runID + "/" + name + "/" + org)
 	return r, nil
 }
@@ -187,27 +188,29 @@ func (s *Service) AppendTx(ctx context.Context, q Querier, org, runID, name stri
 	if err := s.checkAppend(runID, name, chunks); err != nil {
 		return Range{}, err
 	}
-	return s.appendTo(ctx, q, org, runID, name, chunks, true)
+	r, _, err := s.appendTo(ctx, q, org, runID, name, chunks, true)
+	return r, err
 }
 
-func (s *Service) appendTo(ctx context.Context, q Querier, org, runID, name string, chunks [][]byte, notify bool) (Range, error) {
+func (s *Service) appendTo(ctx context.Context, q Querier, org, runID, name string, chunks [][]byte, notify bool) (Range, uuid.UUID, error) {
 	id, err := uuid.NewV7()
 	if err != nil {
-		return Range{}, fmt.Errorf("new stream id: %w", err)
+		return Range{}, uuid.Nil, fmt.Errorf("new stream id: %w", err)
 	}
 	n := int64(len(chunks))
 	offsets, total := chunkOffsets(chunks)
 	var first int64
+	var stream uuid.UUID
 	var notified *string
-	err = q.QueryRow(ctx, appendSQL, id, org, runID, name, n, nonNil(chunks), notify, total, offsets).Scan(&first, &notified)
+	err = q.QueryRow(ctx, appendSQL, id, org, runID, name, n, nonNil(chunks), notify, total, offsets).Scan(&first, &stream, &notified)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Range{}, ErrClosed
+		return Range{}, uuid.Nil, ErrClosed
 	}
 	if err != nil {
-		return Range{}, fmt.Errorf("appending to stream %s/%s: %w", runID, name, err)
+		return Range{}, uuid.Nil, fmt.Errorf("appending to stream %s/%s: %w", runID, name, err)
 	}
 	s.metrics.appended(chunks)
-	return Range{FirstIndex: first, LastIndex: first + n - 1}, nil
+	return Range{FirstIndex: first, LastIndex: first + n - 1}, stream, nil
 }
 
 // uniqueViolation is Postgres's SQLSTATE for a duplicate key.
@@ -215,35 +218,39 @@ const uniqueViolation = "23505"
 
 // appendKeyed runs appendKeyedSQL, once more when a concurrent first use of
 // the key won the race.
-func (s *Service) appendKeyed(ctx context.Context, org, runID, name, key string, chunks [][]byte) (r Range, replayed bool, err error) {
+func (s *Service) appendKeyed(ctx context.Context, org, runID, name, key string, chunks [][]byte) (r Range, stream uuid.UUID, replayed bool, err error) {
 	id, err := uuid.NewV7()
 	if err != nil {
-		return Range{}, false, fmt.Errorf("new stream id: %w", err)
+		return Range{}, uuid.Nil, false, fmt.Errorf("new stream id: %w", err)
 	}
 	offsets, total := chunkOffsets(chunks)
 	hash := fingerprint(chunks)
 	for attempt := 0; ; attempt++ {
 		var firstHash []byte
+		var sid *uuid.UUID
 		err = s.db.QueryRow(ctx, appendKeyedSQL, id, org, runID, name, int64(len(chunks)), nonNil(chunks), key, total, offsets, hash).
-			Scan(&r.FirstIndex, &r.LastIndex, &replayed, &firstHash)
+			Scan(&r.FirstIndex, &r.LastIndex, &replayed, &firstHash, &sid)
 		var pgErr *pgconn.PgError
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			return Range{}, false, ErrClosed
+			return Range{}, uuid.Nil, false, ErrClosed
 		case errors.As(err, &pgErr) && pgErr.Code == uniqueViolation && pgErr.ConstraintName == "stream_appends_pkey" && attempt == 0:
 			continue
 		case err != nil:
-			return Range{}, false, fmt.Errorf("appending to stream %s/%s: %w", runID, name, err)
+			return Range{}, uuid.Nil, false, fmt.Errorf("appending to stream %s/%s: %w", runID, name, err)
 		case replayed && firstHash != nil && !bytes.Equal(firstHash, hash):
 			// (another caller's key, or one whose HTTP record expired:
 			// not a retry of the first append, whose indexes it must not
 			// get while its own chunks are dropped)
-			return Range{}, true, ErrKeyReused
+			return Range{}, uuid.Nil, true, ErrKeyReused
 		}
 		if !replayed {
 			s.metrics.appended(chunks)
 		}
-		return r, replayed, nil
+		if sid != nil {
+			stream = *sid
+		}
+		return r, stream, replayed, nil
 	}
 }
 
@@ -404,13 +411,18 @@ func (s *Service) Chunks(ctx context.Context, org, runID, name string, start int
 	if limit < 1 {
 		return Page{}, apperr.Invalid("limit", "must be at least 1")
 	}
-	return s.read(ctx, org, runID, name, start, limit)
+	page, _, err := s.read(ctx, org, runID, name, start, limit)
+	return page, err
 }
 
-func (s *Service) read(ctx context.Context, org, runID, name string, start int64, limit int) (Page, error) {
+// read is Chunks without the checks; it also returns the stream row's id
+// (uuid.Nil when absent): a stream purged and written again under its name
+// is another stream.
+func (s *Service) read(ctx context.Context, org, runID, name string, start int64, limit int) (Page, uuid.UUID, error) {
+	var stream uuid.UUID
 	rows, err := s.db.Query(ctx, readSQL, org, runID, name, start, limit, s.cfg.MaxRequest)
 	if err != nil {
-		return Page{}, fmt.Errorf("reading stream %s/%s: %w", runID, name, err)
+		return Page{}, uuid.Nil, fmt.Errorf("reading stream %s/%s: %w", runID, name, err)
 	}
 	defer rows.Close()
 	page := Page{Next: start, Info: Info{TailIndex: -1}}
@@ -418,8 +430,8 @@ func (s *Service) read(ctx context.Context, org, runID, name string, start int64
 		var count int64
 		var idx *int64
 		var data []byte
-		if err := rows.Scan(&count, &page.Info.Done, &idx, &data); err != nil {
-			return Page{}, fmt.Errorf("reading stream %s/%s: %w", runID, name, err)
+		if err := rows.Scan(&count, &page.Info.Done, &idx, &data, &stream); err != nil {
+			return Page{}, uuid.Nil, fmt.Errorf("reading stream %s/%s: %w", runID, name, err)
 		}
 		page.Info.TailIndex = count - 1
 		if idx != nil && *idx == page.Next {
@@ -439,7 +451,7 @@ func (s *Service) read(ctx context.Context, org, runID, name string, start int64
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return Page{}, fmt.Errorf("reading stream %s/%s: %w", runID, name, err)
+		return Page{}, uuid.Nil, fmt.Errorf("reading stream %s/%s: %w", runID, name, err)
 	}
 	if len(page.Items) == 0 && page.Next == start && page.Info.TailIndex >= start {
 		// Nothing stored from start to the window's end, though the row
@@ -448,5 +460,5 @@ func (s *Service) read(ctx context.Context, org, runID, name string, start int64
 		page.Next = min(start+int64(limit), page.Info.TailIndex+1)
 	}
 	page.HasMore = page.Info.TailIndex >= page.Next
-	return page, nil
+	return page, stream, nil
 }

@@ -1,6 +1,10 @@
 package streams
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/google/uuid"
+)
 
 // Bounds of a subscription's inbox. Past them the inbox is dropped and the
 // subscriber reads from the table instead, so a slow reader costs memory
@@ -33,6 +37,7 @@ type Subscription struct {
 }
 
 type inboxBatch struct {
+	stream uuid.UUID // the stream row (uuid.Nil: unknown)
 	first  int64
 	chunks []Chunk
 	size   int
@@ -68,15 +73,25 @@ func (s *Subscription) Close() {
 // published, in order and without gaps; none when the inbox does not hold
 // next.
 func (s *Subscription) take(next int64, limit int) []Chunk {
+	got, _ := s.takeOf(uuid.Nil, next, limit)
+	return got
+}
+
+// takeOf is take of the chunks of the stream row stream only (uuid.Nil:
+// whichever holds next first, whose id it returns).
+func (s *Subscription) takeOf(stream uuid.UUID, next int64, limit int) ([]Chunk, uuid.UUID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var got []Chunk
 	for len(got) < limit {
-		i := s.batchHolding(next)
+		i := s.batchHoldingOf(stream, next)
 		if i < 0 {
 			break
 		}
 		b := s.inbox[i]
+		if stream == uuid.Nil {
+			stream = b.stream
+		}
 		n := min(b.last()-next+1, int64(limit-len(got)))
 		got = append(got, b.chunks[next-b.first:next-b.first+n]...)
 		next += n
@@ -89,12 +104,14 @@ func (s *Subscription) take(next int64, limit int) []Chunk {
 	}
 	clear(s.inbox[len(kept):])
 	s.inbox, s.bytes = kept, size
-	return got
+	return got, stream
 }
 
-func (s *Subscription) batchHolding(idx int64) int {
+func (s *Subscription) batchHolding(idx int64) int { return s.batchHoldingOf(uuid.Nil, idx) }
+
+func (s *Subscription) batchHoldingOf(stream uuid.UUID, idx int64) int {
 	for i, b := range s.inbox {
-		if b.first <= idx && idx <= b.last() {
+		if b.first <= idx && idx <= b.last() && (stream == uuid.Nil || b.stream == uuid.Nil || b.stream == stream) {
 			return i
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/google/uuid"
+
 	"github.com/reveille/reveille/internal/apperr"
 )
 
@@ -24,6 +26,10 @@ type Tail struct {
 	org, run, name string
 	next           int64
 	sub            *Subscription
+	// stream is the stream row the tail follows, once a read or its inbox
+	// named it: a stream purged and written again under the same name is
+	// another one, which the tail must not go on with.
+	stream uuid.UUID
 }
 
 // Batch is what one Tail.Next read.
@@ -65,7 +71,10 @@ func (s *Service) Tail(org, runID, name string, from int64) (*Tail, error) {
 // the table is read only when a notification (or staleness) says it holds
 // more.
 func (t *Tail) Next(ctx context.Context) (Batch, error) {
-	if got := t.sub.take(t.next, tailPage); len(got) > 0 {
+	if got, stream := t.sub.takeOf(t.stream, t.next, tailPage); len(got) > 0 {
+		if t.stream == uuid.Nil {
+			t.stream = stream
+		}
 		t.next = got[len(got)-1].Index + 1
 		return Batch{Chunks: got, More: t.sub.pending(t.next), TailIndex: t.next - 1}, nil
 	}
@@ -73,7 +82,7 @@ func (t *Tail) Next(ctx context.Context) (Batch, error) {
 	if !t.sub.needsRead(t.next) {
 		return Batch{TailIndex: t.next - 1}, nil
 	}
-	page, err := t.svc.read(ctx, t.org, t.run, t.name, t.next, tailPage)
+	page, stream, err := t.svc.read(ctx, t.org, t.run, t.name, t.next, tailPage)
 	if err != nil {
 		t.sub.markStale() // read again next time
 		return Batch{}, err
@@ -86,6 +95,17 @@ func (t *Tail) Next(ctx context.Context) (Batch, error) {
 		// position, which tells its reader that it missed chunks. (Reading
 		// on would find the same, at once and for ever: a busy loop.)
 		return Batch{Ended: true, TailIndex: max(page.Info.TailIndex, committed)}, nil
+	}
+	if t.stream != uuid.Nil && stream != t.stream {
+		// The stream the tail followed is gone — only retention deletes a
+		// stream, once closed — and perhaps another of the same name was
+		// written since: the tail ends as for a purge (at its position
+		// when it had every chunk it knew of), never waiting on a stream
+		// that is gone nor going on with a new one's chunks as its own.
+		return Batch{Ended: true, TailIndex: max(committed, t.next-1)}, nil
+	}
+	if stream != uuid.Nil {
+		t.stream = stream
 	}
 	t.next = page.Next
 	// A page bounds the read: what it left is stored already, and the next
