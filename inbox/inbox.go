@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -113,6 +114,38 @@ func (l *Log) Append(ctx context.Context, q db.Querier, ev Event) (Event, error)
 		}
 	}
 	return ev, nil
+}
+
+// AppendAll is Append for several events of one transaction, in one round
+// trip however many (then each one's OnAppend, in order). It returns the
+// events with Seq and At filled, in the order given.
+func (l *Log) AppendAll(ctx context.Context, q db.Batcher, evs []Event) ([]Event, error) {
+	b := &pgx.Batch{}
+	for _, ev := range evs {
+		if len(ev.Approval) == 0 {
+			return nil, fmt.Errorf("appending approval event: no approval object for %s %s", ev.Kind, ev.ApprovalID)
+		}
+		b.Queue(qAppend, ev.OrgID, ev.Type, ev.Kind, ev.ApprovalID, []byte(ev.Approval))
+	}
+	out := slices.Clone(evs)
+	br := q.SendBatch(ctx, b)
+	for i := range out {
+		if err := br.QueryRow().Scan(&out[i].Seq, &out[i].At); err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("appending approval event: %w", err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("appending approval event: %w", err)
+	}
+	if l.OnAppend != nil {
+		for _, ev := range out {
+			if err := l.OnAppend(ctx, q, ev); err != nil {
+				return nil, fmt.Errorf("approval event hook: %w", err)
+			}
+		}
+	}
+	return out, nil
 }
 
 // Seq is the org's last seq (0 before its first event), read on q. A list

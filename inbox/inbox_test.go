@@ -184,3 +184,28 @@ func TestAFailingOnAppendRollsTheStateChangeBack(t *testing.T) {
 	f.overrun(t, "org-a")
 	require.Equal(t, []int64{1}, seen, "the counter restarts where the rolled-back appends left it")
 }
+
+// AppendAll appends events in the order given, under consecutive seqs, and
+// appends none when one of them has no approval object.
+func TestAppendAllAppendsInOrderOrNothing(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	ev := func(body string) inbox.Event {
+		return inbox.Event{OrgID: "org-a", Type: inbox.TypeRequested, Kind: inbox.KindMandateOverrun, ApprovalID: uuid.New(), Approval: []byte(body)}
+	}
+	tx, err := f.db.Begin(ctx)
+	require.NoError(t, err)
+	_, err = f.log.AppendAll(ctx, tx, []inbox.Event{ev(`{"n":1}`), ev("")})
+	require.ErrorContains(t, err, "no approval object")
+	got, err := f.log.AppendAll(ctx, tx, []inbox.Event{ev(`{"n":1}`), ev(`{"n":2}`), ev(`{"n":3}`)})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	stored := f.all(t, "org-a")
+	require.Len(t, stored, 3, "the refused call appended nothing")
+	for i, e := range got {
+		require.Equal(t, int64(i+1), e.Seq)
+		require.Equal(t, stored[i].ApprovalID, e.ApprovalID)
+		require.JSONEq(t, fmt.Sprintf(`{"n":%d}`, i+1), string(stored[i].Approval))
+	}
+}

@@ -173,15 +173,14 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 	} else {
 		// The refusals' inbox events commit with their requests.
 		failed = decideInTx(ctx, b.s.db, pb, func(br pgx.BatchResults) error { return readBatch(br, replies) },
-			func(q db.Querier) error {
+			func(q db.Batcher) error {
+				var refusals []refusal
 				for i, r := range batch {
 					if replies[i].decided && !replies[i].res.OK {
-						if err := b.s.appendRequested(ctx, q, r.p.OrgID, replies[i].res.ApprovalID); err != nil {
-							return err
-						}
+						refusals = append(refusals, refusal{r.p.OrgID, replies[i].res.ApprovalID})
 					}
 				}
-				return nil
+				return b.s.appendRequestedAll(ctx, q, refusals)
 			})
 	}
 	if failed != nil {

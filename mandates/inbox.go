@@ -45,15 +45,63 @@ func (s *Service) appendRequested(ctx context.Context, q db.Querier, orgID strin
 	return s.appendEvent(ctx, q, inbox.TypeRequested, a)
 }
 
-// AppendRequested appends the inbox event of the request res's refusal
-// created, for a caller that decided a spend through QueueSpend: call it
-// in that transaction, after Read and before commit. A granted spend, or a
-// replayed key, appends nothing.
-func (q *QueuedSpend) AppendRequested(ctx context.Context, tx db.Querier, res SpendResult, decided bool) error {
-	if !decided || res.OK {
+// refusal names the approval request a refused spend created.
+type refusal struct {
+	orgID string
+	id    uuid.UUID
+}
+
+// appendRequestedAll appends the requested events of the requests refusals
+// created in tx's transaction, in the order given, in two round trips
+// however many: the requests read, then the events appended (a group of
+// refusals, one after another, held the group's locks across two round
+// trips each).
+func (s *Service) appendRequestedAll(ctx context.Context, tx db.Batcher, refusals []refusal) error {
+	if s.cfg.Inbox == nil || len(refusals) == 0 {
 		return nil
 	}
-	return q.s.appendRequested(ctx, tx, q.p.OrgID, res.ApprovalID)
+	b := &pgx.Batch{}
+	for _, r := range refusals {
+		b.Queue(qGetApproval, r.orgID, r.id, AnyAgent)
+	}
+	br := tx.SendBatch(ctx, b)
+	evs := make([]inbox.Event, 0, len(refusals))
+	for range refusals {
+		a, err := scanApproval(br.QueryRow())
+		if err != nil {
+			_ = br.Close()
+			return fmt.Errorf("reading the new approval request: %w", err)
+		}
+		body, err := json.Marshal(a)
+		if err != nil {
+			_ = br.Close()
+			return fmt.Errorf("encoding approval request for the inbox: %w", err)
+		}
+		evs = append(evs, inbox.Event{OrgID: a.OrgID, Type: inbox.TypeRequested, Kind: inbox.KindMandateOverrun, ApprovalID: a.ID, Approval: body})
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("reading the new approval requests: %w", err)
+	}
+	_, err := s.cfg.Inbox.AppendAll(ctx, tx, evs)
+	return err
+}
+
+// AppendRequestedAll appends the inbox events of the requests the refusals
+// among qs created (res[i] is qs[i]'s result, decided through QueueSpend),
+// for a caller that decided them in one transaction: call it there, after
+// the results are read and before commit. Two round trips however many
+// refusals; granted spends append nothing.
+func AppendRequestedAll(ctx context.Context, tx db.Batcher, qs []*QueuedSpend, res []SpendResult) error {
+	var refusals []refusal
+	for i, q := range qs {
+		if !res[i].OK {
+			refusals = append(refusals, refusal{q.p.OrgID, res[i].ApprovalID})
+		}
+	}
+	if len(refusals) == 0 {
+		return nil
+	}
+	return qs[0].s.appendRequestedAll(ctx, tx, refusals)
 }
 
 // decideInTx sends b's decisions after a BEGIN, in one round trip on a
@@ -61,7 +109,7 @@ func (q *QueuedSpend) AppendRequested(ctx context.Context, tx db.Querier, res Sp
 // in the same transaction (the inbox events of refusals) and commits. A
 // refusal's request and its event thus commit together, at the price of
 // the COMMIT's own round trip.
-func decideInTx(ctx context.Context, pool *pgxpool.Pool, b *pgx.Batch, read func(pgx.BatchResults) error, then func(db.Querier) error) error {
+func decideInTx(ctx context.Context, pool *pgxpool.Pool, b *pgx.Batch, read func(pgx.BatchResults) error, then func(db.Batcher) error) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("acquiring a connection: %w", err)

@@ -2,9 +2,11 @@ package mandates
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/inbox"
@@ -56,4 +58,46 @@ func TestAnApprovalEventsHookWritesInTheBatchsTransaction(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM test_hooked`).Scan(&hooked))
 	require.Equal(t, 1, hooked, "its event's hook ran once, in the transaction that committed it")
 	requireLedgerMatches(t, pool)
+}
+
+// A batch's refusals append their approvals inbox events in two round
+// trips however many they are (their requests read, then the appends,
+// pipelined): appended one after another they cost two each, while the
+// batch's transaction held its mandates and the org's event counter.
+func TestABatchOfRefusalsAppendsItsEventsInTwoRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	rt := &testkit.RoundTrips{}
+	cfg, err := pgxpool.ParseConfig(testkit.NewDatabase(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	events := inbox.New(pool, inbox.Config{Logger: testkit.Logger(t)})
+	s := New(pool, Config{Logger: testkit.Logger(t), Inbox: events})
+	mustCreate(t, s, "org-a", "agent-1", "llm", 100)
+	batch := func(n int) []*spendRequest {
+		reqs := make([]*spendRequest, n)
+		for i := range reqs {
+			reqs[i] = request(SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1000})
+		}
+		s.batcher.run(reqs)
+		for _, r := range reqs {
+			got := <-r.reply
+			require.NoError(t, got.err)
+			require.False(t, got.res.OK)
+		}
+		return reqs
+	}
+	batch(1) // warm-up: statements prepared
+	rt.Take()
+
+	batch(5)
+
+	trips := rt.Take()
+	require.Len(t, trips, 4, "the decisions (after BEGIN), the requests read, the appends, COMMIT:\n%s", strings.Join(trips, "\n"))
+	require.Equal(t, 6, countApprovals(t, pool, "org-a", StatePending))
+	var appended int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM approval_events WHERE org_id = 'org-a'`).Scan(&appended))
+	require.Equal(t, 6, appended, "one event a refusal")
 }

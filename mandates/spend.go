@@ -143,7 +143,7 @@ func (s *Service) spendAlone(ctx context.Context, p SpendParams) (res SpendResul
 	err = decideInTx(ctx, s.db, b, func(br pgx.BatchResults) error {
 		res, decided, err = readSpend(br)
 		return err
-	}, func(q db.Querier) error {
+	}, func(q db.Batcher) error {
 		if decided && !res.OK {
 			return s.appendRequested(ctx, q, p.OrgID, res.ApprovalID)
 		}

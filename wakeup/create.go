@@ -522,11 +522,12 @@ func (s *Service) readDecisions(ctx context.Context, c groupConn, b *pgx.Batch, 
 	// (joined as a transaction: code that joins a pgx.Tx, as an approval
 	// webhook's enqueue does, would begin and commit its own on the bare
 	// connection, committing the group's half done: db.JoinedTx)
-	tx := db.JoinedTx(c.Conn)
-	for _, m := range spenders {
-		if err := m.spend.AppendRequested(ctx, tx, m.res, true); err != nil {
-			return fmt.Errorf("spend for wake-up: %w", err)
-		}
+	qs, res := make([]*mandates.QueuedSpend, len(spenders)), make([]mandates.SpendResult, len(spenders))
+	for i, m := range spenders {
+		qs[i], res[i] = m.spend, m.res
+	}
+	if err := mandates.AppendRequestedAll(ctx, db.JoinedTx(c.Conn), qs, res); err != nil {
+		return fmt.Errorf("spend for wake-up: %w", err)
 	}
 	return nil
 }

@@ -145,6 +145,50 @@ func TestAGroupOfRequestsSharesItsRoundTripsCommitsAndNotify(t *testing.T) {
 	require.Equal(t, 1, strings.Count(all, "pg_notify"), all)
 }
 
+// A group's refusals append their approvals inbox events in two round
+// trips however many they are (their requests read, then the appends),
+// beside the three of a group the mandates refused whole: appended one
+// after another they cost two each, all while the group held its mandates
+// and the org's event counter.
+func TestAGroupOfRefusalsAppendsItsEventsInTwoRoundTrips(t *testing.T) {
+	rt := &testkit.RoundTrips{}
+	var appended []inbox.Event
+	f := newFixtureWith(t, fixtureOptions{trace: rt, onAppend: func(_ context.Context, _ db.Querier, ev inbox.Event) error {
+		appended = append(appended, ev)
+		return nil
+	}})
+	warm := params("")
+	warm.Cost = 50
+	f.createTogether(t, warm) // warm-up: statements prepared
+	rt.Take()
+	appended = nil
+
+	ps := make([]CreateParams, 5)
+	for i := range ps {
+		ps[i] = params("")
+		ps[i].Cost = 50 // past the budget of 10: refused
+		ps[i].WorkflowID = fmt.Sprintf("o/wf-%d", i)
+	}
+	_, errs := f.createTogether(t, ps...)
+
+	trips := rt.Take()
+	ids := map[uuid.UUID]bool{}
+	for _, err := range errs {
+		var refused *RefusedError
+		require.ErrorAs(t, err, &refused)
+		ids[refused.ApprovalID] = true
+	}
+	require.Len(t, trips, 5, strings.Join(trips, "\n"))
+	require.Len(t, appended, 5, "one event a refusal, each hooked")
+	for i, ev := range appended {
+		require.True(t, ids[ev.ApprovalID], "the event of a refusal of the group")
+		require.Contains(t, string(ev.Approval), ev.ApprovalID.String(), "the approval object as its GET route shows it")
+		if i > 0 {
+			require.Equal(t, appended[i-1].Seq+1, ev.Seq, "consecutive seqs")
+		}
+	}
+}
+
 // A statement the server refuses rolls the whole gate of a group back; its
 // requests then go alone, so one request's failure is its own.
 func TestARequestThatFailsInItsGroupFailsAloneAndTheOthersAreCreated(t *testing.T) {
