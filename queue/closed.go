@@ -54,31 +54,55 @@ func (d *Dispatcher) checkClosed(ctx context.Context, m claimed) (closedVerdict,
 		return running, nil
 	}
 	// The described run: with no run id in the message, the signal went to
-	// the latest run, the one described.
-	got, err := receivedSignal(ctx, d.history, m.Signal.WorkflowID, info.GetExecution().GetRunId(), m.Signal.Name, m.Payload)
-	if err != nil {
-		return notChecked, err
-	}
-	if got {
-		return closedWithSignal, nil
+	// the run current at the time — the latest, the one described, or an
+	// earlier run of its chain (continued as new, retried, cron) whose
+	// next run carried what it received: those are read back to the
+	// chain's first run.
+	runID := info.GetExecution().GetRunId()
+	for hops := 0; runID != "" && hops < maxChainRuns; hops++ {
+		got, prev, err := receivedSignalOfRun(ctx, d.history, m.Signal.WorkflowID, runID, m.Signal.Name, m.Payload)
+		if err != nil {
+			return notChecked, err
+		}
+		if got {
+			return closedWithSignal, nil
+		}
+		if m.Signal.RunID != "" {
+			break // signalled to that run alone
+		}
+		runID = prev
 	}
 	return closedWithoutSignal, nil
 }
+
+// maxChainRuns bounds the runs of a chain whose histories one check reads.
+const maxChainRuns = 20
 
 // receivedSignal reports whether the run's history holds a signal named
 // name whose argument is payload. A closed run's history is finite; the
 // history API filters only close events, so the signals are picked out
 // here.
 func receivedSignal(ctx context.Context, h HistoryReader, workflowID, runID, name string, payload json.RawMessage) (bool, error) {
+	got, _, err := receivedSignalOfRun(ctx, h, workflowID, runID, name, payload)
+	return got, err
+}
+
+// receivedSignalOfRun is receivedSignal, also returning the run this one
+// continued (its started event's continued_execution_run_id; "" for a
+// chain's first run).
+func receivedSignalOfRun(ctx context.Context, h HistoryReader, workflowID, runID, name string, payload json.RawMessage) (got bool, prevRunID string, err error) {
 	want, err := jsonValue(payload)
 	if err != nil {
-		return false, fmt.Errorf("message payload: %w", err)
+		return false, "", fmt.Errorf("message payload: %w", err)
 	}
 	events := h.GetWorkflowHistory(ctx, workflowID, runID, false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
 	for events.HasNext() {
 		e, err := events.Next()
 		if err != nil {
-			return false, fmt.Errorf("read workflow history: %w", err)
+			return false, "", fmt.Errorf("read workflow history: %w", err)
+		}
+		if started := e.GetWorkflowExecutionStartedEventAttributes(); started != nil {
+			prevRunID = started.GetContinuedExecutionRunId()
 		}
 		attrs := e.GetWorkflowExecutionSignaledEventAttributes()
 		if e.GetEventType() != enumspb.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED || attrs.GetSignalName() != name {
@@ -92,10 +116,10 @@ func receivedSignal(ctx context.Context, h HistoryReader, workflowID, runID, nam
 		}
 		got, err := jsonValue(raw)
 		if err == nil && reflect.DeepEqual(got, want) {
-			return true, nil
+			return true, prevRunID, nil
 		}
 	}
-	return false, nil
+	return false, prevRunID, nil
 }
 
 // jsonValue decodes a JSON document for comparison as a value: key order

@@ -116,6 +116,7 @@ func awaitHeldDecision(ctx workflow.Context, readers signalReaders, signal, appr
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
 	seen := ctx.Value(seenKey{}).(seenWakes)
 	held := ctx.Value(heldKey{}).(heldDecisions)
+	heldWakes := ctx.Value(heldWakesKey{}).(*heldWakes)
 	logger := workflow.GetLogger(ctx)
 	var d Decision
 	take := func() bool {
@@ -130,6 +131,8 @@ func awaitHeldDecision(ctx workflow.Context, readers signalReaders, signal, appr
 			v, ok := decodeDecision(raw)
 			_, holds := held[v.ApprovalID]
 			switch {
+			case !ok && holdOtherKind(ctx, raw, org, signal, seen, heldWakes, held):
+				// a wake on the same channel: kept for its AwaitWake
 			case !ok:
 				logger.Warn("ignoring a malformed signal", "signal", signal)
 			case v.OrgID != org:

@@ -386,6 +386,7 @@ func awaitHeldWake(ctx workflow.Context, readers signalReaders, signal, wakeupID
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
 	seen := ctx.Value(seenKey{}).(seenWakes)
 	held := ctx.Value(heldWakesKey{}).(*heldWakes)
+	heldDecs := ctx.Value(heldKey{}).(heldDecisions)
 	logger := workflow.GetLogger(ctx)
 	var w Wake
 	take := func() bool {
@@ -397,6 +398,8 @@ func awaitHeldWake(ctx workflow.Context, readers signalReaders, signal, wakeupID
 		done := readers.wait(ctx, "wake", signal, func(raw json.RawMessage) {
 			v, ok := decodeWake(raw)
 			switch {
+			case !ok && holdOtherKind(ctx, raw, org, signal, seen, held, heldDecs):
+				// a decision on the same channel: kept for its AwaitApproval
 			case !ok:
 				logger.Warn("ignoring a malformed signal", "signal", signal)
 			case v.OrgID != org:
@@ -486,4 +489,36 @@ func awaitSignal[T any](ctx workflow.Context, signal string, timeout time.Durati
 			return zero, timeoutErr
 		}
 	}
+}
+
+// sameChannelChange is the workflow.GetVersion change id of keeping a
+// wake that arrives on the channel an AwaitApproval reads, or a decision
+// on the channel an AwaitWake reads (a workflow may name one signal for
+// both): before it, each was dropped as malformed. It is asked only when
+// such a signal arrives.
+const sameChannelChange = "reveille.same-channel-kinds"
+
+// holdOtherKind keeps raw, met by the reader of the other kind, if it is a
+// wake or a decision of the workflow's org not seen nor held before; it
+// reports whether raw was one (kept, or a repeat).
+func holdOtherKind(ctx workflow.Context, raw json.RawMessage, org, signal string, seen seenWakes, wakes *heldWakes, decisions heldDecisions) bool {
+	d, isDecision := decodeDecision(raw)
+	w, isWake := decodeWake(raw)
+	if !isDecision && !isWake {
+		return false
+	}
+	if workflow.GetVersion(ctx, sameChannelChange, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+		return false
+	}
+	switch {
+	case isWake:
+		if w.OrgID == org && !seen[w.WakeupID] && !wakes.holds(signal, w.WakeupID) {
+			wakes.wakes = append(wakes.wakes, heldWake{signal, w})
+		}
+	case isDecision:
+		if _, holds := decisions[d.ApprovalID]; d.OrgID == org && !seen["approval:"+d.ApprovalID] && !holds {
+			decisions[d.ApprovalID] = d
+		}
+	}
+	return true
 }

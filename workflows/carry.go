@@ -26,12 +26,16 @@ import (
 // PendingWakes removes and returns the wakes on signal that the run has
 // received and not returned, in arrival order: those a WithWakeDedupe
 // context holds for a later await, then those still on the channel (of the
-// workflow's org, well formed, not returned before). Call it when no await
+// workflow's org, well formed, not returned before). A decision it meets
+// on the channel (a workflow may name one signal for both kinds) is held
+// for PendingDecisions, in a WithWakeDedupe context. Call it when no await
 // is running, just before continuing as new, and pass the result to the
 // next run, which gives it to its awaits with HoldWakes.
 func PendingWakes(ctx workflow.Context, signal string) []Wake {
 	var out []Wake
-	if held, _ := ctx.Value(heldWakesKey{}).(*heldWakes); held != nil {
+	held, _ := ctx.Value(heldWakesKey{}).(*heldWakes)
+	decisions, _ := ctx.Value(heldKey{}).(heldDecisions)
+	if held != nil {
 		for {
 			w, ok := held.take(signal, "")
 			if !ok {
@@ -46,6 +50,10 @@ func PendingWakes(ctx workflow.Context, signal string) []Wake {
 	var raw json.RawMessage
 	for ch.ReceiveAsync(&raw) {
 		w, ok := decodeWake(raw)
+		if !ok && held != nil {
+			// (a decision on the same channel: held for PendingDecisions)
+			holdOtherKind(ctx, raw, org, signal, seen, held, decisions)
+		}
 		raw = nil
 		if !ok || w.OrgID != org || seen[w.WakeupID] ||
 			slices.ContainsFunc(out, func(o Wake) bool { return o.WakeupID == w.WakeupID }) {
@@ -81,11 +89,11 @@ func HoldWakes(ctx workflow.Context, signal string, wakes []Wake) workflow.Conte
 func PendingDecisions(ctx workflow.Context, signal string) []Decision {
 	signal = cmp.Or(signal, ApprovalSignal)
 	var out []Decision
-	if held, _ := ctx.Value(heldKey{}).(heldDecisions); held != nil {
-		for _, id := range slices.Sorted(maps.Keys(held)) { // (map order is not deterministic)
-			out = append(out, held[id])
-			delete(held, id)
-		}
+	held, _ := ctx.Value(heldKey{}).(heldDecisions)
+	wakes, _ := ctx.Value(heldWakesKey{}).(*heldWakes)
+	for _, id := range slices.Sorted(maps.Keys(held)) { // (map order is not deterministic)
+		out = append(out, held[id])
+		delete(held, id)
 	}
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
 	seen, _ := ctx.Value(seenKey{}).(seenWakes)
@@ -93,6 +101,10 @@ func PendingDecisions(ctx workflow.Context, signal string) []Decision {
 	var raw json.RawMessage
 	for ch.ReceiveAsync(&raw) {
 		d, ok := decodeDecision(raw)
+		if !ok && wakes != nil {
+			// (a wake on the same channel: held for PendingWakes)
+			holdOtherKind(ctx, raw, org, signal, seen, wakes, held)
+		}
 		raw = nil
 		if !ok || d.OrgID != org || seen["approval:"+d.ApprovalID] ||
 			slices.ContainsFunc(out, func(o Decision) bool { return o.ApprovalID == d.ApprovalID }) {

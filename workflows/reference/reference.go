@@ -11,6 +11,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/google/uuid"
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
@@ -138,7 +139,32 @@ func Workflow(ctx workflow.Context, in Input) (Result, error) {
 	}
 	wake, err := workflows.AwaitWakeFor(ctx, in.Signal, res.WakeupID, in.Timeout)
 	res.Wake, res.Outcome = wake, wake.Outcome
+	if err != nil && workflow.GetVersion(ctx, cancelOnGiveUpChange, workflow.DefaultVersion, 1) == 1 {
+		// Timed out or canceled: nobody reads the wake. Cancel the wake-up
+		// so that its work does not run, nor its pending approval charge,
+		// for nothing — from a disconnected context, since a canceled one
+		// runs no activity.
+		dctx, _ := workflow.NewDisconnectedContext(actx)
+		if cerr := workflow.ExecuteActivity(dctx, acts.CancelWakeup, res.WakeupID).Get(dctx, nil); cerr != nil {
+			workflow.GetLogger(ctx).Warn("could not cancel the wake-up", "wakeup_id", res.WakeupID, "error", cerr)
+		}
+	}
 	return res, err
+}
+
+// cancelOnGiveUpChange is the workflow.GetVersion change id of canceling
+// the wake-up when the workflow stops waiting for it.
+const cancelOnGiveUpChange = "reveille.reference.cancel-on-give-up"
+
+// CancelWakeup cancels the workflow's wake-up (its work, or its pending
+// approval request); a settled one is left as it is.
+func (a *Activities) CancelWakeup(ctx context.Context, wakeupID string) error {
+	id, err := uuid.Parse(wakeupID)
+	if err != nil {
+		return temporal.NewNonRetryableApplicationError(err.Error(), InvalidErrorType, nil)
+	}
+	_, err = a.Wakeups.Cancel(ctx, workflows.OrgOf(activity.GetInfo(ctx).WorkflowExecution.ID), "", id)
+	return err
 }
 
 // askForTool requests the tool call and, when it is pending, awaits the
