@@ -136,11 +136,23 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	}
 	p := &Postgres{binDir: binDir, dataDir: clusterDir, logger: logger, ownerFile: filepath.Join(clusterDir, "reveille.owner")}
 
-	if port, pid, ok := livePostmaster(clusterDir); ok {
-		p.port, p.reused = port, true
+	livePort, pid, live := livePostmaster(clusterDir)
+	if live && !runsIn(pid, clusterDir) {
+		// A postmaster.pid left by a server that died (a reboot, a
+		// container restart) names a pid the system has given to an
+		// unrelated process since: no server of this cluster runs, and
+		// postgres would refuse the file while that pid lives.
+		logger.Info("removing a stale postmaster.pid naming a process that is no postmaster of this cluster", "dir", clusterDir, "pid", pid)
+		if err := os.Remove(filepath.Join(clusterDir, "postmaster.pid")); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("remove stale %s: %w", filepath.Join(clusterDir, "postmaster.pid"), err)
+		}
+		live = false
+	}
+	if live {
+		p.port, p.reused = livePort, true
 		if err := p.waitReady(ctx, 10*time.Second); err != nil {
 			return nil, fmt.Errorf("postmaster %d in %s (port %d) is alive but does not answer (%w); if no postgres runs for this directory, remove %s",
-				pid, clusterDir, port, err, filepath.Join(clusterDir, "postmaster.pid"))
+				pid, clusterDir, livePort, err, filepath.Join(clusterDir, "postmaster.pid"))
 		}
 		// A postmaster whose starter was killed is adopted: this process
 		// stops it on exit. One whose starter still runs is left to it.
@@ -148,7 +160,7 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 			p.adoptedPID = pid
 			p.writeOwner()
 		}
-		logger.Info("reusing live postmaster", "dir", clusterDir, "port", port, "adopted", p.adoptedPID != 0)
+		logger.Info("reusing live postmaster", "dir", clusterDir, "port", livePort, "adopted", p.adoptedPID != 0)
 		return p, nil
 	}
 
@@ -446,6 +458,9 @@ func reachable(dir string, uid, gid int) bool {
 func (p *Postgres) stopAdopted(ctx context.Context) error {
 	pid := p.adoptedPID
 	p.adoptedPID = 0
+	if !runsIn(pid, p.dataDir) {
+		return nil // gone, and its pid perhaps another process's since
+	}
 	if err := syscall.Kill(pid, syscall.SIGINT); err != nil {
 		return nil // already gone
 	}
