@@ -36,10 +36,16 @@ func runBench(ctx context.Context, args []string) error {
 		return errors.New("usage: " + benchSynopsis())
 	}
 	s, err := envConfig()
-	if err != nil {
+	if err != nil && !asksForHelp(args[1:]) {
 		return err
 	}
 	return benches[args[0]](ctx, s, args[1:])
+}
+
+// asksForHelp reports whether args ask for the usage (-h, -help, --help),
+// which a command prints whatever the environment holds.
+func asksForHelp(args []string) bool {
+	return slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "-help" || a == "--help" })
 }
 
 // benchSynopsis is engine bench's usage line.

@@ -155,6 +155,12 @@ func envConfig() (settings, error) {
 		HTTPNets:     list(os.Getenv("REVEILLE_HTTP_ALLOWED_NETS")),
 		APIURL:       envOr("REVEILLE_API_URL", "http://localhost:8080"),
 	}
+	for _, u := range list(s.APIURL) {
+		if parsed, err := url.Parse(u); err != nil || (parsed.Scheme != "http" && parsed.Scheme != "https") || parsed.Host == "" {
+			errs = append(errs, fmt.Errorf("REVEILLE_API_URL=%q: want absolute http(s) URLs such as http://localhost:8080 (a comma list for engine load)", s.APIURL))
+			break
+		}
+	}
 	if s.OpsAddr != "" {
 		listenAddr("REVEILLE_OPS_ADDR", s.OpsAddr, &errs)
 	}

@@ -12,10 +12,8 @@ import (
 // runDemo runs the reference workflow through a running engine (or one it
 // starts) for six cases and prints each one's timeline.
 func runDemo(ctx context.Context, args []string) error {
-	s, err := envConfig()
-	if err != nil {
-		return err
-	}
+	// (a malformed variable is reported after the flags: --help still prints the usage)
+	s, envErr := envConfig()
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	apiURL := fs.String("api", s.APIURL, "API of a running engine (REVEILLE_API_URL); started here if it does not answer")
 	fs.StringVar(&s.DataDir, "data-dir", s.DataDir, "data dir of the engine (dev secret; and the stack started when none runs)")
@@ -25,6 +23,9 @@ func runDemo(ctx context.Context, args []string) error {
 	}
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
+	}
+	if envErr != nil {
+		return envErr
 	}
 	return demo.Run(ctx, demo.Config{
 		APIURL: *apiURL, TemporalAddress: s.TemporalAddr, Namespace: s.Namespace, Org: devOrg,

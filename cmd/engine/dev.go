@@ -24,10 +24,8 @@ const devOrg = "dev-org"
 var devHTTPAllowed = []string{"localhost:*", "127.0.0.1:*"}
 
 func runDev(ctx context.Context, args []string) error {
-	s, err := envConfig()
-	if err != nil {
-		return err
-	}
+	// (a malformed variable is reported after the flags: --help still prints the usage)
+	s, envErr := envConfig()
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	s.bindFlags(fs, true)
 	fs.Usage = func() {
@@ -35,6 +33,9 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
+	}
+	if envErr != nil {
+		return envErr
 	}
 	logger := startLogging(s.LogLevel)
 	if len(s.OperatorOrgs) == 0 {
@@ -174,10 +175,8 @@ func apiURL(addr string) string {
 }
 
 func runDevstack(ctx context.Context, args []string) error {
-	s, err := envConfig()
-	if err != nil {
-		return err
-	}
+	// (a malformed variable is reported after the flags: --help still prints the usage)
+	s, envErr := envConfig()
 	fs := flag.NewFlagSet("devstack", flag.ContinueOnError)
 	fs.StringVar(&s.DataDir, "data-dir", s.DataDir, "data directory (REVEILLE_DATA_DIR)")
 	fs.Var(portFlag{&s.TemporalPort}, "temporal-port", "frontend `port` of the embedded Temporal dev server (0: a free one)")
@@ -188,6 +187,9 @@ func runDevstack(ctx context.Context, args []string) error {
 	fs.Usage = func() { flagUsage(fs, "engine devstack [--only postgres|temporal] [flags]", "") }
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
+	}
+	if envErr != nil {
+		return envErr
 	}
 	if *only != "" && *only != "postgres" && *only != "temporal" {
 		return fmt.Errorf("--only: want postgres or temporal, not %q", *only)

@@ -14,10 +14,8 @@ import (
 // runLoad drives a running engine's REST API as an agent platform would
 // and reports every wake-up its workflows did not get.
 func runLoad(ctx context.Context, args []string) error {
-	s, err := envConfig()
-	if err != nil {
-		return err
-	}
+	// (a malformed variable is reported after the flags: --help still prints the usage)
+	s, envErr := envConfig()
 	fs := flag.NewFlagSet("load", flag.ContinueOnError)
 	c := load.Config{Org: devOrg, Namespace: s.Namespace, Issuer: s.JWTIssuer, Audience: s.JWTAudience, Logger: newLogger(cmp.Or(s.LogLevel, "error"))}
 	apis := fs.String("api", s.APIURL, "API URL(s) of the engine, comma-separated: the clients are spread over them, and a call a replica does not answer goes to the next (REVEILLE_API_URL)")
@@ -40,11 +38,14 @@ func runLoad(ctx context.Context, args []string) error {
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
+	if envErr != nil {
+		return envErr
+	}
 	c.APIs = list(*apis)
 	c.Secret = s.signingSecret()
 	if c.Secret == "" && (c.Token == "" || c.ApproverToken == "") {
 		c.Secret, _ = localstack.ReadDevSecret(s.DataDir)
 	}
-	_, err = load.Run(ctx, c)
+	_, err := load.Run(ctx, c)
 	return err
 }

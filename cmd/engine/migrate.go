@@ -14,10 +14,8 @@ import (
 )
 
 func runMigrate(ctx context.Context, args []string) error {
-	s, err := envConfig()
-	if err != nil {
-		return err
-	}
+	// (a malformed variable is reported after the flags: --help still prints the usage)
+	s, envErr := envConfig()
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.Usage = func() {
 		flagUsage(fs, "engine migrate up|status\n\n  up      apply the migrations this binary has that the database lacks\n"+
@@ -28,7 +26,7 @@ func runMigrate(ctx context.Context, args []string) error {
 		return err
 	}
 	// The argument first: a wrong one is the mistake to name, whatever the
-	// environment lacks.
+	// environment lacks or holds.
 	switch sub := fs.Arg(0); sub {
 	case "up", "status":
 	case "":
@@ -37,6 +35,9 @@ func runMigrate(ctx context.Context, args []string) error {
 	default:
 		fs.Usage()
 		return fmt.Errorf("want up or status, not %q", sub)
+	}
+	if envErr != nil {
+		return envErr
 	}
 	if s.DatabaseURL == "" {
 		return errors.New("DATABASE_URL is not set")

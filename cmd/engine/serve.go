@@ -14,15 +14,16 @@ import (
 )
 
 func runServe(ctx context.Context, args []string) error {
-	s, err := envConfig()
-	if err != nil {
-		return err
-	}
+	// (a malformed variable is reported after the flags: --help still prints the usage)
+	s, envErr := envConfig()
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	s.bindFlags(fs, false)
 	fs.Usage = func() { flagUsage(fs, "engine serve [flags]", serveEnvHelp) }
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
+	}
+	if envErr != nil {
+		return envErr
 	}
 	if s.DatabaseURL == "" {
 		return errors.New("DATABASE_URL is not set (serve uses external Postgres; `engine dev` starts a local one)")

@@ -13,10 +13,8 @@ import (
 )
 
 func runToken(_ context.Context, args []string) error {
-	s, err := envConfig()
-	if err != nil {
-		return err
-	}
+	// (a malformed variable is reported after the flags: --help still prints the usage)
+	s, envErr := envConfig()
 	fs := flag.NewFlagSet("token", flag.ContinueOnError)
 	org := fs.String("org", "", "org_id claim (required)")
 	roles := fs.String("roles", "admin,agent,approver", "comma list of roles: admin, agent, approver, operator")
@@ -31,6 +29,9 @@ func runToken(_ context.Context, args []string) error {
 	}
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
+	}
+	if envErr != nil {
+		return envErr
 	}
 	if *org == "" {
 		return errors.New("--org is required")

@@ -72,6 +72,9 @@ func Run(ctx context.Context, c Config) error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if _, err := reveille.New(c.APIURL); err != nil {
+		return fmt.Errorf("--api / REVEILLE_API_URL: %w", err)
+	}
 	if !answers(c.APIURL) {
 		fmt.Printf("no engine answers at %s: starting one (engine dev) in this process…\n", c.APIURL)
 		e, err := c.StartEngine(ctx)
