@@ -304,3 +304,32 @@ func TestACaughtUpTailWhoseClosedStreamIsPurgedBeforeItRereadsEnds(t *testing.T)
 	require.True(t, b.Ended, "the tail of a closed, purged stream ends")
 	require.Equal(t, int64(1), b.TailIndex, "it had every chunk")
 }
+
+// As above, with a new stream of the same name written after the purge,
+// longer than the purged one: the tail had every chunk of its stream, so
+// it ends at its own last index. It ended at the new stream's, which tells
+// its reader (README: "a tail_index past its last id"; the client's
+// ErrStreamGap) that it missed chunks of a stream it had whole.
+func TestACaughtUpTailWhoseStreamIsPurgedAndWrittenAgainEndsAtItsOwnTail(t *testing.T) {
+	rt := &testkit.RoundTrips{}
+	svc, db := newTracedService(t, rt)
+	ctx := context.Background()
+	_, err := svc.Append(ctx, org, "run-1", "out", [][]byte{[]byte("a"), []byte("b")})
+	require.NoError(t, err)
+	tail, err := svc.Tail(org, "run-1", "out", 0)
+	require.NoError(t, err)
+	defer tail.Close()
+	b, err := tail.Next(ctx)
+	require.NoError(t, err)
+	require.Len(t, b.Chunks, 2)
+
+	require.NoError(t, svc.Close(ctx, org, "run-1", "out"))
+	purgeAll(t, svc, db)
+	_, err = svc.Append(ctx, org, "run-1", "out", [][]byte{[]byte("n0"), []byte("n1"), []byte("n2"), []byte("n3"), []byte("n4")})
+	require.NoError(t, err)
+
+	b, _ = driveFor(t, rt, tail, 30*time.Second)
+	require.True(t, b.Ended, "the tail of a closed, purged stream ends")
+	require.Empty(t, b.Chunks)
+	require.Equal(t, int64(1), b.TailIndex, "it had every chunk of its stream")
+}

@@ -30,6 +30,9 @@ type Tail struct {
 	// named it: a stream purged and written again under the same name is
 	// another one, which the tail must not go on with.
 	stream uuid.UUID
+	// known is the highest index known of that stream (its reads' tails;
+	// -1: none): the subscription's hint also counts a new stream's.
+	known int64
 }
 
 // Batch is what one Tail.Next read.
@@ -63,7 +66,7 @@ func (s *Service) Tail(org, runID, name string, from int64) (*Tail, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Tail{svc: s, org: org, run: runID, name: name, next: from, sub: sub}, nil
+	return &Tail{svc: s, org: org, run: runID, name: name, next: from, sub: sub, known: -1}, nil
 }
 
 // Next returns what was committed from the tail's position without
@@ -87,6 +90,19 @@ func (t *Tail) Next(ctx context.Context) (Batch, error) {
 		t.sub.markStale() // read again next time
 		return Batch{}, err
 	}
+	if t.stream != uuid.Nil && stream != t.stream {
+		// The stream the tail followed is gone — only retention deletes a
+		// stream, once closed — and perhaps another of the same name was
+		// written since: the tail ends as for a purge (at its position
+		// when it had every chunk it knew of), never waiting on a stream
+		// that is gone nor going on with a new one's chunks as its own.
+		// (What the hint counts is the new stream's too, once there is one.)
+		end := max(t.known, t.next-1)
+		if stream == uuid.Nil {
+			end = max(end, committed)
+		}
+		return Batch{Ended: true, TailIndex: end}, nil
+	}
 	if len(page.Items) == 0 && (page.HasMore || committed >= t.next) {
 		// Chunk t.next was committed (the row counts it, or it was known
 		// before this read began) and is gone: only retention deletes
@@ -96,16 +112,9 @@ func (t *Tail) Next(ctx context.Context) (Batch, error) {
 		// on would find the same, at once and for ever: a busy loop.)
 		return Batch{Ended: true, TailIndex: max(page.Info.TailIndex, committed)}, nil
 	}
-	if t.stream != uuid.Nil && stream != t.stream {
-		// The stream the tail followed is gone — only retention deletes a
-		// stream, once closed — and perhaps another of the same name was
-		// written since: the tail ends as for a purge (at its position
-		// when it had every chunk it knew of), never waiting on a stream
-		// that is gone nor going on with a new one's chunks as its own.
-		return Batch{Ended: true, TailIndex: max(committed, t.next-1)}, nil
-	}
 	if stream != uuid.Nil {
 		t.stream = stream
+		t.known = max(t.known, page.Info.TailIndex)
 	}
 	t.next = page.Next
 	// A page bounds the read: what it left is stored already, and the next

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -64,6 +66,12 @@ func stopStrandedPostmaster(ctx context.Context, clusterDir string) error {
 // /proc there is no telling, and the pid is trusted as pg_ctl trusts it.
 func runsIn(pid int, dir string) bool {
 	cwd, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/cwd")
+	if errors.Is(err, fs.ErrPermission) {
+		// (another user's process, and no CAP_SYS_PTRACE — root in a
+		// container: its command line, world-readable, names the cluster
+		// it was started on: "postgres -D <dir> …")
+		return startedOn(pid, dir)
+	}
 	if err != nil {
 		_, noProc := os.Stat("/proc/self")
 		return noProc != nil
@@ -73,6 +81,21 @@ func runsIn(pid int, dir string) bool {
 		return false
 	}
 	return cwd == want
+}
+
+// startedOn reports whether process pid's command line has "-D dir".
+func startedOn(pid int, dir string) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return false
+	}
+	args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "-D" && filepath.Clean(args[i+1]) == filepath.Clean(dir) {
+			return true
+		}
+	}
+	return false
 }
 
 // Abandoned is a data dir RemoveAbandoned removed.
