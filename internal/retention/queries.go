@@ -78,13 +78,32 @@ DELETE FROM queue_messages WHERE id = ANY(ARRAY(
               SELECT 1 FROM tool_approvals a WHERE a.id = ` + uuidKey + ` AND a.org_id = m.org_id))
    LIMIT $2 FOR UPDATE OF m SKIP LOCKED))`
 
-// qPurgeSessionEvents deletes old events of sessions with no tool call
-// pending (an agent waiting on a call may still read them). The session
-// row stays: it binds the session to its agent and numbers its events, so
-// a reader's cursor stays valid.
+// qLockIdleSessions locks the sessions with old events and no tool call
+// pending, skipping those a writer holds (a call being requested or
+// answered), and returns their keys for qPurgeSessionEvents. Every session
+// writer takes the session row first, so once it is locked here no call
+// can become pending in it until the purge commits.
+const qLockIdleSessions = `
+SELECT s.org_id, s.session_id FROM approval_sessions s
+ WHERE (s.org_id, s.session_id) IN (
+   SELECT e.org_id, e.session_id FROM session_events e
+    WHERE e.created_at < $1
+      AND NOT EXISTS (SELECT 1 FROM tool_approvals a
+                       WHERE a.org_id = e.org_id AND a.session_id = e.session_id AND a.status = 'pending')
+    LIMIT $2)
+ FOR UPDATE OF s SKIP LOCKED`
+
+// qPurgeSessionEvents deletes old events of the sessions qLockIdleSessions
+// locked ($3 orgs, $4 sessions) that still have no tool call pending, read
+// on this statement's snapshot, taken once the sessions were locked (an
+// agent waiting on a call may still read its session's events; a call
+// that committed while the lock statement ran was not seen by it). The
+// session row stays: it binds the session to its agent and numbers its
+// events, so a reader's cursor stays valid.
 const qPurgeSessionEvents = `
 DELETE FROM session_events WHERE ctid = ANY(ARRAY(
   SELECT e.ctid FROM session_events e
+    JOIN unnest($3::text[], $4::text[]) AS k(org_id, session_id) ON e.org_id = k.org_id AND e.session_id = k.session_id
    WHERE e.created_at < $1
      AND NOT EXISTS (SELECT 1 FROM tool_approvals a
                       WHERE a.org_id = e.org_id AND a.session_id = e.session_id AND a.status = 'pending')

@@ -127,11 +127,16 @@ func (c Config) validate() error {
 }
 
 // Table is one purge: SQL deletes at most $2 rows of the table settled
-// before $1 (a timestamptz), keeping whatever still needs them.
+// before $1 (a timestamptz), keeping whatever still needs them. A purge
+// whose decision needs rows locked before it is read runs Lock first, in
+// the same transaction: it locks and returns the keys ($3, $4: two text
+// arrays) SQL then purges, deciding on a snapshot taken once the locks are
+// held.
 type Table struct {
 	Name string        // the table, as the metric's label and the log names it
 	Keep time.Duration // its retention
 	SQL  string
+	Lock string
 }
 
 // Tables is the purge list, in the order a pass runs it: a row goes before
@@ -146,7 +151,7 @@ func (c Config) Tables() []Table {
 		{Name: "mandate_approvals", Keep: c.MandateApprovals, SQL: qPurgeMandateApprovals},
 		{Name: "tool_approvals", Keep: keyed(c.ToolApprovals), SQL: qPurgeToolApprovals},
 		{Name: "queue_messages", Keep: c.QueueMessages, SQL: qPurgeQueueMessages},
-		{Name: "session_events", Keep: c.SessionEvents, SQL: qPurgeSessionEvents},
+		{Name: "session_events", Keep: c.SessionEvents, SQL: qPurgeSessionEvents, Lock: qLockIdleSessions},
 		{Name: "approval_events", Keep: c.ApprovalEvents, SQL: qPurgeApprovalEvents},
 	}
 }
@@ -229,7 +234,23 @@ func (p *Purger) purge(ctx context.Context, t Table) (int64, error) {
 	for {
 		var n int64
 		err := leader.FencedTx(ctx, p.db, func(tx pgx.Tx) error {
-			tag, err := tx.Exec(ctx, t.SQL, cutoff, p.cfg.Batch)
+			args := []any{cutoff, p.cfg.Batch}
+			if t.Lock != "" {
+				rows, err := tx.Query(ctx, t.Lock, cutoff, p.cfg.Batch)
+				if err != nil {
+					return err
+				}
+				var first, second []string
+				var k1, k2 string
+				if _, err := pgx.ForEachRow(rows, []any{&k1, &k2}, func() error {
+					first, second = append(first, k1), append(second, k2)
+					return nil
+				}); err != nil {
+					return err
+				}
+				args = append(args, first, second)
+			}
+			tag, err := tx.Exec(ctx, t.SQL, args...)
 			n = tag.RowsAffected()
 			return err
 		})
