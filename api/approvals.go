@@ -31,8 +31,10 @@ func (s *Server) approvalRoutes() {
 	s.route(http.MethodGet, "/v1/tool-approvals", s.listToolApprovals, approver)
 	s.route(http.MethodGet, "/v1/tool-approvals/:id", s.getToolApproval, []string{RoleAgent, RoleApprover})
 	s.route(http.MethodGet, "/v1/agents/:agent_id/tool-policies", s.listToolPolicies, []string{RoleAdmin, RoleApprover})
-	s.route(http.MethodPut, "/v1/agents/:agent_id/tool-policies/:tool_name", s.putToolPolicy, admin, notAnAgent)
-	s.route(http.MethodDelete, "/v1/agents/:agent_id/tool-policies/:tool_name", s.deleteToolPolicy, admin, notAnAgent)
+	s.route(http.MethodPut, "/v1/agents/:agent_id/tool-policies/:tool_name", s.putToolPolicy, admin, notAnAgent,
+		requireSub("set standing approvals for tool calls"))
+	s.route(http.MethodDelete, "/v1/agents/:agent_id/tool-policies/:tool_name", s.deleteToolPolicy, admin, notAnAgent,
+		requireSub("delete standing approvals for tool calls"))
 }
 
 type toolPolicyJSON struct {

@@ -30,9 +30,11 @@ func (s *Server) inboxRoutes() {
 
 // eventsSeq is the org's approvals event seq for a list's events_seq: read
 // before the list's rows, so the page reflects at least every event up to
-// it (0 without an inbox).
+// it (0 without an inbox). A token bound to an agent gets 0: it may not
+// subscribe to the events, and the org's seq counts every agent's
+// requests, which it must not see.
 func (s *Server) eventsSeq(c echo.Context) (int64, error) {
-	if s.svc.Inbox == nil {
+	if s.svc.Inbox == nil || PrincipalFrom(c).AgentID != "" {
 		return 0, nil
 	}
 	return s.svc.Inbox.Seq(c.Request().Context(), s.svc.DB, PrincipalFrom(c).OrgID)

@@ -614,3 +614,34 @@ func (f *isoFixture) checkBound(t *testing.T, row isoRow) {
 		t.Fatal("the row says nothing about agent-bound tokens")
 	}
 }
+
+// A token bound to an agent lists only its agent's approval requests
+// (docs/security.md § Agent binding): what other agents of its org do must
+// not show in its answer. Each row's list is read by agent-a2, which owns
+// nothing, before and after agent-a1 makes more requests; its answer must
+// be the same both times, as it would be were agent-a1 in another org.
+func TestABoundTokensApprovalListsDoNotCountOtherAgentsRequests(t *testing.T) {
+	f := newIsoFixture(t)
+	h, a1, a2 := f.s.Handler(), f.tokens["a1"], f.tokens["a2"]
+	lists := []string{"/v1/mandate-approvals", "/v1/mandate-approvals?order=newest", "/v1/tool-approvals",
+		"/v1/mandate-approvals?agent_id=" + isoAgent2, "/v1/tool-approvals?agent_id=" + isoAgent2}
+	before := map[string]string{}
+	for _, path := range lists {
+		r := do(t, h, "GET", path, a2, nil)
+		require.Equal(t, http.StatusOK, r.Status, "%s: %s", path, r.Body)
+		before[path] = string(r.Body)
+	}
+	// agent-a1 (not agent-a2) is refused a spend and asks to call a tool.
+	r := do(t, h, "POST", "/v1/mandates/spend", a1, map[string]any{"agent_id": isoAgent1, "scope": isoMarker, "cost": 100, "reason": "more"})
+	require.Equal(t, http.StatusPaymentRequired, r.Status, "body: %s", r.Body)
+	r = do(t, h, "POST", "/v1/sessions/"+isoSession+"/tool-calls", a1, map[string]any{"agent_id": isoAgent1, "tool_name": "other-tool"})
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+
+	for _, path := range lists {
+		t.Run(path, func(t *testing.T) {
+			r := do(t, h, "GET", path, a2, nil)
+			require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+			require.JSONEq(t, before[path], string(r.Body), "agent-a2's list changed with agent-a1's requests alone")
+		})
+	}
+}
