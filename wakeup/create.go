@@ -225,6 +225,9 @@ RETURNING updated_at`
 // batches open and close themselves.
 type groupConn struct {
 	*pgx.Conn
+	// committing is set once the group's first COMMIT is sent: from then
+	// on what the group wrote may stand.
+	committing *bool
 }
 
 // rollback ends a transaction a failed batch left open. A connection that
@@ -251,19 +254,29 @@ func (s *Service) createGroup(ctx context.Context, reqs []*createRequest) {
 		return cmp.Or(cmp.Compare(a.req.p.OrgID, b.req.p.OrgID), cmp.Compare(a.req.p.AgentID, b.req.p.AgentID),
 			cmp.Compare(a.req.p.IdempotencyKey, b.req.p.IdempotencyKey))
 	})
-	// A panic in the group (a bug) fails its unanswered requests and is
-	// logged with its stack: the group's goroutine serves every org, and
-	// unrecovered the panic would end the process. What the group committed
-	// stays committed, as after any failure (the reconciler enqueues a
-	// funded wake-up; a retry under its Idempotency-Key replays it).
+	// A panic in the group (a bug) is logged with its stack: the group's
+	// goroutine serves every org, and unrecovered the panic would end the
+	// process. Before the group's first COMMIT its requests go alone, in
+	// their callers' goroutines (where the HTTP layer's recovery answers
+	// 500 for the one that meets the bug again); after it they fail, as
+	// after any failure then: what the group committed stands (the
+	// reconciler enqueues a funded wake-up; a retry under its
+	// Idempotency-Key replays it).
+	committing := false
 	defer func() {
-		err := errors.New("wake-up request left unanswered") // cannot happen: every path answers
+		r := createReply{err: errors.New("wake-up request left unanswered")} // cannot happen: every path answers
 		if p := recover(); p != nil {
-			s.logger.Error("wake-up group panicked; its unanswered requests fail", "requests", len(ms), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-			err = fmt.Errorf("wake-up request: its group failed: %v", p)
+			s.logger.Error("wake-up group panicked", "requests", len(ms), "committing", committing, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			r.err = fmt.Errorf("wake-up request: its group failed: %v", p)
+			if !committing {
+				// Nothing committed (the transaction rolled back as the
+				// panic unwound): each request goes alone, so that only
+				// the one that meets the bug fails.
+				r = createReply{alone: true}
+			}
 		}
 		for _, m := range ms {
-			m.answer(createReply{err: err})
+			m.answer(r)
 		}
 	}()
 	pc, err := s.db.Acquire(ctx)
@@ -272,7 +285,7 @@ func (s *Service) createGroup(ctx context.Context, reqs []*createRequest) {
 		return
 	}
 	defer pc.Release()
-	c := groupConn{pc.Conn()}
+	c := groupConn{pc.Conn(), &committing}
 	defer c.rollback(ctx)
 
 	if err := s.gateGroup(ctx, c, ms); err != nil {
@@ -456,6 +469,7 @@ func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, sp
 			b.Queue(qLockFunded, m.req.p.OrgID, m.id)
 		}
 	}
+	*c.committing = true
 	br := c.SendBatch(ctx, b)
 	defer br.Close()
 	tag, err := br.Exec()

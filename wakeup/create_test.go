@@ -258,9 +258,11 @@ func TestAnApprovalEventsHookWritesInTheGroupsTransaction(t *testing.T) {
 }
 
 // A panic in a group (a bug; here a hook that panics on agent "faulty"'s
-// refusal) fails that group's request and leaves the process serving: the
-// group's goroutine serves every org, and its panic ended the process.
-func TestAPanicInAGroupFailsItsRequestAndTheNextRequestIsServed(t *testing.T) {
+// refusal) before the group's commit sends its requests alone: the others
+// are created, and the panic surfaces again in the faulty request's own
+// goroutine (the HTTP layer's recovery answers it 500), not in the group's,
+// which serves every org and whose panic ended the process.
+func TestAPanicInAGroupBeforeItsCommitSendsItsRequestsAlone(t *testing.T) {
 	f := newFixtureWith(t, fixtureOptions{onAppend: func(_ context.Context, _ db.Querier, ev inbox.Event) error {
 		if strings.Contains(string(ev.Approval), `"faulty"`) {
 			panic("a hook's bug")
@@ -268,15 +270,42 @@ func TestAPanicInAGroupFailsItsRequestAndTheNextRequestIsServed(t *testing.T) {
 		return nil
 	}})
 	ctx := context.Background()
-	faulty := params("")
+	faulty, other := params(""), params("")
 	faulty.AgentID, faulty.Cost = "faulty", 50 // refused: its event runs the hook
+	other.WorkflowID = "o/other"
+	require.NoError(t, f.svc.validate(ctx, &faulty))
+	require.NoError(t, f.svc.validate(ctx, &other))
 
-	_, err := f.svc.Create(ctx, faulty)
-	require.ErrorContains(t, err, "a hook's bug")
-
-	w, err := f.svc.Create(ctx, params(""))
+	reqs := []*createRequest{
+		{p: faulty, ctx: ctx, reply: make(chan createReply, 1)},
+		{p: other, ctx: ctx, reply: make(chan createReply, 1)},
+	}
+	require.NotPanics(t, func() { f.svc.createGroup(ctx, reqs) })
+	for _, r := range reqs {
+		require.True(t, (<-r.reply).alone, "nothing committed: %s goes alone", r.p.AgentID)
+	}
+	w, err := f.svc.createAlone(ctx, other)
 	require.NoError(t, err)
 	require.Equal(t, "enqueued", f.state(t, w.ID))
+	require.PanicsWithValue(t, "a hook's bug", func() { _, _ = f.svc.createAlone(ctx, faulty) })
+
+	// Through Create the group's goroutine lives on: the next request is served.
+	require.PanicsWithValue(t, "a hook's bug", func() { _, _ = f.svc.Create(ctx, faulty) })
+	w, err = f.svc.Create(ctx, params(""))
+	require.NoError(t, err)
+	require.Equal(t, "enqueued", f.state(t, w.ID))
+}
+
+// A panic after the group's commit fails its requests rather than sending
+// them alone, which would spend twice: what the gate committed stands, and
+// the funded wake-up is left to the reconciler.
+func TestAPanicInAGroupAfterItsCommitFailsItsRequests(t *testing.T) {
+	f := newFixture(t)
+	f.panicAfterGate = true
+	_, errs := f.createTogether(t, params(""))
+	require.ErrorContains(t, errs[0], "a bug after the gate")
+	require.EqualValues(t, 3, f.spent(t), "spent once")
+	require.Equal(t, 1, f.wakeupCount(t))
 }
 
 // The pending cap is decided per org in a group, before the spend: the org

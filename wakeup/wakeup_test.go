@@ -39,6 +39,8 @@ type fixture struct {
 	svc        *Service
 	dispatcher *queue.Dispatcher // nil unless fixtureOptions.signals
 	crash      bool
+	// panicAfterGate panics between the gate's commit and the enqueue.
+	panicAfterGate bool
 }
 
 func newFixture(t *testing.T) *fixture { return newFixtureWith(t, fixtureOptions{}) }
@@ -105,6 +107,9 @@ func newFixtureWith(t *testing.T, o fixtureOptions) *fixture {
 		BeforeEnqueue: func(context.Context, uuid.UUID) error {
 			if f.crash {
 				return errors.New("crash between the transactions")
+			}
+			if f.panicAfterGate {
+				panic("a bug after the gate")
 			}
 			return nil
 		}})
