@@ -25,6 +25,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http/httpguts"
@@ -245,9 +246,16 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 			// (a 301, 302 or 303 turns a POST into a GET without its body:
 			// following it would report a request that never reached the
 			// target as answered — a webhook's event lost as "succeeded")
-			if req.Method != via[0].Method {
+			// (and after a GET that carries a body, one keeps the method
+			// but drops the body all the same)
+			if req.Method != via[0].Method || via[0].ContentLength != 0 && req.GetBody == nil {
 				return workpool.NonRetryable(fmt.Errorf("redirect to %s refused: it would send the %s again as a %s without its body; use the final URL",
 					shown(req.Context(), req.URL), via[0].Method, req.Method))
+			}
+			// (net/http sends the previous URL as Referer: a secret path
+			// and a query's keys, to whatever host the redirect names)
+			if via[0].Header.Get("Referer") == "" {
+				req.Header.Del("Referer")
 			}
 			if len(via) >= 10 {
 				return workpool.NonRetryable(errors.New("stopped after 10 redirects"))
@@ -335,9 +343,28 @@ func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
 		if !httpguts.ValidHeaderFieldValue(v) {
 			return nil, &badArgError{field, fmt.Sprintf("the value of %q is not a valid header value (control characters)", k), fmt.Errorf("header %q: invalid value", k)}
 		}
+		if connectionHeader(k, v) {
+			return nil, &badArgError{field, fmt.Sprintf("%q: %q is a connection header no HTTP/2 request may carry", k, v), fmt.Errorf("header %q: a connection header", k)}
+		}
 		req.Header.Set(k, v)
 	}
 	return req, nil
+}
+
+// connectionHeader reports whether the header k: v is one net/http's
+// HTTP/2 transport refuses to send (so every attempt would fail the same
+// way, as a network error): an Upgrade, a Transfer-Encoding other than
+// chunked, a Connection other than close or keep-alive.
+func connectionHeader(k, v string) bool {
+	switch http.CanonicalHeaderKey(k) {
+	case "Upgrade":
+		return v != ""
+	case "Transfer-Encoding":
+		return v != "" && v != "chunked"
+	case "Connection":
+		return v != "" && !strings.EqualFold(v, "close") && !strings.EqualFold(v, "keep-alive")
+	}
+	return false
 }
 
 func do(client *http.Client, req *http.Request) (json.RawMessage, error) {
@@ -357,11 +384,13 @@ func do(client *http.Client, req *http.Request) (json.RawMessage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the response: %w", err)
 	}
-	if len(raw) > MaxResponseBytes {
-		return nil, workpool.NonRetryable(fmt.Errorf("response body exceeds %d bytes", MaxResponseBytes))
-	}
 	switch s := res.StatusCode; {
 	case s >= 200 && s < 300:
+		// (only a 2xx keeps its body; another status keeps a snippet, and
+		// is retried or not by its status whatever its length)
+		if len(raw) > MaxResponseBytes {
+			return nil, workpool.NonRetryable(fmt.Errorf("response body exceeds %d bytes", MaxResponseBytes))
+		}
 		out, err := json.Marshal(Result{Status: s, Headers: flatten(res.Header), Body: bodyJSON(raw)})
 		if err == nil && len(out) > workpool.MaxResultBytes {
 			return nil, workpool.NonRetryable(&ResultTooLargeError{BodyBytes: len(raw), ResultBytes: len(out)})
@@ -378,7 +407,7 @@ func do(client *http.Client, req *http.Request) (json.RawMessage, error) {
 // is JSON Postgres jsonb can store, else as a string jsonb can store (NUL
 // and bytes that are not UTF-8 become U+FFFD).
 func bodyJSON(raw []byte) json.RawMessage {
-	if len(bytes.TrimSpace(raw)) > 0 && json.Valid(raw) && jsonb.Storable(raw) && jsonb.Nesting(raw) <= maxBodyNesting {
+	if len(bytes.TrimSpace(raw)) > 0 && json.Valid(raw) && utf8.Valid(raw) && jsonb.Storable(raw) && jsonb.Nesting(raw) <= maxBodyNesting {
 		return raw
 	}
 	b, _ := json.Marshal(jsonb.Text(string(raw)))

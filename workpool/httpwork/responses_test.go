@@ -1,0 +1,100 @@
+package httpwork
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+	"github.com/reveille/reveille/workpool"
+)
+
+// A 2xx body that is valid JSON but holds bytes that are not UTF-8 inside
+// a string must be kept as something Postgres can store.
+func TestA2xxJSONBodyWithInvalidUTF8IsStorable(t *testing.T) {
+	db := testkit.NewPool(t)
+	body := "{\"name\":\"caf\xe9\"}" // Latin-1 é: valid JSON to Go, not UTF-8
+	require.True(t, json.Valid([]byte(body)))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(body)) }))
+	defer srv.Close()
+	h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
+	require.NoError(t, err)
+	raw, _ := json.Marshal(Args{URL: srv.URL})
+	out, err := h(context.Background(), workpool.Job{Args: raw, Attempt: 1})
+	require.NoError(t, err)
+	_, err = db.Exec(context.Background(), `SELECT $1::text::jsonb`, string(out))
+	require.NoError(t, err, "Postgres stores the result")
+}
+
+func TestA2xxJSONBodyWithInvalidUTF8InThePool(t *testing.T) {
+	body := "{\"name\":\"caf\xe9\"}"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(body)) }))
+	defer srv.Close()
+	st := runInPool(t, srv.URL, nil)
+	require.Equal(t, workpool.OutcomeSucceeded, st.Outcome, "error: %s", st.Error)
+}
+
+// The spec: 408/429/5xx are retryable. A 503 whose error page is over the
+// body cap (which only a 2xx's result needs) must still be retried.
+func TestA5xxWithABodyOverTheCapIsRetried(t *testing.T) {
+	for _, code := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(code)
+			w.Write(make([]byte, MaxResponseBytes+10))
+		}))
+		h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
+		require.NoError(t, err)
+		_, err = run(t, h, context.Background(), Args{URL: srv.URL})
+		srv.Close()
+		require.Error(t, err)
+		require.False(t, workpool.IsNonRetryable(err), "HTTP %d must be retried: %v", code, err)
+	}
+}
+
+// A redirect that would send the request again without its body is
+// refused (a target that never got the body was reported as answered):
+// a GET that carries a body is such a request too.
+func TestARedirectThatDropsAGETsBodyIsRefused(t *testing.T) {
+	var seen []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/moved" {
+			http.Redirect(w, r, "/here", http.StatusFound)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		seen = append(seen, r.Method+" "+string(b))
+		w.Write([]byte(`{"hits":{"total":0}}`))
+	}))
+	defer srv.Close()
+	h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
+	require.NoError(t, err)
+	_, err = run(t, h, context.Background(), Args{URL: srv.URL + "/moved", Method: "GET", Body: json.RawMessage(`{"query":{"match":{"user":"kim"}}}`)})
+	require.Error(t, err, "the target answered a request without the body it was sent: %q", seen)
+}
+
+// A redirect to another host is sent the first URL as Referer: its path
+// (secret_path) and its query's keys.
+func TestARedirectDoesNotSendTheSecretURLAsReferer(t *testing.T) {
+	var referer string
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		referer = r.Header.Get("Referer")
+		w.Write([]byte(`{}`))
+	}))
+	defer other.Close()
+	elsewhere := strings.Replace(other.URL, "127.0.0.1", "localhost", 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, elsewhere+"/x", http.StatusTemporaryRedirect)
+	}))
+	defer srv.Close()
+	h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*", "localhost:*"}})
+	require.NoError(t, err)
+	_, err = run(t, h, context.Background(), Args{URL: srv.URL + "/services/T000/B000/PATHSECRET?api_key=KEYSECRET", Method: "POST", Body: json.RawMessage(`"e"`), SecretPath: true})
+	require.NoError(t, err)
+	require.NotContains(t, referer, "SECRET")
+}
