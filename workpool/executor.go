@@ -302,7 +302,7 @@ func (e *executor) classify(ctx context.Context, rj *runningJob, j claimedJob, r
 	case err == nil && !jsonb.Storable(res):
 		// Postgres would refuse it; recording would find it out, at the
 		// cost of splitting the batch (completeApart).
-		return failed(`handler returned JSON that Postgres cannot store (\u0000, an unpaired surrogate escape or a number out of range)`, false)
+		return failed(`handler returned JSON that Postgres cannot store (\u0000, an unpaired surrogate escape, bytes that are not UTF-8 or a number out of range)`, false)
 	case err == nil:
 		return attemptResult{kind: kindSucceeded, result: res}
 	case errors.Is(cause, errStopping):

@@ -26,6 +26,7 @@ func TestExecutor_AResultOrErrorPostgresCannotStoreFailsOnlyItsOwnWork(t *testin
 		{"result with \\u0000", `{"a":"x\u0000y"}`, nil, "Postgres cannot store"},
 		{"result with an unpaired surrogate", `["\ud800"]`, nil, "Postgres cannot store"},
 		{"result with a number out of numeric's range", `1e999999999`, nil, "Postgres cannot store"},
+		{"result with bytes that are not UTF-8", "{\"a\":\"caf\xe9\"}", nil, "Postgres cannot store"},
 		{"error with NUL", "", NonRetryable(errors.New("bad\x00byte")), "bad\uFFFDbyte"},
 		{"error that is not UTF-8", "", NonRetryable(errors.New("bad\xffbyte")), "bad\uFFFDbyte"},
 		{"retryable error with a rune cut in half", "", errors.New("cut \xe2\x82"), "cut \uFFFD"},

@@ -11,6 +11,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Text is s as Postgres text (and a jsonb string) can hold it: NUL and
@@ -32,7 +33,8 @@ const (
 )
 
 // Storable reports whether Postgres jsonb accepts b, which must be valid
-// JSON (json.Valid): one pass over its lexemes.
+// JSON (json.Valid, which takes strings that are not UTF-8): one pass over
+// its lexemes.
 func Storable(b []byte) bool {
 	for i := 0; i < len(b); i++ {
 		switch c := b[i]; {
@@ -77,9 +79,12 @@ func numberEnd(b []byte, i int) int {
 	return j
 }
 
-// StringProblem checks a string lexeme's \u escapes: why jsonb refuses
-// it, or true.
+// StringProblem checks a string lexeme's bytes and \u escapes: why jsonb
+// refuses it, or true.
 func StringProblem(s []byte) (string, bool) {
+	if !utf8.Valid(s) {
+		return "must be UTF-8 text", false
+	}
 	if bytes.IndexByte(s, '\\') < 0 {
 		return "", true
 	}
