@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -156,11 +157,21 @@ func (s *Store) delivered(ctx context.Context, tx pgx.Tx, c workpool.Completion)
 	if err := json.Unmarshal(c.Context, &dc); err != nil {
 		return fmt.Errorf("approval webhook delivery %s: reading its hook context: %w", c.WorkID, err)
 	}
+	// (when the work finished, not when this call runs: a hook call that
+	// failed is retried later, after newer deliveries were recorded)
+	var finished *time.Time
+	if err := tx.QueryRow(ctx, qWorkFinished, c.OrgID, c.WorkID).Scan(&finished); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("approval webhook delivery %s: reading when it finished: %w", c.WorkID, err)
+	}
+	if finished == nil {
+		now := time.Now()
+		finished = &now
+	}
 	// (jsonb holds no NUL: an error quoting a response body may)
 	d := Delivery{Seq: dc.Seq, WorkID: c.WorkID, URL: dc.URL, Outcome: string(c.Outcome),
 		Error:      clip(strings.ReplaceAll(c.Error, "\x00", ""), maxRecordedError),
-		FinishedAt: time.Now().UTC()}
-	if _, err := tx.Exec(ctx, qDelivered, c.OrgID, dc.Name, d, c.Outcome == workpool.OutcomeSucceeded, dc.Created); err != nil {
+		FinishedAt: finished.UTC()}
+	if _, err := tx.Exec(ctx, qDelivered, c.OrgID, dc.Name, d, c.Outcome == workpool.OutcomeSucceeded, dc.Created, d.FinishedAt); err != nil {
 		return fmt.Errorf("recording approval webhook delivery %s: %w", c.WorkID, err)
 	}
 	return nil
@@ -203,7 +214,7 @@ func (s *Store) deliveryArgs(t target, ev Event) (json.RawMessage, error) {
 	// (a Slack webhook's URL is its credential: kept out of the errors the
 	// work, the webhook's last failure and the log show)
 	args, err := marshal(httpwork.Args{URL: t.url, Method: "POST", Headers: headers, Body: mustString(body),
-		SecretPath: t.format == FormatSlack})
+		SecretPath: t.format == FormatSlack, DiscardBody: true})
 	if err != nil {
 		return nil, fmt.Errorf("approval webhook %s: %w", t.name, err)
 	}

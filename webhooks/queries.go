@@ -20,6 +20,10 @@ SELECT $1, $2, $3, $4, $5, now(), now()
 ON CONFLICT (org_id, name) DO UPDATE SET url = EXCLUDED.url, format = EXCLUDED.format, updated_at = EXCLUDED.updated_at
 RETURNING ` + webhookColumns + `, xmax = 0 AS created`
 
+// qLockOrgPuts serializes an org's puts, so that qUpsert's count sees
+// every create committed before it and the cap holds. $1 org.
+const qLockOrgPuts = `SELECT pg_advisory_xact_lock(hashtext('approval_webhooks'), hashtext($1))`
+
 // qGet reads one webhook. $1 org, $2 name.
 const qGet = `SELECT ` + webhookColumns + ` FROM approval_webhooks WHERE org_id = $1 AND name = $2`
 
@@ -51,7 +55,15 @@ const qLockForReplace = `SELECT 1 FROM approval_webhooks WHERE org_id = $1 AND n
 // finished_at}), $4 whether it succeeded, $5 the webhook's created_at when
 // the delivery was enqueued (NULL: not known), so that a webhook created
 // again under the name records nothing of the deleted one's deliveries.
+// $6 is when the delivery finished: a record of one that finished later
+// is kept (a retried hook call records an older delivery after newer ones).
 const qDelivered = `
 UPDATE approval_webhooks
-   SET last_delivery = $3, last_failure = CASE WHEN $4 THEN last_failure ELSE $3 END
+   SET last_delivery = CASE WHEN last_delivery IS NULL OR (last_delivery->>'finished_at')::timestamptz <= $6 THEN $3 ELSE last_delivery END,
+       last_failure = CASE WHEN $4 OR (last_failure IS NOT NULL AND (last_failure->>'finished_at')::timestamptz > $6) THEN last_failure ELSE $3 END
  WHERE org_id = $1 AND name = $2 AND ($5::timestamptz IS NULL OR created_at = $5)`
+
+// qWorkFinished is when a delivery's work item finished (in the
+// completion's transaction, or committed before a retried hook call). $1
+// org, $2 id.
+const qWorkFinished = `SELECT finished_at FROM workpool_work WHERE org_id = $1 AND id = $2`

@@ -182,6 +182,9 @@ func (s *Store) Put(ctx context.Context, orgID, name string, p PutParams) (PutRe
 	}
 	var res PutResult
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, qLockOrgPuts, orgID); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, qLockForReplace, orgID, name); err != nil {
 			return err
 		}

@@ -83,6 +83,11 @@ type Args struct {
 	// webhook's URL is its credential): errors — the work's, the log's —
 	// name the URL's scheme and host only.
 	SecretPath bool `json:"secret_path,omitempty"`
+	// DiscardBody keeps no response body: a 2xx succeeds whatever its
+	// body's length, its result's body null (an approval webhook's
+	// delivery needs only the status: a receiver's large 200 page
+	// failed it).
+	DiscardBody bool `json:"discard_body,omitempty"`
 }
 
 // Result is the handler's result.
@@ -279,7 +284,7 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 			err = r
 		} else {
 			var out json.RawMessage
-			if out, err = do(client, req); err == nil {
+			if out, err = do(client, req, a.DiscardBody); err == nil {
 				return out, nil
 			}
 		}
@@ -367,7 +372,7 @@ func connectionHeader(k, v string) bool {
 	return false
 }
 
-func do(client *http.Client, req *http.Request) (json.RawMessage, error) {
+func do(client *http.Client, req *http.Request, discardBody bool) (json.RawMessage, error) {
 	res, err := client.Do(req)
 	if err != nil {
 		var ue *url.Error
@@ -385,6 +390,8 @@ func do(client *http.Client, req *http.Request) (json.RawMessage, error) {
 		return nil, fmt.Errorf("reading the response: %w", err)
 	}
 	switch s := res.StatusCode; {
+	case s >= 200 && s < 300 && discardBody:
+		return json.Marshal(Result{Status: s, Headers: flatten(res.Header), Body: json.RawMessage("null")})
 	case s >= 200 && s < 300:
 		// (only a 2xx keeps its body; another status keeps a snippet, and
 		// is retried or not by its status whatever its length)

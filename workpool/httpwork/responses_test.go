@@ -57,6 +57,25 @@ func TestA5xxWithABodyOverTheCapIsRetried(t *testing.T) {
 	}
 }
 
+// With discard_body a 2xx succeeds whatever its body's length, and keeps
+// no body; without it, a body over the cap fails the work for good.
+func TestA2xxWithDiscardBodySucceedsWhateverItsLength(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.Write(make([]byte, 2*MaxResponseBytes))
+	}))
+	t.Cleanup(srv.Close)
+	h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
+	require.NoError(t, err)
+	res, err := run(t, h, context.Background(), Args{URL: srv.URL, DiscardBody: true})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, res.Status)
+	require.JSONEq(t, `null`, string(res.Body))
+	_, err = run(t, h, context.Background(), Args{URL: srv.URL})
+	require.ErrorContains(t, err, "response body exceeds")
+	require.True(t, workpool.IsNonRetryable(err))
+}
+
 // A redirect that would send the request again without its body is
 // refused (a target that never got the body was reported as answered):
 // a GET that carries a body is such a request too.
