@@ -9,8 +9,8 @@ const webhookColumns = `name, url, format, created_at, updated_at, last_delivery
 // qUpsert creates a webhook with its secret, or replaces its url and format
 // and keeps its secret; created says which (xmax is 0 only for a row this
 // statement inserted). A new name is inserted only while the org has fewer
-// than $6 webhooks: two creates racing past the count may exceed it by one
-// each, which bounds an org's deliveries per event all the same.
+// than $6 webhooks; an org's puts take turns (qLockOrgPuts), so the count
+// sees every create before it.
 // $1 org, $2 name, $3 url, $4 format, $5 secret, $6 the cap.
 const qUpsert = `
 INSERT INTO approval_webhooks (org_id, name, url, format, secret, created_at, updated_at)
