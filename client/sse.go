@@ -71,6 +71,12 @@ func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle ti
 			if stop {
 				return
 			}
+			if !healthy && ctx.Err() != nil {
+				// (the caller ended this attempt, it did not fail: the
+				// outage, if any, is the attempts before it)
+				yield(Event{}, p.ended(ctx, ep, failures, outage, lastErr))
+				return
+			}
 			if healthy {
 				failures, outage = 0, time.Now()
 			} else {
