@@ -59,6 +59,12 @@ func TestSigtermDrainsWithinTheGraceAndHandsBackTheRest(t *testing.T) {
 			WHERE u.id = ANY($1::uuid[]) AND w.state IN ('running', 'finished')`, []string{long[0].wakeupID, long[1].wakeupID}) == 2
 	}, 15*time.Second, 50*time.Millisecond, "the handed-back work runs again at once")
 	e.requireWoken(append(short, long...))
+	// Handed back without an attempt counted (docs/operations.md): the long
+	// work's one counted attempt is replica b's.
+	for _, w := range long {
+		require.EqualValues(t, 1, e.count(`SELECT w.attempts FROM workpool_work w JOIN wakeups u ON u.work_id = w.id WHERE u.id = $1`, w.wakeupID),
+			"the handed-back attempt is not counted")
+	}
 }
 
 // A second SIGTERM does not wait for the drain: the process exits at once,

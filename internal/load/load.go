@@ -459,7 +459,7 @@ func (r *run) one(ctx context.Context, i int) {
 			return err
 		})
 		if err != nil {
-			r.fail(i, "ask for the tool call", err)
+			r.fail(ctx, i, "ask for the tool call", err)
 			return
 		}
 	}
@@ -468,7 +468,7 @@ func (r *run) one(ctx context.Context, i int) {
 		WorkflowExecutionTimeout: 3 * r.cfg.Deadline}, WorkflowName, workflowInput{ApprovalID: approvalID, Timeout: 2 * r.cfg.Deadline})
 	if err != nil {
 		r.recorder.forget(wf)
-		r.fail(i, "start the workflow", err)
+		r.fail(ctx, i, "start the workflow", err)
 		return
 	}
 	if k.tool {
@@ -478,14 +478,14 @@ func (r *run) one(ctx context.Context, i int) {
 		})
 		if err != nil {
 			r.recorder.forget(wf)
-			r.fail(i, "approve the tool call", err)
+			r.fail(ctx, i, "approve the tool call", err)
 			return
 		}
 	}
 	wakeupID, err := r.wakeup(ctx, i, wf, k, key)
 	if err != nil {
 		r.recorder.forget(wf)
-		r.fail(i, "wake-up", err)
+		r.fail(ctx, i, "wake-up", err)
 		return
 	}
 	r.recorder.accepted(e, wakeupID)
@@ -547,7 +547,10 @@ func (r *run) wakeup(ctx context.Context, i int, wf string, k kind, key func(str
 
 // fail counts a wake-up whose requests failed for good; the first few are
 // logged.
-func (r *run) fail(i int, what string, err error) {
+func (r *run) fail(ctx context.Context, i int, what string, err error) {
+	if ctx.Err() != nil {
+		return // interrupted, not failed: the run's error is ctx's
+	}
 	r.errs.Add(1)
 	if r.logged.Add(1) <= 10 {
 		r.cfg.Logger.Error("load: "+what+" failed", "wakeup", i, "error", err.Error())
@@ -680,7 +683,7 @@ func (rc *recorder) summary(elapsed, deadline time.Duration) Report {
 		rep.Duplicates += e.woken.Duplicates
 		// (the wake of another wake-up — a second one created for this
 		// request — is as wrong as a wrong outcome)
-		if !e.kind.outcomeOK(*e.woken) || e.wakeupID != "" && e.woken.WakeupID != e.wakeupID {
+		if !e.kind.outcomeOK(*e.woken) || e.wakeupID != "" && e.woken.WakeupID != e.wakeupID || e.woken.Others > 0 {
 			rep.WrongOutcomes++
 		}
 		// The wake may be reported before the client read its answer.

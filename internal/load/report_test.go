@@ -97,3 +97,22 @@ func TestAWakeOfAnotherWakeupIsAWrongOutcome(t *testing.T) {
 	require.Equal(t, 2, rep.Woken)
 	require.Equal(t, 1, rep.WrongOutcomes, "the other wake-up's wake")
 }
+
+// A second wake-up's wake buffered with the workflow's own (two wake-ups
+// created for one request: what the run exists to catch) is drained by
+// the workflow and reported nowhere: not as a duplicate, not as a wrong
+// outcome. The run reports woken=1, wrong_outcomes=0 and exits 0.
+func TestASecondWakeupsWakeBufferedWithItsOwnIsNotHidden(t *testing.T) {
+	own := workflows.Wake{OrgID: "org", WakeupID: "w-1", Outcome: "succeeded"}
+	other := workflows.Wake{OrgID: "org", WakeupID: "w-1-second", Outcome: "succeeded"}
+	got := runParked(t, workflowInput{Timeout: time.Minute}, func(env *testsuite.TestWorkflowEnvironment, signal func(string, any)) {
+		env.RegisterDelayedCallback(func() { signal(wakeSignal, own); signal(wakeSignal, other) }, 0)
+	})
+	rc := newRecorder()
+	e := rc.expect(got.WorkflowID, kind{})
+	rc.accepted(e, "w-1")
+	require.NoError(t, rc.woke(t.Context(), got))
+	rep := rc.summary(time.Second, time.Minute)
+	require.Equal(t, 1, rep.Woken)
+	require.Equal(t, 1, rep.WrongOutcomes, "the workflow also got the wake of another wake-up for its request")
+}

@@ -36,6 +36,10 @@ type woken struct {
 	// Duplicates are the repeated deliveries (of its wake or its decision)
 	// that were in the workflow's channels when it woke: each was ignored.
 	Duplicates int
+	// Others are wakes of other wake-ups (or decisions on other
+	// approvals) that were in its channels when it woke: a second
+	// wake-up made for one request.
+	Others int
 }
 
 // parkedWorkflow parks on the tool call's decision (if any) and then on
@@ -61,15 +65,16 @@ func parkedWorkflow(report func(context.Context, woken) error) func(workflow.Con
 			return err
 		}
 		r.WakeupID, r.Outcome = w.WakeupID, w.Outcome
-		r.Duplicates = drainRepeats(ctx, wakeSignal, func(raw json.RawMessage) bool {
+		r.Duplicates, r.Others = drainRepeats(ctx, wakeSignal, func(raw json.RawMessage) bool {
 			var again workflows.Wake
 			return json.Unmarshal(raw, &again) == nil && again.WakeupID == w.WakeupID
 		})
 		if in.ApprovalID != "" {
-			r.Duplicates += drainRepeats(ctx, workflows.ApprovalSignal, func(raw json.RawMessage) bool {
+			d, o := drainRepeats(ctx, workflows.ApprovalSignal, func(raw json.RawMessage) bool {
 				var again workflows.Decision
 				return json.Unmarshal(raw, &again) == nil && again.ApprovalID == in.ApprovalID
 			})
+			r.Duplicates, r.Others = r.Duplicates+d, r.Others+o
 		}
 		lctx := workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{StartToCloseTimeout: 10 * time.Second})
 		return workflow.ExecuteLocalActivity(lctx, report, r).Get(lctx, nil)
@@ -79,16 +84,17 @@ func parkedWorkflow(report func(context.Context, woken) error) func(workflow.Con
 // drainRepeats takes the signals already buffered on the channel named
 // signal and counts those repeat says are repeats of what woke the
 // workflow.
-func drainRepeats(ctx workflow.Context, signal string, repeat func(json.RawMessage) bool) int {
+func drainRepeats(ctx workflow.Context, signal string, repeat func(json.RawMessage) bool) (repeats, others int) {
 	ch := workflow.GetSignalChannel(ctx, signal)
-	n := 0
 	for {
 		var raw json.RawMessage
 		if !ch.ReceiveAsync(&raw) {
-			return n
+			return repeats, others
 		}
 		if repeat(raw) {
-			n++
+			repeats++
+		} else {
+			others++
 		}
 	}
 }
