@@ -133,6 +133,17 @@ const minDuration = time.Second
 // replica's work is recovered within seconds.
 const minRecoveryPeriod = 100 * time.Millisecond
 
+// checkAPIURLs checks the API URL(s) demo and load talk to (--api, else
+// REVEILLE_API_URL): only they read it, after their flags.
+func checkAPIURLs(v string) error {
+	for _, u := range list(v) {
+		if parsed, err := url.Parse(u); err != nil || (parsed.Scheme != "http" && parsed.Scheme != "https") || parsed.Host == "" {
+			return fmt.Errorf("--api / REVEILLE_API_URL=%q: want absolute http(s) URLs such as http://localhost:8080 (a comma list for engine load)", v)
+		}
+	}
+	return nil
+}
+
 // envConfig reads settings from the environment — the one place in the
 // engine that does — reporting every malformed value at once, each naming
 // its variable.
@@ -154,12 +165,6 @@ func envConfig() (settings, error) {
 		HTTPAllowed:  list(os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS")),
 		HTTPNets:     list(os.Getenv("REVEILLE_HTTP_ALLOWED_NETS")),
 		APIURL:       envOr("REVEILLE_API_URL", "http://localhost:8080"),
-	}
-	for _, u := range list(s.APIURL) {
-		if parsed, err := url.Parse(u); err != nil || (parsed.Scheme != "http" && parsed.Scheme != "https") || parsed.Host == "" {
-			errs = append(errs, fmt.Errorf("REVEILLE_API_URL=%q: want absolute http(s) URLs such as http://localhost:8080 (a comma list for engine load)", s.APIURL))
-			break
-		}
 	}
 	if s.OpsAddr != "" {
 		listenAddr("REVEILLE_OPS_ADDR", s.OpsAddr, &errs)

@@ -27,6 +27,9 @@ func runDemo(ctx context.Context, args []string) error {
 	if envErr != nil {
 		return envErr
 	}
+	if err := checkAPIURLs(*apiURL); err != nil {
+		return err
+	}
 	return demo.Run(ctx, demo.Config{
 		APIURL: *apiURL, TemporalAddress: s.TemporalAddr, Namespace: s.Namespace, Org: devOrg,
 		Secret: s.signingSecret(), DataDir: s.DataDir, Issuer: s.JWTIssuer, Audience: s.JWTAudience,

@@ -47,8 +47,8 @@ func TestEnvConfigRefusesAMalformedAPIURL(t *testing.T) {
 		t.Run(v, func(t *testing.T) {
 			clearEnv(t)
 			t.Setenv("REVEILLE_API_URL", v)
-			_, err := envConfig()
-			require.ErrorContains(t, err, "REVEILLE_API_URL")
+			require.ErrorContains(t, runDemo(context.Background(), nil), "REVEILLE_API_URL")
+			require.ErrorContains(t, runLoad(context.Background(), nil), "REVEILLE_API_URL")
 		})
 	}
 }

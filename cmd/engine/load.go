@@ -41,6 +41,9 @@ func runLoad(ctx context.Context, args []string) error {
 	if envErr != nil {
 		return envErr
 	}
+	if err := checkAPIURLs(*apis); err != nil {
+		return err
+	}
 	c.APIs = list(*apis)
 	c.Secret = s.signingSecret()
 	if c.Secret == "" && (c.Token == "" || c.ApproverToken == "") {

@@ -145,9 +145,9 @@ func CheckArgs(list *AllowList) workpool.ArgsCheck { return checkArgs(list, func
 
 // argKeys are the keys Args has, as the check at enqueue accepts them
 // (spelt exactly so: JSON decoding alone would take "URL" for url).
-var argKeys = []string{"url", "method", "headers", "body", "secret_path"}
+var argKeys = []string{"url", "method", "headers", "body", "secret_path", "discard_body"}
 
-const argsShape = `must be an object {"url", "method"?, "headers"?, "body"?, "secret_path"?} (url a string, headers an object of strings, secret_path a boolean)`
+const argsShape = `must be an object {"url", "method"?, "headers"?, "body"?, "secret_path"?, "discard_body"?} (url a string, headers an object of strings, secret_path and discard_body booleans)`
 
 // methods are the methods a request may use (any case). CONNECT and TRACE,
 // and extension methods, are refused: no API call needs them.
@@ -348,7 +348,7 @@ func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
 		if !httpguts.ValidHeaderFieldValue(v) {
 			return nil, &badArgError{field, fmt.Sprintf("the value of %q is not a valid header value (control characters)", k), fmt.Errorf("header %q: invalid value", k)}
 		}
-		if connectionHeader(k, v) {
+		if u.Scheme == "https" && connectionHeader(k, v) { // (plain http is never HTTP/2 here)
 			return nil, &badArgError{field, fmt.Sprintf("%q: %q is a connection header no HTTP/2 request may carry", k, v), fmt.Errorf("header %q: a connection header", k)}
 		}
 		req.Header.Set(k, v)
