@@ -60,11 +60,16 @@ func TestInboxShowsTheNewestRequestsOfAnOrgWithMoreThanATabHolds(t *testing.T) {
 	b := newBrowser(t)
 	b.openInbox(s.http.URL, signedToken(t, "alice", "approver"))
 	b.waitFor("the overrun refused a moment ago, in Pending", itemJS(pending, "true"))
+	var cutShown bool
+	b.eval(`!document.getElementById('cut').hidden && document.getElementById('cut').textContent.includes('nearest to expiring')`, &cutShown)
+	require.True(t, cutShown, "Pending says it shows only the newest")
 	b.run(chromedp.Click(chromedp.CSS(`#tab-resolved`)))
 	b.waitFor("the overrun denied a moment ago, in Resolved", itemJS(denied, "true")+` && document.getElementById('loading').hidden`)
 	var shown int
 	b.eval(`document.querySelectorAll('#list > li.item').length`, &shown)
 	require.Equal(t, 10_000, shown, "the newest 10,000 of the 11,001 denied")
+	b.eval(`!document.getElementById('cut').hidden && document.getElementById('cut').textContent.includes('answered requests')`, &cutShown)
+	require.True(t, cutShown, "Resolved says it shows only the newest")
 	var reads int
 	b.eval(`performance.getEntriesByType('resource').filter((e) => e.name.includes('/v1/mandate-approvals?') && e.name.includes('status=denied')).length`, &reads)
 	require.Equal(t, 20, reads, "the denied list is read newest first, 20 pages of 500, not to its end")
@@ -98,6 +103,9 @@ func TestInboxDoesNotSayAnAnswerWhoseResponseWasLostWentUnrecorded(t *testing.T)
 	b := newBrowser(t)
 	b.openInbox(s.http.URL, signedToken(t, "alice", "approver"))
 	b.waitFor("the pending call", itemJS(id, "true"))
+	var noCut bool
+	b.eval(`document.getElementById('cut').hidden`, &noCut)
+	require.True(t, noCut, "a short list says nothing of a cut")
 	var lost atomic.Int32
 	b.loseResponses("*/tool-approvals", func(ev *fetch.EventRequestPaused) bool {
 		if ev.Request.Method != http.MethodPost {

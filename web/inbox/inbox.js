@@ -38,6 +38,7 @@
     agent: '',
     kind: '',
     seq: null, // the last event seq the page reflects
+    cut: { pending: false, resolved: false }, // a tab's lists held more than MAX_PAGES pages
     resolvedLoaded: false,
     stream: null, // AbortController of the open stream
     confirming: null, // {id, close} while the deny dialog is open
@@ -163,7 +164,7 @@
       cursor = body.next_cursor;
       if (!cursor) break;
     }
-    return { items, seq };
+    return { items, seq, more: Boolean(cursor) };
   }
 
   // ---- items ---------------------------------------------------------------
@@ -273,10 +274,21 @@
       if (list.children[i] !== li) list.insertBefore(li, list.children[i] || null);
     });
     renderCounts();
+    renderCut();
     renderEmpty(items.length);
     renderAgentFilter();
     if (closeStale) closeStale();
     renderDismissAnswered(items);
+  }
+
+  // renderCut says when the tab shows only the newest of its lists: the
+  // oldest pending requests are the nearest to expiry, and not listed.
+  function renderCut() {
+    const cut = $('cut');
+    cut.hidden = !state.cut[state.tab];
+    cut.textContent = state.tab === 'pending'
+      ? 'Showing the newest ' + (MAX_PAGES * PAGE_LIMIT).toLocaleString('en-US') + ' pending requests of each kind. Older ones, the nearest to expiring, are not listed here: answer them through the API (GET /v1/tool-approvals, GET /v1/mandate-approvals).'
+      : 'Showing the newest ' + (MAX_PAGES * PAGE_LIMIT).toLocaleString('en-US') + ' answered requests of each list; older ones are in the API.';
   }
 
   // answeredShown are the shown items answered while they were in Pending
@@ -708,6 +720,7 @@
     const now = new Set();
     for (const a of tools.items) { upsert('tool_call', a); now.add(String(a.id)); }
     for (const a of overruns.items) { upsert('mandate_overrun', a); now.add(String(a.id)); }
+    state.cut.pending = tools.more || overruns.more;
     for (const [id, it] of state.items) {
       if (it.status === 'pending' && !now.has(id)) state.items.delete(id);
     }
@@ -722,6 +735,7 @@
     if (gen !== state.gen) return;
     for (const a of tools.items) upsert('tool_call', a);
     for (const l of overruns) for (const a of l.items) upsert('mandate_overrun', a);
+    state.cut.resolved = tools.more || overruns.some((l) => l.more);
     state.resolvedLoaded = true;
   }
 
@@ -979,7 +993,7 @@
     if (state.stream) state.stream.abort();
     if (state.wake) state.wake();
     sessionStorage.removeItem(TOKEN_KEY);
-    Object.assign(state, { token: null, me: null, seq: null, resolvedLoaded: false, tab: 'pending', agent: '', kind: '' });
+    Object.assign(state, { token: null, me: null, seq: null, resolvedLoaded: false, tab: 'pending', agent: '', kind: '', cut: { pending: false, resolved: false } });
     state.items.clear();
     state.lingering.clear();
     state.drafts.clear();
