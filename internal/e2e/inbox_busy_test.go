@@ -63,6 +63,9 @@ func TestInboxShowsTheNewestRequestsOfAnOrgWithMoreThanATabHolds(t *testing.T) {
 	var cutShown bool
 	b.eval(`!document.getElementById('cut').hidden && document.getElementById('cut').textContent.includes('nearest to expiring')`, &cutShown)
 	require.True(t, cutShown, "Pending says it shows only the newest")
+	var count string
+	b.eval(`document.getElementById('count-pending').textContent`, &count)
+	require.Equal(t, "10000+", count)
 	b.run(chromedp.Click(chromedp.CSS(`#tab-resolved`)))
 	b.waitFor("the overrun denied a moment ago, in Resolved", itemJS(denied, "true")+` && document.getElementById('loading').hidden`)
 	var shown int

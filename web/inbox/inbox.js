@@ -361,8 +361,9 @@
   function renderCounts() {
     let n = 0;
     for (const it of state.items.values()) if (it.status === 'pending') n++;
-    $('count-pending').textContent = String(n);
-    document.title = (n ? '(' + n + ') ' : '') + 'Approvals inbox · Reveille';
+    const count = String(n) + (state.cut.pending ? '+' : ''); // (more than the tab holds)
+    $('count-pending').textContent = count;
+    document.title = (n ? '(' + count + ') ' : '') + 'Approvals inbox · Reveille';
   }
 
   function renderEmpty(shown) {
