@@ -78,8 +78,11 @@ func isDotSegment(v string) bool { return v == "." || v == ".." }
 const dotSegmentDetail = `must not be "." or ".." (URL clients remove them as path segments)`
 
 // queryParamsProblem checks every name=value pair of the raw query, the
-// ones url.ParseQuery would drop (bad escapes) included.
+// ones url.ParseQuery would drop (bad escapes) included. A parameter given
+// twice is refused: every one takes a single value, and the first was read
+// while the client may have meant either (or both: ?status=a&status=b).
 func queryParamsProblem(rawQuery string) error {
+	var seen map[string]bool
 	for pair := range strings.SplitSeq(rawQuery, "&") {
 		if pair == "" {
 			continue
@@ -102,6 +105,13 @@ func queryParamsProblem(rawQuery string) error {
 		if value == "" && notEmptyQueryParams[name] {
 			return paramProblem("query", name, "must not be empty: leave the parameter out for its default")
 		}
+		if seen[name] {
+			return paramProblem("query", name, "is given more than once: it takes one value")
+		}
+		if seen == nil {
+			seen = map[string]bool{}
+		}
+		seen[name] = true
 	}
 	return nil
 }

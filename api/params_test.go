@@ -142,6 +142,21 @@ func TestAnIdempotencyKeyThatIsNotUTF8Is400NamingIt(t *testing.T) {
 	require.Zero(t, workCount(t, s))
 }
 
+// A query parameter given twice is a 400 naming it: the first value was
+// read while the client may have meant the other (or both, as a filter).
+func TestAQueryParameterGivenTwiceIs400NamingIt(t *testing.T) {
+	s := newTestServer(t, withWakeups(t))
+	tok := subToken(t, "org-a", "root", "", RoleAdmin, RoleAgent)
+	for _, q := range []string{"status=pending&status=delivered", "limit=1&limit=2", "agent_id=a&agent_id=a", "cursor=&cursor="} {
+		t.Run(q, func(t *testing.T) {
+			name, _, _ := strings.Cut(q, "=")
+			do(t, s.Handler(), http.MethodGet, "/v1/wakeups?"+q, tok, nil).requireProblem(t, http.StatusBadRequest, name)
+		})
+	}
+	r := do(t, s.Handler(), http.MethodGet, "/v1/wakeups?status=pending&limit=1", tok, nil)
+	require.Equal(t, http.StatusOK, r.Status, "distinct parameters: %s", r.Body)
+}
+
 // A query parameter the document types as an integer or an enum takes no
 // empty value (?status=, ?limit=): a 400 naming it, where it used to read
 // as absent — a filter sent empty listed everything. The set the check
