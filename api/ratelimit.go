@@ -47,9 +47,12 @@ func newOrgLimiter(perSecond float64, burst int) *orgLimiter {
 // take takes one of org's tokens. When there is none it takes nothing and
 // returns how long until there is one.
 func (l *orgLimiter) take(org string) time.Duration {
-	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// (the clock is read under the lock: read before it, a request that
+	// waited for the lock reserved at an instant older than the bucket's
+	// last, and x/time/rate credited the time between twice)
+	now := l.now()
 	l.sweep(now)
 	b := l.buckets[org]
 	if b == nil {
@@ -74,7 +77,12 @@ func (l *orgLimiter) sweep(now time.Time) {
 		return
 	}
 	l.lastSweep = now
-	refill := time.Duration(float64(l.burst) / float64(l.rate) * float64(time.Second))
+	// (past what a Duration holds, the conversion overflowed to a negative
+	// refill and every bucket was dropped: a fresh burst each minute)
+	refill := time.Duration(math.MaxInt64)
+	if secs := float64(l.burst) / float64(l.rate); secs < float64(math.MaxInt64)/float64(time.Second) {
+		refill = time.Duration(secs * float64(time.Second))
+	}
 	for org, b := range l.buckets {
 		if now.Sub(b.lastSeen) >= refill {
 			delete(l.buckets, org)
