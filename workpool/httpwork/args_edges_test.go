@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -43,5 +44,62 @@ func TestConnectionHeadersAreRefusedOnlyWhereHTTP2CouldCarryTheRequest(t *testin
 		res, err := run(t, h, context.Background(), Args{URL: srv.URL, Method: "POST", Body: json.RawMessage(`{"a":1}`), Headers: hdr})
 		require.NoError(t, err, "%v", hdr)
 		require.Equal(t, 200, res.Status)
+	}
+}
+
+// An http URL may carry connection headers (it is never sent over
+// HTTP/2), but its redirect to https may be, with the same headers: the
+// HTTP/2 transport then failed every attempt alike, as a retryable network
+// error. The redirect is refused for good, before any connection to it.
+func TestAConnectionHeaderOnAnHTTPURLRedirectedToHTTPSFailsForGood(t *testing.T) {
+	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(`{}`)) }))
+	t.Cleanup(tlsSrv.Close)
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, tlsSrv.URL+r.URL.Path, http.StatusMovedPermanently)
+	}))
+	t.Cleanup(plain.Close)
+	h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
+	require.NoError(t, err)
+	for _, hdr := range []map[string]string{{"Transfer-Encoding": "identity"}, {"Connection": "keep-alive, TE"}} {
+		_, err := run(t, h, context.Background(), Args{URL: plain.URL + "/x", Headers: hdr})
+		require.ErrorContains(t, err, "connection header", "%v", hdr)
+		require.True(t, workpool.IsNonRetryable(err), "%v: %v", hdr, err)
+	}
+}
+
+// A 101 Switching Protocols answer hands over the raw connection as the
+// body, which no context or timeout ends: reading it held the attempt (its
+// goroutine and connection) for as long as the target kept it open. It is
+// a failure for good at once.
+func TestASwitchedProtocolIsAFailureAtOnce(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		buf.Flush()
+		<-release // a peer that says nothing
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+	// (an Upgrade is refused at enqueue: the request is built here)
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, srv.URL, nil)
+	require.NoError(t, err)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	done := make(chan error, 1)
+	go func() {
+		_, err := do(&http.Client{}, req, false)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.True(t, workpool.IsNonRetryable(err), "%v", err)
+		require.ErrorContains(t, err, "switched protocols")
+	case <-time.After(time.Minute):
+		t.Fatal("the handler still reads the switched connection")
 	}
 }

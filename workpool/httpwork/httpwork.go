@@ -137,7 +137,8 @@ func Register(m *workpool.Manager, cfg Config) error {
 
 // CheckArgs is the check at enqueue of what the handler would refuse for
 // good whatever happens later: arguments that are not {url, method?,
-// headers?, body?, secret_path?} (an unknown key included), a URL that is not absolute
+// headers?, body?, secret_path?, discard_body?} (an unknown key included),
+// a header no request of the work may carry, a URL that is not absolute
 // http(s), a method other than GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS,
 // a host or port outside the allow-list. (Addresses are checked when a
 // request connects: DNS may answer differently by then.)
@@ -257,6 +258,17 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 				return workpool.NonRetryable(fmt.Errorf("redirect to %s refused: it would send the %s again as a %s without its body; use the final URL",
 					shown(req.Context(), req.URL), via[0].Method, req.Method))
 			}
+			// (an http URL may carry connection headers — it is never sent
+			// over HTTP/2 — but its redirect to https may be, with the same
+			// headers: the HTTP/2 transport would fail every attempt alike)
+			if req.URL.Scheme == "https" {
+				for _, k := range slices.Sorted(maps.Keys(req.Header)) {
+					if connectionHeader(k, req.Header.Get(k)) {
+						return workpool.NonRetryable(fmt.Errorf("redirect to %s refused: %q: %q is a connection header no HTTP/2 request may carry; use the final URL without it",
+							shown(req.Context(), req.URL), k, req.Header.Get(k)))
+					}
+				}
+			}
 			// (net/http sends the previous URL as Referer: a secret path
 			// and a query's keys, to whatever host the redirect names)
 			if via[0].Header.Get("Referer") == "" {
@@ -348,6 +360,9 @@ func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
 		if !httpguts.ValidHeaderFieldValue(v) {
 			return nil, &badArgError{field, fmt.Sprintf("the value of %q is not a valid header value (control characters)", k), fmt.Errorf("header %q: invalid value", k)}
 		}
+		if strings.EqualFold(k, "Upgrade") && v != "" {
+			return nil, &badArgError{field, fmt.Sprintf("%q: http work is one request and its response; it does not switch protocols", k), fmt.Errorf("header %q: an upgrade", k)}
+		}
 		if u.Scheme == "https" && connectionHeader(k, v) { // (plain http is never HTTP/2 here)
 			return nil, &badArgError{field, fmt.Sprintf("%q: %q is a connection header no HTTP/2 request may carry", k, v), fmt.Errorf("header %q: a connection header", k)}
 		}
@@ -385,6 +400,12 @@ func do(client *http.Client, req *http.Request, discardBody bool) (json.RawMessa
 		return nil, fmt.Errorf("%s %s: %w", req.Method, shown(req.Context(), req.URL), err) // network: retryable
 	}
 	defer res.Body.Close()
+	// (a 101's body is the switched connection itself, which no context or
+	// timeout ends: reading it held the attempt, and its goroutine, for as
+	// long as the target kept the connection open)
+	if res.StatusCode == http.StatusSwitchingProtocols {
+		return nil, workpool.NonRetryable(&StatusError{Status: res.StatusCode, Body: "the target switched protocols: http work is one request and its response"})
+	}
 	raw, err := io.ReadAll(io.LimitReader(res.Body, MaxResponseBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("reading the response: %w", err)
