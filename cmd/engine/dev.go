@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -63,7 +64,13 @@ func runDev(ctx context.Context, args []string) error {
 	if err := s.authConfig().Validate(); err != nil {
 		return err
 	}
-	return serve(ctx, s, logger, func(net.Addr) {
+	return serve(ctx, s, logger, func(bound net.Addr) {
+		// --addr :0 listens on a free port: the banner names that one.
+		if host, _, err := net.SplitHostPort(s.Addr); err == nil {
+			if tcp, ok := bound.(*net.TCPAddr); ok {
+				s.Addr = net.JoinHostPort(host, strconv.Itoa(tcp.Port))
+			}
+		}
 		if s.JWKSURL != "" {
 			printDevInfo(s, secretPath, "(JWKS configured: bring your own token)")
 			return
