@@ -93,7 +93,7 @@ func checkWorkflow(inv *apperr.InvalidError, orgID, workflowID, runID, signal st
 }
 
 // unstorable says what jsonb refuses of valid JSON (internal/jsonb).
-const unstorable = "must be JSON Postgres can store: no \\u0000, no unpaired surrogate escape, no number beyond numeric's range"
+const unstorable = "must be JSON Postgres can store: UTF-8 text, no \\u0000, no unpaired surrogate escape, no number beyond numeric's range"
 
 // normalizeInput returns the input to store: nil for none (absent or
 // null), else the JSON as given, bounded by MaxInput.

@@ -3,8 +3,12 @@ package httpwork
 import (
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -30,40 +34,59 @@ func TestDiscardBodyIsAcceptedAtEnqueue(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// A plain http:// URL is never sent over HTTP/2 (no h2c), and HTTP/1.1
-// sends these headers (or, for Transfer-Encoding, leaves it to the
-// transport). Work that ran before 129fa93 — including work already
-// enqueued, which the handler now fails for good at its next attempt — is
-// refused for a limit of a protocol it does not use.
-func TestConnectionHeadersAreRefusedOnlyWhereHTTP2CouldCarryTheRequest(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(`{}`)) }))
-	defer srv.Close()
-	h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
-	require.NoError(t, err)
-	for _, hdr := range []map[string]string{{"Transfer-Encoding": "identity"}, {"Connection": "keep-alive, TE"}} {
-		res, err := run(t, h, context.Background(), Args{URL: srv.URL, Method: "POST", Body: json.RawMessage(`{"a":1}`), Headers: hdr})
-		require.NoError(t, err, "%v", hdr)
-		require.Equal(t, 200, res.Status)
+// A header the HTTP/2 transport refuses (a Connection other than close or
+// keep-alive, a Transfer-Encoding other than chunked) sends its request
+// over HTTP/1.1, on whatever URL: an http one, an https one whose target
+// speaks HTTP/2, or an http one redirected to such an https one (a
+// redirect keeps the original headers). Refused on https URLs, it refused
+// work an HTTP/1.1 target would have taken; let through, HTTP/2 failed
+// every attempt alike. Without such a header HTTP/2 is used as before.
+// (The handler trusts the system roots, which a process loads once: the
+// TLS cases run in a child process whose roots are the test server's.)
+func TestAConnectionHeaderSendsItsRequestOverHTTP1(t *testing.T) {
+	if os.Getenv("HTTPWORK_CONN_HEADER_CHILD") == "" {
+		plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"proto":"` + r.Proto + `"}`)) }))
+		defer plain.Close()
+		h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
+		require.NoError(t, err)
+		for _, hdr := range []map[string]string{{"Transfer-Encoding": "identity"}, {"Connection": "keep-alive, TE"}} {
+			res, err := run(t, h, context.Background(), Args{URL: plain.URL, Method: "POST", Body: json.RawMessage(`{"a":1}`), Headers: hdr})
+			require.NoError(t, err, "%v", hdr)
+			require.Equal(t, 200, res.Status)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestAConnectionHeaderSendsItsRequestOverHTTP1$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "HTTPWORK_CONN_HEADER_CHILD=1", "REVEILLE_TEST_DATABASE_URL=postgres://unused/") // (no database needed)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "--- PASS: TestAConnectionHeaderSendsItsRequestOverHTTP1", "%s", out)
+		return
 	}
-}
-
-// An http URL may carry connection headers (it is never sent over
-// HTTP/2), but its redirect to https may be, with the same headers: the
-// HTTP/2 transport then failed every attempt alike, as a retryable network
-// error. The redirect is refused for good, before any connection to it.
-func TestAConnectionHeaderOnAnHTTPURLRedirectedToHTTPSFailsForGood(t *testing.T) {
-	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(`{}`)) }))
+	tlsSrv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"proto":"` + r.Proto + `"}`))
+	}))
+	tlsSrv.EnableHTTP2 = true
+	tlsSrv.StartTLS()
 	t.Cleanup(tlsSrv.Close)
-	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	require.NoError(t, os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tlsSrv.Certificate().Raw}), 0o600))
+	t.Setenv("SSL_CERT_FILE", ca)
+	t.Setenv("SSL_CERT_DIR", t.TempDir())
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, tlsSrv.URL+r.URL.Path, http.StatusMovedPermanently)
 	}))
-	t.Cleanup(plain.Close)
+	t.Cleanup(redirect.Close)
 	h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
 	require.NoError(t, err)
-	for _, hdr := range []map[string]string{{"Transfer-Encoding": "identity"}, {"Connection": "keep-alive, TE"}} {
-		_, err := run(t, h, context.Background(), Args{URL: plain.URL + "/x", Headers: hdr})
-		require.ErrorContains(t, err, "connection header", "%v", hdr)
-		require.True(t, workpool.IsNonRetryable(err), "%v: %v", hdr, err)
+
+	res, err := run(t, h, context.Background(), Args{URL: tlsSrv.URL + "/x"})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"proto":"HTTP/2.0"}`, string(res.Body), "without a connection header: HTTP/2")
+	for _, url := range []string{tlsSrv.URL + "/x", redirect.URL + "/x"} {
+		for _, hdr := range []map[string]string{{"Transfer-Encoding": "identity"}, {"Connection": "keep-alive, TE"}} {
+			res, err := run(t, h, context.Background(), Args{URL: url, Headers: hdr})
+			require.NoError(t, err, "%s %v", url, hdr)
+			require.JSONEq(t, `{"proto":"HTTP/1.1"}`, string(res.Body), "%s %v", url, hdr)
+		}
 	}
 }
 

@@ -14,6 +14,7 @@ package httpwork
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -233,7 +234,7 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 		dialer: &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: rules.control}}
 	client := &http.Client{
 		Timeout: cfg.Timeout,
-		Transport: &http.Transport{
+		Transport: newConnHeaderRouter(&http.Transport{
 			// No proxy: a proxy would connect on the request's behalf,
 			// past the dial check.
 			Proxy:                  nil,
@@ -244,7 +245,7 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 			TLSHandshakeTimeout:    10 * time.Second,
 			ExpectContinueTimeout:  time.Second,
 			MaxResponseHeaderBytes: MaxResponseHeaderBytes,
-		},
+		}),
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
 			if r := list.checkShown(req.URL, shown(req.Context(), req.URL)); r != nil {
 				return refused(r.Reason, "redirect to %s refused: %s", shown(req.Context(), req.URL), strings.TrimPrefix(r.Error(), "http: "))
@@ -257,17 +258,6 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 			if req.Method != via[0].Method || via[0].ContentLength != 0 && req.GetBody == nil {
 				return workpool.NonRetryable(fmt.Errorf("redirect to %s refused: it would send the %s again as a %s without its body; use the final URL",
 					shown(req.Context(), req.URL), via[0].Method, req.Method))
-			}
-			// (an http URL may carry connection headers — it is never sent
-			// over HTTP/2 — but its redirect to https may be, with the same
-			// headers: the HTTP/2 transport would fail every attempt alike)
-			if req.URL.Scheme == "https" {
-				for _, k := range slices.Sorted(maps.Keys(req.Header)) {
-					if connectionHeader(k, req.Header.Get(k)) {
-						return workpool.NonRetryable(fmt.Errorf("redirect to %s refused: %q: %q is a connection header no HTTP/2 request may carry; use the final URL without it",
-							shown(req.Context(), req.URL), k, req.Header.Get(k)))
-					}
-				}
 			}
 			// (net/http sends the previous URL as Referer: a secret path
 			// and a query's keys, to whatever host the redirect names)
@@ -363,18 +353,16 @@ func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
 		if strings.EqualFold(k, "Upgrade") && v != "" {
 			return nil, &badArgError{field, fmt.Sprintf("%q: http work is one request and its response; it does not switch protocols", k), fmt.Errorf("header %q: an upgrade", k)}
 		}
-		if u.Scheme == "https" && connectionHeader(k, v) { // (plain http is never HTTP/2 here)
-			return nil, &badArgError{field, fmt.Sprintf("%q: %q is a connection header no HTTP/2 request may carry", k, v), fmt.Errorf("header %q: a connection header", k)}
-		}
 		req.Header.Set(k, v)
 	}
 	return req, nil
 }
 
 // connectionHeader reports whether the header k: v is one net/http's
-// HTTP/2 transport refuses to send (so every attempt would fail the same
-// way, as a network error): an Upgrade, a Transfer-Encoding other than
-// chunked, a Connection other than close or keep-alive.
+// HTTP/2 transport refuses to send (every attempt failed the same way, as a
+// network error): an Upgrade, a Transfer-Encoding other than chunked, a
+// Connection other than close or keep-alive. A request carrying one goes
+// over HTTP/1.1 (connHeaderRouter).
 func connectionHeader(k, v string) bool {
 	switch http.CanonicalHeaderKey(k) {
 	case "Upgrade":
@@ -526,4 +514,34 @@ func redactedString(raw string) string {
 		raw = "xxxxx" + raw[at:]
 	}
 	return raw
+}
+
+// connHeaderRouter sends a request carrying a connection header (one the
+// HTTP/2 transport refuses) over HTTP/1.1 only, whatever its URL or the
+// redirect it follows (which keeps the original request's headers); the
+// others as the transport chooses. Whether a target speaks HTTP/2 is the
+// TLS handshake's to say, so refusing such headers on https URLs refused
+// work an HTTP/1.1 target would have taken.
+type connHeaderRouter struct{ any, h1 *http.Transport }
+
+func newConnHeaderRouter(t *http.Transport) connHeaderRouter {
+	h1 := t.Clone()
+	h1.ForceAttemptHTTP2 = false
+	h1.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	// (Clone set up HTTP/2 on t first, and copied its ALPN offer of h2: a
+	// target that speaks it would pick it for a transport that does not)
+	if h1.TLSClientConfig == nil {
+		h1.TLSClientConfig = &tls.Config{}
+	}
+	h1.TLSClientConfig.NextProtos = []string{"http/1.1"}
+	return connHeaderRouter{any: t, h1: h1}
+}
+
+func (r connHeaderRouter) RoundTrip(req *http.Request) (*http.Response, error) {
+	for k, vv := range req.Header {
+		if len(vv) > 0 && connectionHeader(k, vv[0]) {
+			return r.h1.RoundTrip(req)
+		}
+	}
+	return r.any.RoundTrip(req)
 }
