@@ -545,3 +545,10 @@ func (r connHeaderRouter) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return r.any.RoundTrip(req)
 }
+
+// CloseIdleConnections closes both transports' idle connections (the
+// client's CloseIdleConnections reaches them through it).
+func (r connHeaderRouter) CloseIdleConnections() {
+	r.any.CloseIdleConnections()
+	r.h1.CloseIdleConnections()
+}
