@@ -155,6 +155,7 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 	b.s.metrics.batch.Observe(float64(len(batch)))
 	if len(batch) == 1 {
 		res, decided, err := b.s.spendAlone(ctx, batch[0].p)
+		b.count(res, decided, err)
 		batch[0].reply <- spendReply{res, decided, err}
 		return
 	}
@@ -186,6 +187,9 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 	if failed != nil {
 		b.retryAlone(ctx, batch, failed)
 		return
+	}
+	for i := range batch {
+		b.count(replies[i].res, replies[i].decided, nil)
 	}
 	for i, r := range batch {
 		if !replies[i].decided {
@@ -225,6 +229,16 @@ func (b *spendBatcher) retryAlone(ctx context.Context, batch []*spendRequest, fa
 	b.s.logger.Debug("spend batch failed; deciding its spends one by one", "spends", len(batch), "error", failed.Error())
 	for _, r := range batch {
 		res, decided, err := b.s.spendAlone(ctx, r.p)
+		b.count(res, decided, err)
 		r.reply <- spendReply{res, decided, err}
+	}
+}
+
+// count counts a decision the batcher committed in
+// reveille_mandates_spends_total, once, whether or not its caller still
+// waits for it.
+func (b *spendBatcher) count(res SpendResult, decided bool, err error) {
+	if err == nil && decided {
+		b.s.metrics.spend(res.OK)
 	}
 }

@@ -78,15 +78,17 @@ func (s *Service) Spend(ctx context.Context, p SpendParams) (SpendResult, error)
 	var decided bool
 	var err error
 	if s.batcher != nil {
-		res, decided, err = s.batcher.do(ctx, p)
+		// (the batcher counts what it decides, whether or not its caller
+		// is still waiting for the answer)
+		res, _, err = s.batcher.do(ctx, p)
 	} else {
 		res, decided, err = s.spendAlone(ctx, p)
+		if err == nil && decided {
+			s.metrics.spend(res.OK)
+		}
 	}
 	if err != nil {
 		return SpendResult{}, err
-	}
-	if decided {
-		s.metrics.spend(res.OK)
 	}
 	return res, nil
 }

@@ -338,16 +338,23 @@ func (p *pipeline) start(msgs []claimed) {
 		p.sends.Add(1)
 		go func() {
 			defer p.sends.Done()
+			handoff := !m.handoffLeaseEnd.IsZero()
 			if !p.acquire() {
+				if handoff {
+					p.d.metrics.handoffs.WithLabelValues("released").Inc()
+				}
 				p.results <- sent{m: m, released: true}
 				return
 			}
-			if !m.handoffLeaseEnd.IsZero() && time.Until(m.handoffLeaseEnd) <= p.d.cfg.SendTimeout {
+			if handoff && time.Until(m.handoffLeaseEnd) <= p.d.cfg.SendTimeout {
 				// Its lease may end mid-send, and another dispatcher claim it.
 				<-p.sem
 				p.d.metrics.handoffs.WithLabelValues("expired").Inc()
 				p.results <- sent{m: m, skipped: true}
 				return
+			}
+			if handoff {
+				p.d.metrics.handoffs.WithLabelValues("sent").Inc()
 			}
 			r := p.d.send(p.ctx, m)
 			<-p.sem

@@ -120,8 +120,7 @@ func (p *pipeline) takeHandoffs(ctx context.Context) {
 				p.d.metrics.handoffs.WithLabelValues("expired").Inc()
 				continue
 			}
-			p.d.metrics.handoffs.WithLabelValues("sent").Inc()
-			p.start([]claimed{h.m})
+			p.start([]claimed{h.m}) // (its fate is counted there)
 		}
 	}
 }

@@ -162,7 +162,9 @@ func (s *Service) AppendWithKey(ctx context.Context, org, runID, name, key strin
 	var stream uuid.UUID
 	var err error
 	if key == "" {
-		r, stream, err = s.appendTo(ctx, s.db, org, runID, name, chunks, false)
+		if r, stream, err = s.appendTo(ctx, s.db, org, runID, name, chunks, false); err == nil {
+			s.metrics.appended(chunks) // (its own statement, committed)
+		}
 	} else {
 		var replayed bool
 		if r, stream, replayed, err = s.appendKeyed(ctx, org, runID, name, key, chunks); replayed {
@@ -183,12 +185,18 @@ func (s *Service) AppendWithKey(ctx context.Context, org, runID, name, key strin
 
 // AppendTx is Append inside the caller's transaction (q is a pgx.Tx): the
 // chunks become visible, and live tails learn of them, when it commits.
-// Concurrent writers of the same stream wait for that commit.
+// Concurrent writers of the same stream wait for that commit. The chunks
+// are counted in the appended metrics once it commits, where ctx carries
+// the transaction's db.WithAfterCommit collector (else not at all: a
+// rolled-back append is no append).
 func (s *Service) AppendTx(ctx context.Context, q Querier, org, runID, name string, chunks [][]byte) (Range, error) {
 	if err := s.checkAppend(runID, name, chunks); err != nil {
 		return Range{}, err
 	}
 	r, _, err := s.appendTo(ctx, q, org, runID, name, chunks, true)
+	if err == nil {
+		db.AfterCommit(ctx, func() { s.metrics.appended(chunks) })
+	}
 	return r, err
 }
 
@@ -209,7 +217,6 @@ func (s *Service) appendTo(ctx context.Context, q Querier, org, runID, name stri
 	if err != nil {
 		return Range{}, uuid.Nil, fmt.Errorf("appending to stream %s/%s: %w", runID, name, err)
 	}
-	s.metrics.appended(chunks)
 	return Range{FirstIndex: first, LastIndex: first + n - 1}, stream, nil
 }
 
