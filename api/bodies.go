@@ -165,7 +165,7 @@ func decodeWorkEnqueue(body []byte) (workpool.EnqueueParams, error) {
 		if at, err := parseTimestamp(*in.RunAt); err != nil {
 			inv.Add("run_at", err.Error())
 		} else {
-			p.RunAt = at
+			p.RunAt, p.RunAtSet = at, true
 		}
 	}
 	if in.TimeoutMS != nil {

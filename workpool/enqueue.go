@@ -306,7 +306,7 @@ func (m *Manager) enqueueRows(ps []EnqueueParams) (*enqueueRows, error) {
 			r.args[i] = string(p.Args)
 		}
 		r.runAts[i] = p.RunAt
-		if p.RunAt.IsZero() {
+		if p.RunAt.IsZero() && !p.RunAtSet {
 			r.runAts[i] = now
 		}
 		r.maxAttempts[i], r.bases[i] = 1, 2

@@ -55,7 +55,7 @@ func requestHash(p EnqueueParams) []byte {
 		// for the keys of the upgrade's retention window)
 		canon.KeyLimit = 0
 	}
-	if !p.RunAt.IsZero() {
+	if !p.RunAt.IsZero() || p.RunAtSet {
 		at := p.RunAt.UTC()
 		canon.RunAt = &at
 	}

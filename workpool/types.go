@@ -131,8 +131,11 @@ type EnqueueParams struct {
 	Handler string
 	// Args is the handler's JSON input (nil means {}).
 	Args json.RawMessage
-	// RunAt delays the first attempt (zero: now).
+	// RunAt delays the first attempt (zero: now, unless RunAtSet).
 	RunAt time.Time
+	// RunAtSet makes a zero RunAt (0001-01-01T00:00:00Z) the time given,
+	// not "now": a client that sent that instant meant it.
+	RunAtSet bool
 	// Retry is nil for a single attempt.
 	Retry *RetryPolicy
 	// TimeoutMS bounds each attempt (0: 600,000).
