@@ -60,12 +60,17 @@ func stopStrandedPostmaster(ctx context.Context, clusterDir string) error {
 	return nil
 }
 
+// readCwd reads process pid's working directory (a variable: a test of a
+// process of its own user cannot make the read fail with EACCES, as root
+// without CAP_SYS_PTRACE meets it for the postgres user's postmaster).
+var readCwd = func(pid int) (string, error) { return os.Readlink("/proc/" + strconv.Itoa(pid) + "/cwd") }
+
 // runsIn reports whether process pid's working directory is dir, as a
 // postmaster's is its cluster's: a postmaster.pid left by a server that died
 // may name a pid the system has since given to an unrelated process. Without
 // /proc there is no telling, and the pid is trusted as pg_ctl trusts it.
 func runsIn(pid int, dir string) bool {
-	cwd, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/cwd")
+	cwd, err := readCwd(pid)
 	if errors.Is(err, fs.ErrPermission) {
 		// (another user's process, and no CAP_SYS_PTRACE — root in a
 		// container: its command line, world-readable, names the cluster
