@@ -445,20 +445,7 @@ func TestListApprovalsFiltersByStatusAndPages(t *testing.T) {
 	_, err = s.Deny(ctx, "org-a", ids[1], "human", "")
 	require.NoError(t, err)
 
-	var seen []uuid.UUID
-	page := Page{Limit: 2}
-	for {
-		items, next, err := s.ListApprovals(ctx, "org-a", ApprovalFilter{State: StatePending}, page)
-		require.NoError(t, err)
-		for _, a := range items {
-			seen = append(seen, a.ID)
-		}
-		if next == nil {
-			break
-		}
-		page.Cursor = *next
-	}
-	require.Equal(t, []uuid.UUID{ids[0], ids[2], ids[3], ids[4]}, seen)
+	require.Equal(t, []uuid.UUID{ids[0], ids[2], ids[3], ids[4]}, listApprovalIDs(t, s, "org-a", ApprovalFilter{State: StatePending}))
 
 	all, next, err := s.ListApprovals(ctx, "org-a", ApprovalFilter{}, Page{})
 	require.NoError(t, err)
@@ -491,24 +478,28 @@ func TestListApprovalsNewestFirstPagesBackToTheOldest(t *testing.T) {
 	_, err = s.Deny(ctx, "org-a", ids[3], "human", "")
 	require.NoError(t, err)
 
-	list := func(f ApprovalFilter) []uuid.UUID {
-		var seen []uuid.UUID
-		page := Page{Limit: 2}
-		for {
-			items, next, err := s.ListApprovals(ctx, "org-a", f, page)
-			require.NoError(t, err)
-			for _, a := range items {
-				seen = append(seen, a.ID)
-			}
-			if next == nil {
-				return seen
-			}
-			page.Cursor = *next
-		}
-	}
-	require.Equal(t, []uuid.UUID{ids[4], ids[3], ids[2], ids[1], ids[0]}, list(ApprovalFilter{NewestFirst: true}),
+	require.Equal(t, []uuid.UUID{ids[4], ids[3], ids[2], ids[1], ids[0]}, listApprovalIDs(t, s, "org-a", ApprovalFilter{NewestFirst: true}),
 		"another org's request is not listed")
-	require.Equal(t, []uuid.UUID{ids[4], ids[2], ids[1], ids[0]}, list(ApprovalFilter{State: StatePending, NewestFirst: true}))
+	require.Equal(t, []uuid.UUID{ids[4], ids[2], ids[1], ids[0]}, listApprovalIDs(t, s, "org-a", ApprovalFilter{State: StatePending, NewestFirst: true}))
+}
+
+// listApprovalIDs pages through the org's requests f lists, two a page,
+// and returns their ids in the order listed.
+func listApprovalIDs(t *testing.T, s *Service, org string, f ApprovalFilter) []uuid.UUID {
+	t.Helper()
+	var seen []uuid.UUID
+	page := Page{Limit: 2}
+	for {
+		items, next, err := s.ListApprovals(context.Background(), org, f, page)
+		require.NoError(t, err)
+		for _, a := range items {
+			seen = append(seen, a.ID)
+		}
+		if next == nil {
+			return seen
+		}
+		page.Cursor = *next
+	}
 }
 
 func TestResolutionMetricsCountByState(t *testing.T) {

@@ -198,11 +198,7 @@ func TestASpendWhoseCallerLeftBeforeItsBatchBeganIsNotDebited(t *testing.T) {
 	m := mustCreate(t, s, "org-a", "agent-1", "llm", 100)
 	ctx := context.Background()
 	// the first spend's batch waits for the mandate's row
-	tx, err := db.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT 1 FROM mandates WHERE id = $1 FOR UPDATE`, m.ID)
-	require.NoError(t, err)
+	tx := lockMandate(t, db, m.ID)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		_, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1})
@@ -217,7 +213,7 @@ func TestASpendWhoseCallerLeftBeforeItsBatchBeganIsNotDebited(t *testing.T) {
 
 	left, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
-	_, err = s.Spend(left, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 10})
+	_, err := s.Spend(left, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 10})
 	require.ErrorIs(t, err, context.DeadlineExceeded, "the caller is told its spend failed")
 
 	require.NoError(t, tx.Rollback(ctx))

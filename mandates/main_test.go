@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -74,4 +76,17 @@ func countApprovals(t *testing.T, db *pgxpool.Pool, org, state string) int {
 	require.NoError(t, db.QueryRow(context.Background(),
 		`SELECT count(*) FROM mandate_approvals WHERE org_id = $1 AND state = $2`, org, state).Scan(&n))
 	return n
+}
+
+// lockMandate holds mandate id's row in a transaction of its own until the
+// test rolls it back (tx.Rollback) or ends: a spend's batch waits for it.
+func lockMandate(t *testing.T, db *pgxpool.Pool, id uuid.UUID) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, `SELECT 1 FROM mandates WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(t, err)
+	return tx
 }

@@ -20,11 +20,7 @@ func TestASpendDecidedAfterItsCallerLeftIsCounted(t *testing.T) {
 	m := mustCreate(t, s, "org-a", "agent-1", "llm", 100)
 	ctx := context.Background()
 	// the spend's batch waits for the mandate's row
-	tx, err := db.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT 1 FROM mandates WHERE id = $1 FOR UPDATE`, m.ID)
-	require.NoError(t, err)
+	tx := lockMandate(t, db, m.ID)
 
 	left, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
