@@ -72,8 +72,8 @@ func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle ti
 				return
 			}
 			if !healthy && ctx.Err() != nil {
-				// (the caller ended this attempt, it did not fail: the
-				// outage, if any, is the attempts before it)
+				// (the caller ended this attempt — answered or not — it did
+				// not fail: the outage, if any, is the attempts before it)
 				yield(Event{}, p.ended(ctx, ep, failures, outage, lastErr))
 				return
 			}
@@ -203,9 +203,7 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, id
 			return true, true, yieldErr(yield, fmt.Errorf("client: following %s: a line longer than %d bytes", ep.path, maxSSELine))
 		}
 		if err != nil {
-			// (a connection the caller's context ended was not a failed
-			// one: the server had answered it)
-			return gotBytes || time.Since(opened) >= healthyAfter || ctx.Err() != nil, false, err
+			return gotBytes || time.Since(opened) >= healthyAfter, false, err
 		}
 		// The consumer's time is not the server's silence.
 		watchdog.Stop()

@@ -347,9 +347,6 @@ func (s *Service) gateGroup(ctx context.Context, c groupConn, ms []*member) erro
 				pairs = append(pairs, m)
 			}
 		}
-		if len(pairs) == 0 {
-			continue // (its requests all replay a key: nothing to admit)
-		}
 		room, err := check.DecideN(ctx, c, int64(len(pairs)))
 		if !errors.Is(err, workpool.ErrTooManyPending) && err != nil {
 			return err
