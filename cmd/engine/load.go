@@ -33,7 +33,7 @@ func runLoad(ctx context.Context, args []string) error {
 	fs.StringVar(&s.DataDir, "data-dir", s.DataDir, "data dir of engine dev, whose secret signs the default tokens (REVEILLE_DATA_DIR)")
 	fs.Usage = func() {
 		flagUsage(fs, "engine load [--api URL[,URL…]] [--token T] [--approver-token T] [--temporal HOST:PORT] [--wakeups N] [--clients N] [--approvals-every N]",
-			"  REVEILLE_JWT_SECRET  signs the default tokens (else the dev secret in the data dir)\n  TEMPORAL_NAMESPACE   namespace of the load's workflows (default \"default\")\n\nPrints a progress line every --progress and at the end\n  load: wakeups=… woken=… lost=… duplicates_deduped=… p50=…ms p99=…ms errors=…\nand exits 1 when a wake-up was lost or woke with the wrong outcome.\n")
+			"  REVEILLE_JWT_SECRET  signs the default tokens (else the dev secret in the data dir)\n  TEMPORAL_NAMESPACE   namespace of the load's workflows (default \"default\")\n\nPrints a progress line every --progress and at the end\n  load: wakeups=… woken=… lost=… duplicates_deduped=… p50=…ms p99=…ms errors=…\nand exits 1 when a wake-up was lost, woke with the wrong outcome, or was never accepted (errors).\n")
 	}
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err

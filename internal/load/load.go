@@ -181,9 +181,15 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // time, or woke it with the wrong outcome.
 var ErrLost = errors.New("load: wake-ups lost")
 
+// ErrRequestsFailed is returned by Run when some wake-up's requests failed
+// for good (after the client's retries and the other APIs), so it was never
+// accepted.
+var ErrRequestsFailed = errors.New("load: requests failed")
+
 // Run drives the load until every wake-up was asked for and every accepted
 // one woke or passed its deadline, prints the result, and returns it;
-// ErrLost (wrapped) when any was lost or woke wrongly.
+// ErrLost (wrapped) when any was lost or woke wrongly, ErrRequestsFailed
+// (wrapped) when any was never accepted.
 func Run(ctx context.Context, c Config) (Report, error) {
 	// Validated as given, before the defaults: a count given as 0 is
 	// refused, not run as a default.
@@ -204,10 +210,25 @@ func Run(ctx context.Context, c Config) (Report, error) {
 	fmt.Fprintf(c.Out, "load: accepted=%d refused_then_approved=%d canceled=%d tool_calls=%d wrong_outcomes=%d interrupted=%d max=%.1fms elapsed=%s rate=%.0f/s\n",
 		rep.Accepted, rep.Refused, rep.Canceled, rep.ToolCalls, rep.WrongOutcomes, rep.Interrupted, ms(rep.Max), rep.Elapsed.Round(time.Millisecond),
 		float64(rep.Accepted)/rep.Elapsed.Seconds())
-	if rep.Lost > 0 || rep.WrongOutcomes > 0 {
-		return rep, fmt.Errorf("%w: %d never woke within %s, %d woke with the wrong outcome", ErrLost, rep.Lost, c.Deadline, rep.WrongOutcomes)
+	if err := rep.verdict(c.Deadline); err != nil {
+		return rep, err
 	}
 	return rep, ctx.Err()
+}
+
+// verdict is the run's failure, if any: wake-ups lost or woken wrongly
+// (ErrLost), and wake-ups whose requests failed for good
+// (ErrRequestsFailed) — the engine refused or never answered what a
+// platform asked, which a load test must not pass over either.
+func (rep Report) verdict(deadline time.Duration) error {
+	var errs []error
+	if rep.Lost > 0 || rep.WrongOutcomes > 0 {
+		errs = append(errs, fmt.Errorf("%w: %d never woke within %s, %d woke with the wrong outcome", ErrLost, rep.Lost, deadline, rep.WrongOutcomes))
+	}
+	if rep.Errors > 0 {
+		errs = append(errs, fmt.Errorf("%w: %d of %d wake-ups were never accepted (the first errors are logged)", ErrRequestsFailed, rep.Errors, rep.Wakeups))
+	}
+	return errors.Join(errs...)
 }
 
 // run is one load run's parts.
