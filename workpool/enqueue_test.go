@@ -385,3 +385,25 @@ func TestQueueEnqueue_TakesOnlyOwedWorkWithoutKeysAndValidItems(t *testing.T) {
 	_, err := h.m.QueueEnqueue(&pgx.Batch{}, []EnqueueParams{owed, invalid})
 	requireInvalid(t, err, "[1].handler")
 }
+
+// A second CancelAll while canceled work still runs (its attempt not yet
+// reported) requests nothing more: that work's cancelation was processed,
+// and counting it again told the caller it had canceled work it had not.
+func TestCancelAll_CountsNoRunningWorkAlreadyCanceled(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.enqueue()
+	h.runMain() // it runs
+	h.clock.Advance(time.Second)
+	n, err := h.m.CancelAll(h.ctx, "org-1", "default", h.clock.Now())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	h.runMain() // the cancelation is processed; the attempt still runs
+	require.Empty(t, h.observe().pendingCancelation)
+
+	n, err = h.m.CancelAll(h.ctx, "org-1", "default", h.clock.Now())
+
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Empty(t, h.observe().pendingCancelation)
+}

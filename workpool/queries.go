@@ -245,7 +245,9 @@ WITH w AS (
   UNION ALL
   SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND created_at < $3
   UNION ALL
-  SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state = 'running' AND created_at < $3
+  -- (not running work whose cancelation was processed: it only waits for
+  -- its attempt's report, and heartbeats tell its executor)
+  SELECT id, org_id FROM workpool_work WHERE pool = $2 AND org_id = $1 AND state = 'running' AND NOT canceled AND created_at < $3
 ), ins AS (
   INSERT INTO workpool_cancelations (work_id, pool, org_id, created_at)
   SELECT id, $2, org_id, $4 FROM w
