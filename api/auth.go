@@ -113,6 +113,11 @@ type Claims struct {
 	Roles   []string `json:"roles"`
 	AgentID string   `json:"agent_id,omitempty"`
 	jwt.RegisteredClaims
+	// agentIDGiven: the token holds an agent_id claim. An empty one is
+	// refused, not read as absent: absent unbinds the token from every
+	// agent, so a claim its issuer meant to set (an unmapped attribute
+	// sent as "") would widen the token to the whole org.
+	agentIDGiven bool
 }
 
 // UnmarshalJSON reads the claims by their exact names: encoding/json
@@ -142,6 +147,9 @@ func (c *Claims) UnmarshalJSON(b []byte) error {
 				errs = append(errs, &claimTypeError{claim: f.name, err: err})
 			}
 		}
+	}
+	if raw, ok := m["agent_id"]; ok && string(raw) != "null" {
+		c.agentIDGiven = true
 	}
 	return errors.Join(errs...)
 }
@@ -288,6 +296,9 @@ const maxIdentityClaim = 255
 func checkIdentityClaims(claims Claims) error {
 	if claims.OrgID == "" {
 		return errors.New("token has no org_id claim")
+	}
+	if claims.agentIDGiven && claims.AgentID == "" {
+		return errors.New("the agent_id claim is empty (a token bound to no agent leaves it out)")
 	}
 	for _, claim := range []struct{ name, value string }{
 		{"org_id", claims.OrgID}, {"sub", claims.Subject}, {"agent_id", claims.AgentID},

@@ -119,6 +119,8 @@ func TestATokenWithABlankOrOverlongIdentityClaimIs401NamingIt(t *testing.T) {
 		{"a whitespace-only sub", with(agent, "sub", "  "), "the sub claim is blank"},
 		{"a 256-byte agent_id", with(agent, "agent_id", strings.Repeat("a", 256)), "the agent_id claim is 256 bytes long; at most 255 are allowed"},
 		{"a whitespace-only agent_id", with(agent, "agent_id", "\n"), "the agent_id claim is blank"},
+		// (read as absent, it bound the token to no agent: the whole org)
+		{"an empty agent_id", with(agent, "agent_id", ""), "the agent_id claim is empty (a token bound to no agent leaves it out)"},
 		{"an agent_id of ..", with(agent, "agent_id", ".."), `the agent_id claim is "..": it must not be "." or ".." (URL clients remove them as path segments)`},
 	}
 	for _, tc := range cases {

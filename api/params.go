@@ -95,6 +95,11 @@ func queryParamsProblem(rawQuery string) error {
 		if !isText(name) {
 			return paramProblem("query", name, "must have a UTF-8 name without NUL characters")
 		}
+		// (url.ParseQuery, and so c.QueryParam, drops a pair holding a raw
+		// ";": the filter or limit it sets would be silently ignored)
+		if strings.Contains(pair, ";") {
+			return paramProblem("query", name, `holds a raw ";", which is not a separator: escape it as %3B`)
+		}
 		value, err := url.QueryUnescape(rawValue)
 		if err != nil {
 			return paramProblem("query", name, "has a malformed %-escape")

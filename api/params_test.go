@@ -157,6 +157,31 @@ func TestAQueryParameterGivenTwiceIs400NamingIt(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.Status, "distinct parameters: %s", r.Body)
 }
 
+// A raw ";" in a query pair is a 400 naming the parameter: url.ParseQuery
+// (and so every handler's QueryParam) drops such a pair whole, so a filter
+// or limit the client set was silently ignored (every agent's mandates for
+// ?agent_id=a1;, a default page for ?limit=1;).
+func TestARawSemicolonInAQueryPairIs400NamingIt(t *testing.T) {
+	s := newTestServer(t, withMandates(t))
+	h, admin := s.Handler(), token(t, "org-a", RoleAdmin)
+	for _, agent := range []string{"a1", "a2"} {
+		r := do(t, h, http.MethodPost, "/v1/mandates", admin, map[string]any{"agent_id": agent, "scope": "llm", "budget": 1})
+		require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	}
+	for _, tc := range []struct{ query, param string }{
+		{"agent_id=a1;", "agent_id"},
+		{"limit=1;", "limit"},
+		{"agent_id=a1;limit=1", "agent_id"},
+	} {
+		t.Run(tc.query, func(t *testing.T) {
+			do(t, h, http.MethodGet, "/v1/mandates?"+tc.query, admin, nil).requireProblem(t, http.StatusBadRequest, tc.param)
+		})
+	}
+	r := do(t, h, http.MethodGet, "/v1/mandates?agent_id=a1%3B", admin, nil)
+	require.Equal(t, http.StatusOK, r.Status, "an escaped semicolon is part of the value: %s", r.Body)
+	require.Empty(t, r.JSON(t)["items"])
+}
+
 // A query parameter the document types as an integer or an enum takes no
 // empty value (?status=, ?limit=): a 400 naming it, where it used to read
 // as absent — a filter sent empty listed everything. The set the check
