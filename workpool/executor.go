@@ -47,6 +47,16 @@ type executor struct {
 
 	kickc chan struct{}
 
+	// claiming is held (read) by every statement that claims work for this
+	// executor — its own claims, the loops' starts that hand it its share —
+	// from before the statement is sent until what it claimed is launched,
+	// and (write) by releaseOrphans, which so never takes a claim whose
+	// launch is on its way. orphans is set when such a statement failed
+	// with its outcome unknown (a reply lost with its connection): it may
+	// have committed claims this executor never launched.
+	claiming sync.RWMutex
+	orphans  atomic.Bool
+
 	mu      sync.Mutex
 	jobs    map[uuid.UUID]*runningJob // running, or returned and awaiting their record
 	active  int                       // handlers running
@@ -127,6 +137,18 @@ func (e *executor) claimLoop() {
 		case <-poll.C:
 		}
 		for e.claimCtx.Err() == nil {
+			if e.orphans.Load() {
+				if err := e.releaseOrphans(); err != nil {
+					if e.claimCtx.Err() != nil {
+						return
+					}
+					e.m.logger.Warn("releasing work claimed for this replica that it never ran failed; retrying", "error", err.Error())
+					if !sleepCtx(e.claimCtx, backoff.next()) {
+						return
+					}
+					continue
+				}
+			}
 			n, limit, err := e.claimOnce()
 			if err != nil {
 				if e.claimCtx.Err() == nil {
@@ -158,9 +180,12 @@ func (e *executor) claimOnce() (n, limit int, err error) {
 	if limit <= 0 || len(names) == 0 {
 		return 0, limit, nil
 	}
+	e.claiming.RLock()
+	defer e.claiming.RUnlock()
 	t0 := time.Now()
 	jobs, err := e.claim(names, limit)
 	if err != nil {
+		e.claimLost()
 		return 0, limit, err
 	}
 	e.m.metrics.claimSeconds.Observe(time.Since(t0).Seconds())
@@ -232,6 +257,42 @@ func (e *executor) handoff() (handlers []string, free int, share float64) {
 	return e.m.handlerNames(), free, 1 / float64(1+e.m.livePeers())
 }
 
+// claimLost notes that a statement claiming work for this executor failed
+// and may have committed all the same: its claims are released by the
+// claim loop, which it kicks.
+func (e *executor) claimLost() {
+	e.orphans.Store(true)
+	e.kick()
+}
+
+// releaseOrphans hands back, to any executor, running work claimed for
+// this one that it does not run: what a claim or start whose reply was lost
+// committed for it. Left claimed, nothing would run it (executors claim
+// unclaimed work only, and heartbeat only what they run), and after the
+// heartbeat timeout recovery would count an attempt that never ran — work
+// without retries failing for good while its replica was alive.
+func (e *executor) releaseOrphans() error {
+	e.claiming.Lock()
+	defer e.claiming.Unlock()
+	e.mu.Lock()
+	held := make([]uuid.UUID, 0, len(e.jobs))
+	for id := range e.jobs {
+		held = append(held, id)
+	}
+	e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(e.claimCtx, statementTimeout)
+	defer cancel()
+	tag, err := e.m.db.Exec(ctx, sqlReleaseOrphans, [16]byte(e.id), pgUUIDs(held))
+	if err != nil {
+		return fmt.Errorf("releasing work claimed for this executor that it does not run: %w", err)
+	}
+	e.orphans.Store(false)
+	if n := tag.RowsAffected(); n > 0 {
+		e.m.logger.Warn("released work claimed for this replica by a statement whose answer was lost; it runs now", "count", n)
+	}
+	return nil
+}
+
 // adopt runs attempts the loop claimed for this executor.
 func (e *executor) adopt(jobs []claimedJob) {
 	e.m.metrics.claimBatch.Observe(float64(len(jobs)))
@@ -245,6 +306,12 @@ func (e *executor) launch(j claimedJob) {
 	ctx, cancel := context.WithCancelCause(e.handlerCtx)
 	rj := &runningJob{id: j.ID, pool: j.Pool, attempt: j.Attempt, hook: j.hook, cancel: cancel}
 	e.mu.Lock()
+	if prev, ok := e.jobs[j.ID]; ok && prev.attempt != j.Attempt {
+		// A later attempt of work this executor still runs: recovery took
+		// the earlier one while its heartbeats failed, and the heartbeat,
+		// which asks only of the attempt held here, would never say so.
+		prev.cancel(errLost)
+	}
 	e.jobs[j.ID] = rj
 	e.active++
 	e.mu.Unlock()

@@ -64,7 +64,10 @@ func (l *loop) runFast(ctx context.Context, now time.Time, sql string, shared bo
 	// and unrun until recovery. (A stale statement writes nothing anyway.)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
 	defer cancel()
+	l.m.exec.claiming.RLock() // until its claims are launched
+	defer l.m.exec.claiming.RUnlock()
 	if err := l.m.db.SendBatch(sctx, b).Close(); err != nil {
+		l.m.exec.claimLost()
 		return iterResult{}, false, fmt.Errorf("fast iteration: %w", err)
 	}
 	if !fenced {

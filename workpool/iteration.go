@@ -160,7 +160,10 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	// then sit claimed and unrun until the heartbeat timeout recovered it.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
 	defer cancel()
+	l.m.exec.claiming.RLock() // until its claims are launched
+	defer l.m.exec.claiming.RUnlock()
 	if err := tx.Commit(cctx); err != nil {
+		l.m.exec.claimLost()
 		return iterResult{}, fmt.Errorf("commit iteration: %w", err)
 	}
 	l.gen = it.gen

@@ -133,6 +133,7 @@ FROM generate_series(1, 30000) i`)
 		{"sqlCompleteUnstorable", sqlCompleteUnstorable, []any{ids, []int32{1, 1}, "x", now}},
 		{"sqlClaim", sqlClaim, []any{exec, now, []string{"noop"}, int32(10)}},
 		{"sqlHeartbeat", sqlHeartbeat, []any{ids, exec, now}},
+		{"sqlReleaseOrphans", sqlReleaseOrphans, []any{exec, ids}},
 		{"sqlMarkCanceled", sqlMarkCanceled, []any{ids}},
 		{"sqlFinishCanceled", sqlFinishCanceled, []any{ids, now}},
 		{"sqlHookFailed", sqlHookFailed, []any{ids, []time.Time{now, now}, []string{"x", "y"}}},

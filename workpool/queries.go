@@ -404,6 +404,14 @@ WHERE w.id = ANY(ARRAY(
   FOR UPDATE SKIP LOCKED))
 RETURNING w.id, w.org_id, w.pool, w.handler, w.args, w.attempts, w.timeout_ms, w.canceled, w.on_complete_hook IS NOT NULL`
 
+// sqlReleaseOrphans unclaims the running work claimed for executor $1 that
+// it does not run ($2, what it runs): claims a statement committed for it
+// whose reply was lost (executor.releaseOrphans). Any executor may claim
+// them again; the attempt was never made, so none is counted.
+const sqlReleaseOrphans = `
+UPDATE workpool_work SET claimed_by = NULL, heartbeat_at = NULL
+WHERE state = 'running' AND claimed_by = $1 AND NOT (id = ANY($2))`
+
 // sqlHeartbeat refreshes this executor's attempts, skipping rows another
 // transaction holds (an attempt being recorded right now: waiting for it
 // could deadlock with the recording, which locks its batch in another

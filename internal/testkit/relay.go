@@ -1,9 +1,11 @@
 package testkit
 
 import (
+	"bytes"
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,7 +26,8 @@ func NewCuttablePool(t testing.TB) (*pgxpool.Pool, func()) {
 // breaks that the ways a network does: Cut closes everything at once (the
 // server sees its clients go), Silence and Partition drop bytes without a
 // word (a NAT or firewall that forgot a connection, a node gone from the
-// network: neither side hears of it).
+// network: neither side hears of it), CutReplyTo loses one answer with its
+// connection (the server did the work; the client cannot know).
 type Relay struct {
 	ln          net.Listener
 	target      string
@@ -33,6 +36,9 @@ type Relay struct {
 	silent      map[string]bool // by the client's address
 	partitioned bool
 	done        bool
+	replyMarker []byte          // armed by CutReplyTo
+	replyCut    map[string]bool // clients whose next reply is lost
+	replyCuts   atomic.Int64
 }
 
 // NewRelay starts a relay to dsn's server and returns it with the DSN
@@ -47,7 +53,7 @@ func NewRelay(t testing.TB, dsn string) (*Relay, string) {
 	if err != nil {
 		t.Fatalf("testkit: relay: %v", err)
 	}
-	r := &Relay{ln: ln, target: u.Host, silent: map[string]bool{}}
+	r := &Relay{ln: ln, target: u.Host, silent: map[string]bool{}, replyCut: map[string]bool{}}
 	go r.accept()
 	t.Cleanup(r.Cut)
 	u.Host = ln.Addr().String()
@@ -69,8 +75,8 @@ func (r *Relay) accept() {
 			return
 		}
 		client := c.RemoteAddr().String()
-		go r.pipe(client, c, up)
-		go r.pipe(client, up, c)
+		go r.pipe(client, c, up, false)
+		go r.pipe(client, up, c, true)
 	}
 }
 
@@ -96,10 +102,19 @@ func (r *Relay) isSilent(client string) bool {
 
 // pipe copies src to dst until either side closes or the cut; bytes read
 // while the connection is silent are dropped, and so is its close.
-func (r *Relay) pipe(client string, dst, src net.Conn) {
+// toServer is the direction: client to server.
+func (r *Relay) pipe(client string, dst, src net.Conn, toServer bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && !toServer && r.losesReply(client) {
+			_ = dst.Close()
+			_ = src.Close()
+			return
+		}
+		if n > 0 && toServer {
+			r.watchForMarker(client, buf[:n])
+		}
 		silent := r.isSilent(client)
 		if n > 0 && !silent {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -114,6 +129,39 @@ func (r *Relay) pipe(client string, dst, src net.Conn) {
 			return
 		}
 	}
+}
+
+// CutReplyTo arms the loss of one answer: the next connection whose client
+// sends bytes holding marker passes them on (the server runs the
+// statement, and commits it outside a transaction block), and is closed as
+// the server's reply comes back, unread. ReplyCuts counts those made.
+func (r *Relay) CutReplyTo(marker string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.replyMarker = []byte(marker)
+}
+
+// ReplyCuts is how many answers CutReplyTo has lost.
+func (r *Relay) ReplyCuts() int64 { return r.replyCuts.Load() }
+
+func (r *Relay) watchForMarker(client string, b []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.replyMarker != nil && bytes.Contains(b, r.replyMarker) {
+		r.replyMarker = nil
+		r.replyCut[client] = true
+	}
+}
+
+func (r *Relay) losesReply(client string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.replyCut[client] {
+		return false
+	}
+	delete(r.replyCut, client)
+	r.replyCuts.Add(1)
+	return true
 }
 
 // Cut closes the listener (new connections are refused) and every relayed
