@@ -163,6 +163,7 @@ func appendInboxEvents(buf []byte, after int64, events []inbox.Event) ([]byte, e
 		if ev.Seq != after+1 {
 			buf = fmt.Appendf(buf, "id: %d\nevent: reset\ndata: {\"seq\":%d}\n\n", ev.Seq-1, ev.Seq-1)
 		}
+		ev.At = ev.At.UTC() // (as every answer's times: read from Postgres, it is in the replica's zone)
 		data, err := json.Marshal(ev)
 		if err != nil {
 			return buf, fmt.Errorf("encoding approval event %d: %w", ev.Seq, err)

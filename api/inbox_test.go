@@ -622,3 +622,15 @@ func TestALiveStreamEndsWhenItsTokenExpires(t *testing.T) {
 		}
 	}
 }
+
+// An event's time is sent in UTC whatever the replica's time zone: read
+// from Postgres it is in the process's (TZ=Asia/Kolkata sent
+// "+05:30"), while every other time of every answer is UTC — the approval
+// inside the event, and the webhook's copy of the same event.
+func TestAnApprovalEventsTimeIsSentInUTC(t *testing.T) {
+	ist := time.FixedZone("IST", 5*3600+1800)
+	at := time.Date(2026, 12, 5, 21, 25, 45, 337343000, ist)
+	buf, err := appendInboxEvents(nil, 0, []inbox.Event{{Seq: 1, Type: "requested", Kind: "tool_call", Approval: json.RawMessage(`{}`), At: at}})
+	require.NoError(t, err)
+	require.Contains(t, string(buf), `"at":"2026-12-05T15:55:45.337343Z"`)
+}
