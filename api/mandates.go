@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"regexp"
 	"time"
 
 	"github.com/google/uuid"
@@ -144,13 +145,19 @@ func parseValidUntil(raw string) (*time.Time, error) {
 	return &t, nil
 }
 
+// rfc3339 is RFC 3339's date-time (the document's format), which
+// time.Parse is laxer than: it also takes a comma before the fraction and
+// offsets of 24 hours or 60 minutes (read as another instant than the
+// client wrote: +05:60 as +06:00).
+var rfc3339 = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
+
 // parseTimestamp reads a client's RFC 3339 timestamp; its UTC instant must
 // fall within the years 0000–9999, which the answers (RFC 3339, in UTC)
 // can spell: one beyond was stored and then failed every response that
 // showed it (a 500, for good).
 func parseTimestamp(raw string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339Nano, raw)
-	if err != nil {
+	if err != nil || !rfc3339.MatchString(raw) {
 		return time.Time{}, errors.New("must be an RFC 3339 timestamp")
 	}
 	if y := t.UTC().Year(); y < 0 || y > 9999 {
