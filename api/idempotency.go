@@ -171,8 +171,10 @@ type requestFingerprint struct {
 func fingerprintRequest(contentType string, body []byte) requestFingerprint {
 	raw := sha256.Sum256(body)
 	fp := requestFingerprint{raw: raw[:]}
-	if media, _, err := mime.ParseMediaType(contentType); err != nil ||
-		(media != echo.MIMEApplicationJSON && !strings.HasSuffix(media, "+json")) {
+	// (no Content-Type: the handlers read the body as JSON, readJSONBody,
+	// so a retry re-serialised is the same request)
+	if media, _, err := mime.ParseMediaType(contentType); contentType != "" && (err != nil ||
+		(media != echo.MIMEApplicationJSON && !strings.HasSuffix(media, "+json"))) {
 		return fp
 	}
 	if len(body) > fingerprintJSONLimit || !utf8.Valid(body) {
@@ -274,7 +276,10 @@ type idempotencyRecord struct {
 }
 
 // claim inserts an in-flight record for the key, or takes over one that is
-// expired or abandoned; otherwise it returns the existing record. A claim's
+// expired (its answer recorded longer than the retention ago: counted from
+// the claim, a request still running past a short retention had its key
+// taken over by a duplicate, which ran the handler again) or abandoned;
+// otherwise it returns the existing record. A claim's
 // created_at fences it: a request whose abandoned claim was taken over
 // writes nothing when it finally ends.
 func (s *idempotencyStore) claim(ctx context.Context, org, route, key string, fp requestFingerprint) (idempotencyRecord, bool, error) {
@@ -285,7 +290,7 @@ func (s *idempotencyStore) claim(ctx context.Context, org, route, key string, fp
 		ON CONFLICT (org_id, route, key) DO UPDATE
 		   SET request_hash = EXCLUDED.request_hash, request_json_hash = EXCLUDED.request_json_hash, created_at = now(),
 		       status_code = NULL, content_type = NULL, response_body = NULL, completed_at = NULL
-		 WHERE idempotency_keys.created_at < now() - $5::interval
+		 WHERE idempotency_keys.completed_at < now() - $5::interval
 		    OR (idempotency_keys.completed_at IS NULL AND idempotency_keys.created_at < now() - $6::interval)
 		RETURNING created_at`,
 		org, route, key, fp.raw, s.retention, idempotencyAbandoned, fp.stored()).Scan(&claimedAt)

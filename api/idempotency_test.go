@@ -217,7 +217,7 @@ func TestARecordPastTheConfiguredRetentionIsNotReplayed(t *testing.T) {
 	first := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`, "Idempotency-Key", "k1")
 	require.Equal(t, http.StatusCreated, first.Status)
 	age := func(d time.Duration) {
-		_, err := s.svc.DB.Exec(context.Background(), `UPDATE idempotency_keys SET created_at = now() - $1::interval`, d)
+		_, err := s.svc.DB.Exec(context.Background(), `UPDATE idempotency_keys SET created_at = now() - $1::interval, completed_at = now() - $1::interval`, d)
 		require.NoError(t, err)
 	}
 
@@ -230,6 +230,58 @@ func TestARecordPastTheConfiguredRetentionIsNotReplayed(t *testing.T) {
 	require.Equal(t, http.StatusCreated, late.Status)
 	require.Empty(t, late.Header.Get("Idempotent-Replayed"), "past the hour: run again")
 	require.EqualValues(t, 2, runs.Load())
+}
+
+// The window counts from the answer, not the claim: with a short
+// retention (REVEILLE_IDEMPOTENCY_RETENTION may be 1s) a duplicate of a
+// request still running past it took the key over and ran the handler
+// again; it now waits for the first and is replayed its answer.
+func TestAClaimOlderThanTheRetentionWhileItsRequestRunsIsNotTakenOver(t *testing.T) {
+	s := newTestServer(t, func(c *Config, _ *Services) { c.IdempotencyRetention = time.Second })
+	var runs atomic.Int64
+	gate := make(chan struct{})
+	countingRoute(s, &runs, gate)
+	tok := token(t, "org-a", "admin")
+	first := make(chan response, 1)
+	go func() {
+		first <- do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`, "Idempotency-Key", "k")
+	}()
+	require.Eventually(t, func() bool { return runs.Load() == 1 }, testWait, pollEvery)
+	// the first request runs on past the retention (waited out: aging its
+	// claim's time instead would fence its own answer out)
+	var past bool
+	require.Eventually(t, func() bool {
+		require.NoError(t, s.svc.DB.QueryRow(context.Background(),
+			`SELECT created_at < now() - interval '1100 milliseconds' FROM idempotency_keys`).Scan(&past))
+		return past
+	}, testWait, pollEvery)
+	second := make(chan response, 1)
+	go func() {
+		second <- do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`, "Idempotency-Key", "k")
+	}()
+	close(gate)
+	a, b := <-first, <-second
+	require.Equal(t, http.StatusCreated, a.Status)
+	require.Equal(t, http.StatusCreated, b.Status)
+	require.EqualValues(t, 1, runs.Load(), "the handler ran twice under one key; the second answer: %s", b.Body)
+	require.Equal(t, "true", b.Header.Get("Idempotent-Replayed"))
+	require.JSONEq(t, string(a.Body), string(b.Body))
+}
+
+// A JSON body sent without a Content-Type (which the API reads as JSON) is
+// compared as a JSON value too: a retry re-serialised with other spacing
+// was a 422 "used with a different request body".
+func TestAJSONBodyWithoutAContentTypeIsComparedAsJSON(t *testing.T) {
+	s := newTestServer(t)
+	var runs atomic.Int64
+	countingRoute(s, &runs, nil)
+	tok := token(t, "org-a", "admin")
+	first := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`, "Idempotency-Key", "k", "Content-Type", "")
+	require.Equal(t, http.StatusCreated, first.Status, string(first.Body))
+	again := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{ "name": "x" }`, "Idempotency-Key", "k", "Content-Type", "")
+	require.Equal(t, http.StatusCreated, again.Status, string(again.Body))
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	require.EqualValues(t, 1, runs.Load())
 }
 
 // A replica that crashed mid-request leaves its claim in flight. A retry

@@ -23,7 +23,12 @@ const uuidKey = `(CASE WHEN m.idempotency_key ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-
 // their window (api/idempotency.go replays them for as long).
 const qPurgeIdempotencyKeys = `
 DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idempotency_keys WHERE created_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))`
+  SELECT ctid FROM idempotency_keys WHERE created_at < $1
+     -- (an answer is replayed for the window from when it was recorded;
+     -- a record still in flight is its request's, unless an hour old: no
+     -- request runs that long, so its replica died)
+     AND (completed_at < $1 OR (completed_at IS NULL AND created_at < now() - interval '1 hour'))
+   LIMIT $2 FOR UPDATE SKIP LOCKED))`
 
 // qPurgeSpendKeys deletes mandate spends' idempotency rows past their
 // window: a replay of the key within it still finds the first answer.

@@ -476,3 +476,28 @@ func TestAWakeupIsNotPurgedUnderARedeliveryOfItsSignal(t *testing.T) {
 	require.ErrorIs(t, err, wakeup.ErrNotFound)
 	require.Equal(t, 1, count(t, db, "queue_messages", "status = 'pending'"), "no signal for a purged wake-up is queued")
 }
+
+// An Idempotency-Key's answer is replayed for the window from when it was
+// recorded, and a record still in flight belongs to its running request:
+// the purge counted the window from the claim, deleting both (a duplicate
+// then ran the handler again).
+func TestAnIdempotencyRecordIsPurgedByItsAnswersAgeNotItsClaims(t *testing.T) {
+	db := testkit.NewPool(t)
+	r := rows{t: t, db: db, org: "org-a"}
+	for _, k := range []struct{ key, completed string }{
+		{"running", "NULL"},
+		{"answered-now", "now()"},
+		{"answered-long-ago", "now() - interval '5 seconds'"},
+	} {
+		r.exec(`INSERT INTO idempotency_keys (org_id, route, key, request_hash, created_at, completed_at)
+			VALUES ('org-a', 'POST /v1/things', $1, '\x00', now() - interval '10 seconds', `+k.completed+`)`, k.key)
+	}
+	r.exec(`INSERT INTO idempotency_keys (org_id, route, key, request_hash, created_at)
+		VALUES ('org-a', 'POST /v1/things', 'abandoned', '\x00', now() - interval '2 hours')`)
+	p := newPurger(t, db, Config{IdempotencyRecords: time.Second})
+
+	_, err := p.Pass(context.Background())
+
+	require.NoError(t, err)
+	require.Equal(t, []string{"answered-now", "running"}, keysLeft(t, db))
+}
