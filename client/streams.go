@@ -128,11 +128,13 @@ func (s *StreamsService) NamesPage(ctx context.Context, runID string, p PagePara
 
 // Chunks iterates over the chunks stored now, from p's index on (a
 // stream still written to may get more later: Tail follows it). It yields
-// ErrStreamGap where chunks are missing: retention is purging the closed
-// stream.
+// ErrStreamGap where chunks are missing: retention is purging, or has
+// purged while it read, the closed stream.
 func (s *StreamsService) Chunks(ctx context.Context, runID, name string, p ChunkParams, opts ...CallOption) iter.Seq2[StreamChunk, error] {
 	return func(yield func(StreamChunk, error) bool) {
 		p := p // (its own copy: one iterator may be ranged again, or by goroutines at once)
+		// promised: a page said more chunks were stored
+		promised := false
 		for {
 			page, err := s.ChunksPage(ctx, runID, name, p, opts...)
 			if err != nil {
@@ -158,9 +160,16 @@ func (s *StreamsService) Chunks(ctx context.Context, runID, name string, p Chunk
 				yield(StreamChunk{}, fmt.Errorf("%w: the next page starts at %s, after chunk %d", ErrStreamGap, page.NextCursor, next-1))
 				return
 			}
+			if len(page.Items) == 0 && promised {
+				// (the page before said chunks were stored from here on:
+				// a stream loses chunks only to retention's purge)
+				yield(StreamChunk{}, fmt.Errorf("%w: chunks from %d on were stored and are gone", ErrStreamGap, next))
+				return
+			}
 			if !page.HasMore || len(page.Items) == 0 {
 				return
 			}
+			promised = true
 			p.Cursor = page.NextCursor
 		}
 	}
