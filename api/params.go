@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -204,8 +205,10 @@ func namePage[T any](c echo.Context, items []T, name func(T) string) (pageItems 
 	}
 	items = slices.SortedFunc(slices.Values(items), func(a, b T) int { return strings.Compare(name(a), name(b)) })
 	if raw := c.QueryParam("cursor"); raw != "" {
+		// (no name holds bytes that are not UTF-8 or a control character:
+		// such a cursor was not returned by the list)
 		after, err := base64.RawURLEncoding.DecodeString(raw)
-		if err != nil || len(after) == 0 {
+		if err != nil || len(after) == 0 || !utf8.Valid(after) || strings.ContainsFunc(string(after), unicode.IsControl) {
 			return nil, nil, Invalid("cursor", "is not a cursor this list returned")
 		}
 		// (names are unique: the page starts after the one named, or where it would be)
