@@ -49,7 +49,8 @@ type DispatcherConfig struct {
 	// and sent by its writer; should that process die first, another
 	// dispatcher sends it after this. It is also the longest an idle
 	// dispatcher sleeps between looks at the table, since nothing notifies
-	// of such a message. Default, and the least allowed: SendTimeout + 5 s.
+	// of such a message. Default SendTimeout + 5 s, as is one not above
+	// SendTimeout.
 	HandoffLease time.Duration
 	// BatchSize is how many messages one claim takes; Concurrency how many
 	// signals are in flight at once (defaults 100 and 32).
@@ -59,9 +60,15 @@ type DispatcherConfig struct {
 	// was lost): then the message is delivered, else undeliverable at once.
 	// Default: the Signaler, if it is one. Without it such a message is
 	// retried as not found until NotFoundGrace, then fails.
-	History  HistoryReader
-	Logger   *slog.Logger
-	Registry prometheus.Registerer
+	History HistoryReader
+	// ListenPingEvery and ListenPingTimeout: the LISTEN connection is
+	// pinged once silent for ListenPingEvery, and a ping (or the UNLISTEN
+	// as it stops) may take ListenPingTimeout (defaults 30 s and 10 s, as
+	// the other LISTEN connections): one a NAT forgot would otherwise stay
+	// up for good, its notifications lost, and hold Stop at its UNLISTEN.
+	ListenPingEvery, ListenPingTimeout time.Duration
+	Logger                             *slog.Logger
+	Registry                           prometheus.Registerer
 }
 
 func (c DispatcherConfig) withDefaults() DispatcherConfig {
@@ -72,6 +79,8 @@ func (c DispatcherConfig) withDefaults() DispatcherConfig {
 	if c.HandoffLease <= c.SendTimeout {
 		c.HandoffLease = c.SendTimeout + 5*time.Second
 	}
+	c.ListenPingEvery = cmp.Or(c.ListenPingEvery, 30*time.Second)
+	c.ListenPingTimeout = cmp.Or(c.ListenPingTimeout, 10*time.Second)
 	c.BatchSize = cmp.Or(c.BatchSize, 100)
 	c.Concurrency = cmp.Or(c.Concurrency, 32)
 	rounds := time.Duration((c.BatchSize + c.Concurrency - 1) / c.Concurrency)
@@ -177,8 +186,19 @@ func (d *Dispatcher) listenAndDispatch(ctx context.Context, listening func()) er
 	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
 		return err
 	}
-	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "UNLISTEN "+notifyChannel) }()
+	defer func() {
+		// Bounded: on a connection gone silent the UNLISTEN would wait for
+		// the kernel to give up on it (minutes), holding Stop, the pool's
+		// Close and this connection; one that does not answer is closed,
+		// and the pool drops it.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ListenPingTimeout)
+		defer cancel()
+		if _, err := conn.Exec(uctx, "UNLISTEN "+notifyChannel); err != nil {
+			_ = conn.Conn().Close(uctx)
+		}
+	}()
 	listening()
+	heard := time.Now() // the connection last answered or notified
 	p := d.newPipeline(ctx)
 	defer p.close()
 	hctx, stopHandoffs := context.WithCancel(ctx)
@@ -219,14 +239,35 @@ func (d *Dispatcher) listenAndDispatch(ctx context.Context, listening func()) er
 			continue
 		}
 		p.clearRetry() // the wait computed next covers the retries settled so far
-		wait := d.untilNextDue(ctx)
+		// (no longer than until the connection is due a ping)
+		wait := min(d.untilNextDue(ctx), max(d.cfg.ListenPingEvery-time.Since(heard), time.Millisecond))
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		p.waiting(cancel)
 		_, err := conn.Conn().WaitForNotification(wctx)
 		p.waiting(nil)
 		cancel()
 		switch {
-		case err == nil, errors.Is(err, context.DeadlineExceeded):
+		case err == nil:
+			heard = time.Now()
+		case errors.Is(err, context.DeadlineExceeded):
+			// A connection silent this long is pinged, as every LISTEN
+			// connection is: one a NAT forgot would otherwise stay up
+			// for good, its notifications lost (every signal then waits
+			// for the due poll).
+			if time.Since(heard) < d.cfg.ListenPingEvery {
+				break
+			}
+			pctx, cancel := context.WithTimeout(ctx, d.cfg.ListenPingTimeout)
+			err := conn.Ping(pctx)
+			cancel()
+			switch {
+			case err == nil:
+				heard = time.Now()
+			case ctx.Err() != nil:
+				return nil
+			default:
+				return fmt.Errorf("ping: %w", err)
+			}
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, context.Canceled):

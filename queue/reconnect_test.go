@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -111,4 +114,76 @@ func TestTheDispatcherBacksOffThroughAPostgresOutage(t *testing.T) {
 	}, testWait, 100*time.Millisecond)
 	require.Eventually(t, func() bool { return sig.count("wf-after") == 1 }, testWait+listen.ReconnectMax, testTick,
 		"the dispatcher reconnected and sent what was due")
+}
+
+// listenConnThroughRelay starts a dispatcher whose connections pass
+// through a relay, and returns it with the relay, the pool and the
+// client address of its LISTEN connection (its first).
+func listenConnThroughRelay(t *testing.T, cfg DispatcherConfig) (*Dispatcher, *testkit.Relay, *pgxpool.Pool, net.Addr) {
+	t.Helper()
+	dsn := testkit.NewDatabase(t)
+	relay, relayed := testkit.NewRelay(t, dsn)
+	pc, err := pgxpool.ParseConfig(relayed)
+	require.NoError(t, err)
+	var first atomic.Pointer[pgx.Conn]
+	pc.PrepareConn = func(_ context.Context, c *pgx.Conn) (bool, error) {
+		first.CompareAndSwap(nil, c) // the dispatcher's first acquire: its LISTEN connection
+		return true, nil
+	}
+	db, err := pgxpool.NewWithConfig(context.Background(), pc)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	// (cut before the pool closes: pgx waits up to 15 s on a silenced
+	// connection's cleanup)
+	t.Cleanup(relay.Cut)
+	sig := newRecordingSignaler()
+	d := NewDispatcher(db, sig, cfg)
+	require.NoError(t, d.Start(context.Background()))
+	_, _, err = Enqueue(context.Background(), testkit.NewPoolFor(t, dsn), signalParams("wf-before"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return sig.count("wf-before") == 1 }, testWait, testTick)
+	conn := first.Load()
+	require.NotNil(t, conn)
+	var query string
+	require.NoError(t, testkit.NewPoolFor(t, dsn).QueryRow(context.Background(), `SELECT query FROM pg_stat_activity WHERE pid = $1`,
+		conn.PgConn().PID()).Scan(&query))
+	require.Contains(t, query, "LISTEN", "the first connection is the dispatcher's LISTEN connection")
+	return d, relay, db, conn.PgConn().Conn().LocalAddr()
+}
+
+// The dispatcher's LISTEN connection gone silent (a NAT forgot it: neither
+// end hears a word) is pinged once silent for ListenPingEvery, found dead
+// and replaced, as every other LISTEN connection is: it stayed up for
+// good, every signal then waiting for the due poll. And a Stop meanwhile
+// does not wait for the kernel to give up on it: its UNLISTEN held Stop,
+// the goroutine and the pool's connection for minutes.
+func TestASilentListenConnectionOfTheDispatcher(t *testing.T) {
+	cfg := DispatcherConfig{ListenPingEvery: 200 * time.Millisecond, ListenPingTimeout: 300 * time.Millisecond}
+	t.Run("is pinged and replaced", func(t *testing.T) {
+		var logs testkit.LogBuffer
+		cfg := cfg
+		cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+		d, relay, _, listener := listenConnThroughRelay(t, cfg)
+		t.Cleanup(func() { require.NoError(t, d.Stop(context.Background())) })
+
+		relay.Silence(listener)
+
+		require.Eventually(t, func() bool {
+			return strings.Contains(logs.String(), "signal dispatcher lost its connection; reconnecting")
+		}, testWait, testTick)
+		require.Contains(t, logs.String(), "ping: ")
+	})
+	t.Run("does not hold Stop", func(t *testing.T) {
+		cfg := cfg
+		cfg.Logger = testkit.Logger(t)
+		cfg.ListenPingEvery = time.Hour // Stop comes first
+		d, relay, db, listener := listenConnThroughRelay(t, cfg)
+		relay.Silence(listener)
+
+		ctx, cancel := context.WithTimeout(context.Background(), testWait)
+		defer cancel()
+		require.NoError(t, d.Stop(ctx))
+		// (pgx's destructor waits up to 15 s for the cut connection's cleanup)
+		require.Eventually(t, func() bool { return db.Stat().AcquiredConns() == 0 }, 20*time.Second, testTick, "the LISTEN connection is given back")
+	})
 }
