@@ -240,7 +240,7 @@ func (d *Dispatcher) listenAndDispatch(ctx context.Context, listening func()) er
 		}
 		p.clearRetry() // the wait computed next covers the retries settled so far
 		// (no longer than until the connection is due a ping)
-		wait := min(d.untilNextDue(ctx), max(d.cfg.ListenPingEvery-time.Since(heard), time.Millisecond))
+		wait := min(d.untilNextDue(ctx, p.busyWorkflows()), max(d.cfg.ListenPingEvery-time.Since(heard), time.Millisecond))
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		p.waiting(cancel)
 		_, err := conn.Conn().WaitForNotification(wctx)
@@ -291,10 +291,20 @@ type pipeline struct {
 	sends             sync.WaitGroup
 	settled           chan struct{} // closed when the settler has finished
 
-	mu      sync.Mutex
-	pending int                // claimed and not yet settled
-	retry   bool               // a settle scheduled a retry since clearRetry()
-	wake    context.CancelFunc // ends the current wait for a notification
+	mu sync.Mutex
+	// busy: the workflows a send is in flight to (or waits for a slot),
+	// each with the messages held behind that send, sent one after the
+	// other. One workflow whose sends hang (its lock held, its shard
+	// slow) so takes one slot, not all of them: claimed in due order, its
+	// backlog took every slot and every claim, and every other workflow's
+	// signals waited rounds of SendTimeout behind it.
+	busy map[string][]claimed
+	// passedOver: busy workflows a claim found due messages of; once its
+	// send is done, the dispatcher looks again at once.
+	passedOver map[string]bool
+	pending    int                // claimed and not yet settled
+	retry      bool               // a settle scheduled a retry since clearRetry()
+	wake       context.CancelFunc // ends the current wait for a notification
 }
 
 type sent struct {
@@ -313,7 +323,8 @@ func (d *Dispatcher) newPipeline(ctx context.Context) *pipeline {
 	// bounded by SendTimeout) and its outcome is recorded, rather than being
 	// cut off after Temporal may have received it.
 	p := &pipeline{d: d, ctx: context.WithoutCancel(ctx), stopping: ctx.Done(), sem: make(chan struct{}, d.cfg.Concurrency), results: make(chan sent, d.cfg.BatchSize),
-		room: make(chan struct{}, 1), handoffRoom: make(chan struct{}, 1), settled: make(chan struct{})}
+		room: make(chan struct{}, 1), handoffRoom: make(chan struct{}, 1), settled: make(chan struct{}), busy: map[string][]claimed{},
+		passedOver: map[string]bool{}}
 	// Outcomes are recorded even after ctx ends: the signals went out.
 	go p.settler(context.WithoutCancel(ctx))
 	return p
@@ -361,47 +372,124 @@ func (p *pipeline) claimAndSend(ctx context.Context, limit int) (int, error) {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
 	defer cancel()
-	msgs, err := p.d.claim(cctx, limit)
-	if err != nil || len(msgs) == 0 {
+	msgs, passedOver, err := p.d.claim(cctx, limit, p.busyWorkflows())
+	if err != nil {
 		return 0, err
 	}
-	p.start(msgs)
+	p.start(msgs)          // (first: the workflows it claimed for are busy...)
+	p.passOver(passedOver) // (...when those with more due are noted)
 	return len(msgs), nil
 }
 
-// start sends msgs, claimed by this dispatcher, as the semaphore allows;
-// the settler records each outcome.
+// start sends msgs, claimed by this dispatcher, as the semaphore allows
+// and one workflow at a time (busy); the settler records each outcome.
 func (p *pipeline) start(msgs []claimed) {
 	p.mu.Lock()
 	p.pending += len(msgs)
-	p.mu.Unlock()
+	var now []claimed
 	for _, m := range msgs {
-		p.sends.Add(1)
-		go func() {
-			defer p.sends.Done()
-			handoff := !m.handoffLeaseEnd.IsZero()
-			if !p.acquire() {
-				if handoff {
-					p.d.metrics.handoffs.WithLabelValues("released").Inc()
-				}
-				p.results <- sent{m: m, released: true}
-				return
-			}
-			if handoff && time.Until(m.handoffLeaseEnd) <= p.d.cfg.SendTimeout {
-				// Its lease may end mid-send, and another dispatcher claim it.
-				<-p.sem
-				p.d.metrics.handoffs.WithLabelValues("expired").Inc()
-				p.results <- sent{m: m, skipped: true}
-				return
-			}
-			if handoff {
-				p.d.metrics.handoffs.WithLabelValues("sent").Inc()
-			}
-			r := p.d.send(p.ctx, m)
-			<-p.sem
-			p.results <- sent{m: m, r: r}
-		}()
+		wf := m.Signal.WorkflowID
+		if held, ok := p.busy[wf]; ok {
+			p.busy[wf] = append(held, m)
+			continue
+		}
+		p.busy[wf] = nil
+		now = append(now, m)
 	}
+	p.mu.Unlock()
+	for _, m := range now {
+		p.sends.Add(1)
+		go p.sendOne(m)
+	}
+}
+
+// sendOne sends m when a slot is free, hands its outcome to the settler,
+// and starts the next message held behind it for its workflow.
+func (p *pipeline) sendOne(m claimed) {
+	defer p.sends.Done()
+	p.results <- p.sendInSlot(m)
+	wf := m.Signal.WorkflowID
+	p.mu.Lock()
+	held := p.busy[wf]
+	if len(held) == 0 {
+		delete(p.busy, wf)
+		var wake context.CancelFunc
+		if p.passedOver[wf] {
+			delete(p.passedOver, wf)
+			wake = p.lookAgainLocked()
+		}
+		p.mu.Unlock()
+		if wake != nil {
+			wake()
+		}
+		return
+	}
+	next := held[0]
+	p.busy[wf] = held[1:]
+	p.sends.Add(1) // (before this send's Done: close waits for both)
+	p.mu.Unlock()
+	go p.sendOne(next)
+}
+
+func (p *pipeline) sendInSlot(m claimed) sent {
+	handoff := !m.handoffLeaseEnd.IsZero()
+	if !p.acquire() {
+		if handoff {
+			p.d.metrics.handoffs.WithLabelValues("released").Inc()
+		}
+		return sent{m: m, released: true}
+	}
+	if handoff && time.Until(m.handoffLeaseEnd) <= p.d.cfg.SendTimeout {
+		// Its lease may end mid-send, and another dispatcher claim it.
+		<-p.sem
+		p.d.metrics.handoffs.WithLabelValues("expired").Inc()
+		return sent{m: m, skipped: true}
+	}
+	if handoff {
+		p.d.metrics.handoffs.WithLabelValues("sent").Inc()
+	}
+	r := p.d.send(p.ctx, m)
+	<-p.sem
+	return sent{m: m, r: r}
+}
+
+// passOver notes the busy workflows a claim passed over; one no longer
+// busy by now is looked for again at once.
+func (p *pipeline) passOver(wfs []string) {
+	var wake context.CancelFunc
+	p.mu.Lock()
+	for _, wf := range wfs {
+		if _, ok := p.busy[wf]; ok {
+			p.passedOver[wf] = true
+		} else {
+			wake = p.lookAgainLocked()
+		}
+	}
+	p.mu.Unlock()
+	if wake != nil {
+		wake()
+	}
+}
+
+// lookAgainLocked has the dispatcher claim again at once, as a settled
+// retry does: it ends the current wait (the caller calls what it returns,
+// once it has let go of p.mu) or the next one.
+func (p *pipeline) lookAgainLocked() context.CancelFunc {
+	p.retry = true
+	return p.wake
+}
+
+// busyWorkflows are the workflows a send is in flight to: a claim passes
+// over their messages (each is sent after the one in flight, by whichever
+// dispatcher claims it then).
+func (p *pipeline) busyWorkflows() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]string, 0, len(p.busy))
+	for wf := range p.busy {
+		out = append(out, wf)
+	}
+	return out
 }
 
 // acquire takes a send slot. Once the dispatcher is stopping it takes only
@@ -503,14 +591,16 @@ func (p *pipeline) close() {
 // bound is the poll that finds a handed-off message whose writer died: its
 // insert notified no one, so a dispatcher asleep since before it would not
 // look otherwise.
-func (d *Dispatcher) untilNextDue(ctx context.Context) time.Duration {
+func (d *Dispatcher) untilNextDue(ctx context.Context, busy []string) time.Duration {
 	longest := min(d.cfg.HandoffLease, time.Minute)
 	var secs *float64
 	// Spans every org: the dispatcher is the system's outbox worker. Due
 	// by the database's clock, which the claim compares with: by this
 	// host's, a clock ahead woke too early and polled until it was due.
+	// (Not the busy workflows', which the claim passes over: their sends
+	// in flight end in a new look when they have due messages waiting.)
 	err := d.db.QueryRow(ctx, `SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 FROM queue_messages
-		WHERE status = 'pending' AND signal_workflow_id IS NOT NULL`).Scan(&secs)
+		WHERE status = 'pending' AND signal_workflow_id IS NOT NULL AND NOT (signal_workflow_id = ANY(coalesce($1::text[], '{}')))`, busy).Scan(&secs)
 	if err != nil || secs == nil {
 		return longest
 	}
@@ -554,7 +644,7 @@ func (r sendResult) kind() sendKind {
 // concurrently and records each outcome. It returns how many it claimed.
 // (The running dispatcher does the same without waiting between claims.)
 func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
-	msgs, err := d.claim(ctx, d.cfg.BatchSize)
+	msgs, _, err := d.claim(ctx, d.cfg.BatchSize, nil)
 	if err != nil || len(msgs) == 0 {
 		return 0, err
 	}
@@ -600,38 +690,67 @@ func (d *Dispatcher) send(ctx context.Context, m claimed) sendResult {
 // for the WAL flush — it is on every signal's path: if a crash loses it,
 // the message is simply claimed and sent again, which at-least-once
 // delivery allows.
-func (d *Dispatcher) claim(ctx context.Context, limit int) ([]claimed, error) {
+func (d *Dispatcher) claim(ctx context.Context, limit int, busy []string) (msgs []claimed, passedOver []string, err error) {
 	b := &pgx.Batch{}
 	// The batch is one implicit transaction: the setting is local to it.
 	b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
 	b.Queue(`
-		WITH due AS (
-		  SELECT id FROM queue_messages
+		WITH ready AS (
+		  -- (the due messages in due order, but for workflows this
+		  -- dispatcher is sending to already; a window of them, read
+		  -- without locks: DISTINCT ON takes no FOR UPDATE)
+		  SELECT id, signal_workflow_id, next_attempt_at FROM queue_messages
 		   WHERE status = 'pending' AND signal_workflow_id IS NOT NULL AND next_attempt_at <= now()
+		     AND NOT (signal_workflow_id = ANY(coalesce($3::text[], '{}')))
 		   ORDER BY next_attempt_at
+		   LIMIT $1 * 4
+		), first AS (
+		  -- one a workflow: its next ones wait for this one's send (more:
+		  -- it has others due)
+		  SELECT DISTINCT ON (signal_workflow_id) id, next_attempt_at,
+		         count(*) OVER (PARTITION BY signal_workflow_id) > 1 AS more
+		    FROM ready
+		   ORDER BY signal_workflow_id, next_attempt_at
+		), due AS (
+		  SELECT q.id, f.more FROM queue_messages q JOIN first f ON f.id = q.id
+		   WHERE q.status = 'pending' AND q.next_attempt_at <= now()
+		   ORDER BY q.next_attempt_at
 		   LIMIT $1
-		   FOR UPDATE SKIP LOCKED)
+		   FOR UPDATE OF q SKIP LOCKED)
 		UPDATE queue_messages m
 		   SET attempts = m.attempts + 1, next_attempt_at = now() + $2::interval, updated_at = now()
 		  FROM due WHERE m.id = due.id
 		RETURNING m.id, m.org_id, m.queue, m.payload, m.idempotency_key, m.status, m.signal_workflow_id, m.signal_run_id,
 		          m.signal_name, m.attempts, coalesce(m.last_error, ''), m.next_attempt_at, m.created_at, m.updated_at,
-		          m.delivered_at, extract(epoch FROM now() - m.not_found_since)::float8`, limit, d.cfg.Lease)
+		          m.delivered_at, extract(epoch FROM now() - m.not_found_since)::float8, due.more`, limit, d.cfg.Lease, busy)
+	var claimedMore []string // workflows claimed with more messages due
+	if len(busy) > 0 {
+		// (the busy workflows with due messages the claim passed over:
+		// their next send follows the one in flight)
+		b.Queue(`SELECT coalesce(array_agg(DISTINCT signal_workflow_id), '{}') FROM queue_messages
+			WHERE status = 'pending' AND signal_workflow_id = ANY($1) AND next_attempt_at <= now()`, busy).QueryRow(func(r pgx.Row) error {
+			return r.Scan(&passedOver)
+		})
+	}
 	br := d.db.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("claim signal messages: %w", err)
+		return nil, nil, fmt.Errorf("claim signal messages: %w", err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("claim signal messages: %w", err)
+		return nil, nil, fmt.Errorf("claim signal messages: %w", err)
 	}
-	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
+	msgs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
 		var c claimed
 		var wf, run, name *string
 		var notFoundFor *float64 // by the database's clock
+		var more bool
 		err := row.Scan(&c.ID, &c.OrgID, &c.Queue, &c.Payload, &c.IdempotencyKey, &c.Status, &wf, &run, &name,
-			&c.Attempts, &c.LastError, &c.NextAttemptAt, &c.CreatedAt, &c.UpdatedAt, &c.DeliveredAt, &notFoundFor)
+			&c.Attempts, &c.LastError, &c.NextAttemptAt, &c.CreatedAt, &c.UpdatedAt, &c.DeliveredAt, &notFoundFor, &more)
+		if more {
+			claimedMore = append(claimedMore, deref(wf))
+		}
 		if notFoundFor != nil {
 			since := d.now().Add(-time.Duration(*notFoundFor * float64(time.Second)))
 			c.notFoundSince = &since
@@ -640,12 +759,12 @@ func (d *Dispatcher) claim(ctx context.Context, limit int) ([]claimed, error) {
 		return c, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("claim signal messages: %w", err)
+		return nil, nil, fmt.Errorf("claim signal messages: %w", err)
 	}
 	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("claim signal messages: %w", err)
+		return nil, nil, fmt.Errorf("claim signal messages: %w", err)
 	}
-	return msgs, nil
+	return msgs, append(passedOver, claimedMore...), nil
 }
 
 // settle writes every send's outcome in three set-based statements.

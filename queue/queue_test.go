@@ -118,14 +118,15 @@ func TestADeliveryCountsWhicheverClaimMadeItAndAStaleFailureDoesNot(t *testing.T
 	ctx := context.Background()
 	d := NewDispatcher(db, nil, DispatcherConfig{})
 	enqueue := func(key string) Message {
-		m, _, err := Enqueue(ctx, db, EnqueueParams{OrgID: "o", Queue: "q", IdempotencyKey: key, Signal: &Signal{WorkflowID: "o/wf", Name: "wake"}})
+		// (a workflow each: a claim takes one message a workflow)
+		m, _, err := Enqueue(ctx, db, EnqueueParams{OrgID: "o", Queue: "q", IdempotencyKey: key, Signal: &Signal{WorkflowID: "o/wf-" + key, Name: "wake"}})
 		require.NoError(t, err)
 		return m
 	}
 	reclaim := func() []claimed {
 		_, err := db.Exec(ctx, `UPDATE queue_messages SET next_attempt_at = now() WHERE status = 'pending'`)
 		require.NoError(t, err)
-		msgs, err := d.claim(ctx, 10)
+		msgs, _, err := d.claim(ctx, 10, nil)
 		require.NoError(t, err)
 		return msgs
 	}
