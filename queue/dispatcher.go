@@ -597,10 +597,12 @@ func (d *Dispatcher) untilNextDue(ctx context.Context, busy []string) time.Durat
 	// Spans every org: the dispatcher is the system's outbox worker. Due
 	// by the database's clock, which the claim compares with: by this
 	// host's, a clock ahead woke too early and polled until it was due.
-	// (Not the busy workflows', which the claim passes over: their sends
-	// in flight end in a new look when they have due messages waiting.)
+	// (Not the busy workflows' due messages, which the claim passes over:
+	// their sends in flight end in a new look. Their messages due later
+	// count: once due, a claim passes over them, noting the look.)
 	err := d.db.QueryRow(ctx, `SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 FROM queue_messages
-		WHERE status = 'pending' AND signal_workflow_id IS NOT NULL AND NOT (signal_workflow_id = ANY(coalesce($1::text[], '{}')))`, busy).Scan(&secs)
+		WHERE status = 'pending' AND signal_workflow_id IS NOT NULL
+		  AND (next_attempt_at > now() OR NOT (signal_workflow_id = ANY(coalesce($1::text[], '{}'))))`, busy).Scan(&secs)
 	if err != nil || secs == nil {
 		return longest
 	}

@@ -282,13 +282,15 @@ func (e *executor) releaseOrphans() error {
 	e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(e.claimCtx, statementTimeout)
 	defer cancel()
-	tag, err := e.m.db.Exec(ctx, sqlReleaseOrphans, [16]byte(e.id), pgUUIDs(held))
-	if err != nil {
+	var freed, found int64
+	if err := e.m.db.QueryRow(ctx, sqlReleaseOrphans, [16]byte(e.id), pgUUIDs(held)).Scan(&freed, &found); err != nil {
 		return fmt.Errorf("releasing work claimed for this executor that it does not run: %w", err)
 	}
-	e.orphans.Store(false)
-	if n := tag.RowsAffected(); n > 0 {
-		e.m.logger.Warn("released work claimed for this replica by a statement whose answer was lost; it runs now", "count", n)
+	// (rows another transaction held are left for the claim loop's next
+	// pass: it polls every heartbeat interval)
+	e.orphans.Store(freed < found)
+	if freed > 0 {
+		e.m.logger.Warn("released work claimed for this replica by a statement whose answer was lost; it runs now", "count", freed)
 	}
 	return nil
 }

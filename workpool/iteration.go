@@ -158,10 +158,10 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	// the fast path's statement): a commit cut off by the leadership's end
 	// may land all the same, and the work it handed to this executor would
 	// then sit claimed and unrun until the heartbeat timeout recovered it.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
-	defer cancel()
 	l.m.exec.claiming.RLock() // until its claims are launched
 	defer l.m.exec.claiming.RUnlock()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+	defer cancel()
 	if err := tx.Commit(cctx); err != nil {
 		l.m.exec.claimLost()
 		return iterResult{}, fmt.Errorf("commit iteration: %w", err)

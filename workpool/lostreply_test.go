@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
@@ -156,4 +157,75 @@ func TestWorkAClaimTookRunsWhenTheClaimsReplyIsLost(t *testing.T) {
 	s := requireFinished(t, b, "org-1", id, OutcomeSucceeded)
 	require.Equal(t, int64(1), ran.Load())
 	require.Equal(t, 1, s.Attempts)
+}
+
+// releaseOrphans holds executor.claiming (write) while its UPDATE runs; a
+// full iteration takes claiming (read) with its transaction open, holding
+// the rows it marked. When that iteration marked an orphan (canceled it)
+// and the release was waiting for the lock (another loop's statement held
+// it shared), the two waited on each other — the release's UPDATE on the
+// iteration's row lock, the iteration on the release's lock — until
+// idle_in_transaction_session_timeout (30 s) ended the iteration: every
+// loop and claim of the replica stalled. The release now skips rows
+// another transaction holds (and looks again at its next pass). Found by
+// a review of the change that brought the release. (The sleeps let each
+// side reach its wait; should one not, the test passes without the
+// interleaving, it cannot fail for it.)
+func TestReleasingOrphansDoesNotStallBehindAnIterationHoldingTheirRows(t *testing.T) {
+	ctx := context.Background()
+	db := testkit.NewPool(t)
+	a := startManager(t, db, Config{Pools: map[string]int{"default": 5}})
+	api, err := New(db, liveConfig(t, Config{Pools: map[string]int{"default": 5}}))
+	require.NoError(t, err)
+	inHook, release := make(chan struct{}, 1), make(chan struct{})
+	hook := func(context.Context, pgx.Tx, Completion) error {
+		select {
+		case inHook <- struct{}{}:
+			<-release
+		default:
+		}
+		return nil
+	}
+	a.RegisterHook("h", hook)
+	api.RegisterHook("h", hook)
+	api.Register("nobody", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
+	api.Register("noop", func(context.Context, Job) (json.RawMessage, error) { return nil, nil })
+
+	// an orphan: work started unclaimed (no executor runs "nobody"),
+	// claimed for a's executor by a statement whose reply a never got
+	id, err := api.Enqueue(ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "nobody"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		st, err := a.Status(ctx, "org-1", id)
+		return err == nil && st.State == StateRunning
+	}, testWait, testTick)
+	_, err = db.Exec(ctx, `UPDATE workpool_work SET claimed_by = $1, heartbeat_at = now() WHERE id = $2`, [16]byte(a.exec.id), id)
+	require.NoError(t, err)
+	// pending work with a hook, not yet due
+	later, err := api.Enqueue(ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop", RunAt: time.Now().Add(time.Hour),
+		OnComplete: &OnComplete{Hook: "h", Context: json.RawMessage(`{}`)}})
+	require.NoError(t, err)
+
+	// both canceled at once: the iteration marks both rows, then runs the
+	// pending one's hook (in its transaction)
+	require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := a.CancelTx(ctx, tx, "org-1", id); err != nil {
+			return err
+		}
+		return a.CancelTx(ctx, tx, "org-1", later)
+	}))
+	<-inHook
+	a.exec.claiming.RLock() // another pool's loop has its start statement in flight
+	a.exec.claimLost()      // a lost reply: the claim loop's release waits for claiming
+	time.Sleep(300 * time.Millisecond)
+	close(release) // the iteration goes on to its commit, which waits for claiming
+	time.Sleep(300 * time.Millisecond)
+	a.exec.claiming.RUnlock() // the other loop's statement is done
+
+	id2, err := api.Enqueue(ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		st, err := a.Status(ctx, "org-1", id2)
+		return err == nil && st.State == StateFinished
+	}, testWait, testTick, "the replica's loops and claims stalled")
 }

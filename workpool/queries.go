@@ -407,10 +407,21 @@ RETURNING w.id, w.org_id, w.pool, w.handler, w.args, w.attempts, w.timeout_ms, w
 // sqlReleaseOrphans unclaims the running work claimed for executor $1 that
 // it does not run ($2, what it runs): claims a statement committed for it
 // whose reply was lost (executor.releaseOrphans). Any executor may claim
-// them again; the attempt was never made, so none is counted.
+// them again; the attempt was never made, so none is counted. It skips
+// rows another transaction holds (an iteration canceling or recovering
+// them: waited for under executor.claiming, that iteration's commit would
+// wait for the lock in turn) and returns how many it freed and how many
+// orphans it found.
 const sqlReleaseOrphans = `
-UPDATE workpool_work SET claimed_by = NULL, heartbeat_at = NULL
-WHERE state = 'running' AND claimed_by = $1 AND NOT (id = ANY($2))`
+WITH orphan AS (
+  SELECT id FROM workpool_work WHERE state = 'running' AND claimed_by = $1 AND NOT (id = ANY($2))
+), freed AS (
+  UPDATE workpool_work SET claimed_by = NULL, heartbeat_at = NULL
+  WHERE id IN (SELECT id FROM workpool_work WHERE id IN (SELECT id FROM orphan) AND state = 'running' AND claimed_by = $1
+               FOR UPDATE SKIP LOCKED)
+  RETURNING id
+)
+SELECT (SELECT count(*) FROM freed), (SELECT count(*) FROM orphan)`
 
 // sqlHeartbeat refreshes this executor's attempts, skipping rows another
 // transaction holds (an attempt being recorded right now: waiting for it
