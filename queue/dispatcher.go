@@ -399,15 +399,24 @@ func (p *pipeline) start(msgs []claimed) {
 	p.mu.Unlock()
 	for _, m := range now {
 		p.sends.Add(1)
-		go p.sendOne(m)
+		go p.sendOne(m, false)
 	}
 }
 
 // sendOne sends m when a slot is free, hands its outcome to the settler,
-// and starts the next message held behind it for its workflow.
-func (p *pipeline) sendOne(m claimed) {
+// and starts the next message held behind it for its workflow. One held
+// (behind a send to its workflow) is released once the dispatcher stops:
+// sent, it would hold the stop for another round of sends.
+func (p *pipeline) sendOne(m claimed, behind bool) {
 	defer p.sends.Done()
-	p.results <- p.sendInSlot(m)
+	if behind && p.isStopping() {
+		if !m.handoffLeaseEnd.IsZero() {
+			p.d.metrics.handoffs.WithLabelValues("released").Inc()
+		}
+		p.results <- sent{m: m, released: true}
+	} else {
+		p.results <- p.sendInSlot(m)
+	}
 	wf := m.Signal.WorkflowID
 	p.mu.Lock()
 	held := p.busy[wf]
@@ -428,7 +437,16 @@ func (p *pipeline) sendOne(m claimed) {
 	p.busy[wf] = held[1:]
 	p.sends.Add(1) // (before this send's Done: close waits for both)
 	p.mu.Unlock()
-	go p.sendOne(next)
+	go p.sendOne(next, true)
+}
+
+func (p *pipeline) isStopping() bool {
+	select {
+	case <-p.stopping:
+		return true
+	default:
+		return false
+	}
 }
 
 func (p *pipeline) sendInSlot(m claimed) sent {

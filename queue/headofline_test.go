@@ -200,3 +200,36 @@ type signalerFunc func(ctx context.Context, workflowID, runID, name string, arg 
 func (f signalerFunc) SignalWorkflow(ctx context.Context, workflowID, runID, name string, arg any) error {
 	return f(ctx, workflowID, runID, name, arg)
 }
+
+// A signal held behind a send to its workflow is released, not sent, once
+// the dispatcher stops: sent after that send, it held the stop for another
+// round of sends.
+func TestAStopReleasesASignalHeldBehindASendToItsWorkflow(t *testing.T) {
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	sig := newStuckWorkflowSignaler()
+	d := NewDispatcher(db, sig, DispatcherConfig{Logger: testkit.Logger(t)})
+	require.NoError(t, d.Start(ctx))
+	first := signalParams("first")
+	first.Signal.WorkflowID = "o/slow"
+	_, _, err := Enqueue(ctx, db, first)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { calls, _ := sig.count("o/slow"); return calls == 1 }, testWait, testTick, "a send to the workflow is in flight")
+	second := signalParams("second")
+	second.Signal.WorkflowID = "o/slow"
+	require.True(t, d.Handoff(enqueueForHandoff(t, db, d, second)))
+	time.Sleep(100 * time.Millisecond) // (the handoff is taken and held; if not yet, the stop releases it all the same)
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- d.Stop(context.Background()) }()
+	require.Eventually(t, func() bool { return !d.life.Running() }, testWait, testTick)
+	sig.unstick() // the send in flight ends (failed) within the stop
+	require.NoError(t, <-stopped)
+
+	calls, _ := sig.count("o/slow")
+	require.Equal(t, 1, calls, "the held signal was sent within the stop")
+	m, err := GetByKey(ctx, db, "o", "q", "second")
+	require.NoError(t, err)
+	require.Equal(t, StatusPending, m.Status)
+	require.Zero(t, m.Attempts, "released: its unmade attempt is not counted")
+}
