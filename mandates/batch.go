@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -52,6 +54,10 @@ type spendReply struct {
 	res     SpendResult
 	decided bool
 	err     error
+	// alone: the batch failed before anything of it committed (it
+	// panicked); the caller decides its spend on its own, in its own
+	// goroutine.
+	alone bool
 }
 
 // batchTimeout bounds one batch; it serves several callers, so no single
@@ -80,6 +86,13 @@ func (b *spendBatcher) do(ctx context.Context, p SpendParams) (SpendResult, bool
 	b.mu.Unlock()
 	select {
 	case r := <-req.reply:
+		if r.alone {
+			// (a bug it meets panics here, in its caller's goroutine, not
+			// in the batcher's, which serves every org)
+			res, decided, err := b.s.spendAlone(ctx, p)
+			b.count(res, decided, err)
+			return res, decided, err
+		}
 		return r.res, r.decided, r.err
 	case <-ctx.Done():
 		return SpendResult{}, false, ctx.Err()
@@ -152,11 +165,35 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
+	// A panic (a bug: in an inbox hook, say) is recovered here: in the
+	// batcher's goroutine it ended the process, every org's requests with
+	// it. Before anything may have committed, each request is decided on
+	// its own in its caller's goroutine, so that only the one that meets
+	// the bug fails; after, they fail (deciding again could spend twice).
+	committing := false
+	defer func() {
+		p := recover()
+		if p == nil {
+			return
+		}
+		b.s.logger.Error("spend batch panicked", "spends", len(batch), "committing", committing, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		r := spendReply{err: fmt.Errorf("spend: its batch failed: %v", p)}
+		if !committing {
+			r = spendReply{alone: true}
+		}
+		for _, req := range batch {
+			select {
+			case req.reply <- r:
+			default: // (answered before the panic)
+			}
+		}
+	}()
 	b.s.metrics.batch.Observe(float64(len(batch)))
 	if len(batch) == 1 {
+		committing = true // (its statements are spendAlone's: no telling when they commit)
 		res, decided, err := b.s.spendAlone(ctx, batch[0].p)
 		b.count(res, decided, err)
-		batch[0].reply <- spendReply{res, decided, err}
+		batch[0].reply <- spendReply{res: res, decided: decided, err: err}
 		return
 	}
 	pb := &pgx.Batch{}
@@ -166,6 +203,7 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 	replies := make([]spendReply, len(batch))
 	var failed error
 	if b.s.cfg.Inbox == nil {
+		committing = true // (one implicit transaction, committed as it ends)
 		br := b.s.db.SendBatch(ctx, pb)
 		failed = readBatch(br, replies)
 		if err := br.Close(); failed == nil && err != nil {
@@ -183,6 +221,8 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 				}
 				return b.s.appendRequestedAll(ctx, q, refusals)
 			})
+		// (a panic in there came before its COMMIT, and rolled it back)
+		committing = true
 	}
 	if failed != nil {
 		b.retryAlone(ctx, batch, failed)
@@ -230,7 +270,7 @@ func (b *spendBatcher) retryAlone(ctx context.Context, batch []*spendRequest, fa
 	for _, r := range batch {
 		res, decided, err := b.s.spendAlone(ctx, r.p)
 		b.count(res, decided, err)
-		r.reply <- spendReply{res, decided, err}
+		r.reply <- spendReply{res: res, decided: decided, err: err}
 	}
 }
 

@@ -101,3 +101,42 @@ func TestABatchOfRefusalsAppendsItsEventsInTwoRoundTrips(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM approval_events WHERE org_id = 'org-a'`).Scan(&appended))
 	require.Equal(t, 6, appended, "one event a refusal")
 }
+
+// A panic in a spend batch (a bug; here an inbox hook that panics on agent
+// "faulty"'s refusal) before anything of it committed sends its spends
+// alone, each in its caller's goroutine: the others are decided, and the
+// faulty one fails on its own (a 500), not the batcher's goroutine, which
+// serves every org and whose panic ended the process.
+func TestAPanicInASpendBatchBeforeItsCommitSendsItsSpendsAlone(t *testing.T) {
+	ctx := context.Background()
+	pool := testkit.NewPool(t)
+	events := inbox.New(pool, inbox.Config{Logger: testkit.Logger(t)})
+	events.OnAppend = func(_ context.Context, _ db.Querier, ev inbox.Event) error {
+		if strings.Contains(string(ev.Approval), `"faulty"`) {
+			panic("a hook's bug")
+		}
+		return nil
+	}
+	s := New(pool, Config{Logger: testkit.Logger(t), Inbox: events})
+	mustCreate(t, s, "org-a", "faulty", "llm", 10)
+	mustCreate(t, s, "org-a", "fine", "llm", 10)
+	faulty := SpendParams{OrgID: "org-a", AgentID: "faulty", Scope: "llm", Cost: 50} // refused: its event runs the hook
+	fine := SpendParams{OrgID: "org-a", AgentID: "fine", Scope: "llm", Cost: 1}
+	reqs := []*spendRequest{request(faulty), request(fine)}
+
+	require.NotPanics(t, func() { s.batcher.run(reqs) })
+	for _, r := range reqs {
+		require.True(t, (<-r.reply).alone, "nothing committed: %s goes alone", r.p.AgentID)
+	}
+	var spent int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(sum(spent), 0) FROM mandates WHERE org_id = 'org-a'`).Scan(&spent))
+	require.Zero(t, spent, "the batch rolled back")
+
+	// Through Spend the batcher lives on: the faulty spend fails (alone in
+	// its batch, no telling whether it committed), the next is served.
+	_, err := s.Spend(ctx, faulty)
+	require.ErrorContains(t, err, "spend: its batch failed: a hook's bug")
+	res, err := s.Spend(ctx, fine)
+	require.NoError(t, err)
+	require.True(t, res.OK)
+}
