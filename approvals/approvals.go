@@ -90,6 +90,15 @@ const (
 	// MaxInputNesting bounds how deep an input's arrays and objects nest.
 	MaxInputNesting = 1000
 	MaxMatch        = 4 << 10
+	// MaxMatchArrayElements bounds the array elements of a policy's match,
+	// all its arrays together, and MaxConditionalPolicies an agent's tool's
+	// policies with a match: every tool call tests each such match against
+	// its input (jsonb @>), and an array's test compares each of its
+	// elements with each of the input array's (up to 32,000): a 4 KiB match
+	// cost a second of the database's time per call, so an org's tool
+	// calls could hold the connections every org's requests share.
+	MaxMatchArrayElements  = 8
+	MaxConditionalPolicies = 20
 	// MinExpiresIn and MaxExpiresIn bound a request's expires_in_s.
 	MinExpiresIn = 10 * time.Second
 	MaxExpiresIn = 7 * 24 * time.Hour
@@ -103,6 +112,9 @@ var (
 	ErrSessionNotFound = fmt.Errorf("session %w", apperr.ErrNotFound)
 	// ErrPolicyNotFound: no such standing policy.
 	ErrPolicyNotFound = fmt.Errorf("tool policy %w", apperr.ErrNotFound)
+	// ErrTooManyPolicies: one more conditional policy would pass
+	// MaxConditionalPolicies for the agent's tool.
+	ErrTooManyPolicies = fmt.Errorf("%w: an agent's tool has at most %d policies with a match; delete one first", apperr.ErrConflict, MaxConditionalPolicies)
 	// ErrSessionAgent: the session is bound to another agent.
 	ErrSessionAgent = fmt.Errorf("%w: the session is bound to another agent", apperr.ErrConflict)
 	// ErrAlreadyResolved: the tool approval is no longer pending.

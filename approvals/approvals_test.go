@@ -607,3 +607,79 @@ func TestADeposedLeadersSweepWritesNothing(t *testing.T) {
 	require.Equal(t, []string{EventRequested, EventResolved, EventDenied}, names(eventsOf(t, s, sess)))
 	require.Equal(t, 1, count(t, db, `SELECT count(*) FROM queue_messages`))
 }
+
+// Each tool call tests every conditional policy's match against its input
+// (jsonb @>), comparing each array element of the match with each of the
+// input array's: a 4 KiB match of 2,000 elements cost a second of the
+// database's time per call, and one org's calls held the connections
+// every org shares (found by review). A match holds at most 8 array
+// elements in all, nested ones counted.
+func TestAPolicysMatchHoldsAtMostEightArrayElements(t *testing.T) {
+	s, _ := newTestService(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		match string
+		ok    bool
+	}{
+		{`{"args":[1,2,3,4,5,6,7,8]}`, true},
+		{`{"args":[1,2,3,4,5,6,7,8,9]}`, false},
+		{`{"a":[1,2,3,4],"b":{"c":[5,6,7,[8]]}}`, false}, // 4 + 4 + 1
+		{`{"a":[1,2,3,4],"b":{"c":[5,6,7]}}`, true},
+	} {
+		_, err := s.PutPolicy(ctx, org, PolicyParams{AgentID: agent, ToolName: "shell", Approval: PolicyAlways, Match: json.RawMessage(tc.match), UpdatedBy: "root"})
+		if tc.ok {
+			require.NoError(t, err, tc.match)
+			continue
+		}
+		var inv *apperr.InvalidError
+		require.ErrorAs(t, err, &inv, tc.match)
+		require.Equal(t, "match", inv.Fields[0].Field)
+		require.Contains(t, inv.Fields[0].Detail, "at most 8 array elements")
+	}
+}
+
+// An agent's tool has at most 20 policies with a match, whatever the
+// concurrency of the puts; a put of an existing match at the cap replaces
+// it, and the unconditional policy and other tools are not counted.
+func TestAnAgentsToolHasAtMostTwentyConditionalPolicies(t *testing.T) {
+	s, _ := newTestService(t)
+	ctx := context.Background()
+	put := func(tool, match string) error {
+		var m json.RawMessage
+		if match != "" {
+			m = json.RawMessage(match)
+		}
+		_, err := s.PutPolicy(ctx, org, PolicyParams{AgentID: agent, ToolName: tool, Approval: PolicyAlways, Match: m, UpdatedBy: "root"})
+		return err
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 30)
+	for i := range 30 {
+		wg.Go(func() { errs <- put("shell", fmt.Sprintf(`{"n":%d}`, i)) })
+	}
+	wg.Wait()
+	close(errs)
+	ok, refused := 0, 0
+	for err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, ErrTooManyPolicies):
+			refused++
+		default:
+			require.NoError(t, err)
+		}
+	}
+	require.Equal(t, MaxConditionalPolicies, ok)
+	require.Equal(t, 30-MaxConditionalPolicies, refused)
+	list, _, err := s.ListPolicies(ctx, org, agent, Page{Limit: 100})
+	require.NoError(t, err)
+	require.Len(t, list, MaxConditionalPolicies)
+	kept := string(list[0].Match)
+
+	require.NoError(t, put("shell", kept), "an existing match is replaced at the cap")
+	require.NoError(t, put("shell", ""), "the unconditional policy is not counted")
+	require.NoError(t, put("git", `{"n":1}`), "another tool has its own")
+	require.ErrorIs(t, put("shell", `{"n":"one more"}`), ErrTooManyPolicies)
+	require.True(t, errors.Is(ErrTooManyPolicies, apperr.ErrConflict))
+}

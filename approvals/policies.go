@@ -38,11 +38,31 @@ func (s *Service) PutPolicy(ctx context.Context, orgID string, p PolicyParams) (
 	if err := inv.OrNil(); err != nil {
 		return Policy{}, err
 	}
-	pol, err := scanPolicy(s.db.QueryRow(ctx, qUpsertPolicy, newID(), orgID, p.AgentID, p.ToolName, match, p.Approval, p.UpdatedBy))
-	if errors.Is(err, pgx.ErrNoRows) {
+	var pol Policy
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if match != nil {
+			if _, err := tx.Exec(ctx, qLockToolPolicyPuts, orgID, p.AgentID, p.ToolName); err != nil {
+				return err
+			}
+			var n int
+			var exists bool
+			if err := tx.QueryRow(ctx, qCountConditionalPolicies, orgID, p.AgentID, p.ToolName, match).Scan(&n, &exists); err != nil {
+				return err
+			}
+			if !exists && n >= MaxConditionalPolicies {
+				return ErrTooManyPolicies
+			}
+		}
+		var err error
+		pol, err = scanPolicy(tx.QueryRow(ctx, qUpsertPolicy, newID(), orgID, p.AgentID, p.ToolName, match, p.Approval, p.UpdatedBy))
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
 		return Policy{}, errPolicyKeyCollision
-	}
-	if err != nil {
+	case errors.Is(err, ErrTooManyPolicies):
+		return Policy{}, err
+	case err != nil:
 		return Policy{}, fmt.Errorf("setting tool policy: %w", err)
 	}
 	return pol, nil

@@ -120,6 +120,17 @@ DO UPDATE SET approval = EXCLUDED.approval, updated_by = EXCLUDED.updated_by, up
  WHERE coalesce(tool_policies.match, 'null'::jsonb) = coalesce(EXCLUDED.match, 'null'::jsonb)
 RETURNING ` + policyColumns
 
+// qLockToolPolicyPuts makes (org $1, agent $2, tool $3)'s policy puts
+// take turns, so that qCountConditionalPolicies, in the next statement,
+// sees every create committed before it and the cap holds.
+const qLockToolPolicyPuts = `SELECT pg_advisory_xact_lock(hashtext('tool_policies'), hashtext($1 || '/' || $2 || '/' || $3))`
+
+// qCountConditionalPolicies counts (org $1, agent $2, tool $3)'s policies
+// with a match, and says whether one has match $4 already.
+const qCountConditionalPolicies = `
+SELECT count(*) FILTER (WHERE match IS NOT NULL), coalesce(bool_or(match = $4::jsonb), false)
+  FROM tool_policies WHERE org_id = $1 AND agent_id = $2 AND tool_name = $3`
+
 // qDeletePolicy: $1 org, $2 agent, $3 tool, $4 match (NULL: unconditional).
 const qDeletePolicy = `
 DELETE FROM tool_policies

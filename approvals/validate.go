@@ -143,9 +143,39 @@ func normalizeMatch(inv *apperr.InvalidError, match json.RawMessage) json.RawMes
 		inv.Add("match", "must name at least one key (omit match for the unconditional policy)")
 		return nil
 	}
+	if n := arrayElements(trimmed); n > MaxMatchArrayElements {
+		inv.Add("match", fmt.Sprintf("must hold at most %d array elements in all (it holds %d): each is compared with each element of a call's input array", MaxMatchArrayElements, n))
+		return nil
+	}
 	if !jsonb.Storable(trimmed) {
 		inv.Add("match", unstorable)
 		return nil
 	}
 	return trimmed
+}
+
+// arrayElements counts the elements of every array in doc, nested ones
+// too (doc is valid JSON).
+func arrayElements(doc []byte) int {
+	var v any
+	if json.Unmarshal(doc, &v) != nil {
+		return 0
+	}
+	var count func(any) int
+	count = func(v any) int {
+		n := 0
+		switch v := v.(type) {
+		case []any:
+			n += len(v)
+			for _, e := range v {
+				n += count(e)
+			}
+		case map[string]any:
+			for _, e := range v {
+				n += count(e)
+			}
+		}
+		return n
+	}
+	return count(v)
 }
