@@ -38,6 +38,9 @@ func (s *Server) approvalRoutes() {
 }
 
 type toolPolicyJSON struct {
+	// ID is the policy's, kept when a put replaces its approval (SPEC §2:
+	// resources carry id; the list's cursor is one).
+	ID        uuid.UUID `json:"id"`
 	ToolName  string    `json:"tool_name"`
 	Approval  string    `json:"approval"`
 	Match     rawJSON   `json:"match"`
@@ -46,7 +49,7 @@ type toolPolicyJSON struct {
 }
 
 func toolPolicyOut(p approvals.Policy) toolPolicyJSON {
-	out := toolPolicyJSON{ToolName: p.ToolName, Approval: p.Approval, Match: rawJSON("null"), UpdatedAt: p.UpdatedAt.UTC(), UpdatedBy: p.UpdatedBy}
+	out := toolPolicyJSON{ID: p.ID, ToolName: p.ToolName, Approval: p.Approval, Match: rawJSON("null"), UpdatedAt: p.UpdatedAt.UTC(), UpdatedBy: p.UpdatedBy}
 	if len(p.Match) > 0 {
 		out.Match = rawJSON(p.Match)
 	}

@@ -88,7 +88,8 @@ func TestAToolCallIsDecidedByPolicyOrAnsweredByAnApproverOverREST(t *testing.T) 
 	r := do(t, f.h, http.MethodPut, "/v1/agents/agent-1/tool-policies/git", f.admin, map[string]any{"approval": "always", "match": map[string]any{"repo": "acme/docs"}})
 	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
 	pol := r.JSON(t)
-	require.Equal(t, map[string]any{"tool_name": "git", "approval": "always", "match": map[string]any{"repo": "acme/docs"},
+	require.NotEmpty(t, pol["id"])
+	require.Equal(t, map[string]any{"id": pol["id"], "tool_name": "git", "approval": "always", "match": map[string]any{"repo": "acme/docs"},
 		"updated_at": pol["updated_at"], "updated_by": "root"}, pol)
 
 	t.Run("a matching policy approves at once", func(t *testing.T) {
@@ -423,4 +424,21 @@ func TestAnAnswerNamingTheNilApprovalIDResolvesNothing(t *testing.T) {
 	r := do(t, f.h, http.MethodGet, "/v1/tool-approvals?status=pending", f.alice, nil)
 	require.Equal(t, http.StatusOK, r.Status)
 	require.Len(t, r.JSON(t)["items"], 2, "nothing was resolved")
+}
+
+// A standing policy carries its id (SPEC §2: resources carry id), which a
+// put that replaces its approval keeps and the list shows.
+func TestAToolPolicyCarriesItsIDAcrossPuts(t *testing.T) {
+	f := newApprovalsFixture(t)
+	put := func(approval string) map[string]any {
+		r := do(t, f.h, http.MethodPut, "/v1/agents/agent-1/tool-policies/shell", f.admin, map[string]any{"approval": approval})
+		require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+		return r.JSON(t)
+	}
+	first, again := put("never"), put("always")
+	require.NotEmpty(t, first["id"])
+	require.Equal(t, first["id"], again["id"])
+	r := do(t, f.h, http.MethodGet, "/v1/agents/agent-1/tool-policies", f.admin, nil)
+	require.Equal(t, http.StatusOK, r.Status)
+	require.Equal(t, first["id"], r.JSON(t)["items"].([]any)[0].(map[string]any)["id"])
 }

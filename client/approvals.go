@@ -191,6 +191,8 @@ type ToolPoliciesService struct{ c *Client }
 
 // ToolPolicy is a standing decision for an agent's calls of a tool.
 type ToolPolicy struct {
+	// ID is the policy's; a put that replaces its approval keeps it.
+	ID       string `json:"id"`
 	ToolName string `json:"tool_name"`
 	// Approval is always, once or never.
 	Approval string `json:"approval"`
