@@ -23,6 +23,23 @@ func (f *fixture) refuseOne(t *testing.T) *RefusedError {
 	return refused
 }
 
+// settled reads a raced refusal's approval request and wake-up and, when
+// the approve won (aerr nil), checks it is approved and its work enqueued;
+// the caller checks the other way.
+func (f *fixture) settled(t *testing.T, r *RefusedError, aerr error) (mandates.Approval, Wakeup) {
+	t.Helper()
+	ctx := context.Background()
+	a, err := f.mandates.GetApproval(ctx, "o", "", r.ApprovalID)
+	require.NoError(t, err)
+	w, err := f.svc.Get(ctx, "o", AnyAgent, r.Wakeup.ID)
+	require.NoError(t, err)
+	if aerr == nil {
+		require.Equal(t, "approved", a.State)
+		require.NotNil(t, w.WorkID)
+	}
+	return a, w
+}
+
 // An approve and a cancel of the wake-up that waits on it, at once: either
 // the approval wins (approved, its work enqueued) or the cancel does (the
 // request canceled, the wake-up resolved canceled, nothing run); never an
@@ -39,14 +56,7 @@ func TestAnApproveRacingACancelSettlesOneWay(t *testing.T) {
 		go func() { defer wg.Done(); _, cerr = f.svc.Cancel(ctx, "o", AnyAgent, r.Wakeup.ID) }()
 		wg.Wait()
 		require.NoError(t, cerr)
-		a, err := f.mandates.GetApproval(ctx, "o", "", r.ApprovalID)
-		require.NoError(t, err)
-		w, err := f.svc.Get(ctx, "o", AnyAgent, r.Wakeup.ID)
-		require.NoError(t, err)
-		if aerr == nil {
-			require.Equal(t, "approved", a.State)
-			require.NotNil(t, w.WorkID)
-		} else {
+		if a, w := f.settled(t, r, aerr); aerr != nil {
 			require.Equal(t, "canceled", a.State)
 			require.Equal(t, "resolved", f.state(t, r.Wakeup.ID))
 			require.Equal(t, OutcomeCanceled, w.Outcome)
@@ -77,14 +87,7 @@ func TestAnApproveRacingExpirySettlesOneWay(t *testing.T) {
 			}
 		}()
 		wg.Wait()
-		a, err := f.mandates.GetApproval(ctx, "o", "", r.ApprovalID)
-		require.NoError(t, err)
-		w, err := f.svc.Get(ctx, "o", AnyAgent, r.Wakeup.ID)
-		require.NoError(t, err)
-		if aerr == nil {
-			require.Equal(t, "approved", a.State)
-			require.NotNil(t, w.WorkID)
-		} else {
+		if a, w := f.settled(t, r, aerr); aerr != nil {
 			require.ErrorIs(t, aerr, mandates.ErrAlreadyResolved)
 			require.Equal(t, "expired", a.State)
 			require.Equal(t, OutcomeDenied, w.Outcome)
