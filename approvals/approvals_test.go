@@ -683,3 +683,17 @@ func TestAnAgentsToolHasAtMostTwentyConditionalPolicies(t *testing.T) {
 	require.ErrorIs(t, put("shell", `{"n":"one more"}`), ErrTooManyPolicies)
 	require.True(t, errors.Is(ErrTooManyPolicies, apperr.ErrConflict))
 }
+
+// A policy stored before matches were bounded to 8 array elements can be
+// deleted (its match named as stored): it was a 400, so the costly match
+// stayed for good and the cap's "delete one first" could not be followed.
+func TestAPolicyStoredPastTheArrayBoundCanBeDeleted(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	legacy := `{"args":[1,2,3,4,5,6,7,8,9]}`
+	_, err := db.Exec(ctx, `INSERT INTO tool_policies (id, org_id, agent_id, tool_name, match, approval, updated_by)
+		VALUES (gen_random_uuid(), $1, $2, 'shell', $3::jsonb, 'always', 'root')`, org, agent, legacy)
+	require.NoError(t, err)
+	require.NoError(t, s.DeletePolicy(ctx, org, agent, "shell", json.RawMessage(legacy)))
+	require.ErrorIs(t, s.DeletePolicy(ctx, org, agent, "shell", json.RawMessage(legacy)), ErrPolicyNotFound)
+}

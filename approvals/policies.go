@@ -34,7 +34,7 @@ func (s *Service) PutPolicy(ctx context.Context, orgID string, p PolicyParams) (
 	checkSegment(inv, "agent_id", p.AgentID, MaxText)
 	checkToolName(inv, "tool_name", p.ToolName)
 	checkPolicy(inv, "approval", p.Approval, true)
-	match := normalizeMatch(inv, p.Match)
+	match := normalizeMatch(inv, p.Match, true)
 	if err := inv.OrNil(); err != nil {
 		return Policy{}, err
 	}
@@ -79,7 +79,7 @@ func (s *Service) DeletePolicy(ctx context.Context, orgID, agentID, toolName str
 	inv := &apperr.InvalidError{}
 	checkSegment(inv, "agent_id", agentID, MaxText)
 	checkToolName(inv, "tool_name", toolName)
-	match = normalizeMatch(inv, match)
+	match = normalizeMatch(inv, match, false)
 	if err := inv.OrNil(); err != nil {
 		return err
 	}

@@ -124,8 +124,10 @@ func normalizeInput(inv *apperr.InvalidError, input json.RawMessage) json.RawMes
 }
 
 // normalizeMatch returns a policy's match: nil for none, else a non-empty
-// JSON object bounded by MaxMatch.
-func normalizeMatch(inv *apperr.InvalidError, match json.RawMessage) json.RawMessage {
+// JSON object bounded by MaxMatch — and, for a match to be stored (put),
+// by MaxMatchArrayElements: a match that names a policy to delete may be
+// one stored before that bound.
+func normalizeMatch(inv *apperr.InvalidError, match json.RawMessage, put bool) json.RawMessage {
 	trimmed := bytes.TrimSpace(match)
 	if len(trimmed) == 0 || string(trimmed) == "null" {
 		return nil
@@ -143,7 +145,7 @@ func normalizeMatch(inv *apperr.InvalidError, match json.RawMessage) json.RawMes
 		inv.Add("match", "must name at least one key (omit match for the unconditional policy)")
 		return nil
 	}
-	if n := arrayElements(trimmed); n > MaxMatchArrayElements {
+	if n := arrayElements(trimmed); put && n > MaxMatchArrayElements {
 		inv.Add("match", fmt.Sprintf("must hold at most %d array elements in all (it holds %d): each is compared with each element of a call's input array", MaxMatchArrayElements, n))
 		return nil
 	}

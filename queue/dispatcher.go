@@ -240,7 +240,9 @@ func (d *Dispatcher) listenAndDispatch(ctx context.Context, listening func()) er
 		}
 		p.clearRetry() // the wait computed next covers the retries settled so far
 		// (no longer than until the connection is due a ping)
-		wait := min(d.untilNextDue(ctx, p.busyWorkflows()), max(d.cfg.ListenPingEvery-time.Since(heard), time.Millisecond))
+		until, dueBusy := d.untilNextDueBusy(ctx, p.busyWorkflows())
+		p.passOver(dueBusy) // (due since the claim's snapshot: their sends in flight end in a look)
+		wait := min(until, max(d.cfg.ListenPingEvery-time.Since(heard), time.Millisecond))
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		p.waiting(cancel)
 		_, err := conn.Conn().WaitForNotification(wctx)
@@ -610,22 +612,42 @@ func (p *pipeline) close() {
 // insert notified no one, so a dispatcher asleep since before it would not
 // look otherwise.
 func (d *Dispatcher) untilNextDue(ctx context.Context, busy []string) time.Duration {
+	wait, _ := d.untilNextDueBusy(ctx, busy)
+	return wait
+}
+
+// untilNextDueBusy is untilNextDue, and the busy workflows with due
+// messages: one may have fallen due since the claim's snapshot passed it
+// over, and must be looked at again once its send in flight ends.
+func (d *Dispatcher) untilNextDueBusy(ctx context.Context, busy []string) (time.Duration, []string) {
 	longest := min(d.cfg.HandoffLease, time.Minute)
 	var secs *float64
+	var dueBusy []string
+	b := &pgx.Batch{}
 	// Spans every org: the dispatcher is the system's outbox worker. Due
 	// by the database's clock, which the claim compares with: by this
 	// host's, a clock ahead woke too early and polled until it was due.
 	// (Not the busy workflows' due messages, which the claim passes over:
 	// their sends in flight end in a new look. Their messages due later
-	// count: once due, a claim passes over them, noting the look.)
-	err := d.db.QueryRow(ctx, `SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 FROM queue_messages
+	// count: once due, a claim passes over them, noting the look. An index
+	// read to the first row that counts, not an aggregate over every
+	// pending message: an outage's backlog is read at every wait.)
+	b.Queue(`SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 FROM queue_messages
 		WHERE status = 'pending' AND signal_workflow_id IS NOT NULL
-		  AND (next_attempt_at > now() OR NOT (signal_workflow_id = ANY(coalesce($1::text[], '{}'))))`, busy).Scan(&secs)
-	if err != nil || secs == nil {
-		return longest
+		  AND (next_attempt_at > now() OR NOT (signal_workflow_id = ANY(coalesce($1::text[], '{}'))))`, busy).QueryRow(func(r pgx.Row) error {
+		return r.Scan(&secs)
+	})
+	if len(busy) > 0 {
+		b.Queue(`SELECT coalesce(array_agg(DISTINCT signal_workflow_id), '{}') FROM queue_messages
+			WHERE status = 'pending' AND signal_workflow_id = ANY($1) AND next_attempt_at <= now()`, busy).QueryRow(func(r pgx.Row) error {
+			return r.Scan(&dueBusy)
+		})
+	}
+	if err := d.db.SendBatch(ctx, b).Close(); err != nil || secs == nil {
+		return longest, dueBusy
 	}
 	wait := time.Duration(*secs * float64(time.Second))
-	return min(max(wait, time.Millisecond), longest)
+	return min(max(wait, time.Millisecond), longest), dueBusy
 }
 
 type claimed struct {

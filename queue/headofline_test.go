@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/api/serviceerror"
 
@@ -193,6 +195,84 @@ func TestARetryOfABusyWorkflowFallingDueFollowsItsSendInFlight(t *testing.T) {
 		require.NoError(t, err)
 		return m.Status == StatusDelivered
 	}, testWait, testTick, "a retry of a busy workflow waited for the due poll")
+}
+
+// A busy workflow's message that falls due between a claim's snapshot
+// (its transaction's now(), which the pass-over test uses too) and the
+// next untilNextDue is neither passed over (so its send in flight ends in
+// no look) nor counted by the wait (due, and its workflow busy): it waits
+// for the ping or the lease poll, not for the send in flight. The wait's
+// read now also names the busy workflows with due messages. Found by a
+// review of this change. (The sleeps order the steps; should one come
+// late, the test passes without the interleaving — it cannot fail for it.)
+func TestABusyWorkflowsMessageFallingDueDuringAClaimFollowsItsSendInFlight(t *testing.T) {
+	dsn := testkit.NewDatabase(t)
+	db := testkit.NewPoolFor(t, dsn)
+	// the dispatcher's own pool: its LISTEN connection and one more, so
+	// that its claims run on a connection that has their statement cached
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	pcfg.MaxConns = 2
+	dpool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(dpool.Close)
+	ctx := context.Background()
+	bDone := make(chan struct{})
+	sig := signalerFunc(func(ctx context.Context, wf, _, _ string, arg any) error {
+		var m struct{ K string }
+		_ = json.Unmarshal(arg.(json.RawMessage), &m)
+		if m.K == "b" {
+			<-bDone // a slow send, in flight while x falls due
+		}
+		return nil
+	})
+	startDispatcher(t, dpool, sig, DispatcherConfig{HandoffLease: time.Hour})
+	t.Cleanup(func() {
+		select {
+		case <-bDone:
+		default:
+			close(bDone)
+		}
+	})
+	p := signalParams("k-b")
+	p.Signal.WorkflowID = "o/w"
+	p.Payload = json.RawMessage(`{"k":"b"}`)
+	_, _, err = Enqueue(ctx, db, p)
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond) // b's send is in flight: o/w is busy
+
+	// x, for o/w, due in a second
+	require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		x := signalParams("k-x")
+		x.Signal.WorkflowID = "o/w"
+		x.Payload = json.RawMessage(`{"k":"x"}`)
+		m, _, err := Enqueue(ctx, tx, x)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE queue_messages SET next_attempt_at = now() + interval '1 second' WHERE id = $1`, m.ID)
+		return err
+	}))
+	time.Sleep(400 * time.Millisecond)
+
+	// a claim (any notification) starts before x is due and, slow (a lock
+	// stands in for a loaded database), ends after
+	lock, err := db.Begin(ctx)
+	require.NoError(t, err)
+	_, err = lock.Exec(ctx, `LOCK TABLE queue_messages IN SHARE ROW EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `SELECT pg_notify($1, '')`, notifyChannel)
+	require.NoError(t, err)
+	time.Sleep(900 * time.Millisecond) // x falls due meanwhile
+	require.NoError(t, lock.Commit(ctx))
+	time.Sleep(300 * time.Millisecond)
+
+	close(bDone) // b's send ends: x follows it
+	require.Eventually(t, func() bool {
+		m, err := GetByKey(ctx, db, "o", "q", "k-x")
+		require.NoError(t, err)
+		return m.Status == StatusDelivered
+	}, testWait, testTick, "x waited for the ping or the lease poll, not for b's send")
 }
 
 type signalerFunc func(ctx context.Context, workflowID, runID, name string, arg any) error
