@@ -72,7 +72,8 @@ func (s *Service) expiredApprovals(ctx context.Context, after *dueApproval, batc
 }
 
 // expire resolves one request as expired; one already resolved (by a
-// concurrent approver or sweeper) is skipped. Both count as swept.
+// concurrent approver, a cancel or another sweeper) is skipped, and not
+// counted: Sweep returns how many it expired.
 func (s *Service) expire(ctx context.Context, d dueApproval) (bool, error) {
 	ctx, committed := db.WithAfterCommit(ctx)
 	err := leader.FencedTx(ctx, s.db, func(tx pgx.Tx) error {
@@ -85,7 +86,7 @@ func (s *Service) expire(ctx context.Context, d dueApproval) (bool, error) {
 		s.metrics.resolve(StateExpired)
 		return true, nil
 	case errors.Is(err, ErrAlreadyResolved), errors.Is(err, ErrApprovalNotFound):
-		return true, nil
+		return false, nil
 	}
 	return false, err
 }

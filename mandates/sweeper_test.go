@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/leader"
@@ -163,4 +164,37 @@ func TestADeposedLeadersSweepWritesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Equal(t, []string{StateExpired}, hookRows(t, db, id))
+}
+
+// A request listed by a sweep's scan but resolved elsewhere before the
+// sweep reached it (here withdrawn by a wake-up's cancel) is skipped and
+// not counted: Sweep returns how many it expired (it counted both; the
+// tool-approval sweeper did not). Found by review.
+func TestASweepCountsOnlyWhatItExpired(t *testing.T) {
+	s, db := newTestService(t)
+	ctx := context.Background()
+	rec := newRecorder(t, s, db, "test")
+	first := refuse(t, s, "org-a", "llm", 5, "")
+	second := refuse(t, s, "org-a", "llm", 5, "")
+	_, err := db.Exec(ctx, `UPDATE mandate_approvals SET expires_at = now() - interval '2 seconds' WHERE id = $1`, first)
+	require.NoError(t, err)
+	makeOverdue(t, db, second) // due after first: listed in the same scan
+	s.RegisterResolveHook("test", func(ctx context.Context, tx pgx.Tx, r Resolution) error {
+		if r.ApprovalID == first { // while the sweep expires first, second is withdrawn elsewhere
+			require.NoError(t, pgx.BeginFunc(context.Background(), db, func(tx pgx.Tx) error {
+				ok, err := s.CancelApprovalTx(context.Background(), tx, "org-a", second)
+				require.True(t, ok)
+				return err
+			}))
+		}
+		return rec.hook(ctx, tx, r)
+	})
+
+	n, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	a, err := s.GetApproval(ctx, "org-a", AnyAgent, second)
+	require.NoError(t, err)
+	require.Equal(t, StateCanceled, a.State)
+	require.EqualValues(t, 1, testutil.ToFloat64(s.metrics.expired), "one request expired")
+	require.Equal(t, 1, n, "Sweep returns how many it expired: one, not the one another resolved")
 }
