@@ -226,9 +226,11 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 						refusals = append(refusals, refusal{r.p.OrgID, replies[i].res.ApprovalID})
 					}
 				}
-				return b.s.appendRequestedAll(ctx, q, refusals)
+				err := b.s.appendRequestedAll(ctx, q, refusals)
+				committing = true // (its COMMIT comes next: a panic from here on may follow it)
+				return err
 			})
-		// (a panic in there came before its COMMIT, and rolled it back)
+		// (a panic before that rolled the batch back)
 		committing = true
 	}
 	if failed != nil {
@@ -274,11 +276,35 @@ func (b *spendBatcher) retryAlone(ctx context.Context, batch []*spendRequest, fa
 		return
 	}
 	b.s.logger.Debug("spend batch failed; deciding its spends one by one", "spends", len(batch), "error", failed.Error())
-	for _, r := range batch {
-		res, decided, err := b.s.spendAlone(ctx, r.p)
-		b.count(res, decided, err)
-		r.reply <- spendReply{res: res, decided: decided, err: err}
+	for i, r := range batch {
+		if !b.decideAlone(ctx, r) {
+			// (it panicked, and failed alone: the spends after it were
+			// not tried, and go alone in their callers' goroutines)
+			for _, rest := range batch[i+1:] {
+				rest.reply <- spendReply{alone: true}
+			}
+			return
+		}
 	}
+}
+
+// decideAlone decides r on its own and answers it; false when that
+// panicked (a bug), which answers r with an error.
+func (b *spendBatcher) decideAlone(ctx context.Context, r *spendRequest) (ok bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			b.s.logger.Error("spend panicked", "org_id", r.p.OrgID, "agent_id", r.p.AgentID, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			select {
+			case r.reply <- spendReply{err: fmt.Errorf("spend: it failed: %v", p)}:
+			default: // (answered before the panic)
+			}
+			ok = false
+		}
+	}()
+	res, decided, err := b.s.spendAlone(ctx, r.p)
+	b.count(res, decided, err)
+	r.reply <- spendReply{res: res, decided: decided, err: err}
+	return true
 }
 
 // count counts a decision the batcher committed in
