@@ -638,6 +638,8 @@ func (d *Dispatcher) untilNextDueBusy(ctx context.Context, busy []string) (time.
 		return r.Scan(&secs)
 	})
 	if len(busy) > 0 {
+		// (the due messages only, by the same index: a stuck workflow's
+		// due backlog is read here, at each wait while it is busy)
 		b.Queue(`SELECT coalesce(array_agg(DISTINCT signal_workflow_id), '{}') FROM queue_messages
 			WHERE status = 'pending' AND signal_workflow_id = ANY($1) AND next_attempt_at <= now()`, busy).QueryRow(func(r pgx.Row) error {
 			return r.Scan(&dueBusy)
