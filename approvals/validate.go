@@ -145,9 +145,11 @@ func normalizeMatch(inv *apperr.InvalidError, match json.RawMessage, put bool) j
 		inv.Add("match", "must name at least one key (omit match for the unconditional policy)")
 		return nil
 	}
-	if n := arrayElements(trimmed); put && n > MaxMatchArrayElements {
-		inv.Add("match", fmt.Sprintf("must hold at most %d array elements in all (it holds %d): each is compared with each element of a call's input array", MaxMatchArrayElements, n))
-		return nil
+	if put {
+		if n := arrayElements(trimmed); n > MaxMatchArrayElements {
+			inv.Add("match", fmt.Sprintf("must hold at most %d array elements in all (it holds %d): each is compared with each element of a call's input array", MaxMatchArrayElements, n))
+			return nil
+		}
 	}
 	if !jsonb.Storable(trimmed) {
 		inv.Add("match", unstorable)

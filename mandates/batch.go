@@ -205,14 +205,8 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 	if b.s.cfg.Inbox == nil {
 		committing = true // (one implicit transaction, committed as it ends)
 		br := b.s.db.SendBatch(ctx, pb)
-		closed := false
-		defer func() {
-			if !closed { // (a panic while reading: its connection goes back)
-				_ = br.Close()
-			}
-		}()
+		defer br.Close() // (a panic while reading: its connection goes back; Close twice is safe)
 		failed = readBatch(br, replies)
-		closed = true
 		if err := br.Close(); failed == nil && err != nil {
 			failed = err
 		}

@@ -118,14 +118,8 @@ func (s *Service) spend(ctx context.Context, q db.Batcher, p SpendParams) (res S
 	b := &pgx.Batch{}
 	s.queueSpend(b, p)
 	br := q.SendBatch(ctx, b)
-	closed := false
-	defer func() {
-		if !closed { // (a panic while reading: its connection goes back)
-			_ = br.Close()
-		}
-	}()
+	defer br.Close() // (a panic while reading: its connection goes back; Close twice is safe)
 	res, decided, err = readSpend(br)
-	closed = true
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("committing spend: %w", cerr)
 	}

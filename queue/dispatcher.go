@@ -240,8 +240,8 @@ func (d *Dispatcher) listenAndDispatch(ctx context.Context, listening func()) er
 		}
 		p.clearRetry() // the wait computed next covers the retries settled so far
 		// (no longer than until the connection is due a ping)
-		until, dueBusy := d.untilNextDueBusy(ctx, p.busyWorkflows())
-		p.passOver(dueBusy) // (due since the claim's snapshot: their sends in flight end in a look)
+		until, dueBusy := d.untilNextDue(ctx, p.busyWorkflows())
+		p.passOver(dueBusy) // (their sends in flight end in a look)
 		wait := min(until, max(d.cfg.ListenPingEvery-time.Since(heard), time.Millisecond))
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		p.waiting(cancel)
@@ -301,8 +301,8 @@ type pipeline struct {
 	// backlog took every slot and every claim, and every other workflow's
 	// signals waited rounds of SendTimeout behind it.
 	busy map[string][]claimed
-	// passedOver: busy workflows a claim found due messages of; once its
-	// send is done, the dispatcher looks again at once.
+	// passedOver: busy workflows found with due messages (untilNextDue);
+	// once its send is done, the dispatcher looks again at once.
 	passedOver map[string]bool
 	pending    int                // claimed and not yet settled
 	retry      bool               // a settle scheduled a retry since clearRetry()
@@ -374,12 +374,11 @@ func (p *pipeline) claimAndSend(ctx context.Context, limit int) (int, error) {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
 	defer cancel()
-	msgs, passedOver, err := p.d.claim(cctx, limit, p.busyWorkflows())
-	if err != nil {
+	msgs, err := p.d.claim(cctx, limit, p.busyWorkflows())
+	if err != nil || len(msgs) == 0 {
 		return 0, err
 	}
-	p.start(msgs)          // (first: the workflows it claimed for are busy...)
-	p.passOver(passedOver) // (...when those with more due are noted)
+	p.start(msgs)
 	return len(msgs), nil
 }
 
@@ -473,8 +472,8 @@ func (p *pipeline) sendInSlot(m claimed) sent {
 	return sent{m: m, r: r}
 }
 
-// passOver notes the busy workflows a claim passed over; one no longer
-// busy by now is looked for again at once.
+// passOver notes busy workflows with due messages, which the claims pass
+// over; one no longer busy by now is looked for again at once.
 func (p *pipeline) passOver(wfs []string) {
 	var wake context.CancelFunc
 	p.mu.Lock()
@@ -610,16 +609,10 @@ func (p *pipeline) close() {
 // earliest retry or lease end, at most HandoffLease (and a minute). That
 // bound is the poll that finds a handed-off message whose writer died: its
 // insert notified no one, so a dispatcher asleep since before it would not
-// look otherwise.
-func (d *Dispatcher) untilNextDue(ctx context.Context, busy []string) time.Duration {
-	wait, _ := d.untilNextDueBusy(ctx, busy)
-	return wait
-}
-
-// untilNextDueBusy is untilNextDue, and the busy workflows with due
-// messages: one may have fallen due since the claim's snapshot passed it
-// over, and must be looked at again once its send in flight ends.
-func (d *Dispatcher) untilNextDueBusy(ctx context.Context, busy []string) (time.Duration, []string) {
+// look otherwise. It also returns the busy workflows with due messages,
+// which the claims pass over (or which fell due since the last claim's
+// snapshot): each is looked at again once its send in flight ends.
+func (d *Dispatcher) untilNextDue(ctx context.Context, busy []string) (time.Duration, []string) {
 	longest := min(d.cfg.HandoffLease, time.Minute)
 	var secs *float64
 	var dueBusy []string
@@ -629,7 +622,7 @@ func (d *Dispatcher) untilNextDueBusy(ctx context.Context, busy []string) (time.
 	// host's, a clock ahead woke too early and polled until it was due.
 	// (Not the busy workflows' due messages, which the claim passes over:
 	// their sends in flight end in a new look. Their messages due later
-	// count: once due, a claim passes over them, noting the look. An index
+	// count: once due, the wait after a claim notes them. An index
 	// read to the first row that counts, not an aggregate over every
 	// pending message: an outage's backlog is read at every wait.)
 	b.Queue(`SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 FROM queue_messages
@@ -688,7 +681,7 @@ func (r sendResult) kind() sendKind {
 // concurrently and records each outcome. It returns how many it claimed.
 // (The running dispatcher does the same without waiting between claims.)
 func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
-	msgs, _, err := d.claim(ctx, d.cfg.BatchSize, nil)
+	msgs, err := d.claim(ctx, d.cfg.BatchSize, nil)
 	if err != nil || len(msgs) == 0 {
 		return 0, err
 	}
@@ -734,7 +727,7 @@ func (d *Dispatcher) send(ctx context.Context, m claimed) sendResult {
 // for the WAL flush — it is on every signal's path: if a crash loses it,
 // the message is simply claimed and sent again, which at-least-once
 // delivery allows.
-func (d *Dispatcher) claim(ctx context.Context, limit int, busy []string) (msgs []claimed, passedOver []string, err error) {
+func (d *Dispatcher) claim(ctx context.Context, limit int, busy []string) ([]claimed, error) {
 	b := &pgx.Batch{}
 	// The batch is one implicit transaction: the setting is local to it.
 	b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
@@ -749,14 +742,12 @@ func (d *Dispatcher) claim(ctx context.Context, limit int, busy []string) (msgs 
 		   ORDER BY next_attempt_at
 		   LIMIT $1 * 4
 		), first AS (
-		  -- one a workflow: its next ones wait for this one's send (more:
-		  -- it has others due)
-		  SELECT DISTINCT ON (signal_workflow_id) id, next_attempt_at,
-		         count(*) OVER (PARTITION BY signal_workflow_id) > 1 AS more
-		    FROM ready
+		  -- one a workflow: its next ones wait for this one's send (the
+		  -- wait after the claim notes a busy workflow with more due)
+		  SELECT DISTINCT ON (signal_workflow_id) id, next_attempt_at FROM ready
 		   ORDER BY signal_workflow_id, next_attempt_at
 		), due AS (
-		  SELECT q.id, f.more FROM queue_messages q JOIN first f ON f.id = q.id
+		  SELECT q.id FROM queue_messages q JOIN first f ON f.id = q.id
 		   WHERE q.status = 'pending' AND q.next_attempt_at <= now()
 		   ORDER BY q.next_attempt_at
 		   LIMIT $1
@@ -766,35 +757,22 @@ func (d *Dispatcher) claim(ctx context.Context, limit int, busy []string) (msgs 
 		  FROM due WHERE m.id = due.id
 		RETURNING m.id, m.org_id, m.queue, m.payload, m.idempotency_key, m.status, m.signal_workflow_id, m.signal_run_id,
 		          m.signal_name, m.attempts, coalesce(m.last_error, ''), m.next_attempt_at, m.created_at, m.updated_at,
-		          m.delivered_at, extract(epoch FROM now() - m.not_found_since)::float8, due.more`, limit, d.cfg.Lease, busy)
-	var claimedMore []string // workflows claimed with more messages due
-	if len(busy) > 0 {
-		// (the busy workflows with due messages the claim passed over:
-		// their next send follows the one in flight)
-		b.Queue(`SELECT coalesce(array_agg(DISTINCT signal_workflow_id), '{}') FROM queue_messages
-			WHERE status = 'pending' AND signal_workflow_id = ANY($1) AND next_attempt_at <= now()`, busy).QueryRow(func(r pgx.Row) error {
-			return r.Scan(&passedOver)
-		})
-	}
+		          m.delivered_at, extract(epoch FROM now() - m.not_found_since)::float8`, limit, d.cfg.Lease, busy)
 	br := d.db.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		return nil, nil, fmt.Errorf("claim signal messages: %w", err)
+		return nil, fmt.Errorf("claim signal messages: %w", err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, nil, fmt.Errorf("claim signal messages: %w", err)
+		return nil, fmt.Errorf("claim signal messages: %w", err)
 	}
-	msgs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
+	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
 		var c claimed
 		var wf, run, name *string
 		var notFoundFor *float64 // by the database's clock
-		var more bool
 		err := row.Scan(&c.ID, &c.OrgID, &c.Queue, &c.Payload, &c.IdempotencyKey, &c.Status, &wf, &run, &name,
-			&c.Attempts, &c.LastError, &c.NextAttemptAt, &c.CreatedAt, &c.UpdatedAt, &c.DeliveredAt, &notFoundFor, &more)
-		if more {
-			claimedMore = append(claimedMore, deref(wf))
-		}
+			&c.Attempts, &c.LastError, &c.NextAttemptAt, &c.CreatedAt, &c.UpdatedAt, &c.DeliveredAt, &notFoundFor)
 		if notFoundFor != nil {
 			since := d.now().Add(-time.Duration(*notFoundFor * float64(time.Second)))
 			c.notFoundSince = &since
@@ -803,12 +781,12 @@ func (d *Dispatcher) claim(ctx context.Context, limit int, busy []string) (msgs 
 		return c, err
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("claim signal messages: %w", err)
+		return nil, fmt.Errorf("claim signal messages: %w", err)
 	}
 	if err := br.Close(); err != nil {
-		return nil, nil, fmt.Errorf("claim signal messages: %w", err)
+		return nil, fmt.Errorf("claim signal messages: %w", err)
 	}
-	return msgs, append(passedOver, claimedMore...), nil
+	return msgs, nil
 }
 
 // settle writes every send's outcome in three set-based statements.

@@ -78,7 +78,7 @@ func TestANotFoundSignalIsRetriedUntilItsGraceHasPassed(t *testing.T) {
 				_, err = db.Exec(ctx, `UPDATE queue_messages SET not_found_since = now() - $2::interval WHERE id = $1`, m.ID, tt.firstNotFound)
 				require.NoError(t, err)
 			}
-			msgs, _, err := d.claim(ctx, 10, nil)
+			msgs, err := d.claim(ctx, 10, nil)
 			require.NoError(t, err)
 			require.Len(t, msgs, 1)
 			r := sendResult{id: m.ID, err: notFound, attempts: msgs[0].Attempts, notFoundSince: msgs[0].notFoundSince}
@@ -122,7 +122,7 @@ func TestASignalThatKeepsFailingIsLoggedAsAWarningNowAndThen(t *testing.T) {
 			require.NoError(t, err)
 			_, err = db.Exec(ctx, `UPDATE queue_messages SET attempts = $2 WHERE id = $1`, m.ID, tc.attemptsBefore)
 			require.NoError(t, err)
-			msgs, _, err := d.claim(ctx, 10, nil)
+			msgs, err := d.claim(ctx, 10, nil)
 			require.NoError(t, err)
 			require.Len(t, msgs, 1)
 			r := sendResult{id: m.ID, err: serviceerror.NewUnavailable("frontend down"), attempts: msgs[0].Attempts}
@@ -200,7 +200,7 @@ func TestARetryIsDueABackoffAfterTheDatabasesClockWhateverTheHostsSays(t *testin
 			d.now = func() time.Time { return time.Now().Add(tt.skew) }
 			m, _, err := Enqueue(ctx, db, signalParams("o/wf"))
 			require.NoError(t, err)
-			msgs, _, err := d.claim(ctx, 10, nil)
+			msgs, err := d.claim(ctx, 10, nil)
 			require.NoError(t, err)
 			require.Len(t, msgs, 1)
 			require.NoError(t, d.settle(ctx, msgs, []sendResult{{id: m.ID, err: tt.err, attempts: msgs[0].Attempts}}))
@@ -210,7 +210,7 @@ func TestARetryIsDueABackoffAfterTheDatabasesClockWhateverTheHostsSays(t *testin
 				m.ID).Scan(&dueIn))
 			// (the backoff's jitter: 0.75–1.25 of it)
 			require.InDelta(t, backoff.Seconds(), dueIn, backoff.Seconds()/4+1, "due in %.1f s by the database's clock", dueIn)
-			wait := d.untilNextDue(ctx, nil)
+			wait, _ := d.untilNextDue(ctx, nil)
 			require.InDelta(t, dueIn, wait.Seconds(), 1, "the dispatcher sleeps until it is due: %s", wait)
 		})
 	}
@@ -231,13 +231,13 @@ func TestTheNotFoundGraceIsNotCutShortByAnotherReplicasClock(t *testing.T) {
 
 	m, _, err := Enqueue(ctx, db, signalParams("o/wf"))
 	require.NoError(t, err)
-	msgs, _, err := behind.claim(ctx, 10, nil)
+	msgs, err := behind.claim(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Len(t, msgs, 1)
 	require.NoError(t, behind.settle(ctx, msgs, []sendResult{{id: m.ID, err: notFound, attempts: msgs[0].Attempts}}))
 
 	time.Sleep(50 * time.Millisecond) // the retry is due
-	msgs, _, err = onTime.claim(ctx, 10, nil)
+	msgs, err = onTime.claim(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Len(t, msgs, 1)
 	require.NoError(t, onTime.settle(ctx, msgs, []sendResult{{id: m.ID, err: notFound, attempts: msgs[0].Attempts, notFoundSince: msgs[0].notFoundSince}}))

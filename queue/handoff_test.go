@@ -194,16 +194,16 @@ func TestAHandedOffMessageIsHiddenFromClaimsUntilItsLeaseEnds(t *testing.T) {
 	poller := NewDispatcher(db, nil, DispatcherConfig{})
 	h := enqueueForHandoff(t, db, writer, signalParams("o/handed"))
 
-	msgs, _, err := poller.claim(ctx, 10, nil)
+	msgs, err := poller.claim(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Empty(t, msgs, "leased to its writer")
-	wait := poller.untilNextDue(ctx, nil)
+	wait, _ := poller.untilNextDue(ctx, nil)
 	require.Greater(t, wait, time.Duration(0))
 	require.LessOrEqual(t, wait, poller.cfg.HandoffLease, "an idle dispatcher looks again within a handoff lease")
 
 	_, err = db.Exec(ctx, `UPDATE queue_messages SET next_attempt_at = now() WHERE id = $1`, h.m.ID) // the lease ends
 	require.NoError(t, err)
-	msgs, _, err = poller.claim(ctx, 10, nil)
+	msgs, err = poller.claim(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Len(t, msgs, 1)
 	require.Equal(t, h.m.ID, msgs[0].ID)

@@ -126,7 +126,7 @@ func TestADeliveryCountsWhicheverClaimMadeItAndAStaleFailureDoesNot(t *testing.T
 	reclaim := func() []claimed {
 		_, err := db.Exec(ctx, `UPDATE queue_messages SET next_attempt_at = now() WHERE status = 'pending'`)
 		require.NoError(t, err)
-		msgs, _, err := d.claim(ctx, 10, nil)
+		msgs, err := d.claim(ctx, 10, nil)
 		require.NoError(t, err)
 		return msgs
 	}
