@@ -141,3 +141,30 @@ func TestAProbeAnsweredNotReadyIsCountedAndLoggedOnEveryListener(t *testing.T) {
 	require.NotContains(t, logs.String(), `"level":"ERROR"`)
 	require.NotContains(t, logs.String(), `"request_id":""`)
 }
+
+// A replica whose every pooled connection is busy (many spends queued on
+// one mandate's row lock, say) still reaches Postgres: /readyz says ready.
+// It asked through the pool, so it waited for a connection, gave up after
+// readyTimeout and answered 503 "postgres unreachable" — every replica
+// saturated by the same contention left the load balancer's rotation at
+// once, turning slowness into an outage.
+func TestReadyzIsReadyWhileEveryPooledConnectionIsBusy(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testkit.NewDatabase(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	for range cfg.MaxConns {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		t.Cleanup(c.Release)
+	}
+	s := newTestServer(t, func(_ *Config, svc *Services) { svc.DB = pool })
+
+	r := do(t, s.Handler(), "GET", "/readyz", "", nil)
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	require.Equal(t, map[string]any{"postgres": "ok"}, r.JSON(t)["checks"])
+	require.Equal(t, "1", metricDependencyUp(t, s, "postgres"))
+}

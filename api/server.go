@@ -19,6 +19,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
@@ -370,7 +371,8 @@ type dependencyResult struct {
 // checkDependencies asks Postgres (always first in the answer) and every
 // extra check at once, so that a hung one does not delay the others.
 func (s *Server) checkDependencies(ctx context.Context, othersTimeout time.Duration) []dependencyResult {
-	checks := append([]ReadinessCheck{{Name: "postgres", Check: s.svc.DB.Ping}}, s.svc.Ready...)
+	postgres := func(ctx context.Context) error { return pingPostgres(ctx, s.svc.DB) }
+	checks := append([]ReadinessCheck{{Name: "postgres", Check: postgres}}, s.svc.Ready...)
 	results := make([]dependencyResult, len(checks))
 	var wg sync.WaitGroup
 	for i, chk := range checks {
@@ -386,6 +388,25 @@ func (s *Server) checkDependencies(ctx context.Context, othersTimeout time.Durat
 	}
 	wg.Wait()
 	return results
+}
+
+// pingPostgres asks Postgres whether it answers: through the pool, or,
+// while every pooled connection is busy, on a connection of its own (one
+// more than the pool's for the ping's length). A replica saturated by
+// contention (spends queued on one mandate's row) still reaches Postgres;
+// asked through the pool, the ping waited for a connection until it gave
+// up and the replica reported Postgres unreachable — every replica the
+// contention saturated left the load balancer's rotation at once.
+func pingPostgres(ctx context.Context, db *pgxpool.Pool) error {
+	if st := db.Stat(); st.AcquiredConns() < st.MaxConns() {
+		return db.Ping(ctx)
+	}
+	c, err := pgx.ConnectConfig(ctx, db.Config().ConnConfig)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.WithoutCancel(ctx))
+	return c.Ping(ctx)
 }
 
 func (s *Server) openapi(c echo.Context) error {

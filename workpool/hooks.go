@@ -110,7 +110,7 @@ func (m *Manager) runHooksBounded(ctx context.Context, tx pgx.Tx, calls []hookCa
 		// would fail sqlHookFailed at every retry.
 		msgs = append(msgs, jsonb.Text(herr.Error()))
 		m.logger.Warn("onComplete hook failed; will retry", "hook", c.hook, "work_id", c.c.WorkID.String(),
-			"org_id", c.c.OrgID, "attempt", c.attempts+1, "error", herr.Error())
+			"org_id", c.c.OrgID, "pool", c.c.Pool, "attempt", c.attempts+1, "error", herr.Error())
 	}
 	if len(badIDs) > 0 {
 		if _, err := tx.Exec(ctx, sqlHookFailed, pgUUIDs(badIDs), nextAts, msgs); err != nil {

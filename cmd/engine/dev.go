@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/reveille/reveille/api"
 	"github.com/reveille/reveille/internal/devstack/localstack"
 )
@@ -46,6 +48,18 @@ func runDev(ctx context.Context, args []string) error {
 		s.HTTPAllowed = devHTTPAllowed
 	}
 	s.Worker = true
+	// What can be checked without the stack is checked before it starts
+	// (README: a bad value stops the command before it connects to anything).
+	if len(s.JWTSecrets) > 0 || s.JWKSURL != "" {
+		if err := s.authConfig().Validate(); err != nil {
+			return err
+		}
+	}
+	if s.DatabaseURL != "" {
+		if _, err := pgxpool.ParseConfig(s.DatabaseURL); err != nil {
+			return fmt.Errorf("DATABASE_URL: %w", err)
+		}
+	}
 
 	stack, err := startStack(ctx, &s, "", "dev", logger)
 	if err != nil {
