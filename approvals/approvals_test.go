@@ -697,3 +697,29 @@ func TestAPolicyStoredPastTheArrayBoundCanBeDeleted(t *testing.T) {
 	require.NoError(t, s.DeletePolicy(ctx, org, agent, "shell", json.RawMessage(legacy)))
 	require.ErrorIs(t, s.DeletePolicy(ctx, org, agent, "shell", json.RawMessage(legacy)), ErrPolicyNotFound)
 }
+
+// Two matches that differ only in where their nested objects close are two
+// policies. The key was match's jsonb hash (migration 00025), which ignores
+// that: the second put was refused with a 409 "same key hash", and a
+// database holding both could not be migrated.
+func TestMatchesThatDifferOnlyInWhereTheirObjectsCloseAreTwoPolicies(t *testing.T) {
+	s, _ := newTestService(t)
+	ctx := context.Background()
+	a := setPolicy(t, s, "deploy", PolicyAlways, `{"env": {"region": "eu"}}`)
+	b := setPolicy(t, s, "deploy", PolicyNever, `{"env": {}, "region": "eu"}`)
+	require.NotEqual(t, a.ID, b.ID)
+	c := setPolicy(t, s, "deploy", PolicyOnce, `{"region": "eu", "env": {}}`) // b's match, spelled otherwise
+	require.Equal(t, b.ID, c.ID)
+	list, _, err := s.ListPolicies(ctx, org, agent, Page{})
+	require.NoError(t, err)
+	got := map[string]string{}
+	for _, p := range list {
+		got[string(p.Match)] = p.Approval
+	}
+	require.Equal(t, map[string]string{`{"env": {"region": "eu"}}`: PolicyAlways, `{"env": {}, "region": "eu"}`: PolicyOnce}, got)
+	require.NoError(t, s.DeletePolicy(ctx, org, agent, "deploy", json.RawMessage(`{"env": {}, "region": "eu"}`)))
+	list, _, err = s.ListPolicies(ctx, org, agent, Page{})
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, a.ID, list[0].ID)
+}

@@ -40,26 +40,27 @@ func (s *Service) PutPolicy(ctx context.Context, orgID string, p PolicyParams) (
 	}
 	var pol Policy
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		if match != nil {
-			if _, err := tx.Exec(ctx, qLockToolPolicyPuts, orgID, p.AgentID, p.ToolName); err != nil {
-				return err
-			}
-			var n int
-			var exists bool
-			if err := tx.QueryRow(ctx, qCountConditionalPolicies, orgID, p.AgentID, p.ToolName, match).Scan(&n, &exists); err != nil {
-				return err
-			}
-			if !exists && n >= MaxConditionalPolicies {
-				return ErrTooManyPolicies
-			}
+		if match == nil {
+			var err error
+			pol, err = scanPolicy(tx.QueryRow(ctx, qUpsertUnconditionalPolicy, newID(), orgID, p.AgentID, p.ToolName, p.Approval, p.UpdatedBy))
+			return err
+		}
+		if _, err := tx.Exec(ctx, qLockToolPolicyPuts, orgID, p.AgentID, p.ToolName); err != nil {
+			return err
+		}
+		var n int
+		var exists bool
+		if err := tx.QueryRow(ctx, qCountConditionalPolicies, orgID, p.AgentID, p.ToolName, match).Scan(&n, &exists); err != nil {
+			return err
+		}
+		if !exists && n >= MaxConditionalPolicies {
+			return ErrTooManyPolicies
 		}
 		var err error
-		pol, err = scanPolicy(tx.QueryRow(ctx, qUpsertPolicy, newID(), orgID, p.AgentID, p.ToolName, match, p.Approval, p.UpdatedBy))
+		pol, err = scanPolicy(tx.QueryRow(ctx, qPutConditionalPolicy, newID(), orgID, p.AgentID, p.ToolName, match, p.Approval, p.UpdatedBy))
 		return err
 	})
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return Policy{}, errPolicyKeyCollision
 	case errors.Is(err, ErrTooManyPolicies):
 		return Policy{}, err
 	case err != nil:
@@ -67,11 +68,6 @@ func (s *Service) PutPolicy(ctx context.Context, orgID string, p PolicyParams) (
 	}
 	return pol, nil
 }
-
-// errPolicyKeyCollision: another policy of the agent and tool has a match
-// whose 64-bit hash is this one's (qUpsertPolicy), which nothing but a
-// collision of the hash can cause; neither is changed.
-var errPolicyKeyCollision = fmt.Errorf("%w: another policy of this agent and tool has a match with the same key hash; nothing was changed", apperr.ErrConflict)
 
 // DeletePolicy removes the policy for (org, agent, tool, match); match nil
 // names the unconditional one. ErrPolicyNotFound when there is none.

@@ -107,18 +107,32 @@ SELECT org_id, session_id, id, expires_at FROM tool_approvals
  WHERE status = 'pending' AND expires_at <= now() AND (expires_at, id) > ($2, $3)
  ORDER BY expires_at, id LIMIT $1`
 
-// qUpsertPolicy sets the policy for (org, agent, tool, match).
-// $1 id, $2 org, $3 agent, $4 tool, $5 match (NULL: unconditional),
-// $6 approval, $7 updated_by.
-const qUpsertPolicy = `
+// qUpsertUnconditionalPolicy sets the unconditional policy for (org,
+// agent, tool). $1 id, $2 org, $3 agent, $4 tool, $5 approval, $6
+// updated_by.
+const qUpsertUnconditionalPolicy = `
 INSERT INTO tool_policies (id, org_id, agent_id, tool_name, match, approval, updated_by)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-ON CONFLICT (org_id, agent_id, tool_name, (jsonb_hash_extended(coalesce(match, 'null'::jsonb), 0)))
+VALUES ($1, $2, $3, $4, NULL, $5, $6)
+ON CONFLICT (org_id, agent_id, tool_name) WHERE match IS NULL
 DO UPDATE SET approval = EXCLUDED.approval, updated_by = EXCLUDED.updated_by, updated_at = now()
- -- (the key is match's hash: a policy whose match only hashes alike is
- -- another policy, and is left alone — no row then: errPolicyKeyCollision)
- WHERE coalesce(tool_policies.match, 'null'::jsonb) = coalesce(EXCLUDED.match, 'null'::jsonb)
 RETURNING ` + policyColumns
+
+// qPutConditionalPolicy sets the policy for (org, agent, tool, match $5):
+// it replaces the one whose match is equal as a JSON value, or adds one.
+// No index holds that key (migration 00029): the caller holds
+// qLockToolPolicyPuts. $1 id, $2 org, $3 agent, $4 tool, $5 match, $6
+// approval, $7 updated_by.
+const qPutConditionalPolicy = `
+WITH replaced AS (
+  UPDATE tool_policies SET approval = $6, updated_by = $7, updated_at = now()
+   WHERE org_id = $2 AND agent_id = $3 AND tool_name = $4 AND match = $5::jsonb
+  RETURNING ` + policyColumns + `
+), added AS (
+  INSERT INTO tool_policies (id, org_id, agent_id, tool_name, match, approval, updated_by)
+  SELECT $1, $2, $3, $4, $5, $6, $7 WHERE NOT EXISTS (SELECT 1 FROM replaced)
+  RETURNING ` + policyColumns + `
+)
+SELECT * FROM replaced UNION ALL SELECT * FROM added`
 
 // qLockToolPolicyPuts makes (org $1, agent $2, tool $3)'s policy puts
 // take turns, so that qCountConditionalPolicies, in the next statement,

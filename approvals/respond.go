@@ -95,12 +95,8 @@ func (s *Service) Respond(ctx context.Context, p RespondParams) (RespondResult, 
 			}
 		}
 		if p.UpdatePolicy != "" {
-			tag, err := tx.Exec(ctx, qUpsertPolicy, newID(), p.OrgID, agentID, tool, nil, p.UpdatePolicy, p.ResolvedBy)
-			if err != nil {
+			if _, err := tx.Exec(ctx, qUpsertUnconditionalPolicy, newID(), p.OrgID, agentID, tool, p.UpdatePolicy, p.ResolvedBy); err != nil {
 				return fmt.Errorf("setting tool policy: %w", err)
-			}
-			if tag.RowsAffected() == 0 {
-				return errPolicyKeyCollision
 			}
 			res.Policy = &p.UpdatePolicy // what was just written
 		} else if res.Policy, err = unconditionalPolicy(ctx, tx, p.OrgID, agentID, tool); err != nil {

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -39,7 +40,15 @@ func provider(db *sql.DB) (*goose.Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migration locker: %w", err)
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true))
+	return newProvider(db, goose.WithSessionLocker(locker))
+}
+
+// readProvider reads the applied versions without the migration lock: a
+// status is not held by another process's migrations.
+func readProvider(db *sql.DB) (*goose.Provider, error) { return newProvider(db) }
+
+func newProvider(db *sql.DB, opts ...goose.ProviderOption) (*goose.Provider, error) {
+	p, err := goose.NewProvider(goose.DialectPostgres, db, files, append(opts, goose.WithDisableGlobalRegistry(true))...)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
@@ -63,7 +72,26 @@ func Up(ctx context.Context, db *sql.DB, logger *slog.Logger) (int, error) {
 	if holder != 0 && logger != nil {
 		logger.Info("waiting for another process's migrations", "advisory_lock", lockID, "holder_pid", holder, "gives_up_after", lockWait.String())
 	}
-	res, err := p.Up(ctx)
+	var res []*goose.MigrationResult
+	for deadline := time.Now().Add(lockWait); ; {
+		var r []*goose.MigrationResult
+		r, err = p.Up(ctx)
+		res = append(res, r...)
+		// (a migration that sets lock_timeout gave up waiting for a table
+		// lock: try again in a moment rather than queue every writer)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" || time.Now().After(deadline) {
+			break
+		}
+		if logger != nil {
+			logger.Info("a migration waited too long for a table lock; trying again", "error", pgErr.Message)
+		}
+		select {
+		case <-ctx.Done():
+			return len(res), ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 	if err != nil && strings.Contains(err.Error(), "failed to acquire lock") {
 		return len(res), fmt.Errorf("apply migrations: another process held the migration lock (advisory lock %d) for %s — "+
 			"a replica applying a long migration? pg_stat_activity shows what it runs: %w", lockID, lockWait, err)
@@ -99,7 +127,7 @@ func UpPool(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (int, 
 
 // Status writes one line per migration: its version, name and state.
 func Status(ctx context.Context, db *sql.DB, w io.Writer) error {
-	p, err := provider(db)
+	p, err := readProvider(db)
 	if err != nil {
 		return err
 	}
