@@ -78,18 +78,18 @@ func AwaitApproval(ctx workflow.Context, signal, approvalID string, timeout time
 		return awaitHeldDecision(ctx, readers, signal, approvalID, timeout)
 	}
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
-	seen, _ := ctx.Value(seenKey{}).(seenWakes)
+	seen, _ := ctx.Value(seenKey{}).(*seenWakes)
 	held, _ := ctx.Value(heldKey{}).(heldDecisions)
 	if d, ok := held[approvalID]; ok {
 		delete(held, approvalID)
-		seen["approval:"+approvalID] = true
+		seen.mark("approval:" + approvalID)
 		return d, nil
 	}
 	return awaitSignal(ctx, signal, timeout, ErrApprovalTimeout, decodeDecision, func(d Decision) skipped {
 		switch {
 		case d.OrgID != org:
 			return skipped{why: "ignoring a decision of another org"}
-		case seen != nil && seen["approval:"+d.ApprovalID]:
+		case seen.has("approval:" + d.ApprovalID):
 			return skipped{why: "ignoring a repeated decision delivery"}
 		case d.ApprovalID != approvalID && held == nil:
 			// As for AwaitWakeFor: delivered once, kept by nothing.
@@ -102,9 +102,7 @@ func AwaitApproval(ctx workflow.Context, signal, approvalID string, timeout time
 			}
 			return skipped{why: "ignoring the decision on another approval"}
 		}
-		if seen != nil {
-			seen["approval:"+d.ApprovalID] = true
-		}
+		seen.mark("approval:" + d.ApprovalID)
 		return skipped{}
 	})
 }
@@ -114,7 +112,7 @@ func AwaitApproval(ctx workflow.Context, signal, approvalID string, timeout time
 // await takes the one on approvalID.
 func awaitHeldDecision(ctx workflow.Context, readers signalReaders, signal, approvalID string, timeout time.Duration) (Decision, error) {
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
-	seen := ctx.Value(seenKey{}).(seenWakes)
+	seen := ctx.Value(seenKey{}).(*seenWakes)
 	held := ctx.Value(heldKey{}).(heldDecisions)
 	heldWakes := ctx.Value(heldWakesKey{}).(*heldWakes)
 	logger := workflow.GetLogger(ctx)
@@ -127,7 +125,7 @@ func awaitHeldDecision(ctx workflow.Context, readers signalReaders, signal, appr
 		return ok
 	}
 	if !take() {
-		done := readers.wait(ctx, "approval", signal, func(raw json.RawMessage) {
+		hold := func(raw json.RawMessage) {
 			v, ok := decodeDecision(raw)
 			_, holds := held[v.ApprovalID]
 			switch {
@@ -137,19 +135,20 @@ func awaitHeldDecision(ctx workflow.Context, readers signalReaders, signal, appr
 				logger.Warn("ignoring a malformed signal", "signal", signal)
 			case v.OrgID != org:
 				logger.Info("ignoring a decision of another org", "signal", signal)
-			case seen["approval:"+v.ApprovalID] || holds:
+			case seen.has("approval:"+v.ApprovalID) || holds:
 				logger.Info("ignoring a repeated decision delivery", "signal", signal, "approval_id", v.ApprovalID)
 			default:
 				held[v.ApprovalID] = v
 			}
-		})
-		err := awaitHeld(ctx, timeout, ErrApprovalTimeout, take)
+		}
+		done := readers.wait(ctx, "approval", signal, hold)
+		err := awaitHeld(ctx, timeout, ErrApprovalTimeout, take, readLate(ctx, signal, hold))
 		done()
 		if err != nil {
 			return Decision{}, err
 		}
 	}
-	seen["approval:"+approvalID] = true
+	seen.mark("approval:" + approvalID)
 	return d, nil
 }
 

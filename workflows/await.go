@@ -136,8 +136,23 @@ func (h *heldWakes) holds(signal, wakeupID string) bool {
 }
 
 // seenWakes remembers the wake-up ids (and "approval:"+approval ids) a
-// workflow has already been woken for.
-type seenWakes map[string]bool
+// workflow has already been woken for, and in what order it returned them
+// (ReturnedIDs hands over the most recently returned: a repeated delivery
+// follows its first within minutes, however old its wake-up).
+type seenWakes struct {
+	ids   map[string]bool
+	order []string
+}
+
+func (s *seenWakes) has(id string) bool { return s != nil && s.ids[id] }
+
+func (s *seenWakes) mark(id string) {
+	if s == nil || s.ids[id] {
+		return
+	}
+	s.ids[id] = true
+	s.order = append(s.order, id)
+}
 
 // WithWakeDedupe returns a context in which successive AwaitWake and
 // AwaitApproval calls ignore repeated deliveries of wake-ups and decisions
@@ -154,13 +169,13 @@ type seenWakes map[string]bool
 // awaits at once may take each other's signals and time out; see
 // sharedWaitChange.)
 func WithWakeDedupe(ctx workflow.Context) workflow.Context {
-	if _, ok := ctx.Value(seenKey{}).(seenWakes); ok {
+	if _, ok := ctx.Value(seenKey{}).(*seenWakes); ok {
 		return ctx
 	}
 	ctx = workflow.WithValue(ctx, heldKey{}, heldDecisions{})
 	ctx = workflow.WithValue(ctx, heldWakesKey{}, &heldWakes{})
 	ctx = workflow.WithValue(ctx, readersKey{}, signalReaders{})
-	return workflow.WithValue(ctx, seenKey{}, seenWakes{})
+	return workflow.WithValue(ctx, seenKey{}, &seenWakes{ids: map[string]bool{}})
 }
 
 // sharedWaitChange is the workflow.GetVersion change id of the shared wait
@@ -250,7 +265,7 @@ func (rs signalReaders) wait(ctx workflow.Context, kind, signal string, hold fun
 // state, the timeout (when > 0) passes (timeoutErr), or ctx is canceled
 // (ctx.Err(), workflow.ErrCanceled). take runs inside the condition, so
 // that no other coroutine can take it between the check and the taking.
-func awaitHeld(ctx workflow.Context, timeout time.Duration, timeoutErr error, take func() bool) error {
+func awaitHeld(ctx workflow.Context, timeout time.Duration, timeoutErr error, take func() bool, late func() bool) error {
 	ok := true
 	var err error
 	if timeout > 0 {
@@ -265,9 +280,41 @@ func awaitHeld(ctx workflow.Context, timeout time.Duration, timeoutErr error, ta
 		return err
 	}
 	if !ok {
+		// The timer fired. Signals that came with it in one workflow task
+		// (recorded before it, while the worker was away) are still on the
+		// channel: the reader runs after this coroutine. Read them first.
+		if late != nil && late() && take() {
+			return nil
+		}
 		return timeoutErr
 	}
 	return nil
+}
+
+// lateSignalChange is the workflow.GetVersion change id of reading, when an
+// await's timer fires, the signals that came in the same workflow task
+// before returning the timeout (they were left to the reader, and the
+// await timed out with its answer on the channel). It is asked only then.
+const lateSignalChange = "reveille.await-late-signals"
+
+// readLate is awaitHeld's late for the channel named signal: it files what
+// is on it with hold, and reports whether there was anything.
+func readLate(ctx workflow.Context, signal string, hold func(json.RawMessage)) func() bool {
+	return func() bool {
+		ch := workflow.GetSignalChannel(ctx, signal)
+		if ch.Len() == 0 {
+			return false
+		}
+		if workflow.GetVersion(ctx, lateSignalChange, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+			return false
+		}
+		var raw json.RawMessage
+		for ch.ReceiveAsync(&raw) {
+			hold(raw)
+			raw = nil
+		}
+		return true
+	}
 }
 
 // OrgOf returns the org a workflow id belongs to: the part before the first
@@ -346,17 +393,17 @@ func awaitWake(ctx workflow.Context, signal, wakeupID string, timeout time.Durat
 		return awaitHeldWake(ctx, readers, signal, wakeupID, timeout)
 	}
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
-	seen, _ := ctx.Value(seenKey{}).(seenWakes)
+	seen, _ := ctx.Value(seenKey{}).(*seenWakes)
 	held, _ := ctx.Value(heldWakesKey{}).(*heldWakes)
 	if w, ok := held.take(signal, wakeupID); ok {
-		seen[w.WakeupID] = true
+		seen.mark(w.WakeupID)
 		return w, nil
 	}
 	return awaitSignal(ctx, signal, timeout, ErrTimeout, decodeWake, func(w Wake) skipped {
 		switch {
 		case w.OrgID != org:
 			return skipped{why: "ignoring a wake signal of another org"}
-		case seen != nil && seen[w.WakeupID]:
+		case seen.has(w.WakeupID):
 			return skipped{why: "ignoring a repeated wake delivery"}
 		case wakeupID != "" && w.WakeupID != wakeupID && held == nil:
 			// Nothing keeps it without WithWakeDedupe, and the outbox
@@ -372,9 +419,7 @@ func awaitWake(ctx workflow.Context, signal, wakeupID string, timeout time.Durat
 			}
 			return skipped{why: "ignoring the wake of another wake-up"}
 		}
-		if seen != nil {
-			seen[w.WakeupID] = true
-		}
+		seen.mark(w.WakeupID)
 		return skipped{}
 	})
 }
@@ -384,7 +429,7 @@ func awaitWake(ctx workflow.Context, signal, wakeupID string, timeout time.Durat
 // the oldest held of wakeupID (of any wake-up when "").
 func awaitHeldWake(ctx workflow.Context, readers signalReaders, signal, wakeupID string, timeout time.Duration) (Wake, error) {
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
-	seen := ctx.Value(seenKey{}).(seenWakes)
+	seen := ctx.Value(seenKey{}).(*seenWakes)
 	held := ctx.Value(heldWakesKey{}).(*heldWakes)
 	heldDecs := ctx.Value(heldKey{}).(heldDecisions)
 	logger := workflow.GetLogger(ctx)
@@ -395,7 +440,7 @@ func awaitHeldWake(ctx workflow.Context, readers signalReaders, signal, wakeupID
 		return ok
 	}
 	if !take() {
-		done := readers.wait(ctx, "wake", signal, func(raw json.RawMessage) {
+		hold := func(raw json.RawMessage) {
 			v, ok := decodeWake(raw)
 			switch {
 			case !ok && holdOtherKind(ctx, raw, org, signal, seen, held, heldDecs):
@@ -404,19 +449,20 @@ func awaitHeldWake(ctx workflow.Context, readers signalReaders, signal, wakeupID
 				logger.Warn("ignoring a malformed signal", "signal", signal)
 			case v.OrgID != org:
 				logger.Info("ignoring a wake signal of another org", "signal", signal)
-			case seen[v.WakeupID] || held.holds(signal, v.WakeupID):
+			case seen.has(v.WakeupID) || held.holds(signal, v.WakeupID):
 				logger.Info("ignoring a repeated wake delivery", "signal", signal, "wakeup_id", v.WakeupID)
 			default:
 				held.wakes = append(held.wakes, heldWake{signal, v})
 			}
-		})
-		err := awaitHeld(ctx, timeout, ErrTimeout, take)
+		}
+		done := readers.wait(ctx, "wake", signal, hold)
+		err := awaitHeld(ctx, timeout, ErrTimeout, take, readLate(ctx, signal, hold))
 		done()
 		if err != nil {
 			return Wake{}, err
 		}
 	}
-	seen[w.WakeupID] = true
+	seen.mark(w.WakeupID)
 	return w, nil
 }
 
@@ -501,7 +547,7 @@ const sameChannelChange = "reveille.same-channel-kinds"
 // holdOtherKind keeps raw, met by the reader of the other kind, if it is a
 // wake or a decision of the workflow's org not seen nor held before; it
 // reports whether raw was one (kept, or a repeat).
-func holdOtherKind(ctx workflow.Context, raw json.RawMessage, org, signal string, seen seenWakes, wakes *heldWakes, decisions heldDecisions) bool {
+func holdOtherKind(ctx workflow.Context, raw json.RawMessage, org, signal string, seen *seenWakes, wakes *heldWakes, decisions heldDecisions) bool {
 	d, isDecision := decodeDecision(raw)
 	w, isWake := decodeWake(raw)
 	if !isDecision && !isWake {
@@ -512,11 +558,11 @@ func holdOtherKind(ctx workflow.Context, raw json.RawMessage, org, signal string
 	}
 	switch {
 	case isWake:
-		if w.OrgID == org && !seen[w.WakeupID] && !wakes.holds(signal, w.WakeupID) {
+		if w.OrgID == org && !seen.has(w.WakeupID) && !wakes.holds(signal, w.WakeupID) {
 			wakes.wakes = append(wakes.wakes, heldWake{signal, w})
 		}
 	case isDecision:
-		if _, holds := decisions[d.ApprovalID]; d.OrgID == org && !seen["approval:"+d.ApprovalID] && !holds {
+		if _, holds := decisions[d.ApprovalID]; d.OrgID == org && !seen.has("approval:"+d.ApprovalID) && !holds {
 			decisions[d.ApprovalID] = d
 		}
 	}

@@ -45,7 +45,7 @@ func PendingWakes(ctx workflow.Context, signal string) []Wake {
 		}
 	}
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
-	seen, _ := ctx.Value(seenKey{}).(seenWakes)
+	seen, _ := ctx.Value(seenKey{}).(*seenWakes)
 	ch := workflow.GetSignalChannel(ctx, signal)
 	var raw json.RawMessage
 	for ch.ReceiveAsync(&raw) {
@@ -55,7 +55,7 @@ func PendingWakes(ctx workflow.Context, signal string) []Wake {
 			holdOtherKind(ctx, raw, org, signal, seen, held, decisions)
 		}
 		raw = nil
-		if !ok || w.OrgID != org || seen[w.WakeupID] ||
+		if !ok || w.OrgID != org || seen.has(w.WakeupID) ||
 			slices.ContainsFunc(out, func(o Wake) bool { return o.WakeupID == w.WakeupID }) {
 			continue
 		}
@@ -96,7 +96,7 @@ func PendingDecisions(ctx workflow.Context, signal string) []Decision {
 		delete(held, id)
 	}
 	org := OrgOf(workflow.GetInfo(ctx).WorkflowExecution.ID)
-	seen, _ := ctx.Value(seenKey{}).(seenWakes)
+	seen, _ := ctx.Value(seenKey{}).(*seenWakes)
 	ch := workflow.GetSignalChannel(ctx, signal)
 	var raw json.RawMessage
 	for ch.ReceiveAsync(&raw) {
@@ -106,7 +106,7 @@ func PendingDecisions(ctx workflow.Context, signal string) []Decision {
 			holdOtherKind(ctx, raw, org, signal, seen, wakes, held)
 		}
 		raw = nil
-		if !ok || d.OrgID != org || seen["approval:"+d.ApprovalID] ||
+		if !ok || d.OrgID != org || seen.has("approval:"+d.ApprovalID) ||
 			slices.ContainsFunc(out, func(o Decision) bool { return o.ApprovalID == d.ApprovalID }) {
 			continue
 		}
@@ -132,31 +132,33 @@ func HoldDecisions(ctx workflow.Context, decisions []Decision) workflow.Context 
 
 // maxCarriedReturned bounds the ids of each kind (wake-ups, approvals)
 // ReturnedIDs hands over, so that a loop that continues as new for ever
-// does not carry every id it ever returned: the newest are kept, which
-// are the ones a repeat can still come for (a repeat is the outbox's
-// retry of a send whose outcome it did not learn, within minutes).
+// does not carry every id it ever returned: the most recently returned are
+// kept, which are the ones a repeat can still come for (a repeat is the
+// outbox's retry of a send whose outcome it did not learn, within
+// minutes) — whatever their wake-up's age: one whose spend awaited a human
+// for a day is returned after many younger ones.
 const maxCarriedReturned = 1000
 
 // ReturnedIDs returns the ids of the wake-ups this run's awaits returned
-// (and "approval:" + the ids of the decisions), with those its previous
-// run handed over (HoldReturned): the newest maxCarriedReturned of each
-// kind (the ids are UUIDv7s, which sort by creation), sorted. Pass them
-// to the next run with PendingWakes' and PendingDecisions' results.
+// (and "approval:" + the ids of the decisions), after those its previous
+// run handed over (HoldReturned): the most recently returned
+// maxCarriedReturned of each kind, in the order returned. Pass them to the
+// next run with PendingWakes' and PendingDecisions' results.
 func ReturnedIDs(ctx workflow.Context) []string {
-	seen, _ := ctx.Value(seenKey{}).(seenWakes)
+	seen, _ := ctx.Value(seenKey{}).(*seenWakes)
+	if seen == nil {
+		return nil
+	}
 	var wakes, approvals []string
-	for id := range seen {
+	for _, id := range seen.order {
 		if strings.HasPrefix(id, "approval:") {
 			approvals = append(approvals, id)
 		} else {
 			wakes = append(wakes, id)
 		}
 	}
-	newest := func(ids []string) []string {
-		slices.Sort(ids) // (map order is not deterministic)
-		return ids[max(len(ids)-maxCarriedReturned, 0):]
-	}
-	return append(newest(wakes), newest(approvals)...)
+	last := func(ids []string) []string { return ids[max(len(ids)-maxCarriedReturned, 0):] }
+	return append(last(wakes), last(approvals)...)
 }
 
 // HoldReturned gives the run the ids its previous run's awaits returned
@@ -165,9 +167,9 @@ func ReturnedIDs(ctx workflow.Context) []string {
 // awaits.
 func HoldReturned(ctx workflow.Context, ids []string) workflow.Context {
 	ctx = WithWakeDedupe(ctx)
-	seen := ctx.Value(seenKey{}).(seenWakes)
+	seen := ctx.Value(seenKey{}).(*seenWakes)
 	for _, id := range ids {
-		seen[id] = true
+		seen.mark(id)
 	}
 	return ctx
 }

@@ -143,10 +143,10 @@ func TestAWakeTheLastRunReturnedIsNotReturnedAgainAfterContinueAsNew(t *testing.
 	require.Equal(t, "w2", got, "the repeat of w1 was returned again as a new wake")
 }
 
-// ReturnedIDs hands over the newest maxCarriedReturned ids of each kind
-// (UUIDv7s sort by creation), sorted: a loop that continues as new for
-// ever does not carry every id it ever returned.
-func TestReturnedIDsKeepsTheNewestOfEachKind(t *testing.T) {
+// ReturnedIDs hands over the maxCarriedReturned ids of each kind returned
+// last, in the order returned: a loop that continues as new for ever does
+// not carry every id it ever returned.
+func TestReturnedIDsKeepsTheLastReturnedOfEachKind(t *testing.T) {
 	var suite testsuite.WorkflowTestSuite
 	env := suite.NewTestWorkflowEnvironment()
 	var ids []string
@@ -160,7 +160,45 @@ func TestReturnedIDsKeepsTheNewestOfEachKind(t *testing.T) {
 	var got []string
 	require.NoError(t, env.GetWorkflowResult(&got))
 	require.Len(t, got, 2*maxCarriedReturned)
-	require.Equal(t, "0190a5c4-0005", got[0], "the oldest wake-up ids are dropped")
+	require.Equal(t, "0190a5c4-0005", got[0], "the wake-up ids returned first are dropped")
 	require.Equal(t, fmt.Sprintf("0190a5c4-%04d", maxCarriedReturned+4), got[maxCarriedReturned-1])
 	require.Equal(t, "approval:0190a5c4-0005", got[maxCarriedReturned])
+}
+
+// ReturnedIDs bounded what it handed over by the ids' creation order, not
+// by when the run returned them. A wake-up created long ago — its
+// spend awaited a human for a day, or its work retried for hours — is
+// resolved and returned after many younger wake-ups were: its id is the
+// oldest the loop carries, and it was the one dropped. The outbox's repeat
+// of that wake (a send whose outcome it did not learn, retried within
+// minutes) then reached the next run, which returned it as a new wake.
+func TestALateResolvedOldWakeupIsNotReturnedAgainAfterContinueAsNew(t *testing.T) {
+	// UUIDv7s: the slow wake-up was created before the 1,000 quick ones
+	// the loop's earlier runs returned and handed over.
+	slow := "0190a5c4-0000-7000-8000-000000000000"
+	var returned []string
+	for i := range maxCarriedReturned {
+		returned = append(returned, fmt.Sprintf("0190a5c5-%04d-7000-8000-000000000000", i))
+	}
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestWorkflowEnvironment()
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/loop"})
+	sendWake(t, env, "wake", Wake{OrgID: "org-a", WakeupID: slow, Outcome: OutcomeSucceeded}, time.Second)
+	env.ExecuteWorkflow(loopWorkflow, loopInput{Returned: returned})
+	var can *workflow.ContinueAsNewError
+	require.True(t, errors.As(env.GetWorkflowError(), &can), "%v", env.GetWorkflowError())
+	var next loopInput
+	require.NoError(t, converter.GetDefaultDataConverter().FromPayloads(can.Input, &next))
+
+	// the next run: the dispatcher's repeat of the slow wake lands, then a new one
+	fresh := "0190a5c6-0000-7000-8000-000000000000"
+	env = suite.NewTestWorkflowEnvironment()
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/loop"})
+	sendWake(t, env, "wake", Wake{OrgID: "org-a", WakeupID: slow, Outcome: OutcomeSucceeded}, time.Second)
+	sendWake(t, env, "wake", Wake{OrgID: "org-a", WakeupID: fresh, Outcome: OutcomeSucceeded}, 2*time.Second)
+	env.ExecuteWorkflow(loopWorkflow, next)
+	require.NoError(t, env.GetWorkflowError())
+	var got string
+	require.NoError(t, env.GetWorkflowResult(&got))
+	require.Equal(t, fresh, got, "the repeat of the wake the last run returned was returned again as a new wake")
 }

@@ -2,6 +2,7 @@ package workflows_test
 
 import (
 	"encoding/hex"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -100,4 +101,27 @@ func TestCreateWakeupRetriesALostAnswerWhateverTheRetryGot(t *testing.T) {
 	require.Len(t, keys[0], 64)
 	_, err = hex.DecodeString(keys[0])
 	require.NoError(t, err)
+}
+
+// The example's wake, recorded 30 s before its 24 h deadline, reaches the
+// workflow in the same task as the timer (its worker was down across the
+// deadline): FetchWorkflow must return the body, not give up, cancel a
+// wake-up that succeeded and fail with ErrTimeout.
+func TestFetchWorkflowTakesAWakeThatCameBeforeItsDeadlineWhenTheWorkerWasAway(t *testing.T) {
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestWorkflowEnvironment()
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/fetch-test"})
+	a := &Activities{}
+	env.RegisterActivity(a)
+	env.OnActivity(a.CreateWakeup, mock.Anything, mock.Anything).Return("wk-1", nil)
+	raw := []byte(`{"org_id":"org-a","wakeup_id":"wk-1","outcome":"succeeded","result":{"status":200,"body":{"ok":true}}}`)
+	env.RegisterDelayedCallback(func() { env.SignalWorkflowSkippingWorkflowTask("wake", json.RawMessage(raw)) }, 24*time.Hour-30*time.Second)
+
+	env.ExecuteWorkflow(FetchWorkflow, "https://api.example.com/report")
+
+	require.True(t, env.IsWorkflowCompleted())
+	require.NoError(t, env.GetWorkflowError())
+	var body json.RawMessage
+	require.NoError(t, env.GetWorkflowResult(&body))
+	require.JSONEq(t, `{"ok":true}`, string(body))
 }
