@@ -20,14 +20,20 @@ func (s *Server) sseSend(c echo.Context, p []byte) error {
 	// The writer under echo's: echo's Flush drops the error that tells a
 	// stalled client from a live one.
 	rc := http.NewResponseController(res.Writer)
-	// An error here is a writer without deadlines (a test recorder): it has
-	// none to move.
-	_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	// Each slice of p gets the write timeout of its own: a batch of events
+	// (megabytes when a tail catches up) is not one write that a client
+	// reading steadily, but slower than the batch's size per timeout, can
+	// never finish. An error here is a writer without deadlines (a test
+	// recorder): it has none to move.
 	var err error
-	if len(p) > 0 {
-		_, err = res.Write(p)
+	for len(p) > 0 && err == nil {
+		n := min(len(p), sseWriteSlice)
+		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+		_, err = res.Write(p[:n])
+		p = p[n:]
 	}
 	if err == nil {
+		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 		err = rc.Flush()
 	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -36,3 +42,6 @@ func (s *Server) sseSend(c echo.Context, p []byte) error {
 	}
 	return err
 }
+
+// sseWriteSlice is the most an SSE write sends under one write deadline.
+const sseWriteSlice = 64 << 10

@@ -307,6 +307,11 @@ func (s *Server) streamEvents(c echo.Context) error {
 			if s.tokenExpiredNow(c, expired) {
 				return nil
 			}
+			select {
+			case <-tail.Done(): // the hub stops: a tail catching up ends too
+				return nil
+			default:
+			}
 		} else if !s.awaitStream(c, tail, keepAlive, expired) {
 			return nil
 		}
