@@ -124,6 +124,11 @@ func (s *Server) approvalEvents(c echo.Context) error {
 			if s.tokenExpiredNow(c, expired) {
 				return nil
 			}
+			select {
+			case <-sub.Done(): // the hub stops: a reader catching up ends too
+				return nil
+			default:
+			}
 			continue // more may be stored already
 		}
 		if !s.awaitInbox(c, sub, keepAlive, expired) {

@@ -3,14 +3,18 @@ package api
 import (
 	"bufio"
 	"context"
+	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/reveille/reveille/inbox"
 	"github.com/reveille/reveille/streams"
 )
 
@@ -168,4 +172,72 @@ func TestStoppingTheStreamsServiceEndsATailThatIsCatchingUp(t *testing.T) {
 	require.False(t, strings.Contains(got.String(), "event: end"),
 		"the tail went on after the service stopped: %d of %d events and the end, %d bytes after the Stop returned",
 		strings.Count(got.String(), "id: "), n, afterStop)
+}
+
+// As TestStoppingTheStreamsServiceEndsATailThatIsCatchingUp, for the
+// approvals event stream: stopping the inbox ends a reader still catching
+// up on the org's log. It went on reading and sending page after page to
+// the end, holding the graceful shutdown for as long as its client read.
+func TestStoppingTheInboxEndsAnEventStreamThatIsCatchingUp(t *testing.T) {
+	s := newTestServer(t, withInbox(t, time.Minute))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, smallBufListener{ln}) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	// 3,000 events of about 1 KiB: 30 pages of the stream's reads.
+	const n = 3000
+	approval := json.RawMessage(fmt.Sprintf(`{"note": %q}`, strings.Repeat("x", 1000)))
+	evs := make([]inbox.Event, 0, 500)
+	for range n / 500 {
+		evs = evs[:0]
+		for range 500 {
+			evs = append(evs, inbox.Event{OrgID: "org-a", Type: inbox.TypeRequested, Kind: inbox.KindToolCall, ApprovalID: uuid.New(), Approval: approval})
+		}
+		_, err := s.svc.Inbox.AppendAll(ctx, s.svc.DB, evs)
+		require.NoError(t, err)
+	}
+
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetReadBuffer(16 << 10)
+		}
+		return c, err
+	}}
+	t.Cleanup(tr.CloseIdleConnections)
+	req, err := http.NewRequest(http.MethodGet, "http://"+ln.Addr().String()+"/v1/approvals/events", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+subToken(t, "org-a", "alice", "", RoleApprover))
+	req.Header.Set("Last-Event-ID", "0") // from the log's start
+	res, err := (&http.Client{Transport: tr}).Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode)
+
+	// A steady reader, ~1 MB/s; the inbox stops after its first 200 events.
+	rd := bufio.NewReaderSize(res.Body, 4<<10)
+	buf := make([]byte, 4<<10)
+	var got strings.Builder
+	stopped := false
+	for i := 0; ; i++ {
+		k, err := rd.Read(buf)
+		got.Write(buf[:k])
+		if err != nil {
+			break
+		}
+		if !stopped && strings.Count(got.String(), "event: requested") >= 200 {
+			stopCtx, stopCancel := context.WithTimeout(context.Background(), testWait)
+			require.NoError(t, s.svc.Inbox.Stop(stopCtx))
+			stopCancel()
+			stopped = true
+		}
+		if i%8 == 7 {
+			time.Sleep(30 * time.Millisecond)
+		}
+	}
+	require.True(t, stopped)
+	require.Less(t, strings.Count(got.String(), "event: requested"), n, "the stream went on to the log's end after the inbox stopped")
 }
