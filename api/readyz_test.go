@@ -2,13 +2,18 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/stretchr/testify/require"
@@ -167,4 +172,53 @@ func TestReadyzIsReadyWhileEveryPooledConnectionIsBusy(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
 	require.Equal(t, map[string]any{"postgres": "ok"}, r.JSON(t)["checks"])
 	require.Equal(t, "1", metricDependencyUp(t, s, "postgres"))
+}
+
+// Probes that come together while every pooled connection is busy share
+// one connection of their own: each dialled its own, so a replica budgeted
+// one connection beyond its pool (a role's CONNECTION LIMIT, or
+// max_connections shared by the replicas) got "too many connections" for
+// most of them, answered 503 and left the rotation anyway.
+func TestReadyzOpensAtMostOneConnectionBeyondASaturatedPool(t *testing.T) {
+	ctx := context.Background()
+	dbURL := testkit.NewDatabase(t)
+	admin, err := pgx.Connect(ctx, testkit.ServerURL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	role := fmt.Sprintf("readyz_budget_%d", time.Now().UnixNano())
+	_, err = admin.Exec(ctx, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD 'pw' CONNECTION LIMIT 3`, role)) // MaxConns 2, +1
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE "+role) })
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(role, "pw")
+
+	cfg, err := pgxpool.ParseConfig(u.String())
+	require.NoError(t, err)
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	for range cfg.MaxConns {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		t.Cleanup(c.Release)
+	}
+	s := newTestServer(t, func(_ *Config, svc *Services) { svc.DB = pool })
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var notReady []string
+	for range 8 { // probes arriving together
+		wg.Go(func() {
+			r := do(t, s.Handler(), "GET", "/readyz", "", nil)
+			if r.Status != http.StatusOK {
+				mu.Lock()
+				notReady = append(notReady, string(r.Body))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	require.Empty(t, notReady, "probes answered not ready while Postgres answered")
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/reveille/reveille/approvals"
 	"github.com/reveille/reveille/inbox"
@@ -181,8 +182,10 @@ type Server struct {
 	limiter    *orgLimiter // nil: no rate limit
 	streamCap  *orgStreamCap
 	inboxHTML  *web.Inbox
-	connLimit  atomic.Pointer[connLimit] // Serve's, when MaxConnections bounds it
-	ops        *echo.Echo                // ServeOps's routes, when OpsAddr is set
+	// dedicatedPing: /readyz's ping of a saturated pool's Postgres, one at a time
+	dedicatedPing singleflight.Group
+	connLimit     atomic.Pointer[connLimit] // Serve's, when MaxConnections bounds it
+	ops           *echo.Echo                // ServeOps's routes, when OpsAddr is set
 }
 
 // New builds the server and its routes.
@@ -371,8 +374,7 @@ type dependencyResult struct {
 // checkDependencies asks Postgres (always first in the answer) and every
 // extra check at once, so that a hung one does not delay the others.
 func (s *Server) checkDependencies(ctx context.Context, othersTimeout time.Duration) []dependencyResult {
-	postgres := func(ctx context.Context) error { return pingPostgres(ctx, s.svc.DB) }
-	checks := append([]ReadinessCheck{{Name: "postgres", Check: postgres}}, s.svc.Ready...)
+	checks := append([]ReadinessCheck{{Name: "postgres", Check: s.pingPostgres}}, s.svc.Ready...)
 	results := make([]dependencyResult, len(checks))
 	var wg sync.WaitGroup
 	for i, chk := range checks {
@@ -392,21 +394,35 @@ func (s *Server) checkDependencies(ctx context.Context, othersTimeout time.Durat
 
 // pingPostgres asks Postgres whether it answers: through the pool, or,
 // while every pooled connection is busy, on a connection of its own (one
-// more than the pool's for the ping's length). A replica saturated by
-// contention (spends queued on one mandate's row) still reaches Postgres;
-// asked through the pool, the ping waited for a connection until it gave
-// up and the replica reported Postgres unreachable — every replica the
-// contention saturated left the load balancer's rotation at once.
-func pingPostgres(ctx context.Context, db *pgxpool.Pool) error {
+// at a time, whatever the probes: those that come together share its
+// answer, so the replica's connections grow by one at most). A replica
+// saturated by contention (spends queued on one mandate's row) still
+// reaches Postgres; asked through the pool, the ping waited for a
+// connection until it gave up and the replica reported Postgres
+// unreachable — every replica the contention saturated left the load
+// balancer's rotation at once.
+func (s *Server) pingPostgres(ctx context.Context) error {
+	db := s.svc.DB
 	if st := db.Stat(); st.AcquiredConns() < st.MaxConns() {
 		return db.Ping(ctx)
 	}
-	c, err := pgx.ConnectConfig(ctx, db.Config().ConnConfig)
-	if err != nil {
-		return err
+	ch := s.dedicatedPing.DoChan("postgres", func() (any, error) {
+		// (its own bound: the first prober's may be shorter than the others')
+		pctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+		defer cancel()
+		c, err := pgx.ConnectConfig(pctx, db.Config().ConnConfig)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close(pctx)
+		return nil, c.Ping(pctx)
+	})
+	select {
+	case r := <-ch:
+		return r.Err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	defer c.Close(context.WithoutCancel(ctx))
-	return c.Ping(ctx)
 }
 
 func (s *Server) openapi(c echo.Context) error {

@@ -3,9 +3,10 @@
 -- bumps it, so that a fair start whose snapshot predates a change that
 -- committed while it waited for the pool row sees that it straddles one —
 -- a change of weights alone leaves the row's other settings as they were.
--- (waits at most 1 s for the table's lock: Up tries again, so that no
--- replica's enqueues queue behind a migration that waits for a transaction)
-SET LOCAL lock_timeout = '1s';
+-- (While the ALTER waits for the table's lock behind a transaction under
+-- way, every enqueue queues behind it: it waits at most 100 ms, and Up
+-- tries again a second later.)
+SET LOCAL lock_timeout = '100ms';
 ALTER TABLE workpool_pools ADD COLUMN settings_version bigint NOT NULL DEFAULT 0;
 
 -- +goose Down

@@ -9,8 +9,8 @@
 -- (approvals.PutPolicy). The index on (org, agent, tool) serves both the
 -- puts and every tool call's policy read.
 -- (DROP INDEX locks the table from every tool call while it waits for one
--- under way: it waits at most 1 s, and Up tries again.)
-SET LOCAL lock_timeout = '1s';
+-- under way: it waits at most 100 ms, and Up tries again a second later.)
+SET LOCAL lock_timeout = '100ms';
 DROP INDEX IF EXISTS tool_policies_key;
 CREATE UNIQUE INDEX tool_policies_unconditional ON tool_policies (org_id, agent_id, tool_name) WHERE match IS NULL;
 CREATE INDEX tool_policies_tool ON tool_policies (org_id, agent_id, tool_name);

@@ -77,6 +77,12 @@ func Up(ctx context.Context, db *sql.DB, logger *slog.Logger) (int, error) {
 		var r []*goose.MigrationResult
 		r, err = p.Up(ctx)
 		res = append(res, r...)
+		// (a failed Up returns what it applied before the failure in its
+		// PartialError, not in r)
+		var partial *goose.PartialError
+		if errors.As(err, &partial) {
+			res = append(res, partial.Applied...)
+		}
 		// (a migration that sets lock_timeout gave up waiting for a table
 		// lock: try again in a moment rather than queue every writer)
 		var pgErr *pgconn.PgError

@@ -191,7 +191,7 @@ func TestStatusDoesNotWaitForTheMigrationLock(t *testing.T) {
 // workpool_pools, which every enqueue reads): with an old replica's
 // enqueue under way when the upgrade starts, a second enqueue meanwhile
 // does not queue behind the ALTER waiting for the first. The migration
-// gives up its wait after 1 s and tries again; the upgrade still
+// gives up its wait after 100 ms and tries again; the upgrade still
 // completes once the first enqueue commits.
 func TestAnUpgradesAlterOfThePoolsTableDoesNotHoldEnqueues(t *testing.T) {
 	ctx := context.Background()
@@ -225,11 +225,55 @@ func TestAnUpgradesAlterOfThePoolsTableDoesNotHoldEnqueues(t *testing.T) {
 	conn, err := db.Conn(ctx) // another enqueue, meanwhile
 	require.NoError(t, err)
 	defer conn.Close()
-	_, err = conn.ExecContext(ctx, `SET lock_timeout = '10s'`) // (well past the migration's own 1 s)
+	_, err = conn.ExecContext(ctx, `SET lock_timeout = '10s'`) // (well past the migration's own 100 ms)
 	require.NoError(t, err)
 	_, err = conn.ExecContext(ctx, enqueue)
 	require.NoError(t, err, "an enqueue waited for the migration's ALTER TABLE")
 
 	require.NoError(t, open.Commit())
 	require.NoError(t, <-migrated)
+}
+
+// Up reports how many migrations it applied (`engine migrate up` prints
+// "applied N migration(s)", serve logs "database migrated" applied=N).
+// When a migration gives up its lock wait (55P03) and Up tries again, the
+// migrations the failed attempt applied before it still count: goose
+// returns them in its PartialError, not in its results.
+func TestUpCountsTheMigrationsAppliedBeforeALockTimeoutRetry(t *testing.T) {
+	ctx := context.Background()
+	url := emptyDatabase(t, "retry_count")
+	db := openDB(t, url)
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.Files(), goose.WithDisableGlobalRegistry(true))
+	require.NoError(t, err)
+	_, err = p.UpTo(ctx, 26)
+	require.NoError(t, err)
+
+	open, err := db.BeginTx(ctx, nil) // an old replica's tool call reading the policies, under way
+	require.NoError(t, err)
+	defer func() { _ = open.Rollback() }()
+	_, err = open.ExecContext(ctx, `SELECT count(*) FROM tool_policies`)
+	require.NoError(t, err)
+
+	type result struct {
+		n   int
+		err error
+	}
+	migrated := make(chan result, 1)
+	go func() { n, err := migrations.Up(ctx, openDB(t, url), nil); migrated <- result{n, err} }()
+	dropWaits := func() bool {
+		var waits bool
+		require.NoError(t, db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE '%DROP INDEX IF EXISTS tool_policies_key%' AND wait_event_type = 'Lock')`).Scan(&waits))
+		return waits
+	}
+	require.Eventually(t, dropWaits, time.Minute, time.Millisecond, "00029's DROP INDEX waits for the tool call")
+	require.Eventually(t, func() bool { return !dropWaits() }, time.Minute, time.Millisecond, "and gives up (55P03)")
+	require.NoError(t, open.Commit())
+
+	r := <-migrated
+	require.NoError(t, r.err)
+	var v int64
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT max(version_id) FROM goose_db_version`).Scan(&v))
+	require.Equal(t, int64(29), v)
+	require.Equal(t, 3, r.n, "Up applied 00027, 00028 and 00029")
 }
