@@ -31,10 +31,19 @@ WITH claim AS (
     RETURNING 1
 ), proceed AS (
     SELECT 1 WHERE $6::text = '' OR EXISTS (SELECT 1 FROM claim)
+), decided_at AS (
+    -- (the time the decision is made: once the mandate's row is locked,
+    -- not when the statement or its transaction began — a spend that
+    -- waited for the row past valid_until is decided after it)
+    SELECT clock_timestamp() AS at
+      FROM (SELECT count(*) FROM (SELECT 1 FROM mandates
+                                   WHERE org_id = $1 AND agent_id = $2 AND scope = $3
+                                     AND EXISTS (SELECT 1 FROM proceed)
+                                     FOR NO KEY UPDATE) r) locked
 ), debit AS (
     UPDATE mandates SET spent = spent + $4, updated_at = now()
      WHERE org_id = $1 AND agent_id = $2 AND scope = $3
-       AND status = 'active' AND (valid_until IS NULL OR valid_until > now())
+       AND status = 'active' AND (valid_until IS NULL OR valid_until > (SELECT at FROM decided_at))
        -- (what is left is never below 0: past an approved overrun a spend
        -- of 0, an authority check, still passes, as at spent = budget)
        AND $4 <= GREATEST(budget - spent, 0)
@@ -46,7 +55,7 @@ WITH claim AS (
 ), refusal AS (
     SELECT CASE WHEN m.id IS NULL THEN 'no_mandate'
                 WHEN m.status <> 'active' THEN 'revoked'
-                WHEN m.valid_until IS NOT NULL AND m.valid_until <= now() THEN 'expired'
+                WHEN m.valid_until IS NOT NULL AND m.valid_until <= (SELECT at FROM decided_at) THEN 'expired'
                 ELSE 'insufficient' END AS why,
            GREATEST(COALESCE(m.budget - m.spent, 0), 0) AS remaining, m.budget, m.spent
       FROM (SELECT 1) AS one
@@ -127,16 +136,24 @@ const qChargeRefused = `SELECT spent FROM mandates WHERE org_id = $1 AND agent_i
 
 // qResolve is the compare-and-set from pending. Expiry ($6 true) takes only
 // requests past expires_at and ignores who resolves; approve and deny take
-// only unexpired ones not created by the resolver. Times are the
-// statement's, not its transaction's (now()), which may have begun long
-// before, and waited for a lock past the expiry.
+// only unexpired ones not created by the resolver. Times are read once the
+// request's row is locked (decided_at), not the transaction's (now()) nor
+// the statement's start: either may come before a wait for the row past
+// the expiry.
 // $1 org, $2 id, $3 new state, $4 resolver, $5 note, $6 expiring.
 const qResolve = `
+WITH decided_at AS (
+    -- (read once the request's row is locked: a resolution that waited
+    -- for another one, which rolled back, is decided when it gets the row)
+    SELECT clock_timestamp() AS at
+      FROM (SELECT count(*) FROM (SELECT 1 FROM mandate_approvals
+                                   WHERE org_id = $1 AND id = $2 AND state = 'pending' FOR UPDATE) r) locked
+)
 UPDATE mandate_approvals
-   SET state = $3, resolved_at = statement_timestamp(), resolved_by = NULLIF($4::text, ''), note = NULLIF($5::text, '')
+   SET state = $3, resolved_at = (SELECT at FROM decided_at), resolved_by = NULLIF($4::text, ''), note = NULLIF($5::text, '')
  WHERE org_id = $1 AND id = $2 AND state = 'pending'
-   AND CASE WHEN $6::boolean THEN expires_at <= statement_timestamp()
-            ELSE expires_at > statement_timestamp() AND NOT (requested_by <> '' AND requested_by = $4) END
+   AND CASE WHEN $6::boolean THEN expires_at <= (SELECT at FROM decided_at)
+            ELSE expires_at > (SELECT at FROM decided_at) AND NOT (requested_by <> '' AND requested_by = $4) END
 RETURNING ` + approvalColumns
 
 // qResolveDiagnose explains a failed qResolve.
