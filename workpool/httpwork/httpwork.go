@@ -350,6 +350,12 @@ func buildRequest(ctx context.Context, a Args) (*http.Request, error) {
 		if !httpguts.ValidHeaderFieldValue(v) {
 			return nil, &badArgError{field, fmt.Sprintf("the value of %q is not a valid header value (control characters)", k), fmt.Errorf("header %q: invalid value", k)}
 		}
+		// (net/http sends the URL's host, never Header["Host"]: taken, it
+		// was silently dropped; honoured, it would reach any virtual host
+		// behind an allowed name's address)
+		if strings.EqualFold(k, "Host") {
+			return nil, &badArgError{field, fmt.Sprintf("%q: the request's Host is its URL's host", k), fmt.Errorf("header %q: the Host is the URL's", k)}
+		}
 		if strings.EqualFold(k, "Upgrade") && v != "" {
 			return nil, &badArgError{field, fmt.Sprintf("%q: http work is one request and its response; it does not switch protocols", k), fmt.Errorf("header %q: an upgrade", k)}
 		}
@@ -394,29 +400,34 @@ func do(client *http.Client, req *http.Request, discardBody bool) (json.RawMessa
 	if res.StatusCode == http.StatusSwitchingProtocols {
 		return nil, workpool.NonRetryable(&StatusError{Status: res.StatusCode, Body: "the target switched protocols: http work is one request and its response"})
 	}
+	// (a body the work discards is not read: its 2xx is the answer, and
+	// a body that ended early or dripped past the timeout failed it, the
+	// target that had answered 2xx sent the request again)
+	if s := res.StatusCode; s >= 200 && s < 300 && discardBody {
+		return json.Marshal(Result{Status: s, Headers: flatten(res.Header), Body: json.RawMessage("null")})
+	}
+	if s := res.StatusCode; s < 200 || s >= 300 {
+		// (only a snippet is kept, and the status decides: a body that
+		// ended early or dripped past the timeout made a 4xx a network
+		// error, retried)
+		raw, _ := io.ReadAll(io.LimitReader(res.Body, snippetBytes+1))
+		if s == http.StatusRequestTimeout || s == http.StatusTooManyRequests || s >= 500 {
+			return nil, &StatusError{Status: s, Body: snippet(raw)}
+		}
+		return nil, workpool.NonRetryable(&StatusError{Status: s, Body: snippet(raw)})
+	}
 	raw, err := io.ReadAll(io.LimitReader(res.Body, MaxResponseBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("reading the response: %w", err)
 	}
-	switch s := res.StatusCode; {
-	case s >= 200 && s < 300 && discardBody:
-		return json.Marshal(Result{Status: s, Headers: flatten(res.Header), Body: json.RawMessage("null")})
-	case s >= 200 && s < 300:
-		// (only a 2xx keeps its body; another status keeps a snippet, and
-		// is retried or not by its status whatever its length)
-		if len(raw) > MaxResponseBytes {
-			return nil, workpool.NonRetryable(fmt.Errorf("response body exceeds %d bytes", MaxResponseBytes))
-		}
-		out, err := json.Marshal(Result{Status: s, Headers: flatten(res.Header), Body: bodyJSON(raw)})
-		if err == nil && len(out) > workpool.MaxResultBytes {
-			return nil, workpool.NonRetryable(&ResultTooLargeError{BodyBytes: len(raw), ResultBytes: len(out)})
-		}
-		return out, err
-	case s == http.StatusRequestTimeout, s == http.StatusTooManyRequests, s >= 500:
-		return nil, &StatusError{Status: s, Body: snippet(raw)}
-	default:
-		return nil, workpool.NonRetryable(&StatusError{Status: s, Body: snippet(raw)})
+	if len(raw) > MaxResponseBytes {
+		return nil, workpool.NonRetryable(fmt.Errorf("response body exceeds %d bytes", MaxResponseBytes))
 	}
+	out, err := json.Marshal(Result{Status: res.StatusCode, Headers: flatten(res.Header), Body: bodyJSON(raw)})
+	if err == nil && len(out) > workpool.MaxResultBytes {
+		return nil, workpool.NonRetryable(&ResultTooLargeError{BodyBytes: len(raw), ResultBytes: len(out)})
+	}
+	return out, err
 }
 
 // bodyJSON is the response body as the result keeps it: as JSON when it
@@ -445,10 +456,12 @@ func flatten(h http.Header) map[string]string {
 	return out
 }
 
+// snippetBytes is how much of a body outside 2xx an error keeps.
+const snippetBytes = 512
+
 func snippet(raw []byte) string {
-	const max = 512
-	if len(raw) > max {
-		return string(raw[:max]) + "…"
+	if len(raw) > snippetBytes {
+		return string(raw[:snippetBytes]) + "…"
 	}
 	return string(raw)
 }
