@@ -351,11 +351,14 @@
     return c.close;
   }
 
-  // signature changes when an item's element must be rebuilt.
+  // signature changes when an item's element must be rebuilt. A draft not
+  // made yet reads as an empty one: fillItem makes it (answerForm) after
+  // it has stored the signature, and a card then read as changed on the
+  // next redraw and was rebuilt under the approver's hands.
   function signature(it) {
     const d = state.drafts.get(it.id);
     return [it.status, it.resolvedBy, it.resolvedAt ? it.resolvedAt.getTime() : '', state.lingering.has(it.id),
-      d ? d.busy : '', d ? d.error : ''].join('|');
+      Boolean(d && d.busy), (d && d.error) || ''].join('|');
   }
 
   function renderCounts() {
@@ -849,6 +852,7 @@
     let buf = '';
     let ev = { id: null, type: 'message', data: [] };
     let silence = setTimeout(() => ctrl.abort(), SILENCE_MS);
+    let changed = false; // an event of this read changed an item: redraw
     try {
       for (;;) {
         const { value, done } = await reader.read();
@@ -864,6 +868,7 @@
             const r = dispatch(ev, gen);
             ev = { id: null, type: 'message', data: [] };
             if (r && r.reload) return r;
+            if (r && r.changed) changed = true;
             continue;
           }
           if (line[0] === ':') continue; // keep-alive
@@ -875,16 +880,23 @@
           else if (field === 'event') ev.type = value;
           else if (field === 'data') ev.data.push(value);
         }
+        // One redraw for the events of this read, not one each: a redraw
+        // sorts and walks every item, and a catch-up of hundreds of
+        // events over a long list, redrawn one by one, froze the page.
+        if (changed && gen === state.gen) render();
+        changed = false;
       }
     } catch (e) {
       return { retry: true };
     } finally {
       clearTimeout(silence);
       ctrl.abort();
+      if (changed && gen === state.gen) render();
     }
   }
 
-  // dispatch applies one event; {reload: true} asks for a fresh list.
+  // dispatch applies one event; {reload: true} asks for a fresh list,
+  // {changed: true} for a redraw (the reader redraws once per read).
   function dispatch(ev, gen) {
     if (gen !== state.gen) return null;
     if (ev.type === 'reset') return { reload: true };
@@ -896,11 +908,11 @@
     const seq = Number(ev.id || data.seq);
     if (isFinite(seq) && (state.seq === null || seq > state.seq)) state.seq = seq;
     if (change) {
-      render();
       if (ev.type === 'requested' && !change.prev) announce('New ' + describe(change.item).toLowerCase());
       if (ev.type === 'resolved' && change.prev && change.prev.status === 'pending') {
         announce(describe(change.item) + ': ' + statusWord(change.item.status).toLowerCase() + (change.item.resolvedBy ? ' by ' + change.item.resolvedBy : ''));
       }
+      return { changed: true };
     }
     return null;
   }
