@@ -226,6 +226,7 @@ func (c *completer) recordLate(r attemptResult) {
 	if err := c.record(ctx, []attemptResult{r}, nil); err != nil {
 		c.m.logger.Warn("recording an attempt's result after the stop failed; the heartbeat timeout will recover its work",
 			"work_id", r.id.String(), "error", err.Error())
+		c.m.metrics.failedAt(stageRecord)
 		return
 	}
 	c.kickLoops(ctx, poolsOf([]attemptResult{r}))
@@ -252,6 +253,7 @@ func (c *completer) record(ctx context.Context, batch []attemptResult, retrying 
 			return err
 		}
 		m.logger.Warn("recording attempt results failed; retrying", "count", len(batch), "error", err.Error())
+		m.metrics.failedAt(stageRecord)
 		if retrying != nil {
 			retrying()
 			retrying = nil

@@ -143,6 +143,7 @@ func (e *executor) claimLoop() {
 						return
 					}
 					e.m.logger.Warn("releasing work claimed for this replica that it never ran failed; retrying", "error", err.Error())
+					e.m.metrics.failedAt(stageClaim)
 					if !sleepCtx(e.claimCtx, backoff.next()) {
 						return
 					}
@@ -153,6 +154,7 @@ func (e *executor) claimLoop() {
 			if err != nil {
 				if e.claimCtx.Err() == nil {
 					e.m.logger.Warn("claiming work failed", "error", err.Error())
+					e.m.metrics.failedAt(stageClaim)
 					if !sleepCtx(e.claimCtx, backoff.next()) {
 						return
 					}
@@ -464,6 +466,7 @@ func (e *executor) heartbeatLoop() {
 		e.announce()
 		if err := e.heartbeat(); err != nil && e.bgCtx.Err() == nil {
 			e.m.logger.Warn("heartbeat failed", "error", err.Error())
+			e.m.metrics.failedAt(stageHeartbeat)
 		}
 	}
 }

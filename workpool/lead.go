@@ -135,6 +135,7 @@ func (l *loop) lead(ctx context.Context) {
 	if _, err := l.repairQueues(ctx); err != nil {
 		if ctx.Err() == nil {
 			log.Warn("repairing org queues failed; standing down to retry", "error", err.Error())
+			l.m.metrics.failedAt(stageLoop)
 		}
 		return
 	}
@@ -152,12 +153,14 @@ func (l *loop) lead(ctx context.Context) {
 		case err != nil:
 			if ctx.Err() == nil {
 				log.Warn("loop iteration failed; standing down to retry", "error", err.Error())
+				l.m.metrics.failedAt(stageLoop)
 			}
 			return
 		}
 		if err := l.saveTurns(ctx, l.m.now()); err != nil {
 			if ctx.Err() == nil {
 				log.Warn("saving the fair-share turns failed; standing down to retry", "error", err.Error())
+				l.m.metrics.failedAt(stageLoop)
 			}
 			return
 		}
@@ -282,6 +285,7 @@ func (l *loop) chore(ctx context.Context, what string, do func(context.Context) 
 	}
 	if err != nil && ctx.Err() == nil {
 		l.m.logger.Warn(what+" failed", "pool", l.pool, "error", err.Error())
+		l.m.metrics.failedAt(stageChore)
 	}
 	return true
 }

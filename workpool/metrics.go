@@ -24,8 +24,13 @@ type metrics struct {
 	// work that was pending without its queue (docs/workpool.md § "Org
 	// queues"). Anything but 0 outside a rolling upgrade is a bug.
 	queueRepairs *prometheus.CounterVec
-	iteration    *prometheus.HistogramVec
-	startLag     *prometheus.HistogramVec
+	// errors counts the failures this replica's loops, executor and
+	// completer logged and will retry, by stage (errorStages): each is a
+	// WARN line too, and a rate above 0 for minutes is the database (or a
+	// bug) failing the pool.
+	errors    *prometheus.CounterVec
+	iteration *prometheus.HistogramVec
+	startLag  *prometheus.HistogramVec
 	// Executor-side batching (this replica, all pools).
 	claimBatch, reportBatch     prometheus.Histogram
 	claimSeconds, reportSeconds prometheus.Histogram
@@ -49,6 +54,9 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 			"Work items refused at enqueue because their org reached its cap of unfinished work in the pool (REVEILLE_ORG_MAX_PENDING)."),
 		queueRepairs: counter("queue_repairs_total",
 			"Org queues the leader's repair wrote: orgs whose pending work had no queue row, or a head after it (0 but during a rolling upgrade from a version before the queues)."),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "reveille_workpool_errors_total",
+			Help: "Failures logged and retried, by stage: loop (an iteration or the start of a term; the loop stands down and leads again), chore (a leader's chore: retention, repair), claim, heartbeat, record (an attempt's result)."},
+			[]string{"stage"}),
 		iteration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "reveille_workpool_loop_iteration_seconds",
 			Help:    "Duration of one main loop iteration.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}}, []string{"pool"}),
@@ -67,10 +75,13 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 		Help: "Duration of one claim.", Buckets: durations})
 	mt.reportSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "reveille_workpool_report_seconds",
 		Help: "Duration of one report transaction (hooks included).", Buckets: durations})
+	for _, stage := range errorStages {
+		mt.errors.WithLabelValues(stage) // (at 0 from the start: alerts need the series)
+	}
 	if reg == nil {
 		return mt, nil
 	}
-	for _, c := range []prometheus.Collector{mt.started, mt.succeeded, mt.failed, mt.retried, mt.canceled,
+	for _, c := range []prometheus.Collector{mt.started, mt.succeeded, mt.failed, mt.retried, mt.canceled, mt.errors,
 		mt.hookCalls, mt.hookRetries, mt.refused, mt.queueRepairs, mt.iteration, mt.startLag, mt.claimBatch, mt.reportBatch, mt.claimSeconds,
 		mt.reportSeconds, mt.depth} {
 		if err := reg.Register(c); err != nil {
@@ -79,6 +90,20 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 	}
 	return mt, nil
 }
+
+// The stages of reveille_workpool_errors_total.
+const (
+	stageLoop      = "loop"
+	stageChore     = "chore"
+	stageClaim     = "claim"
+	stageHeartbeat = "heartbeat"
+	stageRecord    = "record"
+)
+
+var errorStages = []string{stageLoop, stageChore, stageClaim, stageHeartbeat, stageRecord}
+
+// failedAt counts a failure of stage (reveille_workpool_errors_total).
+func (mt *metrics) failedAt(stage string) { mt.errors.WithLabelValues(stage).Inc() }
 
 // forPool makes the pool's series, at 0, as soon as this replica knows the
 // pool: an alert on a rate or on an absent series (enqueue refusals, queue
