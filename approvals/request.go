@@ -92,7 +92,11 @@ func (s *Service) Request(ctx context.Context, p RequestParams) (RequestResult, 
 		}
 		if tag.RowsAffected() == 0 {
 			replay = true
-			if err := tx.QueryRow(ctx, qApprovalByKey, p.OrgID, p.AgentID, p.IdempotencyKey).Scan(&id); err != nil {
+			err := tx.QueryRow(ctx, qApprovalByKey, p.OrgID, p.AgentID, p.IdempotencyKey).Scan(&id)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return errKeyPurged
+			}
+			if err != nil {
 				return fmt.Errorf("reading the key's first tool call: %w", err)
 			}
 			return errReplay // a replay writes nothing, not even a new session
@@ -108,10 +112,16 @@ func (s *Service) Request(ctx context.Context, p RequestParams) (RequestResult, 
 		}
 		return s.appendInbox(ctx, tx, inbox.TypeRequested, p.OrgID, id)
 	})
+	if errors.Is(err, errKeyPurged) {
+		return s.Request(ctx, p) // its call was purged past its retention: decided afresh
+	}
 	if err != nil && !errors.Is(err, errReplay) {
 		return RequestResult{}, err
 	}
 	a, err := s.Get(ctx, p.OrgID, id, "")
+	if replay && errors.Is(err, ErrNotFound) {
+		return s.Request(ctx, p) // (purged since the key was read)
+	}
 	if err != nil {
 		return RequestResult{}, err
 	}
@@ -125,6 +135,10 @@ func (s *Service) Request(ctx context.Context, p RequestParams) (RequestResult, 
 	s.metrics.requested()
 	return RequestResult{Decision: DecisionPending, Approval: a}, nil
 }
+
+// errKeyPurged rolls back a request whose key's call was purged
+// (internal/retention) between the insert that found it and its read.
+var errKeyPurged = errors.New("approvals: the key's call was purged")
 
 // errReplay rolls back the transaction of a request whose key was used.
 var errReplay = errors.New("approvals: idempotency key replay")

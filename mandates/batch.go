@@ -240,6 +240,12 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 			// answer is committed now.
 			res, err := b.s.answer(ctx, b.s.db, r.p)
 			replies[i] = spendReply{res: res, err: err}
+			if errors.Is(err, errKeyPurged) {
+				// (past its window, purged since the decision: decide afresh)
+				res, decided, err := b.s.spendAlone(ctx, r.p)
+				b.count(res, decided, err)
+				replies[i] = spendReply{res: res, decided: decided, err: err}
+			}
 		}
 		r.reply <- replies[i]
 	}

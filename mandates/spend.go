@@ -130,6 +130,9 @@ func (s *Service) spend(ctx context.Context, q db.Batcher, p SpendParams) (res S
 		return res, decided, err
 	}
 	res, err = s.answer(ctx, q, p)
+	if errors.Is(err, errKeyPurged) {
+		return s.spend(ctx, q, p) // past its window: decide afresh
+	}
 	return res, false, err
 }
 
@@ -156,6 +159,9 @@ func (s *Service) spendAlone(ctx context.Context, p SpendParams) (res SpendResul
 		return res, decided, err
 	}
 	res, err = s.answer(ctx, s.db, p)
+	if errors.Is(err, errKeyPurged) {
+		return s.spendAlone(ctx, p) // past its window: decide afresh
+	}
 	return res, false, err
 }
 
@@ -235,6 +241,10 @@ func readSpend(br pgx.BatchResults) (res SpendResult, decided bool, err error) {
 	return res, true, nil
 }
 
+// errKeyPurged is answer's error when the key a decision found has been
+// purged since (internal/retention): the spend is decided afresh.
+var errKeyPurged = errors.New("the spend idempotency key was purged past its window")
+
 // answer returns the first answer to p's key, or ErrIdempotencyKeyReused
 // when the key was first used for another spend.
 func (s *Service) answer(ctx context.Context, q db.Querier, p SpendParams) (SpendResult, error) {
@@ -246,6 +256,11 @@ func (s *Service) answer(ctx context.Context, q db.Querier, p SpendParams) (Spen
 	var why *string
 	err := q.QueryRow(ctx, qSpendAnswer, p.OrgID, p.IdempotencyKey, p.AgentID).
 		Scan(&agentID, &scope, &cost, &reason, &mandateID, &remaining, &approvalID, &why, &refusedRemaining)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// (the key was there when the decision was made and retention has
+		// purged it since: it was past its window)
+		return SpendResult{}, errKeyPurged
+	}
 	if err != nil {
 		return SpendResult{}, fmt.Errorf("reading the first answer to the spend idempotency key: %w", err)
 	}
