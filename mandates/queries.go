@@ -31,24 +31,28 @@ WITH claim AS (
     RETURNING 1
 ), proceed AS (
     SELECT 1 WHERE $6::text = '' OR EXISTS (SELECT 1 FROM claim)
+), locked AS (
+    -- (the mandate's row as it is once locked: the debit and the refusal
+    -- both decide on it, not the debit on the row from the statement's
+    -- snapshot, which a change the spend waited for may have replaced)
+    SELECT id, status, valid_until, budget, spent FROM mandates
+     WHERE org_id = $1 AND agent_id = $2 AND scope = $3
+       AND EXISTS (SELECT 1 FROM proceed)
+       FOR NO KEY UPDATE
 ), decided_at AS (
     -- (the time the decision is made: once the mandate's row is locked,
     -- not when the statement or its transaction began — a spend that
     -- waited for the row past valid_until is decided after it)
-    SELECT clock_timestamp() AS at
-      FROM (SELECT count(*) FROM (SELECT 1 FROM mandates
-                                   WHERE org_id = $1 AND agent_id = $2 AND scope = $3
-                                     AND EXISTS (SELECT 1 FROM proceed)
-                                     FOR NO KEY UPDATE) r) locked
+    SELECT clock_timestamp() AS at FROM (SELECT count(*) FROM locked) l
 ), debit AS (
-    UPDATE mandates SET spent = spent + $4, updated_at = now()
-     WHERE org_id = $1 AND agent_id = $2 AND scope = $3
-       AND status = 'active' AND (valid_until IS NULL OR valid_until > (SELECT at FROM decided_at))
+    UPDATE mandates SET spent = mandates.spent + $4, updated_at = now()
+      FROM locked
+     WHERE mandates.id = locked.id
+       AND locked.status = 'active' AND (locked.valid_until IS NULL OR locked.valid_until > (SELECT at FROM decided_at))
        -- (what is left is never below 0: past an approved overrun a spend
        -- of 0, an authority check, still passes, as at spent = budget)
-       AND $4 <= GREATEST(budget - spent, 0)
-       AND EXISTS (SELECT 1 FROM proceed)
-    RETURNING id, GREATEST(budget - spent, 0) AS remaining
+       AND $4 <= GREATEST(locked.budget - locked.spent, 0)
+    RETURNING mandates.id, GREATEST(mandates.budget - mandates.spent, 0) AS remaining
 ), ledger AS (
     INSERT INTO mandate_ledger (id, org_id, mandate_id, kind, amount, reason, idempotency_key, remaining)
     SELECT $7, $1, debit.id, 'debit', $4, $5, NULLIF($6::text, ''), debit.remaining FROM debit
@@ -59,12 +63,8 @@ WITH claim AS (
                 ELSE 'insufficient' END AS why,
            GREATEST(COALESCE(m.budget - m.spent, 0), 0) AS remaining, m.budget, m.spent
       FROM (SELECT 1) AS one
-      -- (locked as the debit locks it, so that the refusal reads the row
-      -- the debit refused: a spend that waited for a revoke or a budget cut
-      -- to commit read the row as it was before from the statement's
-      -- snapshot, and was refused as insufficient, with the old budget)
-      LEFT JOIN (SELECT id, status, valid_until, budget, spent FROM mandates
-                  WHERE org_id = $1 AND agent_id = $2 AND scope = $3 FOR NO KEY UPDATE) m ON true
+      -- (the row the debit refused, as locked)
+      LEFT JOIN locked m ON true
      WHERE EXISTS (SELECT 1 FROM proceed) AND NOT EXISTS (SELECT 1 FROM debit)
 ), request AS (
     INSERT INTO mandate_approvals (id, org_id, agent_id, scope, cost, reason, requested_by, refusal, remaining,
