@@ -33,7 +33,8 @@ type Event struct {
 const DefaultSSEIdleTimeout = 45 * time.Second
 
 // maxSSELine bounds one line of an event stream: a chunk of the largest
-// size the API accepts (1 MiB by default) is 1.4 MiB in base64.
+// size the API accepts (1 MiB by default, 16 MiB at most:
+// streams.MaxChunkLimit) is 4/3 of that in base64.
 const maxSSELine = 32 << 20
 
 // events follows an SSE endpoint, reconnecting after a cut connection (or

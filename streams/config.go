@@ -54,6 +54,12 @@ const (
 	DefaultPurgeBatch    = 1000
 )
 
+// MaxChunkLimit is the largest MaxChunk may be: a chunk goes to a live
+// reader as one SSE data line of base64 (4/3 of its size), and the Go
+// client (client.Streams.Tail) reads lines of up to 32 MiB. A chunk the
+// server accepted past that, Chunks could read and Tail never.
+const MaxChunkLimit = 16 << 20
+
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	c.MaxChunk = cmp.Or(c.MaxChunk, DefaultMaxChunk)
@@ -74,6 +80,9 @@ func (c Config) validate() error {
 	var errs []error
 	if c.MaxChunk < 0 || c.MaxRequest < 0 || c.MaxChunksPerRequest < 0 || c.Retention < 0 || c.KeepAlive < 0 || c.PurgeInterval < 0 || c.PurgeBatch < 0 || c.LeaderRetry < 0 {
 		errs = append(errs, errors.New("limits and durations must not be negative"))
+	}
+	if c.MaxChunk > MaxChunkLimit {
+		errs = append(errs, fmt.Errorf("MaxChunk (%d) exceeds %d (16 MiB): a live reader gets a chunk as one line of base64", c.MaxChunk, MaxChunkLimit))
 	}
 	if c.MaxChunk > c.MaxRequest && c.MaxRequest > 0 {
 		errs = append(errs, fmt.Errorf("MaxChunk (%d) exceeds MaxRequest (%d)", c.MaxChunk, c.MaxRequest))

@@ -624,6 +624,12 @@ func TestNewRefusesBadConfigAndNoDatabase(t *testing.T) {
 	db := testkit.NewPool(t)
 	_, err = streams.New(db, streams.Config{MaxChunk: 100, MaxRequest: 10})
 	require.ErrorContains(t, err, "exceeds MaxRequest")
+	// (a live reader gets a chunk as one line of base64: the Go client's
+	// line bound holds the largest)
+	_, err = streams.New(db, streams.Config{MaxChunk: streams.MaxChunkLimit + 1, MaxRequest: 64 << 20})
+	require.ErrorContains(t, err, "exceeds 16777216 (16 MiB)")
+	_, err = streams.New(db, streams.Config{MaxChunk: streams.MaxChunkLimit, MaxRequest: 64 << 20})
+	require.NoError(t, err)
 	_, err = streams.New(db, streams.Config{Retention: -time.Hour})
 	require.ErrorContains(t, err, "negative")
 	reg := prometheus.NewRegistry()

@@ -22,6 +22,7 @@ import (
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/queue"
 	"github.com/reveille/reveille/streams"
+	"github.com/reveille/reveille/wakeup"
 	"github.com/reveille/reveille/webhooks"
 	"github.com/reveille/reveille/workpool"
 	"github.com/reveille/reveille/workpool/httpwork"
@@ -200,7 +201,9 @@ func envConfig() (settings, error) {
 	s.Pools = envPools("REVEILLE_POOLS", workpool.DefaultPools, &errs)
 	s.OrgMaxPending = envCap("REVEILLE_ORG_MAX_PENDING", workpool.DefaultMaxPendingPerOrg, workpool.NoPendingLimit, &errs)
 	s.Retention = envRetention(&errs)
-	if s.StreamChunk > s.StreamRequest {
+	if s.StreamChunk > streams.MaxChunkLimit {
+		errs = append(errs, fmt.Errorf("REVEILLE_STREAM_MAX_CHUNK=%d: want at most %d (16 MiB): a live reader gets a chunk as one line of base64", s.StreamChunk, streams.MaxChunkLimit))
+	} else if s.StreamChunk > s.StreamRequest {
 		errs = append(errs, fmt.Errorf("REVEILLE_STREAM_MAX_CHUNK=%d exceeds REVEILLE_STREAM_MAX_REQUEST=%d: a chunk must fit in a request", s.StreamChunk, s.StreamRequest))
 	}
 	if _, err := httpwork.ParseAllowList(s.HTTPAllowed); err != nil {
@@ -291,9 +294,13 @@ func webhookPool(v string, pools map[string]int, errs *[]error) string {
 	if v = strings.TrimSpace(v); v != "" {
 		if _, ok := pools[v]; !ok {
 			*errs = append(*errs, fmt.Errorf("REVEILLE_WEBHOOK_POOL=%q: not one of REVEILLE_POOLS' pools (%s)", v, strings.Join(names, ", ")))
+		} else if v == wakeup.DefaultPool {
+			*errs = append(*errs, fmt.Errorf("REVEILLE_WEBHOOK_POOL=%q: that pool runs wake-ups' work only; name another of REVEILLE_POOLS' pools", v))
 		}
 		return v
 	}
+	// (never the wake-up pool: its slots are the wake-ups')
+	names = slices.DeleteFunc(names, func(n string) bool { return n == wakeup.DefaultPool })
 	if _, ok := pools["default"]; ok || len(names) == 0 {
 		return "default"
 	}

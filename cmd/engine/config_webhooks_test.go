@@ -18,6 +18,8 @@ func TestEnvConfigHandsTheWebhooksTheirPoolAndPublicURL(t *testing.T) {
 		{name: "the defaults", wantPool: "default"},
 		{name: "a pool of REVEILLE_POOLS", pools: "default=5,hooks=2,wakeup=1", pool: "hooks", wantPool: "hooks"},
 		{name: "pools without default: the first by name", pools: "zeta=1,alpha=2,wakeup=1", wantPool: "alpha"},
+		// (its slots are the wake-ups': deliveries and their retries took them)
+		{name: "pools without default: never the wake-up pool", pools: "wakeup=25,workers=10", wantPool: "workers"},
 		{name: "a public URL, its trailing slash dropped", public: "https://reveille.example.com/", wantPool: "default",
 			wantPublic: "https://reveille.example.com"},
 	}
@@ -37,6 +39,7 @@ func TestEnvConfigHandsTheWebhooksTheirPoolAndPublicURL(t *testing.T) {
 func TestEnvConfigNamesABadWebhookSetting(t *testing.T) {
 	for _, tc := range []struct{ name, value, contains string }{
 		{"REVEILLE_WEBHOOK_POOL", "nope", `REVEILLE_WEBHOOK_POOL="nope": not one of REVEILLE_POOLS' pools (default, wakeup)`},
+		{"REVEILLE_WEBHOOK_POOL", "wakeup", `REVEILLE_WEBHOOK_POOL="wakeup": that pool runs wake-ups' work only`},
 		{"REVEILLE_PUBLIC_URL", "reveille.example.com", `REVEILLE_PUBLIC_URL="reveille.example.com"`},
 		{"REVEILLE_PUBLIC_URL", "ftp://reveille.example.com", "REVEILLE_PUBLIC_URL"},
 		{"REVEILLE_PUBLIC_URL", "https://reveille.example.com/?a=1", "REVEILLE_PUBLIC_URL"},
