@@ -3,6 +3,8 @@ package workpool
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,4 +67,23 @@ func TestAFailingLoopIterationIsCounted(t *testing.T) {
 	id, err := m.Enqueue(ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
 	require.NoError(t, err)
 	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+}
+
+// A term whose start fails at the takeover ("taking over the pool's loop
+// failed", a WARN line, and the elector campaigns again) is a failure of
+// stage "loop" as docs/operations.md describes it ("an iteration or a
+// term's start"): the counter must show it.
+func TestAFailingTakeoverIsCounted(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `ALTER TABLE workpool_org_turns RENAME TO workpool_org_turns_away`)
+	require.NoError(t, err)
+	var logs testkit.LogBuffer
+	m := startManager(t, db, Config{Pools: map[string]int{"default": 2},
+		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	require.Eventually(t, func() bool {
+		return strings.Count(logs.String(), "taking over the pool's loop failed") >= 2
+	}, testWait, testTick, "the takeover never failed: %s", logs.String())
+	require.Positive(t, errorsAt(m, stageLoop), "two terms failed to start (WARN lines), the counter says 0:\n%s", logs.String())
 }

@@ -116,6 +116,7 @@ func (l *loop) lead(ctx context.Context) {
 	if err := l.takeover(ctx); err != nil {
 		if ctx.Err() == nil {
 			log.Warn("taking over the pool's loop failed", "error", err.Error())
+			l.m.metrics.failedAt(stageLoop)
 		}
 		return
 	}

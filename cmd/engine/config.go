@@ -301,7 +301,11 @@ func webhookPool(v string, pools map[string]int, errs *[]error) string {
 	}
 	// (never the wake-up pool: its slots are the wake-ups')
 	names = slices.DeleteFunc(names, func(n string) bool { return n == wakeup.DefaultPool })
-	if _, ok := pools["default"]; ok || len(names) == 0 {
+	if _, ok := pools["default"]; ok {
+		return "default"
+	}
+	if len(names) == 0 {
+		*errs = append(*errs, fmt.Errorf("REVEILLE_POOLS has no pool for approval webhooks (%s runs wake-ups' work only): add one, such as default=5", wakeup.DefaultPool))
 		return "default"
 	}
 	return names[0]

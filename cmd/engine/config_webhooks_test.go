@@ -52,3 +52,15 @@ func TestEnvConfigNamesABadWebhookSetting(t *testing.T) {
 		})
 	}
 }
+
+// REVEILLE_POOLS with the wake-up pool alone leaves no pool for approval
+// webhooks (never the wake-up pool): the start is refused, naming it. It
+// went on with "default", a pool REVEILLE_POOLS does not create, and every
+// delivery's enqueue then failed the tool call or overrun request whose
+// transaction made it.
+func TestEnvConfigRefusesPoolsWithNoneForTheWebhooks(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("REVEILLE_POOLS", "wakeup=25")
+	_, err := envConfig()
+	require.ErrorContains(t, err, "REVEILLE_POOLS has no pool for approval webhooks (wakeup runs wake-ups' work only): add one")
+}
