@@ -1,6 +1,7 @@
 package client
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/streams"
 )
 
 // The event stream parser follows the WHATWG standard's "interpreting an
@@ -132,4 +135,15 @@ func TestBackoffDoublesUpToItsCapWithJitter(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Tail reads every chunk the server can accept: the largest
+// (streams.MaxChunkLimit) comes as one SSE data line of base64, which must
+// fit the reader's line bound with room for its field name and the
+// event's JSON around it. REVEILLE_STREAM_MAX_CHUNK had no upper bound, and
+// Tail ended for good at a 25 MiB chunk ("a line longer than 33554432
+// bytes") that Chunks read. (Computed, not streamed: a 16 MiB chunk under
+// -race takes minutes.)
+func TestTheLargestChunkTheServerAcceptsFitsAnSSELine(t *testing.T) {
+	require.Less(t, base64.StdEncoding.EncodedLen(streams.MaxChunkLimit)+4096, maxSSELine)
 }
