@@ -64,7 +64,9 @@ func TestEveryErrorIsProblemJSON(t *testing.T) {
 // Postgres text and jsonb hold neither NUL nor invalid UTF-8, jsonb no
 // unpaired surrogate escapes and no number out of numeric's range: such
 // bodies are 400s naming the field (they were 500s, or silently altered),
-// and nothing is stored.
+// and nothing is stored. Nor is a body whose numbers jsonb would give back
+// 64 KiB longer than sent (1e131071 is 131,072 digits): a 400 naming the
+// body.
 func TestBodyTextPostgresCannotStoreIs400NamingTheField(t *testing.T) {
 	s := newTestServer(t, withMandates(t), withWakeups(t), withWorkpool(t))
 	admin, agent := token(t, "org-a", RoleAdmin), token(t, "org-a", RoleAgent)
@@ -86,6 +88,10 @@ func TestBodyTextPostgresCannotStoreIs400NamingTheField(t *testing.T) {
 		{"/v1/wakeups", agent, wakeup(`a\u0000`, `{}`), "pool"},
 		{"/v1/mandates", admin, "{\"agent_id\": \"a\xff\", \"scope\": \"llm\", \"budget\": 1}", "body"},
 		{"/v1/mandates/spend", agent, `{"agent_id": "a1", "scope": "llm", "cost": 1, "reason": "\u0000"}`, "reason"},
+		// (storable, but given back in plain notation: 100 × 131,072 digits
+		// from 900 bytes, at every read of the args)
+		{"/v1/pools/default/work", admin, `{"handler": "echo", "args": {"x": [` + strings.Repeat("1e131071, ", 99) + `1e131071]}}`, "body"},
+		{"/v1/wakeups", agent, wakeup("default", `[`+strings.Repeat("1e131071, ", 99)+`1e131071]`), "body"},
 	}
 	for _, tc := range cases {
 		do(t, s.Handler(), http.MethodPost, tc.path, tc.tok, tc.body).requireProblem(t, http.StatusBadRequest, tc.field)

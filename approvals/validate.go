@@ -120,19 +120,27 @@ func normalizeInput(inv *apperr.InvalidError, input json.RawMessage) json.RawMes
 		inv.Add("input", unstorable)
 		return nil
 	}
+	if jsonb.TextLen(trimmed) > MaxInput {
+		inv.Add("input", fmt.Sprintf("must be at most %d bytes of JSON as stored and given back (numbers in plain notation: 1e5000 is 5001 digits)", MaxInput))
+		return nil
+	}
 	return trimmed
 }
 
 // normalizeMatch returns a policy's match: nil for none, else a non-empty
-// JSON object bounded by MaxMatch — and, for a match to be stored (put),
-// by MaxMatchArrayElements: a match that names a policy to delete may be
-// one stored before that bound.
+// JSON object — for a match to be stored (put), bounded by MaxMatch as
+// sent and as given back, and by MaxMatchArrayElements: a match that names
+// a policy to delete may be one stored before those bounds, and spelled as
+// the list gives it back.
 func normalizeMatch(inv *apperr.InvalidError, match json.RawMessage, put bool) json.RawMessage {
 	trimmed := bytes.TrimSpace(match)
 	if len(trimmed) == 0 || string(trimmed) == "null" {
 		return nil
 	}
-	if len(trimmed) > MaxMatch {
+	// (a match that names a policy to delete is only compared, and is
+	// spelled as the list gave it: numbers in plain notation, &, < and >
+	// escaped, longer than the match was put)
+	if put && len(trimmed) > MaxMatch {
 		inv.Add("match", fmt.Sprintf("must be at most %d bytes of JSON", MaxMatch))
 		return nil
 	}
@@ -153,6 +161,10 @@ func normalizeMatch(inv *apperr.InvalidError, match json.RawMessage, put bool) j
 	}
 	if !jsonb.Storable(trimmed) {
 		inv.Add("match", unstorable)
+		return nil
+	}
+	if put && jsonb.TextLen(trimmed) > MaxMatch {
+		inv.Add("match", fmt.Sprintf("must be at most %d bytes of JSON as stored and given back (numbers in plain notation: 1e5000 is 5001 digits)", MaxMatch))
 		return nil
 	}
 	return trimmed
