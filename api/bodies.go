@@ -35,7 +35,7 @@ func decodeMandateCreate(body []byte) (mandates.CreateParams, error) {
 		return mandates.CreateParams{}, err
 	}
 	if in.Budget == nil {
-		return mandates.CreateParams{}, Invalid("budget", "is required (an integer ≥ 0)")
+		return mandates.CreateParams{}, missingWith("budget", in.AgentID, in.Scope)
 	}
 	p := mandates.CreateParams{AgentID: in.AgentID, Scope: in.Scope, Budget: *in.Budget}
 	if in.ValidUntil != nil {
@@ -92,9 +92,24 @@ func decodeSpend(body []byte) (spendIn, error) {
 		return spendIn{}, err
 	}
 	if in.Cost == nil {
-		return spendIn{}, Invalid("cost", "is required (an integer ≥ 0)")
+		return spendIn{}, missingWith("cost", in.AgentID, in.Scope)
 	}
 	return in, nil
+}
+
+// missingWith is the 400 of a missing amount (budget, cost), naming too the
+// agent_id and scope the body lacks, in the service's words: every problem
+// in one answer, as decodeWakeup gives it.
+func missingWith(amount, agentID, scope string) error {
+	inv := &apperr.InvalidError{}
+	inv.Add(amount, "is required (an integer ≥ 0)")
+	if agentID == "" {
+		inv.Add("agent_id", "must not be empty")
+	}
+	if scope == "" {
+		inv.Add("scope", "must not be empty")
+	}
+	return invalidFields(inv.Fields)
 }
 
 type approvalResolveIn struct {

@@ -89,6 +89,15 @@ func TestEveryCommandPrintsItsUsageOnHelp(t *testing.T) {
 			})
 		}
 	}
+	// (after the subcommand too, as engine bench <name> --help: it was an
+	// unexpected argument, exit 1)
+	for _, args := range [][]string{{"up", "--help"}, {"status", "-h"}} {
+		t.Run("migrate "+strings.Join(args, " "), func(t *testing.T) {
+			out, err := captureOSStderr(t, func() error { return runMigrate(ctx, args) })
+			require.ErrorIs(t, err, flag.ErrHelp)
+			require.True(t, strings.HasPrefix(out, "Usage: engine migrate"), out)
+		})
+	}
 	t.Run("bench lists its benchmarks", func(t *testing.T) {
 		out, err := captureOSStderr(t, func() error { return runBench(ctx, []string{"--help"}) })
 		require.ErrorIs(t, err, flag.ErrHelp)

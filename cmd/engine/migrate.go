@@ -22,6 +22,12 @@ func runMigrate(ctx context.Context, args []string) error {
 			"  status  list the migrations, applied or not, and applied ones this binary does not know",
 			"  DATABASE_URL  the database migrated (required)\n")
 	}
+	// (after its argument too, as `engine bench <name> --help`: the flag
+	// parser stops at the first argument and would call it unexpected)
+	if asksForHelp(args) {
+		fs.Usage()
+		return flag.ErrHelp
+	}
 	if err := parseArgs(fs, args, 1); err != nil {
 		return err
 	}
