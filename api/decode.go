@@ -103,22 +103,15 @@ func decodeJSON(body []byte, dst any) error {
 	if field, detail, found := unstorableJSON(body); found {
 		return Invalid(field, detail)
 	}
-	if jsonb.TextLen(body) > len(body)+maxNumberGrowth {
+	if jsonb.NumberGrowth(body) > jsonb.MaxNumberGrowth {
 		return Invalid("body", fmt.Sprintf("its numbers, as stored and given back in plain notation (1e5000 is 5001 digits), "+
-			"make it more than %d bytes longer than sent: write them as they are (1000…) or as strings", maxNumberGrowth))
+			"make it more than %d bytes longer than sent: write them as they are (1000…) or as strings", jsonb.MaxNumberGrowth))
 	}
 	if field, detail, found := misnamedKey(body, reflect.TypeOf(dst)); found {
 		return Invalid(field, detail)
 	}
 	return nil
 }
-
-// maxNumberGrowth bounds how much longer than sent a request body's JSON
-// may be as Postgres gives it back: jsonb prints numbers in plain
-// notation, so 1 KiB of 1e131071 came back as 13 MB — from every read of
-// the work's args, the call's input, the list that shows it. Room for a
-// few hundred floats such as 1e300 (301 digits each).
-const maxNumberGrowth = 64 << 10
 
 // restIsSpace reports whether only white space follows the value dec read
 // from body. (dec.More is false before a stray "}" or "]", which would let

@@ -374,11 +374,10 @@ func (e *executor) classify(ctx context.Context, rj *runningJob, j claimedJob, r
 		// Postgres would refuse it; recording would find it out, at the
 		// cost of splitting the batch (completeApart).
 		return failed(`handler returned JSON that Postgres cannot store (\u0000, an unpaired surrogate escape, bytes that are not UTF-8 or a number out of range)`, false)
-	case err == nil && jsonb.TextLen(res) > MaxResultBytes:
-		// (as stored and given back: jsonb prints numbers in plain
-		// notation, and every read of the result — its hook, the wake
-		// signal, GET — would carry the digits)
-		return failed(fmt.Sprintf("handler result exceeds %d bytes as stored (numbers in plain notation: 1e5000 is 5001 digits)", MaxResultBytes), false)
+	case err == nil && jsonb.NumberGrowth(res) > jsonb.MaxNumberGrowth:
+		// (jsonb prints numbers in plain notation, and every read of the
+		// result — its hook, the wake signal, GET — would carry the digits)
+		return failed(fmt.Sprintf("handler result's numbers are more than %d bytes longer as stored (in plain notation: 1e5000 is 5001 digits)", jsonb.MaxNumberGrowth), false)
 	case err == nil:
 		return attemptResult{kind: kindSucceeded, result: res}
 	case errors.Is(cause, errStopping):

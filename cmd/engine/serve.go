@@ -161,8 +161,8 @@ const serveEnvHelp = `  DATABASE_URL                  Postgres connection string
   REVEILLE_RETENTION_INTERVAL   how often the leader purges rows past their retention (default 10m)
   REVEILLE_WORKER               run the reference workflow's Temporal worker (default false; dev: true)
   REVEILLE_LOG_LEVEL            debug, info, warn or error (default info)
-  REVEILLE_WEBHOOK_POOL         pool approval webhooks are delivered on, one of REVEILLE_POOLS (default "default",
-                                else the first of REVEILLE_POOLS by name)
+  REVEILLE_WEBHOOK_POOL         pool approval webhooks are delivered on, one of REVEILLE_POOLS but wakeup (default "default",
+                                else the first of REVEILLE_POOLS by name but wakeup)
   REVEILLE_PUBLIC_URL           the engine's address as people reach it; Slack webhook messages link to its /inbox
 
 Durations (such as 30s or 24h) are at least 1s, except where a line above says otherwise.

@@ -431,13 +431,13 @@ func do(client *http.Client, req *http.Request, discardBody bool) (json.RawMessa
 }
 
 // bodyJSON is the response body as the result keeps it: as JSON when it
-// is JSON Postgres jsonb can store, and no longer as jsonb gives it back
-// (numbers in plain notation: 1e5000 is 5001 digits) than a body may be,
+// is JSON Postgres jsonb can store, whose numbers jsonb does not give back
+// much longer than written (jsonb.MaxNumberGrowth: 1e5000 is 5001 digits),
 // else as a string jsonb can store (NUL and bytes that are not UTF-8
 // become U+FFFD).
 func bodyJSON(raw []byte) json.RawMessage {
 	if len(bytes.TrimSpace(raw)) > 0 && json.Valid(raw) && utf8.Valid(raw) && jsonb.Storable(raw) && jsonb.Nesting(raw) <= maxBodyNesting &&
-		jsonb.TextLen(raw) <= MaxResponseBytes {
+		jsonb.NumberGrowth(raw) <= jsonb.MaxNumberGrowth {
 		return raw
 	}
 	b, _ := json.Marshal(jsonb.Text(string(raw)))

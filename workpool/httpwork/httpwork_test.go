@@ -184,10 +184,9 @@ func TestServerErrorThenSuccessIsRetriedInThePool(t *testing.T) {
 
 // A 2xx body is the work's result, kept in Postgres jsonb: a body jsonb
 // cannot hold as JSON (\u0000, an unpaired surrogate escape, a huge
-// number) or as a string (NUL bytes), or that jsonb gives back longer
-// than a body may be (numbers in plain notation), is kept as a string it
-// can hold, so the request succeeds instead of failing as an unstorable
-// result.
+// number) or as a string (NUL bytes), or whose numbers jsonb gives back
+// far longer (plain notation), is kept as a string it can hold, so the
+// request succeeds instead of failing as an unstorable result.
 func TestHTTPHandlerKeepsAnyBodyAsJSONPostgresCanStore(t *testing.T) {
 	db := testkit.NewPool(t)
 	for _, tc := range []struct{ name, body, want string }{
@@ -196,10 +195,9 @@ func TestHTTPHandlerKeepsAnyBodyAsJSONPostgresCanStore(t *testing.T) {
 		{"JSON with a number out of range", `1e999999999`, `"1e999999999"`},
 		{"binary with NUL bytes", "a\x00b\xffc", `"a\ufffdb\ufffdc"`},
 		{"storable JSON stays JSON", `{"a":"\u00e9"}`, `{"a":"\u00e9"}`},
-		// (given back in plain notation, 1e131071 is 131,072 digits: 10 of
-		// them are past a body's 1 MiB, at every read of the result)
-		{"JSON given back longer than a body may be", `[` + strings.Repeat("1e131071,", 9) + `1e131071]`,
-			`"[` + strings.Repeat("1e131071,", 9) + `1e131071]"`},
+		// (given back in plain notation, 1e131071 is 131,072 digits, at
+		// every read of the result)
+		{"JSON whose numbers print far longer", `[1e131071]`, `"[1e131071]"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(tc.body)) }))
