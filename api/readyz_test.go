@@ -154,19 +154,7 @@ func TestAProbeAnsweredNotReadyIsCountedAndLoggedOnEveryListener(t *testing.T) {
 // saturated by the same contention left the load balancer's rotation at
 // once, turning slowness into an outage.
 func TestReadyzIsReadyWhileEveryPooledConnectionIsBusy(t *testing.T) {
-	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testkit.NewDatabase(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	for range cfg.MaxConns {
-		c, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		t.Cleanup(c.Release)
-	}
-	s := newTestServer(t, func(_ *Config, svc *Services) { svc.DB = pool })
+	s := newTestServer(t, func(_ *Config, svc *Services) { svc.DB = saturatedPool(t, testkit.NewDatabase(t)) })
 
 	r := do(t, s.Handler(), "GET", "/readyz", "", nil)
 	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
@@ -193,18 +181,7 @@ func TestReadyzOpensAtMostOneConnectionBeyondASaturatedPool(t *testing.T) {
 	require.NoError(t, err)
 	u.User = url.UserPassword(role, "pw")
 
-	cfg, err := pgxpool.ParseConfig(u.String())
-	require.NoError(t, err)
-	cfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	for range cfg.MaxConns {
-		c, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		t.Cleanup(c.Release)
-	}
-	s := newTestServer(t, func(_ *Config, svc *Services) { svc.DB = pool })
+	s := newTestServer(t, func(_ *Config, svc *Services) { svc.DB = saturatedPool(t, u.String()) })
 
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -221,4 +198,22 @@ func TestReadyzOpensAtMostOneConnectionBeyondASaturatedPool(t *testing.T) {
 	}
 	wg.Wait()
 	require.Empty(t, notReady, "probes answered not ready while Postgres answered")
+}
+
+// saturatedPool is a pool of two connections on dsn, both held until the
+// test ends.
+func saturatedPool(t *testing.T, dsn string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	for range cfg.MaxConns {
+		c, err := pool.Acquire(context.Background())
+		require.NoError(t, err)
+		t.Cleanup(c.Release)
+	}
+	return pool
 }
