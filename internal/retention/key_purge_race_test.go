@@ -31,29 +31,36 @@ func (b *beforeQuery) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 
 func (b *beforeQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// purgeUnderQuery gives a purger and a pool on one fresh database, the
+// pool's connections traced by trace: its hook runs (once) before the
+// first query holding marker.
+func purgeUnderQuery(t *testing.T, marker string) (p *Purger, plain, traced *pgxpool.Pool, trace *beforeQuery) {
+	t.Helper()
+	dsn := testkit.NewDatabase(t)
+	plain, err := pgxpool.New(context.Background(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(plain.Close)
+	trace = &beforeQuery{marker: marker}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = trace
+	traced, err = pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(traced.Close)
+	return newPurger(t, plain, Config{}), plain, traced, trace
+}
+
 // A spend whose key is just past its window arrives as the purge runs: its
 // decision finds the key (still there), the purge then deletes it, and the
 // spend's second read of the first answer finds nothing. Past its window
 // the key decides afresh (TestASpendKeyInsideItsWindowStillReplaysAfterAPass);
 // here the spend fails (a 500 through the API) instead.
 func TestASpendWhoseExpiredKeyIsPurgedBetweenItsDecisionAndItsAnswerDecidesAfresh(t *testing.T) {
-	dsn := testkit.NewDatabase(t)
 	ctx := context.Background()
-	plain, err := pgxpool.New(ctx, dsn)
-	require.NoError(t, err)
-	t.Cleanup(plain.Close)
-	p := newPurger(t, plain, Config{})
-
-	trace := &beforeQuery{marker: "FROM mandate_spends s"}
-	cfg, err := pgxpool.ParseConfig(dsn)
-	require.NoError(t, err)
-	cfg.ConnConfig.Tracer = trace
-	traced, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(traced.Close)
+	p, plain, traced, trace := purgeUnderQuery(t, "FROM mandate_spends s")
 
 	svc := mandates.New(traced, mandates.Config{Logger: testkit.Logger(t)})
-	_, err = svc.Create(ctx, "org-a", mandates.CreateParams{AgentID: "a1", Scope: "llm", Budget: 10})
+	_, err := svc.Create(ctx, "org-a", mandates.CreateParams{AgentID: "a1", Scope: "llm", Budget: 10})
 	require.NoError(t, err)
 	spend := mandates.SpendParams{OrgID: "org-a", AgentID: "a1", Scope: "llm", Cost: 4, IdempotencyKey: "k"}
 	first, err := svc.Spend(ctx, spend)
@@ -79,23 +86,11 @@ func TestASpendWhoseExpiredKeyIsPurgedBetweenItsDecisionAndItsAnswerDecidesAfres
 // and the repeat's read of the key's call finds nothing: an error (a 500)
 // instead of a call decided afresh.
 func TestAToolCallWhoseExpiredKeyIsPurgedUnderItsRepeatIsDecidedAfresh(t *testing.T) {
-	dsn := testkit.NewDatabase(t)
 	ctx := context.Background()
-	plain, err := pgxpool.New(ctx, dsn)
-	require.NoError(t, err)
-	t.Cleanup(plain.Close)
-	p := newPurger(t, plain, Config{})
-
-	trace := &beforeQuery{marker: "SELECT id FROM tool_approvals WHERE org_id = $1 AND agent_id = $2 AND idempotency_key = $3"}
-	cfg, err := pgxpool.ParseConfig(dsn)
-	require.NoError(t, err)
-	cfg.ConnConfig.Tracer = trace
-	traced, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(traced.Close)
+	p, plain, traced, trace := purgeUnderQuery(t, "SELECT id FROM tool_approvals WHERE org_id = $1 AND agent_id = $2 AND idempotency_key = $3")
 
 	svc := approvals.New(traced, approvals.Config{Logger: testkit.Logger(t)})
-	_, err = svc.PutPolicy(ctx, "org-a", approvals.PolicyParams{AgentID: "a1", ToolName: "rm", Approval: "never", UpdatedBy: "op"})
+	_, err := svc.PutPolicy(ctx, "org-a", approvals.PolicyParams{AgentID: "a1", ToolName: "rm", Approval: "never", UpdatedBy: "op"})
 	require.NoError(t, err)
 	req := approvals.RequestParams{OrgID: "org-a", SessionID: "s1", AgentID: "a1", ToolName: "rm", IdempotencyKey: "k", RequestedBy: "agent"}
 	first, err := svc.Request(ctx, req)
