@@ -13,7 +13,7 @@ import (
 
 // An input is at most 64 KiB as jsonb gives it back, the space it writes
 // after every ',' and ':' included: 32,766 zeros, 65,533 bytes as sent,
-// come back as 98,301 bytes in the call's GET, every inbox page and event.
+// came back from Postgres as 98,301 bytes.
 func TestAnInputIsBoundedAsJSONBPrintsIt(t *testing.T) {
 	s, db := newTestService(t)
 	ctx := context.Background()

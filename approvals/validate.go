@@ -121,7 +121,7 @@ func normalizeInput(inv *apperr.InvalidError, input json.RawMessage) json.RawMes
 		return nil
 	}
 	if jsonb.TextLen(trimmed) > MaxInput {
-		inv.Add("input", fmt.Sprintf("must be at most %d bytes of JSON as stored and given back (numbers in plain notation: 1e5000 is 5001 digits)", MaxInput))
+		inv.Add("input", fmt.Sprintf("must be at most %d bytes of JSON as Postgres gives it back (numbers in plain notation — 1e5000 is 5001 digits — and a space after each \",\" and \":\")", MaxInput))
 		return nil
 	}
 	return trimmed
@@ -164,7 +164,7 @@ func normalizeMatch(inv *apperr.InvalidError, match json.RawMessage, put bool) j
 		return nil
 	}
 	if put && jsonb.TextLen(trimmed) > MaxMatch {
-		inv.Add("match", fmt.Sprintf("must be at most %d bytes of JSON as stored and given back (numbers in plain notation: 1e5000 is 5001 digits)", MaxMatch))
+		inv.Add("match", fmt.Sprintf("must be at most %d bytes of JSON as Postgres gives it back (numbers in plain notation — 1e5000 is 5001 digits — and a space after each \",\" and \":\")", MaxMatch))
 		return nil
 	}
 	return trimmed
