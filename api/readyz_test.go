@@ -168,20 +168,7 @@ func TestReadyzIsReadyWhileEveryPooledConnectionIsBusy(t *testing.T) {
 // max_connections shared by the replicas) got "too many connections" for
 // most of them, answered 503 and left the rotation anyway.
 func TestReadyzOpensAtMostOneConnectionBeyondASaturatedPool(t *testing.T) {
-	ctx := context.Background()
-	dbURL := testkit.NewDatabase(t)
-	admin, err := pgx.Connect(ctx, testkit.ServerURL(t))
-	require.NoError(t, err)
-	defer admin.Close(ctx)
-	role := fmt.Sprintf("readyz_budget_%d", time.Now().UnixNano())
-	_, err = admin.Exec(ctx, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD 'pw' CONNECTION LIMIT 3`, role)) // MaxConns 2, +1
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE "+role) })
-	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	u.User = url.UserPassword(role, "pw")
-
-	s := newTestServer(t, func(_ *Config, svc *Services) { svc.DB = saturatedPool(t, u.String()) })
+	s := newTestServer(t, func(_ *Config, svc *Services) { svc.DB = saturatedPool(t, budgetedDSN(t)) })
 
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -216,4 +203,39 @@ func saturatedPool(t *testing.T, dsn string) *pgxpool.Pool {
 		t.Cleanup(c.Release)
 	}
 	return pool
+}
+
+// As TestReadyzOpensAtMostOneConnectionBeyondASaturatedPool, for probes
+// that come one after another (a prober and a scrape, or that test's 8
+// goroutines when the scheduler runs them apart): each dialled its own
+// connection just after the previous one closed its, whose backend had not
+// always exited yet, and got "too many connections for role": a 503.
+func TestReadyzProbesOneAfterAnotherStayWithinTheConnectionBudget(t *testing.T) {
+	s := newTestServer(t, func(_ *Config, svc *Services) { svc.DB = saturatedPool(t, budgetedDSN(t)) })
+	var bad []string
+	for i := range 300 {
+		r := do(t, s.Handler(), "GET", "/readyz", "", nil)
+		if r.Status != http.StatusOK {
+			bad = append(bad, fmt.Sprintf("probe %d: %s", i, r.Body))
+		}
+	}
+	require.Empty(t, bad)
+}
+
+// budgetedDSN is a fresh database's DSN as a role allowed three
+// connections: saturatedPool's two and one more.
+func budgetedDSN(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, testkit.ServerURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	role := fmt.Sprintf("readyz_budget_%d", time.Now().UnixNano())
+	_, err = admin.Exec(ctx, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD 'pw' CONNECTION LIMIT 3`, role))
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE "+role) })
+	u, err := url.Parse(testkit.NewDatabase(t))
+	require.NoError(t, err)
+	u.User = url.UserPassword(role, "pw")
+	return u.String()
 }

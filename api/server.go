@@ -20,6 +20,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
@@ -410,7 +411,7 @@ func (s *Server) pingPostgres(ctx context.Context) error {
 		// (its own bound: the first prober's may be shorter than the others')
 		pctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 		defer cancel()
-		c, err := pgx.ConnectConfig(pctx, db.Config().ConnConfig)
+		c, err := connectDedicated(pctx, db.Config().ConnConfig)
 		if err != nil {
 			return nil, err
 		}
@@ -424,6 +425,30 @@ func (s *Server) pingPostgres(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// connectDedicated dials /readyz's own connection. The previous probe's,
+// just closed, may still count against a connection budget (its backend
+// exits after the client has gone): "too many connections" (53300) is
+// tried again for a moment rather than answered as Postgres unreachable.
+func connectDedicated(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
+	giveUp := time.Now().Add(dedicatedRedialFor)
+	for {
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "53300" || time.Now().After(giveUp) {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// dedicatedRedialFor bounds connectDedicated's tries past "too many
+// connections": well within a prober's timeout (Kubernetes': 1 s).
+const dedicatedRedialFor = 250 * time.Millisecond
 
 func (s *Server) openapi(c echo.Context) error {
 	doc, err := OpenAPIDocument()

@@ -47,20 +47,17 @@ func TestA2xxWithDiscardBodySucceedsWhateverItsBodyDoes(t *testing.T) {
 			w.WriteHeader(http.StatusOK)
 			w.Write([]byte("accepted"))
 			http.NewResponseController(w).Flush()
-			select {
-			case <-release:
-			case <-time.After(10 * time.Second):
-			}
+			<-release // the rest of the body comes after the test
 		}))
 		t.Cleanup(srv.Close)
 		t.Cleanup(func() { close(release) })
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		// (the attempt's timeout: a run that waits for the body, which ends
+		// only after the test, fails with it, whatever the machine's speed)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		start := time.Now()
 		res, err := run(t, h, ctx, Args{URL: srv.URL, Method: "POST", DiscardBody: true})
-		require.NoError(t, err, "the target answered 200 after %s", time.Since(start))
+		require.NoError(t, err, "the target answered 200; the attempt waited for a body it discards")
 		require.Equal(t, http.StatusOK, res.Status)
-		require.Less(t, time.Since(start), time.Second, "the attempt waited for a body it discards")
 	})
 }
 
@@ -98,14 +95,11 @@ func TestA4xxFailsForGoodWhateverItsBodyDoes(t *testing.T) {
 			w.WriteHeader(http.StatusForbidden)
 			w.Write([]byte(strings.Repeat("denied ", 100)))
 			http.NewResponseController(w).Flush()
-			select {
-			case <-release:
-			case <-time.After(10 * time.Second):
-			}
+			<-release // the rest of the body comes after the test
 		}))
 		t.Cleanup(srv.Close)
 		t.Cleanup(func() { close(release) })
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_, err := run(t, h, ctx, Args{URL: srv.URL})
 		var se *StatusError
