@@ -121,7 +121,7 @@ func normalizeInput(inv *apperr.InvalidError, input json.RawMessage) json.RawMes
 		return nil
 	}
 	if jsonb.TextLen(trimmed) > MaxInput {
-		inv.Add("input", fmt.Sprintf("must be at most %d bytes of JSON as Postgres gives it back (numbers in plain notation — 1e5000 is 5001 digits — and a space after each \",\" and \":\")", MaxInput))
+		inv.Add("input", printedTooLong(MaxInput))
 		return nil
 	}
 	return trimmed
@@ -164,10 +164,16 @@ func normalizeMatch(inv *apperr.InvalidError, match json.RawMessage, put bool) j
 		return nil
 	}
 	if put && jsonb.TextLen(trimmed) > MaxMatch {
-		inv.Add("match", fmt.Sprintf("must be at most %d bytes of JSON as Postgres gives it back (numbers in plain notation — 1e5000 is 5001 digits — and a space after each \",\" and \":\")", MaxMatch))
+		inv.Add("match", printedTooLong(MaxMatch))
 		return nil
 	}
 	return trimmed
+}
+
+// printedTooLong is the detail of JSON longer than limit as Postgres gives
+// it back (jsonb.TextLen).
+func printedTooLong(limit int) string {
+	return fmt.Sprintf("must be at most %d bytes of JSON as Postgres gives it back (numbers in plain notation — 1e5000 is 5001 digits — and a space after each \",\" and \":\")", limit)
 }
 
 // arrayElements counts the elements of every array in doc, nested ones

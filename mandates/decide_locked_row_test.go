@@ -31,22 +31,13 @@ func TestASpendThatWaitedForARenewalIsCharged(t *testing.T) {
 			_, err = tx.Exec(ctx, qPatchMandate, "org-a", m.ID, nil, nil, true, renewed, "")
 			require.NoError(t, err)
 
-			type answer struct {
-				r   SpendResult
-				err error
-			}
-			done := make(chan answer, 1)
-			go func() {
-				r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 5, Reason: "r"})
-				done <- answer{r, err}
-			}()
-			require.Eventually(t, func() bool { return lockWaiters(t, db) > 0 }, testWait, pollEvery, "the spend waits for the PATCH")
+			answer := spendBehindLock(t, s, db, "the PATCH")
 			time.Sleep(time.Until(until) + 200*time.Millisecond)
 			require.NoError(t, tx.Commit(ctx)) // renewed for an hour
-			a := <-done
-			require.NoError(t, a.err)
-			t.Logf("ok=%v refusal=%q remaining=%d", a.r.OK, a.r.Refusal, a.r.Remaining)
-			require.True(t, a.r.OK, "refused (%s, %d left) a spend of 5 on a mandate renewed for an hour", a.r.Refusal, a.r.Remaining)
+			got, err := answer()
+			require.NoError(t, err)
+			t.Logf("ok=%v refusal=%q remaining=%d", got.OK, got.Refusal, got.Remaining)
+			require.True(t, got.OK, "refused (%s, %d left) a spend of 5 on a mandate renewed for an hour", got.Refusal, got.Remaining)
 			require.EqualValues(t, 5, mustGet(t, s, "org-a", m).Spent)
 		})
 	}
@@ -72,21 +63,12 @@ func TestAnInsufficientRefusalNeverHasTheCostLeft(t *testing.T) {
 	budget := int64(20)
 	_, err = tx.Exec(ctx, qPatchMandate, "org-a", m.ID, &budget, nil, false, nil, "")
 	require.NoError(t, err)
-	type answer struct {
-		r   SpendResult
-		err error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 5, Reason: "r"})
-		done <- answer{r, err}
-	}()
-	require.Eventually(t, func() bool { return lockWaiters(t, db) > 0 }, testWait, pollEvery, "the spend waits for the PATCH")
+	answer := spendBehindLock(t, s, db, "the PATCH")
 	require.NoError(t, tx.Commit(ctx))
-	a := <-done
-	require.NoError(t, a.err)
-	t.Logf("ok=%v refusal=%q remaining=%d", a.r.OK, a.r.Refusal, a.r.Remaining)
-	if !a.r.OK {
-		require.Less(t, a.r.Remaining, int64(5), "refused as %s with %d left for a cost of 5", a.r.Refusal, a.r.Remaining)
+	got, err := answer()
+	require.NoError(t, err)
+	t.Logf("ok=%v refusal=%q remaining=%d", got.OK, got.Refusal, got.Remaining)
+	if !got.OK {
+		require.Less(t, got.Remaining, int64(5), "refused as %s with %d left for a cost of 5", got.Refusal, got.Remaining)
 	}
 }

@@ -205,23 +205,14 @@ func TestASpendThatWaitedForAChangeIsRefusedForIt(t *testing.T) {
 			defer func() { _ = tx.Rollback(ctx) }()
 			_, err = tx.Exec(ctx, tc.change, m.ID)
 			require.NoError(t, err)
-			type answer struct {
-				r   SpendResult
-				err error
-			}
-			done := make(chan answer, 1)
-			go func() {
-				r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 5, Reason: "r"})
-				done <- answer{r, err}
-			}()
-			require.Eventually(t, func() bool { return lockWaiters(t, db) > 0 }, testWait, pollEvery, "the spend waits for the change")
+			answer := spendBehindLock(t, s, db, "the change")
 			require.NoError(t, tx.Commit(ctx))
-			got := <-done
-			require.NoError(t, got.err)
-			require.False(t, got.r.OK)
-			require.Equal(t, tc.why, got.r.Refusal)
-			require.Equal(t, tc.remaining, got.r.Remaining)
-			a, err := s.GetApproval(ctx, "org-a", AnyAgent, got.r.ApprovalID)
+			got, err := answer()
+			require.NoError(t, err)
+			require.False(t, got.OK)
+			require.Equal(t, tc.why, got.Refusal)
+			require.Equal(t, tc.remaining, got.Remaining)
+			a, err := s.GetApproval(ctx, "org-a", AnyAgent, got.ApprovalID)
 			require.NoError(t, err)
 			require.Equal(t, tc.why, a.Refusal)
 			require.NotNil(t, a.Budget)
@@ -847,4 +838,22 @@ func TestAQueuedSpendWhoseKeyWasUsedDecidesNothingAndAnswersTheFirst(t *testing.
 	var inv *apperr.InvalidError
 	require.ErrorAs(t, err, &inv, "a queued spend is validated as Spend is")
 	require.Equal(t, "agent_id", inv.Fields[0].Field)
+}
+
+// spendBehindLock sends a spend of 5 (agent-1, llm) while another
+// transaction holds the mandate's row, waits until it waits for the row
+// (what names that transaction), and returns what waits for its answer.
+func spendBehindLock(t *testing.T, s *Service, db *pgxpool.Pool, what string) func() (SpendResult, error) {
+	t.Helper()
+	type answer struct {
+		r   SpendResult
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		r, err := s.Spend(context.Background(), SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 5, Reason: "r"})
+		done <- answer{r, err}
+	}()
+	require.Eventually(t, func() bool { return lockWaiters(t, db) > 0 }, testWait, pollEvery, "the spend waits for "+what)
+	return func() (SpendResult, error) { a := <-done; return a.r, a.err }
 }

@@ -23,21 +23,11 @@ func TestASpendThatWaitedForTheMandatePastValidUntilIsRefusedAsExpired(t *testin
 			m, err := s.Create(ctx, "org-a", CreateParams{AgentID: "agent-1", Scope: "llm", Budget: 10, ValidUntil: &until})
 			require.NoError(t, err)
 			tx := lockMandate(t, db, m.ID) // e.g. a PATCH, a refund, another replica's batch
-			type answer struct {
-				r   SpendResult
-				err error
-			}
-			done := make(chan answer, 1)
-			go func() {
-				r, err := s.Spend(ctx, SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 5, Reason: "r"})
-				done <- answer{r, err}
-			}()
-			require.Eventually(t, func() bool { return lockWaiters(t, db) > 0 }, testWait, pollEvery, "the spend waits for the row")
+			answer := spendBehindLock(t, s, db, "the row")
 			time.Sleep(time.Until(until) + 300*time.Millisecond)
 			require.NoError(t, tx.Rollback(ctx))
-			a := <-done
-			require.NoError(t, a.err)
-			r := a.r
+			r, err := answer()
+			require.NoError(t, err)
 			got := mustGet(t, s, "org-a", m)
 			t.Logf("decided at %s, valid_until %s: ok=%v refusal=%q spent=%d",
 				got.UpdatedAt.UTC().Format(time.RFC3339Nano), until.UTC().Format(time.RFC3339Nano), r.OK, r.Refusal, got.Spent)

@@ -400,13 +400,8 @@ func do(client *http.Client, req *http.Request, discardBody bool) (json.RawMessa
 	if res.StatusCode == http.StatusSwitchingProtocols {
 		return nil, workpool.NonRetryable(&StatusError{Status: res.StatusCode, Body: "the target switched protocols: http work is one request and its response"})
 	}
-	// (a body the work discards is not read: its 2xx is the answer, and
-	// a body that ended early or dripped past the timeout failed it, the
-	// target that had answered 2xx sent the request again)
-	if s := res.StatusCode; s >= 200 && s < 300 && discardBody {
-		return json.Marshal(Result{Status: s, Headers: flatten(res.Header), Body: json.RawMessage("null")})
-	}
-	if s := res.StatusCode; s < 200 || s >= 300 {
+	switch s := res.StatusCode; {
+	case s < 200 || s >= 300:
 		// (only a snippet is kept, and the status decides: a body that
 		// ended early or dripped past the timeout made a 4xx a network
 		// error, retried)
@@ -415,6 +410,11 @@ func do(client *http.Client, req *http.Request, discardBody bool) (json.RawMessa
 			return nil, &StatusError{Status: s, Body: snippet(raw)}
 		}
 		return nil, workpool.NonRetryable(&StatusError{Status: s, Body: snippet(raw)})
+	case discardBody:
+		// (a body the work discards is not read: its 2xx is the answer, and
+		// a body that ended early or dripped past the timeout failed it, the
+		// target that had answered 2xx sent the request again)
+		return json.Marshal(Result{Status: s, Headers: flatten(res.Header), Body: json.RawMessage("null")})
 	}
 	raw, err := io.ReadAll(io.LimitReader(res.Body, MaxResponseBytes+1))
 	if err != nil {
