@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/reveille/reveille/internal/leader"
 )
 
 // metrics are labelled by source and decision only: agent, session and
@@ -14,6 +16,7 @@ type metrics struct {
 	decisions *prometheus.CounterVec
 	requests  prometheus.Counter
 	latency   *prometheus.HistogramVec
+	sweepErrs prometheus.Counter // the expiry sweeper's failures
 }
 
 func newMetrics(db *pgxpool.Pool, reg prometheus.Registerer) *metrics {
@@ -31,6 +34,7 @@ func newMetrics(db *pgxpool.Pool, reg prometheus.Registerer) *metrics {
 			Help:    "From a pending tool call's request to its decision, by source (human, expired).",
 			Buckets: prometheus.ExponentialBuckets(0.5, 2, 16), // 0.5 s … ~4.5 h
 		}, []string{"source"}),
+		sweepErrs: leader.NewTaskErrors(SweeperLeadership),
 	}
 	// Every series is there from the start, at 0: an alert on a rate or on
 	// an absent series needs it before the first event.
@@ -45,7 +49,7 @@ func newMetrics(db *pgxpool.Pool, reg prometheus.Registerer) *metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.decisions, m.requests, m.latency, &pendingGauge{db: db, desc: prometheus.NewDesc(
+		reg.MustRegister(m.decisions, m.requests, m.latency, m.sweepErrs, &pendingGauge{db: db, desc: prometheus.NewDesc(
 			"reveille_approvals_pending",
 			"Tool calls pending now, all orgs (read from the database at scrape time, so every replica reports the same).",
 			nil, nil)})

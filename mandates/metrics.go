@@ -1,14 +1,19 @@
 package mandates
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/reveille/reveille/internal/leader"
+)
 
 // metrics are labelled by outcome only: agent ids would make the series
 // unbounded.
 type metrics struct {
-	spends   *prometheus.CounterVec
-	resolved *prometheus.CounterVec
-	expired  prometheus.Counter
-	batch    prometheus.Histogram
+	spends    *prometheus.CounterVec
+	resolved  *prometheus.CounterVec
+	expired   prometheus.Counter
+	batch     prometheus.Histogram
+	sweepErrs prometheus.Counter // the expiry sweeper's failures
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -30,6 +35,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Spends decided per shared commit.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 		}),
+		sweepErrs: leader.NewTaskErrors(SweeperLeadership),
 	}
 	for _, r := range []string{"ok", "refused"} {
 		m.spends.WithLabelValues(r)
@@ -38,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.resolved.WithLabelValues(s)
 	}
 	if reg != nil {
-		reg.MustRegister(m.spends, m.resolved, m.expired, m.batch)
+		reg.MustRegister(m.spends, m.resolved, m.expired, m.batch, m.sweepErrs)
 	}
 	return m
 }

@@ -25,7 +25,10 @@ const SweeperLeadership = "mandates.sweeper"
 func (s *Service) Start(ctx context.Context) error {
 	el := &leader.Elector{DB: s.db, Name: SweeperLeadership, Retry: s.cfg.LeaderRetry, Logger: s.logger}
 	sweep := func(ctx context.Context) error { _, err := s.Sweep(ctx); return err }
-	logFailure := func(err error) { s.logger.Warn("sweeping expired approval requests failed", "error", err.Error()) }
+	logFailure := func(err error) {
+		s.metrics.sweepErrs.Inc()
+		s.logger.Warn("sweeping expired approval requests failed", "error", err.Error())
+	}
 	return s.sweeper.Start(ctx, el, leader.Every(s.cfg.SweepInterval, sweep, logFailure))
 }
 
@@ -42,6 +45,7 @@ func (s *Service) Stop(ctx context.Context) error { return s.sweeper.Stop(ctx) }
 // and tools may call it without a term.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
 	return leader.SweepBatches(ctx, sweepBatch, s.expiredApprovals, s.expire, func(d dueApproval, err error) {
+		s.metrics.sweepErrs.Inc()
 		s.logger.Error("expiring approval request failed", "org_id", d.orgID, "approval_id", d.id.String(), "error", err.Error())
 	})
 }

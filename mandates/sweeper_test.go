@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -197,4 +198,35 @@ func TestASweepCountsOnlyWhatItExpired(t *testing.T) {
 	require.Equal(t, StateCanceled, a.State)
 	require.EqualValues(t, 1, testutil.ToFloat64(s.metrics.expired), "one request expired")
 	require.Equal(t, 1, n, "Sweep returns how many it expired: one, not the one another resolved")
+}
+
+// A request the sweeper fails to expire (its hook fails) counts on
+// reveille_leader_task_errors_total{task="mandates.sweeper"}, and so does a
+// round that fails as a whole (here its scan: the table is gone): a sweep
+// that keeps failing showed only in log lines, on whichever replica led.
+func TestAFailingSweepCountsOnTheLeaderTaskErrorsMetric(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	db := testkit.NewPool(t)
+	s := New(db, Config{Logger: testkit.Logger(t), Registry: reg, SweepInterval: 10 * time.Millisecond, LeaderRetry: 10 * time.Millisecond})
+	ctx := context.Background()
+	failures := func() float64 {
+		return testutil.ToFloat64(s.metrics.sweepErrs)
+	}
+	require.Equal(t, 1, testutil.CollectAndCount(reg, "reveille_leader_task_errors_total"), "the series is there at 0 from the start")
+
+	rec := newRecorder(t, s, db, "test")
+	rec.fail = context.DeadlineExceeded
+	for range 2 {
+		makeOverdue(t, db, refuse(t, s, "org-a", "llm", 5, ""))
+	}
+	n, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, 2.0, failures(), "one for each request left pending")
+
+	_, err = db.Exec(ctx, `ALTER TABLE mandate_approvals RENAME TO mandate_approvals_gone`)
+	require.NoError(t, err)
+	require.NoError(t, s.Start(ctx))
+	t.Cleanup(func() { require.NoError(t, s.Stop(ctx)) })
+	require.Eventually(t, func() bool { return failures() > 2 }, testWait, pollEvery, "a failed round counts")
 }

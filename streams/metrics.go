@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/reveille/reveille/internal/leader"
 )
 
 type metrics struct {
@@ -12,6 +14,7 @@ type metrics struct {
 	subscribers prometheus.Gauge
 	reconnects  prometheus.Counter
 	purged      prometheus.Counter
+	purgeErrs   prometheus.Counter // the retention loop's failed rounds
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -31,11 +34,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		purged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "reveille_streams_purged_total", Help: "Closed streams purged after their retention period.",
 		}),
+		purgeErrs: leader.NewTaskErrors(RetentionLeadership),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.chunks, m.bytes, m.subscribers, m.reconnects, m.purged} {
+	for _, c := range []prometheus.Collector{m.chunks, m.bytes, m.subscribers, m.reconnects, m.purged, m.purgeErrs} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering streams metrics: %w", err)
 		}

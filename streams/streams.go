@@ -121,6 +121,7 @@ func (s *Service) Start(ctx context.Context) error {
 	}
 	el := &leader.Elector{DB: s.db, Name: RetentionLeadership, Retry: s.cfg.LeaderRetry, Logger: s.cfg.Logger}
 	return s.retention.Start(ctx, el, leader.Every(s.cfg.PurgeInterval, s.retentionRound, func(err error) {
+		s.metrics.purgeErrs.Inc()
 		s.cfg.Logger.Warn("purging expired streams failed", "error", err.Error())
 	}))
 }

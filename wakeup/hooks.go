@@ -281,6 +281,7 @@ func (s *Service) Reconcile(ctx context.Context) (int, error) {
 			return n, err // every other intent would meet it too
 		}
 		if err != nil {
+			s.metrics.reconcileErrs.Inc()
 			s.logger.Error("reconciling a funded wake-up failed", "org_id", i.org, "wakeup_id", i.id, "error", err)
 			continue
 		}

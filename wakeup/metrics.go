@@ -1,12 +1,17 @@
 package wakeup
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/reveille/reveille/internal/leader"
+)
 
 type metrics struct {
-	created     *prometheus.CounterVec
-	resolved    *prometheus.CounterVec
-	reconciled  prometheus.Counter
-	createBatch prometheus.Histogram
+	created       *prometheus.CounterVec
+	resolved      *prometheus.CounterVec
+	reconciled    prometheus.Counter
+	createBatch   prometheus.Histogram
+	reconcileErrs prometheus.Counter // the reconciler's failed rounds and intents
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -25,6 +30,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Wake-up requests per shared gate and enqueue (group commit).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 		}),
+		reconcileErrs: leader.NewTaskErrors(ReconcilerLeadership),
 	}
 	// Every series is there from the start, at 0: an alert on a rate or on
 	// an absent series needs it before the first event.
@@ -35,7 +41,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.resolved.WithLabelValues(outcome)
 	}
 	if reg != nil {
-		reg.MustRegister(m.created, m.resolved, m.reconciled, m.createBatch)
+		reg.MustRegister(m.created, m.resolved, m.reconciled, m.createBatch, m.reconcileErrs)
 	}
 	return m
 }

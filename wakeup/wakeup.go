@@ -599,6 +599,7 @@ const ReconcilerLeadership = "wakeup.reconciler"
 func (s *Service) Start(ctx context.Context) error {
 	elector := &leader.Elector{DB: s.db, Name: ReconcilerLeadership, Logger: s.logger, Retry: s.cfg.ReconcileInterval}
 	return s.reconciler.Start(ctx, elector, leader.Every(s.cfg.ReconcileInterval, s.reconcileRound, func(err error) {
+		s.metrics.reconcileErrs.Inc()
 		s.logger.Error("reconciling funded wake-ups failed", "error", err)
 	}))
 }

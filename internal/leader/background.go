@@ -5,8 +5,25 @@ import (
 	"errors"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/reveille/reveille/internal/startstop"
 )
+
+// NewTaskErrors returns the counter of a leader task's failures,
+// reveille_leader_task_errors_total{task}, for its owner to register beside
+// its own metrics and add to wherever it logs a failure (a round's and an
+// item's alike). task is the leadership's name ("mandates.sweeper"): one
+// series per task, there at 0 from the start. A leader-only task that
+// keeps failing is otherwise seen only in WARN lines, on whichever replica
+// leads.
+func NewTaskErrors(task string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{
+		Name:        "reveille_leader_task_errors_total",
+		Help:        "Failures of a leader-only task (a round, or one item of a sweep), by task (the leadership's name).",
+		ConstLabels: prometheus.Labels{"task": task},
+	})
+}
 
 // Background runs an Elector as a service (internal/startstop): Start
 // returns at once, Stop cancels the election (a leader's fn sees its

@@ -3,10 +3,13 @@ package leader
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/startstop"
@@ -113,4 +116,25 @@ func TestSweepBatchesGoesOnPastItemsThatFail(t *testing.T) {
 	require.Equal(t, 3, n, "5, 6 and 7 handled behind four failures")
 	require.Equal(t, []int{1, 2, 3, 4}, logged)
 	require.Equal(t, []any{(*int)(nil), 2, 4, 6}, afters, "each scan after the last item of the one before")
+}
+
+// Every leader task's failure counter shares one metric name, told apart
+// by its task label: all of them register on one registry (the service's)
+// and each is there at 0 from the start.
+func TestEveryTasksErrorCounterRegistersOnOneRegistryAtZero(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	tasks := []string{"approvals.sweeper", "mandates.sweeper", "wakeup.reconciler", "streams.retention", "retention"}
+	for _, task := range tasks {
+		require.NoError(t, reg.Register(NewTaskErrors(task)), task)
+	}
+	require.Error(t, reg.Register(NewTaskErrors("retention")), "a task registered twice clashes")
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP reveille_leader_task_errors_total Failures of a leader-only task (a round, or one item of a sweep), by task (the leadership's name).
+# TYPE reveille_leader_task_errors_total counter
+reveille_leader_task_errors_total{task="approvals.sweeper"} 0
+reveille_leader_task_errors_total{task="mandates.sweeper"} 0
+reveille_leader_task_errors_total{task="retention"} 0
+reveille_leader_task_errors_total{task="streams.retention"} 0
+reveille_leader_task_errors_total{task="wakeup.reconciler"} 0
+`), "reveille_leader_task_errors_total"))
 }

@@ -162,6 +162,7 @@ type Purger struct {
 	cfg    Config
 	tables []Table
 	purged *prometheus.CounterVec
+	errs   prometheus.Counter // failed passes
 	life   leader.Background
 }
 
@@ -173,13 +174,15 @@ func New(db *pgxpool.Pool, cfg Config) (*Purger, error) {
 	}
 	p := &Purger{db: db, cfg: cfg, tables: cfg.Tables(), purged: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "reveille_retention_purged_total", Help: "Rows purged past their retention, by table.",
-	}, []string{"table"})}
+	}, []string{"table"}), errs: leader.NewTaskErrors(Leadership)}
 	for _, t := range p.tables {
 		p.purged.WithLabelValues(t.Name) // every table's series exists from the start
 	}
 	if cfg.Registry != nil {
-		if err := cfg.Registry.Register(p.purged); err != nil {
-			return nil, fmt.Errorf("retention metrics: %w", err)
+		for _, c := range []prometheus.Collector{p.purged, p.errs} {
+			if err := cfg.Registry.Register(c); err != nil {
+				return nil, fmt.Errorf("retention metrics: %w", err)
+			}
 		}
 	}
 	return p, nil
@@ -192,7 +195,10 @@ func (p *Purger) Start(ctx context.Context) error {
 	return p.life.Start(ctx, el, leader.Every(p.cfg.Interval, func(ctx context.Context) error {
 		_, err := p.Pass(ctx)
 		return err
-	}, func(err error) { p.cfg.Logger.Warn("retention pass failed", "error", err.Error()) }))
+	}, func(err error) {
+		p.errs.Inc()
+		p.cfg.Logger.Warn("retention pass failed", "error", err.Error())
+	}))
 }
 
 // Stop stops the purge and waits for it (until ctx ends). Stopping twice,
