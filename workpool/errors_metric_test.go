@@ -87,3 +87,22 @@ func TestAFailingTakeoverIsCounted(t *testing.T) {
 	}, testWait, testTick, "the takeover never failed: %s", logs.String())
 	require.Positive(t, errorsAt(m, stageLoop), "two terms failed to start (WARN lines), the counter says 0:\n%s", logs.String())
 }
+
+// Listing the pools to run loops for fails (here: the pools' table is gone
+// for a while): stage "pools" counts it, at the start and at every
+// recovery period, where only a WARN line said so.
+func TestAFailingListOfPoolsIsCounted(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewPool(t)
+	ctx := context.Background()
+	m := startManager(t, db, Config{Pools: map[string]int{"default": 2}, RecoveryPeriod: 20 * time.Millisecond})
+	require.Zero(t, errorsAt(m, stagePools))
+	_, err := db.Exec(ctx, `ALTER TABLE workpool_pools RENAME TO workpool_pools_away`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return errorsAt(m, stagePools) > 0 }, testWait, testTick)
+	_, err = db.Exec(ctx, `ALTER TABLE workpool_pools_away RENAME TO workpool_pools`)
+	require.NoError(t, err)
+	id, err := m.Enqueue(ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
+	require.NoError(t, err)
+	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+}

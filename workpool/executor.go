@@ -480,6 +480,7 @@ func (e *executor) heartbeatLoop() {
 func (e *executor) announce() {
 	if _, err := e.m.db.Exec(e.bgCtx, sqlNotify, "h:@"+e.m.origin); err != nil && e.bgCtx.Err() == nil {
 		e.m.logger.Warn("announcing the executor failed", "error", err.Error())
+		e.m.metrics.failedAt(stageHeartbeat) // the announcement is a heartbeat's, to the other replicas
 	}
 }
 

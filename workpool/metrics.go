@@ -98,9 +98,10 @@ const (
 	stageClaim     = "claim"
 	stageHeartbeat = "heartbeat"
 	stageRecord    = "record"
+	stagePools     = "pools" // listing the pools to run loops for
 )
 
-var errorStages = []string{stageLoop, stageChore, stageClaim, stageHeartbeat, stageRecord}
+var errorStages = []string{stageLoop, stageChore, stageClaim, stageHeartbeat, stageRecord, stagePools}
 
 // failedAt counts a failure of stage (reveille_workpool_errors_total).
 func (mt *metrics) failedAt(stage string) { mt.errors.WithLabelValues(stage).Inc() }

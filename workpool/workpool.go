@@ -223,6 +223,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		m.goRun(func() { l.run(ctx) })
 		m.exec.start()
 		if err := m.syncLoops(ctx); err != nil {
+			m.metrics.failedAt(stagePools)
 			m.logger.Warn("listing pools failed; will retry", "error", err.Error())
 		}
 		m.goRun(func() { m.watchPools(ctx) })
@@ -290,6 +291,7 @@ func (m *Manager) watchPools(ctx context.Context) {
 			return
 		case <-t.C:
 			if err := m.syncLoops(ctx); err != nil && ctx.Err() == nil {
+				m.metrics.failedAt(stagePools)
 				m.logger.Warn("listing pools failed", "error", err.Error())
 			}
 		}
