@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -88,4 +89,29 @@ func TestATokenWithoutSubNeverSetsOrDeletesAStandingPolicy(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
 	do(t, f.h, http.MethodDelete, "/v1/agents/agent-1/tool-policies/shell", noSubAdmin, nil).requireProblem(t, http.StatusForbidden)
 	require.Equal(t, 1, countRows(t, f.db, `SELECT count(*) FROM tool_policies`), "the policy stands")
+}
+
+// An answer that only sets the standing policy (nothing pending) still
+// leaves its trace in the session, as SPEC §7 appends tool.approval.resolved
+// {tool_name, decision, updated_policy} on every answer — with approval_id
+// null, and no turn.tool_call.denied for a denial, as no call was denied.
+// It appended nothing. Found by review.
+func TestAnAnswerThatOnlySetsAPolicyAppendsItsResolvedEvent(t *testing.T) {
+	f := newApprovalsFixture(t)
+	f.toolCall(t, f.agent, "s1", map[string]any{"agent_id": "agent-1", "tool_name": "shell"}) // the session, seq 1
+	for i, decision := range []string{"approved", "denied"} {
+		r := do(t, f.h, http.MethodPost, "/v1/sessions/s1/tool-approvals", f.alice,
+			map[string]any{"tool_name": "git", "decision": decision, "update_policy": "always"})
+		require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+		require.Equal(t, map[string]any{"resolved": []any{}, "policy": "always"}, r.JSON(t))
+
+		r = do(t, f.h, http.MethodGet, fmt.Sprintf("/v1/sessions/s1/events?after=%d", 1+i), f.alice, nil)
+		require.Equal(t, http.StatusOK, r.Status)
+		items := r.JSON(t)["items"].([]any)
+		require.Len(t, items, 1, "one event, no turn.tool_call.denied: %s", r.Body)
+		ev := items[0].(map[string]any)
+		require.Equal(t, "tool.approval.resolved", ev["name"])
+		require.Equal(t, map[string]any{"approval_id": nil, "tool_name": "git", "decision": decision,
+			"source": "human", "updated_policy": "always"}, ev["payload"])
+	}
 }

@@ -94,6 +94,13 @@ func (s *Service) Respond(ctx context.Context, p RespondParams) (RespondResult, 
 				events = append(events, newEvent{EventDenied, map[string]any{"approval_id": id, "tool_name": r.tool}})
 			}
 		}
+		if len(targets) == 0 {
+			// Only a policy set: the session still records it (SPEC §7
+			// appends the resolved event on every answer), with no call
+			// to name and no turn.tool_call.denied, as no call was denied.
+			events = append(events, newEvent{EventResolved, map[string]any{"approval_id": nil, "tool_name": tool, "decision": p.Decision,
+				"source": SourceHuman, "updated_policy": p.UpdatePolicy}})
+		}
 		if p.UpdatePolicy != "" {
 			if _, err := tx.Exec(ctx, qUpsertUnconditionalPolicy, newID(), p.OrgID, agentID, tool, p.UpdatePolicy, p.ResolvedBy); err != nil {
 				return fmt.Errorf("setting tool policy: %w", err)
