@@ -435,7 +435,17 @@ func sameRequest(w Wakeup, p CreateParams) bool {
 		w.Scope == p.Scope && w.Reason == p.Reason && w.Cost == p.Cost && w.Pool == p.Pool &&
 		w.Work.Handler == p.Work.Handler && w.Work.TimeoutMS == p.Work.TimeoutMS &&
 		w.Work.ConcurrencyKey == p.Work.ConcurrencyKey && w.Work.KeyLimit == p.Work.KeyLimit &&
-		jsonb.Equal(w.Work.Args, p.Work.Args) && jsonb.Equal(mustMarshal(w.Work.Retry), mustMarshal(p.Work.Retry))
+		jsonb.Equal(workArgs(w.Work.Args), workArgs(p.Work.Args)) && jsonb.Equal(mustMarshal(w.Work.Retry), mustMarshal(p.Work.Retry))
+}
+
+// workArgs is what the handler gets for args: absent is {} (as the pool
+// enqueues it), unlike null — compared as given, jsonb.Equal took absent
+// for null and replayed one request's wake-up to the other.
+func workArgs(args json.RawMessage) json.RawMessage {
+	if len(args) == 0 {
+		return json.RawMessage("{}")
+	}
+	return args
 }
 
 func mustMarshal(v any) json.RawMessage {
