@@ -204,6 +204,79 @@ func TestAHandedBackItemKeepsItsPlaceBeforeTheWorkEnqueuedAfterIt(t *testing.T) 
 	}
 }
 
+// The same for the steps of a serial key enqueued together (one batch, one
+// run_at): the hand-back's rewritten row went behind its batch's others,
+// which then ran first — work of one run_at starts in no set order, so a
+// key's items in one batch are set a microsecond apart, in batch order.
+// Found by review.
+func TestAHandedBackStepOfASerialKeyKeepsItsPlaceAmongItsBatch(t *testing.T) {
+	t.Parallel()
+	onBothPaths(t, func(t *testing.T, h *harness) {
+		var ps []EnqueueParams
+		for range 3 {
+			ps = append(ps, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "test_handle", ConcurrencyKey: "k", KeyLimit: 1})
+		}
+		ids, err := h.m.EnqueueMany(h.ctx, ps)
+		require.NoError(t, err)
+		h.runMain()
+		require.Equal(t, []uuid.UUID{ids[0]}, h.observe().running, "the batch's first step starts first")
+		h.exec(`UPDATE workpool_work SET claimed_by = $1 WHERE id = $2`, h.m.exec.id, ids[0])
+		require.NoError(t, pgx.BeginFunc(h.ctx, h.db, func(tx pgx.Tx) error {
+			_, err := h.m.completeTx(h.ctx, tx, []attemptResult{{id: ids[0], pool: "default", attempt: 1, kind: kindHandBack}})
+			return err
+		}))
+		require.Equal(t, StatePending, h.status(ids[0]).State)
+
+		h.runMain()
+		o := h.observe()
+		require.True(t, o.isRunning(ids[0]), "the handed-back first step runs again before the batch's second")
+		require.False(t, o.isRunning(ids[1]))
+	}, withMaxParallelism(1))
+}
+
+func TestABatchSetsItsKeysTiedRunAtsApartInRunAtThenBatchOrder(t *testing.T) {
+	t0 := time.Date(2026, 12, 5, 12, 0, 0, 123456789, time.UTC)
+	us := time.Microsecond
+	t0us := t0.Truncate(us)
+	item := func(org, key string, at time.Time) EnqueueParams {
+		return EnqueueParams{OrgID: org, Pool: "default", Handler: "h", ConcurrencyKey: key, RunAt: at, RunAtSet: true}
+	}
+	for _, tc := range []struct {
+		name string
+		in   []EnqueueParams
+		want []time.Time
+	}{
+		{"three of one run_at go a microsecond apart, in batch order",
+			[]EnqueueParams{item("a", "k", t0), item("a", "k", t0), item("a", "k", t0)},
+			[]time.Time{t0us, t0us.Add(us), t0us.Add(2 * us)}},
+		{"a later run_at a microsecond on is moved on as little as keeps the order",
+			[]EnqueueParams{item("a", "k", t0us.Add(us)), item("a", "k", t0us), item("a", "k", t0us)},
+			[]time.Time{t0us.Add(2 * us), t0us, t0us.Add(us)}},
+		{"other keys, orgs and unkeyed work are left as given",
+			[]EnqueueParams{item("a", "k", t0), item("a", "j", t0), item("b", "k", t0), item("a", "", t0), item("a", "", t0)},
+			[]time.Time{t0, t0, t0, t0, t0}},
+		{"distinct run_ats are kept",
+			[]EnqueueParams{item("a", "k", t0.Add(time.Second)), item("a", "k", t0)},
+			[]time.Time{t0.Add(time.Second).Truncate(us), t0us}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &enqueueRows{orgs: make([]string, len(tc.in)), pools: make([]string, len(tc.in)),
+				runAts: make([]time.Time, len(tc.in)), keys: make([]*string, len(tc.in))}
+			for i, p := range tc.in {
+				r.orgs[i], r.pools[i], r.runAts[i] = p.OrgID, p.Pool, p.RunAt
+				if p.ConcurrencyKey != "" {
+					k := p.ConcurrencyKey
+					r.keys[i] = &k
+				}
+			}
+			r.separateKeyTies()
+			for i := range tc.want {
+				require.True(t, tc.want[i].Equal(r.runAts[i]), "item %d: %v, want %v", i, r.runAts[i], tc.want[i])
+			}
+		})
+	}
+}
+
 // The pick moves a queue's head only if no other transaction holds its
 // row: an enqueue still in flight keeps the head it lowered, and the loop
 // does not wait for it.
