@@ -280,6 +280,9 @@ func (s *Service) Reconcile(ctx context.Context) (int, error) {
 		if errors.Is(err, leader.ErrDeposed) {
 			return n, err // every other intent would meet it too
 		}
+		if err != nil && ctx.Err() != nil {
+			return n, ctx.Err() // stopping or deposed: not the intent's failure
+		}
 		if err != nil {
 			s.metrics.reconcileErrs.Inc()
 			s.logger.Error("reconciling a funded wake-up failed", "org_id", i.org, "wakeup_id", i.id, "error", err)
