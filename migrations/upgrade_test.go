@@ -277,6 +277,6 @@ func TestUpCountsTheMigrationsAppliedBeforeALockTimeoutRetry(t *testing.T) {
 	require.NoError(t, r.err)
 	var v int64
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT max(version_id) FROM goose_db_version`).Scan(&v))
-	require.Equal(t, int64(29), v)
-	require.Equal(t, 3, r.n, "Up applied 00027, 00028 and 00029")
+	require.Equal(t, int64(30), v)
+	require.Equal(t, 4, r.n, "Up applied 00027, 00028, 00029 and 00030")
 }

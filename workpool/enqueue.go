@@ -337,48 +337,12 @@ func (m *Manager) enqueueRows(ps []EnqueueParams) (*enqueueRows, error) {
 	if err := inv.OrNil(); err != nil {
 		return nil, err
 	}
-	r.separateKeyTies()
 	// (fingerprints need valid items)
 	r.addIdempotencyKeys(inv, ps)
 	if err := inv.OrNil(); err != nil {
 		return nil, err
 	}
 	return r, nil
-}
-
-// separateKeyTies sets the items of one key (org, pool, key) that share a
-// run_at within a batch a microsecond apart, in the batch's order, moving
-// later ones on as little as keeps the key's run_at order (Postgres keeps
-// microseconds: the least step it tells apart). A key's work starts in
-// run_at order, and work of one run_at in no set order — by where its row
-// lies in the table, which a hand-back at a replica's stop moves: a serial
-// key's steps enqueued together ran out of order after a deploy. Unkeyed
-// work is left as given (its ties share index entries; one org's work
-// runs side by side anyway).
-func (r *enqueueRows) separateKeyTies() {
-	type key struct{ org, pool, key string }
-	groups := map[key][]int{}
-	for i, k := range r.keys {
-		if k != nil {
-			g := key{r.orgs[i], r.pools[i], *k}
-			groups[g] = append(groups[g], i)
-		}
-	}
-	for _, items := range groups {
-		if len(items) < 2 {
-			continue
-		}
-		for _, i := range items {
-			r.runAts[i] = r.runAts[i].Truncate(time.Microsecond)
-		}
-		slices.SortStableFunc(items, func(a, b int) int { return r.runAts[a].Compare(r.runAts[b]) })
-		for j := 1; j < len(items); j++ {
-			prev, cur := r.runAts[items[j-1]], items[j]
-			if !r.runAts[cur].After(prev) {
-				r.runAts[cur] = prev.Add(time.Microsecond)
-			}
-		}
-	}
 }
 
 // addIdempotencyKeys fills the key columns of a batch in which some item

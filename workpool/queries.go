@@ -59,12 +59,12 @@ CROSS JOIN LATERAL (
   SELECT coalesce(sum(least(kk.ready, kk.room)), 0) AS startable, coalesce(sum(greatest(kk.ready - kk.room, 0)), 0) AS blocked
   FROM (
     SELECT count(*) FILTER (WHERE w.state = 'pending' AND w.run_at <= $3) AS ready,
-      greatest(coalesce((array_agg(w.key_limit ORDER BY w.run_at) FILTER (WHERE w.state = 'pending' AND w.run_at <= $3))[1], 1)
+      greatest(coalesce((array_agg(w.key_limit ORDER BY w.run_at, w.id) FILTER (WHERE w.state = 'pending' AND w.run_at <= $3))[1], 1)
         - count(*) FILTER (WHERE w.state = 'running'), 0) AS room
-    FROM (SELECT w.concurrency_key, w.state, w.run_at, w.key_limit FROM workpool_work w
+    FROM (SELECT w.concurrency_key, w.state, w.run_at, w.id, w.key_limit FROM workpool_work w
           WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL
           UNION ALL
-          SELECT w.concurrency_key, w.state, w.run_at, w.key_limit FROM workpool_work w
+          SELECT w.concurrency_key, w.state, w.run_at, w.id, w.key_limit FROM workpool_work w
           WHERE w.pool = p.name AND w.org_id = $2 AND w.state = 'running' AND w.concurrency_key IS NOT NULL) w
     GROUP BY w.concurrency_key) kk) k
 WHERE p.name = ANY($1)
@@ -782,14 +782,14 @@ orgs AS (
 keys(org_id, ckey, klimit) AS (
   (SELECT org_id, concurrency_key, key_limit FROM workpool_work
    WHERE pool = $1 AND state = 'pending' AND concurrency_key IS NOT NULL AND run_at <= $2
-   ORDER BY org_id, concurrency_key, run_at LIMIT 1)
+   ORDER BY org_id, concurrency_key, run_at, id LIMIT 1)
   UNION ALL
   SELECT n.org_id, n.concurrency_key, n.key_limit
   FROM keys k CROSS JOIN LATERAL (
     SELECT w.org_id, w.concurrency_key, w.key_limit FROM workpool_work w
     WHERE w.pool = $1 AND w.state = 'pending' AND w.concurrency_key IS NOT NULL AND w.run_at <= $2
       AND (w.org_id, w.concurrency_key) > (k.org_id, k.ckey)
-    ORDER BY w.org_id, w.concurrency_key, w.run_at LIMIT 1) n
+    ORDER BY w.org_id, w.concurrency_key, w.run_at, w.id LIMIT 1) n
 ),
 key_room AS (
   -- each ready key's room: its limit (its earliest ready item's) less its
@@ -825,11 +825,12 @@ cand AS (
   -- the candidates: the near orgs' as read; or each org's plain head found
   -- by queues, then (when it may take more) those after it, read from the
   -- head on, and keyed work
-  SELECT tid, org_id, run_at, weight, running, vrun, n FROM near_read WHERE rn <= n AND (SELECT ok FROM near_ok)
+  -- (id only for keyed work, whose ties start in id order)
+  SELECT tid, org_id, run_at, NULL::uuid AS id, weight, running, vrun, n FROM near_read WHERE rn <= n AND (SELECT ok FROM near_ok)
   UNION ALL
-  SELECT h.tid, h.org_id, h.run_at, o.weight, o.running, o.vrun, o.n FROM orgs h JOIN lim o ON o.org_id = h.org_id WHERE o.n > 0
+  SELECT h.tid, h.org_id, h.run_at, NULL, o.weight, o.running, o.vrun, o.n FROM orgs h JOIN lim o ON o.org_id = h.org_id WHERE o.n > 0
   UNION ALL
-  SELECT c.tid, h.org_id, c.run_at, o.weight, o.running, o.vrun, o.n
+  SELECT c.tid, h.org_id, c.run_at, NULL, o.weight, o.running, o.vrun, o.n
   FROM orgs h JOIN lim o ON o.org_id = h.org_id CROSS JOIN LATERAL (
     SELECT w.ctid AS tid, w.run_at FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = h.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
@@ -837,17 +838,17 @@ cand AS (
     ORDER BY w.run_at LIMIT o.n - 1) c
   WHERE o.n > 1
   UNION ALL
-  SELECT c.tid, k.org_id, c.run_at, o.weight, o.running, o.vrun, o.n
+  SELECT c.tid, k.org_id, c.run_at, c.id, o.weight, o.running, o.vrun, o.n
   FROM key_room k JOIN lim o ON o.org_id = k.org_id CROSS JOIN LATERAL (
-    SELECT w.ctid AS tid, w.run_at FROM workpool_work w
+    SELECT w.ctid AS tid, w.run_at, w.id FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = k.org_id AND w.concurrency_key = k.ckey AND w.state = 'pending' AND w.run_at <= $2
-    ORDER BY w.run_at
+    ORDER BY w.run_at, w.id
     LIMIT least(o.n, k.n)) c
   WHERE o.n > 0 AND k.n > 0
 ),
 ranked AS (
   SELECT c.tid, c.org_id, c.run_at, c.weight, c.running, c.vrun, c.n,
-    row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at) AS rn
+    row_number() OVER (PARTITION BY c.org_id ORDER BY c.run_at, c.id) AS rn
   FROM cand c
 ),
 ` + picked + ` AS (

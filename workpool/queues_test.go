@@ -206,9 +206,9 @@ func TestAHandedBackItemKeepsItsPlaceBeforeTheWorkEnqueuedAfterIt(t *testing.T) 
 
 // The same for the steps of a serial key enqueued together (one batch, one
 // run_at): the hand-back's rewritten row went behind its batch's others,
-// which then ran first — work of one run_at starts in no set order, so a
-// key's items in one batch are set a microsecond apart, in batch order.
-// Found by review.
+// which then ran first (ties went by where a row lay in the table). A
+// key's ties now go by id: the order of enqueue, a batch's order. Found by
+// review.
 func TestAHandedBackStepOfASerialKeyKeepsItsPlaceAmongItsBatch(t *testing.T) {
 	t.Parallel()
 	onBothPaths(t, func(t *testing.T, h *harness) {
@@ -234,47 +234,59 @@ func TestAHandedBackStepOfASerialKeyKeepsItsPlaceAmongItsBatch(t *testing.T) {
 	}, withMaxParallelism(1))
 }
 
-func TestABatchSetsItsKeysTiedRunAtsApartInRunAtThenBatchOrder(t *testing.T) {
-	t0 := time.Date(2026, 12, 5, 12, 0, 0, 123456789, time.UTC)
-	us := time.Microsecond
-	t0us := t0.Truncate(us)
-	item := func(org, key string, at time.Time) EnqueueParams {
-		return EnqueueParams{OrgID: org, Pool: "default", Handler: "h", ConcurrencyKey: key, RunAt: at, RunAtSet: true}
+// The same for two single enqueues given one run_at (a client scheduling
+// two steps of a serial key for the same moment): ties go by id, the
+// order of enqueue. Found by review.
+func TestAHandedBackStepKeepsItsPlaceBeforeAStepOfTheSameRunAtEnqueuedAfterIt(t *testing.T) {
+	t.Parallel()
+	onBothPaths(t, func(t *testing.T, h *harness) {
+		at := h.clock.Now().Add(-time.Second).Truncate(time.Second)
+		first := h.enqueue(withKey("k", 1), withRunAt(at))
+		h.clock.Advance(time.Second)
+		second := h.enqueue(withKey("k", 1), withRunAt(at))
+		h.runMain()
+		require.Equal(t, []uuid.UUID{first}, h.observe().running)
+		h.exec(`UPDATE workpool_work SET claimed_by = $1 WHERE id = $2`, h.m.exec.id, first)
+		require.NoError(t, pgx.BeginFunc(h.ctx, h.db, func(tx pgx.Tx) error {
+			_, err := h.m.completeTx(h.ctx, tx, []attemptResult{{id: first, pool: "default", attempt: 1, kind: kindHandBack}})
+			return err
+		}))
+		h.runMain()
+		o := h.observe()
+		require.True(t, o.isRunning(first), "the handed-back first step runs again before the second")
+		require.False(t, o.isRunning(second))
+	}, withMaxParallelism(1))
+}
+
+// A key's items run in run_at order, ties in enqueue order, whatever else
+// is enqueued: a batch's three steps given T all run before a step
+// another enqueue gave T+1µs (a first fix, which set a batch's ties a
+// microsecond apart, put the batch's third behind it; found by a review of
+// this session's diff), and a step given T-1µs after them all runs first.
+func TestAKeysItemsRunInRunAtThenEnqueueOrder(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(1))
+	t0 := h.clock.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	step := func(at time.Time) EnqueueParams {
+		return EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "test_handle", ConcurrencyKey: "k", KeyLimit: 1,
+			RunAt: at, RunAtSet: true}
 	}
-	for _, tc := range []struct {
-		name string
-		in   []EnqueueParams
-		want []time.Time
-	}{
-		{"three of one run_at go a microsecond apart, in batch order",
-			[]EnqueueParams{item("a", "k", t0), item("a", "k", t0), item("a", "k", t0)},
-			[]time.Time{t0us, t0us.Add(us), t0us.Add(2 * us)}},
-		{"a later run_at a microsecond on is moved on as little as keeps the order",
-			[]EnqueueParams{item("a", "k", t0us.Add(us)), item("a", "k", t0us), item("a", "k", t0us)},
-			[]time.Time{t0us.Add(2 * us), t0us, t0us.Add(us)}},
-		{"other keys, orgs and unkeyed work are left as given",
-			[]EnqueueParams{item("a", "k", t0), item("a", "j", t0), item("b", "k", t0), item("a", "", t0), item("a", "", t0)},
-			[]time.Time{t0, t0, t0, t0, t0}},
-		{"distinct run_ats are kept",
-			[]EnqueueParams{item("a", "k", t0.Add(time.Second)), item("a", "k", t0)},
-			[]time.Time{t0.Add(time.Second).Truncate(us), t0us}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := &enqueueRows{orgs: make([]string, len(tc.in)), pools: make([]string, len(tc.in)),
-				runAts: make([]time.Time, len(tc.in)), keys: make([]*string, len(tc.in))}
-			for i, p := range tc.in {
-				r.orgs[i], r.pools[i], r.runAts[i] = p.OrgID, p.Pool, p.RunAt
-				if p.ConcurrencyKey != "" {
-					k := p.ConcurrencyKey
-					r.keys[i] = &k
-				}
-			}
-			r.separateKeyTies()
-			for i := range tc.want {
-				require.True(t, tc.want[i].Equal(r.runAts[i]), "item %d: %v, want %v", i, r.runAts[i], tc.want[i])
-			}
-		})
+	batch, err := h.m.EnqueueMany(h.ctx, []EnqueueParams{step(t0), step(t0), step(t0)})
+	require.NoError(t, err)
+	later, err := h.m.Enqueue(h.ctx, step(t0.Add(time.Microsecond)))
+	require.NoError(t, err)
+	earlier, err := h.m.Enqueue(h.ctx, step(t0.Add(-time.Microsecond)))
+	require.NoError(t, err)
+
+	var order []uuid.UUID
+	for range 5 {
+		h.runMain()
+		running := h.observe().running
+		require.Len(t, running, 1, "a serial key runs one item at a time")
+		order = append(order, running[0])
+		h.complete(running[0], "success", 1)
 	}
+	require.Equal(t, append(append([]uuid.UUID{earlier}, batch...), later), order)
 }
 
 // The pick moves a queue's head only if no other transaction holds its
