@@ -156,6 +156,14 @@ func withDatabase(dsn, name string) (string, error) {
 		return "", fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	u.Path, u.RawPath = "/"+name, ""
+	// A dbname in the query wins over the path (pgx, as libpq): kept, the
+	// benchmark would migrate and write into the database it names.
+	q := u.Query()
+	if q.Has("dbname") || q.Has("database") {
+		q.Del("dbname")
+		q.Del("database")
+		u.RawQuery = q.Encode()
+	}
 	return u.String(), nil
 }
 

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -58,6 +59,10 @@ func Streams(ctx context.Context, c StreamsConfig) error {
 	b := streamBench{writers: c.Writers, chunks: c.Chunks, size: c.Size, batch: c.Batch, rounds: c.Rounds}
 	if b.writers < 1 || b.chunks < b.writers || b.size < 1 || b.batch < 1 || b.rounds < 1 {
 		return errors.New("need writers ≥ 1, chunks ≥ writers, size ≥ 1, batch ≥ 1, rounds ≥ 1")
+	}
+	if most := cmp.Or(c.Service.Streams.MaxChunksPerRequest, streams.DefaultMaxChunks); b.batch > most {
+		// (refused before anything starts, not at the warm-up's first append)
+		return fmt.Errorf("need batch ≤ %d (REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST: the most chunks one append holds)", most)
 	}
 	w, err := setUp(ctx, c.Service, "streams", c.DataDir, false)
 	defer w.tearDown(false)

@@ -93,8 +93,15 @@ type wakeBench struct {
 // same time in one process (or in alternating rounds); then the REST
 // enqueue rate of POST /v1/wakeups.
 func Wake(ctx context.Context, c WakeConfig) error {
-	if c.N < 1 || c.Concurrency < 1 || c.RestN < 0 || c.Rounds < 1 || c.Rounds > c.N {
-		return errors.New("need n ≥ 1, concurrency ≥ 1, rest-n ≥ 0, 1 ≤ rounds ≤ n")
+	switch {
+	case c.N < 1 || c.Concurrency < 1 || c.RestN < 0:
+		return errors.New("need n ≥ 1, concurrency ≥ 1, rest-n ≥ 0")
+	case c.Concurrency > workpool.MaxParallelismLimit:
+		// (the wakeup pool is widened to it: refused before anything starts)
+		return fmt.Errorf("need concurrency ≤ %d (a pool's most slots)", workpool.MaxParallelismLimit)
+	case !c.Together && (c.Rounds < 1 || c.Rounds > c.N):
+		// (rounds is used only with together=false)
+		return errors.New("need 1 ≤ rounds ≤ n with together=false")
 	}
 	b := wakeBench{n: c.N, concurrency: c.Concurrency, restN: c.RestN, rounds: c.Rounds, together: c.Together,
 		restHold: c.RestHold, settle: c.Settle, cpuProfile: c.CPUProfile}
