@@ -30,20 +30,35 @@ func runDemo(ctx context.Context, args []string) error {
 	if err := checkAPIURLs(*apiURL); err != nil {
 		return err
 	}
-	return demo.Run(ctx, demo.Config{
+	// The engine started here (its Postgres and Temporal with it) runs until
+	// the demo ends, and is stopped before the process exits: main does not
+	// wait for anything else, and a postmaster would outlive it.
+	ctx, cancel := context.WithCancel(ctx)
+	var engineStopped <-chan struct{}
+	err := demo.Run(ctx, demo.Config{
 		APIURL: *apiURL, TemporalAddress: s.TemporalAddr, Namespace: s.Namespace, Org: devOrg,
 		Secret: s.signingSecret(), DataDir: s.DataDir, Issuer: s.JWTIssuer, Audience: s.JWTAudience,
-		StartEngine: func(ctx context.Context) (demo.Engine, error) { return startDemoEngine(ctx, s) },
-		Logger:      newLogger("error"),
+		StartEngine: func(ctx context.Context) (demo.Engine, error) {
+			e, stopped, err := startDemoEngine(ctx, s)
+			engineStopped = stopped
+			return e, err
+		},
+		Logger: newLogger("error"),
 	})
+	cancel()
+	if engineStopped != nil {
+		<-engineStopped
+	}
+	return err
 }
 
 // startDemoEngine runs `engine dev` in this process on a free port, until
-// ctx ends.
-func startDemoEngine(ctx context.Context, s settings) (demo.Engine, error) {
+// ctx ends; stopped is closed once it and the stack it started have
+// stopped (nil when nothing was started).
+func startDemoEngine(ctx context.Context, s settings) (_ demo.Engine, stopped <-chan struct{}, _ error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return demo.Engine{}, err
+		return demo.Engine{}, nil, err
 	}
 	s.Addr = ln.Addr().String()
 	ln.Close()
@@ -53,18 +68,19 @@ func startDemoEngine(ctx context.Context, s settings) (demo.Engine, error) {
 	logger := newLogger("error")
 	st, err := startStack(ctx, &s, "", "demo", logger)
 	if err != nil {
-		return demo.Engine{}, err
+		return demo.Engine{}, nil, err
 	}
 	if len(s.JWTSecrets) == 0 {
 		secret, _, err := localstack.DevSecret(s.DataDir)
 		if err != nil {
 			st.Stop()
-			return demo.Engine{}, err
+			return demo.Engine{}, nil, err
 		}
 		s.JWTSecrets = []string{secret}
 	}
-	ready := make(chan error, 1)
+	ready, done := make(chan error, 1), make(chan struct{})
 	go func() {
+		defer close(done)
 		defer st.Stop()
 		err := serve(ctx, s, logger, func(net.Addr) { ready <- nil })
 		select {
@@ -73,7 +89,7 @@ func startDemoEngine(ctx context.Context, s settings) (demo.Engine, error) {
 		}
 	}()
 	if err := <-ready; err != nil {
-		return demo.Engine{}, err
+		return demo.Engine{}, done, err
 	}
-	return demo.Engine{APIURL: "http://" + s.Addr, TemporalAddress: s.TemporalAddr, Secret: s.signingSecret()}, nil
+	return demo.Engine{APIURL: "http://" + s.Addr, TemporalAddress: s.TemporalAddr, Secret: s.signingSecret()}, done, nil
 }
