@@ -249,8 +249,16 @@ func newAuthenticator(ctx context.Context, cfg AuthConfig) (*authenticator, erro
 // verify parses and checks a token and returns its principal.
 func (a *authenticator) verify(raw string) (Principal, error) {
 	var claims Claims
-	if _, err := a.parser.ParseWithClaims(raw, &claims, a.keyfunc); err != nil {
+	token, err := a.parser.ParseWithClaims(raw, &claims, a.keyfunc)
+	if err != nil {
 		return Principal{}, err
+	}
+	if crit, ok := token.Header["crit"]; ok {
+		// (RFC 7515 §4.1.11: a token whose critical extensions the
+		// recipient does not implement is invalid — an identity provider's
+		// restriction marked critical would be ignored; Reveille implements
+		// none)
+		return Principal{}, fmt.Errorf("token names critical header extensions (crit: %v) this server does not implement", crit)
 	}
 	if err := checkIdentityClaims(claims); err != nil {
 		return Principal{}, err
@@ -329,6 +337,13 @@ func checkIdentityClaims(claims Claims) error {
 // the principal.
 func (a *authenticator) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
+		if len(c.Request().Header.Values(echo.HeaderAuthorization)) > 1 {
+			// (one credential a request, RFC 9110: a proxy in front may have
+			// checked, or added, the other — served as the first, the
+			// request ran as an org the proxy never let through)
+			c.Response().Header().Set(echo.HeaderWWWAuthenticate, `Bearer realm="reveille", error="invalid_request"`)
+			return unauthorized("two Authorization headers: send one bearer token")
+		}
 		header := c.Request().Header.Get(echo.HeaderAuthorization)
 		scheme, raw, ok := strings.Cut(header, " ")
 		// (RFC 6750 §3: a 401 says which scheme to use, and for a token
@@ -407,6 +422,8 @@ func requireRole(roles ...string) echo.MiddlewareFunc {
 				// (the token says operator: say why it does not count)
 				detail += fmt.Sprintf("; the token's operator role counts only in an operator org (REVEILLE_OPERATOR_ORGS), and %q is not one", p.OrgID)
 			}
+			// (RFC 6750 §3.1: the token is good, its access too little)
+			c.Response().Header().Set(echo.HeaderWWWAuthenticate, `Bearer realm="reveille", error="insufficient_scope"`)
 			return NewProblem(http.StatusForbidden, "forbidden", detail)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -238,8 +239,10 @@ func checkOrgWeights(inv *apperr.InvalidError, ws map[string]*int) orgWeights {
 	for _, org := range orgs {
 		field, w := "org_weights."+org, ws[org]
 		switch {
-		case strings.TrimSpace(org) == "" || len(org) > maxOrgIDBytes || !utf8.ValidString(org) || strings.ContainsRune(org, 0):
-			inv.Add(field, fmt.Sprintf("names no org: an org id is 1 to %d bytes of UTF-8 without NUL, not blank", maxOrgIDBytes))
+		case strings.TrimSpace(org) == "" || len(org) > maxOrgIDBytes || !utf8.ValidString(org) || strings.ContainsFunc(org, unicode.IsControl):
+			// (as a token's org_id claim: one with a control character is
+			// refused, so such a weight could never apply)
+			inv.Add(field, fmt.Sprintf("names no org: an org id is 1 to %d bytes of UTF-8 without control characters, not blank", maxOrgIDBytes))
 		case w == nil || *w == 1:
 			out.unset = append(out.unset, org)
 		case *w < 1 || *w > MaxOrgWeight:
