@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -57,5 +58,21 @@ func TestAuthorizationEdges(t *testing.T) {
 		key := "org-a\u0007"
 		do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator, map[string]any{"org_weights": map[string]any{key: 3}}).
 			requireProblem(t, http.StatusBadRequest, "org_weights."+key)
+	})
+	// (a review of the fix found the weight's removal refused too)
+	t.Run("a weight stored for such an org before they were refused can still be removed alone", func(t *testing.T) {
+		f := newPoolsFixture(t)
+		legacy := "org-a\u0007"
+		_, err := f.s.svc.DB.Exec(context.Background(),
+			`INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ('default', $1, 3), ('default', 'org-keep', 5)`, legacy)
+		require.NoError(t, err)
+		r := do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator, map[string]any{"org_weights": map[string]any{}})
+		require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+		require.Contains(t, r.JSON(t)["org_weights"], legacy, "the stored weight is shown to the operator")
+		for _, remove := range []any{nil, 1} {
+			r = do(t, f.h, http.MethodPatch, "/v1/pools/default", f.operator, map[string]any{"org_weights": map[string]any{legacy: remove}})
+			require.Equal(t, http.StatusOK, r.Status, "removing the shown weight with %v: %s", remove, r.Body)
+			require.Equal(t, map[string]any{"org-keep": 5.0}, r.JSON(t)["org_weights"])
+		}
 	})
 }

@@ -239,12 +239,16 @@ func checkOrgWeights(inv *apperr.InvalidError, ws map[string]*int) orgWeights {
 	for _, org := range orgs {
 		field, w := "org_weights."+org, ws[org]
 		switch {
-		case strings.TrimSpace(org) == "" || len(org) > maxOrgIDBytes || !utf8.ValidString(org) || strings.ContainsFunc(org, unicode.IsControl):
+		case strings.TrimSpace(org) == "" || len(org) > maxOrgIDBytes || !utf8.ValidString(org) || strings.ContainsRune(org, 0):
+			inv.Add(field, fmt.Sprintf("names no org: an org id is 1 to %d bytes of UTF-8 without control characters, not blank", maxOrgIDBytes))
+		case w == nil || *w == 1:
+			// (an org id with a control character may be removed: a weight
+			// set before such ids were refused is shown, and must go)
+			out.unset = append(out.unset, org)
+		case strings.ContainsFunc(org, unicode.IsControl):
 			// (as a token's org_id claim: one with a control character is
 			// refused, so such a weight could never apply)
 			inv.Add(field, fmt.Sprintf("names no org: an org id is 1 to %d bytes of UTF-8 without control characters, not blank", maxOrgIDBytes))
-		case w == nil || *w == 1:
-			out.unset = append(out.unset, org)
 		case *w < 1 || *w > MaxOrgWeight:
 			inv.Add(field, fmt.Sprintf("must be between 1 and %d, or null for the default (1)", MaxOrgWeight))
 		default:
