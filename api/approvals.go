@@ -77,10 +77,8 @@ func (s *Server) requestToolCall(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if params.AgentID != "" {
-		if err := checkAgent(c, "agent_id", params.AgentID); err != nil {
-			return err
-		}
+	if err := checkBodyAgent(c, params.AgentID); err != nil {
+		return err
 	}
 	p := PrincipalFrom(c)
 	params.OrgID, params.SessionID, params.IdempotencyKey, params.RequestedBy = p.OrgID, sessionID, IdempotencyKey(c), p.Sub

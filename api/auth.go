@@ -439,6 +439,17 @@ func checkAgent(c echo.Context, field, agentID string) error {
 	return nil
 }
 
+// checkBodyAgent is checkAgent for a body's required agent_id: one left
+// out or empty passes here, for the service's 400 to name it with the
+// body's other missing fields, not a 403 for the token's agent. (A list's
+// agent filter keeps checkAgent: there "" means every agent.)
+func checkBodyAgent(c echo.Context, agentID string) error {
+	if agentID == "" {
+		return nil
+	}
+	return checkAgent(c, "agent_id", agentID)
+}
+
 // TokenSpec describes a token for SignToken.
 type TokenSpec struct {
 	OrgID, Sub, AgentID string

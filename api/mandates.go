@@ -171,10 +171,8 @@ func (s *Server) createMandate(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if p.AgentID != "" { // (else Create's 400 names it)
-		if err := checkAgent(c, "agent_id", p.AgentID); err != nil {
-			return err
-		}
+	if err := checkBodyAgent(c, p.AgentID); err != nil {
+		return err
 	}
 	m, err := s.svc.Mandates.Create(c.Request().Context(), PrincipalFrom(c).OrgID, p)
 	if err != nil {
@@ -252,12 +250,8 @@ func (s *Server) spendMandate(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	// (an empty agent_id is the 400 Spend's validation gives, naming the
-	// other missing fields too: not a 403 for the token's agent)
-	if in.AgentID != "" {
-		if err := checkAgent(c, "agent_id", in.AgentID); err != nil {
-			return err
-		}
+	if err := checkBodyAgent(c, in.AgentID); err != nil {
+		return err
 	}
 	p := PrincipalFrom(c)
 	res, err := s.svc.Mandates.Spend(c.Request().Context(), mandates.SpendParams{

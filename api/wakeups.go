@@ -94,10 +94,8 @@ func (s *Server) createWakeup(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if in.AgentID != "" { // (else Create's 400 names it, with the other missing fields)
-		if err := checkAgent(c, "agent_id", in.AgentID); err != nil {
-			return err
-		}
+	if err := checkBodyAgent(c, in.AgentID); err != nil {
+		return err
 	}
 	p := PrincipalFrom(c)
 	w, err := s.svc.Wakeups.Create(c.Request().Context(), wakeup.CreateParams{

@@ -55,7 +55,7 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 		queueRepairs: counter("queue_repairs_total",
 			"Org queues the leader's repair wrote: orgs whose pending work had no queue row, or a head after it (0 but during a rolling upgrade from a version before the queues)."),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "reveille_workpool_errors_total",
-			Help: "Failures logged and retried, by stage: loop (an iteration or the start of a term; the loop stands down and leads again), chore (a leader's chore: retention, repair), claim, heartbeat, record (an attempt's result)."},
+			Help: "Failures logged and retried, by stage: loop (an iteration or the start of a term; the loop stands down and leads again), chore (a leader's chore: retention, repair), claim, heartbeat (or the executor's announcement), record (an attempt's result), pools (listing the pools to run loops for)."},
 			[]string{"stage"}),
 		iteration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "reveille_workpool_loop_iteration_seconds",
 			Help:    "Duration of one main loop iteration.",
