@@ -57,11 +57,18 @@ type executor struct {
 	claiming sync.RWMutex
 	orphans  atomic.Bool
 
-	mu      sync.Mutex
-	jobs    map[uuid.UUID]*runningJob // running, or returned and awaiting their record
-	active  int                       // handlers running
-	backlog bool                      // a claim was cut short by MaxWorkers
-	idle    chan struct{}             // closed when active drops to 0 during drain
+	mu     sync.Mutex
+	jobs   map[uuid.UUID]*runningJob // running, or returned and awaiting their record
+	active int                       // handlers running
+	// reserved: capacity promised to statements in flight that claim work
+	// for this executor (a loop's start, its own claim) and not launched
+	// yet. Counted against MaxWorkers with active: each pool's loop and the
+	// claim loop read the free capacity concurrently, and without it each
+	// could claim all of it (a replica leading three pools ran three times
+	// MaxWorkers handlers).
+	reserved int
+	backlog  bool          // a claim was cut short by MaxWorkers
+	idle     chan struct{} // closed when active drops to 0 during drain
 
 	handlerCtx  context.Context // parent of every handler's context
 	stopHandler context.CancelCauseFunc
@@ -173,13 +180,12 @@ func (e *executor) claimLoop() {
 // claimOnce claims up to the free capacity and launches the attempts.
 func (e *executor) claimOnce() (n, limit int, err error) {
 	names := e.m.handlerNames()
-	e.mu.Lock()
-	limit = min(e.m.cfg.MaxWorkers-e.active, claimBatch)
-	if limit <= 0 {
-		e.backlog = true
+	if len(names) == 0 {
+		return 0, 0, nil
 	}
-	e.mu.Unlock()
-	if limit <= 0 || len(names) == 0 {
+	limit = e.reserve(claimBatch, true)
+	defer e.unreserve(limit)
+	if limit <= 0 {
 		return 0, limit, nil
 	}
 	e.claiming.RLock()
@@ -248,15 +254,44 @@ func (e *executor) claim(handlers []string, limit int) ([]claimedJob, error) {
 // handoff says what the loop may claim for this executor while it starts
 // work: the handlers registered here, the free capacity, and the share of
 // each start (1/replicas with live executors, so that every replica's
-// executor gets work).
+// executor gets work). The free capacity is reserved for the loop until
+// it gives it back (unreserve), once what it claimed is launched.
 func (e *executor) handoff() (handlers []string, free int, share float64) {
 	if e.claimCtx.Err() != nil || !e.started.Load() || e.crashed.Load() {
 		return nil, 0, 0
 	}
+	return e.m.handlerNames(), e.reserve(e.m.cfg.MaxWorkers, false), 1 / float64(1+e.m.livePeers())
+}
+
+// reserve reserves the free capacity, at most limit, for a statement that
+// claims work for this executor, and returns it; a claim found none
+// (short) is a backlog, claimed again when capacity frees.
+func (e *executor) reserve(limit int, short bool) int {
 	e.mu.Lock()
-	free = max(e.m.cfg.MaxWorkers-e.active, 0)
+	defer e.mu.Unlock()
+	free := min(max(e.m.cfg.MaxWorkers-e.active-e.reserved, 0), limit)
+	if free == 0 && short {
+		e.backlog = true
+	}
+	e.reserved += free
+	return free
+}
+
+// unreserve gives back a reservation once what its statement claimed is
+// launched (counted in active) or the statement failed: what it left
+// unused is free again, for a claim cut short meanwhile.
+func (e *executor) unreserve(n int) {
+	if n <= 0 {
+		return
+	}
+	e.mu.Lock()
+	e.reserved -= n
+	kick := e.backlog
+	e.backlog = false
 	e.mu.Unlock()
-	return e.m.handlerNames(), free, 1 / float64(1+e.m.livePeers())
+	if kick {
+		e.kick()
+	}
 }
 
 // claimLost notes that a statement claiming work for this executor failed
@@ -497,6 +532,7 @@ func (e *executor) heartbeat() error {
 		ids = append(ids, id)
 		asked[id] = rj
 	}
+	full := e.active+e.reserved >= e.m.cfg.MaxWorkers
 	e.mu.Unlock()
 	if len(ids) == 0 {
 		return nil
@@ -533,6 +569,18 @@ func (e *executor) heartbeat() error {
 	for _, id := range ids {
 		if rj := asked[id]; !alive[id] && !rj.finished.Load() {
 			rj.cancel(errLost)
+		}
+	}
+	if full {
+		// Started work of the handlers run here that no executor has
+		// claimed waits for a free worker — this one's, among others —
+		// not for a silent one: counted from its start, recovery failed
+		// it with an attempt never made once the heartbeat timeout
+		// passed, on healthy replicas (work without retries failed for
+		// good). Should every executor that runs its handler die, its
+		// heartbeat stops and recovery takes it as before.
+		if _, err := e.m.db.Exec(ctx, sqlKeepWaiting, e.m.handlerNames(), e.m.now()); err != nil {
+			return fmt.Errorf("heartbeating work waiting for a worker: %w", err)
 		}
 	}
 	return nil

@@ -34,6 +34,7 @@ type iterResult struct {
 func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 	t0 := time.Now()
 	l.iterations.Add(1)
+	defer l.releaseHandoff() // an iteration that failed before its launch
 	defer func() { l.m.metrics.iteration.WithLabelValues(l.pool).Observe(time.Since(t0).Seconds()) }()
 	// Whatever this iteration publishes, it reads the tables first: an
 	// enqueue that commits after its reads must wake the loop again, or the
@@ -563,14 +564,39 @@ func (s *startedWork) dest() []any {
 	return []any{&s.lags, &s.notified, &s.ids, &s.orgs, &s.handlers, &s.args, &s.attempts, &s.timeouts, &s.hooks}
 }
 
-// startArgs are the parameters every start statement takes ($1–$7).
+// startArgs are the parameters every start statement takes ($1–$7). The
+// executor's free capacity they offer is reserved (executor.handoff) until
+// the starts are launched or the iteration ends (releaseHandoff); a second
+// start before then (the fair one, after a plain start that took nothing)
+// is offered the same reservation.
 func (l *loop) startArgs(now time.Time) []any {
-	names, free, share := l.m.exec.handoff()
-	return []any{l.pool, now, "s:" + l.pool + "@" + l.m.origin, names, int32(free), share, [16]byte(l.m.exec.id)}
+	if l.handed == nil {
+		names, free, share := l.m.exec.handoff()
+		l.handed = &handoff{names: names, free: free, share: share}
+	}
+	h := l.handed
+	return []any{l.pool, now, "s:" + l.pool + "@" + l.m.origin, h.names, int32(h.free), h.share, [16]byte(l.m.exec.id)}
+}
+
+// handoff is what a loop's start statements offer this replica's executor.
+type handoff struct {
+	names []string
+	free  int
+	share float64
+}
+
+// releaseHandoff gives the executor back the capacity reserved for the
+// loop's starts (none held: a no-op).
+func (l *loop) releaseHandoff() {
+	if l.handed != nil {
+		l.m.exec.unreserve(l.handed.free)
+		l.handed = nil
+	}
 }
 
 // launch counts committed starts and runs this replica's share of them.
 func (l *loop) launch(s startedWork) {
+	defer l.releaseHandoff() // (after adopt: the launched count as active)
 	if len(s.lags) == 0 {
 		return
 	}

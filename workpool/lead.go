@@ -72,6 +72,9 @@ type loop struct {
 	fastStarts int64 // fast iterations that started work (tests)
 	// turns: the pool's fair-share ledger, read when the term began
 	turns fairTurns
+	// handed: the executor capacity reserved for the starts in flight
+	// (startArgs; nil: none)
+	handed *handoff
 }
 
 func newLoop(m *Manager, pool string) *loop {

@@ -439,6 +439,15 @@ WITH hb AS (
 SELECT w.id, w.canceled, w.state = 'running' AND w.claimed_by = $2 AS mine, (SELECT count(*) FROM hb)
 FROM workpool_work w WHERE w.id = ANY($1)`
 
+// sqlKeepWaiting heartbeats the started work of handlers $1 that no
+// executor has claimed (executor.heartbeat, while its executor is full):
+// it waits for a free worker. Skipping rows another transaction holds (a
+// claim taking them right now), as sqlHeartbeat does.
+const sqlKeepWaiting = `
+UPDATE workpool_work SET heartbeat_at = $2
+WHERE id IN (SELECT id FROM workpool_work WHERE state = 'running' AND claimed_by IS NULL AND handler = ANY($1)
+             FOR UPDATE SKIP LOCKED)`
+
 // --- the main loop -------------------------------------------------------------------
 
 const sqlTakeover = `
