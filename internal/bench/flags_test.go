@@ -26,7 +26,8 @@ func doneContext() context.Context {
 // Flags a run cannot use are refused at once, naming the flag — not after
 // Postgres (and Temporal) started, by the error of a service the user never
 // configured (--concurrency widens the wakeup pool; --batch is one
-// append's chunks) — and a flag the run does not use is not checked
+// append's chunks, --size one chunk, and --size × --batch one append's
+// bytes) — and a flag the run does not use is not checked
 // (--rounds is used only with --together=false: `bench wake --n 1` was
 // refused for it). Found by review.
 func TestABenchsFlagsAreRefusedBeforeItStartsAnythingNamingTheFlag(t *testing.T) {
@@ -47,6 +48,12 @@ func TestABenchsFlagsAreRefusedBeforeItStartsAnythingNamingTheFlag(t *testing.T)
 		{"streams: batch past the chunks one append holds", func() error {
 			return Streams(doneContext(), StreamsConfig{Service: nowhere, Writers: 1, Chunks: 20000, Size: 16, Batch: 2000, Rounds: 1})
 		}, "batch"},
+		{"streams: size past the largest chunk", func() error {
+			return Streams(doneContext(), StreamsConfig{Service: nowhere, Writers: 1, Chunks: 10, Size: 2 << 20, Batch: 1, Rounds: 1})
+		}, "size"},
+		{"streams: size × batch past the largest append", func() error {
+			return Streams(doneContext(), StreamsConfig{Service: nowhere, Writers: 1, Chunks: 100, Size: 512 << 10, Batch: 20, Rounds: 1})
+		}, "size × batch"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.run()

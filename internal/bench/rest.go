@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/http"
 	"os"
 	"strconv"
@@ -43,8 +44,10 @@ const (
 // RestConfig is one `engine bench rest` run.
 type RestConfig struct {
 	// Service is the engine's configuration; the run replaces its
-	// database and API and turns the per-org rate limit off (one org sends
-	// everything: the limiter would be measured, not the route).
+	// database and API, turns the per-org rate limit off (one org sends
+	// everything: the limiter would be measured, not the route) and lifts
+	// the org's pending cap past what a run reaches (the wake-ups pile up
+	// in the paused wakeup pool).
 	Service service.Config
 	// Route is RestWakeup, RestSpend or RestAppend.
 	Route string
@@ -94,6 +97,12 @@ func Rest(ctx context.Context, c RestConfig) error {
 	}
 	cfg, secret := serviceConfig(c.Service, w, quiet)
 	cfg.API.OrgRate = 0
+	// Nothing drains the paused wakeup pool while the wake-ups are
+	// measured: every request leaves an item pending, and the org's cap
+	// (REVEILLE_ORG_MAX_PENDING, 100,000 by default) ended a run of half a
+	// minute in 429s instead of a figure. Each request still checks a cap,
+	// one no run reaches.
+	cfg.Workpool.MaxPendingPerOrg = math.MaxInt32
 	// The bench's org operates its engine, as engine dev's does: it pauses
 	// the wakeup pool and reads its own counts there.
 	cfg.API.Auth.OperatorOrgs = []string{restOrg}

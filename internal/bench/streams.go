@@ -2,7 +2,6 @@ package bench
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -60,9 +59,15 @@ func Streams(ctx context.Context, c StreamsConfig) error {
 	if b.writers < 1 || b.chunks < b.writers || b.size < 1 || b.batch < 1 || b.rounds < 1 {
 		return errors.New("need writers ≥ 1, chunks ≥ writers, size ≥ 1, batch ≥ 1, rounds ≥ 1")
 	}
-	if most := cmp.Or(c.Service.Streams.MaxChunksPerRequest, streams.DefaultMaxChunks); b.batch > most {
-		// (refused before anything starts, not at the warm-up's first append)
-		return fmt.Errorf("need batch ≤ %d (REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST: the most chunks one append holds)", most)
+	// (refused before anything starts, not at the warm-up's first append)
+	limits := c.Service.Streams.WithDefaults()
+	switch {
+	case b.batch > limits.MaxChunksPerRequest:
+		return fmt.Errorf("need batch ≤ %d (REVEILLE_STREAM_MAX_CHUNKS_PER_REQUEST: the most chunks one append holds)", limits.MaxChunksPerRequest)
+	case int64(b.size) > limits.MaxChunk:
+		return fmt.Errorf("need size ≤ %d (REVEILLE_STREAM_MAX_CHUNK: the largest chunk)", limits.MaxChunk)
+	case int64(b.size)*int64(b.batch) > limits.MaxRequest:
+		return fmt.Errorf("need size × batch ≤ %d (REVEILLE_STREAM_MAX_REQUEST: the most bytes one append holds)", limits.MaxRequest)
 	}
 	w, err := setUp(ctx, c.Service, "streams", c.DataDir, false)
 	defer w.tearDown(false)
