@@ -13,6 +13,26 @@ import (
 	"time"
 )
 
+// ServerLog is the server log of the cluster dataDir's Postgres runs in,
+// wherever clusterDirFor put it ("" when there is none).
+func ServerLog(dataDir string) string {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		return ""
+	}
+	for _, cluster := range []string{filepath.Join(abs, "postgres"), tempClusterDir(abs)} {
+		if p := filepath.Join(cluster, "server.log"); fileExists(p) {
+			return p
+		}
+	}
+	return ""
+}
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
+}
+
 // RemoveDataDir stops a postmaster still running on dataDir's cluster
 // (immediate shutdown: the data is about to go) and removes the cluster,
 // also one clusterDirFor put under the temp dir, and dataDir itself. It is

@@ -49,7 +49,7 @@ func runSuite(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "faults:", err)
 		return 1
 	}
-	// Logs stay for a failed run; everything else is removed.
+	// Logs stay for a failed run; everything else is removed (below).
 	if err := buildEngine(); err != nil {
 		fmt.Fprintln(os.Stderr, "faults:", err)
 		return 1
@@ -68,18 +68,28 @@ func runSuite(m *testing.M) int {
 	code := m.Run()
 	tempStack.stop()
 	pgStack.stop()
-	if code == 0 {
-		// The Postgres devstack's cluster may live outside workDir (in
-		// /tmp/reveille-pg-…, when the server's user cannot reach workDir,
-		// as under root): RemoveDataDir removes it too, where RemoveAll
-		// left 150 MB behind per run.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		if err := pgdevstack.RemoveDataDir(ctx, pgStack.dataDir); err != nil {
-			fmt.Fprintln(os.Stderr, "faults: removing the Postgres devstack's data:", err)
-			code = 1
+	if code != 0 {
+		// (the Postgres server's own log, beside the processes' logs)
+		if log := pgdevstack.ServerLog(pgStack.dataDir); log != "" {
+			if b, err := os.ReadFile(log); err == nil {
+				_ = os.WriteFile(filepath.Join(workDir, "postgres-server.log"), b, 0o644)
+			}
 		}
-		cancel()
 	}
+	// Everything but the logs goes, after a failed run too (it kept the
+	// engine binary, Temporal's data and the cluster: ~240 MB a run, the
+	// cluster outside workDir). The Postgres devstack's cluster may live
+	// outside workDir (in /tmp/reveille-pg-…, when the server's user
+	// cannot reach workDir, as under root): RemoveDataDir removes it too,
+	// where RemoveAll left 150 MB behind per run.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	if err := pgdevstack.RemoveDataDir(ctx, pgStack.dataDir); err != nil {
+		fmt.Fprintln(os.Stderr, "faults: removing the Postgres devstack's data:", err)
+		code = 1
+	}
+	cancel()
+	_ = os.Remove(engineBin)
+	_ = os.RemoveAll(tempStack.dataDir)
 	if code == 0 {
 		_ = os.RemoveAll(workDir)
 	} else {
