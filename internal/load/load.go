@@ -327,13 +327,22 @@ func (r *run) connectAPIs(ctx context.Context) error {
 			return err
 		}
 	}
-	first, err := mk(c.APIs[0], tok)
-	if err != nil {
-		return err
+	for _, url := range c.APIs {
+		agent, err := mk(url, tok)
+		if err != nil {
+			return err
+		}
+		r.apis = append(r.apis, apiPair{agent: agent})
 	}
-	me, err := first.Whoami(ctx)
+	// (checked as every call goes: a replica that does not answer is
+	// passed over for the next, as it would be mid-run)
+	var me reveille.Principal
+	err := r.call(ctx, 0, func(p apiPair) (err error) {
+		me, err = p.agent.Whoami(ctx)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("the agent platform's token at %s: %w", c.APIs[0], err)
+		return fmt.Errorf("the agent platform's token: %w", err)
 	}
 	if !slices.Contains(me.Roles, api.RoleAgent) || !slices.Contains(me.Roles, api.RoleAdmin) {
 		return fmt.Errorf("--token: needs the agent and admin roles of its org, has %v", me.Roles)
@@ -345,17 +354,16 @@ func (r *run) connectAPIs(ctx context.Context) error {
 			return err
 		}
 	}
-	for _, url := range c.APIs {
-		var p apiPair
-		if p.agent, err = mk(url, tok); err != nil {
+	for i, url := range c.APIs {
+		if r.apis[i].approver, err = mk(url, approverTok); err != nil {
 			return err
 		}
-		if p.approver, err = mk(url, approverTok); err != nil {
-			return err
-		}
-		r.apis = append(r.apis, p)
 	}
-	approver, err := r.apis[0].approver.Whoami(ctx)
+	var approver reveille.Principal
+	err = r.call(ctx, 0, func(p apiPair) (err error) {
+		approver, err = p.approver.Whoami(ctx)
+		return err
+	})
 	switch {
 	case err != nil:
 		return fmt.Errorf("the approver's token: %w", err)
@@ -503,7 +511,7 @@ func (r *run) one(ctx context.Context, i int) {
 			return
 		}
 	}
-	wakeupID, err := r.wakeup(ctx, i, wf, k, key)
+	wakeupID, err := r.wakeup(ctx, i, wf, k, e, key)
 	if err != nil {
 		r.recorder.forget(wf)
 		r.fail(ctx, i, "wake-up", err)
@@ -536,8 +544,8 @@ func wakeupRequest(agentID, wf, targetURL string, k kind) reveille.WakeupRequest
 
 // wakeup creates the i-th wake-up and settles it as its kind says; it
 // returns, with the wake-up's id, once the request that settles it was
-// accepted.
-func (r *run) wakeup(ctx context.Context, i int, wf string, k kind, key func(string) reveille.CallOption) (string, error) {
+// accepted. e notes when that request is first sent.
+func (r *run) wakeup(ctx context.Context, i int, wf string, k kind, e *entry, key func(string) reveille.CallOption) (string, error) {
 	req := wakeupRequest(r.agent, wf, r.target.url, k)
 	var created reveille.WakeupCreated
 	err := r.call(ctx, i, func(p apiPair) error {
@@ -551,6 +559,7 @@ func (r *run) wakeup(ctx context.Context, i int, wf string, k kind, key func(str
 		if !errors.As(err, &refusal) || refusal.Status != http.StatusPaymentRequired {
 			return "", fmt.Errorf("want a refused spend (402), got %v", err)
 		}
+		r.recorder.settling(e)
 		return refusal.WakeupID, r.call(ctx, i, func(p apiPair) error {
 			_, err := p.approver.MandateApprovals.Approve(ctx, refusal.ApprovalID, reveille.Resolution{Note: "engine load"}, key("approve"))
 			return err
@@ -558,6 +567,7 @@ func (r *run) wakeup(ctx context.Context, i int, wf string, k kind, key func(str
 	case err != nil:
 		return "", err
 	case k.canceled:
+		r.recorder.settling(e)
 		return created.ID, r.call(ctx, i, func(p apiPair) error {
 			_, err := p.agent.Wakeups.Cancel(ctx, created.ID)
 			return err
@@ -591,6 +601,11 @@ type entry struct {
 	kind     kind
 	wakeupID string    // the wake-up its workflow must wake with
 	accepted time.Time // zero until its settling request was accepted
+	// settling: when the approve or the cancel that settles a refused or
+	// canceled wake-up was first sent (zero for the others, which their
+	// create settles). A wake before it is wrong: the work ran, or the
+	// wake-up ended, before anyone said so.
+	settling time.Time
 	woken    *woken
 	wokenAt  time.Time
 	done     chan struct{}
@@ -623,6 +638,16 @@ func (rc *recorder) accepted(e *entry, wakeupID string) {
 	rc.mu.Lock()
 	e.accepted, e.wakeupID = time.Now(), wakeupID
 	rc.nAccepted++
+	rc.mu.Unlock()
+}
+
+// settling notes that e's settling request (an approve, a cancel) is
+// about to be sent, the first time only.
+func (rc *recorder) settling(e *entry) {
+	rc.mu.Lock()
+	if e.settling.IsZero() {
+		e.settling = time.Now()
+	}
 	rc.mu.Unlock()
 }
 
@@ -704,7 +729,10 @@ func (rc *recorder) summary(elapsed, deadline time.Duration) Report {
 		rep.Duplicates += e.woken.Duplicates
 		// (the wake of another wake-up — a second one created for this
 		// request — is as wrong as a wrong outcome)
-		if !e.kind.outcomeOK(*e.woken) || e.wakeupID != "" && e.woken.WakeupID != e.wakeupID || e.woken.Others > 0 {
+		// (and so is a wake before the approve or cancel that settles it
+		// was sent: refused work ran without its approval)
+		if !e.kind.outcomeOK(*e.woken) || e.wakeupID != "" && e.woken.WakeupID != e.wakeupID || e.woken.Others > 0 ||
+			!e.settling.IsZero() && e.wokenAt.Before(e.settling) {
 			rep.WrongOutcomes++
 		}
 		// The wake may be reported before the client read its answer.

@@ -2,6 +2,8 @@ package load
 
 import (
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -91,4 +93,69 @@ func TestASubSecondDeadlineOrProgressIsRefusedNamingItsFlag(t *testing.T) {
 			require.ErrorContains(t, err, flag+": must be at least 1s, not 1ms")
 		})
 	}
+}
+
+// A refused (or canceled) wake-up is settled by its approve (its cancel):
+// a wake before that request was sent is wrong — the refused work ran
+// without its approval — however soon after it the approve was answered.
+// It counted as a good wake with a latency of 0. Found by review.
+func TestAWakeBeforeTheRequestThatSettlesItIsAWrongOutcome(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		k         kind
+		outcome   string
+		wokeFirst bool
+		wantWrong int
+	}{
+		{name: "refused, woken before its approve", k: kind{refused: true}, outcome: "succeeded", wokeFirst: true, wantWrong: 1},
+		{name: "refused, woken after its approve", k: kind{refused: true}, outcome: "succeeded"},
+		{name: "canceled, woken before its cancel", k: kind{canceled: true}, outcome: "canceled", wokeFirst: true, wantWrong: 1},
+		{name: "canceled, woken after its cancel", k: kind{canceled: true}, outcome: "canceled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := newRecorder()
+			e := rc.expect("org/wf", tc.k)
+			wake := func() {
+				require.NoError(t, rc.woke(t.Context(), woken{WorkflowID: "org/wf", WakeupID: "w-1", Outcome: tc.outcome}))
+			}
+			if tc.wokeFirst {
+				wake()
+				time.Sleep(time.Millisecond) // (the clock moves between the two)
+			}
+			rc.settling(e)
+			rc.accepted(e, "w-1")
+			if !tc.wokeFirst {
+				wake()
+			}
+			rep := rc.summary(time.Second, time.Minute)
+			require.Equal(t, 1, rep.Woken)
+			require.Equal(t, tc.wantWrong, rep.WrongOutcomes)
+			if tc.wantWrong > 0 {
+				require.Error(t, rep.verdict(time.Minute))
+			} else {
+				require.NoError(t, rep.verdict(time.Minute))
+			}
+		})
+	}
+}
+
+// engine load --api A,B: "a call a replica does not answer goes to the
+// next" — the token checks at the start too: with A down when the load
+// starts, it ran on nothing; it checks the tokens at B. Found by review.
+func TestAFirstReplicaDownAtTheStartIsPassedOverLikeAnyOtherCall(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close() // nothing listens there any more
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Header.Get("Authorization") == "Bearer approver-tok" {
+			_, _ = io.WriteString(w, `{"org_id":"org","sub":"dev-approver","roles":["approver"]}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"org_id":"org","sub":"dev-user","roles":["admin","agent","approver","operator"]}`)
+	}))
+	t.Cleanup(live.Close)
+	r := &run{cfg: Config{APIs: []string{deadURL, live.URL}, Token: "agent-tok", ApproverToken: "approver-tok", Clients: 1}}
+	require.NoError(t, r.connectAPIs(t.Context()), "replica B answers; the load runs on it as it does when A dies mid-run")
+	require.Equal(t, "org", r.org)
 }
