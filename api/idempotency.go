@@ -127,6 +127,14 @@ func (s *idempotencyStore) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 			if err != nil {
 				return err
 			}
+			if claimed && ctx.Err() != nil {
+				// The client left while the claim was written: give the
+				// key back, as after any request whose client left.
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), idempotencyRecordLimit)
+				s.release(rctx, org, route, key, rec.claimedAt)
+				cancel()
+				return ctx.Err()
+			}
 			if claimed {
 				return s.runFirst(c, next, org, route, key, rec.claimedAt)
 			}
@@ -284,7 +292,14 @@ type idempotencyRecord struct {
 // writes nothing when it finally ends.
 func (s *idempotencyStore) claim(ctx context.Context, org, route, key string, fp requestFingerprint) (idempotencyRecord, bool, error) {
 	var claimedAt time.Time
-	err := s.db.QueryRow(ctx, `
+	// Not canceled when the client leaves: a claim cut off mid-statement may
+	// commit all the same, unreleased (its request never knew it claimed),
+	// and every retry under the key then waited for it to be abandoned
+	// (idempotencyAbandoned, 45 s) — longer than many a client's deadline.
+	// The caller releases a claim its client left.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), idempotencyRecordLimit)
+	defer cancel()
+	err := s.db.QueryRow(cctx, `
 		INSERT INTO idempotency_keys (org_id, route, key, request_hash, request_json_hash)
 		VALUES ($1, $2, $3, $4, $7)
 		ON CONFLICT (org_id, route, key) DO UPDATE

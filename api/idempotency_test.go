@@ -15,6 +15,8 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
 )
 
 // countingRoute registers an idempotent POST that counts its runs and waits
@@ -473,4 +475,55 @@ func TestABodyPostgresCannotStoreIsNotAReplayOfOneItDecodesLike(t *testing.T) {
 	second := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"\ud800"}`, "Idempotency-Key", "k1")
 	require.Empty(t, second.Header.Get("Idempotent-Replayed"), "replayed: %d %s", second.Status, second.Body)
 	second.requireProblem(t, http.StatusUnprocessableEntity)
+}
+
+// A client that leaves while its key's claim is being written leaves no
+// claim behind: the claim's insert committed on the server, its answer
+// came back only after the client had gone, and the request, which never
+// learned it had claimed the key, did not give it back — every retry under
+// the key waited 45 s for the claim to be abandoned (a client's retry with
+// a shorter deadline failed). The relay holds the insert's answer back
+// while the client leaves. Found by review.
+func TestAClientThatLeavesWhileItsKeyIsClaimedLeavesNoClaimBehind(t *testing.T) {
+	dsn := testkit.NewDatabase(t)
+	relay, relayed := testkit.NewRelay(t, dsn)
+	direct := testkit.NewPoolFor(t, dsn)
+	s := newTestServer(t, func(_ *Config, sv *Services) { sv.DB = testkit.NewPoolFor(t, relayed) })
+	var runs atomic.Int64
+	countingRoute(s, &runs, nil)
+	tok := token(t, "org-a", "admin")
+
+	key := "left-while-claiming-" + newRequestID()
+	arrived, release := relay.HoldReplyTo(key)
+	defer release()
+	ctx, leave := context.WithCancel(context.Background())
+	req := httptest.NewRequest("POST", "/v1/test/things", strings.NewReader(`{"name":"x"}`)).WithContext(ctx)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+tok)
+	req.Header.Set("Idempotency-Key", key)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.Handler().ServeHTTP(httptest.NewRecorder(), req)
+	}()
+	select {
+	case <-arrived: // the claim committed; its answer waits in the relay
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claim's answer never came back")
+	}
+	leave()
+	select { // (the request may give up on the answer at once)
+	case <-done:
+	case <-time.After(2 * time.Second):
+	}
+	release()
+	<-done
+	require.Zero(t, runs.Load(), "the handler of a request whose client left does not run")
+
+	var open int
+	require.NoError(t, direct.QueryRow(context.Background(),
+		`SELECT count(*) FROM idempotency_keys WHERE key = $1 AND completed_at IS NULL`, key).Scan(&open))
+	require.Zero(t, open, "the key's claim is given back")
+	again := do(t, s.Handler(), "POST", "/v1/test/things", tok, `{"name":"x"}`, "Idempotency-Key", key)
+	require.Equal(t, http.StatusCreated, again.Status, "the retry runs at once: %s", again.Body)
 }

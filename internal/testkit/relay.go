@@ -39,6 +39,15 @@ type Relay struct {
 	replyMarker []byte          // armed by CutReplyTo
 	replyCut    map[string]bool // clients whose next reply is lost
 	replyCuts   atomic.Int64
+	holdMarker  []byte                // armed by HoldReplyTo
+	holding     *replyHold            // its hold, until a connection takes it
+	holds       map[string]*replyHold // clients whose next reply is held
+}
+
+// replyHold is one answer HoldReplyTo holds back.
+type replyHold struct {
+	arrived, release chan struct{}
+	once             sync.Once
 }
 
 // NewRelay starts a relay to dsn's server and returns it with the DSN
@@ -53,7 +62,7 @@ func NewRelay(t testing.TB, dsn string) (*Relay, string) {
 	if err != nil {
 		t.Fatalf("testkit: relay: %v", err)
 	}
-	r := &Relay{ln: ln, target: u.Host, silent: map[string]bool{}, replyCut: map[string]bool{}}
+	r := &Relay{ln: ln, target: u.Host, silent: map[string]bool{}, replyCut: map[string]bool{}, holds: map[string]*replyHold{}}
 	go r.accept()
 	t.Cleanup(r.Cut)
 	u.Host = ln.Addr().String()
@@ -107,6 +116,9 @@ func (r *Relay) pipe(client string, dst, src net.Conn, toServer bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && !toServer {
+			r.holdReply(client)
+		}
 		if n > 0 && !toServer && r.losesReply(client) {
 			_ = dst.Close()
 			_ = src.Close()
@@ -141,6 +153,32 @@ func (r *Relay) CutReplyTo(marker string) {
 	r.replyMarker = []byte(marker)
 }
 
+// HoldReplyTo arms the holding back of one answer: the next connection
+// whose client sends bytes holding marker passes them on (the server runs
+// the statement, and commits it outside a transaction block), and its
+// reply waits in the relay until release is called (then it goes on, to a
+// client that may have given up on it meanwhile). arrived is closed once
+// the reply has come back from the server.
+func (r *Relay) HoldReplyTo(marker string) (arrived <-chan struct{}, release func()) {
+	h := &replyHold{arrived: make(chan struct{}), release: make(chan struct{})}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.holdMarker, r.holding = []byte(marker), h
+	return h.arrived, func() { h.once.Do(func() { close(h.release) }) }
+}
+
+// holdReply waits while client's reply is held (HoldReplyTo).
+func (r *Relay) holdReply(client string) {
+	r.mu.Lock()
+	h := r.holds[client]
+	delete(r.holds, client)
+	r.mu.Unlock()
+	if h != nil {
+		close(h.arrived)
+		<-h.release
+	}
+}
+
 // ReplyCuts is how many answers CutReplyTo has lost.
 func (r *Relay) ReplyCuts() int64 { return r.replyCuts.Load() }
 
@@ -150,6 +188,9 @@ func (r *Relay) watchForMarker(client string, b []byte) {
 	if r.replyMarker != nil && bytes.Contains(b, r.replyMarker) {
 		r.replyMarker = nil
 		r.replyCut[client] = true
+	}
+	if r.holdMarker != nil && bytes.Contains(b, r.holdMarker) {
+		r.holds[client], r.holdMarker, r.holding = r.holding, nil, nil
 	}
 }
 
