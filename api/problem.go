@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/labstack/echo/v4"
@@ -78,11 +79,37 @@ func Invalid(field, detail string) *Problem {
 func invalidFields(fields []apperr.FieldError) *Problem {
 	parts := make([]string, len(fields))
 	for i, f := range fields {
+		// (a path or detail echoing a key of the request is bounded: an
+		// unknown key of 70,000 characters came back twice, in a problem
+		// past what a client keeps of an error answer, which then lost its
+		// type and every field)
+		f.Field, f.Detail = boundEcho(f.Field, maxEchoedField), boundEcho(f.Detail, maxEchoedDetail)
+		fields[i] = f
 		parts[i] = f.Field + ": " + f.Detail
 	}
 	p := NewProblem(http.StatusBadRequest, "invalid-request", "invalid "+strings.Join(parts, "; "))
 	p.Errors = fields
 	return p
+}
+
+// The most of a field's path, and of its detail, a problem echoes; what
+// is longer ends in "…".
+const (
+	maxEchoedField  = 256
+	maxEchoedDetail = 1024
+)
+
+// boundEcho is s cut to at most limit bytes (on a rune boundary, "…"
+// marking the cut).
+func boundEcho(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // unsupportedMediaType is a 415 naming the Content-Type header, as a 400

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -333,4 +334,28 @@ func TestADatabaseOutOfReachIs503WithRetryAfter(t *testing.T) {
 			require.Equal(t, tc.want, problemFor(fmt.Errorf("wrapped: %w", tc.err)).Status)
 		})
 	}
+}
+
+// A problem echoing a long key of the request (an unknown field of 70,000
+// characters) stays short: the field's path and its detail are cut, "…"
+// marking the cut, so that the problem is not past what a client keeps of
+// an error answer (the Go client kept 64 KiB: this one was 140 KB, and it
+// lost its type and its fields). Found by review.
+func TestAProblemEchoesALongKeyCutShort(t *testing.T) {
+	s := newTestServer(t, withMandates(t))
+	long := strings.Repeat("é", 35_000) // 70,000 bytes
+	r := do(t, s.Handler(), http.MethodPost, "/v1/mandates", token(t, "org-a", RoleAdmin),
+		`{"agent_id": "a1", "scope": "llm", "budget": 1, "`+long+`": 1}`)
+	p := r.requireProblem(t, http.StatusBadRequest)
+	require.Less(t, len(r.Body), 4096, "the problem's size")
+	errs, _ := p["errors"].([]any)
+	require.Len(t, errs, 1)
+	field := errs[0].(map[string]any)["field"].(string)
+	require.LessOrEqual(t, len(field), 256)
+	require.True(t, strings.HasSuffix(field, "…"), field)
+	require.True(t, strings.HasPrefix(long, strings.TrimSuffix(field, "…")), "cut on a character's boundary")
+	require.True(t, utf8.ValidString(field))
+	var n int
+	require.NoError(t, s.svc.DB.QueryRow(context.Background(), "SELECT count(*) FROM mandates").Scan(&n))
+	require.Zero(t, n)
 }

@@ -52,7 +52,8 @@
 // yielding every chunk exactly once; Approvals.Events follows the
 // approvals inbox so. These live readers reconnect by a ReconnectPolicy of
 // their own (WithReconnect), not the calls' RetryPolicy: backoff from
-// 100 ms doubling to 5 s, jittered, or a 429's or 503's Retry-After, until
+// 100 ms doubling to 5 s, jittered (never less than a reconnection time
+// the stream set with a retry field), or a 429's or 503's Retry-After, until
 // their context ends — a restart of the service is ridden out — unless
 // its MaxOutage bounds the time without a healthy connection. An answer
 // retrying cannot change (400, 401, 403, 404, 410 …) ends them at once.

@@ -133,8 +133,9 @@ func answeredForKey(res *http.Response, e *Error) bool {
 	return !e.retryable() && e.Status < 500
 }
 
-// maxErrorBody bounds what is kept of an error answer's body.
-const maxErrorBody = 64 << 10
+// maxErrorBody bounds what is kept of an error answer's body: room for
+// any problem Reveille answers (one cut short loses its type and fields).
+const maxErrorBody = 1 << 20
 
 // errorFrom reads a non-2xx response into an *Error, and closes its body.
 // It fails when the body could not be read whole (the connection was cut

@@ -46,8 +46,9 @@ const maxSSELine = 32 << 20
 // Reconnects follow the client's ReconnectPolicy, not its RetryPolicy: a
 // live reader rides out an outage — a restart, a deploy, a load balancer's
 // 503s — until its context ends (or the policy's MaxOutage), waiting a
-// backoff that grows while attempts fail in a row, or the Retry-After of a
-// 429 or 503. A healthy connection — one the server opened (200, an event
+// backoff that grows while attempts fail in a row — never less than the
+// reconnection time the stream set (a retry field), as the WHATWG standard
+// has a reader wait — or the Retry-After of a 429 or 503. A healthy connection — one the server opened (200, an event
 // stream) that brought a byte (an event or a keep-alive) or stayed open
 // for healthyAfter — ends the outage: the backoff starts again from the
 // first step, and the outage is counted from its end. An answer retrying
@@ -67,8 +68,9 @@ func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle ti
 		failures := 0
 		outage := time.Now()
 		var lastErr error
+		var reconnectTime time.Duration // the stream's retry field (0: none)
 		for {
-			healthy, stop, err := c.followOnce(ctx, ep, &lastID, idle, opts, yield)
+			healthy, stop, err := c.followOnce(ctx, ep, &lastID, &reconnectTime, idle, opts, yield)
 			if stop {
 				return
 			}
@@ -97,7 +99,7 @@ func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle ti
 				}
 				retryAfter = apiErr.RetryAfter
 			}
-			wait := p.backoff(max(failures, 1))
+			wait := max(p.backoff(max(failures, 1)), reconnectTime)
 			if retryAfter > 0 {
 				wait = retryAfter
 			}
@@ -149,7 +151,7 @@ const healthyAfter = time.Second
 // followOnce opens one connection and yields its events until it ends. It
 // reports whether the connection was healthy (see events), and stop when
 // the iteration must end (the consumer stopped, or an error it yielded).
-func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, idle time.Duration, opts []CallOption, yield func(Event, error) bool) (healthy, stop bool, err error) {
+func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, reconnectTime *time.Duration, idle time.Duration, opts []CallOption, yield func(Event, error) bool) (healthy, stop bool, err error) {
 	connCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	hdr := http.Header{"Cache-Control": {"no-cache"}}
@@ -199,6 +201,9 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, id
 		ev, err := r.next()
 		if r.lastID != "" {
 			*lastID = r.lastID
+		}
+		if r.retry > 0 {
+			*reconnectTime = r.retry
 		}
 		if errors.Is(err, bufio.ErrTooLong) {
 			return true, true, yieldErr(yield, fmt.Errorf("client: following %s: a line longer than %d bytes", ep.path, maxSSELine))
@@ -257,6 +262,8 @@ type eventReader struct {
 	// started is set once the first line was read: a byte order mark
 	// begins only the stream.
 	started bool
+	// retry is the reconnection time the last retry field set (0: none).
+	retry time.Duration
 }
 
 func newEventReader(r io.Reader) *eventReader {
@@ -309,6 +316,11 @@ func (r *eventReader) next() (Event, error) {
 		case "id":
 			if !strings.ContainsRune(value, 0) {
 				r.idBuf, r.idSeen = value, true
+			}
+		case "retry":
+			// (ASCII digits only, in milliseconds; anything else is ignored)
+			if ms, err := strconv.ParseUint(value, 10, 32); err == nil {
+				r.retry = time.Duration(ms) * time.Millisecond
 			}
 		}
 	}

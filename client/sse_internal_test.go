@@ -147,3 +147,25 @@ func TestBackoffDoublesUpToItsCapWithJitter(t *testing.T) {
 func TestTheLargestChunkTheServerAcceptsFitsAnSSELine(t *testing.T) {
 	require.Less(t, base64.StdEncoding.EncodedLen(streams.MaxChunkLimit)+4096, maxSSELine)
 }
+
+// A retry field of ASCII digits sets the stream's reconnection time, in
+// milliseconds; any other value leaves it as it was (the WHATWG standard).
+func TestARetryFieldOfDigitsSetsTheReconnectionTime(t *testing.T) {
+	for _, tc := range []struct {
+		stream string
+		want   time.Duration
+	}{
+		{"retry: 1500\n\n", 1500 * time.Millisecond},
+		{"retry: 1500\nretry: 20\n\n", 20 * time.Millisecond},
+		{"retry: 1500\nretry: 2s\n\n", 1500 * time.Millisecond},
+		{"retry: +5\n\n", 0},
+		{"retry: -5\n\n", 0},
+		{"retry:\n\n", 0},
+		{"retry: 99999999999999\n\n", 0},
+	} {
+		r := newEventReader(strings.NewReader(tc.stream))
+		_, err := r.next()
+		require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+		require.Equal(t, tc.want, r.retry, "%q", tc.stream)
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -292,4 +294,41 @@ func TestAStreamWhoseHeadersNeverComeIsTakenForDeadAfterTheIdleTimeout(t *testin
 			require.GreaterOrEqual(t, accepted.Load()-before, int32(3), "one connection per attempt")
 		})
 	}
+}
+
+// A stream's retry field sets how long a reader waits before it
+// reconnects: a server (or a gateway in front of it) that asks for 1.5 s
+// is not called again at once. Found by review.
+func TestAReaderWaitsTheReconnectionTimeTheStreamSet(t *testing.T) {
+	var mu sync.Mutex
+	var times []time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		times = append(times, time.Now())
+		n := len(times)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		if n == 1 {
+			fmt.Fprintf(w, "retry: 1500\nid: 0\ndata: AA==\n\n")
+		} else {
+			fmt.Fprintf(w, "id: 1\ndata: AA==\n\nevent: end\ndata: {\"tail_index\": 1}\n\n")
+		}
+		w.(http.Flusher).Flush()
+	}))
+	defer srv.Close()
+	c, err := client.New(srv.URL, client.WithToken("x"))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n := 0
+	for _, err := range c.Streams.Tail(ctx, "run", "s", client.TailParams{}) {
+		require.NoError(t, err)
+		n++
+	}
+	require.Equal(t, 2, n)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, times, 2)
+	require.GreaterOrEqual(t, times[1].Sub(times[0]), 1500*time.Millisecond, "reconnected before the stream's retry: 1500")
 }
