@@ -35,7 +35,8 @@ func TestDiscardBodyIsAcceptedAtEnqueue(t *testing.T) {
 }
 
 // A header the HTTP/2 transport refuses (a Connection other than close or
-// keep-alive, a Transfer-Encoding other than chunked) sends its request
+// keep-alive, a Transfer-Encoding other than chunked, a TE other than
+// trailers — the last found by review) sends its request
 // over HTTP/1.1, on whatever URL: an http one, an https one whose target
 // speaks HTTP/2, or an http one redirected to such an https one (a
 // redirect keeps the original headers). Refused on https URLs, it refused
@@ -49,7 +50,7 @@ func TestAConnectionHeaderSendsItsRequestOverHTTP1(t *testing.T) {
 		defer plain.Close()
 		h, err := New(Config{AllowedHosts: []string{"127.0.0.1:*"}})
 		require.NoError(t, err)
-		for _, hdr := range []map[string]string{{"Transfer-Encoding": "identity"}, {"Connection": "keep-alive, TE"}} {
+		for _, hdr := range []map[string]string{{"Transfer-Encoding": "identity"}, {"Connection": "keep-alive, TE"}, {"TE": "gzip"}} {
 			res, err := run(t, h, context.Background(), Args{URL: plain.URL, Method: "POST", Body: json.RawMessage(`{"a":1}`), Headers: hdr})
 			require.NoError(t, err, "%v", hdr)
 			require.Equal(t, 200, res.Status)
@@ -82,7 +83,7 @@ func TestAConnectionHeaderSendsItsRequestOverHTTP1(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, `{"proto":"HTTP/2.0"}`, string(res.Body), "without a connection header: HTTP/2")
 	for _, url := range []string{tlsSrv.URL + "/x", redirect.URL + "/x"} {
-		for _, hdr := range []map[string]string{{"Transfer-Encoding": "identity"}, {"Connection": "keep-alive, TE"}} {
+		for _, hdr := range []map[string]string{{"Transfer-Encoding": "identity"}, {"Connection": "keep-alive, TE"}, {"TE": "gzip"}} {
 			res, err := run(t, h, context.Background(), Args{URL: url, Headers: hdr})
 			require.NoError(t, err, "%s %v", url, hdr)
 			require.JSONEq(t, `{"proto":"HTTP/1.1"}`, string(res.Body), "%s %v", url, hdr)

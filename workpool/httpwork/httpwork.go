@@ -264,8 +264,10 @@ func newHandler(cfg Config) (workpool.Handler, *AllowList, *prometheus.CounterVe
 			if via[0].Header.Get("Referer") == "" {
 				req.Header.Del("Referer")
 			}
-			if len(via) >= 10 {
-				return workpool.NonRetryable(errors.New("stopped after 10 redirects"))
+			// (via holds the first request too: at >= 10 the 10th redirect
+			// was refused, and the error said 10 were followed)
+			if len(via) > maxRedirects {
+				return workpool.NonRetryable(fmt.Errorf("stopped after %d redirects", maxRedirects))
 			}
 			return nil
 		},
@@ -377,6 +379,9 @@ func connectionHeader(k, v string) bool {
 		return v != "" && v != "chunked"
 	case "Connection":
 		return v != "" && !strings.EqualFold(v, "close") && !strings.EqualFold(v, "keep-alive")
+	case "Te":
+		// (RFC 9113 §8.2.2: in HTTP/2, TE may only be "trailers")
+		return v != "" && v != "trailers"
 	}
 	return false
 }
@@ -390,6 +395,14 @@ func do(client *http.Client, req *http.Request, discardBody bool) (json.RawMessa
 				return nil, ue.Err
 			}
 			ue.URL = shownString(req.Context(), ue.URL) // (it quotes the URL whole)
+			// A redirect whose Location does not parse is the target's
+			// answer, the same at every attempt, not a network error:
+			// net/http gives it as an error of its own (this text), without
+			// the response.
+			if strings.HasPrefix(ue.Err.Error(), "failed to parse Location header") {
+				return nil, workpool.NonRetryable(fmt.Errorf("%s %s: the target's redirect has a Location that does not parse: %w",
+					req.Method, shown(req.Context(), req.URL), ue.Err))
+			}
 		}
 		return nil, fmt.Errorf("%s %s: %w", req.Method, shown(req.Context(), req.URL), err) // network: retryable
 	}
@@ -406,7 +419,7 @@ func do(client *http.Client, req *http.Request, discardBody bool) (json.RawMessa
 		// ended early or dripped past the timeout made a 4xx a network
 		// error, retried)
 		raw, _ := io.ReadAll(io.LimitReader(res.Body, snippetBytes+1))
-		if s == http.StatusRequestTimeout || s == http.StatusTooManyRequests || s >= 500 {
+		if s == http.StatusRequestTimeout || s == http.StatusTooManyRequests || s >= 500 && s < 600 {
 			return nil, &StatusError{Status: s, Body: snippet(raw)}
 		}
 		return nil, workpool.NonRetryable(&StatusError{Status: s, Body: snippet(raw)})
@@ -461,6 +474,9 @@ func flatten(h http.Header) map[string]string {
 
 // snippetBytes is how much of a body outside 2xx an error keeps.
 const snippetBytes = 512
+
+// maxRedirects is the most redirects one request follows.
+const maxRedirects = 10
 
 func snippet(raw []byte) string {
 	if len(raw) > snippetBytes {
