@@ -332,20 +332,18 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 	if begin {
 		b.Queue("BEGIN")
 	}
-	// (the hooks' bound, set before either savepoint: rolling back to one
-	// keeps it)
-	b.Queue(sqlHookStatementTimeout, m.hookStatementTimeout())
 	b.Queue(sqlCompleteSavepoint)
 	b.Queue(sqlComplete, m.completeArgs(results)...)
+	// The hooks' bound comes after the recording (which may wait on a row
+	// lock, a loop's iteration holding the row: bound by HookTimeout, it
+	// failed the whole batch, every org's results in it) and before the
+	// hooks' savepoint (rolling back to it keeps the bound).
+	b.Queue(sqlHookStatementTimeout, m.hookStatementTimeout())
 	b.Queue(sqlSavepoint) // cheap, and saves a round trip before the hooks
 	br := tx.SendBatch(ctx, b)
 	var err error
 	if begin {
 		_, err = br.Exec()
-	}
-	var before string
-	if err == nil {
-		err = br.QueryRow().Scan(&before, nil)
 	}
 	if err == nil {
 		_, err = br.Exec()
@@ -357,6 +355,10 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 			done, err = scanFinished(rows)
 		}
 	}
+	var before string
+	if err == nil {
+		err = br.QueryRow().Scan(&before, nil)
+	}
 	if err == nil {
 		_, err = br.Exec()
 	}
@@ -364,7 +366,11 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 		err = cerr
 	}
 	if isItemDataError(err) {
+		// (rolled back to the recording's savepoint: the bound goes too)
 		done, err = m.completeApart(ctx, tx, results, err)
+		if err == nil {
+			err = tx.QueryRow(ctx, sqlHookStatementTimeout, m.hookStatementTimeout()).Scan(&before, nil)
+		}
 		if err == nil {
 			_, err = tx.Exec(ctx, sqlSavepoint)
 		}
@@ -372,7 +378,7 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 	if err != nil {
 		return nil, fmt.Errorf("completing %d attempts: %w", len(results), err)
 	}
-	if err := m.runHooks(ctx, tx, hookCalls(done), false, true); err != nil {
+	if _, err := m.runHooks(ctx, tx, hookCalls(done), false, true, time.Time{}); err != nil {
 		return nil, err
 	}
 	if !begin {

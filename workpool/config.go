@@ -89,9 +89,10 @@ type Config struct {
 	HookRetryBackoff time.Duration
 	// HookTimeout bounds one onComplete hook call: each statement it runs
 	// (a statement timeout on the transaction the hooks run in) and the
-	// call's context, a second longer (default 10 s). A call past it fails
-	// and is retried like any failed hook call, so that a hook stuck on a
-	// lock cannot hold up every completion this replica records.
+	// call's context, a second longer (default 10 s; a statement begun
+	// before the context ends runs to its end). A call past it fails and is
+	// retried like any failed hook call, so that a hook stuck on a lock
+	// cannot hold up every completion this replica records.
 	HookTimeout time.Duration
 	// MaxWorkers bounds the handlers this replica runs at once, across
 	// pools (default 10,000).

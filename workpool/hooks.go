@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/jsonb"
@@ -53,21 +54,28 @@ func (m *Manager) hookStatementTimeout() string {
 // set, and the statement timeout before it (completeIn does both, and
 // puts the timeout back). Otherwise runHooks sets both, and leaves the
 // transaction's statement timeout as it found it.
-func (m *Manager) runHooks(ctx context.Context, tx pgx.Tx, calls []hookCall, retrying, open bool) error {
+//
+// A call not begun by until (zero: no bound) is not made: it is left as it
+// was, for the loop's next iteration (the loop's hook retries, in the
+// transaction that holds the pool row: one org's stuck hooks, each up to
+// HookTimeout, held every org's starts for up to a hundred of them). It
+// returns how many calls it made.
+func (m *Manager) runHooks(ctx context.Context, tx pgx.Tx, calls []hookCall, retrying, open bool, until time.Time) (int, error) {
 	if len(calls) == 0 {
-		return nil
+		return 0, nil
 	}
 	if open {
-		return m.runHooksBounded(ctx, tx, calls, retrying, true)
+		return m.runHooksBounded(ctx, tx, calls, retrying, true, until)
 	}
 	var before string
 	if err := tx.QueryRow(ctx, sqlHookStatementTimeout, m.hookStatementTimeout()).Scan(&before, nil); err != nil {
-		return fmt.Errorf("hook statement timeout: %w", err)
+		return 0, fmt.Errorf("hook statement timeout: %w", err)
 	}
-	if err := m.runHooksBounded(ctx, tx, calls, retrying, false); err != nil {
-		return err
+	n, err := m.runHooksBounded(ctx, tx, calls, retrying, false, until)
+	if err != nil {
+		return 0, err
 	}
-	return restoreStatementTimeout(ctx, tx, before)
+	return n, restoreStatementTimeout(ctx, tx, before)
 }
 
 // restoreStatementTimeout puts back the statement timeout a transaction
@@ -80,10 +88,10 @@ func restoreStatementTimeout(ctx context.Context, tx pgx.Tx, before string) erro
 }
 
 // runHooksBounded is runHooks once the hooks' statement timeout is set.
-func (m *Manager) runHooksBounded(ctx context.Context, tx pgx.Tx, calls []hookCall, retrying, open bool) error {
-	failed := map[uuid.UUID]error{}
-	if err := m.hookBatch(ctx, tx, calls, failed, open); err != nil {
-		return err
+func (m *Manager) runHooksBounded(ctx context.Context, tx pgx.Tx, calls []hookCall, retrying, open bool, until time.Time) (int, error) {
+	r := &hookRun{failed: map[uuid.UUID]error{}, notCalled: map[uuid.UUID]bool{}, until: until}
+	if err := m.hookBatch(ctx, tx, calls, r, open); err != nil {
+		return 0, err
 	}
 	var okIDs, badIDs []uuid.UUID
 	var nextAts []time.Time
@@ -97,8 +105,13 @@ func (m *Manager) runHooksBounded(ctx context.Context, tx pgx.Tx, calls []hookCa
 			m.metrics.hookCalls.WithLabelValues(k[0], k[1]).Add(float64(n))
 		}
 	})
+	called := 0
 	for _, c := range calls {
-		herr, bad := failed[c.c.WorkID]
+		if r.notCalled[c.c.WorkID] {
+			continue
+		}
+		called++
+		herr, bad := r.failed[c.c.WorkID]
 		counts[[2]string{c.c.Pool, hookResult(bad)}]++
 		if !bad {
 			okIDs = append(okIDs, c.c.WorkID)
@@ -114,15 +127,23 @@ func (m *Manager) runHooksBounded(ctx context.Context, tx pgx.Tx, calls []hookCa
 	}
 	if len(badIDs) > 0 {
 		if _, err := tx.Exec(ctx, sqlHookFailed, pgUUIDs(badIDs), nextAts, msgs); err != nil {
-			return fmt.Errorf("scheduling hook retries: %w", err)
+			return 0, fmt.Errorf("scheduling hook retries: %w", err)
 		}
 	}
 	if retrying && len(okIDs) > 0 {
 		if _, err := tx.Exec(ctx, sqlHookDone, pgUUIDs(okIDs)); err != nil {
-			return fmt.Errorf("recording hook calls: %w", err)
+			return 0, fmt.Errorf("recording hook calls: %w", err)
 		}
 	}
-	return nil
+	return called, nil
+}
+
+// hookRun is what a batch of hook calls came to: the calls that failed,
+// with their errors, and those not made, their time (until) up.
+type hookRun struct {
+	failed    map[uuid.UUID]error
+	notCalled map[uuid.UUID]bool
+	until     time.Time
 }
 
 func hookResult(failed bool) string {
@@ -137,7 +158,7 @@ func hookResult(failed bool) string {
 // together, the failing one alone, and the rest recursively. Only database
 // errors end it early. A successful batch needs no RELEASE: the commit
 // keeps its work.
-func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, failed map[uuid.UUID]error, open bool) error {
+func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, r *hookRun, open bool) error {
 	if len(calls) == 0 {
 		return nil
 	}
@@ -152,6 +173,12 @@ func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, fa
 	hctx, actions := db.WithAfterCommit(ctx)
 	bad, herr := -1, error(nil)
 	for i, c := range calls {
+		if !r.until.IsZero() && !time.Now().Before(r.until) {
+			for _, left := range calls[i:] {
+				r.notCalled[left.c.WorkID] = true
+			}
+			break
+		}
 		if herr = m.callHook(hctx, htx, c); herr != nil {
 			bad = i
 			break
@@ -164,26 +191,74 @@ func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, fa
 	if _, err := tx.Exec(ctx, sqlRollbackSavepoint); err != nil {
 		return fmt.Errorf("hook savepoint rollback: %w", err)
 	}
-	if len(calls) == 1 {
-		failed[calls[0].c.WorkID] = herr
-		return nil
-	}
-	if err := m.hookBatch(ctx, tx, calls[:bad], failed, true); err != nil {
+	if err := m.hookBatch(ctx, tx, calls[:bad], r, true); err != nil {
 		return err
 	}
-	if err := m.hookBatch(ctx, tx, calls[bad:bad+1], failed, false); err != nil {
+	// The failing call is called again alone only when it may have failed
+	// for the calls before it: first in the batch it failed alone already,
+	// and a timeout is not theirs (called again at once, a stuck hook held
+	// the batch — other orgs' completions too — for twice the timeout).
+	if bad == 0 || errors.Is(herr, errHookTimeout) {
+		r.failed[calls[bad].c.WorkID] = herr
+	} else if err := m.hookBatch(ctx, tx, calls[bad:bad+1], r, false); err != nil {
 		return err
 	}
-	return m.hookBatch(ctx, tx, calls[bad+1:], failed, false)
+	return m.hookBatch(ctx, tx, calls[bad+1:], r, false)
 }
 
-// hookTx is the transaction a hook sees: everything but ending it.
+// hookTx is the transaction a hook sees: everything but ending it. Its
+// statements are not cut off when the call's context ends: one begun in
+// time runs to its end, bounded by the statement timeout on the server. A
+// context that ended mid-statement closed the connection, and lost the
+// completing transaction with it (a hook slow over several statements,
+// each within the bound) — then the completer recorded the same batch
+// again, and called the hook again, for good, every later completion of
+// the replica waiting behind it. Once the context has ended, a statement
+// is not sent.
 type hookTx struct{ pgx.Tx }
 
 var errHookEndsTx = errors.New("an onComplete hook must not commit or roll back the completing transaction; return an error instead")
 
 func (hookTx) Commit(context.Context) error   { return errHookEndsTx }
 func (hookTx) Rollback(context.Context) error { return errHookEndsTx }
+
+// statementContext is ctx for one statement of a hook: not canceled with
+// ctx (its values kept) while ctx lasts; once ctx has ended, ctx itself,
+// with which pgx sends nothing and answers ctx's error.
+func statementContext(ctx context.Context) context.Context {
+	if ctx.Err() != nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
+}
+
+func (t hookTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.Tx.Exec(statementContext(ctx), sql, args...)
+}
+
+func (t hookTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.Tx.Query(statementContext(ctx), sql, args...)
+}
+
+func (t hookTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return t.Tx.QueryRow(statementContext(ctx), sql, args...)
+}
+
+func (t hookTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return t.Tx.SendBatch(statementContext(ctx), b)
+}
+
+func (t hookTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	return t.Tx.CopyFrom(statementContext(ctx), table, columns, src)
+}
+
+func (t hookTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	return t.Tx.Prepare(statementContext(ctx), name, sql)
+}
+
+// errHookTimeout marks a hook call that failed for the hook timeout: past
+// HookTimeout (+ slack) in all, or a statement past the statement timeout.
+var errHookTimeout = errors.New("hook timeout")
 
 // callHook runs one hook, turning a panic into an error.
 func (m *Manager) callHook(ctx context.Context, tx pgx.Tx, c hookCall) (err error) {
@@ -198,10 +273,16 @@ func (m *Manager) callHook(ctx context.Context, tx pgx.Tx, c hookCall) (err erro
 	}()
 	hctx, cancel := context.WithTimeout(ctx, m.cfg.HookTimeout+hookTimeoutSlack)
 	defer cancel()
-	if err := h(hctx, tx, c.c); err != nil {
-		if errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
-			return fmt.Errorf("hook %q did not return within the hook timeout (%s): %w", c.hook, m.cfg.HookTimeout, err)
-		}
+	err = h(hctx, tx, c.c)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
+		// (past its time it fails, whatever it returned: what it did goes
+		// with the savepoint, and the call is retried with the backoff)
+		return fmt.Errorf("hook %q did not return within the hook timeout (%s): %w", c.hook, m.cfg.HookTimeout, errors.Join(errHookTimeout, err))
+	case errors.As(err, &pgErr) && pgErr.Code == "57014": // query_canceled: the statement timeout
+		return fmt.Errorf("hook %q: a statement past the hook timeout (%s): %w", c.hook, m.cfg.HookTimeout, errors.Join(errHookTimeout, err))
+	case err != nil:
 		return fmt.Errorf("hook %q: %w", c.hook, err)
 	}
 	if tx.Conn().PgConn().TxStatus() == 'E' {
@@ -219,4 +300,14 @@ func (m *Manager) hookBackoff(n int) time.Duration {
 		d *= 2
 	}
 	return min(d, 5*time.Minute)
+}
+
+// iterationIdleLimit is how long the loop's transaction may sit idle on the
+// server before the server ends it (a leader lost in its middle): 30 s, or
+// longer than a hook call, which the loop makes inside it (the hooks of
+// canceled pending work, and hook retries) and which may wait in Go for
+// up to HookTimeout — past the limit, the server ended the iteration, and
+// every next one, with the cancelation it was finishing.
+func (m *Manager) iterationIdleLimit() time.Duration {
+	return max(30*time.Second, m.cfg.HookTimeout+hookTimeoutSlack+10*time.Second)
 }

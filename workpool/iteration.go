@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -193,7 +194,8 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 func (it *iteration) open(ctx context.Context) ([]uuid.UUID, error) {
 	l := it.l
 	b := &pgx.Batch{}
-	b.Queue("SELECT set_config('synchronous_commit', 'off', true), set_config('idle_in_transaction_session_timeout', '30s', true)")
+	b.Queue("SELECT set_config('synchronous_commit', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true)",
+		strconv.FormatInt(l.m.iterationIdleLimit().Milliseconds(), 10))
 	b.Queue(sqlBump, l.pool, l.gen, it.now)
 	b.Queue(sqlTakeCancelations, l.pool, cancelationBatch)
 	b.Queue(sqlCensus, l.pool, it.now)
@@ -255,7 +257,8 @@ func (it *iteration) finishCanceled(ctx context.Context, ids []uuid.UUID) error 
 			rep.finished(OutcomeCanceled)
 		}
 	})
-	return it.l.m.runHooks(ctx, it.tx, hookCalls(done), false, false)
+	_, err = it.l.m.runHooks(ctx, it.tx, hookCalls(done), false, false, time.Time{})
+	return err
 }
 
 // cancelations marks work canceled so it never runs again; work that is
@@ -431,11 +434,15 @@ func (it *iteration) retryHooks(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	it.needSync = true
-	db.CountAfterCommit(ctx, func() { it.l.m.metrics.hookRetries.WithLabelValues(it.l.pool).Add(float64(len(calls))) })
-	if err := it.l.m.runHooks(ctx, it.tx, calls, true, false); err != nil {
+	// (within a hook timeout of calls: the starts of every org wait while
+	// the loop makes them; the calls not made stay due, for the next
+	// iteration)
+	n, err := it.l.m.runHooks(ctx, it.tx, calls, true, false, time.Now().Add(it.l.m.cfg.HookTimeout))
+	if err != nil {
 		return 0, err
 	}
-	return len(calls), nil
+	db.CountAfterCommit(ctx, func() { it.l.m.metrics.hookRetries.WithLabelValues(it.l.pool).Add(float64(n)) })
+	return n, nil
 }
 
 // start fills free slots with ready work: the plain pick when fair share

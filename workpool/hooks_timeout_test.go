@@ -1,0 +1,246 @@
+package workpool
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// A hook allowed by Config (HookTimeout may be up to an hour) that spends
+// 31 s in Go — well within its HookTimeout of 45 s — must not lose the
+// completion it belongs to. The loop runs the hooks of canceled pending
+// work (and hook retries) in its iteration's transaction, which open()
+// bounded by idle_in_transaction_session_timeout = 30s: the server killed
+// the connection, the iteration failed, and the cancelation was rolled
+// back with it — at every iteration, for good. Found by review.
+func TestALoopRunHookWithinItsHookTimeoutDoesNotEndTheIteration(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *Config) { c.HookTimeout = 45 * time.Second })
+	var calls atomic.Int64
+	h.m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		calls.Add(1)
+		select { // e.g. an outbound call that takes 31 s, honouring its context
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(31 * time.Second):
+		}
+		return nil
+	})
+	id := h.enqueue(withHook("slow", `{}`), withRunAt(h.clock.Now().Add(time.Hour)))
+	h.cancel(id)
+
+	_, err := h.l.iterateFull(h.ctx)
+
+	require.NoError(t, err, "a hook call within HookTimeout must not fail the loop's iteration")
+	w := h.work(id)
+	require.Equal(t, "finished", w.state, "the canceled work finished")
+	require.Equal(t, "canceled", *w.outcome)
+}
+
+// A hook call stuck past HookTimeout "fails like any failed call — rolled
+// back to the savepoint, retried with the hook backoff — and the completion
+// commits" (docs/workpool.md). In a batch, the bisection called the stuck
+// hook a second time at once in the same transaction, so one stuck call
+// held every completion of its batch (other orgs' included) for twice
+// HookTimeout, and counted as one failed attempt. Found by review.
+func TestAStuckHookInABatchIsCalledOnceBeforeItsBackoff(t *testing.T) {
+	t.Parallel()
+	const timeout = 500 * time.Millisecond
+	h := newHarness(t, func(c *Config) { c.HookTimeout = timeout })
+	h.exec(`CREATE TABLE test_hook_lock (id int PRIMARY KEY)`)
+	h.exec(`INSERT INTO test_hook_lock VALUES (1)`)
+	var stuckCalls atomic.Int64
+	var stuckID uuid.UUID
+	h.m.RegisterHook("maybe-stuck", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		if c.WorkID != stuckID {
+			return nil
+		}
+		stuckCalls.Add(1)
+		_, err := tx.Exec(ctx, `SELECT 1 FROM test_hook_lock WHERE id = 1 FOR UPDATE`)
+		return err
+	})
+	stuckID = h.enqueue(withHook("maybe-stuck", `{}`), withOrg("org-a"))
+	other := h.enqueue(withHook("maybe-stuck", `{}`), withOrg("org-b"))
+	h.runMain()
+	lock, err := h.db.Begin(h.ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(h.ctx) }()
+	_, err = lock.Exec(h.ctx, `SELECT 1 FROM test_hook_lock WHERE id = 1 FOR UPDATE`)
+	require.NoError(t, err)
+
+	t0 := time.Now()
+	require.NoError(t, pgx.BeginFunc(h.ctx, h.db, func(tx pgx.Tx) error {
+		_, err := h.m.completeTx(h.ctx, tx, []attemptResult{
+			{id: stuckID, pool: "default", attempt: 1, kind: kindSucceeded},
+			{id: other, pool: "default", attempt: 1, kind: kindSucceeded},
+		})
+		return err
+	}))
+	elapsed := time.Since(t0)
+
+	var hookAttempts int
+	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT hook_attempts FROM workpool_work WHERE id = $1`, stuckID).Scan(&hookAttempts))
+	t.Logf("stuck hook calls in one completion: %d, recorded hook_attempts: %d, batch took %s (HookTimeout %s)",
+		stuckCalls.Load(), hookAttempts, elapsed, timeout)
+	require.Equal(t, "done", *h.work(other).hook)
+	require.Equal(t, int64(1), stuckCalls.Load(), "the stuck call is retried with the hook backoff, not again at once")
+	require.Less(t, elapsed, 2*timeout, "org-b's completion waited for org-a's stuck hook twice")
+	require.Equal(t, 1, hookAttempts)
+}
+
+// The loop retries up to 100 due hook calls in its iteration's transaction,
+// holding the pool row, before it starts anything: one org's stuck hook
+// retries held every org's starts in the pool for 2 × HookTimeout each
+// (default 10 s: up to 2,000 s an iteration). "A pool is shared by every
+// org that enqueues into it, so nothing one org asks for may stall the
+// pool's main loop" (docs/workpool.md). The loop makes a hook timeout's
+// worth of calls an iteration now; the rest stay due. Found by review.
+func TestOneOrgsStuckHookRetriesDoNotHoldAnotherOrgsStarts(t *testing.T) {
+	t.Parallel()
+	const timeout = 200 * time.Millisecond
+	const stuck = 10
+	h := newHarness(t, func(c *Config) { c.HookTimeout = timeout })
+	h.exec(`CREATE TABLE test_hook_lock (id int PRIMARY KEY)`)
+	h.exec(`INSERT INTO test_hook_lock VALUES (1)`)
+	var calls atomic.Int64
+	h.m.RegisterHook("stuck", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		calls.Add(1)
+		_, err := tx.Exec(ctx, `SELECT 1 FROM test_hook_lock WHERE id = 1 FOR UPDATE`)
+		return err
+	})
+	lock, err := h.db.Begin(h.ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(h.ctx) }()
+	_, err = lock.Exec(h.ctx, `SELECT 1 FROM test_hook_lock WHERE id = 1 FOR UPDATE`)
+	require.NoError(t, err)
+
+	var ids []uuid.UUID
+	for range stuck {
+		ids = append(ids, h.enqueue(withHook("stuck", `{}`), withOrg("org-a")))
+	}
+	h.runMain()
+	for _, id := range ids {
+		_ = h.complete(id, "success", 1) // each hook call fails at the timeout: retry
+	}
+	for _, id := range ids {
+		require.Equal(t, "retry", *h.work(id).hook)
+	}
+	calls.Store(0)
+	h.clock.Advance(time.Hour) // retries due
+	b := h.enqueue(withOrg("org-b"))
+
+	t0 := time.Now()
+	_, err = h.l.iterateFull(h.ctx)
+	elapsed := time.Since(t0)
+	require.NoError(t, err)
+	t.Logf("org-b's start waited %s behind %d hook calls of org-a (%d stuck retries, HookTimeout %s)", elapsed, calls.Load(), stuck, timeout)
+	require.Equal(t, "running", h.work(b).state)
+	require.Less(t, elapsed, time.Duration(stuck)*timeout,
+		"org-b's start waited for every stuck hook retry of org-a")
+}
+
+// slowStatementsHook runs three statements of 0.8 × HookTimeout each under
+// its context: no statement reaches the statement timeout, but the call
+// outlasts HookTimeout + 1 s, so its context ends mid-statement.
+func slowStatementsHook(timeout time.Duration) Hook {
+	return func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		for range 3 {
+			if _, err := tx.Exec(ctx, `SELECT pg_sleep($1)`, (timeout * 8 / 10).Seconds()); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// "A call past it fails like any failed call — rolled back to the
+// savepoint, retried with the hook backoff — and the completion commits"
+// (docs/workpool.md). A hook whose statements are each within the
+// statement timeout but whose call outlasts HookTimeout + 1 s had its
+// context end mid-statement: pgx closed the connection, and the whole
+// completing transaction was lost instead of the call failing alone.
+// Found by review.
+func TestAHookSlowAcrossSeveralStatementsFailsAloneAndTheCompletionCommits(t *testing.T) {
+	t.Parallel()
+	const timeout = time.Second
+	h := newHarness(t, func(c *Config) { c.HookTimeout = timeout })
+	h.m.RegisterHook("slow", slowStatementsHook(timeout))
+	id := h.enqueue(withHook("slow", `{}`))
+	h.runMain()
+
+	err := <-h.completeAsync(id)
+
+	require.NoError(t, err, "the hook call fails, not the completion")
+	w := h.work(id)
+	require.Equal(t, "finished", w.state)
+	require.Equal(t, "retry", *w.hook)
+}
+
+// The same hook on a running replica: the completer retried the lost batch
+// for good (the hook called again each time), so the work never finished,
+// and another org's completion on the replica waited behind it.
+func TestASlowHookDoesNotStallTheReplicasCompletionsForEveryOrg(t *testing.T) {
+	t.Parallel()
+	const timeout = time.Second
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 5}, HookTimeout: timeout})
+	var calls atomic.Int64
+	slow := slowStatementsHook(timeout)
+	m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		calls.Add(1)
+		return slow(ctx, tx, c)
+	})
+	m.RegisterHook("fine", func(context.Context, pgx.Tx, Completion) error { return nil })
+	ctx := context.Background()
+	a, err := m.Enqueue(ctx, EnqueueParams{OrgID: "org-a", Pool: "default", Handler: "noop", OnComplete: &OnComplete{Hook: "slow"}})
+	require.NoError(t, err)
+	time.Sleep(200 * time.Millisecond) // org-a's result is being recorded
+	b, err := m.Enqueue(ctx, EnqueueParams{OrgID: "org-b", Pool: "default", Handler: "noop", OnComplete: &OnComplete{Hook: "fine"}})
+	require.NoError(t, err)
+
+	deadline := time.Now().Add(15 * time.Second)
+	var sa, sb Status
+	for time.Now().Before(deadline) {
+		sa, _ = m.Status(ctx, "org-a", a)
+		sb, _ = m.Status(ctx, "org-b", b)
+		if sa.State == StateFinished && sb.State == StateFinished {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var hookState *string
+	_ = db.QueryRow(ctx, `SELECT hook_state FROM workpool_work WHERE id = $1`, a).Scan(&hookState)
+	t.Logf("after 15 s: org-a's work %s (hook_state %v), org-b's work %s; slow hook called %d times",
+		sa.State, hookState, sb.State, calls.Load())
+	require.Equal(t, StateFinished, sb.State, "org-b's completion is not held by org-a's slow hook")
+	require.Equal(t, StateFinished, sa.State, "org-a's completion commits; its hook call is retried by the loop")
+}
+
+// "every statement of the transaction from the hooks' savepoint until they
+// are done carries it as a statement timeout" (docs/workpool.md): the
+// recording statement itself (sqlComplete) comes before that savepoint, yet
+// completeIn set HookTimeout ahead of it, so recording a result that waited
+// on a row lock (a loop iteration holding the row) for longer than
+// HookTimeout failed the whole batch — every org's results in it. Found by
+// review.
+func TestTheRecordingStatementIsNotBoundByTheHookTimeout(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *Config) { c.HookTimeout = 100 * time.Millisecond })
+	h.m.RegisterHook("fine", func(context.Context, pgx.Tx, Completion) error { return nil })
+	id := h.enqueue(withHook("fine", `{}`))
+	h.runMain()
+	lock, err := h.db.Begin(h.ctx)
+	require.NoError(t, err)
+	_, err = lock.Exec(h.ctx, `SELECT 1 FROM workpool_work WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(t, err)
+	go func() { time.Sleep(400 * time.Millisecond); _ = lock.Rollback(h.ctx) }()
+
+	err = <-h.completeAsync(id)
+
+	require.NoError(t, err, "the recording waits for the row; only hook calls are bound by HookTimeout")
+	require.Equal(t, "finished", h.work(id).state)
+}
