@@ -134,9 +134,9 @@ func isText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune
 
 // paramProblem is a 400 naming a path or query parameter.
 func paramProblem(in, name, detail string) *Problem {
-	name = strings.ToValidUTF8(name, "\uFFFD")
-	p := NewProblem(http.StatusBadRequest, "invalid-request", fmt.Sprintf("invalid %s parameter %q: %s", in, name, detail))
-	p.Errors = []apperr.FieldError{{Field: name, Detail: in + " parameter " + detail}}
+	name = boundEcho(strings.ToValidUTF8(name, "\uFFFD"), maxEchoedField)
+	p := NewProblem(http.StatusBadRequest, "invalid-request", fmt.Sprintf("invalid %s parameter %q: %s", in, name, boundEcho(detail, maxEchoedDetail)))
+	p.Errors = []apperr.FieldError{{Field: name, Detail: boundEcho(in+" parameter "+detail, maxEchoedDetail)}}
 	return p
 }
 

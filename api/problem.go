@@ -77,6 +77,12 @@ func Invalid(field, detail string) *Problem {
 // detail text too: one message for several fields would claim the first
 // field's reason for all of them).
 func invalidFields(fields []apperr.FieldError) *Problem {
+	// (at most maxEchoedFields of them: an args object of 10,000 unknown
+	// keys, 100 KB, was answered 4.6 MB)
+	more := 0
+	if len(fields) > maxEchoedFields {
+		fields, more = fields[:maxEchoedFields], len(fields)-maxEchoedFields
+	}
 	parts := make([]string, len(fields))
 	for i, f := range fields {
 		// (a path or detail echoing a key of the request is bounded: an
@@ -87,7 +93,11 @@ func invalidFields(fields []apperr.FieldError) *Problem {
 		fields[i] = f
 		parts[i] = f.Field + ": " + f.Detail
 	}
-	p := NewProblem(http.StatusBadRequest, "invalid-request", "invalid "+strings.Join(parts, "; "))
+	detail := "invalid " + strings.Join(parts, "; ")
+	if more > 0 {
+		detail += fmt.Sprintf("; and %d more", more)
+	}
+	p := NewProblem(http.StatusBadRequest, "invalid-request", detail)
 	p.Errors = fields
 	return p
 }
@@ -98,6 +108,10 @@ const (
 	maxEchoedField  = 256
 	maxEchoedDetail = 1024
 )
+
+// maxEchoedFields is the most fields one problem names; a detail says how
+// many more there were.
+const maxEchoedFields = 100
 
 // boundEcho is s cut to at most limit bytes (on a rune boundary, "…"
 // marking the cut).

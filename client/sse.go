@@ -202,7 +202,7 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, re
 		if r.lastID != "" {
 			*lastID = r.lastID
 		}
-		if r.retry > 0 {
+		if r.retrySet {
 			*reconnectTime = r.retry
 		}
 		if errors.Is(err, bufio.ErrTooLong) {
@@ -262,8 +262,10 @@ type eventReader struct {
 	// started is set once the first line was read: a byte order mark
 	// begins only the stream.
 	started bool
-	// retry is the reconnection time the last retry field set (0: none).
-	retry time.Duration
+	// retry is the reconnection time the last retry field set (retrySet:
+	// one did; 0 is a time too).
+	retry    time.Duration
+	retrySet bool
 }
 
 func newEventReader(r io.Reader) *eventReader {
@@ -320,7 +322,7 @@ func (r *eventReader) next() (Event, error) {
 		case "retry":
 			// (ASCII digits only, in milliseconds; anything else is ignored)
 			if ms, err := strconv.ParseUint(value, 10, 32); err == nil {
-				r.retry = time.Duration(ms) * time.Millisecond
+				r.retry, r.retrySet = time.Duration(ms)*time.Millisecond, true
 			}
 		}
 	}

@@ -162,10 +162,12 @@ func TestARetryFieldOfDigitsSetsTheReconnectionTime(t *testing.T) {
 		{"retry: -5\n\n", 0},
 		{"retry:\n\n", 0},
 		{"retry: 99999999999999\n\n", 0},
+		{"retry: 3000\nretry: 0\n\n", 0}, // (0 is a time: at once)
 	} {
 		r := newEventReader(strings.NewReader(tc.stream))
 		_, err := r.next()
 		require.ErrorIs(t, err, io.ErrUnexpectedEOF)
 		require.Equal(t, tc.want, r.retry, "%q", tc.stream)
+		require.Equal(t, strings.Contains(tc.stream, "0\n"), r.retrySet, "%q", tc.stream)
 	}
 }

@@ -532,7 +532,9 @@ func (e *executor) heartbeat() error {
 		ids = append(ids, id)
 		asked[id] = rj
 	}
-	full := e.active+e.reserved >= e.m.cfg.MaxWorkers
+	// (running handlers only: a loop's start reserves every free worker
+	// for a moment, and claims what it reserved)
+	full := e.active >= e.m.cfg.MaxWorkers
 	e.mu.Unlock()
 	if len(ids) == 0 {
 		return nil

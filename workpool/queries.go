@@ -441,11 +441,15 @@ FROM workpool_work w WHERE w.id = ANY($1)`
 
 // sqlKeepWaiting heartbeats the started work of handlers $1 that no
 // executor has claimed (executor.heartbeat, while its executor is full):
-// it waits for a free worker. Skipping rows another transaction holds (a
+// it waits for a free worker. Not canceled work, which waits for nothing:
+// recovery finishes it, as canceled, once its heartbeat timeout passes
+// (kept alive, it held its slot, its hook unrun, while the executor stayed
+// full). Skipping rows another transaction holds (a
 // claim taking them right now), as sqlHeartbeat does.
 const sqlKeepWaiting = `
 UPDATE workpool_work SET heartbeat_at = $2
 WHERE id IN (SELECT id FROM workpool_work WHERE state = 'running' AND claimed_by IS NULL AND handler = ANY($1)
+               AND NOT canceled
              FOR UPDATE SKIP LOCKED)`
 
 // --- the main loop -------------------------------------------------------------------

@@ -50,3 +50,44 @@ func TestWorkWaitingForAFullExecutorIsNotRecoveredAsSilent(t *testing.T) {
 		require.Equal(t, 1, s.Attempts)
 	}
 }
+
+// Canceled work waiting, unclaimed, for a full executor is not kept alive
+// by that executor's heartbeats: no handler runs it to be canceled, and
+// recovery finishes it as canceled once its heartbeat timeout passes, its
+// slot freed and its hook run. (Heartbeated as waiting work, it stayed
+// running for as long as the executor stayed full.) Found by review.
+func TestCanceledWorkWaitingForAFullExecutorStillFinishes(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewPool(t)
+	m := startManager(t, db, Config{Pools: map[string]int{"default": 2}, MaxWorkers: 1, HeartbeatTimeout: time.Second})
+	entered := make(chan struct{}, 4)
+	release := make(chan struct{})
+	defer close(release)
+	m.Register("block", func(ctx context.Context, _ Job) (json.RawMessage, error) {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return json.RawMessage(`"ok"`), nil
+	})
+	ctx := context.Background()
+	a, err := m.Enqueue(ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "block"})
+	require.NoError(t, err)
+	select {
+	case <-entered:
+	case <-time.After(testWait):
+		t.Fatal("the first item never ran")
+	}
+	b, err := m.Enqueue(ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "block"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		s, err := m.Status(ctx, "org-1", b)
+		return err == nil && s.State == StateRunning
+	}, testWait, testTick, "the second item starts, waiting for a worker")
+	require.NoError(t, m.Cancel(ctx, "org-1", b))
+	requireFinished(t, m, "org-1", b, OutcomeCanceled)
+	sa, err := m.Status(ctx, "org-1", a)
+	require.NoError(t, err)
+	require.Equal(t, StateRunning, sa.State, "the executor stays full")
+}
