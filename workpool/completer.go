@@ -314,7 +314,14 @@ func (m *Manager) recordResults(ctx context.Context, results []attemptResult) ([
 // the rest of the batch. Waking the loops is the caller's job, after
 // commit (see wakeLoops).
 func (m *Manager) completeTx(ctx context.Context, tx pgx.Tx, results []attemptResult) ([]finishedRow, error) {
-	return m.completeIn(ctx, tx, results, false)
+	return m.completeIn(ctx, tx, results, false, time.Time{})
+}
+
+// completeTxCallingHooksUntil is completeTx whose hook calls begin before
+// until; the calls it does not make wait in the hook retry queue, due at
+// once (runHooks).
+func (m *Manager) completeTxCallingHooksUntil(ctx context.Context, tx pgx.Tx, results []attemptResult, until time.Time) ([]finishedRow, error) {
+	return m.completeIn(ctx, tx, results, false, until)
 }
 
 const (
@@ -324,7 +331,7 @@ const (
 
 // completeIn is completeTx; with begin, the batch opens tx's transaction
 // itself (a connTx not yet begun), which saves a round trip.
-func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptResult, begin bool) ([]finishedRow, error) {
+func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptResult, begin bool, hooksUntil time.Time) ([]finishedRow, error) {
 	if len(results) == 0 {
 		return nil, nil
 	}
@@ -378,7 +385,7 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 	if err != nil {
 		return nil, fmt.Errorf("completing %d attempts: %w", len(results), err)
 	}
-	if _, err := m.runHooks(ctx, tx, hookCalls(done), false, true, time.Time{}); err != nil {
+	if _, err := m.runHooks(ctx, tx, hookCalls(done), false, true, hooksUntil); err != nil {
 		return nil, err
 	}
 	if !begin {

@@ -3,6 +3,7 @@ package workpool
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -55,7 +56,7 @@ func (m *Manager) recordWithHooks(ctx context.Context, results []attemptResult) 
 	}()
 	tx := newConnTx(conn)
 	hctx, actions := db.WithAfterCommit(ctx)
-	if done, err = m.completeIn(hctx, tx, results, true); err != nil {
+	if done, err = m.completeIn(hctx, tx, results, true, time.Time{}); err != nil {
 		return nil, err
 	}
 	if err = tx.Commit(ctx); err != nil {

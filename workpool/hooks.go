@@ -135,6 +135,17 @@ func (m *Manager) runHooksBounded(ctx context.Context, tx pgx.Tx, calls []hookCa
 			return 0, fmt.Errorf("recording hook calls: %w", err)
 		}
 	}
+	if !retrying && len(r.notCalled) > 0 {
+		// First calls not made: due now, in the retry queue, without an
+		// attempt counted (a retry left out stays due as it was).
+		ids := make([]uuid.UUID, 0, len(r.notCalled))
+		for id := range r.notCalled {
+			ids = append(ids, id)
+		}
+		if _, err := tx.Exec(ctx, sqlHookDeferred, pgUUIDs(ids), now); err != nil {
+			return 0, fmt.Errorf("deferring hook calls: %w", err)
+		}
+	}
 	return called, nil
 }
 
@@ -167,7 +178,7 @@ func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, r 
 			return fmt.Errorf("hook savepoint: %w", err)
 		}
 	}
-	htx := hookTx{Tx: tx}
+	htx := hookTx{hookStatements{Tx: tx, parent: ctx}}
 	// What the hooks register to run after the commit is kept only if this
 	// savepoint is.
 	hctx, actions := db.WithAfterCommit(ctx)
@@ -179,9 +190,18 @@ func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, r 
 			}
 			break
 		}
+		began := time.Now()
 		if herr = m.callHook(hctx, htx, c); herr != nil {
 			bad = i
 			break
+		}
+		if time.Since(began) > time.Second {
+			// (a statement between calls: the server counts a transaction's
+			// idle time from its last one, and calls that each wait in Go
+			// within the hook timeout added up past the loop's idle limit)
+			if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+				return fmt.Errorf("after a hook call: %w", err)
+			}
 		}
 	}
 	if bad < 0 {
@@ -207,53 +227,92 @@ func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, r 
 }
 
 // hookTx is the transaction a hook sees: everything but ending it. Its
-// statements are not cut off when the call's context ends: one begun in
-// time runs to its end, bounded by the statement timeout on the server. A
-// context that ended mid-statement closed the connection, and lost the
+// statements are not cut off when the call's own time runs out: one begun
+// in time runs to its end, bounded by the statement timeout on the server.
+// A context that ended mid-statement closed the connection, and lost the
 // completing transaction with it (a hook slow over several statements,
 // each within the bound) — then the completer recorded the same batch
 // again, and called the hook again, for good, every later completion of
-// the replica waiting behind it. Once the context has ended, a statement
-// is not sent.
-type hookTx struct{ pgx.Tx }
+// the replica waiting behind it. Once the call's context has ended, a
+// statement is not sent. What cancels the caller (a stop, a lost
+// leadership) still cuts a statement off. A transaction a hook begins in
+// it (pgx.BeginFunc) is held to the same; statements through tx.Conn() are
+// not.
+type hookTx struct{ hookStatements }
 
 var errHookEndsTx = errors.New("an onComplete hook must not commit or roll back the completing transaction; return an error instead")
 
 func (hookTx) Commit(context.Context) error   { return errHookEndsTx }
 func (hookTx) Rollback(context.Context) error { return errHookEndsTx }
 
-// statementContext is ctx for one statement of a hook: not canceled with
-// ctx (its values kept) while ctx lasts; once ctx has ended, ctx itself,
-// with which pgx sends nothing and answers ctx's error.
-func statementContext(ctx context.Context) context.Context {
+// hookStatements runs a hook's statements on Tx: while the hook's
+// context lasts, under the caller's context (parent), which the call's
+// deadline does not end, with the hook context's values.
+type hookStatements struct {
+	pgx.Tx
+	parent context.Context
+}
+
+// statementContext is the context of a hook's statement sent with ctx:
+// ctx itself once it has ended (pgx then sends nothing and answers ctx's
+// error), else one that ends with the caller's and carries ctx's values.
+func (t hookStatements) statementContext(ctx context.Context) context.Context {
 	if ctx.Err() != nil {
 		return ctx
 	}
-	return context.WithoutCancel(ctx)
+	return valuesOf{Context: t.parent, values: ctx}
 }
 
-func (t hookTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	return t.Tx.Exec(statementContext(ctx), sql, args...)
+// valuesOf is Context with the values of values.
+type valuesOf struct {
+	context.Context
+	values context.Context
 }
 
-func (t hookTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	return t.Tx.Query(statementContext(ctx), sql, args...)
+func (c valuesOf) Value(key any) any { return c.values.Value(key) }
+
+func (t hookStatements) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.Tx.Exec(t.statementContext(ctx), sql, args...)
 }
 
-func (t hookTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return t.Tx.QueryRow(statementContext(ctx), sql, args...)
+func (t hookStatements) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.Tx.Query(t.statementContext(ctx), sql, args...)
 }
 
-func (t hookTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	return t.Tx.SendBatch(statementContext(ctx), b)
+func (t hookStatements) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return t.Tx.QueryRow(t.statementContext(ctx), sql, args...)
 }
 
-func (t hookTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	return t.Tx.CopyFrom(statementContext(ctx), table, columns, src)
+func (t hookStatements) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return t.Tx.SendBatch(t.statementContext(ctx), b)
 }
 
-func (t hookTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	return t.Tx.Prepare(statementContext(ctx), name, sql)
+func (t hookStatements) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	return t.Tx.CopyFrom(t.statementContext(ctx), table, columns, src)
+}
+
+func (t hookStatements) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	return t.Tx.Prepare(t.statementContext(ctx), name, sql)
+}
+
+// Begin begins a transaction nested in the hook's (a savepoint), held to
+// the same rules; the hook may commit or roll it back.
+func (t hookStatements) Begin(ctx context.Context) (pgx.Tx, error) {
+	nested, err := t.Tx.Begin(t.statementContext(ctx))
+	if err != nil {
+		return nil, err
+	}
+	return hookStatements{Tx: nested, parent: t.parent}, nil
+}
+
+func (t hookStatements) Commit(ctx context.Context) error {
+	return t.Tx.Commit(t.statementContext(ctx))
+}
+
+// Rollback is sent even once the call's time ran out: giving up what the
+// nested transaction did is what a hook past its time must do.
+func (t hookStatements) Rollback(ctx context.Context) error {
+	return t.Tx.Rollback(valuesOf{Context: t.parent, values: ctx})
 }
 
 // errHookTimeout marks a hook call that failed for the hook timeout: past

@@ -109,6 +109,20 @@ type iteration struct {
 	besideCancels bool
 	started       startedWork
 	charges       turnCharges // the fair start's, entered in the loop's turns once committed
+	// hookUntil: the iteration's calls of hooks — of canceled and recovered
+	// work, and retries — begin before it (hookBudget)
+	hookUntil time.Time
+}
+
+// hookBudget is when the iteration stops calling hooks: a hook timeout
+// after its first call. It holds the pool row, and every org's starts wait
+// while it calls them: the calls it does not make are left due, for the
+// next iteration.
+func (it *iteration) hookBudget() time.Time {
+	if it.hookUntil.IsZero() {
+		it.hookUntil = time.Now().Add(it.l.m.cfg.HookTimeout)
+	}
+	return it.hookUntil
 }
 
 // iterateFull runs one iteration in one transaction: cancelations, then
@@ -257,7 +271,7 @@ func (it *iteration) finishCanceled(ctx context.Context, ids []uuid.UUID) error 
 			rep.finished(OutcomeCanceled)
 		}
 	})
-	_, err = it.l.m.runHooks(ctx, it.tx, hookCalls(done), false, false, time.Time{})
+	_, err = it.l.m.runHooks(ctx, it.tx, hookCalls(done), false, false, it.hookBudget())
 	return err
 }
 
@@ -356,7 +370,7 @@ func (it *iteration) recover(ctx context.Context) (int, error) {
 		}
 		if len(stale) > 0 {
 			it.needSync = true
-			done, err := l.m.completeTx(ctx, it.tx, stale)
+			done, err := l.m.completeTxCallingHooksUntil(ctx, it.tx, stale, it.hookBudget())
 			if err != nil {
 				return 0, fmt.Errorf("recovering stale work: %w", err)
 			}
@@ -434,10 +448,7 @@ func (it *iteration) retryHooks(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	it.needSync = true
-	// (within a hook timeout of calls: the starts of every org wait while
-	// the loop makes them; the calls not made stay due, for the next
-	// iteration)
-	n, err := it.l.m.runHooks(ctx, it.tx, calls, true, false, time.Now().Add(it.l.m.cfg.HookTimeout))
+	n, err := it.l.m.runHooks(ctx, it.tx, calls, true, false, it.hookBudget())
 	if err != nil {
 		return 0, err
 	}

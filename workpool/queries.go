@@ -386,6 +386,13 @@ UPDATE workpool_work w SET hook_state = 'retry', hook_attempts = w.hook_attempts
 FROM unnest($1::uuid[], $2::timestamptz[], $3::text[]) AS u(id, next_at, error)
 WHERE w.id = u.id`
 
+// sqlHookDeferred puts hook calls the loop did not make in its time (the
+// hooks of canceled or recovered work) in the retry queue, due at $2,
+// without an attempt counted.
+const sqlHookDeferred = `
+UPDATE workpool_work SET hook_state = 'retry', hook_next_at = $2
+WHERE id = ANY($1) AND hook_state = 'done'`
+
 const sqlHookDone = `
 UPDATE workpool_work SET hook_state = 'done', hook_error = NULL, hook_next_at = NULL WHERE id = ANY($1)`
 
