@@ -95,33 +95,6 @@ func TestHookRetriesWithinTheBudgetDoNotEndTheIteration(t *testing.T) {
 	require.Equal(t, "done", *h.work(a).hook)
 }
 
-// docs/workpool.md: "A statement a hook began before that is not cut off by
-// the context: it runs to its end under the server's timeout (a context
-// that ended mid-statement closed the connection and lost the whole
-// transaction ...)". A hook that uses a nested transaction (pgx.BeginFunc on
-// the tx it is handed, a savepoint) got a pgx.Tx that was not hookTx: its
-// statements were cut off by the context, and the completion lost. Found
-// by review.
-func TestASlowHookInANestedTransactionFailsAloneAndTheCompletionCommits(t *testing.T) {
-	t.Parallel()
-	const timeout = time.Second
-	h := newHarness(t, func(c *Config) { c.HookTimeout = timeout })
-	h.m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
-		return pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
-			return slowStatementsHook(timeout)(ctx, tx, c)
-		})
-	})
-	id := h.enqueue(withHook("slow", `{}`))
-	h.runMain()
-
-	err := <-h.completeAsync(id)
-
-	require.NoError(t, err, "the hook call fails, not the completion")
-	w := h.work(id)
-	require.Equal(t, "finished", w.state)
-	require.Equal(t, "retry", *w.hook)
-}
-
 // A loop whose leadership ends (Stop at SIGTERM, a lost lock connection)
 // cancels its context: an iteration blocked in a hook's statement ends at
 // once. (d27bdd5 ran hooks' statements under context.WithoutCancel, and

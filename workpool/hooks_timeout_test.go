@@ -163,22 +163,35 @@ func slowStatementsHook(timeout time.Duration) Hook {
 // (docs/workpool.md). A hook whose statements are each within the
 // statement timeout but whose call outlasts HookTimeout + 1 s had its
 // context end mid-statement: pgx closed the connection, and the whole
-// completing transaction was lost instead of the call failing alone.
-// Found by review.
+// completing transaction was lost instead of the call failing alone; so
+// did the same statements in a transaction the hook began in its own
+// (pgx.BeginFunc: a savepoint), once the first was fixed. Both found by
+// review.
 func TestAHookSlowAcrossSeveralStatementsFailsAloneAndTheCompletionCommits(t *testing.T) {
 	t.Parallel()
 	const timeout = time.Second
-	h := newHarness(t, func(c *Config) { c.HookTimeout = timeout })
-	h.m.RegisterHook("slow", slowStatementsHook(timeout))
-	id := h.enqueue(withHook("slow", `{}`))
-	h.runMain()
+	slow := slowStatementsHook(timeout)
+	for name, hook := range map[string]Hook{
+		"on its transaction": slow,
+		"in a transaction nested in it": func(ctx context.Context, tx pgx.Tx, c Completion) error {
+			return pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error { return slow(ctx, tx, c) })
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, func(c *Config) { c.HookTimeout = timeout })
+			h.m.RegisterHook("slow", hook)
+			id := h.enqueue(withHook("slow", `{}`))
+			h.runMain()
 
-	err := <-h.completeAsync(id)
+			err := <-h.completeAsync(id)
 
-	require.NoError(t, err, "the hook call fails, not the completion")
-	w := h.work(id)
-	require.Equal(t, "finished", w.state)
-	require.Equal(t, "retry", *w.hook)
+			require.NoError(t, err, "the hook call fails, not the completion")
+			w := h.work(id)
+			require.Equal(t, "finished", w.state)
+			require.Equal(t, "retry", *w.hook)
+		})
+	}
 }
 
 // The same hook on a running replica: the completer retried the lost batch
