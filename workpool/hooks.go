@@ -98,11 +98,15 @@ func (m *Manager) runHooksBounded(ctx context.Context, tx pgx.Tx, calls []hookCa
 	var msgs []string
 	now := m.now()
 	counts := make(map[[2]string]int)
+	retried := make(map[string]int) // by pool: calls made again after a failure
 	// (a completion whose commit fails is recorded again, and its hooks
 	// called again)
 	defer db.CountAfterCommit(ctx, func() {
 		for k, n := range counts {
 			m.metrics.hookCalls.WithLabelValues(k[0], k[1]).Add(float64(n))
+		}
+		for pool, n := range retried {
+			m.metrics.hookRetries.WithLabelValues(pool).Add(float64(n))
 		}
 	})
 	called := 0
@@ -111,6 +115,9 @@ func (m *Manager) runHooksBounded(ctx context.Context, tx pgx.Tx, calls []hookCa
 			continue
 		}
 		called++
+		if retrying && c.attempts > 0 {
+			retried[c.c.Pool]++
+		}
 		herr, bad := r.failed[c.c.WorkID]
 		counts[[2]string{c.c.Pool, hookResult(bad)}]++
 		if !bad {
@@ -183,6 +190,7 @@ func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, r 
 	// savepoint is.
 	hctx, actions := db.WithAfterCommit(ctx)
 	bad, herr := -1, error(nil)
+	lastStatement := time.Now()
 	for i, c := range calls {
 		if !r.until.IsZero() && !time.Now().Before(r.until) {
 			for _, left := range calls[i:] {
@@ -190,18 +198,20 @@ func (m *Manager) hookBatch(ctx context.Context, tx pgx.Tx, calls []hookCall, r 
 			}
 			break
 		}
-		began := time.Now()
 		if herr = m.callHook(hctx, htx, c); herr != nil {
 			bad = i
 			break
 		}
-		if time.Since(began) > time.Second {
-			// (a statement between calls: the server counts a transaction's
-			// idle time from its last one, and calls that each wait in Go
-			// within the hook timeout added up past the loop's idle limit)
+		if time.Since(lastStatement) > time.Second {
+			// (a statement between calls once a second has passed since
+			// the last one sent here: the server counts a transaction's
+			// idle time from its last statement, and calls that each wait
+			// in Go within the hook timeout added up past the loop's idle
+			// limit — calls under a second each too)
 			if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
 				return fmt.Errorf("after a hook call: %w", err)
 			}
+			lastStatement = time.Now()
 		}
 	}
 	if bad < 0 {

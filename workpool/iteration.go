@@ -147,6 +147,12 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	if err != nil {
 		return iterResult{}, err
 	}
+	if !it.hookUntil.IsZero() && !time.Now().Before(it.hookUntil) {
+		// Its hook budget ran out: the calls it did not make wait in the
+		// retry queue, due now, and the next iteration — a full one —
+		// makes them (the fast path reads no hook retries).
+		l.nextHookAt = it.now
+	}
 	// Cancelations go first, and the start fills the free slots even when
 	// the batch was full: one org's CancelAll of a backlog must not hold up
 	// every org's starts until the last of its batches. More cancelations
@@ -448,11 +454,12 @@ func (it *iteration) retryHooks(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	it.needSync = true
+	// (reveille_workpool_hook_retries_total: runHooks counts the calls
+	// made that failed before, not the first calls the loop deferred)
 	n, err := it.l.m.runHooks(ctx, it.tx, calls, true, false, it.hookBudget())
 	if err != nil {
 		return 0, err
 	}
-	db.CountAfterCommit(ctx, func() { it.l.m.metrics.hookRetries.WithLabelValues(it.l.pool).Add(float64(n)) })
 	return n, nil
 }
 

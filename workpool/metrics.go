@@ -49,7 +49,7 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 		canceled:  counter("canceled_total", "Work finished with outcome canceled."),
 		hookCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "reveille_workpool_hook_calls_total",
 			Help: "onComplete hook calls by result (ok, failed)."}, []string{"pool", "result"}),
-		hookRetries: counter("hook_retries_total", "Retried onComplete hook calls."),
+		hookRetries: counter("hook_retries_total", "Retried onComplete hook calls: calls made again after a failed one."),
 		refused: counter("enqueue_refused_total",
 			"Work items refused at enqueue because their org reached its cap of unfinished work in the pool (REVEILLE_ORG_MAX_PENDING)."),
 		queueRepairs: counter("queue_repairs_total",
