@@ -179,41 +179,66 @@ func TestARecordingTakenApartStillBoundsItsHooksAndRestoresTheTimeout(t *testing
 }
 
 // "Nothing one org asks for may stall the pool's main loop"
-// (docs/workpool.md): the hooks of one org's canceled pending work ran in
-// the iteration's transaction, before the starts, with no budget: org-a's
-// CancelAll of items with stuck hooks held org-b's start for HookTimeout
-// per item (up to 100 of them). They share the iteration's hook budget
-// now; the calls past it wait in the retry queue. Found by review.
-func TestOneOrgsCanceledWorksStuckHooksDoNotHoldAnotherOrgsStarts(t *testing.T) {
-	t.Parallel()
+// (docs/workpool.md): the loop calls hooks in the transaction that holds
+// the pool row, before its starts — the retries of completed work's hooks,
+// and the hooks of canceled work — and one org's stuck hooks held every
+// org's starts for HookTimeout each, up to 100 of them. They share the
+// iteration's hook budget now; the calls past it wait in the retry queue.
+// Both found by review.
+func TestOneOrgsStuckHooksDoNotHoldAnotherOrgsStarts(t *testing.T) {
 	const timeout = 200 * time.Millisecond
 	const stuck = 10
-	h := newHarness(t, func(c *Config) { c.HookTimeout = timeout })
-	h.exec(`CREATE TABLE test_hook_lock (id int PRIMARY KEY)`)
-	h.exec(`INSERT INTO test_hook_lock VALUES (1)`)
-	var calls atomic.Int64
-	h.m.RegisterHook("stuck", func(ctx context.Context, tx pgx.Tx, c Completion) error {
-		calls.Add(1)
-		_, err := tx.Exec(ctx, `SELECT 1 FROM test_hook_lock WHERE id = 1 FOR UPDATE`)
-		return err
-	})
-	lock, err := h.db.Begin(h.ctx)
-	require.NoError(t, err)
-	defer func() { _ = lock.Rollback(h.ctx) }()
-	_, err = lock.Exec(h.ctx, `SELECT 1 FROM test_hook_lock WHERE id = 1 FOR UPDATE`)
-	require.NoError(t, err)
-	for range stuck {
-		id := h.enqueue(withHook("stuck", `{}`), withOrg("org-a"), withRunAt(h.clock.Now().Add(time.Hour)))
-		require.NoError(t, h.m.Cancel(h.ctx, "org-a", id))
-	}
-	b := h.enqueue(withOrg("org-b"))
+	for _, tc := range []struct {
+		name string
+		// org-a's stuck hook calls, due at the next iteration
+		due func(h *harness)
+	}{
+		{"retries of its completed work", func(h *harness) {
+			var ids []uuid.UUID
+			for range stuck {
+				ids = append(ids, h.enqueue(withHook("stuck", `{}`), withOrg("org-a")))
+			}
+			h.runMain()
+			for _, id := range ids {
+				_ = h.complete(id, "success", 1) // each hook call fails at the timeout: retry
+				require.Equal(h.t, "retry", *h.work(id).hook)
+			}
+			h.clock.Advance(time.Hour) // retries due
+		}},
+		{"its canceled work", func(h *harness) {
+			for range stuck {
+				id := h.enqueue(withHook("stuck", `{}`), withOrg("org-a"), withRunAt(h.clock.Now().Add(time.Hour)))
+				require.NoError(h.t, h.m.Cancel(h.ctx, "org-a", id))
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, func(c *Config) { c.HookTimeout = timeout })
+			h.exec(`CREATE TABLE test_hook_lock (id int PRIMARY KEY)`)
+			h.exec(`INSERT INTO test_hook_lock VALUES (1)`)
+			var calls atomic.Int64
+			h.m.RegisterHook("stuck", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+				calls.Add(1)
+				_, err := tx.Exec(ctx, `SELECT 1 FROM test_hook_lock WHERE id = 1 FOR UPDATE`)
+				return err
+			})
+			lock, err := h.db.Begin(h.ctx)
+			require.NoError(t, err)
+			defer func() { _ = lock.Rollback(h.ctx) }()
+			_, err = lock.Exec(h.ctx, `SELECT 1 FROM test_hook_lock WHERE id = 1 FOR UPDATE`)
+			require.NoError(t, err)
+			tc.due(h)
+			calls.Store(0)
+			b := h.enqueue(withOrg("org-b"))
 
-	t0 := time.Now()
-	_, err = h.l.iterateFull(h.ctx)
-	elapsed := time.Since(t0)
-	require.NoError(t, err)
-	t.Logf("org-b's start waited %s behind %d hook calls of org-a's canceled work (HookTimeout %s)", elapsed, calls.Load(), timeout)
-	require.Equal(t, "running", h.work(b).state)
-	require.Less(t, elapsed, time.Duration(stuck)*timeout,
-		"org-b's start waited for every stuck hook of org-a's canceled work")
+			t0 := time.Now()
+			_, err = h.l.iterateFull(h.ctx)
+			elapsed := time.Since(t0)
+			require.NoError(t, err)
+			t.Logf("org-b's start waited %s behind %d hook calls of org-a (HookTimeout %s)", elapsed, calls.Load(), timeout)
+			require.Equal(t, "running", h.work(b).state)
+			require.Less(t, elapsed, time.Duration(stuck)*timeout, "org-b's start waited for every stuck hook of org-a")
+		})
+	}
 }

@@ -93,57 +93,6 @@ func TestAStuckHookInABatchIsCalledOnceBeforeItsBackoff(t *testing.T) {
 	require.Equal(t, 1, hookAttempts)
 }
 
-// The loop retries up to 100 due hook calls in its iteration's transaction,
-// holding the pool row, before it starts anything: one org's stuck hook
-// retries held every org's starts in the pool for 2 × HookTimeout each
-// (default 10 s: up to 2,000 s an iteration). "A pool is shared by every
-// org that enqueues into it, so nothing one org asks for may stall the
-// pool's main loop" (docs/workpool.md). The loop makes a hook timeout's
-// worth of calls an iteration now; the rest stay due. Found by review.
-func TestOneOrgsStuckHookRetriesDoNotHoldAnotherOrgsStarts(t *testing.T) {
-	t.Parallel()
-	const timeout = 200 * time.Millisecond
-	const stuck = 10
-	h := newHarness(t, func(c *Config) { c.HookTimeout = timeout })
-	h.exec(`CREATE TABLE test_hook_lock (id int PRIMARY KEY)`)
-	h.exec(`INSERT INTO test_hook_lock VALUES (1)`)
-	var calls atomic.Int64
-	h.m.RegisterHook("stuck", func(ctx context.Context, tx pgx.Tx, c Completion) error {
-		calls.Add(1)
-		_, err := tx.Exec(ctx, `SELECT 1 FROM test_hook_lock WHERE id = 1 FOR UPDATE`)
-		return err
-	})
-	lock, err := h.db.Begin(h.ctx)
-	require.NoError(t, err)
-	defer func() { _ = lock.Rollback(h.ctx) }()
-	_, err = lock.Exec(h.ctx, `SELECT 1 FROM test_hook_lock WHERE id = 1 FOR UPDATE`)
-	require.NoError(t, err)
-
-	var ids []uuid.UUID
-	for range stuck {
-		ids = append(ids, h.enqueue(withHook("stuck", `{}`), withOrg("org-a")))
-	}
-	h.runMain()
-	for _, id := range ids {
-		_ = h.complete(id, "success", 1) // each hook call fails at the timeout: retry
-	}
-	for _, id := range ids {
-		require.Equal(t, "retry", *h.work(id).hook)
-	}
-	calls.Store(0)
-	h.clock.Advance(time.Hour) // retries due
-	b := h.enqueue(withOrg("org-b"))
-
-	t0 := time.Now()
-	_, err = h.l.iterateFull(h.ctx)
-	elapsed := time.Since(t0)
-	require.NoError(t, err)
-	t.Logf("org-b's start waited %s behind %d hook calls of org-a (%d stuck retries, HookTimeout %s)", elapsed, calls.Load(), stuck, timeout)
-	require.Equal(t, "running", h.work(b).state)
-	require.Less(t, elapsed, time.Duration(stuck)*timeout,
-		"org-b's start waited for every stuck hook retry of org-a")
-}
-
 // slowStatementsHook runs three statements of 0.8 × HookTimeout each under
 // its context: no statement reaches the statement timeout, but the call
 // outlasts HookTimeout + 1 s, so its context ends mid-statement.
