@@ -45,6 +45,9 @@ func TestHookCallsUnderASecondEachDoNotAddUpPastTheIdleLimit(t *testing.T) {
 	_, err := h.l.iterateFull(h.ctx)
 	t.Logf("iteration took %s, %d calls: %v", time.Since(t0), n.Load(), err)
 	require.NoError(t, err, "hook calls each within HookTimeout, begun within the budget, must not end the loop's iteration")
+	for _, id := range ids {
+		require.Equal(t, "finished", h.work(id).state, "the cancelations committed")
+	}
 }
 
 // The calls a loop's iteration does not make in its hook budget wait in the
