@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/labstack/echo/v4"
@@ -119,11 +118,7 @@ func boundEcho(s string, limit int) string {
 	if len(s) <= limit {
 		return s
 	}
-	cut := limit - len("…")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
+	return prefixOf(s, limit-len("…")) + "…"
 }
 
 // unsupportedMediaType is a 415 naming the Content-Type header, as a 400

@@ -531,11 +531,19 @@ func logCut(s string, limit int) string {
 	if len(s) <= limit {
 		return s
 	}
-	cut := limit
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
+	return prefixOf(s, limit) + "…(cut, " + strconv.Itoa(len(s)) + " bytes)"
+}
+
+// prefixOf is the longest prefix of s of at most n bytes that ends on a
+// UTF-8 boundary.
+func prefixOf(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return s[:cut] + "…(cut, " + strconv.Itoa(len(s)) + " bytes)"
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // Run serves until ctx is canceled, then drains in-flight requests for up to

@@ -2,6 +2,7 @@ package workpool
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -37,12 +38,7 @@ func TestSeveralHooksEachWithinTheHookTimeoutDoNotEndTheIteration(t *testing.T) 
 	t.Parallel()
 	h := newHarness(t) // default HookTimeout: 10 s
 	h.m.RegisterHook("slow", waitInGo(8*time.Second))
-	var ids []uuid.UUID
-	for range 4 {
-		id := h.enqueue(withHook("slow", `{}`), withRunAt(h.clock.Now().Add(time.Hour)))
-		h.cancel(id)
-		ids = append(ids, id)
-	}
+	ids := h.canceledWithHook("slow", 4)
 
 	t0 := time.Now()
 	_, err := h.l.iterateFull(h.ctx)
@@ -240,5 +236,29 @@ func TestOneOrgsStuckHooksDoNotHoldAnotherOrgsStarts(t *testing.T) {
 			require.Equal(t, "running", h.work(b).state)
 			require.Less(t, elapsed, time.Duration(stuck)*timeout, "org-b's start waited for every stuck hook of org-a")
 		})
+	}
+}
+
+// canceledWithHook enqueues n items of org-1 with onComplete hook, due in
+// an hour, and cancels them: the loop's next full iteration finishes them
+// as canceled and calls their hooks in its transaction.
+func (h *harness) canceledWithHook(hook string, n int) []uuid.UUID {
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		ids[i] = h.enqueue(withHook(hook, `{}`), withRunAt(h.clock.Now().Add(time.Hour)))
+		h.cancel(ids[i])
+	}
+	return ids
+}
+
+// runUntilHooksDone runs the loop, the clock a step further each time, until
+// every item of ids has its hook call done (at most tries times).
+func (h *harness) runUntilHooksDone(ids []uuid.UUID, step time.Duration, tries int) {
+	for range tries {
+		h.clock.Advance(step)
+		h.runMain()
+		if !slices.ContainsFunc(ids, func(id uuid.UUID) bool { return *h.work(id).hook != "done" }) {
+			return
+		}
 	}
 }

@@ -35,12 +35,7 @@ func TestHookCallsUnderASecondEachDoNotAddUpPastTheIdleLimit(t *testing.T) {
 		}
 		return nil
 	})
-	var ids []uuid.UUID
-	for range 16 {
-		id := h.enqueue(withHook("webhook", `{}`), withRunAt(h.clock.Now().Add(time.Hour)))
-		h.cancel(id)
-		ids = append(ids, id)
-	}
+	ids := h.canceledWithHook("webhook", 16)
 	t0 := time.Now()
 	_, err := h.l.iterateFull(h.ctx)
 	t.Logf("iteration took %s, %d calls: %v", time.Since(t0), n.Load(), err)
@@ -66,12 +61,7 @@ func TestDeferredHookCallsAreMadeByTheNextIteration(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		return nil
 	})
-	var ids []uuid.UUID
-	for range 6 {
-		id := h.enqueue(withHook("slowish", `{}`), withRunAt(h.clock.Now().Add(time.Hour)))
-		h.cancel(id)
-		ids = append(ids, id)
-	}
+	ids := h.canceledWithHook("slowish", 6)
 	_, err := h.l.iterateFull(h.ctx)
 	require.NoError(t, err)
 	first := calls.Load()
@@ -103,10 +93,7 @@ func TestDeferredHookCallsDoNotWaitForRecoveryOnABusyPool(t *testing.T) {
 		return nil
 	})
 	h.clock.Advance(time.Minute) // past the term's first heartbeat timeout
-	for range 6 {
-		id := h.enqueue(withHook("slowish", `{}`), withRunAt(h.clock.Now().Add(time.Hour)))
-		h.cancel(id)
-	}
+	h.canceledWithHook("slowish", 6)
 	_, err := h.l.iterateFull(h.ctx)
 	require.NoError(t, err)
 	first := calls.Load()
@@ -141,25 +128,8 @@ func TestDeferredHookCallsAreMadeOnceAndTheirAfterCommitActionsRun(t *testing.T)
 			return nil
 		})
 	})
-	var ids []uuid.UUID
-	for range 4 {
-		id := h.enqueue(withHook("h", `{}`), withRunAt(h.clock.Now().Add(time.Hour)))
-		h.cancel(id)
-		ids = append(ids, id)
-	}
-	for i := 0; i < 20; i++ {
-		h.clock.Advance(3 * time.Second)
-		h.runMain()
-		done := 0
-		for _, id := range ids {
-			if *h.work(id).hook == "done" {
-				done++
-			}
-		}
-		if done == len(ids) {
-			break
-		}
-	}
+	ids := h.canceledWithHook("h", 4)
+	h.runUntilHooksDone(ids, 3*time.Second, 20)
 	mu.Lock()
 	defer mu.Unlock()
 	for _, id := range ids {
@@ -181,25 +151,8 @@ func TestDeferredFirstCallsAreNotCountedAsRetries(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		return nil
 	})
-	var ids []uuid.UUID
-	for range 6 {
-		id := h.enqueue(withHook("slowish", `{}`), withRunAt(h.clock.Now().Add(time.Hour)))
-		h.cancel(id)
-		ids = append(ids, id)
-	}
-	for i := 0; i < 30; i++ {
-		h.clock.Advance(time.Second)
-		h.runMain()
-		done := 0
-		for _, id := range ids {
-			if *h.work(id).hook == "done" {
-				done++
-			}
-		}
-		if done == len(ids) {
-			break
-		}
-	}
+	ids := h.canceledWithHook("slowish", 6)
+	h.runUntilHooksDone(ids, time.Second, 30)
 	failed := testutil.ToFloat64(h.m.metrics.hookCalls.WithLabelValues("default", "failed"))
 	ok := testutil.ToFloat64(h.m.metrics.hookCalls.WithLabelValues("default", "ok"))
 	retries := testutil.ToFloat64(h.m.metrics.hookRetries.WithLabelValues("default"))

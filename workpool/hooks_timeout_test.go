@@ -31,8 +31,7 @@ func TestALoopRunHookWithinItsHookTimeoutDoesNotEndTheIteration(t *testing.T) {
 		}
 		return nil
 	})
-	id := h.enqueue(withHook("slow", `{}`), withRunAt(h.clock.Now().Add(time.Hour)))
-	h.cancel(id)
+	id := h.canceledWithHook("slow", 1)[0]
 
 	_, err := h.l.iterateFull(h.ctx)
 
