@@ -30,6 +30,7 @@ func (s *Server) approvalRoutes() {
 	s.route(http.MethodGet, "/v1/sessions/:session_id/events", s.sessionEvents, []string{RoleAgent, RoleApprover})
 	s.route(http.MethodGet, "/v1/tool-approvals", s.listToolApprovals, approver)
 	s.route(http.MethodGet, "/v1/tool-approvals/:id", s.getToolApproval, []string{RoleAgent, RoleApprover})
+	s.route(http.MethodPost, "/v1/tool-approvals/:id/redeliver", s.redeliverToolApproval, admin)
 	s.route(http.MethodGet, "/v1/agents/:agent_id/tool-policies", s.listToolPolicies, []string{RoleAdmin, RoleApprover})
 	s.route(http.MethodPut, "/v1/agents/:agent_id/tool-policies/:tool_name", s.putToolPolicy, admin, notAnAgent,
 		requireSub("set standing approvals for tool calls"))
@@ -185,7 +186,8 @@ func (s *Server) listToolApprovals(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	f := approvals.ListFilter{Status: c.QueryParam("status"), AgentID: agentID, SessionID: c.QueryParam("session_id")}
+	f := approvals.ListFilter{Status: c.QueryParam("status"), AgentID: agentID, SessionID: c.QueryParam("session_id"),
+		Delivery: c.QueryParam("delivery")}
 	seq, err := s.eventsSeq(c)
 	if err != nil {
 		return err
@@ -204,6 +206,19 @@ func (s *Server) getToolApproval(c echo.Context) error {
 	}
 	p := PrincipalFrom(c)
 	a, err := s.svc.Approvals.Get(c.Request().Context(), p.OrgID, id, p.AgentID)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, toolApprovalOut(a))
+}
+
+func (s *Server) redeliverToolApproval(c echo.Context) error {
+	id, err := pathID(c, approvals.ErrNotFound)
+	if err != nil {
+		return err
+	}
+	p := PrincipalFrom(c)
+	a, err := s.svc.Approvals.Redeliver(c.Request().Context(), p.OrgID, p.AgentID, id)
 	if err != nil {
 		return err
 	}

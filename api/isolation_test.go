@@ -224,6 +224,8 @@ func isoRows() []isoRow {
 			crossOrg: crossOrgAsAbsent, bound: boundForbidden, owner: "approverA", ownerStatus: 200},
 		{route: "POST /v1/wakeups/{id}/redeliver", roles: admin, idOf: "wakeup", crossOrg: crossOrgAsAbsent, bound: boundAsAbsent,
 			owner: "a1", ownerStatus: http.StatusConflict}, // found, but its signal is not undeliverable
+		{route: "POST /v1/tool-approvals/{id}/redeliver", roles: admin, idOf: "toolApproval", crossOrg: crossOrgAsAbsent,
+			bound: boundAsAbsent, owner: "a1", ownerStatus: http.StatusConflict}, // found, but its signal is not undeliverable
 		{route: "POST /v1/work/{id}/cancel", roles: admin, idOf: "work", crossOrg: crossOrgAsAbsent, bound: boundAsAbsent,
 			owner: "a1", ownerStatus: 200},
 		{route: "POST /v1/wakeups/{id}/cancel", roles: agent, idOf: "wakeup", crossOrg: crossOrgAsAbsent, bound: boundAsAbsent,

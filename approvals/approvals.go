@@ -121,6 +121,9 @@ var (
 	ErrAlreadyResolved = fmt.Errorf("%w: the tool approval is already resolved", apperr.ErrConflict)
 	// ErrNothingPending: an answer found no pending call and sets no policy.
 	ErrNothingPending = fmt.Errorf("%w: no pending tool call to answer, and no update_policy given", apperr.ErrConflict)
+	// ErrNotUndeliverable: redeliver applies only to a decision whose
+	// signal was given up on.
+	ErrNotUndeliverable = fmt.Errorf("%w: the tool approval's signal is not undeliverable", apperr.ErrConflict)
 	// ErrSelfApproval: the resolver made (one of) the request(s).
 	ErrSelfApproval = fmt.Errorf("%w: a tool call cannot be approved or denied by the principal that requested it", apperr.ErrForbidden)
 	// ErrNoResolver: an answer without the resolver's identity, which the

@@ -34,7 +34,30 @@ type ListFilter struct {
 	Status    string
 	AgentID   string
 	SessionID string
+	// Delivery is the decision signal's state: waiting, queued, sent or
+	// undeliverable (an admin's list of the decisions to redeliver). Only
+	// a human's answer or an expiry of a call that named a workflow has
+	// one.
+	Delivery string
 }
+
+// deliveryConds are List's conditions of each delivery state on the
+// approval a and its signal message m (scanApproval's states).
+var deliveryConds = map[string]string{
+	DeliveryWaiting:       ` AND m.status IS NULL`,
+	DeliveryQueued:        ` AND m.status = 'pending'`,
+	DeliverySent:          ` AND m.status = 'delivered'`,
+	DeliveryUndeliverable: ` AND m.status = 'failed'`,
+}
+
+// hasDelivery is the condition that an approval has a delivery state: its
+// call named a workflow and no standing policy answered it.
+const hasDelivery = ` AND coalesce(a.workflow_id, '') <> '' AND coalesce(a.source, '') <> '` + SourcePolicy + `'`
+
+// undeliverableRows narrows a list of undeliverable decisions to the
+// failed messages of the queue (few, beside the org's settled calls).
+const undeliverableRows = ` AND a.id IN (SELECT idempotency_key::uuid FROM queue_messages
+  WHERE org_id = $1 AND queue = '` + Queue + `' AND status = 'failed')`
 
 // List returns a page of the org's tool approvals, newest first (the
 // human inbox), and the cursor of the next page (nil at the end).
@@ -52,6 +75,14 @@ func (s *Service) List(ctx context.Context, orgID string, f ListFilter, p Page) 
 	}
 	checkText(inv, "agent_id", f.AgentID, MaxText, false)
 	checkText(inv, "session_id", f.SessionID, MaxID, false)
+	if cond, ok := deliveryConds[f.Delivery]; ok {
+		statusCond += hasDelivery + cond
+		if f.Delivery == DeliveryUndeliverable {
+			statusCond += undeliverableRows
+		}
+	} else if f.Delivery != "" {
+		inv.Add("delivery", "must be waiting, queued, sent or undeliverable")
+	}
 	if err := inv.OrNil(); err != nil {
 		return nil, nil, err
 	}
@@ -68,6 +99,54 @@ func (s *Service) List(ctx context.Context, orgID string, f ListFilter, p Page) 
 	}
 	items, next := page.Trim(items, p.Size(), func(a ToolApproval) uuid.UUID { return a.ID })
 	return items, next, nil
+}
+
+// Redeliver queues again the decision signal of tool approval id that
+// was given up on (delivery undeliverable: its workflow was not found past
+// the grace period, or its run closed), as POST /v1/wakeups/{id}/redeliver
+// does a wake-up's. Any other delivery state is ErrNotUndeliverable. With
+// agentID set, another agent's approval is ErrNotFound, as in Get. It
+// returns the approval, its signal queued.
+func (s *Service) Redeliver(ctx context.Context, orgID, agentID string, id uuid.UUID) (ToolApproval, error) {
+	a, err := s.Get(ctx, orgID, id, agentID)
+	if err != nil {
+		return ToolApproval{}, err
+	}
+	if a.Delivery == nil || a.Delivery.State != DeliveryUndeliverable {
+		return a, ErrNotUndeliverable
+	}
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		// The row lock holds off retention, which skips locked rows and
+		// keeps the message while the approval stands.
+		var one int
+		if err := tx.QueryRow(ctx, `SELECT 1 FROM tool_approvals WHERE org_id = $1 AND id = $2 FOR UPDATE`, orgID, id).Scan(&one); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return ErrNotFound
+			}
+			return fmt.Errorf("locking tool approval: %w", err)
+		}
+		msg, err := queue.GetByKey(ctx, tx, orgID, Queue, id.String())
+		if err != nil {
+			if errors.Is(err, queue.ErrNotFound) {
+				return ErrNotUndeliverable
+			}
+			return err
+		}
+		if ok, err := queue.Redeliver(ctx, tx, orgID, msg.ID); err != nil {
+			return err
+		} else if !ok {
+			return ErrNotUndeliverable
+		}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrNotUndeliverable) {
+			return a, err
+		}
+		return ToolApproval{}, err
+	}
+	s.logger.Info("tool approval's signal queued again", "org_id", orgID, "approval_id", id, "workflow_id", a.WorkflowID)
+	return s.Get(ctx, orgID, id, "")
 }
 
 // Events returns up to limit (default 50, at most MaxLimit) of a session's

@@ -98,6 +98,9 @@ type ToolApprovalListParams struct {
 	Status    string
 	AgentID   string
 	SessionID string
+	// Delivery is the decision signal's state: waiting, queued, sent or
+	// undeliverable (the decisions an admin may Redeliver).
+	Delivery string
 	PageParams
 }
 
@@ -175,6 +178,7 @@ func (s *ToolApprovalsService) ListPage(ctx context.Context, p ToolApprovalListP
 	setIf(q, "status", p.Status)
 	setIf(q, "agent_id", p.AgentID)
 	setIf(q, "session_id", p.SessionID)
+	setIf(q, "delivery", p.Delivery)
 	ep := endpoint{method: http.MethodGet, path: "/v1/tool-approvals", query: p.addTo(q)}
 	return doJSON[Page[ToolApproval]](ctx, s.c, ep, nil, opts)
 }
@@ -183,6 +187,12 @@ func (s *ToolApprovalsService) ListPage(ctx context.Context, p ToolApprovalListP
 // answer here).
 func (s *ToolApprovalsService) Get(ctx context.Context, id string, opts ...CallOption) (ToolApproval, error) {
 	return doJSON[ToolApproval](ctx, s.c, endpoint{method: http.MethodGet, path: pathOf("v1", "tool-approvals", id), argErr: needArgs("ToolApprovals.Get", "id", id)}, nil, opts)
+}
+
+// Redeliver queues again the decision signal of a tool approval given up
+// on (delivery undeliverable; 409 when it is not) [admin].
+func (s *ToolApprovalsService) Redeliver(ctx context.Context, id string, opts ...CallOption) (ToolApproval, error) {
+	return doJSON[ToolApproval](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "tool-approvals", id, "redeliver"), safety: unsafe, argErr: needArgs("ToolApprovals.Redeliver", "id", id)}, nil, opts)
 }
 
 // ToolPoliciesService calls the standing tool policy routes

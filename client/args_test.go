@@ -78,6 +78,7 @@ func TestAnEmptyPathArgumentIsRefusedWithoutARequest(t *testing.T) {
 			return firstErr(c.ToolApprovals.Events(ctx, "", client.SessionEventParams{}))
 		}},
 		{"ToolApprovals.Get", "id", func() error { _, err := c.ToolApprovals.Get(ctx, ""); return err }},
+		{"ToolApprovals.Redeliver", "id", func() error { _, err := c.ToolApprovals.Redeliver(ctx, ""); return err }},
 		{"ToolPolicies.ListPage", "agentID", func() error { return firstErr(c.ToolPolicies.List(ctx, "", client.PageParams{})) }},
 		{"ToolPolicies.Put", "agentID", func() error { _, err := c.ToolPolicies.Put(ctx, "", "git", client.ToolPolicyRequest{}); return err }},
 		{"ToolPolicies.Put", "toolName", func() error { _, err := c.ToolPolicies.Put(ctx, "agent-1", "", client.ToolPolicyRequest{}); return err }},
