@@ -155,13 +155,17 @@ func envConfig() (settings, error) {
 		OpsAddr:      os.Getenv("REVEILLE_OPS_ADDR"),
 		DataDir:      envOr("REVEILLE_DATA_DIR", "./.reveille"),
 		TemporalPort: 7233,
-		DatabaseURL:  os.Getenv("DATABASE_URL"),
+		// (blank counts as unset: pgx reads an empty string as the local
+		// socket's default database)
+		DatabaseURL:  strings.TrimSpace(os.Getenv("DATABASE_URL")),
 		TemporalAddr: temporalAddr(os.Getenv("TEMPORAL_ADDRESS"), &errs),
 		Namespace:    envOr("TEMPORAL_NAMESPACE", "default"),
 		JWTSecrets:   list(os.Getenv("REVEILLE_JWT_SECRET")),
 		JWKSURL:      jwksURL(os.Getenv("REVEILLE_JWKS_URL"), &errs),
-		JWTIssuer:    os.Getenv("REVEILLE_JWT_ISSUER"),
-		JWTAudience:  os.Getenv("REVEILLE_JWT_AUDIENCE"),
+		// (trimmed as the secrets are: a mounted file's newline, or a blank
+		// value, must not count as set)
+		JWTIssuer:    strings.TrimSpace(os.Getenv("REVEILLE_JWT_ISSUER")),
+		JWTAudience:  strings.TrimSpace(os.Getenv("REVEILLE_JWT_AUDIENCE")),
 		OperatorOrgs: list(os.Getenv("REVEILLE_OPERATOR_ORGS")),
 		HTTPAllowed:  list(os.Getenv("REVEILLE_HTTP_ALLOWED_HOSTS")),
 		HTTPNets:     list(os.Getenv("REVEILLE_HTTP_ALLOWED_NETS")),
@@ -215,6 +219,38 @@ func envConfig() (settings, error) {
 	s.WebhookPool = webhookPool(os.Getenv("REVEILLE_WEBHOOK_POOL"), s.Pools, &errs)
 	s.PublicURL = publicURL(os.Getenv("REVEILLE_PUBLIC_URL"), &errs)
 	return s, errors.Join(errs...)
+}
+
+// flagVars are the variables the commands' flags stand for, by flag name.
+var flagVars = map[string]string{"addr": "REVEILLE_ADDR", "worker": "REVEILLE_WORKER", "data-dir": "REVEILLE_DATA_DIR",
+	"temporal": "TEMPORAL_ADDRESS", "api": "REVEILLE_API_URL"}
+
+// overridden is envErr without the errors of the variables whose flags
+// (flag name → variable) the command line set: flags override the
+// environment (README § Configuration), a malformed variable included.
+// Each variable's error begins with "NAME=" (listenAddr, envBool,
+// temporalAddr, …).
+func overridden(envErr error, fs *flag.FlagSet, vars map[string]string) error {
+	if envErr == nil {
+		return nil
+	}
+	var set []string
+	fs.Visit(func(f *flag.Flag) {
+		if v, ok := vars[f.Name]; ok {
+			set = append(set, v+"=")
+		}
+	})
+	errs := []error{envErr}
+	if j, ok := envErr.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	var kept []error
+	for _, err := range errs {
+		if !slices.ContainsFunc(set, func(prefix string) bool { return strings.HasPrefix(err.Error(), prefix) }) {
+			kept = append(kept, err)
+		}
+	}
+	return errors.Join(kept...)
 }
 
 // bindFlags adds the flags of serve and dev. --data-dir is dev's alone:
@@ -381,14 +417,22 @@ func (f portFlag) Set(v string) error {
 // temporalAddr reads the Temporal frontend: host:port with a numeric
 // port, or a gRPC resolver target (dns:///host:port); "" for the default.
 func temporalAddr(v string, errs *[]error) string {
+	if err := checkTemporalAddr(v); err != nil {
+		*errs = append(*errs, fmt.Errorf("TEMPORAL_ADDRESS=%q: %w", v, err))
+	}
+	return v
+}
+
+// checkTemporalAddr checks a Temporal frontend address ("": the default).
+func checkTemporalAddr(v string) error {
 	if v == "" || strings.Contains(v, ":///") {
-		return v
+		return nil
 	}
 	host, port, err := net.SplitHostPort(v)
 	if _, perr := strconv.ParseUint(port, 10, 16); err != nil || host == "" || perr != nil {
-		*errs = append(*errs, fmt.Errorf("TEMPORAL_ADDRESS=%q: want the frontend's host:port such as temporal.example.com:7233", v))
+		return errors.New("want the frontend's host:port such as temporal.example.com:7233")
 	}
-	return v
+	return nil
 }
 
 // jwksURL reads the JWKS address: absolute http(s), or "" for none.

@@ -37,8 +37,8 @@ func runDev(ctx context.Context, args []string) error {
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	if envErr != nil {
-		return envErr
+	if err := overridden(envErr, fs, flagVars); err != nil {
+		return err
 	}
 	logger := startLogging(s.LogLevel)
 	if len(s.OperatorOrgs) == 0 {

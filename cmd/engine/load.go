@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"flag"
+	"fmt"
 	"time"
 
 	"github.com/reveille/reveille/internal/devstack/localstack"
@@ -38,11 +39,18 @@ func runLoad(ctx context.Context, args []string) error {
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	if envErr != nil {
-		return envErr
+	if err := overridden(envErr, fs, flagVars); err != nil {
+		return err
 	}
 	if err := checkAPIURLs(*apis); err != nil {
 		return err
+	}
+	// (before the API is called: a malformed address is named at once)
+	if err := checkTemporalAddr(c.TemporalAddress); err != nil {
+		return fmt.Errorf("--temporal %q: %w", c.TemporalAddress, err)
+	}
+	if err := checkListenAddr(c.TargetAddr); err != nil {
+		return fmt.Errorf("--target %q: %w", c.TargetAddr, err)
 	}
 	c.APIs = list(*apis)
 	c.Secret = s.signingSecret()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 
 	"github.com/reveille/reveille/migrations"
@@ -47,6 +48,9 @@ func runMigrate(ctx context.Context, args []string) error {
 	}
 	if s.DatabaseURL == "" {
 		return errors.New("DATABASE_URL is not set")
+	}
+	if _, err := pgx.ParseConfig(s.DatabaseURL); err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	db, err := sql.Open("pgx", s.DatabaseURL)
 	if err != nil {

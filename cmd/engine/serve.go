@@ -22,8 +22,8 @@ func runServe(ctx context.Context, args []string) error {
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	if envErr != nil {
-		return envErr
+	if err := overridden(envErr, fs, flagVars); err != nil {
+		return err
 	}
 	if s.DatabaseURL == "" {
 		return errors.New("DATABASE_URL is not set (serve uses external Postgres; `engine dev` starts a local one)")
