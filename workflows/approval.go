@@ -71,6 +71,9 @@ func AwaitApproval(ctx workflow.Context, signal, approvalID string, timeout time
 	if err := checkAwait(ctx, "AwaitApproval", cmp.Or(signal, ApprovalSignal), timeout); err != nil {
 		return Decision{}, err
 	}
+	if err := checkAwaitID(ctx, "AwaitApproval", "approval", approvalID); err != nil {
+		return Decision{}, err
+	}
 	if signal == "" {
 		signal = ApprovalSignal
 	}

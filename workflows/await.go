@@ -358,6 +358,9 @@ func AwaitWakeFor(ctx workflow.Context, signal, wakeupID string, timeout time.Du
 	if err := checkAwait(ctx, "AwaitWakeFor", signal, timeout); err != nil {
 		return Wake{}, err
 	}
+	if err := checkAwaitID(ctx, "AwaitWakeFor", "wake-up", wakeupID); err != nil {
+		return Wake{}, err
+	}
 	return awaitWake(ctx, signal, wakeupID, timeout)
 }
 
@@ -384,6 +387,26 @@ func checkAwait(ctx workflow.Context, fn, signal string, timeout time.Duration) 
 		return nil
 	}
 	return err
+}
+
+// emptyIDCheckChange is the workflow.GetVersion change id of checkAwaitID:
+// before it, AwaitWakeFor with an empty id returned any wake-up's wake and
+// AwaitApproval with one waited for good (or until its timeout), and a
+// history begun then must replay so. Asked only when the id is empty.
+const emptyIDCheckChange = "reveille.await-empty-id-errors"
+
+// checkAwaitID returns the error of an await (fn) for one wake-up or
+// approval (what) asked with an empty id: AwaitWakeFor would take any
+// wake-up's wake as the one awaited, AwaitApproval would wait for good
+// (no decision is without its approval id).
+func checkAwaitID(ctx workflow.Context, fn, what, id string) error {
+	if id != "" {
+		return nil
+	}
+	if workflow.GetVersion(ctx, emptyIDCheckChange, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+		return nil
+	}
+	return fmt.Errorf("workflows: %s: the %s id is empty: pass the id its request returned", fn, what)
 }
 
 // awaitWake waits for a wake of the workflow's org, not seen before, and of

@@ -266,18 +266,23 @@ type argsInput struct {
 	Call    string // AwaitWake, AwaitWakeFor, AwaitApproval
 	Signal  string
 	Timeout time.Duration
+	NoID    bool // AwaitWakeFor and AwaitApproval: an empty id instead of w1, a1
 }
 
 func argsWorkflow(ctx workflow.Context, in argsInput) (string, error) {
+	wakeupID, approvalID := "w1", "a1"
+	if in.NoID {
+		wakeupID, approvalID = "", ""
+	}
 	switch in.Call {
 	case "AwaitWake":
 		w, err := AwaitWake(ctx, in.Signal, in.Timeout)
 		return w.WakeupID, err
 	case "AwaitWakeFor":
-		w, err := AwaitWakeFor(ctx, in.Signal, "w1", in.Timeout)
+		w, err := AwaitWakeFor(ctx, in.Signal, wakeupID, in.Timeout)
 		return w.WakeupID, err
 	default:
-		d, err := AwaitApproval(ctx, in.Signal, "a1", in.Timeout)
+		d, err := AwaitApproval(ctx, in.Signal, approvalID, in.Timeout)
 		return d.ApprovalID, err
 	}
 }
@@ -292,13 +297,17 @@ func TestAwaitRefusesAnEmptySignalNameAndANegativeTimeout(t *testing.T) {
 		in      argsInput
 		wantErr string // "": the signal sent is returned
 	}{
-		{"AwaitWake with no signal name", argsInput{"AwaitWake", "", time.Hour}, "AwaitWake: the signal name is empty"},
-		{"AwaitWakeFor with no signal name", argsInput{"AwaitWakeFor", "", 0}, "AwaitWakeFor: the signal name is empty"},
-		{"AwaitWake with a negative timeout", argsInput{"AwaitWake", "wake", -time.Second}, "AwaitWake: negative timeout -1s"},
-		{"AwaitWakeFor with a negative timeout", argsInput{"AwaitWakeFor", "wake", -time.Second}, "AwaitWakeFor: negative timeout -1s"},
-		{"AwaitApproval with a negative timeout", argsInput{"AwaitApproval", "", -time.Second}, "AwaitApproval: negative timeout -1s"},
-		{"AwaitApproval with no signal name waits on approval", argsInput{"AwaitApproval", "", 0}, ""},
-		{"a zero timeout waits without limit", argsInput{"AwaitWakeFor", "wake", 0}, ""},
+		{"AwaitWake with no signal name", argsInput{"AwaitWake", "", time.Hour, false}, "AwaitWake: the signal name is empty"},
+		{"AwaitWakeFor with no signal name", argsInput{"AwaitWakeFor", "", 0, false}, "AwaitWakeFor: the signal name is empty"},
+		{"AwaitWake with a negative timeout", argsInput{"AwaitWake", "wake", -time.Second, false}, "AwaitWake: negative timeout -1s"},
+		{"AwaitWakeFor with a negative timeout", argsInput{"AwaitWakeFor", "wake", -time.Second, false}, "AwaitWakeFor: negative timeout -1s"},
+		{"AwaitApproval with a negative timeout", argsInput{"AwaitApproval", "", -time.Second, false}, "AwaitApproval: negative timeout -1s"},
+		{"AwaitApproval with no signal name waits on approval", argsInput{"AwaitApproval", "", 0, false}, ""},
+		{"a zero timeout waits without limit", argsInput{"AwaitWakeFor", "wake", 0, false}, ""},
+		// (an empty id took any wake-up's wake as the one awaited, or waited
+		// for good: no decision is without its approval id)
+		{"AwaitWakeFor with no wake-up id", argsInput{"AwaitWakeFor", "wake", time.Hour, true}, "AwaitWakeFor: the wake-up id is empty"},
+		{"AwaitApproval with no approval id", argsInput{"AwaitApproval", "", 0, true}, "AwaitApproval: the approval id is empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var suite testsuite.WorkflowTestSuite
@@ -321,6 +330,23 @@ func TestAwaitRefusesAnEmptySignalNameAndANegativeTimeout(t *testing.T) {
 	}
 }
 
+// A workflow whose history began before the empty-id check (no marker)
+// keeps what an empty wake-up id meant then: any wake-up's wake.
+func TestAwaitKeepsAnEmptyWakeupIDAsAnyInAnOlderHistory(t *testing.T) {
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestWorkflowEnvironment()
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "org-a/args-test"})
+	env.OnGetVersion(emptyIDCheckChange, workflow.DefaultVersion, 1).Return(workflow.DefaultVersion)
+	sendWake(t, env, "wake", Wake{OrgID: "org-a", WakeupID: "w1", Outcome: OutcomeSucceeded}, time.Second)
+
+	env.ExecuteWorkflow(argsWorkflow, argsInput{"AwaitWakeFor", "wake", time.Hour, true})
+
+	require.NoError(t, env.GetWorkflowError())
+	var got string
+	require.NoError(t, env.GetWorkflowResult(&got))
+	require.Equal(t, "w1", got)
+}
+
 // A workflow whose history began before the check (no marker) keeps what
 // these arguments meant then, so that it replays: a negative timeout waits
 // without limit.
@@ -331,7 +357,7 @@ func TestAwaitKeepsANegativeTimeoutAsNoLimitInAnOlderHistory(t *testing.T) {
 	env.OnGetVersion(argumentCheckChange, workflow.DefaultVersion, 1).Return(workflow.DefaultVersion)
 	sendWake(t, env, "wake", Wake{OrgID: "org-a", WakeupID: "w1", Outcome: OutcomeSucceeded}, 48*time.Hour)
 
-	env.ExecuteWorkflow(argsWorkflow, argsInput{"AwaitWakeFor", "wake", -time.Second})
+	env.ExecuteWorkflow(argsWorkflow, argsInput{"AwaitWakeFor", "wake", -time.Second, false})
 
 	require.NoError(t, env.GetWorkflowError())
 	var got string

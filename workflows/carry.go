@@ -26,9 +26,12 @@ import (
 // PendingWakes removes and returns the wakes on signal that the run has
 // received and not returned, in arrival order: those a WithWakeDedupe
 // context holds for a later await, then those still on the channel (of the
-// workflow's org, well formed, not returned before). A decision it meets
-// on the channel (a workflow may name one signal for both kinds) is held
-// for PendingDecisions, in a WithWakeDedupe context. Call it when no await
+// workflow's org, well formed, and — in a WithWakeDedupe context, the only
+// one that records what the run returned — not returned before: without
+// it, a repeated delivery of a wake already returned is handed over too).
+// A decision it meets on the channel (a workflow may name one signal for
+// both kinds) is held for PendingDecisions, in a WithWakeDedupe context.
+// Call it when no await
 // is running, just before continuing as new, and pass the result to the
 // next run, which gives it to its awaits with HoldWakes.
 func PendingWakes(ctx workflow.Context, signal string) []Wake {
@@ -83,7 +86,8 @@ func HoldWakes(ctx workflow.Context, signal string, wakes []Wake) workflow.Conte
 // run has received and not returned: every decision a WithWakeDedupe
 // context holds for a later AwaitApproval (by approval id), then those
 // still on the channel named signal ("": ApprovalSignal) of the workflow's
-// org, well formed and not returned before, in arrival order. As
+// org, well formed and (in a WithWakeDedupe context) not returned before,
+// in arrival order. As
 // PendingWakes, for a run about to continue as new; the next run gives
 // them to its awaits with HoldDecisions.
 func PendingDecisions(ctx workflow.Context, signal string) []Decision {
