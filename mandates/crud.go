@@ -125,7 +125,7 @@ func (s *Service) Patch(ctx context.Context, orgID, agentID string, id uuid.UUID
 	return m, nil
 }
 
-// Ledger returns a page of a mandate's ledger in id (time) order, and the
+// Ledger returns a page of a mandate's ledger in commit order, and the
 // cursor of the next page (nil at the end). ErrNotFound for an absent
 // mandate; agentID narrows it as in Get.
 func (s *Service) Ledger(ctx context.Context, orgID, agentID string, mandateID uuid.UUID, p Page) ([]LedgerEntry, *uuid.UUID, error) {

@@ -230,11 +230,18 @@ UPDATE mandates
  WHERE org_id = $1 AND id = $2 AND ($7::text = '' OR agent_id = $7)
 RETURNING ` + mandateColumns
 
-// qLedger: $1 org, $2 mandate, $3 cursor, $4 limit. The cursor is a bound
-// of the index's range, never an OR: the generic plan Postgres reuses
-// after five executions keeps an OR as a filter, and each page then read
-// the mandate's whole ledger up to the cursor (a ledger is never purged).
+// qLedger: $1 org, $2 mandate, $3 cursor (the id of the last entry of the
+// page before), $4 limit. Entries are in commit order (pos: migration
+// 00031); the cursor stays an entry's id, its pos looked up (a cursor that
+// names no entry of the mandate stands where its id would: pos of the
+// last entry at or before it). The bound is one of the index's range,
+// never an OR: the generic plan Postgres reuses after five executions
+// keeps an OR as a filter, and each page then read the mandate's whole
+// ledger up to the cursor (a ledger is never purged).
 const qLedger = `
 SELECT ` + ledgerColumns + ` FROM mandate_ledger
- WHERE org_id = $1 AND mandate_id = $2 AND id > coalesce($3::uuid, '00000000-0000-0000-0000-000000000000')
- ORDER BY id LIMIT $4`
+ WHERE org_id = $1 AND mandate_id = $2 AND pos > coalesce(
+   (SELECT pos FROM mandate_ledger WHERE org_id = $1 AND mandate_id = $2 AND id = $3::uuid),
+   (SELECT pos FROM mandate_ledger WHERE org_id = $1 AND mandate_id = $2 AND id <= $3::uuid ORDER BY id DESC LIMIT 1),
+   0)
+ ORDER BY pos LIMIT $4`

@@ -277,6 +277,8 @@ func TestUpCountsTheMigrationsAppliedBeforeALockTimeoutRetry(t *testing.T) {
 	require.NoError(t, r.err)
 	var v int64
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT max(version_id) FROM goose_db_version`).Scan(&v))
-	require.Equal(t, int64(30), v)
-	require.Equal(t, 4, r.n, "Up applied 00027, 00028, 00029 and 00030")
+	sources := p.ListSources()
+	latest := sources[len(sources)-1].Version
+	require.Equal(t, latest, v)
+	require.Equal(t, int(latest-26), r.n, "Up applied every migration from 00027 on, the retried 00029 counted once")
 }
