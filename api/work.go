@@ -195,7 +195,7 @@ func poolOut(c echo.Context, p workpool.PoolInfo) poolJSON {
 		Name: p.Name, MaxParallelism: p.MaxParallelism, MaxParallelismPerOrg: p.MaxParallelismPerOrg, Paused: p.Paused,
 		RunStatus: runStatusJSON{Kind: st.Kind}, Running: p.Running, Pending: p.Pending,
 		BlockedByKey: p.BlockedByKey, BlockedByOrgCap: p.BlockedByOrgCap,
-		OldestPendingAgeS: p.OldestPendingAge.Seconds(), Weight: p.Weight, Report: p.Report,
+		OldestPendingAgeS: p.OldestPendingAgeSeconds, Weight: p.Weight, Report: p.Report,
 	}
 	if st.Kind == "scheduled" {
 		sat := st.Saturated

@@ -172,6 +172,16 @@ func (d *depthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pausedDesc
 }
 
+// ageSeconds is how long ago t was at now, in seconds (0 when t is not
+// before now). Not now.Sub: a Duration stops at ~292 years, and a run_at
+// may be as old as year 0000.
+func ageSeconds(now, t time.Time) float64 {
+	if !t.Before(now) {
+		return 0
+	}
+	return float64(now.Unix()-t.Unix()) + float64(now.Nanosecond()-t.Nanosecond())/1e9
+}
+
 func (d *depthCollector) Collect(ch chan<- prometheus.Metric) {
 	pools, now, ok := d.read()
 	if !ok {
@@ -179,8 +189,8 @@ func (d *depthCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, p := range pools {
 		age := 0.0
-		if p.oldest != nil && p.oldest.Before(now) {
-			age = now.Sub(*p.oldest).Seconds()
+		if p.oldest != nil {
+			age = ageSeconds(now, *p.oldest)
 		}
 		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(p.pending), p.pool)
 		ch <- prometheus.MustNewConstMetric(runningDesc, prometheus.GaugeValue, float64(p.running), p.pool)

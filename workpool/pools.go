@@ -95,8 +95,8 @@ func (m *Manager) poolInfos(ctx context.Context, orgID string, names []string) (
 			// let through waits for the org's running work to finish.
 			p.BlockedByOrgCap = max(readyPlain+keyedReady-max(int64(v)-p.Running, 0), 0)
 		}
-		if oldest != nil && oldest.Before(now) {
-			p.OldestPendingAge = now.Sub(*oldest)
+		if oldest != nil {
+			p.OldestPendingAgeSeconds = ageSeconds(now, *oldest)
 		}
 		p.Report.Completed = p.Report.Succeeded + p.Report.Failed + p.Report.Canceled
 		if p.LoopStatus.Kind != "scheduled" {

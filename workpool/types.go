@@ -242,8 +242,11 @@ type PoolInfo struct {
 	// the cap leaves the org (the cap less its running attempts). 0 without
 	// a cap. Neither count includes what waits for a free slot of the pool
 	// or for a resume.
-	BlockedByOrgCap  int64
-	OldestPendingAge time.Duration
+	BlockedByOrgCap int64
+	// OldestPendingAgeSeconds is how long the org's oldest ready item has
+	// waited past its run_at (0: none waits). Seconds, not a Duration: a
+	// run_at may be as old as year 0000, past a Duration's ~292 years.
+	OldestPendingAgeSeconds float64
 	// Weight is the org's fair-share weight (1 unless set).
 	Weight int
 	Report Report
