@@ -99,7 +99,8 @@ type ToolApprovalListParams struct {
 	AgentID   string
 	SessionID string
 	// Delivery is the decision signal's state: waiting, queued, sent or
-	// undeliverable (the decisions an admin may Redeliver).
+	// undeliverable (the decisions an admin may Redeliver; the list itself
+	// is an approver's).
 	Delivery string
 	PageParams
 }

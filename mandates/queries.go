@@ -232,7 +232,7 @@ RETURNING ` + mandateColumns
 
 // qLedger: $1 org, $2 mandate, $3 cursor (the id of the last entry of the
 // page before), $4 limit. Entries are in commit order (pos: migration
-// 00031); the cursor stays an entry's id, its pos looked up (a cursor that
+// 00031, which numbered the entries before it below 0); the cursor stays an entry's id, its pos looked up (a cursor that
 // names no entry of the mandate stands where its id would: pos of the
 // last entry at or before it). The bound is one of the index's range,
 // never an OR: the generic plan Postgres reuses after five executions
@@ -243,5 +243,5 @@ SELECT ` + ledgerColumns + ` FROM mandate_ledger
  WHERE org_id = $1 AND mandate_id = $2 AND pos > coalesce(
    (SELECT pos FROM mandate_ledger WHERE org_id = $1 AND mandate_id = $2 AND id = $3::uuid),
    (SELECT pos FROM mandate_ledger WHERE org_id = $1 AND mandate_id = $2 AND id <= $3::uuid ORDER BY id DESC LIMIT 1),
-   0)
+   -9223372036854775808)
  ORDER BY pos LIMIT $4`

@@ -63,7 +63,8 @@ var ErrApprovalTimeout error = temporal.NewApplicationError("workflows: timed ou
 // and may await both at once from parallel coroutines). Without that
 // context it is dropped, logged at Warn with its approval_id.
 // A timeout > 0 bounds the wait: ErrApprovalTimeout then; 0 waits without
-// limit, and a negative one is an error.
+// limit, and a negative one is an error, as is an empty approvalID (no
+// decision is without its approval's id).
 // An expired request arrives as a denial whose Expired method reports true
 // (Source signals.SourceExpired); tell it by that, not by Reason, which a
 // human's note may spell ReasonExpired too.

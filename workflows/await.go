@@ -353,7 +353,7 @@ func AwaitWake(ctx workflow.Context, signal string, timeout time.Duration) (Wake
 // they are dropped (the outbox delivers each once, so a later await of
 // theirs waits until its timeout), each logged at Warn with its
 // wakeup_id. Use it when the workflow knows the id it waits for, as after
-// creating the wake-up.
+// creating the wake-up; an empty id is an error (AwaitWake awaits any).
 func AwaitWakeFor(ctx workflow.Context, signal, wakeupID string, timeout time.Duration) (Wake, error) {
 	if err := checkAwait(ctx, "AwaitWakeFor", signal, timeout); err != nil {
 		return Wake{}, err

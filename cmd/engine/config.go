@@ -156,8 +156,9 @@ func envConfig() (settings, error) {
 		DataDir:      envOr("REVEILLE_DATA_DIR", "./.reveille"),
 		TemporalPort: 7233,
 		// (blank counts as unset: pgx reads an empty string as the local
-		// socket's default database)
-		DatabaseURL:  strings.TrimSpace(os.Getenv("DATABASE_URL")),
+		// socket's default database; any other value is kept as given, as
+		// a key=value string's escaped trailing space is the password's)
+		DatabaseURL:  unlessBlank(os.Getenv("DATABASE_URL")),
 		TemporalAddr: temporalAddr(os.Getenv("TEMPORAL_ADDRESS"), &errs),
 		Namespace:    envOr("TEMPORAL_NAMESPACE", "default"),
 		JWTSecrets:   list(os.Getenv("REVEILLE_JWT_SECRET")),
@@ -219,6 +220,14 @@ func envConfig() (settings, error) {
 	s.WebhookPool = webhookPool(os.Getenv("REVEILLE_WEBHOOK_POOL"), s.Pools, &errs)
 	s.PublicURL = publicURL(os.Getenv("REVEILLE_PUBLIC_URL"), &errs)
 	return s, errors.Join(errs...)
+}
+
+// unlessBlank is v, or "" when it is only whitespace.
+func unlessBlank(v string) string {
+	if strings.TrimSpace(v) == "" {
+		return ""
+	}
+	return v
 }
 
 // flagVars are the variables the commands' flags stand for, by flag name.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -158,4 +159,28 @@ func TestFlagsOverrideAMalformedVariable(t *testing.T) {
 			assert.NotContains(t, errString(err), tc.env, "the flag overrides %s, yet the command stopped on it", tc.env)
 		})
 	}
+}
+
+// A blank DATABASE_URL is unset; any other is kept as given: in a
+// key=value string an escaped trailing space is the password's.
+func TestADatabaseURLIsKeptAsGivenUnlessBlank(t *testing.T) {
+	clearEnv(t)
+	raw := `host=127.0.0.1 port=5432 user=reveille dbname=reveille password=abc\ `
+	t.Setenv("DATABASE_URL", raw)
+	s, err := envConfig()
+	require.NoError(t, err)
+	used, err := pgx.ParseConfig(s.DatabaseURL)
+	require.NoError(t, err)
+	require.Equal(t, "abc ", used.Password, "DATABASE_URL %q became %q", raw, s.DatabaseURL)
+}
+
+// engine migrate takes the DATABASE_URL serve takes: the pool's settings
+// in it (pool_max_conns, docs/operations.md) are the pool's, not sent to
+// the server, which refuses an unknown parameter. (The parse is what
+// decides; cmd/engine's tests run no Postgres.)
+func TestMigrateTakesTheDatabaseURLServeTakes(t *testing.T) {
+	cfg, err := migrationConnConfig("postgres://u@127.0.0.1:1/x?pool_max_conns=30&application_name=reveille")
+	require.NoError(t, err)
+	require.NotContains(t, cfg.RuntimeParams, "pool_max_conns")
+	require.Equal(t, "reveille", cfg.RuntimeParams["application_name"], "the server's own parameters are still sent")
 }

@@ -9,10 +9,32 @@ import (
 	"os"
 
 	"github.com/jackc/pgx/v5"
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/reveille/reveille/migrations"
 )
+
+// migrationDB opens the database DATABASE_URL names as serve reads it:
+// through pgxpool's parser, which takes the pool's own settings
+// (pool_max_conns, …: docs/operations.md) out of what is sent to the
+// server — which refuses them as unknown parameters.
+func migrationDB(databaseURL string) (*sql.DB, error) {
+	cfg, err := migrationConnConfig(databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	return stdlib.OpenDB(*cfg), nil
+}
+
+// migrationConnConfig is the connection migrationDB opens.
+func migrationConnConfig(databaseURL string) (*pgx.ConnConfig, error) {
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	return cfg.ConnConfig, nil
+}
 
 func runMigrate(ctx context.Context, args []string) error {
 	// (a malformed variable is reported after the flags: --help still prints the usage)
@@ -49,10 +71,7 @@ func runMigrate(ctx context.Context, args []string) error {
 	if s.DatabaseURL == "" {
 		return errors.New("DATABASE_URL is not set")
 	}
-	if _, err := pgx.ParseConfig(s.DatabaseURL); err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	db, err := sql.Open("pgx", s.DatabaseURL)
+	db, err := migrationDB(s.DatabaseURL)
 	if err != nil {
 		return err
 	}
