@@ -32,7 +32,7 @@ func newMetrics(db *pgxpool.Pool, reg prometheus.Registerer) *metrics {
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "reveille_approvals_time_to_decision_seconds",
 			Help:    "From a pending tool call's request to its decision, by source (human, expired).",
-			Buckets: prometheus.ExponentialBuckets(0.5, 2, 16), // 0.5 s … ~4.5 h
+			Buckets: prometheus.ExponentialBuckets(0.5, 2, 22), // 0.5 s … ~12 days: a call may wait 7 days (MaxExpiresIn)
 		}, []string{"source"}),
 		sweepErrs: leader.NewTaskErrors(SweeperLeadership),
 	}

@@ -160,7 +160,7 @@ const qGetPolicy = `SELECT ` + policyColumns + ` FROM tool_policies WHERE org_id
 // qListPolicies: $1 org, $2 agent, $3 cursor, $4 limit.
 const qListPolicies = `
 SELECT ` + policyColumns + ` FROM tool_policies
- WHERE org_id = $1 AND agent_id = $2 AND ($3::uuid IS NULL OR id > $3)
+ WHERE org_id = $1 AND agent_id = $2 AND id > coalesce($3::uuid, '00000000-0000-0000-0000-000000000000')
  ORDER BY id LIMIT $4`
 
 // qSessionVisible: whether the session exists for the org (and, with $3,

@@ -88,7 +88,7 @@ func (s *Service) List(ctx context.Context, orgID string, f ListFilter, p Page) 
 	}
 	rows, err := s.db.Query(ctx, approvalSelect+`
 		WHERE a.org_id = $1 AND ($2::text = '' OR a.agent_id = $2) AND ($3::text = '' OR a.session_id = $3)
-		  AND ($4::uuid IS NULL OR a.id < $4)`+statusCond+`
+		  AND a.id < coalesce($4::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')`+statusCond+`
 		ORDER BY a.id DESC LIMIT $5`, orgID, f.AgentID, f.SessionID, p.After(), p.Size()+1)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing tool approvals: %w", err)

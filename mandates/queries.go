@@ -183,7 +183,7 @@ const qGetApproval = `SELECT ` + approvalColumns + ` FROM mandate_approvals
 const qListApprovals = `
 SELECT ` + approvalColumns + ` FROM mandate_approvals
  WHERE org_id = $1 AND ($2::text = '' OR state = $2) AND ($3::text = '' OR agent_id = $3)
-   AND ($4::uuid IS NULL OR id > $4)
+   AND id > coalesce($4::uuid, '00000000-0000-0000-0000-000000000000')
  ORDER BY id LIMIT $5`
 
 // qListApprovalsNewestFirst: qListApprovals in reverse; the cursor is the
@@ -191,7 +191,7 @@ SELECT ` + approvalColumns + ` FROM mandate_approvals
 const qListApprovalsNewestFirst = `
 SELECT ` + approvalColumns + ` FROM mandate_approvals
  WHERE org_id = $1 AND ($2::text = '' OR state = $2) AND ($3::text = '' OR agent_id = $3)
-   AND ($4::uuid IS NULL OR id < $4)
+   AND id < coalesce($4::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
  ORDER BY id DESC LIMIT $5`
 
 // qCreateMandate: $1 id, $2 org, $3 agent, $4 scope, $5 budget, $6 valid_until.
@@ -212,7 +212,7 @@ const qFindMandate = `SELECT ` + mandateColumns + ` FROM mandates WHERE org_id =
 const qListMandates = `
 SELECT ` + mandateColumns + ` FROM mandates
  WHERE org_id = $1 AND ($2::text = '' OR agent_id = $2) AND ($3::text = '' OR scope = $3)
-   AND ($4::uuid IS NULL OR id > $4)
+   AND id > coalesce($4::uuid, '00000000-0000-0000-0000-000000000000')
  ORDER BY id LIMIT $5`
 
 // qPatchMandate changes only the fields given, and moves updated_at only

@@ -26,7 +26,9 @@ func newDispatchMetrics(reg prometheus.Registerer) *dispatchMetrics {
 		}),
 		deliverySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "reveille_queue_signal_delivery_seconds", Help: "From the message's commit to Temporal accepting the signal.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 20),
+			// 0.5 ms … ~70 min: a Temporal outage of minutes stays in a
+			// finite bucket (it stopped at ~4 min)
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 24),
 		}),
 	}
 	// Every series is there from the start, at 0: an alert on a rate or on

@@ -167,7 +167,7 @@ func (s *Service) List(ctx context.Context, orgID string, f ListFilter, cursor *
 		statusCond = ` AND m.status = 'failed'`
 	}
 	rows, err := s.db.Query(ctx, selectWakeup+`
-		WHERE w.org_id = $1 AND ($2 = '' OR w.workflow_id = $2) AND ($3::uuid IS NULL OR w.id < $3)
+		WHERE w.org_id = $1 AND ($2 = '' OR w.workflow_id = $2) AND w.id < coalesce($3::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
 		  AND ($5 = '' OR w.agent_id = $5)`+openRows(f)+statusCond+deliveryConds[f.Delivery]+`
 		ORDER BY w.id DESC LIMIT $4`, orgID, f.WorkflowID, cursor, limit+1, f.AgentID)
 	if err != nil {

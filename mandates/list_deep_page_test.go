@@ -1,0 +1,41 @@
+package mandates
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+)
+
+// docs/conventions.md: "a page's cursor is a bound of the index range …,
+// never an OR ($3 IS NULL OR id > $3), which the generic plan keeps as a
+// filter over everything before the cursor". qListApprovals (GET
+// /v1/approvals) and qListMandates page with `$4::uuid IS NULL OR id > $4`.
+// On a pooled connection that served one agent's list five times (the
+// agent filter is a parameter: same statement), Postgres reuses the
+// generic plan, and a client paging the org's list deep reads every row
+// before its cursor.
+func TestPagingApprovalRequestsDeepReadsAPage(t *testing.T) {
+	ctx := context.Background()
+	_, db := newTestService(t)
+	_, err := db.Exec(ctx, `
+		INSERT INTO mandate_approvals (id, org_id, agent_id, scope, cost, state, expires_at, resolved_at)
+		SELECT gen_random_uuid(), CASE WHEN i % 10 <> 0 THEN 'org-00' ELSE 'org-' || lpad((i % 19 + 1)::text, 2, '0') END,
+		       'agent-' || (i % 1000), 'llm', 1, 'denied', now() + interval '1 day', now()
+		  FROM generate_series(1, 60000) i`)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `VACUUM ANALYZE mandate_approvals`)
+	require.NoError(t, err)
+	var deep uuid.UUID
+	require.NoError(t, db.QueryRow(ctx, `SELECT id FROM mandate_approvals WHERE org_id = 'org-00' ORDER BY id OFFSET 50000 LIMIT 1`).Scan(&deep))
+	var warm [][]any
+	for i := range 5 {
+		warm = append(warm, []any{"org-00", "", fmt.Sprintf("agent-%d", i+1), nil, int32(51)})
+	}
+	plan := testkit.PlanAfter(t, db, qListApprovals, warm, []any{"org-00", "", "", &deep, int32(51)})
+	testkit.RequireReadsAPage(t, "qListApprovals", plan, 1000)
+}
