@@ -81,4 +81,3 @@ func TestPagingToolApprovalsDeepReadsAPage(t *testing.T) {
 	t.Logf("generic:\n%s", strings.Join(testkit.GenericPlan(t, db, sql, probe), "\n"))
 	testkit.RequireReadsAPage(t, "List", testkit.PlanAfter(t, db, sql, warm, probe), 1000)
 }
-
