@@ -41,6 +41,10 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 	counter := func(name, help string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "reveille_workpool_" + name, Help: help}, []string{"pool"})
 	}
+	// Durations of one iteration, claim or report: past a second, up to a
+	// minute — an iteration and a report run hooks, each up to
+	// REVEILLE_HOOK_TIMEOUT (10 s by default).
+	durations := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1, 2.5, 5, 10, 30, 60}
 	mt := &metrics{
 		started:   counter("started_total", "Attempts started by the pool's loop."),
 		succeeded: counter("succeeded_total", "Work finished with outcome succeeded."),
@@ -59,14 +63,14 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 			[]string{"stage"}),
 		iteration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "reveille_workpool_loop_iteration_seconds",
 			Help:    "Duration of one main loop iteration.",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}}, []string{"pool"}),
+			Buckets: durations}, []string{"pool"}),
 		startLag: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "reveille_workpool_start_lag_seconds",
-			Help:    "Delay from a work item's run_at to its start.",
-			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 60, 300}}, []string{"pool"}),
+			Help: "Delay from a work item's run_at to its start.",
+			// (to a day: a saturated or paused pool's backlog waits hours)
+			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 60, 300, 1800, 3600, 4 * 3600, 24 * 3600}}, []string{"pool"}),
 	}
 	mt.depth = &depthCollector{m: m}
 	sizes := []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000}
-	durations := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}
 	mt.claimBatch = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "reveille_workpool_claim_batch_size",
 		Help: "Attempts claimed by one claim statement.", Buckets: sizes})
 	mt.reportBatch = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "reveille_workpool_report_batch_size",
