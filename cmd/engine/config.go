@@ -155,10 +155,7 @@ func envConfig() (settings, error) {
 		OpsAddr:      os.Getenv("REVEILLE_OPS_ADDR"),
 		DataDir:      envOr("REVEILLE_DATA_DIR", "./.reveille"),
 		TemporalPort: 7233,
-		// (blank counts as unset: pgx reads an empty string as the local
-		// socket's default database; any other value is kept as given, as
-		// a key=value string's escaped trailing space is the password's)
-		DatabaseURL:  unlessBlank(os.Getenv("DATABASE_URL")),
+		DatabaseURL:  databaseURL(os.Getenv("DATABASE_URL")),
 		TemporalAddr: temporalAddr(os.Getenv("TEMPORAL_ADDRESS"), &errs),
 		Namespace:    envOr("TEMPORAL_NAMESPACE", "default"),
 		JWTSecrets:   list(os.Getenv("REVEILLE_JWT_SECRET")),
@@ -222,10 +219,15 @@ func envConfig() (settings, error) {
 	return s, errors.Join(errs...)
 }
 
-// unlessBlank is v, or "" when it is only whitespace.
-func unlessBlank(v string) string {
-	if strings.TrimSpace(v) == "" {
-		return ""
+// databaseURL reads DATABASE_URL: "" when blank (pgx reads an empty
+// string as the local socket's default database); a URL without the
+// whitespace around it (a secret file's newline, CRLF: a URL holds none);
+// a key=value string as given, where an escaped trailing space is the
+// last value's (password=abc\ ).
+func databaseURL(v string) string {
+	t := strings.TrimSpace(v)
+	if t == "" || strings.HasPrefix(t, "postgres://") || strings.HasPrefix(t, "postgresql://") {
+		return t
 	}
 	return v
 }

@@ -184,3 +184,23 @@ func TestMigrateTakesTheDatabaseURLServeTakes(t *testing.T) {
 	require.NotContains(t, cfg.RuntimeParams, "pool_max_conns")
 	require.Equal(t, "reveille", cfg.RuntimeParams["application_name"], "the server's own parameters are still sent")
 }
+
+// A URL's surrounding whitespace (a secret file's newline, CRLF, a stray
+// space) is not part of it: it still parses, for serve and for migrate.
+func TestADatabaseURLWithSurroundingWhitespaceStillParses(t *testing.T) {
+	for _, raw := range []string{
+		"postgres://reveille:secret@127.0.0.1:5432/reveille?sslmode=disable\n",
+		"postgres://reveille:secret@127.0.0.1:5432/reveille?sslmode=disable\r\n",
+		" postgresql://reveille:secret@127.0.0.1:5432/reveille?sslmode=disable",
+	} {
+		clearEnv(t)
+		t.Setenv("DATABASE_URL", raw)
+		s, err := envConfig()
+		require.NoError(t, err)
+		cfg, err := pgx.ParseConfig(s.DatabaseURL) // what serve's pool parse does first
+		require.NoError(t, err, "DATABASE_URL %q", raw)
+		require.Equal(t, "reveille", cfg.Database, "DATABASE_URL %q", raw)
+		_, err = migrationConnConfig(s.DatabaseURL)
+		require.NoError(t, err, "engine migrate, DATABASE_URL %q", raw)
+	}
+}
