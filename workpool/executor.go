@@ -345,7 +345,18 @@ func (e *executor) launch(j claimedJob) {
 	ctx, cancel := context.WithCancelCause(e.handlerCtx)
 	rj := &runningJob{id: j.ID, pool: j.Pool, attempt: j.Attempt, hook: j.hook, cancel: cancel}
 	e.mu.Lock()
-	if prev, ok := e.jobs[j.ID]; ok && prev.attempt != j.Attempt {
+	if prev, ok := e.jobs[j.ID]; ok && prev.attempt == j.Attempt {
+		// The attempt this executor already runs, started again: its start
+		// was lost (a Postgres crash took the commit, which does not wait
+		// for the disk) and the work, pending again with the same attempt
+		// count, was started anew. It runs once: the run under way reports
+		// for this attempt, as the row now expects.
+		e.mu.Unlock()
+		cancel(nil)
+		e.m.logger.Warn("work started again while this replica runs that attempt (its start was lost); the run under way goes on",
+			"work_id", j.ID, "attempt", j.Attempt)
+		return
+	} else if ok {
 		// A later attempt of work this executor still runs: recovery took
 		// the earlier one while its heartbeats failed, and the heartbeat,
 		// which asks only of the attempt held here, would never say so.

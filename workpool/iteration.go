@@ -323,6 +323,10 @@ func (it *iteration) cancelations(ctx context.Context, ids []uuid.UUID) error {
 			}
 		}
 		it.cancels = running
+		// The executors stop these once it commits: a commit a crash lost
+		// would leave the work uncanceled, its stopped attempt then
+		// recorded as failed.
+		it.needSync = true
 	}
 	return nil
 }
