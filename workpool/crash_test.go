@@ -209,3 +209,77 @@ func TestACancelOfRunningWorkSurvivesAPostgresCrash(t *testing.T) {
 	require.Equal(t, "finished", state)
 	require.Equal(t, "canceled", *outcome, "work canceled while running finished %s (error %q)", *outcome, deref(errText))
 }
+
+// The same lost start, with heartbeats often enough that one lands after
+// the database is back and before the loop starts the work again: it finds
+// the row pending, not this executor's, and gives the run up (errLost);
+// the handler winds down for a few seconds. The re-start then runs the
+// attempt anew (the run given up does not "go on"), and the run given up
+// reports nothing: its "context canceled" was recorded as the attempt's
+// result, failing work whose handler never failed.
+func TestARunGivenUpAfterAPostgresCrashDoesNotDecideItsWork(t *testing.T) {
+	ctx := context.Background()
+	opts := devstack.PostgresOptions{DataDir: t.TempDir(), DieWithParent: true}
+	pg, err := devstack.StartPostgres(ctx, opts)
+	require.NoError(t, err)
+	current := pg
+	t.Cleanup(func() { _ = current.Stop(context.Background()) })
+
+	db, err := pgxpool.New(ctx, pg.URL("postgres"))
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	_, err = migrations.UpPool(ctx, db, nil)
+	require.NoError(t, err)
+
+	m, err := New(db, Config{Pools: map[string]int{"p": 1}, Logger: testkit.Logger(t),
+		HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: 20 * time.Second})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var causes []string
+	first := make(chan struct{}, 1)
+	m.Register("h", func(hctx context.Context, j Job) (json.RawMessage, error) {
+		select {
+		case first <- struct{}{}:
+		default:
+		}
+		<-hctx.Done()
+		mu.Lock()
+		causes = append(causes, context.Cause(hctx).Error())
+		mu.Unlock()
+		time.Sleep(5 * time.Second) // winding down
+		return nil, hctx.Err()
+	})
+	require.NoError(t, m.Start(ctx))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = m.Stop(sctx)
+	})
+
+	id, err := m.Enqueue(ctx, EnqueueParams{OrgID: "o", Pool: "p", Handler: "h"})
+	require.NoError(t, err)
+	select {
+	case <-first:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler never ran")
+	}
+	var crashAt time.Time
+	require.NoError(t, db.QueryRow(ctx, `SELECT now()`).Scan(&crashAt))
+	current = crashPostgres(t, pg, opts)
+
+	startedAgain := false
+	for deadline := time.Now().Add(25 * time.Second); !startedAgain && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		_ = db.QueryRow(ctx, `SELECT (state = 'running' AND started_at > $2) OR state = 'finished' FROM workpool_work WHERE id = $1`, id, crashAt).Scan(&startedAgain)
+	}
+	if !startedAgain {
+		t.Skip("the start reached the disk before the crash: nothing was started again")
+	}
+	time.Sleep(7 * time.Second)
+	var state string
+	var outcome, errText *string
+	_ = db.QueryRow(ctx, `SELECT state, outcome, error FROM workpool_work WHERE id = $1`, id).Scan(&state, &outcome, &errText)
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("handler contexts ended by: %q; row: %s outcome=%v error=%v", causes, state, deref(outcome), deref(errText))
+	require.NotEqual(t, "finished", state, "single-attempt work whose handler never failed finished %v: %v", deref(outcome), deref(errText))
+}

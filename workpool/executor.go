@@ -97,6 +97,18 @@ type runningJob struct {
 	cancel   context.CancelCauseFunc
 	canceled atomic.Bool // the work was canceled
 	finished atomic.Bool // a result was handed to the completer
+	// lost: the attempt is no longer this executor's (errLost): whoever
+	// holds the row now decides it, and this run's result is not recorded
+	// — after a Postgres crash lost its start, the row may be running that
+	// same attempt again, started anew, and the result of a run given up
+	// would be taken as that attempt's.
+	lost atomic.Bool
+}
+
+// loseJob gives up rj's attempt (errLost).
+func loseJob(rj *runningJob) {
+	rj.lost.Store(true)
+	rj.cancel(errLost)
 }
 
 func newExecutor(m *Manager) *executor {
@@ -345,22 +357,28 @@ func (e *executor) launch(j claimedJob) {
 	ctx, cancel := context.WithCancelCause(e.handlerCtx)
 	rj := &runningJob{id: j.ID, pool: j.Pool, attempt: j.Attempt, hook: j.hook, cancel: cancel}
 	e.mu.Lock()
-	if prev, ok := e.jobs[j.ID]; ok && prev.attempt == j.Attempt {
+	if prev, ok := e.jobs[j.ID]; ok && prev.attempt == j.Attempt && !prev.lost.Load() {
 		// The attempt this executor already runs, started again: its start
 		// was lost (a Postgres crash took the commit, which does not wait
 		// for the disk) and the work, pending again with the same attempt
 		// count, was started anew. It runs once: the run under way reports
 		// for this attempt, as the row now expects.
+		if j.canceled { // (canceled since: it stops now, as a launch would)
+			prev.canceled.Store(true)
+			prev.cancel(errWorkCanceled)
+		}
 		e.mu.Unlock()
 		cancel(nil)
 		e.m.logger.Warn("work started again while this replica runs that attempt (its start was lost); the run under way goes on",
 			"work_id", j.ID, "attempt", j.Attempt)
 		return
 	} else if ok {
-		// A later attempt of work this executor still runs: recovery took
+		// A later attempt of work this executor still runs (recovery took
 		// the earlier one while its heartbeats failed, and the heartbeat,
-		// which asks only of the attempt held here, would never say so.
-		prev.cancel(errLost)
+		// which asks only of the attempt held here, would never say so),
+		// or this attempt started again after the run under way was given
+		// up: that run's result is not recorded.
+		loseJob(prev)
 	}
 	e.jobs[j.ID] = rj
 	e.active++
@@ -456,13 +474,20 @@ func (e *executor) finish(rj *runningJob, r attemptResult) {
 		return
 	}
 	r.id, r.pool, r.attempt, r.hook = rj.id, rj.pool, rj.attempt, rj.hook
-	// The result is queued before the handler counts as returned: a drain
-	// that sees the executor idle stops the completer next, and its last
-	// flush must find this result (queued after it, a hand-back was lost
-	// and the work left running until the heartbeat timeout recovered it).
-	e.completer.add(r)
+	lost := rj.lost.Load()
+	if !lost {
+		// The result is queued before the handler counts as returned: a
+		// drain that sees the executor idle stops the completer next, and
+		// its last flush must find this result (queued after it, a
+		// hand-back was lost and the work left running until the
+		// heartbeat timeout recovered it).
+		e.completer.add(r)
+	}
 	e.finishing.RUnlock()
 	e.mu.Lock()
+	if lost && e.jobs[rj.id] == rj {
+		delete(e.jobs, rj.id) // (no report will forget it)
+	}
 	e.active--
 	kick := e.backlog
 	e.backlog = false
@@ -581,7 +606,7 @@ func (e *executor) heartbeat() error {
 	e.cancelJobs(canceled)
 	for _, id := range ids {
 		if rj := asked[id]; !alive[id] && !rj.finished.Load() {
-			rj.cancel(errLost)
+			loseJob(rj)
 		}
 	}
 	if full {
