@@ -21,193 +21,139 @@ import (
 	"github.com/reveille/reveille/migrations"
 )
 
+// crashable is a Manager of pool "p" (one slot) on a Postgres of its own,
+// which its test crashes: the commits that do not wait for the disk are
+// the ones a crash can take back.
+type crashable struct {
+	pg   *devstack.Postgres
+	opts devstack.PostgresOptions
+	db   *pgxpool.Pool
+	m    *Manager
+}
+
+// newCrashable starts the Postgres and the Manager (cfg's pools and logger
+// set here), with handler "h" registered, and enqueues one item of it
+// without a retry policy: a single attempt.
+func newCrashable(t *testing.T, cfg Config, h Handler) (*crashable, uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	// (the WAL writer flushes what a commit left unflushed every 10 s,
+	// not every 200 ms: the crash finds it unflushed, busy machine or not)
+	c := &crashable{opts: devstack.PostgresOptions{DataDir: t.TempDir(), DieWithParent: true,
+		Settings: map[string]string{"wal_writer_delay": "10s"}}}
+	var err error
+	c.pg, err = devstack.StartPostgres(ctx, c.opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.pg.Stop(context.Background()) })
+	c.opts.Port = c.pg.Port()
+	c.db, err = pgxpool.New(ctx, c.pg.URL("postgres"))
+	require.NoError(t, err)
+	t.Cleanup(c.db.Close)
+	_, err = migrations.UpPool(ctx, c.db, nil)
+	require.NoError(t, err)
+	cfg.Pools, cfg.Logger = map[string]int{"p": 1}, testkit.Logger(t)
+	c.m, err = New(c.db, cfg)
+	require.NoError(t, err)
+	c.m.Register("h", h)
+	require.NoError(t, c.m.Start(ctx))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = c.m.Stop(sctx)
+	})
+	id, err := c.m.Enqueue(ctx, EnqueueParams{OrgID: "o", Pool: "p", Handler: "h"})
+	require.NoError(t, err)
+	return c, id
+}
+
+// crash stops Postgres as a crash does (immediate shutdown: nothing more
+// is written) and starts it again on the same port and directory. It
+// returns the database's time just before.
+func (c *crashable) crash(t *testing.T) time.Time {
+	t.Helper()
+	var at time.Time
+	require.NoError(t, c.db.QueryRow(context.Background(), `SELECT now()`).Scan(&at))
+	b, err := os.ReadFile(filepath.Join(c.pg.ClusterDir(), "postmaster.pid"))
+	require.NoError(t, err)
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGQUIT))
+	select {
+	case <-c.pg.Wait():
+	case <-time.After(30 * time.Second):
+		t.Fatal("postgres did not stop")
+	}
+	time.Sleep(500 * time.Millisecond)
+	c.pg, err = devstack.StartPostgres(context.Background(), c.opts)
+	require.NoError(t, err)
+	return at
+}
+
+// startedAgain waits until work id, its start lost in the crash at at, is
+// started again (or finished): false when the start had reached the disk
+// before the crash and nothing is started again.
+func (c *crashable) startedAgain(id uuid.UUID, at time.Time) bool {
+	again := false
+	for deadline := time.Now().Add(25 * time.Second); !again && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		_ = c.db.QueryRow(context.Background(), `SELECT (state = 'running' AND started_at > $2) OR state = 'finished'
+			FROM workpool_work WHERE id = $1`, id, at).Scan(&again)
+	}
+	return again
+}
+
+// row is work id's state, outcome and error.
+func (c *crashable) row(id uuid.UUID) (state string, outcome, errText *string) {
+	_ = c.db.QueryRow(context.Background(), `SELECT state, outcome, error FROM workpool_work WHERE id = $1`, id).Scan(&state, &outcome, &errText)
+	return state, outcome, errText
+}
+
+// signal sends on ch without waiting (a test's "it happened").
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func waitOn(t *testing.T, ch chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatal(what)
+	}
+}
+
 // Work without a retry policy has a single attempt (docs/workpool.md §
 // Retries). A start commits without waiting for the disk, and the handler
 // runs as soon as it commits: a Postgres crash just after (an immediate
 // shutdown here, as a kill or an OOM would) loses the start, the work is
 // pending again with no attempt counted, and the loop starts it again —
 // on this replica, whose executor runs that attempt already: it goes on
-// once, not twice. (On another replica it would run again: see
-// docs/operations.md.)
+// once, not twice (unless a heartbeat gave it up first: the next test).
 func TestAStartLostInAPostgresCrashDoesNotRunItsAttemptTwice(t *testing.T) {
-	ctx := context.Background()
-	dir := t.TempDir()
-	opts := devstack.PostgresOptions{DataDir: dir, DieWithParent: true}
-	pg, err := devstack.StartPostgres(ctx, opts)
-	require.NoError(t, err)
-	current := pg
-	t.Cleanup(func() { _ = current.Stop(context.Background()) })
-	opts.Port = pg.Port()
-
-	db, err := pgxpool.New(ctx, pg.URL("postgres"))
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
-	_, err = migrations.UpPool(ctx, db, nil)
-	require.NoError(t, err)
-
-	m, err := New(db, Config{Pools: map[string]int{"p": 1}, Logger: testkit.Logger(t)})
-	require.NoError(t, err)
-	type run struct {
-		id      uuid.UUID
-		attempt int
-	}
 	var mu sync.Mutex
-	var runs []run
+	runs := 0
 	first := make(chan struct{}, 1)
-	m.Register("h", func(hctx context.Context, j Job) (json.RawMessage, error) {
+	c, id := newCrashable(t, Config{}, func(hctx context.Context, j Job) (json.RawMessage, error) {
 		mu.Lock()
-		runs = append(runs, run{j.ID, j.Attempt})
+		runs++
 		mu.Unlock()
-		select {
-		case first <- struct{}{}:
-		default:
-		}
+		signal(first)
 		<-hctx.Done() // a long job: still running across the outage
 		return nil, hctx.Err()
 	})
-	require.NoError(t, m.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = m.Stop(sctx)
-	})
+	waitOn(t, first, "the handler never ran")
 
-	id, err := m.Enqueue(ctx, EnqueueParams{OrgID: "o", Pool: "p", Handler: "h"}) // no retry policy: one attempt
-	require.NoError(t, err)
-	select {
-	case <-first:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the handler never ran")
-	}
-
-	var crashAt time.Time
-	require.NoError(t, db.QueryRow(ctx, `SELECT now()`).Scan(&crashAt))
-	// Postgres crashes now (immediate shutdown: no WAL written after this).
-	b, err := os.ReadFile(filepath.Join(pg.ClusterDir(), "postmaster.pid"))
-	require.NoError(t, err)
-	line, _, _ := strings.Cut(string(b), "\n")
-	pid, err := strconv.Atoi(strings.TrimSpace(line))
-	require.NoError(t, err)
-	require.NoError(t, syscall.Kill(pid, syscall.SIGQUIT))
-	select {
-	case <-pg.Wait():
-	case <-time.After(30 * time.Second):
-		t.Fatal("postgres did not stop")
-	}
-	time.Sleep(500 * time.Millisecond)
-	current, err = devstack.StartPostgres(ctx, opts)
-	require.NoError(t, err)
-
-	// Once the database is back, the lost start leaves the work pending
-	// and the loop starts it again (unless the start reached the disk
-	// before the crash: then nothing is started again); the attempt
-	// already running must not run a second time.
-	startedAgain := false
-	for deadline := time.Now().Add(25 * time.Second); !startedAgain && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		_ = db.QueryRow(ctx, `SELECT state = 'running' AND started_at > $2 FROM workpool_work WHERE id = $1`, id, crashAt).Scan(&startedAgain)
-	}
-	if !startedAgain {
+	if !c.startedAgain(id, c.crash(t)) {
 		t.Log("the start reached the disk before the crash: nothing was started again")
 	}
 	time.Sleep(time.Second) // (a second run would have begun by now)
-	var state string
-	var attempts int
-	_ = db.QueryRow(ctx, `SELECT state, attempts FROM workpool_work WHERE id = $1`, id).Scan(&state, &attempts)
+	state, _, _ := c.row(id)
 	mu.Lock()
 	defer mu.Unlock()
-	require.Len(t, runs, 1, "the single-attempt handler of work %s ran %d times (%v); the row is now %s with %d attempts counted",
-		id, len(runs), runs, state, attempts)
-}
-
-// crashPostgres stops pg as a crash does (immediate shutdown: nothing more
-// is written) and starts it again on the same port and directory.
-func crashPostgres(t *testing.T, pg *devstack.Postgres, opts devstack.PostgresOptions) *devstack.Postgres {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(pg.ClusterDir(), "postmaster.pid"))
-	require.NoError(t, err)
-	line, _, _ := strings.Cut(string(b), "\n")
-	pid, err := strconv.Atoi(strings.TrimSpace(line))
-	require.NoError(t, err)
-	require.NoError(t, syscall.Kill(pid, syscall.SIGQUIT))
-	select {
-	case <-pg.Wait():
-	case <-time.After(30 * time.Second):
-		t.Fatal("postgres did not stop")
-	}
-	time.Sleep(500 * time.Millisecond)
-	opts.Port = pg.Port()
-	next, err := devstack.StartPostgres(context.Background(), opts)
-	require.NoError(t, err)
-	return next
-}
-
-// A cancel of running work: the loop flags it and tells the executor,
-// which stops the handler; the attempt finishes canceled (SPEC §3). The
-// iteration that flags it commits durably before the executor is told: a
-// Postgres crash right after lost the flag of a commit that had not
-// waited for the disk, and the stopped attempt finished failed.
-func TestACancelOfRunningWorkSurvivesAPostgresCrash(t *testing.T) {
-	ctx := context.Background()
-	opts := devstack.PostgresOptions{DataDir: t.TempDir(), DieWithParent: true}
-	pg, err := devstack.StartPostgres(ctx, opts)
-	require.NoError(t, err)
-	current := pg
-	t.Cleanup(func() { _ = current.Stop(context.Background()) })
-
-	db, err := pgxpool.New(ctx, pg.URL("postgres"))
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
-	_, err = migrations.UpPool(ctx, db, nil)
-	require.NoError(t, err)
-
-	m, err := New(db, Config{Pools: map[string]int{"p": 1}, Logger: testkit.Logger(t)})
-	require.NoError(t, err)
-	started, sawCancel := make(chan struct{}, 1), make(chan struct{}, 1)
-	m.Register("h", func(hctx context.Context, j Job) (json.RawMessage, error) {
-		select {
-		case started <- struct{}{}:
-		default:
-		}
-		<-hctx.Done()
-		select {
-		case sawCancel <- struct{}{}:
-		default:
-		}
-		return nil, hctx.Err()
-	})
-	require.NoError(t, m.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = m.Stop(sctx)
-	})
-	id, err := m.Enqueue(ctx, EnqueueParams{OrgID: "o", Pool: "p", Handler: "h"})
-	require.NoError(t, err)
-	select {
-	case <-started:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the handler never ran")
-	}
-	require.NoError(t, m.Cancel(ctx, "o", id))
-	select {
-	case <-sawCancel:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the handler was never told of the cancel")
-	}
-	current = crashPostgres(t, pg, opts)
-
-	var state string
-	var outcome, errText *string
-	deadline := time.Now().Add(40 * time.Second)
-	for time.Now().Before(deadline) {
-		err := db.QueryRow(ctx, `SELECT state, outcome, error FROM workpool_work WHERE id = $1`, id).Scan(&state, &outcome, &errText)
-		if err == nil && state == "finished" {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	require.Equal(t, "finished", state)
-	require.Equal(t, "canceled", *outcome, "work canceled while running finished %s (error %q)", *outcome, deref(errText))
+	require.Equal(t, 1, runs, "the single-attempt handler of work %s ran %d times; the row is %s", id, runs, state)
 }
 
 // The same lost start, with heartbeats often enough that one lands after
@@ -218,68 +164,60 @@ func TestACancelOfRunningWorkSurvivesAPostgresCrash(t *testing.T) {
 // reports nothing: its "context canceled" was recorded as the attempt's
 // result, failing work whose handler never failed.
 func TestARunGivenUpAfterAPostgresCrashDoesNotDecideItsWork(t *testing.T) {
-	ctx := context.Background()
-	opts := devstack.PostgresOptions{DataDir: t.TempDir(), DieWithParent: true}
-	pg, err := devstack.StartPostgres(ctx, opts)
-	require.NoError(t, err)
-	current := pg
-	t.Cleanup(func() { _ = current.Stop(context.Background()) })
-
-	db, err := pgxpool.New(ctx, pg.URL("postgres"))
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
-	_, err = migrations.UpPool(ctx, db, nil)
-	require.NoError(t, err)
-
-	m, err := New(db, Config{Pools: map[string]int{"p": 1}, Logger: testkit.Logger(t),
-		HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: 20 * time.Second})
-	require.NoError(t, err)
 	var mu sync.Mutex
 	var causes []string
 	first := make(chan struct{}, 1)
-	m.Register("h", func(hctx context.Context, j Job) (json.RawMessage, error) {
-		select {
-		case first <- struct{}{}:
-		default:
-		}
-		<-hctx.Done()
-		mu.Lock()
-		causes = append(causes, context.Cause(hctx).Error())
-		mu.Unlock()
-		time.Sleep(5 * time.Second) // winding down
-		return nil, hctx.Err()
-	})
-	require.NoError(t, m.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = m.Stop(sctx)
-	})
+	c, id := newCrashable(t, Config{HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: 20 * time.Second},
+		func(hctx context.Context, j Job) (json.RawMessage, error) {
+			signal(first)
+			<-hctx.Done()
+			mu.Lock()
+			causes = append(causes, context.Cause(hctx).Error())
+			mu.Unlock()
+			time.Sleep(5 * time.Second) // winding down
+			return nil, hctx.Err()
+		})
+	waitOn(t, first, "the handler never ran")
 
-	id, err := m.Enqueue(ctx, EnqueueParams{OrgID: "o", Pool: "p", Handler: "h"})
-	require.NoError(t, err)
-	select {
-	case <-first:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the handler never ran")
-	}
-	var crashAt time.Time
-	require.NoError(t, db.QueryRow(ctx, `SELECT now()`).Scan(&crashAt))
-	current = crashPostgres(t, pg, opts)
-
-	startedAgain := false
-	for deadline := time.Now().Add(25 * time.Second); !startedAgain && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		_ = db.QueryRow(ctx, `SELECT (state = 'running' AND started_at > $2) OR state = 'finished' FROM workpool_work WHERE id = $1`, id, crashAt).Scan(&startedAgain)
-	}
-	if !startedAgain {
+	if !c.startedAgain(id, c.crash(t)) {
 		t.Skip("the start reached the disk before the crash: nothing was started again")
 	}
-	time.Sleep(7 * time.Second)
-	var state string
-	var outcome, errText *string
-	_ = db.QueryRow(ctx, `SELECT state, outcome, error FROM workpool_work WHERE id = $1`, id).Scan(&state, &outcome, &errText)
+	time.Sleep(7 * time.Second) // (the run given up has wound down and reported, or not)
+	state, outcome, errText := c.row(id)
 	mu.Lock()
 	defer mu.Unlock()
 	t.Logf("handler contexts ended by: %q; row: %s outcome=%v error=%v", causes, state, deref(outcome), deref(errText))
 	require.NotEqual(t, "finished", state, "single-attempt work whose handler never failed finished %v: %v", deref(outcome), deref(errText))
+}
+
+// A cancel of running work: the loop flags it and tells the executor,
+// which stops the handler; the attempt finishes canceled (SPEC §3). The
+// iteration that flags it commits durably before the executor is told: a
+// Postgres crash right after lost the flag of a commit that had not
+// waited for the disk, and the stopped attempt finished failed.
+func TestACancelOfRunningWorkSurvivesAPostgresCrash(t *testing.T) {
+	started, sawCancel, crashed := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
+	// (no heartbeat, whose commit waits for the disk and would write the
+	// flag out, before the crash)
+	c, id := newCrashable(t, Config{HeartbeatInterval: 20 * time.Second, HeartbeatTimeout: time.Minute},
+		func(hctx context.Context, j Job) (json.RawMessage, error) {
+			signal(started)
+			<-hctx.Done()
+			signal(sawCancel)
+			<-crashed // (its result, recorded durably, would write the flag out too)
+			return nil, hctx.Err()
+		})
+	waitOn(t, started, "the handler never ran")
+	require.NoError(t, c.m.Cancel(context.Background(), "o", id))
+	waitOn(t, sawCancel, "the handler was never told of the cancel")
+	c.crash(t)
+	close(crashed)
+
+	var state string
+	var outcome, errText *string
+	for deadline := time.Now().Add(40 * time.Second); state != "finished" && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		state, outcome, errText = c.row(id)
+	}
+	require.Equal(t, "finished", state)
+	require.Equal(t, "canceled", *outcome, "work canceled while running finished %s (error %q)", *outcome, deref(errText))
 }
