@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/migrations"
@@ -37,14 +36,9 @@ SELECT EXISTS (SELECT 1 FROM m), EXISTS (SELECT 1 FROM u)`
 // while it runs.
 func TestMigration31BackfillHoldsNoRefundReplayNorItsMandatesSpends(t *testing.T) {
 	ctx := context.Background()
-	url := emptyDatabase(t, "ledger_pos_backfill")
-	db := openDB(t, url)
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.Files(), goose.WithDisableGlobalRegistry(true))
-	require.NoError(t, err)
-	_, err = p.UpTo(ctx, 30)
-	require.NoError(t, err)
+	url, db := databaseAt(t, "ledger_pos_backfill", 30)
 	const m = "00000000-0000-7000-8000-00000000000a"
-	_, err = db.ExecContext(ctx, `INSERT INTO mandates (id, org_id, agent_id, scope, budget, spent) VALUES
+	_, err := db.ExecContext(ctx, `INSERT INTO mandates (id, org_id, agent_id, scope, budget, spent) VALUES
 		('`+m+`', 'org-1', 'a', 'llm', 100000000, 1000000)`)
 	require.NoError(t, err)
 	// a refund made before the upgrade, with its key (first row, lowest id)
@@ -107,13 +101,8 @@ func TestMigration31BackfillHoldsNoRefundReplayNorItsMandatesSpends(t *testing.T
 // resumes below what it gave, in id order, and the index is built again.
 func TestMigration31RunsAgainAfterAPartialRun(t *testing.T) {
 	ctx := context.Background()
-	url := emptyDatabase(t, "ledger_pos_rerun")
-	db := openDB(t, url)
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.Files(), goose.WithDisableGlobalRegistry(true))
-	require.NoError(t, err)
-	_, err = p.UpTo(ctx, 30)
-	require.NoError(t, err)
-	_, err = db.ExecContext(ctx, `INSERT INTO mandates (id, org_id, agent_id, scope, budget) VALUES
+	_, db := databaseAt(t, "ledger_pos_rerun", 30)
+	_, err := db.ExecContext(ctx, `INSERT INTO mandates (id, org_id, agent_id, scope, budget) VALUES
 		('00000000-0000-7000-8000-00000000000a', 'org-1', 'a', 'llm', 100)`)
 	require.NoError(t, err)
 	_, err = db.ExecContext(ctx, `INSERT INTO mandate_ledger (id, org_id, mandate_id, kind, amount)

@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
@@ -11,7 +12,20 @@ import (
 	"github.com/reveille/reveille/migrations"
 )
 
-// 00031 ALTERs mandate_ledger, which every spend writes, without the
+// databaseAt is a fresh database (named name) migrated up to version, its
+// URL and a handle on it.
+func databaseAt(t *testing.T, name string, version int64) (string, *sql.DB) {
+	t.Helper()
+	url := emptyDatabase(t, name)
+	db := openDB(t, url)
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.Files(), goose.WithDisableGlobalRegistry(true))
+	require.NoError(t, err)
+	_, err = p.UpTo(context.Background(), version)
+	require.NoError(t, err)
+	return url, db
+}
+
+// 00031 ALTERs mandate_ledger, which every spend writes, with the
 // lock_timeout 00027 and 00029 set for the same reason: while the ALTER
 // waits for the table's lock behind a spend under way on an old replica,
 // every other spend queues behind it. Here an old replica's spend batch
@@ -20,13 +34,8 @@ import (
 // mandate, must not wait for the migration.
 func TestMigration31DoesNotQueueEverySpendBehindItsAlter(t *testing.T) {
 	ctx := context.Background()
-	url := emptyDatabase(t, "ledger_pos_lock")
-	db := openDB(t, url)
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.Files(), goose.WithDisableGlobalRegistry(true))
-	require.NoError(t, err)
-	_, err = p.UpTo(ctx, 30)
-	require.NoError(t, err)
-	_, err = db.ExecContext(ctx, `INSERT INTO mandates (id, org_id, agent_id, scope, budget) VALUES
+	url, db := databaseAt(t, "ledger_pos_lock", 30)
+	_, err := db.ExecContext(ctx, `INSERT INTO mandates (id, org_id, agent_id, scope, budget) VALUES
 		('00000000-0000-7000-8000-00000000000a', 'org-1', 'a', 'llm', 100),
 		('00000000-0000-7000-8000-00000000000b', 'org-1', 'b', 'llm', 100)`)
 	require.NoError(t, err)
@@ -68,13 +77,8 @@ func TestMigration31DoesNotQueueEverySpendBehindItsAlter(t *testing.T) {
 // order they were listed in), before every entry written after it.
 func TestMigration31KeepsTheLedgersOrderAndPutsNewEntriesAfterIt(t *testing.T) {
 	ctx := context.Background()
-	url := emptyDatabase(t, "ledger_pos_order")
-	db := openDB(t, url)
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.Files(), goose.WithDisableGlobalRegistry(true))
-	require.NoError(t, err)
-	_, err = p.UpTo(ctx, 30)
-	require.NoError(t, err)
-	_, err = db.ExecContext(ctx, `INSERT INTO mandates (id, org_id, agent_id, scope, budget) VALUES
+	_, db := databaseAt(t, "ledger_pos_order", 30)
+	_, err := db.ExecContext(ctx, `INSERT INTO mandates (id, org_id, agent_id, scope, budget) VALUES
 		('00000000-0000-7000-8000-00000000000a', 'org-1', 'a', 'llm', 100)`)
 	require.NoError(t, err)
 	// (inserted newest first: the table's physical order is not the ids')
