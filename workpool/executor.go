@@ -101,12 +101,21 @@ type runningJob struct {
 	// holds the row now decides it, and this run's result is not recorded
 	// — after a Postgres crash lost its start, the row may be running that
 	// same attempt again, started anew, and the result of a run given up
-	// would be taken as that attempt's.
+	// would be taken as that attempt's. Set under e.mu (loseJob), and read
+	// there by finish.
 	lost atomic.Bool
+	// restarts counts the starts of this attempt since it began here that
+	// let it go on (launch): a heartbeat whose answer predates one does not
+	// give the run up. Guarded by e.mu.
+	restarts int
 }
 
-// loseJob gives up rj's attempt (errLost).
+// loseJob gives up rj's attempt (errLost), unless its result is already
+// handed over. The caller holds e.mu.
 func loseJob(rj *runningJob) {
+	if rj.finished.Load() {
+		return
+	}
 	rj.lost.Store(true)
 	rj.cancel(errLost)
 }
@@ -363,6 +372,7 @@ func (e *executor) launch(j claimedJob) {
 		// for the disk) and the work, pending again with the same attempt
 		// count, was started anew. It runs once: the run under way reports
 		// for this attempt, as the row now expects.
+		prev.restarts++ // (a heartbeat's answer from before this start is stale)
 		if j.canceled { // (canceled since: it stops now, as a launch would)
 			prev.canceled.Store(true)
 			prev.cancel(errWorkCanceled)
@@ -474,7 +484,11 @@ func (e *executor) finish(rj *runningJob, r attemptResult) {
 		return
 	}
 	r.id, r.pool, r.attempt, r.hook = rj.id, rj.pool, rj.attempt, rj.hook
+	// (read under e.mu, where loseJob decides: a run it gives up from now
+	// on is finished, and it leaves it be)
+	e.mu.Lock()
 	lost := rj.lost.Load()
+	e.mu.Unlock()
 	if !lost {
 		// The result is queued before the handler counts as returned: a
 		// drain that sees the executor idle stops the completer next, and
@@ -563,10 +577,12 @@ func (e *executor) heartbeat() error {
 	// The runs asked about: a run of the same work started here after the
 	// query (a retry due at once) is not the one the answer is about.
 	asked := make(map[uuid.UUID]*runningJob, len(e.jobs))
+	restarts := make(map[uuid.UUID]int, len(e.jobs)) // (as they stood when asked)
 	ids := make([]uuid.UUID, 0, len(e.jobs))
 	for id, rj := range e.jobs {
 		ids = append(ids, id)
 		asked[id] = rj
+		restarts[id] = rj.restarts
 	}
 	// (running handlers only: a loop's start reserves every free worker
 	// for a moment, and claims what it reserved)
@@ -604,11 +620,15 @@ func (e *executor) heartbeat() error {
 		return fmt.Errorf("heartbeating: %w", err)
 	}
 	e.cancelJobs(canceled)
+	e.mu.Lock()
 	for _, id := range ids {
-		if rj := asked[id]; !alive[id] && !rj.finished.Load() {
+		// (not a run this attempt was started again for since the
+		// answer was read: the answer is about the row before that start)
+		if rj := asked[id]; !alive[id] && rj.restarts == restarts[id] {
 			loseJob(rj)
 		}
 	}
+	e.mu.Unlock()
 	if full {
 		// Started work of the handlers run here that no executor has
 		// claimed waits for a free worker — this one's, among others —

@@ -443,7 +443,7 @@ WITH hb AS (
                FOR UPDATE SKIP LOCKED)
   RETURNING id
 )
-SELECT w.id, w.canceled, w.state = 'running' AND w.claimed_by = $2 AS mine, (SELECT count(*) FROM hb)
+SELECT w.id, w.canceled, w.state = 'running' AND coalesce(w.claimed_by = $2, false) AS mine, (SELECT count(*) FROM hb)
 FROM workpool_work w WHERE w.id = ANY($1)`
 
 // sqlKeepWaiting heartbeats the started work of handlers $1 that no
