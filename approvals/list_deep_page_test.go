@@ -4,40 +4,22 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
 )
 
-type reviewLastQuery struct {
-	mu   sync.Mutex
-	sql  string
-	args []any
-}
-
-func (l *reviewLastQuery) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.sql, l.args = d.SQL, d.Args
-	return ctx
-}
-
-func (l *reviewLastQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-// docs/conventions.md: "a page's cursor is a bound of the index range
-// (id > coalesce($3, '00000000-…')), never an OR ($3 IS NULL OR id > $3),
-// which the generic plan keeps as a filter over everything before the
-// cursor". List (GET /v1/tool-approvals) pages with `$4::uuid IS NULL OR
-// a.id < $4`: a client paging an org's approvals deep on one connection
-// reads every approval newer than its cursor.
+// A page's cursor is a bound of the index range, never an OR, which the
+// generic plan a pooled connection reuses keeps as a filter over
+// everything before the cursor (docs/conventions.md): after five filtered
+// lists on a connection, a page of GET /v1/tool-approvals 50,000 rows deep
+// reads a page, not the 50,000 rows newer than its cursor.
 func TestPagingToolApprovalsDeepReadsAPage(t *testing.T) {
 	ctx := context.Background()
-	trace := &reviewLastQuery{}
+	trace := &testkit.LastQuery{}
 	db := testkit.NewTracedPool(t, trace)
 	s := New(db, Config{Logger: testkit.Logger(t)})
 
@@ -62,19 +44,16 @@ func TestPagingToolApprovalsDeepReadsAPage(t *testing.T) {
 	for i := range 5 {
 		_, _, err := s.List(ctx, "org-00", ListFilter{SessionID: fmt.Sprintf("s-%d", i+1)}, Page{})
 		require.NoError(t, err)
-		trace.mu.Lock()
-		sql = trace.sql
-		warm = append(warm, trace.args)
-		trace.mu.Unlock()
+		var args []any
+		sql, args = trace.Last()
+		warm = append(warm, args)
 	}
 	// then a client pages the org's whole inbox
 	_, next, err := s.List(ctx, "org-00", ListFilter{}, Page{})
 	require.NoError(t, err)
 	require.NotNil(t, next)
-	trace.mu.Lock()
-	require.Equal(t, sql, trace.sql)
-	probe := append([]any{}, trace.args...)
-	trace.mu.Unlock()
+	last, probe := trace.Last()
+	require.Equal(t, sql, last)
 	var deep uuid.UUID
 	require.NoError(t, db.QueryRow(ctx, `SELECT id FROM tool_approvals WHERE org_id = 'org-00' ORDER BY id DESC OFFSET 50000 LIMIT 1`).Scan(&deep))
 	probe[3] = &deep

@@ -11,14 +11,11 @@ import (
 	"github.com/reveille/reveille/internal/testkit"
 )
 
-// docs/conventions.md: "a page's cursor is a bound of the index range …,
-// never an OR ($3 IS NULL OR id > $3), which the generic plan keeps as a
-// filter over everything before the cursor". qListApprovals (GET
-// /v1/approvals) and qListMandates page with `$4::uuid IS NULL OR id > $4`.
-// On a pooled connection that served one agent's list five times (the
-// agent filter is a parameter: same statement), Postgres reuses the
-// generic plan, and a client paging the org's list deep reads every row
-// before its cursor.
+// A page's cursor is a bound of the index range, never an OR
+// (docs/conventions.md): after a pooled connection served one agent's list
+// five times (the agent filter is a parameter: the same statement, then its
+// generic plan), a page of GET /v1/approvals deep in an org's list reads a
+// page, not every row before its cursor.
 func TestPagingApprovalRequestsDeepReadsAPage(t *testing.T) {
 	ctx := context.Background()
 	_, db := newTestService(t)

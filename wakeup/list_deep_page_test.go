@@ -13,15 +13,14 @@ import (
 	"github.com/reveille/reveille/workpool"
 )
 
-// docs/conventions.md: a page's cursor is "never an OR ($3 IS NULL OR id
-// > $3), which the generic plan keeps as a filter over everything before
-// the cursor". List (GET /v1/wakeups) pages with `$3::uuid IS NULL OR
-// w.id < $3`; after a pooled connection served five lists of one
-// workflow's wake-ups (a parameter: the same statement), a client paging
-// the org's list deep reads every wake-up newer than its cursor.
+// A page's cursor is a bound of the index range, never an OR
+// (docs/conventions.md): after a pooled connection served five lists of one
+// workflow's wake-ups (a parameter: the same statement, then its generic
+// plan), a page of GET /v1/wakeups deep in an org's list reads a page, not
+// every wake-up newer than its cursor.
 func TestPagingWakeupsDeepReadsAPage(t *testing.T) {
 	ctx := context.Background()
-	trace := &lastQuery{}
+	trace := &testkit.LastQuery{}
 	db := testkit.NewTracedPool(t, trace)
 	wp, err := workpool.New(db, workpool.Config{Pools: map[string]int{"wakeup": 5}, Logger: testkit.Logger(t)})
 	require.NoError(t, err)
@@ -44,18 +43,15 @@ func TestPagingWakeupsDeepReadsAPage(t *testing.T) {
 	for i := range 5 {
 		_, _, err := svc.List(ctx, "org-00", ListFilter{WorkflowID: fmt.Sprintf("wf-%d", i+1)}, nil, 50)
 		require.NoError(t, err)
-		trace.mu.Lock()
-		sql = trace.sql
-		warm = append(warm, trace.args)
-		trace.mu.Unlock()
+		var args []any
+		sql, args = trace.Last()
+		warm = append(warm, args)
 	}
 	var deep uuid.UUID
 	require.NoError(t, db.QueryRow(ctx, `SELECT id FROM wakeups WHERE org_id = 'org-00' ORDER BY id DESC OFFSET 50000 LIMIT 1`).Scan(&deep))
 	_, _, err = svc.List(ctx, "org-00", ListFilter{}, &deep, 50)
 	require.NoError(t, err)
-	trace.mu.Lock()
-	require.Equal(t, sql, trace.sql)
-	probe := trace.args
-	trace.mu.Unlock()
+	last, probe := trace.Last()
+	require.Equal(t, sql, last)
 	testkit.RequireReadsAPage(t, "List", testkit.PlanAfter(t, db, sql, warm, probe), 1000)
 }

@@ -3,33 +3,14 @@ package wakeup
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/workpool"
 )
-
-// lastQuery is a pgx tracer keeping the last statement a pool sent, with
-// its arguments.
-type lastQuery struct {
-	mu   sync.Mutex
-	sql  string
-	args []any
-}
-
-func (l *lastQuery) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.sql, l.args = d.SQL, d.Args
-	return ctx
-}
-
-func (l *lastQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // Wake-ups are kept (with their delivered signals) for a week after they
 // resolve, so an org's table is mostly resolved, delivered rows; the
@@ -42,7 +23,7 @@ func (l *lastQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndD
 // takes the org for an average one, a nested loop over all its rows).
 func TestListingWakeupsByDeliveryStateReadsTheOpenRowsNotTheOrgsTable(t *testing.T) {
 	ctx := context.Background()
-	trace := &lastQuery{}
+	trace := &testkit.LastQuery{}
 	db := testkit.NewTracedPool(t, trace)
 	wp, err := workpool.New(db, workpool.Config{Pools: map[string]int{"wakeup": 5}, Logger: testkit.Logger(t)})
 	require.NoError(t, err)
@@ -76,9 +57,7 @@ func TestListingWakeupsByDeliveryStateReadsTheOpenRowsNotTheOrgsTable(t *testing
 		items, _, err := svc.List(ctx, "org-00", f, nil, 50)
 		require.NoError(t, err)
 		require.NotEmpty(t, items, name)
-		trace.mu.Lock()
-		sql, args := trace.sql, trace.args
-		trace.mu.Unlock()
+		sql, args := trace.Last()
 		require.Contains(t, sql, "ORDER BY", name)
 		// an admin's page polled, as the list of what to redeliver is
 		warm := [][]any{args, args, args, args, args}

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -208,4 +209,29 @@ func RequireReadsAPage(t testing.TB, name string, plan []string, limit int) {
 			return
 		}
 	}
+}
+
+// LastQuery is a pgx tracer (NewTracedPool) keeping the last statement a
+// pool sent and its arguments: what a test then explains (PlanAfter) as a
+// caller's call sent it.
+type LastQuery struct {
+	mu   sync.Mutex
+	sql  string
+	args []any
+}
+
+func (l *LastQuery) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sql, l.args = d.SQL, append([]any(nil), d.Args...)
+	return ctx
+}
+
+func (l *LastQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// Last is the last statement sent and its arguments.
+func (l *LastQuery) Last() (string, []any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sql, l.args
 }
