@@ -44,7 +44,12 @@ func newCrashable(t *testing.T, cfg Config, h Handler) (*crashable, uuid.UUID) {
 	var err error
 	c.pg, err = devstack.StartPostgres(ctx, c.opts)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.pg.Stop(context.Background()) })
+	t.Cleanup(func() {
+		_ = c.pg.Stop(context.Background())
+		// (as root the cluster lives outside the test's temporary
+		// directory, which the server's user cannot reach)
+		_ = os.RemoveAll(c.pg.ClusterDir())
+	})
 	c.opts.Port = c.pg.Port()
 	c.db, err = pgxpool.New(ctx, c.pg.URL("postgres"))
 	require.NoError(t, err)
