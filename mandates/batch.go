@@ -204,8 +204,8 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 	var failed error
 	if b.s.cfg.Inbox == nil {
 		committing = true // (one implicit transaction, committed as it ends)
-		br := b.s.db.SendBatch(ctx, pb)
-		defer br.Close() // (a panic while reading: its connection goes back; Close twice is safe)
+		br := db.SendBatch(ctx, b.s.db, pb)
+		defer br.Close() // (a panic while reading: its connection goes back)
 		failed = readBatch(br, replies)
 		if err := br.Close(); failed == nil && err != nil {
 			failed = err

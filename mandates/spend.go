@@ -117,8 +117,8 @@ func (s *Service) spend(ctx context.Context, q db.Batcher, p SpendParams) (res S
 	}
 	b := &pgx.Batch{}
 	s.queueSpend(b, p)
-	br := q.SendBatch(ctx, b)
-	defer br.Close() // (a panic while reading: its connection goes back; Close twice is safe)
+	br := db.SendBatch(ctx, q, b)
+	defer br.Close() // (a panic while reading: its connection goes back)
 	res, decided, err = readSpend(br)
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("committing spend: %w", cerr)

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/listen"
 	"github.com/reveille/reveille/internal/startstop"
 	"go.temporal.io/api/serviceerror"
@@ -758,7 +759,7 @@ func (d *Dispatcher) claim(ctx context.Context, limit int, busy []string) ([]cla
 		RETURNING m.id, m.org_id, m.queue, m.payload, m.idempotency_key, m.status, m.signal_workflow_id, m.signal_run_id,
 		          m.signal_name, m.attempts, coalesce(m.last_error, ''), m.next_attempt_at, m.created_at, m.updated_at,
 		          m.delivered_at, extract(epoch FROM now() - m.not_found_since)::float8`, limit, d.cfg.Lease, busy)
-	br := d.db.SendBatch(ctx, b)
+	br := db.SendBatch(ctx, d.db, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("claim signal messages: %w", err)

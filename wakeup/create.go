@@ -417,7 +417,7 @@ func (s *Service) insertIntents(ctx context.Context, c groupConn, ms []*member) 
 	for _, pair := range order {
 		checks[pair] = s.pool.QueuePendingCheck(b, pair.org, pair.pool)
 	}
-	br := c.SendBatch(ctx, b)
+	br := db.SendBatch(ctx, c, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
 		return nil, err
@@ -467,7 +467,7 @@ func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, sp
 		}
 	}
 	*c.committing = true
-	br := c.SendBatch(ctx, b)
+	br := db.SendBatch(ctx, c, b)
 	defer br.Close()
 	tag, err := br.Exec()
 	if err == nil && tag.String() != "COMMIT" {
@@ -504,7 +504,7 @@ func (s *Service) decideGroup(ctx context.Context, c groupConn, b *pgx.Batch, sp
 // (so the COMMIT goes in a round trip of its own: the events are written
 // only once the decisions are known).
 func (s *Service) readDecisions(ctx context.Context, c groupConn, b *pgx.Batch, spenders, dropped []*member) error {
-	br := c.SendBatch(ctx, b)
+	br := db.SendBatch(ctx, c, b)
 	defer br.Close()
 	for range dropped {
 		if _, err := br.Exec(); err != nil {
@@ -643,7 +643,7 @@ func (s *Service) enqueueFundedGroup(ctx context.Context, c groupConn, funded []
 		b.Queue(qMarkEnqueued, m.req.p.OrgID, m.id, q.IDs[i])
 	}
 	b.Queue("COMMIT")
-	br := c.SendBatch(ctx, b)
+	br := db.SendBatch(ctx, c, b)
 	defer br.Close()
 	if err := q.Read(br); err != nil && !errors.Is(err, workpool.ErrNotEnqueued) {
 		return fmt.Errorf("enqueue wake-up work: %w", err)

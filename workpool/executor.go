@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/reveille/reveille/internal/db"
 	"github.com/reveille/reveille/internal/jsonb"
 )
 
@@ -243,7 +244,7 @@ func (e *executor) claim(handlers []string, limit int) ([]claimedJob, error) {
 	// (Stop then drains it), not left claimed and unrun until recovery.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.claimCtx), statementTimeout)
 	defer cancel()
-	br := e.m.db.SendBatch(ctx, b)
+	br := db.SendBatch(ctx, e.m.db, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("claiming work: %w", err)
