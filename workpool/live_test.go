@@ -49,6 +49,15 @@ func startManager(t *testing.T, db *pgxpool.Pool, cfg Config) *Manager {
 	return m
 }
 
+// stopManager stops m now: once it returns, every iteration m ran has
+// ended, and what they count after their commits is counted.
+func stopManager(t *testing.T, m *Manager) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, m.Stop(ctx))
+}
+
 func requireRunStatus(t *testing.T, db *pgxpool.Pool, pool, kind string) {
 	t.Helper()
 	require.Eventually(t, func() bool {

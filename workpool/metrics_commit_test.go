@@ -24,6 +24,7 @@ func TestMetrics_AHookCallWhoseCommitFailedIsNotCounted(t *testing.T) {
 	id, err := m.Enqueue(ctx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop", OnComplete: &OnComplete{Hook: "record"}})
 	require.NoError(t, err)
 	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+	stopManager(t, m) // (counted after the commit the test has just seen)
 	n, _ := hookCallsOf(t, db, id)
 	require.Equal(t, 1, n, "one committed hook call")
 	require.Equal(t, 1.0, testutil.ToFloat64(m.metrics.hookCalls.WithLabelValues("default", "ok")),
@@ -45,6 +46,7 @@ func TestMetrics_ACancelationWhoseIterationRolledBackIsNotCounted(t *testing.T) 
 	require.NoError(t, err)
 	require.NoError(t, m.Cancel(ctx, "org-1", id))
 	requireFinished(t, m, "org-1", id, OutcomeCanceled)
+	stopManager(t, m) // (counted after the commit the test has just seen)
 	n, _ := hookCallsOf(t, db, id)
 	require.Equal(t, 1, n, "one committed hook call")
 	require.Equal(t, 1.0, testutil.ToFloat64(m.metrics.canceled.WithLabelValues("default")),
