@@ -68,8 +68,14 @@ type DispatcherConfig struct {
 	// the other LISTEN connections): one a NAT forgot would otherwise stay
 	// up for good, its notifications lost, and hold Stop at its UNLISTEN.
 	ListenPingEvery, ListenPingTimeout time.Duration
-	Logger                             *slog.Logger
-	Registry                           prometheus.Registerer
+	// StatementTimeout bounds the dispatcher's claim and its record of
+	// the outcomes of a batch (default 10 s): on a connection gone silent
+	// (a NAT that forgot it, a failover) they would wait for the kernel to
+	// give up, minutes, and the settle with them every slot of the
+	// pipeline. An outcome not recorded is sent again once its lease ends.
+	StatementTimeout time.Duration
+	Logger           *slog.Logger
+	Registry         prometheus.Registerer
 }
 
 func (c DispatcherConfig) withDefaults() DispatcherConfig {
@@ -82,6 +88,7 @@ func (c DispatcherConfig) withDefaults() DispatcherConfig {
 	}
 	c.ListenPingEvery = cmp.Or(c.ListenPingEvery, 30*time.Second)
 	c.ListenPingTimeout = cmp.Or(c.ListenPingTimeout, 10*time.Second)
+	c.StatementTimeout = cmp.Or(c.StatementTimeout, 10*time.Second)
 	c.BatchSize = cmp.Or(c.BatchSize, 100)
 	c.Concurrency = cmp.Or(c.Concurrency, 32)
 	rounds := time.Duration((c.BatchSize + c.Concurrency - 1) / c.Concurrency)
@@ -357,9 +364,6 @@ func (p *pipeline) free() int {
 	return p.d.cfg.BatchSize - p.pending
 }
 
-// claimTimeout bounds a claim, which a stop lets finish.
-const claimTimeout = 10 * time.Second
-
 // sendFailuresBeforeWarn: every this many failed sends of one message, the
 // failure is logged at the warn level (the others at info).
 const sendFailuresBeforeWarn = 5
@@ -373,7 +377,7 @@ func (p *pipeline) claimAndSend(ctx context.Context, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.d.cfg.StatementTimeout) // (a stop lets it finish)
 	defer cancel()
 	msgs, err := p.d.claim(cctx, limit, p.busyWorkflows())
 	if err != nil || len(msgs) == 0 {
@@ -888,6 +892,8 @@ func (d *Dispatcher) settle(ctx context.Context, msgs []claimed, results []sendR
 			FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bool[], $5::int[]) AS r(id, us, reason, nf, attempts)
 			WHERE m.id = r.id AND m.attempts = r.attempts AND m.status = 'pending'`, retryIDs, retryIn, retryReasons, retryNotFound, retryAttempts)
 	}
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.StatementTimeout)
+	defer cancel()
 	if err := d.db.SendBatch(ctx, batch).Close(); err != nil {
 		return fmt.Errorf("record signal outcomes: %w", err)
 	}

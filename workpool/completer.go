@@ -245,8 +245,13 @@ func (c *completer) record(ctx context.Context, batch []attemptResult, retrying 
 		if c.crashed() {
 			return errCrashed
 		}
+		// (each try bounded: one on a connection gone silent would wait
+		// for the kernel, minutes, and every later result behind it)
+		rctx, cancel := context.WithTimeout(ctx, m.recordTimeout(batch))
 		var err error
-		if rows, err = m.recordResults(ctx, batch); err == nil {
+		rows, err = m.recordResults(rctx, batch)
+		cancel()
+		if err == nil {
 			break
 		}
 		if ctx.Err() != nil {

@@ -26,6 +26,7 @@ const (
 	DefaultLeaderRetry       = 2 * time.Second
 	DefaultStopGrace         = 10 * time.Second
 	DefaultHookTimeout       = 10 * time.Second
+	DefaultStatementTimeout  = 30 * time.Second
 	DefaultMaxWorkers        = 10_000
 
 	// MaxHookTimeout bounds HookTimeout: a hook runs in the transaction that
@@ -94,6 +95,13 @@ type Config struct {
 	// retried like any failed hook call, so that a hook stuck on a lock
 	// cannot hold up every completion this replica records.
 	HookTimeout time.Duration
+	// StatementTimeout bounds the pool's own statements — a claim, a
+	// start, a record of results, a loop iteration — beyond the hook calls
+	// made among them (default 30 s): on a connection gone silent (a NAT
+	// that forgot it, a failover) one would wait for the kernel to give up
+	// on it, minutes, holding up every result this replica records or
+	// every start of the pool while this replica keeps its leadership.
+	StatementTimeout time.Duration
 	// MaxWorkers bounds the handlers this replica runs at once, across
 	// pools (default 10,000).
 	MaxWorkers int
@@ -128,6 +136,7 @@ func (c Config) withDefaults() Config {
 	c.MaxPendingPerOrg = cmp.Or(c.MaxPendingPerOrg, DefaultMaxPendingPerOrg)
 	c.HookRetryBackoff = cmp.Or(c.HookRetryBackoff, time.Second)
 	c.HookTimeout = cmp.Or(c.HookTimeout, DefaultHookTimeout)
+	c.StatementTimeout = cmp.Or(c.StatementTimeout, DefaultStatementTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -148,7 +157,7 @@ func (c Config) validate() error {
 	}
 	switch {
 	case c.RecoveryPeriod < 0, c.HeartbeatTimeout < 0, c.HeartbeatInterval < 0, c.WorkRetention < 0,
-		c.Cooldown < 0, c.LeaderRetry < 0, c.StopGrace < 0, c.HookRetryBackoff < 0, c.HookTimeout < 0:
+		c.Cooldown < 0, c.LeaderRetry < 0, c.StopGrace < 0, c.HookRetryBackoff < 0, c.HookTimeout < 0, c.StatementTimeout < 0:
 		return errors.New("workpool: durations must not be negative")
 	case c.HookTimeout > MaxHookTimeout:
 		return fmt.Errorf("workpool: hook timeout %s exceeds %s: a hook call holds up the completions recorded with it", c.HookTimeout, MaxHookTimeout)

@@ -242,7 +242,7 @@ func (e *executor) claim(handlers []string, limit int) ([]claimedJob, error) {
 	b.Queue(sqlClaim, [16]byte(e.id), e.m.now(), handlers, int32(limit))
 	// Not canceled by Stop: a claim that committed must be read and run
 	// (Stop then drains it), not left claimed and unrun until recovery.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.claimCtx), statementTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.claimCtx), e.m.cfg.StatementTimeout)
 	defer cancel()
 	br := db.SendBatch(ctx, e.m.db, b)
 	defer br.Close()
@@ -339,7 +339,7 @@ func (e *executor) releaseOrphans() error {
 		held = append(held, id)
 	}
 	e.mu.Unlock()
-	ctx, cancel := context.WithTimeout(e.claimCtx, statementTimeout)
+	ctx, cancel := context.WithTimeout(e.claimCtx, e.m.cfg.StatementTimeout)
 	defer cancel()
 	var freed, found int64
 	if err := e.m.db.QueryRow(ctx, sqlReleaseOrphans, [16]byte(e.id), pgUUIDs(held)).Scan(&freed, &found); err != nil {

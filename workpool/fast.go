@@ -62,7 +62,7 @@ func (l *loop) runFast(ctx context.Context, now time.Time, sql string, shared bo
 	// Not canceled with the leadership: once sent, the statement's result
 	// must be read, or the work it handed to this executor would sit claimed
 	// and unrun until recovery. (A stale statement writes nothing anyway.)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.m.cfg.StatementTimeout)
 	defer cancel()
 	l.m.exec.claiming.RLock() // until its claims are launched
 	defer l.m.exec.claiming.RUnlock()

@@ -129,6 +129,12 @@ func (it *iteration) hookBudget() time.Time {
 // recovery and hook retries, then starts; when it found nothing to do it
 // publishes the run status and says when to wake.
 func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
+	// Bounded as a whole (its commit under a timeout of its own, below):
+	// on a connection gone silent it would wait for the kernel, minutes,
+	// while this replica kept the leadership and nothing of the pool
+	// started.
+	ctx, cancel := context.WithTimeout(ctx, l.m.iterationTimeout())
+	defer cancel()
 	tx, err := l.m.db.Begin(ctx)
 	if err != nil {
 		return iterResult{}, fmt.Errorf("begin iteration: %w", err)
@@ -182,8 +188,8 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	// then sit claimed and unrun until the heartbeat timeout recovered it.
 	l.m.exec.claiming.RLock() // until its claims are launched
 	defer l.m.exec.claiming.RUnlock()
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
-	defer cancel()
+	cctx, cancelCommit := context.WithTimeout(context.WithoutCancel(ctx), l.m.cfg.StatementTimeout)
+	defer cancelCommit()
 	if err := tx.Commit(cctx); err != nil {
 		l.m.exec.claimLost()
 		return iterResult{}, fmt.Errorf("commit iteration: %w", err)

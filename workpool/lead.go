@@ -17,9 +17,6 @@ const (
 	cancelationBatch = 100
 	// purgeBatch bounds one retention purge statement.
 	purgeBatch = 1000
-	// statementTimeout bounds statements whose results must be read even
-	// when the caller gives up (starts, claims).
-	statementTimeout = 30 * time.Second
 	// notifyChunk keeps a cancel notification's id list under Postgres's
 	// 8000-byte payload limit.
 	notifyChunk = 7000
@@ -128,7 +125,7 @@ func (l *loop) lead(ctx context.Context) {
 	log.Info("leading the pool's loop", "generation", l.gen)
 	defer func() {
 		// (under its own timeout: a term ends when its context does)
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.m.cfg.StatementTimeout)
 		defer cancel()
 		if err := l.saveTurns(sctx, time.Time{}); err != nil && !errors.Is(err, errGenerationMismatch) {
 			log.Warn("saving the fair-share turns at the term's end failed; the next term starts from the last save", "error", err.Error())
