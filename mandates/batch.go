@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/reveille/reveille/internal/db"
+	"github.com/reveille/reveille/internal/inflight"
 )
 
 // spendBatcher is group commit for Spend. Concurrent Spend calls are sent
@@ -38,6 +39,7 @@ type spendBatcher struct {
 	pending  []*spendRequest
 	running  int
 	inFlight map[mandateKey]bool
+	batches  inflight.Set // for Stop to wait for
 }
 
 type mandateKey struct{ org, agent, scope string }
@@ -163,8 +165,8 @@ func (b *spendBatcher) run(batch []*spendRequest) {
 		return cmp.Or(cmp.Compare(x.p.OrgID, y.p.OrgID), cmp.Compare(x.p.AgentID, y.p.AgentID),
 			cmp.Compare(x.p.Scope, y.p.Scope), cmp.Compare(x.p.IdempotencyKey, y.p.IdempotencyKey))
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
-	defer cancel()
+	ctx, end := b.batches.Begin(batchTimeout)
+	defer end()
 	// A panic (a bug: in an inbox hook, say) is recovered here: in the
 	// batcher's goroutine it ended the process, every org's requests with
 	// it. Before anything may have committed, each request is decided on

@@ -32,9 +32,17 @@ func (s *Service) Start(ctx context.Context) error {
 	return s.sweeper.Start(ctx, el, leader.Every(s.cfg.SweepInterval, sweep, logFailure))
 }
 
-// Stop stops the sweeper and waits for it (until ctx ends). Stopping twice,
-// or without Start, is safe.
-func (s *Service) Stop(ctx context.Context) error { return s.sweeper.Stop(ctx) }
+// Stop stops the sweeper and waits for it and for the spend batches under
+// way (until ctx ends: then it cancels the batches still running, whose
+// spends are decided or not as their commits went). Stopping twice, or
+// without Start, is safe.
+func (s *Service) Stop(ctx context.Context) error {
+	err := s.sweeper.Stop(ctx)
+	if s.batcher != nil {
+		err = errors.Join(err, s.batcher.batches.Wait(ctx))
+	}
+	return err
+}
 
 // Sweep expires every pending request past its expires_at, each in its own
 // transaction with its hook (as a denial, state expired), and returns how

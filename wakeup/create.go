@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/reveille/reveille/internal/db"
+	"github.com/reveille/reveille/internal/inflight"
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/workpool"
 )
@@ -48,6 +49,7 @@ type createBatcher struct {
 	mu      sync.Mutex
 	pending []*createRequest
 	running int
+	groups  inflight.Set // for Stop to wait for
 }
 
 // createBatchers is how many groups may run at once: two, so that one
@@ -131,10 +133,10 @@ func (b *createBatcher) drain() {
 			continue
 		}
 
-		ctx, cancel := context.WithTimeout(context.Background(), groupTimeout)
+		ctx, end := b.groups.Begin(groupTimeout)
 		b.s.metrics.createBatch.Observe(float64(len(group)))
 		b.s.createGroup(ctx, group)
-		cancel()
+		end()
 	}
 }
 

@@ -614,6 +614,13 @@ func (s *Service) Start(ctx context.Context) error {
 	}))
 }
 
-// Stop stops the reconciler and waits for it (until ctx ends); stopping
-// twice is safe.
-func (s *Service) Stop(ctx context.Context) error { return s.reconciler.Stop(ctx) }
+// Stop stops the reconciler and waits for it and for the groups of
+// requests under way (until ctx ends: then it cancels the groups still
+// running); stopping twice is safe.
+func (s *Service) Stop(ctx context.Context) error {
+	err := s.reconciler.Stop(ctx)
+	if s.creator != nil {
+		err = errors.Join(err, s.creator.groups.Wait(ctx))
+	}
+	return err
+}
