@@ -2,7 +2,9 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -173,4 +175,37 @@ func (c *orgStreamCap) held(org string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.open[org]
+}
+
+// Live streams never turn idle: at MaxConnections the server waits for one
+// to close before it accepts anyone else. The replica's streams together
+// (every org's, each under its own cap) hold at most three quarters of the
+// bound, so that a request — /healthz, another org's call — is accepted.
+func TestLiveStreamsOfEveryOrgLeaveRoomForRequestsAtMaxConnections(t *testing.T) {
+	s := newTestServer(t, withStreams(t, streams.Config{KeepAlive: time.Hour}), func(c *Config, _ *Services) { c.MaxConnections = 4 })
+	addr := serveOn(t, s)
+	url := "http://" + addr
+	orgA, orgB := agentToken(t, "org-a"), agentToken(t, "org-b")
+	openSSEURL(t, url+streamBase+"a/sse", orgA)
+	openSSEURL(t, url+streamBase+"a/sse", orgA)
+	openSSEURL(t, url+streamBase+"b/sse", orgB)
+
+	req, err := http.NewRequest(http.MethodGet, url+streamBase+"b/sse", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+orgB)
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	require.Equal(t, http.StatusServiceUnavailable, res.StatusCode)
+	var p map[string]any
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&p))
+	require.Equal(t, ProblemTypeBase+"too-many-streams", p["type"])
+	require.Equal(t, "this replica holds 3 live streams, its limit (three quarters of REVEILLE_MAX_CONNECTIONS, so that requests keep room): retry later, or on another replica", p["detail"])
+	require.Equal(t, "5", res.Header.Get("Retry-After"))
+
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	ask(t, conn)
+	require.True(t, answered(t, conn, testWait), "/healthz is answered beside the streams")
 }

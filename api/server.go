@@ -92,7 +92,8 @@ type Config struct {
 	// so that its database, Temporal and outbound connections always find a
 	// file descriptor; negative: no bound). At it a new connection closes
 	// the one idle the longest between requests, or waits while all are
-	// busy.
+	// busy. Live streams, which never turn idle, may hold three quarters
+	// of it together; past that a new one is 503 too-many-streams.
 	MaxConnections int
 	// InboxKeepAlive is how often an idle approvals event stream gets a
 	// keep-alive comment (default 15 s).
@@ -213,7 +214,7 @@ func New(ctx context.Context, cfg Config, svc Services) (*Server, error) {
 		bodyLimits: map[string]int64{},
 		metrics:    metrics,
 		limiter:    newOrgLimiter(cfg.OrgRate, cfg.OrgBurst),
-		streamCap:  newOrgStreamCap(cfg.OrgMaxStreams),
+		streamCap:  newOrgStreamCap(cfg.OrgMaxStreams, cfg.MaxConnections),
 		inboxHTML:  inboxHTML,
 	}
 	s.echo = s.newEcho()
