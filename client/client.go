@@ -55,7 +55,8 @@ func WithToken(token string) Option {
 }
 
 // WithTokenFunc asks f for the bearer token before every attempt, so that a
-// rotating token is picked up by retries too. An error from f fails the call.
+// rotating token is picked up by retries too. An error from f fails the call
+// (and ends a live reader: Streams.Tail, Approvals.Events).
 func WithTokenFunc(f func(ctx context.Context) (string, error)) Option {
 	return func(c *Client) { c.token = f }
 }

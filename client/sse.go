@@ -173,6 +173,11 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, re
 		return false, true, yieldErr(yield, fmt.Errorf("client: following %s: answered %d %s redirecting to %q, not followed (the API redirects no call: check the base URL and what is in front of the API): %w",
 			ep.path, res.StatusCode, http.StatusText(res.StatusCode), res.Header.Get("Location"), err))
 	}
+	if tokErr := (*tokenError)(nil); errors.As(err, &tokErr) {
+		// Nothing was sent: the token function failed, and ends the
+		// reader as it fails any call (a retry would only ask it again).
+		return false, true, yieldErr(yield, fmt.Errorf("client: following %s: %w", ep.path, err))
+	}
 	if err != nil {
 		if ctx.Err() == nil && connCtx.Err() != nil {
 			err = fmt.Errorf("no answer within the idle timeout (%s): %w", idle, err)
@@ -199,8 +204,8 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, re
 	r := newEventReader(&resettingReader{r: res.Body, reset: func() { gotBytes = true; watchdog.Reset(idle) }})
 	for {
 		ev, err := r.next()
-		if r.lastID != "" {
-			*lastID = r.lastID
+		if r.lastIDSet {
+			*lastID = r.lastID // ("" too: an empty id field clears it)
 		}
 		if r.retrySet {
 			*reconnectTime = r.retry
@@ -254,8 +259,10 @@ func (r *resettingReader) Read(p []byte) (int, error) {
 // "interpreting an event stream" says.
 type eventReader struct {
 	sc *bufio.Scanner
-	// lastID is the last event ID buffer as of the last dispatch.
-	lastID string
+	// lastID is the last event ID buffer as of the last dispatch
+	// (lastIDSet: a dispatch on this connection set it).
+	lastID    string
+	lastIDSet bool
 	// idBuf is the id field seen since the last dispatch.
 	idBuf  string
 	idSeen bool
@@ -292,7 +299,7 @@ func (r *eventReader) next() (Event, error) {
 		if line == "" {
 			// Dispatch. The id is taken even when there is no data.
 			if r.idSeen {
-				r.lastID, r.idSeen = r.idBuf, false
+				r.lastID, r.lastIDSet, r.idSeen = r.idBuf, true, false
 			}
 			if !hasData {
 				typ = ""
