@@ -374,9 +374,9 @@ func (m *Manager) hookBackoff(n int) time.Duration {
 // iterationTimeout bounds a loop's full iteration up to its commit: its
 // statements (StatementTimeout in all) and its hook calls, which begin
 // within the iteration's hook budget (HookTimeout from the first call,
-// hookBudget) and each end within HookTimeout + slack.
+// hookBudget) and each end within hookCallLimit.
 func (m *Manager) iterationTimeout() time.Duration {
-	return m.cfg.StatementTimeout + 2*m.cfg.HookTimeout + hookTimeoutSlack
+	return m.cfg.StatementTimeout + m.cfg.HookTimeout + m.hookCallLimit()
 }
 
 // recordTimeout bounds one record of results (completer.record): its
@@ -388,7 +388,14 @@ func (m *Manager) recordTimeout(results []attemptResult) time.Duration {
 			calls++
 		}
 	}
-	return m.cfg.StatementTimeout + time.Duration(calls)*(m.cfg.HookTimeout+hookTimeoutSlack)
+	return m.cfg.StatementTimeout + time.Duration(calls)*m.hookCallLimit()
+}
+
+// hookCallLimit is the longest one hook call can take: its context ends
+// HookTimeout + slack after it began, and a statement it began just before
+// runs to its end, bounded by the statement timeout (HookTimeout).
+func (m *Manager) hookCallLimit() time.Duration {
+	return 2*m.cfg.HookTimeout + hookTimeoutSlack
 }
 
 // iterationIdleLimit is how long the loop's transaction may sit idle on the
