@@ -209,3 +209,19 @@ func TestLiveStreamsOfEveryOrgLeaveRoomForRequestsAtMaxConnections(t *testing.T)
 	ask(t, conn)
 	require.True(t, answered(t, conn, testWait), "/healthz is answered beside the streams")
 }
+
+// Whatever the bound, the streams together leave a connection for
+// requests: at MaxConnections 1, no stream.
+func TestTheReplicasStreamsLeaveAConnectionForRequestsAtAnyBound(t *testing.T) {
+	for _, tc := range []struct{ maxConns, streams int }{{1, 0}, {2, 1}, {3, 2}, {4, 3}, {100, 75}} {
+		c := newOrgStreamCap(-1, tc.maxConns)
+		for i := range tc.streams {
+			_, err := c.acquire(fmt.Sprint("org-", i))
+			require.NoError(t, err, "MaxConnections %d: stream %d", tc.maxConns, i)
+		}
+		_, err := c.acquire("org-x")
+		var p *Problem
+		require.ErrorAs(t, err, &p, "MaxConnections %d: one stream past %d", tc.maxConns, tc.streams)
+		require.Equal(t, http.StatusServiceUnavailable, p.Status)
+	}
+}

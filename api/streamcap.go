@@ -25,22 +25,21 @@ const DefaultOrgMaxStreams = 1000
 // wait to be accepted.
 type orgStreamCap struct {
 	max        int // per org; < 0: none
-	replicaMax int // all orgs together; <= 0: none
+	replicaMax int // all orgs together, when replicaCap
+	replicaCap bool
 	mu         sync.Mutex
 	open       map[string]int
 	total      int
 }
 
-// replicaStreamShare is the share of the server's connections live streams
-// may hold together: the rest stays for requests.
-const replicaStreamShare = 0.75
-
 // newOrgStreamCap returns the caps: perOrg streams per org (< 0: none),
-// and together at most replicaStreamShare of maxConnections (<= 0: none).
+// and together three quarters of maxConnections (<= 0: none), always
+// leaving one connection for requests (a server bounded at one connection
+// serves no stream).
 func newOrgStreamCap(perOrg, maxConnections int) *orgStreamCap {
 	c := &orgStreamCap{max: perOrg, open: map[string]int{}}
 	if maxConnections > 0 {
-		c.replicaMax = max(int(float64(maxConnections)*replicaStreamShare), 1)
+		c.replicaMax, c.replicaCap = maxConnections*3/4, true
 	}
 	return c
 }
@@ -56,7 +55,7 @@ func (c *orgStreamCap) acquire(org string) (release func(), err error) {
 		p.retryAfter = streamCapRetryAfterSeconds
 		return nil, p
 	}
-	if c.replicaMax > 0 && c.total >= c.replicaMax {
+	if c.replicaCap && c.total >= c.replicaMax {
 		p := NewProblem(http.StatusServiceUnavailable, "too-many-streams", fmt.Sprintf(
 			"this replica holds %d live streams, its limit (three quarters of REVEILLE_MAX_CONNECTIONS, so that requests keep room): retry later, or on another replica", c.replicaMax))
 		p.retryAfter = streamCapRetryAfterSeconds

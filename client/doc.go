@@ -56,5 +56,6 @@
 // the stream set with a retry field), or a 429's or 503's Retry-After, until
 // their context ends — a restart of the service is ridden out — unless
 // its MaxOutage bounds the time without a healthy connection. An answer
-// retrying cannot change (400, 401, 403, 404, 410 …) ends them at once.
+// retrying cannot change (400, 401, 403, 404, 410 …), or an error of the
+// token function (WithTokenFunc), ends them at once.
 package client

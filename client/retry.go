@@ -94,7 +94,7 @@ func neverSent(err error) bool {
 // disabling retries, leaves it be): a live reader rides out an outage — a
 // restart, a deploy, a load balancer's 503s — for as long as its context
 // lasts, or MaxOutage. An answer retrying cannot change (400, 401, 403,
-// 404, 410 …) ends it at once.
+// 404, 410 …), or an error of the token function, ends it at once.
 type ReconnectPolicy struct {
 	// InitialBackoff is the wait before the first attempt after a
 	// connection ends (default 100 ms); each attempt that fails doubles it,

@@ -173,9 +173,11 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, re
 		return false, true, yieldErr(yield, fmt.Errorf("client: following %s: answered %d %s redirecting to %q, not followed (the API redirects no call: check the base URL and what is in front of the API): %w",
 			ep.path, res.StatusCode, http.StatusText(res.StatusCode), res.Header.Get("Location"), err))
 	}
-	if tokErr := (*tokenError)(nil); errors.As(err, &tokErr) {
+	if tokErr := (*tokenError)(nil); errors.As(err, &tokErr) && connCtx.Err() == nil {
 		// Nothing was sent: the token function failed, and ends the
 		// reader as it fails any call (a retry would only ask it again).
+		// (Cut by the idle timeout or the caller instead, it is one as
+		// any other attempt.)
 		return false, true, yieldErr(yield, fmt.Errorf("client: following %s: %w", ep.path, err))
 	}
 	if err != nil {
