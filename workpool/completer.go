@@ -245,13 +245,8 @@ func (c *completer) record(ctx context.Context, batch []attemptResult, retrying 
 		if c.crashed() {
 			return errCrashed
 		}
-		// (each try bounded: one on a connection gone silent would wait
-		// for the kernel, minutes, and every later result behind it)
-		rctx, cancel := context.WithTimeout(ctx, m.recordTimeout(batch))
 		var err error
-		rows, err = m.recordResults(rctx, batch)
-		cancel()
-		if err == nil {
+		if rows, err = m.recordResults(ctx, batch); err == nil {
 			break
 		}
 		if ctx.Err() != nil {
@@ -293,7 +288,14 @@ func (m *Manager) recordResults(ctx context.Context, results []attemptResult) ([
 			return m.recordWithHooks(ctx, results)
 		}
 	}
-	rows, err := m.db.Query(ctx, sqlComplete, m.completeArgs(results)...)
+	// One statement, bounded: on a pooled connection gone silent (a NAT
+	// that forgot it, a failover) it would wait for the kernel, minutes,
+	// and every later result of the replica behind it. (Not a record with
+	// hooks as a whole: its hook calls may take long, and one cut there
+	// would be cut at the same place on every try.)
+	sctx, cancel := context.WithTimeout(ctx, m.cfg.StatementTimeout)
+	defer cancel()
+	rows, err := m.db.Query(sctx, sqlComplete, m.completeArgs(results)...)
 	var done []finishedRow
 	if err == nil {
 		done, err = scanFinished(rows)

@@ -96,11 +96,13 @@ type Config struct {
 	// cannot hold up every completion this replica records.
 	HookTimeout time.Duration
 	// StatementTimeout bounds the pool's own statements — a claim, a
-	// start, a record of results, a loop iteration — beyond the hook calls
-	// made among them (default 30 s): on a connection gone silent (a NAT
-	// that forgot it, a failover) one would wait for the kernel to give up
-	// on it, minutes, holding up every result this replica records or
-	// every start of the pool while this replica keeps its leadership.
+	// start, a record of results without hooks, a loop iteration's first
+	// round trips and its commit (default 30 s): on a connection gone
+	// silent (a NAT that forgot it, a failover) one would wait for the
+	// kernel to give up on it, minutes, holding up every result this
+	// replica records or every start of the pool while this replica keeps
+	// its leadership. A record with hooks and the rest of an iteration are
+	// not bounded as a whole: their hook calls may take long.
 	StatementTimeout time.Duration
 	// MaxWorkers bounds the handlers this replica runs at once, across
 	// pools (default 10,000).

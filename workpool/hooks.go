@@ -371,33 +371,6 @@ func (m *Manager) hookBackoff(n int) time.Duration {
 	return min(d, 5*time.Minute)
 }
 
-// iterationTimeout bounds a loop's full iteration up to its commit: its
-// statements (StatementTimeout in all) and its hook calls, which begin
-// within the iteration's hook budget (HookTimeout from the first call,
-// hookBudget) and each end within hookCallLimit.
-func (m *Manager) iterationTimeout() time.Duration {
-	return m.cfg.StatementTimeout + m.cfg.HookTimeout + m.hookCallLimit()
-}
-
-// recordTimeout bounds one record of results (completer.record): its
-// statements and the hook calls of its results, made one after another.
-func (m *Manager) recordTimeout(results []attemptResult) time.Duration {
-	calls := 0
-	for _, r := range results {
-		if r.hook {
-			calls++
-		}
-	}
-	return m.cfg.StatementTimeout + time.Duration(calls)*m.hookCallLimit()
-}
-
-// hookCallLimit is the longest one hook call can take: its context ends
-// HookTimeout + slack after it began, and a statement it began just before
-// runs to its end, bounded by the statement timeout (HookTimeout).
-func (m *Manager) hookCallLimit() time.Duration {
-	return 2*m.cfg.HookTimeout + hookTimeoutSlack
-}
-
 // iterationIdleLimit is how long the loop's transaction may sit idle on the
 // server before the server ends it (a leader lost in its middle): 30 s, or
 // longer than a hook call, which the loop makes inside it (the hooks of

@@ -129,23 +129,26 @@ func (it *iteration) hookBudget() time.Time {
 // recovery and hook retries, then starts; when it found nothing to do it
 // publishes the run status and says when to wake.
 func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
-	// Bounded as a whole (its commit under a timeout of its own, below):
-	// on a connection gone silent it would wait for the kernel, minutes,
-	// while this replica kept the leadership and nothing of the pool
-	// started.
-	ctx, cancel := context.WithTimeout(ctx, l.m.iterationTimeout())
-	defer cancel()
-	tx, err := l.m.db.Begin(ctx)
+	// Its first round trips are bounded: on a pooled connection gone
+	// silent while idle (a NAT that forgot it, a failover) they would wait
+	// for the kernel, minutes, while this replica kept the leadership and
+	// nothing of the pool started. (Not the iteration as a whole: the hook
+	// calls it makes may take long, and one cut there would be cut at the
+	// same place on every try.)
+	octx, cancelOpen := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
+	defer cancelOpen()
+	tx, err := l.m.db.Begin(octx)
 	if err != nil {
 		return iterResult{}, fmt.Errorf("begin iteration: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	it := &iteration{l: l, tx: tx, now: l.m.now(), gen: l.gen + 1}
 	ctx, actions := db.WithAfterCommit(ctx)
-	cancels, err := it.open(ctx)
+	cancels, err := it.open(octx)
 	if err != nil {
 		return iterResult{}, err
 	}
+	cancelOpen()
 	if err := it.cancelations(ctx, cancels); err != nil {
 		return iterResult{}, err
 	}
@@ -188,8 +191,8 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	// then sit claimed and unrun until the heartbeat timeout recovered it.
 	l.m.exec.claiming.RLock() // until its claims are launched
 	defer l.m.exec.claiming.RUnlock()
-	cctx, cancelCommit := context.WithTimeout(context.WithoutCancel(ctx), l.m.cfg.StatementTimeout)
-	defer cancelCommit()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.m.cfg.StatementTimeout)
+	defer cancel()
 	if err := tx.Commit(cctx); err != nil {
 		l.m.exec.claimLost()
 		return iterResult{}, fmt.Errorf("commit iteration: %w", err)
