@@ -39,7 +39,7 @@ type spendBatcher struct {
 	pending  []*spendRequest
 	running  int
 	inFlight map[mandateKey]bool
-	batches  inflight.Set // for Stop to wait for
+	drains   inflight.Set // for Stop to wait for
 }
 
 type mandateKey struct{ org, agent, scope string }
@@ -83,7 +83,7 @@ func (b *spendBatcher) do(ctx context.Context, p SpendParams) (SpendResult, bool
 	b.pending = append(b.pending, req)
 	if b.running < b.maxRunning {
 		b.running++
-		go b.drain()
+		b.drains.Go(b.drain)
 	}
 	b.mu.Unlock()
 	select {
@@ -103,8 +103,9 @@ func (b *spendBatcher) do(ctx context.Context, p SpendParams) (SpendResult, bool
 
 // drain runs batches until nothing it may take is pending, then ends. What
 // it leaves (mandates in another batch) the other batch's drainer takes
-// when it finishes.
-func (b *spendBatcher) drain() {
+// when it finishes. Its batches go under ctx, which Stop cancels
+// when its own context ends first.
+func (b *spendBatcher) drain(ctx context.Context) {
 	var held []mandateKey
 	for {
 		b.mu.Lock()
@@ -119,7 +120,7 @@ func (b *spendBatcher) drain() {
 		}
 		held = keys
 		b.mu.Unlock()
-		b.run(batch)
+		b.run(ctx, batch)
 	}
 }
 
@@ -160,13 +161,13 @@ func (b *spendBatcher) take() ([]*spendRequest, []mandateKey) {
 // other replicas). If a statement fails,
 // the batch's transaction is rolled back whole and every request in it is
 // decided again on its own.
-func (b *spendBatcher) run(batch []*spendRequest) {
+func (b *spendBatcher) run(ctx context.Context, batch []*spendRequest) {
 	slices.SortStableFunc(batch, func(x, y *spendRequest) int {
 		return cmp.Or(cmp.Compare(x.p.OrgID, y.p.OrgID), cmp.Compare(x.p.AgentID, y.p.AgentID),
 			cmp.Compare(x.p.Scope, y.p.Scope), cmp.Compare(x.p.IdempotencyKey, y.p.IdempotencyKey))
 	})
-	ctx, end := b.batches.Begin(batchTimeout)
-	defer end()
+	ctx, cancel := context.WithTimeout(ctx, batchTimeout)
+	defer cancel()
 	// A panic (a bug: in an inbox hook, say) is recovered here: in the
 	// batcher's goroutine it ended the process, every org's requests with
 	// it. Before anything may have committed, each request is decided on

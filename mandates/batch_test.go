@@ -37,7 +37,7 @@ func TestAFailedStatementInABatchLeavesTheOtherSpendsToBeDecidedAlone(t *testing
 	}
 	bad := request(SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 13, IdempotencyKey: "bad"})
 	batch := []*spendRequest{good("a"), bad, good("b"), good("c")}
-	s.batcher.run(batch)
+	s.batcher.run(context.Background(), batch)
 
 	for _, r := range batch {
 		got := <-r.reply
@@ -65,7 +65,7 @@ func TestABatchDecidesLikeTheSameSpendsInSequence(t *testing.T) {
 	}
 	k1, k1Again, k2, k3, k1Other, noMandate := spend("agent-1", 2, "k1"), spend("agent-1", 2, "k1"),
 		spend("agent-1", 1, "k2"), spend("agent-1", 1, "k3"), spend("agent-1", 5, "k1"), spend("agent-2", 1, "")
-	s.batcher.run([]*spendRequest{noMandate, k1, k1Again, k2, k3, k1Other})
+	s.batcher.run(context.Background(), []*spendRequest{noMandate, k1, k1Again, k2, k3, k1Other})
 	reply := func(r *spendRequest) spendReply { return <-r.reply }
 	first, again := reply(k1), reply(k1Again)
 	require.NoError(t, first.err)

@@ -148,12 +148,4 @@ func decideInTx(ctx context.Context, pool *pgxpool.Pool, b *pgx.Batch, read func
 
 // rollbackOpen ends a transaction a failure left open on conn; a
 // connection that cannot is closed, so the pool drops it.
-func rollbackOpen(ctx context.Context, conn *pgxpool.Conn) {
-	if conn.Conn().PgConn().TxStatus() == 'I' {
-		return
-	}
-	ctx = context.WithoutCancel(ctx)
-	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
-		_ = conn.Conn().Close(ctx)
-	}
-}
+func rollbackOpen(ctx context.Context, conn *pgxpool.Conn) { db.RollbackOpen(ctx, conn.Conn()) }

@@ -44,7 +44,7 @@ func TestAnApprovalEventsHookWritesInTheBatchsTransaction(t *testing.T) {
 	refused := request(SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1000})
 	faulty := request(SpendParams{OrgID: "org-a", AgentID: "faulty", Scope: "llm", Cost: 1})
 
-	s.batcher.run([]*spendRequest{granted, refused, faulty})
+	s.batcher.run(context.Background(), []*spendRequest{granted, refused, faulty})
 
 	g, r, f := <-granted.reply, <-refused.reply, <-faulty.reply
 	require.NoError(t, g.err)
@@ -81,7 +81,7 @@ func TestABatchOfRefusalsAppendsItsEventsInTwoRoundTrips(t *testing.T) {
 		for i := range reqs {
 			reqs[i] = request(SpendParams{OrgID: "org-a", AgentID: "agent-1", Scope: "llm", Cost: 1000})
 		}
-		s.batcher.run(reqs)
+		s.batcher.run(context.Background(), reqs)
 		for _, r := range reqs {
 			got := <-r.reply
 			require.NoError(t, got.err)
@@ -124,7 +124,7 @@ func TestAPanicInASpendBatchBeforeItsCommitSendsItsSpendsAlone(t *testing.T) {
 	fine := SpendParams{OrgID: "org-a", AgentID: "fine", Scope: "llm", Cost: 1}
 	reqs := []*spendRequest{request(faulty), request(fine)}
 
-	require.NotPanics(t, func() { s.batcher.run(reqs) })
+	require.NotPanics(t, func() { s.batcher.run(context.Background(), reqs) })
 	for _, r := range reqs {
 		require.True(t, (<-r.reply).alone, "nothing committed: %s goes alone", r.p.AgentID)
 	}

@@ -26,7 +26,7 @@ func TestALedgerReaderFollowingTheCursorSeesADebitThatCommittedLater(t *testing.
 	onA := request(SpendParams{OrgID: "org-a", AgentID: "agent-a", Scope: "llm", Cost: 1})
 	onB := request(SpendParams{OrgID: "org-a", AgentID: "agent-b", Scope: "llm", Cost: 2, Reason: "minted first, committed second"})
 	done := make(chan struct{})
-	go func() { defer close(done); r1.batcher.run([]*spendRequest{onA, onB}) }()
+	go func() { defer close(done); r1.batcher.run(context.Background(), []*spendRequest{onA, onB}) }()
 	// replica 1's batch waits for A's row, its debit of B minted
 	require.Eventually(t, func() bool {
 		var waiting int

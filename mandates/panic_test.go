@@ -60,7 +60,7 @@ func TestAPanickingSpendGivesItsConnectionBack(t *testing.T) {
 				reqs = append(reqs, request(SpendParams{OrgID: "org-a", AgentID: "a2", Scope: "llm", Cost: 1}))
 			}
 			tr.armed.Store(true)
-			require.NotPanics(t, func() { s.batcher.run(reqs) })
+			require.NotPanics(t, func() { s.batcher.run(context.Background(), reqs) })
 			tr.armed.Store(false)
 			for _, r := range reqs {
 				require.Error(t, (<-r.reply).err)
@@ -94,7 +94,7 @@ func TestAPanicInARetriedSpendFailsOnlyItsOwnSpend(t *testing.T) {
 		request(SpendParams{OrgID: "org-a", AgentID: "b-faulty", Scope: "llm", Cost: 50}), // refused: the hook runs
 		request(SpendParams{OrgID: "org-a", AgentID: "c-fine", Scope: "llm", Cost: 1}),
 	}
-	require.NotPanics(t, func() { s.batcher.run(reqs) })
+	require.NotPanics(t, func() { s.batcher.run(context.Background(), reqs) })
 	fine := <-reqs[2].reply
 	require.True(t, fine.alone || (fine.err == nil && fine.res.OK),
 		"c-fine was never tried, and failed: %+v", fine)

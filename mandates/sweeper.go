@@ -39,7 +39,7 @@ func (s *Service) Start(ctx context.Context) error {
 func (s *Service) Stop(ctx context.Context) error {
 	err := s.sweeper.Stop(ctx)
 	if s.batcher != nil {
-		err = errors.Join(err, s.batcher.batches.Wait(ctx))
+		err = errors.Join(err, s.batcher.drains.Wait(ctx))
 	}
 	return err
 }

@@ -49,7 +49,7 @@ type createBatcher struct {
 	mu      sync.Mutex
 	pending []*createRequest
 	running int
-	groups  inflight.Set // for Stop to wait for
+	drains  inflight.Set // for Stop to wait for
 }
 
 // createBatchers is how many groups may run at once: two, so that one
@@ -101,7 +101,7 @@ func (b *createBatcher) do(ctx context.Context, p CreateParams) createReply {
 	b.pending = append(b.pending, req)
 	if b.running < b.maxRunning {
 		b.running++
-		go b.drain()
+		b.drains.Go(b.drain)
 	}
 	b.mu.Unlock()
 	select {
@@ -113,7 +113,7 @@ func (b *createBatcher) do(ctx context.Context, p CreateParams) createReply {
 }
 
 // drain runs groups until nothing is pending, then ends.
-func (b *createBatcher) drain() {
+func (b *createBatcher) drain(ctx context.Context) {
 	for {
 		b.mu.Lock()
 		n := min(len(b.pending), b.maxBatch)
@@ -133,10 +133,10 @@ func (b *createBatcher) drain() {
 			continue
 		}
 
-		ctx, end := b.groups.Begin(groupTimeout)
+		gctx, cancel := context.WithTimeout(ctx, groupTimeout)
 		b.s.metrics.createBatch.Observe(float64(len(group)))
-		b.s.createGroup(ctx, group)
-		end()
+		b.s.createGroup(gctx, group)
+		cancel()
 	}
 }
 
@@ -234,15 +234,7 @@ type groupConn struct {
 
 // rollback ends a transaction a failed batch left open. A connection that
 // cannot is closed (the pool then drops it).
-func (c groupConn) rollback(ctx context.Context) {
-	if c.PgConn().TxStatus() == 'I' {
-		return
-	}
-	ctx = context.WithoutCancel(ctx)
-	if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
-		_ = c.Close(ctx)
-	}
-}
+func (c groupConn) rollback(ctx context.Context) { db.RollbackOpen(ctx, c.Conn) }
 
 // createGroup runs the protocol for a group of requests and answers each.
 func (s *Service) createGroup(ctx context.Context, reqs []*createRequest) {

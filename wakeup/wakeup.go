@@ -620,7 +620,7 @@ func (s *Service) Start(ctx context.Context) error {
 func (s *Service) Stop(ctx context.Context) error {
 	err := s.reconciler.Stop(ctx)
 	if s.creator != nil {
-		err = errors.Join(err, s.creator.groups.Wait(ctx))
+		err = errors.Join(err, s.creator.drains.Wait(ctx))
 	}
 	return err
 }

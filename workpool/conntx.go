@@ -47,11 +47,8 @@ func (m *Manager) recordWithHooks(ctx context.Context, results []attemptResult) 
 	defer c.Release()
 	conn := c.Conn()
 	defer func() {
-		if err != nil && conn.PgConn().TxStatus() != 'I' {
-			// Best effort: a broken connection is closed by the pool.
-			if _, rerr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
-				_ = conn.Close(context.WithoutCancel(ctx))
-			}
+		if err != nil {
+			db.RollbackOpen(ctx, conn)
 		}
 	}()
 	tx := newConnTx(conn)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -113,4 +114,23 @@ func InTx(ctx context.Context, q Querier, f func(pgx.Tx) error) error {
 		return fmt.Errorf("db: %T can neither join nor begin a transaction", q)
 	}
 	return pgx.BeginFunc(ctx, b, f)
+}
+
+// rollbackTimeout bounds RollbackOpen's ROLLBACK: on a connection gone
+// silent it would wait for the kernel, minutes, holding up its caller
+// (and a Stop waiting for it).
+const rollbackTimeout = 5 * time.Second
+
+// RollbackOpen ends a transaction a failure left open on conn (a bare
+// BEGIN sent in a batch); a connection that cannot is closed, so that its
+// pool drops it. It runs even when ctx has ended.
+func RollbackOpen(ctx context.Context, conn *pgx.Conn) {
+	if conn.PgConn().TxStatus() == 'I' {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+		_ = conn.Close(ctx)
+	}
 }

@@ -1,6 +1,6 @@
-// Package inflight tracks the runs a service makes in goroutines of its
-// own on its callers' behalf (a batch of spends, a group of wake-up
-// requests), so that its Stop can wait for them: a run that outlived Stop
+// Package inflight tracks the goroutines a service starts on its callers'
+// behalf (the drains that run batches of spends, groups of wake-up
+// requests), so that its Stop can wait for them: one that outlived Stop
 // would hold a connection of a pool about to close, and commit after the
 // service said it had stopped.
 package inflight
@@ -8,10 +8,9 @@ package inflight
 import (
 	"context"
 	"sync"
-	"time"
 )
 
-// Set is the runs under way. The zero value is ready.
+// Set is the goroutines under way. The zero value is ready.
 type Set struct {
 	mu   sync.Mutex
 	runs map[*run]struct{}
@@ -22,11 +21,10 @@ type run struct {
 	done   chan struct{}
 }
 
-// Begin registers a run and returns the context it goes under (ending
-// after timeout, or when Wait gives up on it) and the function that ends
-// it.
-func (s *Set) Begin(timeout time.Duration) (context.Context, func()) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+// Go runs fn in a goroutine of the set's. fn's context ends when a Wait
+// gives up on it.
+func (s *Set) Go(fn func(ctx context.Context)) {
+	ctx, cancel := context.WithCancel(context.Background())
 	r := &run{cancel: cancel, done: make(chan struct{})}
 	s.mu.Lock()
 	if s.runs == nil {
@@ -34,18 +32,22 @@ func (s *Set) Begin(timeout time.Duration) (context.Context, func()) {
 	}
 	s.runs[r] = struct{}{}
 	s.mu.Unlock()
-	return ctx, func() {
-		cancel()
-		s.mu.Lock()
-		delete(s.runs, r)
-		s.mu.Unlock()
-		close(r.done)
-	}
+	go func() {
+		defer func() {
+			cancel()
+			s.mu.Lock()
+			delete(s.runs, r)
+			s.mu.Unlock()
+			close(r.done)
+		}()
+		fn(ctx)
+	}()
 }
 
-// Wait waits for the runs under way when it is called to end. When ctx
-// ends first it cancels them, waits for them to end (a canceled statement
-// returns at once), and returns ctx's error.
+// Wait waits for the goroutines under way when it is called to return.
+// When ctx ends first it cancels their contexts, waits for them to return
+// (a canceled statement returns at once), and returns ctx's error.
+// Goroutines started after the call are not waited for.
 func (s *Set) Wait(ctx context.Context) error {
 	s.mu.Lock()
 	runs := make([]*run, 0, len(s.runs))

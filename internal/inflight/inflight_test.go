@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -14,31 +13,31 @@ func TestWaitWithNothingUnderWayReturnsAtOnce(t *testing.T) {
 	require.NoError(t, s.Wait(context.Background()))
 }
 
-func TestWaitReturnsOnceTheRunsUnderWayHaveEnded(t *testing.T) {
+func TestWaitReturnsOnceTheGoroutinesUnderWayHaveReturned(t *testing.T) {
 	var s Set
-	_, end := s.Begin(time.Hour)
-	waited := make(chan error, 1)
-	go func() { waited <- s.Wait(context.Background()) }()
-	select {
-	case <-waited:
-		t.Fatal("Wait returned with a run under way")
-	case <-time.After(50 * time.Millisecond):
-	}
-	end()
-	require.NoError(t, <-waited)
+	release := make(chan struct{})
+	var returned atomic.Bool
+	s.Go(func(context.Context) {
+		<-release
+		returned.Store(true)
+	})
+	go close(release)
+	require.NoError(t, s.Wait(context.Background()))
+	require.True(t, returned.Load())
 }
 
-func TestWaitPastItsContextCancelsTheRunsAndWaitsForThemToEnd(t *testing.T) {
+func TestWaitPastItsContextCancelsTheGoroutinesAndWaitsForThemToReturn(t *testing.T) {
 	var s Set
-	runCtx, end := s.Begin(time.Hour)
 	var canceled atomic.Bool
-	go func() {
-		<-runCtx.Done() // (a statement canceled with its context)
+	started := make(chan struct{})
+	s.Go(func(ctx context.Context) {
+		close(started)
+		<-ctx.Done() // (a statement canceled with its context)
 		canceled.Store(true)
-		end()
-	}()
+	})
+	<-started
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	require.ErrorIs(t, s.Wait(ctx), context.Canceled)
-	require.True(t, canceled.Load(), "Wait returned once the run it canceled had ended")
+	require.True(t, canceled.Load(), "Wait returned once the goroutine it canceled had returned")
 }
