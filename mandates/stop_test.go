@@ -5,10 +5,31 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
 )
+
+// startedBehindAPatch starts a service with a mandate of org-a's
+// agent-1 (scope llm, budget 10) whose row an operator's PATCH, under way
+// in tx on the pool other, holds.
+func startedBehindAPatch(t *testing.T) (s *Service, db *pgxpool.Pool, m Mandate, other *pgxpool.Pool, tx pgx.Tx) {
+	t.Helper()
+	s, db = newTestService(t, Config{MaxSpendBatch: 64})
+	ctx := context.Background()
+	m = mustCreate(t, s, "org-a", "agent-1", "llm", 10)
+	require.NoError(t, s.Start(ctx))
+	other = testkit.NewPoolFor(t, db.Config().ConnString())
+	tx, err := other.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	budget := int64(20)
+	_, err = tx.Exec(ctx, qPatchMandate, "org-a", m.ID, &budget, nil, false, nil, "")
+	require.NoError(t, err)
+	return s, db, m, other, tx
+}
 
 // A spend batch whose caller left goes on in the batcher's goroutine; the
 // service's Stop waits for it, and past Stop's context cancels it: a batch
@@ -16,18 +37,8 @@ import (
 // Close waits for it) and could commit after the service said it had
 // stopped.
 func TestStopEndsTheSpendBatchesUnderWay(t *testing.T) {
-	s, db := newTestService(t, Config{MaxSpendBatch: 64})
+	s, db, _, other, _ := startedBehindAPatch(t)
 	ctx := context.Background()
-	m := mustCreate(t, s, "org-a", "agent-1", "llm", 10)
-	require.NoError(t, s.Start(ctx))
-
-	other := testkit.NewPoolFor(t, db.Config().ConnString())
-	tx, err := other.Begin(ctx) // an operator's PATCH, under way
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	budget := int64(20)
-	_, err = tx.Exec(ctx, qPatchMandate, "org-a", m.ID, &budget, nil, false, nil, "")
-	require.NoError(t, err)
 
 	spendCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -56,18 +67,8 @@ func TestStopEndsTheSpendBatchesUnderWay(t *testing.T) {
 // committing after the service said it had stopped. Here the second
 // caller leaves too, as the first did.
 func TestStopLeavesNoBatchOfTheSpendsQueuedBehindTheOnesUnderWay(t *testing.T) {
-	s, db := newTestService(t, Config{MaxSpendBatch: 64})
+	s, db, m, other, tx := startedBehindAPatch(t)
 	ctx := context.Background()
-	m := mustCreate(t, s, "org-a", "agent-1", "llm", 10)
-	require.NoError(t, s.Start(ctx))
-
-	other := testkit.NewPoolFor(t, db.Config().ConnString())
-	tx, err := other.Begin(ctx) // an operator's PATCH, under way
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	budget := int64(20)
-	_, err = tx.Exec(ctx, qPatchMandate, "org-a", m.ID, &budget, nil, false, nil, "")
-	require.NoError(t, err)
 
 	spend := func(ctx context.Context, cost int64) <-chan error {
 		done := make(chan error, 1)
