@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strconv"
 	"sync"
 	"time"
 
@@ -345,6 +346,7 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 	b := &pgx.Batch{}
 	if begin {
 		b.Queue("BEGIN")
+		b.Queue(sqlIdleInTxLimit, strconv.FormatInt(m.idleInTxLimit().Milliseconds(), 10))
 	}
 	b.Queue(sqlCompleteSavepoint)
 	b.Queue(sqlComplete, m.completeArgs(results)...)
@@ -357,7 +359,9 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 	br := tx.SendBatch(ctx, b)
 	var err error
 	if begin {
-		_, err = br.Exec()
+		if _, err = br.Exec(); err == nil {
+			_, err = br.Exec()
+		}
 	}
 	if err == nil {
 		_, err = br.Exec()

@@ -102,7 +102,10 @@ type Config struct {
 	// kernel to give up on it, minutes, holding up every result this
 	// replica records or every start of the pool while this replica keeps
 	// its leadership. A record with hooks and the rest of an iteration are
-	// not bounded as a whole: their hook calls may take long.
+	// not bounded as a whole, their hook calls may take long: each of their
+	// round trips is, by StatementTimeout + 2 × HookTimeout + 1 s (a hook's
+	// statement, or one waiting on the rows an iteration holds while it
+	// makes its hook calls, may take that long less StatementTimeout).
 	StatementTimeout time.Duration
 	// MaxWorkers bounds the handlers this replica runs at once, across
 	// pools (default 10,000).

@@ -51,7 +51,10 @@ func (m *Manager) recordWithHooks(ctx context.Context, results []attemptResult) 
 			db.RollbackOpen(ctx, conn)
 		}
 	}()
-	tx := newConnTx(conn)
+	// Each round trip is bounded, not the transaction: its hook calls may
+	// take long, but an answer that never comes (a connection gone silent)
+	// would hold up every later result of this replica for minutes.
+	tx := db.BoundRoundTrips(newConnTx(conn), m.roundTripBound())
 	hctx, actions := db.WithAfterCommit(ctx)
 	if done, err = m.completeIn(hctx, tx, results, true, time.Time{}); err != nil {
 		return nil, err

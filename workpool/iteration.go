@@ -129,18 +129,21 @@ func (it *iteration) hookBudget() time.Time {
 // recovery and hook retries, then starts; when it found nothing to do it
 // publishes the run status and says when to wake.
 func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
-	// Its first round trips are bounded: on a pooled connection gone
-	// silent while idle (a NAT that forgot it, a failover) they would wait
-	// for the kernel, minutes, while this replica kept the leadership and
-	// nothing of the pool started. (Not the iteration as a whole: the hook
-	// calls it makes may take long, and one cut there would be cut at the
-	// same place on every try.)
+	// Each round trip is bounded: on a pooled connection gone silent (a
+	// NAT that forgot it, a failover) one would wait for the kernel,
+	// minutes, while this replica kept the leadership and nothing of the
+	// pool started. The first ones, which wait on no hook and on no lock
+	// but the pool row's, by the statement timeout; the rest by
+	// roundTripBound. (Not the iteration as a whole: the hook calls it
+	// makes may take long, and one cut there would be cut at the same
+	// place on every try.)
 	octx, cancelOpen := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
 	defer cancelOpen()
-	tx, err := l.m.db.Begin(octx)
+	begun, err := l.m.db.Begin(octx)
 	if err != nil {
 		return iterResult{}, fmt.Errorf("begin iteration: %w", err)
 	}
+	tx := db.BoundRoundTrips(begun, l.m.roundTripBound())
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	it := &iteration{l: l, tx: tx, now: l.m.now(), gen: l.gen + 1}
 	ctx, actions := db.WithAfterCommit(ctx)
@@ -224,7 +227,7 @@ func (it *iteration) open(ctx context.Context) ([]uuid.UUID, error) {
 	l := it.l
 	b := &pgx.Batch{}
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true)",
-		strconv.FormatInt(l.m.iterationIdleLimit().Milliseconds(), 10))
+		strconv.FormatInt(l.m.idleInTxLimit().Milliseconds(), 10))
 	b.Queue(sqlBump, l.pool, l.gen, it.now)
 	b.Queue(sqlTakeCancelations, l.pool, cancelationBatch)
 	b.Queue(sqlCensus, l.pool, it.now)

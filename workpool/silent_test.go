@@ -2,9 +2,12 @@ package workpool
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/testkit"
@@ -76,4 +79,93 @@ func TestALoopIterationOnASilentConnectionGivesUpAndThePoolGoesOn(t *testing.T) 
 	require.NoError(t, err)
 	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
 	require.True(t, m.loopFor("default").leading.Load(), "the same replica leads on")
+}
+
+// silentHookMarker is a statement the silent-connection tests' hook runs,
+// for the relay to find.
+const silentHookMarker = "SELECT 'reveille: a hook statement'"
+
+// startManagerWithMarkerHook starts a manager whose hook "marker" runs
+// silentHookMarker in the completing transaction, counting its calls.
+func startManagerWithMarkerHook(t *testing.T, db *pgxpool.Pool, calls *atomic.Int64) *Manager {
+	m := startManager(t, db, silentConfig)
+	m.RegisterHook("marker", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		calls.Add(1)
+		_, err := tx.Exec(ctx, silentHookMarker)
+		return err
+	})
+	return m
+}
+
+// A record whose connection goes silent after its first round trip — in
+// a hook's statement, as every wake-up's work has a hook — gives up and
+// is tried again: its hooks' statements run under the completer's own
+// context (a hook's statement begun in time runs to its end), so nothing
+// else would end the wait, and every later result of the replica would
+// queue behind it.
+func TestARecordWithHooksSilentInItsMiddleGivesUpAndIsRecordedAgain(t *testing.T) {
+	dsn := testkit.NewDatabase(t)
+	relay, relayed := testkit.NewRelay(t, dsn)
+	db := testkit.NewPoolFor(t, relayed)
+	t.Cleanup(relay.Cut)
+	arrived, release := relay.HoldReplyTo(silentHookMarker)
+	t.Cleanup(release)
+	var calls atomic.Int64
+	m := startManagerWithMarkerHook(t, db, &calls)
+	first, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop",
+		OnComplete: &OnComplete{Hook: "marker"}})
+	require.NoError(t, err)
+	<-arrived // the hook's statement went out; its answer never comes back
+	second, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
+	require.NoError(t, err)
+	requireFinished(t, m, "org-1", first, OutcomeSucceeded)
+	requireFinished(t, m, "org-1", second, OutcomeSucceeded)
+	require.GreaterOrEqual(t, calls.Load(), int64(2), "the hook was called again")
+}
+
+// A loop iteration whose connection goes silent after its first round
+// trips (here at its outlook, the read of what waits) gives up, and the
+// pool goes on under the same leader.
+func TestALoopIterationSilentAfterItsFirstRoundTripsGivesUp(t *testing.T) {
+	dsn := testkit.NewDatabase(t)
+	relay, relayed := testkit.NewRelay(t, dsn)
+	db := testkit.NewPoolFor(t, relayed)
+	t.Cleanup(relay.Cut)
+	arrived, release := relay.HoldReplyTo("AND w.concurrency_key IS NULL AND w.run_at > $2) AS next_at")
+	t.Cleanup(release)
+	m := startManager(t, db, silentConfig)
+	<-arrived // an idle iteration's outlook went out; its answer never comes back
+	id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
+	require.NoError(t, err)
+	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
+	require.True(t, m.loopFor("default").leading.Load(), "the same replica leads on")
+}
+
+// A record with hooks abandoned on a silent connection (a NAT that forgot
+// it: the server never hears of the client's close) leaves its
+// transaction open on the server, the finished work's rows locked; the
+// server ends it once it has sat idle past the limit the record set, and
+// the record made again commits. Without that limit the rows stayed
+// locked until the server's own TCP keepalive gave up (two hours by
+// default), every try of the record waiting on them.
+func TestARecordAbandonedOnASilentConnectionLetsGoOfItsRowsOnTheServer(t *testing.T) {
+	t.Parallel()
+	dsn := testkit.NewDatabase(t)
+	relay, relayed := testkit.NewRelay(t, dsn)
+	db := testkit.NewPoolFor(t, relayed)
+	t.Cleanup(relay.Cut)
+	muted := relay.SilenceAt(silentHookMarker)
+	var calls atomic.Int64
+	m := startManagerWithMarkerHook(t, db, &calls)
+	id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop",
+		OnComplete: &OnComplete{Hook: "marker"}})
+	require.NoError(t, err)
+	<-muted
+	limit := m.idleInTxLimit()
+	var s Status
+	require.Eventually(t, func() bool {
+		s, err = m.Status(context.Background(), "org-1", id)
+		return err == nil && s.State == StateFinished
+	}, limit+testWait, testTick, "the work never finished")
+	require.Equal(t, OutcomeSucceeded, s.Outcome)
 }

@@ -26,7 +26,8 @@ func NewCuttablePool(t testing.TB) (*pgxpool.Pool, func()) {
 // breaks that the ways a network does: Cut closes everything at once (the
 // server sees its clients go), Silence and Partition drop bytes without a
 // word (a NAT or firewall that forgot a connection, a node gone from the
-// network: neither side hears of it), CutReplyTo loses one answer with its
+// network: neither side hears of it; SilenceAt one connection from a given
+// statement on), CutReplyTo loses one answer with its
 // connection (the server did the work; the client cannot know).
 type Relay struct {
 	ln          net.Listener
@@ -42,6 +43,8 @@ type Relay struct {
 	holdMarker  []byte                // armed by HoldReplyTo
 	holding     *replyHold            // its hold, until a connection takes it
 	holds       map[string]*replyHold // clients whose next reply is held
+	muteMarker  []byte                // armed by SilenceAt
+	muted       chan struct{}         // closed once a connection took it
 }
 
 // replyHold is one answer HoldReplyTo holds back.
@@ -192,6 +195,10 @@ func (r *Relay) watchForMarker(client string, b []byte) {
 	if r.holdMarker != nil && bytes.Contains(b, r.holdMarker) {
 		r.holds[client], r.holdMarker, r.holding = r.holding, nil, nil
 	}
+	if r.muteMarker != nil && bytes.Contains(b, r.muteMarker) {
+		r.silent[client], r.muteMarker = true, nil
+		close(r.muted)
+	}
 }
 
 func (r *Relay) losesReply(client string) bool {
@@ -227,6 +234,19 @@ func (r *Relay) Silence(client net.Addr) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.silent[client.String()] = true
+}
+
+// SilenceAt arms the silencing of one connection mid-conversation: the
+// next connection whose client sends bytes holding marker goes silent from
+// those bytes on (they never reach the server, which waits for them —
+// inside a transaction, holding its locks — while the client waits for
+// the answer; neither hears of the other's close). muted is closed once a
+// connection took it.
+func (r *Relay) SilenceAt(marker string) (muted <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.muteMarker, r.muted = []byte(marker), make(chan struct{})
+	return r.muted
 }
 
 // Partition silences every relayed connection and refuses new ones, as
