@@ -1,0 +1,65 @@
+package db
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The network's bounds on a database connection (Dial).
+const (
+	// KeepAliveIdle, KeepAliveInterval and KeepAliveCount: an idle
+	// connection is probed after KeepAliveIdle, then every
+	// KeepAliveInterval, and ended after KeepAliveCount probes go
+	// unanswered — 35 s for a peer gone from the network while this side
+	// waits for an answer (a statement the server runs, a LISTEN), where
+	// Go's defaults (15 s, 15 s, 9) took two and a half minutes.
+	KeepAliveIdle     = 15 * time.Second
+	KeepAliveInterval = 5 * time.Second
+	KeepAliveCount    = 4
+	// UserTimeout ends a connection whose sent data goes unacknowledged
+	// that long (Linux's TCP_USER_TIMEOUT): a statement sent on a
+	// connection the network blackholed (a NAT that forgot it, a failover
+	// that left the old primary's address unanswered) fails after it,
+	// whatever its context, where the kernel retransmitted for about 15
+	// minutes. Longer than any retransmission a healthy network needs.
+	UserTimeout = 30 * time.Second
+)
+
+// Dial opens a database connection bounded by the network limits above:
+// pgx's DialFunc for every pool of the service (a Unix socket is dialled
+// as it is). Statements that wait on a healthy server take as long as the
+// server takes: the bounds end only a connection whose peer stopped
+// answering at the TCP level. (A server process that hangs while its
+// host answers for it is caught only by a statement's own deadline.)
+func Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{
+		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: KeepAliveIdle, Interval: KeepAliveInterval, Count: KeepAliveCount},
+		Control: func(network, _ string, c syscall.RawConn) error {
+			if !strings.HasPrefix(network, "tcp") {
+				return nil
+			}
+			return setUserTimeout(c, UserTimeout)
+		},
+	}
+	return d.DialContext(ctx, network, addr)
+}
+
+// ServerNetworkParams are the same bounds for the server's end of each
+// session (run-time parameters sent at connect): a client gone from the
+// network (its node lost, a NAT that forgot the connection: its close
+// never arrives) leaves its session to the server's TCP, which kept it —
+// its open transaction, the row locks and advisory locks it held — for
+// about two hours by default (tcp_keepalives_idle is the system's). With
+// them the server ends it within about 35 s of silence.
+func ServerNetworkParams() map[string]string {
+	return map[string]string{
+		"tcp_keepalives_idle":     strconv.Itoa(int(KeepAliveIdle.Seconds())),
+		"tcp_keepalives_interval": strconv.Itoa(int(KeepAliveInterval.Seconds())),
+		"tcp_keepalives_count":    strconv.Itoa(KeepAliveCount),
+		"tcp_user_timeout":        strconv.FormatInt(UserTimeout.Milliseconds(), 10),
+	}
+}
