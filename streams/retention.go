@@ -31,11 +31,14 @@ func (s *Service) retentionRound(ctx context.Context) error {
 func (s *Service) PurgeClosedBefore(ctx context.Context, cutoff time.Time) (int, error) {
 	total := 0
 	for {
-		rows, err := s.db.Query(ctx, expiredSQL, cutoff, s.cfg.PurgeBatch)
+		sctx, cancel := context.WithTimeout(ctx, leader.StatementTimeout) // (see leader.StatementTimeout)
+		rows, err := s.db.Query(sctx, expiredSQL, cutoff, s.cfg.PurgeBatch)
 		if err != nil {
+			cancel()
 			return total, fmt.Errorf("finding expired streams: %w", err)
 		}
 		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		cancel()
 		if err != nil {
 			return total, fmt.Errorf("finding expired streams: %w", err)
 		}

@@ -258,7 +258,9 @@ func (s *Service) reconcileRound(ctx context.Context) error {
 func (s *Service) Reconcile(ctx context.Context) (int, error) {
 	// Spans every org: the reconciler is a system maintenance loop; each
 	// intent is then handled with its own org.
-	rows, err := s.db.Query(ctx, `SELECT org_id, id FROM wakeups WHERE state = 'funded' AND updated_at < now() - $1::interval
+	fctx, cancel := context.WithTimeout(ctx, leader.StatementTimeout) // (see leader.StatementTimeout)
+	defer cancel()
+	rows, err := s.db.Query(fctx, `SELECT org_id, id FROM wakeups WHERE state = 'funded' AND updated_at < now() - $1::interval
 		ORDER BY updated_at LIMIT 500`, s.cfg.ReconcileAfter)
 	if err != nil {
 		return 0, fmt.Errorf("find funded wake-ups: %w", err)

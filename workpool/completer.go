@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/reveille/reveille/internal/db"
 )
 
 // completer records the results of the attempts this replica ran — River's
@@ -346,7 +347,6 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 	b := &pgx.Batch{}
 	if begin {
 		b.Queue("BEGIN")
-		b.Queue(sqlIdleInTxLimit, strconv.FormatInt(m.idleInTxLimit().Milliseconds(), 10))
 	}
 	b.Queue(sqlCompleteSavepoint)
 	b.Queue(sqlComplete, m.completeArgs(results)...)
@@ -359,9 +359,7 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 	br := tx.SendBatch(ctx, b)
 	var err error
 	if begin {
-		if _, err = br.Exec(); err == nil {
-			_, err = br.Exec()
-		}
+		_, err = br.Exec()
 	}
 	if err == nil {
 		_, err = br.Exec()
@@ -396,12 +394,16 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 	if err != nil {
 		return nil, fmt.Errorf("completing %d attempts: %w", len(results), err)
 	}
-	if _, err := m.runHooks(ctx, tx, hookCalls(done), false, true, hooksUntil); err != nil {
+	// The hooks' round trips are bounded (roundTripBound); the recording's
+	// above are not: they may wait on rows another record holds through its
+	// hook calls.
+	hooksTx := db.BoundRoundTrips(tx, m.roundTripBound())
+	if _, err := m.runHooks(ctx, hooksTx, hookCalls(done), false, true, hooksUntil); err != nil {
 		return nil, err
 	}
 	if !begin {
 		// The caller's transaction goes on (the loop's: starts follow).
-		if err := restoreStatementTimeout(ctx, tx, before); err != nil {
+		if err := restoreStatementTimeout(ctx, hooksTx, before); err != nil {
 			return nil, err
 		}
 	}

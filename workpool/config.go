@@ -101,11 +101,14 @@ type Config struct {
 	// silent (a NAT that forgot it, a failover) one would wait for the
 	// kernel to give up on it, minutes, holding up every result this
 	// replica records or every start of the pool while this replica keeps
-	// its leadership. A record with hooks and the rest of an iteration are
-	// not bounded as a whole, their hook calls may take long: each of their
-	// round trips is, by StatementTimeout + 2 × HookTimeout + 1 s (a hook's
-	// statement, or one waiting on the rows an iteration holds while it
-	// makes its hook calls, may take that long less StatementTimeout).
+	// its leadership; also the loop's takeover, its saves of the
+	// fair-share turns and its chores' reads. A record with hooks and the
+	// rest of an iteration are not bounded as a whole, their hook calls may
+	// take long: each of their round trips that cannot wait on another
+	// transaction's row locks is, by StatementTimeout + HookTimeout (the
+	// server ends a hook's statement at HookTimeout); the recording of
+	// results and the marking of work canceled, which may wait on rows a
+	// record holds through its hook calls, are not.
 	StatementTimeout time.Duration
 	// MaxWorkers bounds the handlers this replica runs at once, across
 	// pools (default 10,000).

@@ -51,15 +51,18 @@ func (m *Manager) recordWithHooks(ctx context.Context, results []attemptResult) 
 			db.RollbackOpen(ctx, conn)
 		}
 	}()
-	// Each round trip is bounded, not the transaction: its hook calls may
-	// take long, but an answer that never comes (a connection gone silent)
-	// would hold up every later result of this replica for minutes.
-	tx := db.BoundRoundTrips(newConnTx(conn), m.roundTripBound())
+	// Its hooks' round trips (completeIn) and its commit are bounded, not
+	// the transaction: its hook calls may take long, but an answer that
+	// never comes (a connection gone silent) would hold up every later
+	// result of this replica until the kernel gave up on the connection.
+	tx := newConnTx(conn)
 	hctx, actions := db.WithAfterCommit(ctx)
 	if done, err = m.completeIn(hctx, tx, results, true, time.Time{}); err != nil {
 		return nil, err
 	}
-	if err = tx.Commit(ctx); err != nil {
+	cctx, cancel := context.WithTimeout(ctx, m.cfg.StatementTimeout)
+	defer cancel()
+	if err = tx.Commit(cctx); err != nil {
 		return nil, fmt.Errorf("committing %d completions: %w", len(results), err)
 	}
 	actions.Run()

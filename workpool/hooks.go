@@ -31,9 +31,6 @@ const (
 	// the loop's transaction the starts follow the hooks, and a start
 	// bounded by a short hook timeout would fail the iteration.
 	sqlRestoreStatementTimeout = "SELECT set_config('statement_timeout', $1, true)"
-	// sqlIdleInTxLimit bounds the transaction's idle time to $1 ms
-	// (idleInTxLimit).
-	sqlIdleInTxLimit = "SELECT set_config('idle_in_transaction_session_timeout', $1, true)"
 )
 
 // hookTimeoutSlack is how much longer a hook call's context lasts than its
@@ -375,24 +372,24 @@ func (m *Manager) hookBackoff(n int) time.Duration {
 }
 
 // roundTripBound bounds each round trip of a transaction that runs hooks
-// (a record with hooks, a loop's iteration): the statement timeout past
-// the longest a statement of it may legitimately wait — a hook's, which
-// the server ends at HookTimeout, or one waiting on the rows a loop's
-// iteration holds while it makes its hook calls (begun within HookTimeout,
-// each lasting up to HookTimeout and its slack).
+// (a record with hooks, a loop's iteration) that cannot wait on another
+// transaction's row locks: its hooks' statements — the server ends them,
+// lock waits included, at HookTimeout, the statement timeout set before
+// the hooks — and its reads that skip locked rows. Past it the answer is
+// not coming (a connection gone silent). The statements that may wait on
+// a lock (recording results, marking work canceled) are not bounded: a
+// record with hooks holds its rows for as long as its hook calls take,
+// and a bound cut their legitimate waits, the same on every try.
 func (m *Manager) roundTripBound() time.Duration {
-	return m.cfg.StatementTimeout + 2*m.cfg.HookTimeout + hookTimeoutSlack
+	return m.cfg.StatementTimeout + m.cfg.HookTimeout
 }
 
-// idleInTxLimit is how long a transaction that runs hooks (the loop's
-// iteration, a record with hooks) may sit idle on the server before the
-// server ends it: its client lost in its middle (a leader's node gone, a
-// connection gone silent) would leave it open, holding its rows — the
-// pool row, the finished work's — until the server's TCP gave up on the
-// peer (two hours by default). 30 s, or longer than a hook call, which
-// may wait in Go for up to HookTimeout between two statements — past the
-// limit, the server ended the transaction, and every next one, with the
-// work it was finishing.
-func (m *Manager) idleInTxLimit() time.Duration {
+// iterationIdleLimit is how long the loop's transaction may sit idle on the
+// server before the server ends it (a leader lost in its middle): 30 s, or
+// longer than a hook call, which the loop makes inside it (the hooks of
+// canceled pending work, and hook retries) and which may wait in Go for
+// up to HookTimeout — past the limit, the server ended the iteration, and
+// every next one, with the cancelation it was finishing.
+func (m *Manager) iterationIdleLimit() time.Duration {
 	return max(30*time.Second, m.cfg.HookTimeout+hookTimeoutSlack+10*time.Second)
 }

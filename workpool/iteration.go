@@ -94,8 +94,13 @@ func (l *loop) iterate(ctx context.Context) (iterResult, error) {
 
 // iteration is one full iteration's transaction and what it found.
 type iteration struct {
-	l        *loop
-	tx       pgx.Tx
+	l  *loop
+	tx pgx.Tx // each round trip bounded (roundTripBound)
+	// locking is tx unbounded, for the statements that may wait on rows
+	// another transaction holds (marking work canceled, recording the
+	// attempts it recovers): a record with hooks holds them for as long as
+	// its hook calls take.
+	locking  pgx.Tx
 	now      time.Time
 	gen      int64 // the generation this iteration writes
 	maxPar   int
@@ -129,14 +134,14 @@ func (it *iteration) hookBudget() time.Time {
 // recovery and hook retries, then starts; when it found nothing to do it
 // publishes the run status and says when to wake.
 func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
-	// Each round trip is bounded: on a pooled connection gone silent (a
-	// NAT that forgot it, a failover) one would wait for the kernel,
-	// minutes, while this replica kept the leadership and nothing of the
-	// pool started. The first ones, which wait on no hook and on no lock
-	// but the pool row's, by the statement timeout; the rest by
-	// roundTripBound. (Not the iteration as a whole: the hook calls it
-	// makes may take long, and one cut there would be cut at the same
-	// place on every try.)
+	// Its round trips are bounded, but for those that may wait on another
+	// transaction's locks (iteration.locking): on a pooled connection gone
+	// silent (a hung proxy; the dialer's TCP bounds catch a network that
+	// dropped it) one would wait for the kernel, while this replica kept
+	// the leadership and nothing of the pool started. The first ones by
+	// the statement timeout; the rest by roundTripBound. (Not the
+	// iteration as a whole: the hook calls it makes may take long, and one
+	// cut there would be cut at the same place on every try.)
 	octx, cancelOpen := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
 	defer cancelOpen()
 	begun, err := l.m.db.Begin(octx)
@@ -145,7 +150,7 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	}
 	tx := db.BoundRoundTrips(begun, l.m.roundTripBound())
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	it := &iteration{l: l, tx: tx, now: l.m.now(), gen: l.gen + 1}
+	it := &iteration{l: l, tx: tx, locking: begun, now: l.m.now(), gen: l.gen + 1}
 	ctx, actions := db.WithAfterCommit(ctx)
 	cancels, err := it.open(octx)
 	if err != nil {
@@ -227,7 +232,7 @@ func (it *iteration) open(ctx context.Context) ([]uuid.UUID, error) {
 	l := it.l
 	b := &pgx.Batch{}
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true)",
-		strconv.FormatInt(l.m.idleInTxLimit().Milliseconds(), 10))
+		strconv.FormatInt(l.m.iterationIdleLimit().Milliseconds(), 10))
 	b.Queue(sqlBump, l.pool, l.gen, it.now)
 	b.Queue(sqlTakeCancelations, l.pool, cancelationBatch)
 	b.Queue(sqlCensus, l.pool, it.now)
@@ -271,7 +276,7 @@ func (it *iteration) finishCanceled(ctx context.Context, ids []uuid.UUID) error 
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := it.tx.Query(ctx, sqlFinishCanceled, pgUUIDs(ids), it.now)
+	rows, err := it.locking.Query(ctx, sqlFinishCanceled, pgUUIDs(ids), it.now)
 	if err != nil {
 		return fmt.Errorf("finishing canceled work: %w", err)
 	}
@@ -300,7 +305,7 @@ func (it *iteration) cancelations(ctx context.Context, ids []uuid.UUID) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := it.tx.Query(ctx, sqlMarkCanceled, pgUUIDs(ids))
+	rows, err := it.locking.Query(ctx, sqlMarkCanceled, pgUUIDs(ids))
 	if err != nil {
 		return fmt.Errorf("marking work canceled: %w", err)
 	}
@@ -392,7 +397,7 @@ func (it *iteration) recover(ctx context.Context) (int, error) {
 		}
 		if len(stale) > 0 {
 			it.needSync = true
-			done, err := l.m.completeTxCallingHooksUntil(ctx, it.tx, stale, it.hookBudget())
+			done, err := l.m.completeTxCallingHooksUntil(ctx, it.locking, stale, it.hookBudget())
 			if err != nil {
 				return 0, fmt.Errorf("recovering stale work: %w", err)
 			}

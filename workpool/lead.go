@@ -183,6 +183,11 @@ func (l *loop) lead(ctx context.Context) {
 // takeover starts a term: bumping the generation fences out any iteration
 // of an earlier leader that is still in flight.
 func (l *loop) takeover(ctx context.Context) error {
+	// (bounded, as every statement of the loop: on a connection gone silent
+	// it would wait for the kernel, minutes, while this replica kept the
+	// leadership and nothing of the pool started anywhere)
+	ctx, cancel := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
+	defer cancel()
 	if err := l.m.db.QueryRow(ctx, sqlTakeover, l.pool).Scan(&l.gen); err != nil {
 		return fmt.Errorf("taking over pool %s: %w", l.pool, err)
 	}
@@ -326,6 +331,8 @@ func (l *loop) purgeBatches(ctx context.Context, sql string, cutoff time.Time, w
 // says so when it wrote anything (n queues): the queues' writers keep
 // them, so a repair means work was made pending by something that did not.
 func (l *loop) repairQueues(ctx context.Context) (n int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, l.m.cfg.StatementTimeout) // (one statement; see takeover)
+	defer cancel()
 	err = leader.FencedTx(ctx, l.m.db, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, sqlRepairQueues, l.pool)
 		n = tag.RowsAffected()

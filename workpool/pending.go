@@ -432,7 +432,9 @@ func (l *loop) refreshPending(ctx context.Context) error {
 	if !m.capOn() {
 		return nil
 	}
-	rows, err := m.db.Query(ctx, sqlStalePending, l.pool, m.now().Add(-pendingRefreshAfter), pendingRefreshBatch)
+	fctx, cancel := context.WithTimeout(ctx, m.cfg.StatementTimeout) // (see takeover)
+	defer cancel()
+	rows, err := m.db.Query(fctx, sqlStalePending, l.pool, m.now().Add(-pendingRefreshAfter), pendingRefreshBatch)
 	if err != nil {
 		return fmt.Errorf("finding stale pending counts of pool %s: %w", l.pool, err)
 	}

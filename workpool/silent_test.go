@@ -141,31 +141,53 @@ func TestALoopIterationSilentAfterItsFirstRoundTripsGivesUp(t *testing.T) {
 	require.True(t, m.loopFor("default").leading.Load(), "the same replica leads on")
 }
 
-// A record with hooks abandoned on a silent connection (a NAT that forgot
-// it: the server never hears of the client's close) leaves its
-// transaction open on the server, the finished work's rows locked; the
-// server ends it once it has sat idle past the limit the record set, and
-// the record made again commits. Without that limit the rows stayed
-// locked until the server's own TCP keepalive gave up (two hours by
-// default), every try of the record waiting on them.
-func TestARecordAbandonedOnASilentConnectionLetsGoOfItsRowsOnTheServer(t *testing.T) {
-	t.Parallel()
+// A new term's takeover (the generation bump) on a connection gone silent
+// gives up: it ran under the leadership's context alone, which ends only
+// when the lock's own (healthy) connection fails, so the pool's loop never
+// began, and no other replica took over — nothing of the pool started
+// anywhere.
+func TestATakeoverOnASilentConnectionGivesUpAndThePoolStarts(t *testing.T) {
 	dsn := testkit.NewDatabase(t)
 	relay, relayed := testkit.NewRelay(t, dsn)
 	db := testkit.NewPoolFor(t, relayed)
 	t.Cleanup(relay.Cut)
-	muted := relay.SilenceAt(silentHookMarker)
-	var calls atomic.Int64
-	m := startManagerWithMarkerHook(t, db, &calls)
-	id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop",
-		OnComplete: &OnComplete{Hook: "marker"}})
+	muted := relay.SilenceAt("generation = generation + 1 WHERE name = $1 RETURNING generation")
+	m := startManager(t, db, silentConfig) // StatementTimeout 1 s
+	select {
+	case <-muted:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the takeover never went out")
+	}
+	id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
 	require.NoError(t, err)
-	<-muted
-	limit := m.idleInTxLimit()
-	var s Status
-	require.Eventually(t, func() bool {
-		s, err = m.Status(context.Background(), "org-1", id)
-		return err == nil && s.State == StateFinished
-	}, limit+testWait, testTick, "the work never finished")
-	require.Equal(t, OutcomeSucceeded, s.Outcome)
+	requireFinished(t, m, "org-1", id, OutcomeSucceeded) // waits 20 s (StatementTimeout is 1 s)
+}
+
+// The save of the fair-share ledger after an iteration, on a connection
+// gone silent, gives up: under the leadership's context alone the loop
+// stopped mid-term, work enqueued later never starting while this replica
+// kept the lock.
+func TestASaveOfTheTurnsOnASilentConnectionGivesUpAndThePoolGoesOn(t *testing.T) {
+	dsn := testkit.NewDatabase(t)
+	relay, relayed := testkit.NewRelay(t, dsn)
+	db := testkit.NewPoolFor(t, relayed)
+	t.Cleanup(relay.Cut)
+	m := startManager(t, db, silentConfig) // StatementTimeout 1 s
+	requireLoopSettled(t, db, m, "default", "idle")
+	time.Sleep(1500 * time.Millisecond) // past turnsSaveEvery since the term's read of the ledger
+	muted := relay.SilenceAt("SELECT 1 FROM workpool_pools WHERE name = $1 AND generation = $2 FOR SHARE")
+	// (work of two orgs at once: a fair pick, which charges the ledger)
+	for i := 0; i < 10; i++ {
+		org := []string{"org-1", "org-2"}[i%2]
+		_, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: org, Pool: "default", Handler: "noop"})
+		require.NoError(t, err)
+	}
+	select {
+	case <-muted:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the save of the turns never went out")
+	}
+	second, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
+	require.NoError(t, err)
+	requireFinished(t, m, "org-1", second, OutcomeSucceeded) // waits 20 s
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -104,4 +105,138 @@ func TestAnIterationWhoseLastHookCallIsStuckCommitsPastTheStatementTimeout(t *te
 	for _, id := range ids {
 		require.Equal(t, "finished", h.work(id).state)
 	}
+}
+
+// A record with hooks of running work that a loop's iteration cancels
+// waits on the work's row while the iteration makes its hook calls (the
+// scenario of TestAnIterationWhoseLastHookCallIsStuckCommitsPastTheStatementTimeout:
+// a first call of 0.9 × HookTimeout, then a stuck one, about 2 ×
+// HookTimeout): its recording, which may wait on a lock, is not bounded
+// per round trip, and commits. (A bound of StatementTimeout + 2 ×
+// HookTimeout + 1 s cut it once HookTimeout passed StatementTimeout.)
+func TestARecordWaitingOnTheRowsAnIterationHoldsThroughItsHookCallsIsNotCut(t *testing.T) {
+	const hookTimeout = 5 * time.Second
+	h := newHarness(t, func(c *Config) { c.HookTimeout = hookTimeout; c.StatementTimeout = time.Second })
+	var calls, stuckCalls atomic.Int64
+	stuck := lockWaitHook(&stuckCalls)
+	firstCall := make(chan struct{})
+	h.m.RegisterHook("h", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		if calls.Add(1) == 1 {
+			close(firstCall)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(hookTimeout * 9 / 10):
+				return nil
+			}
+		}
+		return stuck(ctx, tx, c)
+	})
+	h.m.RegisterHook("quick", func(context.Context, pgx.Tx, Completion) error { return nil })
+	running := h.s2Running(withHook("quick", `{}`))
+	h.cancel(running)
+	h.canceledWithHook("h", 2)
+	h.holdStuckHookLock()
+
+	iterDone := make(chan error, 1)
+	go func() {
+		_, err := h.l.iterateFull(h.ctx)
+		iterDone <- err
+	}()
+	<-firstCall // the iteration holds the running work's row (sqlMarkCanceled)
+	t0 := time.Now()
+	_, err := h.m.recordResults(h.ctx, []attemptResult{{id: running, pool: "default", attempt: 1, kind: kindSucceeded, hook: true}})
+	took := time.Since(t0)
+	require.NoError(t, <-iterDone)
+	require.NoError(t, err, "a legitimate record was cut after %s (roundTripBound %s)", took, h.m.roundTripBound())
+}
+
+// A loop iteration that cancels running work whose result a record with
+// hooks is recording waits on the work's row for as long as the record's
+// hook calls take — each well within HookTimeout, a batch of them past any
+// bound on one round trip: the iteration's cancelation is not bounded, and
+// commits (cut, the loop stood down, and the next term's iteration waited
+// on the same row again).
+func TestAnIterationWaitingOnTheRowsARecordHoldsThroughItsHookCallsIsNotCut(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.HookTimeout = time.Second; c.StatementTimeout = time.Second })
+	firstCall := make(chan struct{})
+	var calls atomic.Int64
+	h.m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		if calls.Add(1) == 1 {
+			close(firstCall)
+		}
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.7)")
+		return err
+	})
+	var ids []uuid.UUID
+	for range 8 {
+		ids = append(ids, h.enqueue(withHook("slow", `{}`)))
+	}
+	h.runMain()
+	var batch []attemptResult
+	for _, id := range ids {
+		require.Equal(t, "running", h.work(id).state)
+		batch = append(batch, attemptResult{id: id, pool: "default", attempt: 1, kind: kindSucceeded, hook: true})
+	}
+	h.cancel(ids[0])
+	recDone := make(chan error, 1)
+	go func() {
+		_, err := h.m.recordResults(h.ctx, batch)
+		recDone <- err
+	}()
+	<-firstCall // the record holds the work's rows while it calls 8 hooks of 0.7 s
+	t0 := time.Now()
+	_, err := h.l.iterateFull(h.ctx)
+	took := time.Since(t0)
+	require.NoError(t, <-recDone)
+	require.NoError(t, err, "a legitimate iteration was cut after %s (roundTripBound %s)", took, h.m.roundTripBound())
+}
+
+// Two records with hooks (two replicas' completers), each with a retried
+// attempt of the same org: the first writes the org's queue row (the
+// requeue) and keeps it locked while its hook calls run, a batch of them
+// past any bound on one round trip; the second's recording waits on that
+// row and commits (cut, it was tried again and cut again for as long as
+// the first record lasted, every later result of its replica behind it).
+func TestARecordWaitingOnTheOrgQueueAnotherRecordHoldsIsNotCut(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.HookTimeout = time.Second; c.StatementTimeout = time.Second })
+	firstCall := make(chan struct{})
+	var calls atomic.Int64
+	h.m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		if calls.Add(1) == 1 {
+			close(firstCall)
+		}
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.7)")
+		return err
+	})
+	retryA := h.enqueue(withRetry(5, 60_000, 2))
+	retryB := h.enqueue(withRetry(5, 60_000, 2))
+	var slow []uuid.UUID
+	for range 8 {
+		slow = append(slow, h.enqueue(withHook("slow", `{}`)))
+	}
+	h.runMain()
+	failed := func(id uuid.UUID) attemptResult {
+		require.Equal(t, "running", h.work(id).state)
+		return attemptResult{id: id, pool: "default", attempt: 1, kind: kindFailed, err: "boom", retryable: true}
+	}
+	batchA := []attemptResult{failed(retryA)}
+	for _, id := range slow {
+		require.Equal(t, "running", h.work(id).state)
+		batchA = append(batchA, attemptResult{id: id, pool: "default", attempt: 1, kind: kindSucceeded, hook: true})
+	}
+	batchB := []attemptResult{failed(retryB)}
+	batchB[0].hook = true // (a record with hooks: another item of its batch has one)
+
+	recA := make(chan error, 1)
+	go func() {
+		_, err := h.m.recordResults(h.ctx, batchA)
+		recA <- err
+	}()
+	<-firstCall // record A holds org-1's queue row while it calls 8 hooks of 0.7 s
+	t0 := time.Now()
+	_, err := h.m.recordResults(h.ctx, batchB)
+	took := time.Since(t0)
+	require.NoError(t, <-recA)
+	require.NoError(t, err, "a legitimate record was cut after %s (roundTripBound %s)", took, h.m.roundTripBound())
 }

@@ -150,6 +150,8 @@ func (l *loop) saveTurns(ctx context.Context, now time.Time) error {
 	}
 	l.turns.prune()
 	a := l.turns.args()
+	ctx, cancel := context.WithTimeout(ctx, l.m.cfg.StatementTimeout) // (see takeover)
+	defer cancel()
 	var fenced bool
 	if err := l.m.db.QueryRow(ctx, sqlSaveTurns, append([]any{l.pool, l.gen}, a...)...).Scan(&fenced); err != nil {
 		return fmt.Errorf("saving pool %s's fair-share turns: %w", l.pool, err)

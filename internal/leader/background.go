@@ -81,7 +81,9 @@ func SweepBatches[T any](ctx context.Context, batch int, scan func(ctx context.C
 	total := 0
 	var after *T
 	for {
-		due, err := scan(ctx, after, batch)
+		sctx, cancel := context.WithTimeout(ctx, StatementTimeout) // (see StatementTimeout)
+		due, err := scan(sctx, after, batch)
+		cancel()
 		if err != nil {
 			return total, err
 		}

@@ -67,15 +67,24 @@ func (e *Elector) term(ctx context.Context, key int64, retry time.Duration, logg
 	if err != nil {
 		return
 	}
+	// The try and the lease are bounded as NewTerm is: on a connection gone
+	// silent after the try reached the server, the server granted the lock
+	// to a session whose client never heard of it, and no replica led until
+	// the kernel gave up on the connection (this one waiting on the
+	// answer, the others on the lock). Given up, the connection is closed,
+	// and the server lets go of the lock with its session.
+	step := max(10*retry, 10*time.Second)
+	sctx, cancelStep := context.WithTimeout(ctx, step)
+	defer cancelStep()
 	var got bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&got); err != nil || !got {
+	if err := conn.QueryRow(sctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&got); err != nil || !got {
 		conn.Release()
 		return
 	}
 	// The connection now carries the lock: never hand it back to the pool.
 	raw := conn.Hijack()
 	defer raw.Close(context.Background())
-	if err := holdAsLease(ctx, raw, retry); err != nil {
+	if err := holdAsLease(sctx, raw, retry); err != nil {
 		if ctx.Err() == nil {
 			logger.Warn("could not bound the leadership's lock connection; standing by", "leadership", e.Name, "error", err.Error())
 		}
@@ -84,7 +93,7 @@ func (e *Elector) term(ctx context.Context, key int64, retry time.Duration, logg
 	// A new term waits for the old one's fenced writes in flight; bounded,
 	// so that a write left open by a frozen process costs a retry, not the
 	// leadership for good (closing raw releases the lock for another try).
-	tctx, cancelTerm := context.WithTimeout(ctx, max(10*retry, 10*time.Second))
+	tctx, cancelTerm := context.WithTimeout(ctx, step)
 	t, err := NewTerm(tctx, raw, e.Name)
 	cancelTerm()
 	if err != nil {

@@ -102,16 +102,35 @@ func Hold(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
+// StatementTimeout bounds each round trip of a leader's fenced
+// transaction (FencedTx) — and the reads a leader's task makes on its own
+// should take it too: the task runs under its leadership's context, which
+// ends only when the lock's own connection fails, so a statement on
+// another connection gone silent (a NAT that forgot it, a hung proxy)
+// stopped the task for every replica (the others stand by while the lock
+// is held) until the kernel gave up on the connection.
+const StatementTimeout = 30 * time.Second
+
 // FencedTx is pgx.BeginFunc for a leader's writes: fn runs in a
 // transaction that Hold fences by ctx's term, and commits only if it
-// returns nil.
+// returns nil. Each of its round trips — fn's statements among them —
+// gives up after StatementTimeout (db.BoundRoundTrips).
 func FencedTx(ctx context.Context, conn interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }, fn func(tx pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if err := Hold(ctx, tx); err != nil {
-			return err
-		}
-		return fn(tx)
-	})
+	bctx, cancel := context.WithTimeout(ctx, StatementTimeout)
+	begun, err := conn.Begin(bctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	tx := db.BoundRoundTrips(begun, StatementTimeout)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // (after a commit: nothing to do)
+	if err := Hold(ctx, tx); err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }

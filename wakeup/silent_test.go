@@ -1,0 +1,73 @@
+package wakeup
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/leader"
+	"github.com/reveille/reveille/internal/testkit"
+	"github.com/reveille/reveille/mandates"
+	"github.com/reveille/reveille/workpool"
+)
+
+// A reconcile round whose find of funded intents goes silent gives up
+// after leader.StatementTimeout, and the next round enqueues them: the
+// round ran under its leadership's context alone, which ends only when the
+// lock's own (healthy) connection fails, so one silent connection stopped
+// the reconciler on every replica, every intent a crash left funded
+// unwoken until the kernel gave up on the connection.
+func TestAReconcileRoundOnASilentConnectionGivesUpAndTheNextEnqueues(t *testing.T) {
+	t.Parallel()
+	dsn := testkit.NewDatabase(t)
+	relay, relayed := testkit.NewRelay(t, dsn)
+	t.Cleanup(relay.Cut)
+	db := testkit.NewPoolFor(t, relayed)
+	direct := testkit.NewPoolFor(t, dsn)
+	ctx := context.Background()
+	pool, err := workpool.New(db, workpool.Config{Pools: map[string]int{"wakeup": 5}, Logger: testkit.Logger(t)})
+	require.NoError(t, err)
+	pool.Register("echo", func(_ context.Context, j workpool.Job) (json.RawMessage, error) { return j.Args, nil })
+	require.NoError(t, pool.Start(ctx))
+	require.NoError(t, pool.Stop(ctx))
+	ms := mandates.New(db, mandates.Config{Logger: testkit.Logger(t)})
+	_, err = ms.Create(ctx, "o", mandates.CreateParams{AgentID: "a", Scope: "s", Budget: 10})
+	require.NoError(t, err)
+	var crash atomic.Bool
+	crash.Store(true)
+	svc := New(db, pool, ms, Config{ReconcileAfter: time.Millisecond, ReconcileInterval: 200 * time.Millisecond, Logger: testkit.Logger(t),
+		BeforeEnqueue: func(context.Context, uuid.UUID) error {
+			if crash.Load() {
+				return errors.New("crash between the transactions")
+			}
+			return nil
+		}})
+	w, err := svc.Create(ctx, params(""))
+	require.Error(t, err) // a funded intent, left for the reconciler
+
+	muted := relay.SilenceAt("WHERE state = 'funded' AND updated_at < now() - $1::interval")
+	require.NoError(t, svc.Start(ctx))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_ = svc.Stop(sctx)
+	})
+	select {
+	case <-muted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reconciler's round never went out")
+	}
+	state := func() string {
+		var s string
+		require.NoError(t, direct.QueryRow(ctx, `SELECT state FROM wakeups WHERE id = $1`, w.ID).Scan(&s))
+		return s
+	}
+	require.Eventually(t, func() bool { return state() == "enqueued" }, leader.StatementTimeout+20*time.Second, 50*time.Millisecond,
+		"the funded intent was never enqueued (reconcile interval 200 ms); state %s", state())
+}
