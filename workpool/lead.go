@@ -331,8 +331,9 @@ func (l *loop) purgeBatches(ctx context.Context, sql string, cutoff time.Time, w
 // says so when it wrote anything (n queues): the queues' writers keep
 // them, so a repair means work was made pending by something that did not.
 func (l *loop) repairQueues(ctx context.Context) (n int64, err error) {
-	ctx, cancel := context.WithTimeout(ctx, l.m.cfg.StatementTimeout) // (one statement; see takeover)
-	defer cancel()
+	// (not bounded: its upsert waits on the org queue rows a record with
+	// hooks holds through its hook calls, and it reads every org with
+	// pending work)
 	err = leader.FencedTx(ctx, l.m.db, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, sqlRepairQueues, l.pool)
 		n = tag.RowsAffected()

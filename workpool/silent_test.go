@@ -176,12 +176,13 @@ func TestASaveOfTheTurnsOnASilentConnectionGivesUpAndThePoolGoesOn(t *testing.T)
 	requireLoopSettled(t, db, m, "default", "idle")
 	time.Sleep(1500 * time.Millisecond) // past turnsSaveEvery since the term's read of the ledger
 	muted := relay.SilenceAt("SELECT 1 FROM workpool_pools WHERE name = $1 AND generation = $2 FOR SHARE")
-	// (work of two orgs at once: a fair pick, which charges the ledger)
-	for i := 0; i < 10; i++ {
-		org := []string{"org-1", "org-2"}[i%2]
-		_, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: org, Pool: "default", Handler: "noop"})
-		require.NoError(t, err)
+	// (work of two orgs in one commit: a fair pick, which charges the ledger)
+	var ps []EnqueueParams
+	for i := range 10 {
+		ps = append(ps, EnqueueParams{OrgID: []string{"org-1", "org-2"}[i%2], Pool: "default", Handler: "noop"})
 	}
+	_, err := m.EnqueueMany(context.Background(), ps)
+	require.NoError(t, err)
 	select {
 	case <-muted:
 	case <-time.After(20 * time.Second):

@@ -240,3 +240,123 @@ func TestARecordWaitingOnTheOrgQueueAnotherRecordHoldsIsNotCut(t *testing.T) {
 	require.NoError(t, <-recA)
 	require.NoError(t, err, "a legitimate record was cut after %s (roundTripBound %s)", took, h.m.roundTripBound())
 }
+
+// A record with hooks that requeues a retried attempt holds its org's
+// queue row for as long as its hook calls take. The leader's repair of the
+// org queues (the first thing a new term does, and a chore) writes that
+// row with INSERT ... ON CONFLICT DO UPDATE, which locks the row before
+// testing its WHERE: it waits on the record, and is not cut (bounded by
+// StatementTimeout, a term's start stood down and took over again for as
+// long as the record lasted).
+func TestARepairWaitingOnTheOrgQueueARecordHoldsIsNotCut(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.HookTimeout = time.Second; c.StatementTimeout = time.Second })
+	firstCall := make(chan struct{})
+	var calls atomic.Int64
+	h.m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		if calls.Add(1) == 1 {
+			close(firstCall)
+		}
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.7)")
+		return err
+	})
+	retryA := h.enqueue(withRetry(5, 60_000, 2))
+	var slow []uuid.UUID
+	for range 8 {
+		slow = append(slow, h.enqueue(withHook("slow", `{}`)))
+	}
+	h.runMain()
+	// org-1 has pending plain work (the repair's walk finds the org)
+	h.enqueue(withRunAt(h.clock.Now().Add(time.Hour)))
+	batch := []attemptResult{{id: retryA, pool: "default", attempt: 1, kind: kindFailed, err: "boom", retryable: true}}
+	for _, id := range slow {
+		require.Equal(t, "running", h.work(id).state)
+		batch = append(batch, attemptResult{id: id, pool: "default", attempt: 1, kind: kindSucceeded, hook: true})
+	}
+	rec := make(chan error, 1)
+	go func() {
+		_, err := h.m.recordResults(h.ctx, batch)
+		rec <- err
+	}()
+	<-firstCall // the record holds org-1's queue row while it calls 8 hooks of 0.7 s
+	t0 := time.Now()
+	_, err := h.l.repairQueues(h.ctx)
+	took := time.Since(t0)
+	require.NoError(t, <-rec)
+	require.NoError(t, err, "a legitimate repair was cut after %s (StatementTimeout %s)", took, h.m.cfg.StatementTimeout)
+}
+
+// A hook that enqueues follow-up work (EnqueueTx on the hook's tx) locks
+// its org's pending count row until the record commits, through the
+// record's later hook calls. The leader's refresh of the pending counts
+// locks that row in a fenced transaction, whose statements other than its
+// own are not bounded: it waits, past leader.StatementTimeout, and is not
+// cut (cut, the stalest org first every round, no org's count was
+// refreshed while the row was held).
+func TestARefreshOfPendingCountsWaitingOnARecordThatEnqueuedIsNotCut(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxPending(1000), func(c *Config) { c.HookTimeout = 5 * time.Second; c.StatementTimeout = time.Second })
+	firstCall := make(chan struct{})
+	var calls atomic.Int64
+	h.m.RegisterHook("chain", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		if calls.Add(1) == 1 {
+			if _, err := h.m.EnqueueTx(ctx, tx, EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "test_handle"}); err != nil {
+				return err
+			}
+			close(firstCall)
+		}
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(4.2)") // (within HookTimeout; 8 of them past leader.StatementTimeout)
+		return err
+	})
+	var ids []uuid.UUID
+	for range 8 {
+		ids = append(ids, h.enqueue(withHook("chain", `{}`)))
+	}
+	h.runMain()
+	var batch []attemptResult
+	for _, id := range ids {
+		require.Equal(t, "running", h.work(id).state)
+		batch = append(batch, attemptResult{id: id, pool: "default", attempt: 1, kind: kindSucceeded, hook: true})
+	}
+	h.clock.Advance(pendingRefreshAfter + time.Second) // org-1's count is stale
+	rec := make(chan error, 1)
+	go func() {
+		_, err := h.m.recordResults(h.ctx, batch)
+		rec <- err
+	}()
+	<-firstCall
+	time.Sleep(100 * time.Millisecond) // (the hook's enqueue done: org-1's pending row locked)
+	t0 := time.Now()
+	err := h.l.refreshPending(h.ctx)
+	took := time.Since(t0)
+	require.NoError(t, <-rec)
+	require.NoError(t, err, "a legitimate refresh was cut after %s (leader.StatementTimeout 30 s)", took)
+}
+
+// A hook whose one round trip is a batch of statements (tx.SendBatch),
+// each ended by the server at HookTimeout, may take several HookTimeouts:
+// the bound on a batch's round trip is per statement, so the record
+// commits (bounded as one statement, the batch was cut on the client, the
+// connection closed and the whole record lost, every hook called again).
+func TestAHooksBatchOfStatementsIsBoundedPerStatement(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.HookTimeout = time.Second; c.StatementTimeout = time.Second })
+	h.m.RegisterHook("batch", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		b := &pgx.Batch{}
+		for range 3 {
+			b.Queue("SELECT pg_sleep(0.9)") // each within HookTimeout on the server
+		}
+		return tx.SendBatch(ctx, b).Close()
+	})
+	h.m.RegisterHook("quick", func(context.Context, pgx.Tx, Completion) error { return nil })
+	quick := h.enqueue(withHook("quick", `{}`))
+	slow := h.enqueue(withHook("batch", `{}`))
+	h.runMain()
+	batch := []attemptResult{
+		{id: quick, pool: "default", attempt: 1, kind: kindSucceeded, hook: true},
+		{id: slow, pool: "default", attempt: 1, kind: kindSucceeded, hook: true},
+	}
+	t0 := time.Now()
+	_, err := h.m.recordResults(h.ctx, batch)
+	took := time.Since(t0)
+	require.NoError(t, err, "the record was cut after %s (roundTripBound %s)", took, h.m.roundTripBound())
+	require.Equal(t, "finished", h.work(quick).state)
+}

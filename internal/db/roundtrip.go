@@ -21,7 +21,8 @@ import (
 // run on the server, lock waits included.
 //
 // Rows are bounded until they are read to the end or closed, a Row until
-// it is scanned, a batch's results until they are closed.
+// it is scanned, a batch's results until they are closed, by d for each
+// of the batch's statements.
 func BoundRoundTrips(tx pgx.Tx, d time.Duration) pgx.Tx { return boundTx{Tx: tx, d: d} }
 
 type boundTx struct {
@@ -77,7 +78,8 @@ func (t boundTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 }
 
 func (t boundTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	ctx, cancel := t.bound(ctx)
+	// (d for each of its statements: each may take what one statement may)
+	ctx, cancel := context.WithTimeout(ctx, t.d*time.Duration(max(len(b.QueuedQueries), 1)))
 	return boundBatchResults{BatchResults: t.Tx.SendBatch(ctx, b), cancel: cancel}
 }
 

@@ -102,35 +102,51 @@ func Hold(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// StatementTimeout bounds each round trip of a leader's fenced
-// transaction (FencedTx) — and the reads a leader's task makes on its own
-// should take it too: the task runs under its leadership's context, which
-// ends only when the lock's own connection fails, so a statement on
-// another connection gone silent (a NAT that forgot it, a hung proxy)
-// stopped the task for every replica (the others stand by while the lock
-// is held) until the kernel gave up on the connection.
+// StatementTimeout bounds a leader's own statements that wait on no
+// other transaction's locks — the election's, a fenced transaction's
+// BEGIN, fence and COMMIT (FencedTx), a task's reads (a sweep's scan) —
+// and should bound such statements of the tasks: a task runs under its
+// leadership's context, which ends only when the lock's own connection
+// fails, so a statement on another connection gone silent (a hung proxy;
+// the dialer's TCP bounds catch a network that dropped it) stopped the
+// task for every replica (the others stand by while the lock is held).
+// Not the statements that may wait on a row lock (an upsert of an org's
+// queue, a sweep's expiry of a locked row): a record with hooks holds its
+// rows through its hook calls, and a bound cut such legitimate waits.
 const StatementTimeout = 30 * time.Second
 
 // FencedTx is pgx.BeginFunc for a leader's writes: fn runs in a
 // transaction that Hold fences by ctx's term, and commits only if it
-// returns nil. Each of its round trips — fn's statements among them —
-// gives up after StatementTimeout (db.BoundRoundTrips).
+// returns nil. Its own round trips — BEGIN, the fence, COMMIT — give up
+// after StatementTimeout; fn's statements are bounded as fn bounds them.
 func FencedTx(ctx context.Context, conn interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }, fn func(tx pgx.Tx) error) error {
-	bctx, cancel := context.WithTimeout(ctx, StatementTimeout)
-	begun, err := conn.Begin(bctx)
+	bounded := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, StatementTimeout) }
+	bctx, cancel := bounded()
+	tx, err := conn.Begin(bctx)
 	cancel()
 	if err != nil {
 		return err
 	}
-	tx := db.BoundRoundTrips(begun, StatementTimeout)
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // (after a commit: nothing to do)
-	if err := Hold(ctx, tx); err != nil {
+	defer func() {
+		// (after a commit: nothing to do; under its own bound, and not
+		// ctx's, which may have ended: a rollback cut off closes the
+		// connection)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StatementTimeout)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	hctx, cancel := bounded()
+	err = Hold(hctx, tx)
+	cancel()
+	if err != nil {
 		return err
 	}
 	if err := fn(tx); err != nil {
 		return err
 	}
-	return tx.Commit(ctx)
+	cctx, cancel := bounded()
+	defer cancel()
+	return tx.Commit(cctx)
 }
