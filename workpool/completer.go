@@ -290,14 +290,12 @@ func (m *Manager) recordResults(ctx context.Context, results []attemptResult) ([
 			return m.recordWithHooks(ctx, results)
 		}
 	}
-	// One statement, bounded: on a pooled connection gone silent (a NAT
-	// that forgot it, a failover) it would wait for the kernel, minutes,
-	// and every later result of the replica behind it. (Not a record with
-	// hooks as a whole: its hook calls may take long, and one cut there
-	// would be cut at the same place on every try.)
-	sctx, cancel := context.WithTimeout(ctx, m.cfg.StatementTimeout)
-	defer cancel()
-	rows, err := m.db.Query(sctx, sqlComplete, m.completeArgs(results)...)
+	// One statement, not bounded: it may wait on rows a record with hooks
+	// or an iteration holds through its hook calls (a retry's org queue,
+	// the work's row), and a bound cut that legitimate wait on every try,
+	// every later result of the replica behind it. A connection the
+	// network dropped is ended by the dialer's TCP bounds (db.Dial).
+	rows, err := m.db.Query(ctx, sqlComplete, m.completeArgs(results)...)
 	var done []finishedRow
 	if err == nil {
 		done, err = scanFinished(rows)

@@ -95,20 +95,20 @@ type Config struct {
 	// retried like any failed hook call, so that a hook stuck on a lock
 	// cannot hold up every completion this replica records.
 	HookTimeout time.Duration
-	// StatementTimeout bounds the pool's own statements — a claim, a
-	// start, a record of results without hooks, a loop iteration's first
-	// round trips and its commit (default 30 s): on a connection gone
-	// silent (a NAT that forgot it, a failover) one would wait for the
-	// kernel to give up on it, minutes, holding up every result this
-	// replica records or every start of the pool while this replica keeps
-	// its leadership; also the loop's takeover, its saves of the
-	// fair-share turns and its chores' reads. A record with hooks and the
-	// rest of an iteration are not bounded as a whole, their hook calls may
-	// take long: each of their round trips that cannot wait on another
-	// transaction's row locks is, by StatementTimeout + HookTimeout (the
-	// server ends a hook's statement at HookTimeout); the recording of
-	// results and the marking of work canceled, which may wait on rows a
-	// record holds through its hook calls, are not.
+	// StatementTimeout bounds the pool's own statements that wait on no
+	// other transaction's row locks — a claim, a start, a loop iteration's
+	// first round trips and its commit, the loop's takeover, its saves of
+	// the fair-share turns and its chores' reads (default 30 s): behind a
+	// proxy that stopped answering one would wait for good, holding up
+	// every result this replica records or every start of the pool while
+	// this replica keeps its leadership. (A connection the network dropped
+	// is ended by the dialer's TCP bounds, db.Dial.) A record with hooks
+	// and the rest of an iteration are not bounded as a whole, their hook
+	// calls may take long: each of their round trips that waits on no row
+	// lock is, by StatementTimeout + HookTimeout (the server ends a hook's
+	// statement at HookTimeout). The recording of results (with hooks or
+	// without) and the marking of work canceled are not bounded: they may
+	// wait on rows a record or an iteration holds through its hook calls.
 	StatementTimeout time.Duration
 	// MaxWorkers bounds the handlers this replica runs at once, across
 	// pools (default 10,000).

@@ -41,27 +41,6 @@ func TestWorkEnqueuedAfterTheLeadersListenConnectionWentSilentStillStarts(t *tes
 // whose answer never comes gives up within the test's wait.
 var silentConfig = Config{Pools: map[string]int{"default": 5}, StatementTimeout: time.Second, HookTimeout: time.Second}
 
-// A record of results whose connection goes silent (a NAT or firewall that
-// forgot it, a failover that left it blackholed) gives up and is tried
-// again: every result behind it would wait for the kernel (minutes), work
-// that ran staying "running", its hook (a wake-up's signal) not called.
-func TestARecordOnASilentConnectionGivesUpAndTheResultsBehindItAreRecorded(t *testing.T) {
-	dsn := testkit.NewDatabase(t)
-	relay, relayed := testkit.NewRelay(t, dsn)
-	db := testkit.NewPoolFor(t, relayed)
-	t.Cleanup(relay.Cut)
-	arrived, release := relay.HoldReplyTo("AS c(id, attempt, kind, result, error, retryable)")
-	t.Cleanup(release) // (before the relay's cut and the pool's close)
-	m := startManager(t, db, silentConfig)
-	first, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
-	require.NoError(t, err)
-	<-arrived // the first record went out; its answer never comes back
-	second, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
-	require.NoError(t, err)
-	requireFinished(t, m, "org-1", second, OutcomeSucceeded)
-	requireFinished(t, m, "org-1", first, OutcomeSucceeded)
-}
-
 // A loop iteration whose connection goes silent gives up: the replica
 // keeps the leadership (its lock connection is healthy), so no other
 // replica's loop would take over, and nothing of the pool would start

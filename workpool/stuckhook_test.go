@@ -334,7 +334,8 @@ func TestARefreshOfPendingCountsWaitingOnARecordThatEnqueuedIsNotCut(t *testing.
 
 // A hook whose one round trip is a batch of statements (tx.SendBatch),
 // each ended by the server at HookTimeout, may take several HookTimeouts:
-// the bound on a batch's round trip is per statement, so the record
+// begun in time, it runs to its end (the call then fails alone, past its
+// time). The bound on a batch's round trip is per statement, so the record
 // commits (bounded as one statement, the batch was cut on the client, the
 // connection closed and the whole record lost, every hook called again).
 func TestAHooksBatchOfStatementsIsBoundedPerStatement(t *testing.T) {
@@ -359,4 +360,129 @@ func TestAHooksBatchOfStatementsIsBoundedPerStatement(t *testing.T) {
 	took := time.Since(t0)
 	require.NoError(t, err, "the record was cut after %s (roundTripBound %s)", took, h.m.roundTripBound())
 	require.Equal(t, "finished", h.work(quick).state)
+}
+
+// A record without hooks of a retried attempt requeues its org: its
+// upsert of the org's queue row waits on the row a record with hooks
+// (another replica's completer) holds for as long as its hook calls take,
+// and is not cut (bounded by StatementTimeout, it was cut and tried again
+// for as long as the other record lasted, every later result of its
+// replica behind it).
+func TestARecordWithoutHooksWaitingOnTheOrgQueueARecordWithHooksHoldsIsNotCut(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.HookTimeout = time.Second; c.StatementTimeout = time.Second })
+	firstCall := make(chan struct{})
+	var calls atomic.Int64
+	h.m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		if calls.Add(1) == 1 {
+			close(firstCall)
+		}
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.7)")
+		return err
+	})
+	retryA := h.enqueue(withRetry(5, 60_000, 2))
+	retryB := h.enqueue(withRetry(5, 60_000, 2))
+	var slow []uuid.UUID
+	for range 8 {
+		slow = append(slow, h.enqueue(withHook("slow", `{}`)))
+	}
+	h.runMain()
+	failed := func(id uuid.UUID) attemptResult {
+		require.Equal(t, "running", h.work(id).state)
+		return attemptResult{id: id, pool: "default", attempt: 1, kind: kindFailed, err: "boom", retryable: true}
+	}
+	batchA := []attemptResult{failed(retryA)}
+	for _, id := range slow {
+		require.Equal(t, "running", h.work(id).state)
+		batchA = append(batchA, attemptResult{id: id, pool: "default", attempt: 1, kind: kindSucceeded, hook: true})
+	}
+	batchB := []attemptResult{failed(retryB)} // no hook: recordResults' bounded one-statement path
+
+	recA := make(chan error, 1)
+	go func() {
+		_, err := h.m.recordResults(h.ctx, batchA)
+		recA <- err
+	}()
+	<-firstCall // record A holds org-1's queue row while it calls 8 hooks of 0.7 s
+	stop := make(chan struct{})
+	seen := lockWaitSeen(h, "SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[]", stop)
+	t0 := time.Now()
+	_, err := h.m.recordResults(h.ctx, batchB)
+	took := time.Since(t0)
+	close(stop)
+	require.True(t, <-seen, "the record waited on a lock")
+	require.NoError(t, <-recA)
+	require.NoError(t, err, "a legitimate plain record was cut after %s (StatementTimeout %s)", took, h.m.cfg.StatementTimeout)
+}
+
+// The loop's iteration marks running work canceled (its row locked) and
+// then calls the hooks of canceled pending work, holding that row through
+// its hook calls (up to about two HookTimeouts). The running work's result
+// arrives meanwhile, in a record without hooks: it waits on the row and is
+// not cut.
+func TestARecordWithoutHooksWaitingOnARowTheIterationHoldsThroughItsHookCallsIsNotCut(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.HookTimeout = 2 * time.Second; c.StatementTimeout = time.Second })
+	firstCall := make(chan struct{})
+	var calls atomic.Int64
+	h.m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		if calls.Add(1) == 1 {
+			close(firstCall)
+		}
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(1.5)") // within HookTimeout
+		return err
+	})
+	running := h.enqueue()
+	h.runMain()
+	require.Equal(t, "running", h.work(running).state)
+	var later []uuid.UUID
+	for range 3 {
+		later = append(later, h.enqueue(withHook("slow", `{}`), withRunAt(h.clock.Now().Add(time.Hour))))
+	}
+	h.cancel(running)
+	for _, id := range later {
+		h.cancel(id)
+	}
+	iter := make(chan error, 1)
+	go func() {
+		_, err := h.l.iterateFull(h.ctx)
+		iter <- err
+	}()
+	<-firstCall // the iteration holds the running work's row while it calls the canceled work's hooks
+	stop := make(chan struct{})
+	seen := lockWaitSeen(h, "SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[]", stop)
+	t0 := time.Now()
+	_, err := h.m.recordResults(h.ctx, []attemptResult{{id: running, pool: "default", attempt: 1, kind: kindSucceeded}})
+	took := time.Since(t0)
+	close(stop)
+	require.True(t, <-seen, "the record waited on a lock")
+	require.NoError(t, <-iter)
+	require.NoError(t, err, "a legitimate plain record was cut after %s (StatementTimeout %s)", took, h.m.cfg.StatementTimeout)
+}
+
+// lockWaitSeen watches, until stop is closed, for a backend waiting on a
+// lock while running a statement that contains like (pg_stat_activity's
+// query is cut at track_activity_query_size: give its beginning); it
+// reports whether one was seen.
+func lockWaitSeen(h *harness, like string, stop <-chan struct{}) <-chan bool {
+	seen := make(chan bool, 1)
+	go func() {
+		found := false
+		for {
+			select {
+			case <-stop:
+				seen <- found
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			var w bool
+			err := h.db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1)`, "%"+like+"%").Scan(&w)
+			if err != nil {
+				h.t.Logf("watching lock waits: %v", err)
+			}
+			if w {
+				found = true
+			}
+		}
+	}()
+	return seen
 }
