@@ -159,15 +159,7 @@ func TestARecordWaitingOnTheRowsAnIterationHoldsThroughItsHookCallsIsNotCut(t *t
 // on the same row again).
 func TestAnIterationWaitingOnTheRowsARecordHoldsThroughItsHookCallsIsNotCut(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.HookTimeout = time.Second; c.StatementTimeout = time.Second })
-	firstCall := make(chan struct{})
-	var calls atomic.Int64
-	h.m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
-		if calls.Add(1) == 1 {
-			close(firstCall)
-		}
-		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.7)")
-		return err
-	})
+	firstCall := registerSleepingHook(h, "slow", "0.7")
 	var ids []uuid.UUID
 	for range 8 {
 		ids = append(ids, h.enqueue(withHook("slow", `{}`)))
@@ -192,53 +184,54 @@ func TestAnIterationWaitingOnTheRowsARecordHoldsThroughItsHookCallsIsNotCut(t *t
 	require.NoError(t, err, "a legitimate iteration was cut after %s (roundTripBound %s)", took, h.m.roundTripBound())
 }
 
-// Two records with hooks (two replicas' completers), each with a retried
-// attempt of the same org: the first writes the org's queue row (the
+// Two records (two replicas' completers), each with a retried attempt of
+// the same org: the first, with hooks, writes the org's queue row (the
 // requeue) and keeps it locked while its hook calls run, a batch of them
-// past any bound on one round trip; the second's recording waits on that
-// row and commits (cut, it was tried again and cut again for as long as
-// the first record lasted, every later result of its replica behind it).
-func TestARecordWaitingOnTheOrgQueueAnotherRecordHoldsIsNotCut(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.HookTimeout = time.Second; c.StatementTimeout = time.Second })
-	firstCall := make(chan struct{})
-	var calls atomic.Int64
-	h.m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
-		if calls.Add(1) == 1 {
-			close(firstCall)
-		}
-		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.7)")
-		return err
-	})
-	retryA := h.enqueue(withRetry(5, 60_000, 2))
-	retryB := h.enqueue(withRetry(5, 60_000, 2))
-	var slow []uuid.UUID
-	for range 8 {
-		slow = append(slow, h.enqueue(withHook("slow", `{}`)))
-	}
-	h.runMain()
-	failed := func(id uuid.UUID) attemptResult {
-		require.Equal(t, "running", h.work(id).state)
-		return attemptResult{id: id, pool: "default", attempt: 1, kind: kindFailed, err: "boom", retryable: true}
-	}
-	batchA := []attemptResult{failed(retryA)}
-	for _, id := range slow {
-		require.Equal(t, "running", h.work(id).state)
-		batchA = append(batchA, attemptResult{id: id, pool: "default", attempt: 1, kind: kindSucceeded, hook: true})
-	}
-	batchB := []attemptResult{failed(retryB)}
-	batchB[0].hook = true // (a record with hooks: another item of its batch has one)
+// past any bound on one round trip; the second's recording — with hooks
+// or without — waits on that row and commits (bounded, it was cut and
+// tried again for as long as the first record lasted, every later result
+// of its replica behind it).
+func TestARecordWaitingOnTheOrgQueueARecordWithHooksHoldsIsNotCut(t *testing.T) {
+	for _, withHooks := range []bool{true, false} {
+		t.Run(map[bool]string{true: "with hooks", false: "without hooks"}[withHooks], func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.HookTimeout = time.Second; c.StatementTimeout = time.Second })
+			firstCall := registerSleepingHook(h, "slow", "0.7")
+			retryA := h.enqueue(withRetry(5, 60_000, 2))
+			retryB := h.enqueue(withRetry(5, 60_000, 2))
+			var slow []uuid.UUID
+			for range 8 {
+				slow = append(slow, h.enqueue(withHook("slow", `{}`)))
+			}
+			h.runMain()
+			failed := func(id uuid.UUID) attemptResult {
+				require.Equal(t, "running", h.work(id).state)
+				return attemptResult{id: id, pool: "default", attempt: 1, kind: kindFailed, err: "boom", retryable: true}
+			}
+			batchA := []attemptResult{failed(retryA)}
+			for _, id := range slow {
+				require.Equal(t, "running", h.work(id).state)
+				batchA = append(batchA, attemptResult{id: id, pool: "default", attempt: 1, kind: kindSucceeded, hook: true})
+			}
+			batchB := []attemptResult{failed(retryB)}
+			batchB[0].hook = withHooks // (with: another item of its batch has one)
 
-	recA := make(chan error, 1)
-	go func() {
-		_, err := h.m.recordResults(h.ctx, batchA)
-		recA <- err
-	}()
-	<-firstCall // record A holds org-1's queue row while it calls 8 hooks of 0.7 s
-	t0 := time.Now()
-	_, err := h.m.recordResults(h.ctx, batchB)
-	took := time.Since(t0)
-	require.NoError(t, <-recA)
-	require.NoError(t, err, "a legitimate record was cut after %s (roundTripBound %s)", took, h.m.roundTripBound())
+			recA := make(chan error, 1)
+			go func() {
+				_, err := h.m.recordResults(h.ctx, batchA)
+				recA <- err
+			}()
+			<-firstCall // record A holds org-1's queue row while it calls 8 hooks of 0.7 s
+			stop := make(chan struct{})
+			seen := lockWaitSeen(h, sqlCompleteStart, stop)
+			t0 := time.Now()
+			_, err := h.m.recordResults(h.ctx, batchB)
+			took := time.Since(t0)
+			close(stop)
+			require.True(t, <-seen, "the record waited on a lock")
+			require.NoError(t, <-recA)
+			require.NoError(t, err, "a legitimate record was cut after %s", took)
+		})
+	}
 }
 
 // A record with hooks that requeues a retried attempt holds its org's
@@ -250,15 +243,7 @@ func TestARecordWaitingOnTheOrgQueueAnotherRecordHoldsIsNotCut(t *testing.T) {
 // long as the record lasted).
 func TestARepairWaitingOnTheOrgQueueARecordHoldsIsNotCut(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.HookTimeout = time.Second; c.StatementTimeout = time.Second })
-	firstCall := make(chan struct{})
-	var calls atomic.Int64
-	h.m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
-		if calls.Add(1) == 1 {
-			close(firstCall)
-		}
-		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.7)")
-		return err
-	})
+	firstCall := registerSleepingHook(h, "slow", "0.7")
 	retryA := h.enqueue(withRetry(5, 60_000, 2))
 	var slow []uuid.UUID
 	for range 8 {
@@ -362,58 +347,6 @@ func TestAHooksBatchOfStatementsIsBoundedPerStatement(t *testing.T) {
 	require.Equal(t, "finished", h.work(quick).state)
 }
 
-// A record without hooks of a retried attempt requeues its org: its
-// upsert of the org's queue row waits on the row a record with hooks
-// (another replica's completer) holds for as long as its hook calls take,
-// and is not cut (bounded by StatementTimeout, it was cut and tried again
-// for as long as the other record lasted, every later result of its
-// replica behind it).
-func TestARecordWithoutHooksWaitingOnTheOrgQueueARecordWithHooksHoldsIsNotCut(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.HookTimeout = time.Second; c.StatementTimeout = time.Second })
-	firstCall := make(chan struct{})
-	var calls atomic.Int64
-	h.m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
-		if calls.Add(1) == 1 {
-			close(firstCall)
-		}
-		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.7)")
-		return err
-	})
-	retryA := h.enqueue(withRetry(5, 60_000, 2))
-	retryB := h.enqueue(withRetry(5, 60_000, 2))
-	var slow []uuid.UUID
-	for range 8 {
-		slow = append(slow, h.enqueue(withHook("slow", `{}`)))
-	}
-	h.runMain()
-	failed := func(id uuid.UUID) attemptResult {
-		require.Equal(t, "running", h.work(id).state)
-		return attemptResult{id: id, pool: "default", attempt: 1, kind: kindFailed, err: "boom", retryable: true}
-	}
-	batchA := []attemptResult{failed(retryA)}
-	for _, id := range slow {
-		require.Equal(t, "running", h.work(id).state)
-		batchA = append(batchA, attemptResult{id: id, pool: "default", attempt: 1, kind: kindSucceeded, hook: true})
-	}
-	batchB := []attemptResult{failed(retryB)} // no hook: recordResults' bounded one-statement path
-
-	recA := make(chan error, 1)
-	go func() {
-		_, err := h.m.recordResults(h.ctx, batchA)
-		recA <- err
-	}()
-	<-firstCall // record A holds org-1's queue row while it calls 8 hooks of 0.7 s
-	stop := make(chan struct{})
-	seen := lockWaitSeen(h, "SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[]", stop)
-	t0 := time.Now()
-	_, err := h.m.recordResults(h.ctx, batchB)
-	took := time.Since(t0)
-	close(stop)
-	require.True(t, <-seen, "the record waited on a lock")
-	require.NoError(t, <-recA)
-	require.NoError(t, err, "a legitimate plain record was cut after %s (StatementTimeout %s)", took, h.m.cfg.StatementTimeout)
-}
-
 // The loop's iteration marks running work canceled (its row locked) and
 // then calls the hooks of canceled pending work, holding that row through
 // its hook calls (up to about two HookTimeouts). The running work's result
@@ -421,15 +354,7 @@ func TestARecordWithoutHooksWaitingOnTheOrgQueueARecordWithHooksHoldsIsNotCut(t 
 // not cut.
 func TestARecordWithoutHooksWaitingOnARowTheIterationHoldsThroughItsHookCallsIsNotCut(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.HookTimeout = 2 * time.Second; c.StatementTimeout = time.Second })
-	firstCall := make(chan struct{})
-	var calls atomic.Int64
-	h.m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
-		if calls.Add(1) == 1 {
-			close(firstCall)
-		}
-		_, err := tx.Exec(ctx, "SELECT pg_sleep(1.5)") // within HookTimeout
-		return err
-	})
+	firstCall := registerSleepingHook(h, "slow", "1.5")
 	running := h.enqueue()
 	h.runMain()
 	require.Equal(t, "running", h.work(running).state)
@@ -448,7 +373,7 @@ func TestARecordWithoutHooksWaitingOnARowTheIterationHoldsThroughItsHookCallsIsN
 	}()
 	<-firstCall // the iteration holds the running work's row while it calls the canceled work's hooks
 	stop := make(chan struct{})
-	seen := lockWaitSeen(h, "SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[]", stop)
+	seen := lockWaitSeen(h, sqlCompleteStart, stop)
 	t0 := time.Now()
 	_, err := h.m.recordResults(h.ctx, []attemptResult{{id: running, pool: "default", attempt: 1, kind: kindSucceeded}})
 	took := time.Since(t0)
@@ -485,4 +410,24 @@ func lockWaitSeen(h *harness, like string, stop <-chan struct{}) <-chan bool {
 		}
 	}()
 	return seen
+}
+
+// sqlCompleteStart is the beginning of sqlComplete, as pg_stat_activity
+// shows it.
+const sqlCompleteStart = "SELECT * FROM unnest($1::uuid[], $2::int[], $3::text["
+
+// registerSleepingHook registers a hook that sleeps for seconds on the
+// server (within HookTimeout), and returns a channel closed at its first
+// call.
+func registerSleepingHook(h *harness, name, seconds string) <-chan struct{} {
+	firstCall := make(chan struct{})
+	var calls atomic.Int64
+	h.m.RegisterHook(name, func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		if calls.Add(1) == 1 {
+			close(firstCall)
+		}
+		_, err := tx.Exec(ctx, "SELECT pg_sleep("+seconds+")")
+		return err
+	})
+	return firstCall
 }
