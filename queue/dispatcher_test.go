@@ -78,6 +78,8 @@ func TestANotFoundSignalIsRetriedUntilItsGraceHasPassed(t *testing.T) {
 				_, err = db.Exec(ctx, `UPDATE queue_messages SET not_found_since = now() - $2::interval WHERE id = $1`, m.ID, tt.firstNotFound)
 				require.NoError(t, err)
 			}
+			var sinceBefore *time.Time
+			require.NoError(t, db.QueryRow(ctx, `SELECT not_found_since FROM queue_messages WHERE id = $1`, m.ID).Scan(&sinceBefore))
 			msgs, err := d.claim(ctx, 10, nil)
 			require.NoError(t, err)
 			require.Len(t, msgs, 1)
@@ -92,12 +94,16 @@ func TestANotFoundSignalIsRetriedUntilItsGraceHasPassed(t *testing.T) {
 				var since *time.Time
 				require.NoError(t, db.QueryRow(ctx, `SELECT not_found_since FROM queue_messages WHERE id = $1`, m.ID).Scan(&since))
 				require.NotNil(t, since, "the grace is counted from the first NotFound")
-				if r.notFoundSince != nil {
-					require.WithinDuration(t, *r.notFoundSince, *since, 50*time.Millisecond, "and kept across retries")
+				if sinceBefore != nil {
+					require.True(t, since.Equal(*sinceBefore), "and kept across retries: %s, then %s", *sinceBefore, *since)
 				}
+				// (the dispatcher carries the first NotFound's age into its
+				// own clock, which lags the database's by the claim's and
+				// the settle's latency — tens of ms on a loaded machine; a
+				// backoff past the grace would be seconds past it)
 				var next time.Time
 				require.NoError(t, db.QueryRow(ctx, `SELECT next_attempt_at FROM queue_messages WHERE id = $1`, m.ID).Scan(&next))
-				require.False(t, next.After(since.Add(grace).Add(50*time.Millisecond)),
+				require.False(t, next.After(since.Add(grace).Add(time.Second)),
 					"the last try comes when the grace ends, not a backoff past it: next %s, grace ends %s", next, since.Add(grace))
 			}
 		})

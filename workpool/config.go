@@ -97,18 +97,20 @@ type Config struct {
 	HookTimeout time.Duration
 	// StatementTimeout bounds the pool's own statements that wait on no
 	// other transaction's row locks — a claim, a start, a loop iteration's
-	// first round trips and its commit, the loop's takeover, its saves of
-	// the fair-share turns and its chores' reads (default 30 s): behind a
+	// first round trips and its commit, the loop's read and saves of the
+	// fair-share turns and its chores' reads (default 30 s): behind a
 	// proxy that stopped answering one would wait for good, holding up
 	// every result this replica records or every start of the pool while
 	// this replica keeps its leadership. (A connection the network dropped
-	// is ended by the dialer's TCP bounds, db.Dial.) A record with hooks
+	// is ended by the dialer's TCP bounds: db.Dial, which the service's
+	// pool uses; give a pool of your own the same.) A record with hooks
 	// and the rest of an iteration are not bounded as a whole, their hook
 	// calls may take long: each of their round trips that waits on no row
 	// lock is, by StatementTimeout + HookTimeout (the server ends a hook's
 	// statement at HookTimeout). The recording of results (with hooks or
-	// without) and the marking of work canceled are not bounded: they may
-	// wait on rows a record or an iteration holds through its hook calls.
+	// without), the marking of work canceled and a term's takeover are not
+	// bounded: they may wait on rows a record or an iteration holds through
+	// its hook calls.
 	StatementTimeout time.Duration
 	// MaxWorkers bounds the handlers this replica runs at once, across
 	// pools (default 10,000).

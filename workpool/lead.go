@@ -183,15 +183,17 @@ func (l *loop) lead(ctx context.Context) {
 // takeover starts a term: bumping the generation fences out any iteration
 // of an earlier leader that is still in flight.
 func (l *loop) takeover(ctx context.Context) error {
-	// (bounded, as every statement of the loop: on a connection gone silent
-	// it would wait for the kernel, minutes, while this replica kept the
-	// leadership and nothing of the pool started anywhere)
-	ctx, cancel := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
-	defer cancel()
+	// (the bump is not bounded: it waits on the pool row an earlier
+	// leader's iteration holds through its hook calls; the read of the
+	// turns is, as every statement of the loop that waits on no lock: on
+	// a connection gone silent it would wait for good while this replica
+	// kept the leadership and nothing of the pool started anywhere)
 	if err := l.m.db.QueryRow(ctx, sqlTakeover, l.pool).Scan(&l.gen); err != nil {
 		return fmt.Errorf("taking over pool %s: %w", l.pool, err)
 	}
-	if err := l.readTurns(ctx); err != nil {
+	rctx, cancel := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
+	defer cancel()
+	if err := l.readTurns(rctx); err != nil {
 		return err
 	}
 	l.lastActivity, l.lastRecovery, l.nextHookAt = time.Time{}, time.Time{}, time.Time{}

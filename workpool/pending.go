@@ -432,7 +432,7 @@ func (l *loop) refreshPending(ctx context.Context) error {
 	if !m.capOn() {
 		return nil
 	}
-	fctx, cancel := context.WithTimeout(ctx, m.cfg.StatementTimeout) // (see takeover)
+	fctx, cancel := context.WithTimeout(ctx, m.cfg.StatementTimeout) // (see Config.StatementTimeout)
 	defer cancel()
 	rows, err := m.db.Query(fctx, sqlStalePending, l.pool, m.now().Add(-pendingRefreshAfter), pendingRefreshBatch)
 	if err != nil {

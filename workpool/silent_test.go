@@ -120,28 +120,6 @@ func TestALoopIterationSilentAfterItsFirstRoundTripsGivesUp(t *testing.T) {
 	require.True(t, m.loopFor("default").leading.Load(), "the same replica leads on")
 }
 
-// A new term's takeover (the generation bump) on a connection gone silent
-// gives up: it ran under the leadership's context alone, which ends only
-// when the lock's own (healthy) connection fails, so the pool's loop never
-// began, and no other replica took over — nothing of the pool started
-// anywhere.
-func TestATakeoverOnASilentConnectionGivesUpAndThePoolStarts(t *testing.T) {
-	dsn := testkit.NewDatabase(t)
-	relay, relayed := testkit.NewRelay(t, dsn)
-	db := testkit.NewPoolFor(t, relayed)
-	t.Cleanup(relay.Cut)
-	muted := relay.SilenceAt("generation = generation + 1 WHERE name = $1 RETURNING generation")
-	m := startManager(t, db, silentConfig) // StatementTimeout 1 s
-	select {
-	case <-muted:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the takeover never went out")
-	}
-	id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
-	require.NoError(t, err)
-	requireFinished(t, m, "org-1", id, OutcomeSucceeded) // waits 20 s (StatementTimeout is 1 s)
-}
-
 // The save of the fair-share ledger after an iteration, on a connection
 // gone silent, gives up: under the leadership's context alone the loop
 // stopped mid-term, work enqueued later never starting while this replica
@@ -170,4 +148,25 @@ func TestASaveOfTheTurnsOnASilentConnectionGivesUpAndThePoolGoesOn(t *testing.T)
 	second, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
 	require.NoError(t, err)
 	requireFinished(t, m, "org-1", second, OutcomeSucceeded) // waits 20 s
+}
+
+// A new term's read of the fair-share turns on a connection gone silent
+// gives up: under the leadership's context alone (which ends only when the
+// lock's own, healthy, connection fails) the pool's loop never began, and
+// no other replica took over — nothing of the pool started anywhere.
+func TestATermsReadOfTheTurnsOnASilentConnectionGivesUpAndThePoolStarts(t *testing.T) {
+	dsn := testkit.NewDatabase(t)
+	relay, relayed := testkit.NewRelay(t, dsn)
+	db := testkit.NewPoolFor(t, relayed)
+	t.Cleanup(relay.Cut)
+	muted := relay.SilenceAt("(SELECT turn_num FROM workpool_fair_clocks WHERE pool = $1)")
+	m := startManager(t, db, silentConfig) // StatementTimeout 1 s
+	select {
+	case <-muted:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the read of the turns never went out")
+	}
+	id, err := m.Enqueue(context.Background(), EnqueueParams{OrgID: "org-1", Pool: "default", Handler: "noop"})
+	require.NoError(t, err)
+	requireFinished(t, m, "org-1", id, OutcomeSucceeded)
 }

@@ -431,3 +431,40 @@ func registerSleepingHook(h *harness, name, seconds string) <-chan struct{} {
 	})
 	return firstCall
 }
+
+// A loop's iteration holds the pool row until it commits, through the hook
+// calls it makes (canceled work's hooks, each within HookTimeout). Another
+// replica's loop taking over the pool meanwhile (its term begun, the
+// former leader's iteration still in flight) waits on that row, and is not
+// cut (bounded, the new term stood down and took over again until the old
+// iteration ended).
+func TestATakeoverWaitingOnThePoolRowAnIterationHoldsThroughItsHookCallsIsNotCut(t *testing.T) {
+	const hookTimeout = 3 * time.Second
+	h := newHarness(t, func(c *Config) { c.HookTimeout = hookTimeout; c.StatementTimeout = time.Second })
+	firstCall := make(chan struct{})
+	var calls atomic.Int64
+	h.m.RegisterHook("h", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		if calls.Add(1) == 1 {
+			close(firstCall)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(hookTimeout * 8 / 10):
+			return nil
+		}
+	})
+	h.canceledWithHook("h", 2)
+	iterDone := make(chan error, 1)
+	go func() {
+		_, err := h.l.iterateFull(h.ctx)
+		iterDone <- err
+	}()
+	<-firstCall // the iteration holds the pool row (sqlBump) through its hook calls
+	other := newLoop(h.m, "default")
+	t0 := time.Now()
+	err := other.takeover(h.ctx)
+	took := time.Since(t0)
+	require.NoError(t, <-iterDone)
+	require.NoError(t, err, "a takeover waiting on the pool row an iteration holds was cut after %s (StatementTimeout %s)", took, h.m.cfg.StatementTimeout)
+}

@@ -150,7 +150,7 @@ func (l *loop) saveTurns(ctx context.Context, now time.Time) error {
 	}
 	l.turns.prune()
 	a := l.turns.args()
-	ctx, cancel := context.WithTimeout(ctx, l.m.cfg.StatementTimeout) // (see takeover)
+	ctx, cancel := context.WithTimeout(ctx, l.m.cfg.StatementTimeout) // (see Config.StatementTimeout)
 	defer cancel()
 	var fenced bool
 	if err := l.m.db.QueryRow(ctx, sqlSaveTurns, append([]any{l.pool, l.gen}, a...)...).Scan(&fenced); err != nil {

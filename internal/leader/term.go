@@ -103,8 +103,8 @@ func Hold(ctx context.Context, tx pgx.Tx) error {
 }
 
 // StatementTimeout bounds a leader's own statements that wait on no
-// other transaction's locks — the election's, a fenced transaction's
-// BEGIN, fence and COMMIT (FencedTx), a task's reads (a sweep's scan) —
+// other transaction's locks — a fenced transaction's BEGIN, fence and
+// COMMIT (FencedTx), a task's reads (a sweep's scan) —
 // and should bound such statements of the tasks: a task runs under its
 // leadership's context, which ends only when the lock's own connection
 // fails, so a statement on another connection gone silent (a hung proxy;
