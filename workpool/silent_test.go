@@ -67,7 +67,15 @@ const silentHookMarker = "SELECT 'reveille: a hook statement'"
 // startManagerWithMarkerHook starts a manager whose hook "marker" runs
 // silentHookMarker in the completing transaction, counting its calls.
 func startManagerWithMarkerHook(t *testing.T, db *pgxpool.Pool, calls *atomic.Int64) *Manager {
-	m := startManager(t, db, silentConfig)
+	// (a heartbeat timeout past the record's bound: the silent record's
+	// statement holds the work's row on the server until it gives up, the
+	// work's heartbeats waiting on it, and recovery would otherwise race
+	// the record made again — counting as failed an attempt that succeeded,
+	// which is recovery's to do for a replica that looks dead, not this
+	// test's subject)
+	cfg := silentConfig
+	cfg.HeartbeatTimeout = 30 * time.Second
+	m := startManager(t, db, cfg)
 	m.RegisterHook("marker", func(ctx context.Context, tx pgx.Tx, c Completion) error {
 		calls.Add(1)
 		_, err := tx.Exec(ctx, silentHookMarker)
