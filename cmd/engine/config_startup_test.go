@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/db"
 )
 
 // README § Configuration: "A malformed or out-of-range value stops the
@@ -183,6 +186,24 @@ func TestMigrateTakesTheDatabaseURLServeTakes(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, cfg.RuntimeParams, "pool_max_conns")
 	require.Equal(t, "reveille", cfg.RuntimeParams["application_name"], "the server's own parameters are still sent")
+}
+
+// engine migrate's connection has serve's network bounds: a migration
+// waiting on a connection the network dropped gives up within about 35 s
+// (the dialer's keepalive and TCP_USER_TIMEOUT), and the server ends its
+// session, and the migration lock it holds, as soon. A parameter the URL
+// sets wins.
+func TestMigrateDialsWithServesNetworkBounds(t *testing.T) {
+	cfg, err := migrationConnConfig("postgres://u@127.0.0.1:1/x?tcp_keepalives_idle=60")
+	require.NoError(t, err)
+	require.NotNil(t, cfg.DialFunc)
+	require.Equal(t, reflect.ValueOf(db.Dial).Pointer(), reflect.ValueOf(cfg.DialFunc).Pointer(), "dialled with db.Dial")
+	for k, v := range db.ServerNetworkParams() {
+		if k == "tcp_keepalives_idle" {
+			v = "60"
+		}
+		require.Equal(t, v, cfg.RuntimeParams[k], k)
+	}
 }
 
 // A URL's surrounding whitespace (a secret file's newline, CRLF, a stray

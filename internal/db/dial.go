@@ -3,6 +3,8 @@ package db
 import (
 	"context"
 	"net"
+
+	"github.com/jackc/pgx/v5"
 	"strconv"
 	"strings"
 	"syscall"
@@ -61,5 +63,24 @@ func ServerNetworkParams() map[string]string {
 		"tcp_keepalives_interval": strconv.Itoa(int(KeepAliveInterval.Seconds())),
 		"tcp_keepalives_count":    strconv.Itoa(KeepAliveCount),
 		"tcp_user_timeout":        strconv.FormatInt(UserTimeout.Milliseconds(), 10),
+	}
+}
+
+// BoundNetwork dials cc's connections with Dial and sends the server
+// ServerNetworkParams at connect, except those cc's URL sets itself
+// (parameters in the URL win): both ends of a connection whose peer
+// stopped answering at the TCP level (a NAT that forgot it, a failover, a
+// node gone) give up within about 35 s, whatever waits on it — the
+// kernels' defaults kept it minutes on this side and hours on the
+// server's, with the locks its session held.
+func BoundNetwork(cc *pgx.ConnConfig) {
+	cc.DialFunc = Dial
+	if cc.RuntimeParams == nil {
+		cc.RuntimeParams = map[string]string{}
+	}
+	for k, v := range ServerNetworkParams() {
+		if _, set := cc.RuntimeParams[k]; !set {
+			cc.RuntimeParams[k] = v
+		}
 	}
 }

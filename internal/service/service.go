@@ -338,17 +338,9 @@ func (s *Service) connect(ctx context.Context) error {
 	if _, set := pc.ConnConfig.RuntimeParams["jit"]; !set {
 		pc.ConnConfig.RuntimeParams["jit"] = "off"
 	}
-	// A connection whose peer stopped answering at the TCP level (a NAT
-	// that forgot it, a failover, a node gone) ends within about 35 s on
-	// both sides, whatever waits on it (db.Dial, db.ServerNetworkParams):
-	// the kernels' defaults kept it minutes on this side, hours on the
-	// server's, with the locks its session held. Parameters in the URL win.
-	pc.ConnConfig.DialFunc = db.Dial
-	for k, v := range db.ServerNetworkParams() {
-		if _, set := pc.ConnConfig.RuntimeParams[k]; !set {
-			pc.ConnConfig.RuntimeParams[k] = v
-		}
-	}
+	// A connection whose peer stopped answering at the TCP level ends
+	// within about 35 s on both sides (parameters in the URL win).
+	db.BoundNetwork(pc.ConnConfig)
 	if s.cfg.ConfigureDB != nil {
 		s.cfg.ConfigureDB(pc)
 	}
