@@ -61,9 +61,13 @@ func WithTokenFunc(f func(ctx context.Context) (string, error)) Option {
 	return func(c *Client) { c.token = f }
 }
 
+// defaultIdleConnsPerHost is how many idle connections the default
+// transport keeps to the API (net/http's default: 2).
+const defaultIdleConnsPerHost = 64
+
 // WithHTTPClient sends the requests through hc (default: a client of its
-// own with no overall timeout, which SSE needs; bound calls with their
-// context). When hc has no CheckRedirect, the client uses a copy of hc that
+// own with no overall timeout, which SSE needs — bound calls with their
+// context — keeping up to 64 idle connections to the API). When hc has no CheckRedirect, the client uses a copy of hc that
 // follows no redirect (see New).
 func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.http = hc } }
 
@@ -110,7 +114,13 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		}
 	}
 	if c.http == nil {
-		c.http = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		// One client serves a process's calls: keep a connection for each
+		// of many concurrent callers, where net/http's default kept two
+		// and every call past them dialled a new one (32 goroutines: a
+		// new connection for one call in eight).
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = defaultIdleConnsPerHost
+		c.http = &http.Client{Transport: t}
 	}
 	if c.http.CheckRedirect == nil {
 		// The API redirects no call, so a redirect comes from something in
@@ -410,6 +420,13 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			// to delete.)
 			o.respond(res)
 			return nil
+		}
+		if written.Load() && apiErr.Status >= 500 && apiErr.retryable() {
+			// A 5xx is no answer for the request: a gateway's 502 or 504
+			// after it forwarded the request, or the API's 500 or 503 after
+			// a commit whose outcome it lost, comes after the server may
+			// have acted.
+			maybeApplied = true
 		}
 		if key != "" && answeredForKey(res, apiErr) {
 			maybeApplied = false // (the server's answer for the key: it stands)

@@ -36,8 +36,10 @@
 // by Idempotency-Key. Every create, spend, append and answer carries such
 // a key — the caller's (WithIdempotencyKey) or one generated (UUIDv7) once
 // per call — so a retry after a lost answer acts once. A call that fails
-// after an attempt lost its answer (none came, or one cut inside its body)
-// is a *MaybeAppliedError, naming the key to retry it under: the server
+// after an attempt lost its answer (none came, one cut inside its body, or
+// a 5xx but 501 and 505: a gateway's 502 or 504 after it forwarded the
+// request, the API's 503 after a commit whose outcome it lost) is a
+// *MaybeAppliedError, naming the key to retry it under: the server
 // may have acted, whatever the last attempt's error says — a refused
 // connection, a 503, a 401 to a retry whose token expired meanwhile. A
 // delete (ToolPolicies.Delete, ApprovalWebhooks.Delete) whose retry is

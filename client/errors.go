@@ -54,7 +54,7 @@ type Error struct {
 	// RequestID is the X-Request-Id header, which names the request in
 	// the server's logs.
 	RequestID string `json:"-"`
-	// Body is the raw answer (at most 64 KiB of it); an answer cut before
+	// Body is the raw answer (at most 1 MiB of it); an answer cut before
 	// its end is never an *Error, but a lost answer (see MaybeAppliedError).
 	Body []byte `json:"-"`
 }

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -145,11 +144,15 @@ func Rest(ctx context.Context, c RestConfig) error {
 	if err != nil {
 		return err
 	}
-	r := &restRunner{c: c, base: base, tok: tok, tag: uuid.NewString()[:8], operator: operator, hc: &http.Client{
+	r := &restRunner{c: c, base: base, tag: uuid.NewString()[:8], operator: operator, hc: &http.Client{
 		Timeout:   time.Minute,
 		Transport: &http.Transport{MaxIdleConns: c.Clients, MaxIdleConnsPerHost: c.Clients, MaxConnsPerHost: c.Clients},
 	}}
 	defer r.hc.CloseIdleConnections()
+	if r.api, err = reveille.New(base, reveille.WithToken(tok), reveille.WithHTTPClient(r.hc),
+		reveille.WithRetry(reveille.RetryPolicy{MaxAttempts: 1})); err != nil {
+		return err
+	}
 	return r.run(ctx)
 }
 
@@ -163,10 +166,11 @@ func (discardSignals) SignalWorkflow(context.Context, string, string, string, an
 type restRunner struct {
 	c    RestConfig
 	base string
-	tok  string
 	tag  string // makes the run's workflow ids and keys its own
 	hc   *http.Client
-	seq  atomic.Int64
+	// api makes the measured requests, as the bench's agent.
+	api *reveille.Client
+	seq atomic.Int64
 	// operator pauses and resumes the wakeup pool over REST.
 	operator *reveille.Client
 }
@@ -321,52 +325,33 @@ func (r *restRunner) phase(ctx context.Context, route string, d time.Duration) (
 	return res, ctx.Err()
 }
 
-// send makes one request of route as client and checks its status.
+// send makes one request of route as client through the typed client, as
+// a platform would (its answer decoded; an error status is an error). Each
+// request is one attempt (r.api retries nothing), so that a latency is a
+// request's.
 func (r *restRunner) send(ctx context.Context, route string, client int) error {
 	i := r.seq.Add(1)
 	agent := restAgent(int(i) % r.c.Agents)
-	var method, path, contentType string
-	var body []byte
-	want := http.StatusOK
+	key := reveille.WithoutIdempotencyKey()
+	if r.c.Keyed {
+		key = reveille.WithIdempotencyKey(fmt.Sprintf("rest-%s-%d", r.tag, i))
+	}
+	var err error
 	switch route {
 	case "whoami":
-		method, path = http.MethodGet, "/v1/whoami"
+		_, err = r.api.Whoami(ctx)
 	case RestWakeup:
-		method, path, want = http.MethodPost, "/v1/wakeups", http.StatusCreated
-		body, _ = json.Marshal(map[string]any{
-			"agent_id": agent, "workflow_id": fmt.Sprintf("%s/rest-%s-%d", restOrg, r.tag, i), "signal": "wake",
-			"scope": restScope, "reason": "bench rest", "cost": 1, "work": map[string]any{"handler": restHandler},
-		})
+		_, err = r.api.Wakeups.Create(ctx, reveille.WakeupRequest{
+			AgentID: agent, WorkflowID: fmt.Sprintf("%s/rest-%s-%d", restOrg, r.tag, i), Signal: "wake",
+			Scope: restScope, Reason: "bench rest", Cost: 1, Work: reveille.WakeupWork{Handler: restHandler},
+		}, key)
 	case RestSpend:
-		method, path = http.MethodPost, "/v1/mandates/spend"
-		body, _ = json.Marshal(map[string]any{"agent_id": agent, "scope": restScope, "cost": 1, "reason": "bench rest"})
+		_, err = r.api.Mandates.Spend(ctx, reveille.SpendRequest{AgentID: agent, Scope: restScope, Cost: 1, Reason: "bench rest"}, key)
 	case RestAppend:
-		method, path, want = http.MethodPost, fmt.Sprintf("/v1/runs/rest-%s-%d/streams/out/chunks", r.tag, client), http.StatusCreated
-		contentType = "application/octet-stream"
-		body = []byte("a chunk of bench output, 48 bytes long........\n")
+		_, err = r.api.Streams.Append(ctx, fmt.Sprintf("rest-%s-%d", r.tag, client), "out",
+			[]byte("a chunk of bench output, 48 bytes long........\n"), key)
+	default:
+		err = fmt.Errorf("no route %q", route)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, r.base+path, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+r.tok)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-		if contentType != "" {
-			req.Header.Set("Content-Type", contentType)
-		}
-		if r.c.Keyed {
-			req.Header.Set("Idempotency-Key", fmt.Sprintf("rest-%s-%d", r.tag, i))
-		}
-	}
-	res, err := r.hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer res.Body.Close()
-	raw, _ := io.ReadAll(res.Body)
-	if res.StatusCode != want {
-		return fmt.Errorf("%s %s: %d %s", method, path, res.StatusCode, raw)
-	}
-	return nil
+	return err
 }

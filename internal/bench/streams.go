@@ -1,16 +1,16 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
+	"iter"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/reveille/reveille/api"
+	reveille "github.com/reveille/reveille/client"
 	"github.com/reveille/reveille/internal/service"
 	"github.com/reveille/reveille/streams"
 )
@@ -223,27 +224,29 @@ func (commitStamper) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.Tr
 func (b streamBench) measure(ctx context.Context, env *benchEnv, svc *streams.Service, runID string) (streamResult, error) {
 	per := b.perWriter()
 	commits, receipts := make([][]time.Time, b.writers), make([][]time.Time, b.writers)
-	readers := make([]*http.Response, b.writers)
-	defer func() {
-		for _, r := range readers {
-			if r != nil {
-				r.Body.Close()
-			}
-		}
-	}()
+	// Each reader follows its stream through the typed client's live tail
+	// (as a platform would: Last-Event-ID resumes, base64 decoded); the
+	// writers start once every reader's connection is answered, which it
+	// is once the reader is subscribed.
+	api, err := reveille.New(env.base, reveille.WithToken(env.tok))
+	if err != nil {
+		return streamResult{}, err
+	}
+	rctx, stopReaders := context.WithCancel(ctx)
+	defer stopReaders()
+	var readersDone errgroup.Group
 	for w := range b.writers {
 		batches := (per[w] + b.batch - 1) / b.batch
 		commits[w], receipts[w] = make([]time.Time, batches), make([]time.Time, batches)
-		// The response arrives once the reader is subscribed.
-		resp, err := openBenchSSE(ctx, env.base+"/v1/runs/"+runID+"/streams/"+strconv.Itoa(w)+"/sse", env.tok)
-		if err != nil {
-			return streamResult{}, err
-		}
-		readers[w] = resp
-	}
-	var readersDone errgroup.Group
-	for w := range b.writers {
-		readersDone.Go(func() error { return b.follow(readers[w].Body, per[w], receipts[w]) })
+		subscribed := make(chan struct{})
+		var once sync.Once
+		tail := api.Streams.Tail(rctx, runID, strconv.Itoa(w), reveille.TailParams{},
+			reveille.WithResponse(func(*http.Response) { once.Do(func() { close(subscribed) }) }))
+		readersDone.Go(func() error {
+			defer once.Do(func() { close(subscribed) })
+			return b.follow(tail, per[w], receipts[w])
+		})
+		<-subscribed
 	}
 
 	chunk := make([]byte, b.size)
@@ -294,50 +297,26 @@ func (b streamBench) perWriter() []int {
 	return per
 }
 
-func openBenchSSE(ctx context.Context, url, tok string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+tok)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		resp.Body.Close()
-		return nil, fmt.Errorf("SSE: %s", resp.Status)
-	}
-	return resp, nil
-}
-
-// follow reads one stream's events until `end`, stamping the receipt of
-// each batch's last chunk.
-func (b streamBench) follow(body io.Reader, total int, receipts []time.Time) error {
-	r := bufio.NewReaderSize(body, 1<<16)
+// follow reads one stream's chunks until its end, stamping the receipt
+// of each batch's last chunk.
+func (b streamBench) follow(tail iter.Seq2[reveille.StreamChunk, error], total int, receipts []time.Time) error {
 	seen := 0
-	for {
-		line, err := r.ReadString('\n')
+	for ch, err := range tail {
 		if err != nil {
 			return fmt.Errorf("SSE ended after %d of %d chunks: %w", seen, total, err)
 		}
-		switch {
-		case strings.HasPrefix(line, "event: end"):
-			if seen != total {
-				return fmt.Errorf("SSE ended after %d of %d chunks", seen, total)
-			}
-			return nil
-		case strings.HasPrefix(line, "id: "):
-			idx, err := strconv.Atoi(strings.TrimSpace(line[4:]))
-			if err != nil || idx != seen {
-				return fmt.Errorf("SSE: event id %q, want %d", line, seen)
-			}
-			seen++
-			if seen%b.batch == 0 || seen == total {
-				receipts[(seen-1)/b.batch] = time.Now()
-			}
+		if ch.Index != int64(seen) {
+			return fmt.Errorf("SSE: chunk %d, want %d", ch.Index, seen)
+		}
+		seen++
+		if seen%b.batch == 0 || seen == total {
+			receipts[(seen-1)/b.batch] = time.Now()
 		}
 	}
+	if seen != total {
+		return fmt.Errorf("SSE ended after %d of %d chunks", seen, total)
+	}
+	return nil
 }
 
 // runBaseline inserts the same rows, batched the same way, with plain

@@ -1,0 +1,93 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/client"
+)
+
+// gateway forwards every request to target and, whatever the API answers,
+// answers status with an HTML body of its own — a load balancer whose
+// upstream timeout is shorter than the API's answer time (504), or that
+// lost the upstream's answer (502): the API acted, the client never hears
+// of it.
+func gateway(t *testing.T, target string, status int) *httptest.Server {
+	t.Helper()
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		req, err := http.NewRequestWithContext(r.Context(), r.Method, target+r.URL.RequestURI(), bytes.NewReader(body))
+		if err == nil {
+			req.Header = r.Header.Clone()
+			if res, err := http.DefaultTransport.RoundTrip(req); err == nil {
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+			}
+		}
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, "<html>gateway error</html>")
+	}))
+	t.Cleanup(gw.Close)
+	return gw
+}
+
+// A keyed call whose every attempt a gateway answered 502 or 504 (having
+// forwarded it) may have been applied: the error says so and names the
+// key, and a retry under it acts at most once. Before, the last 5xx came
+// back as a plain *Error without the key, and the caller's obvious retry,
+// under a new key, spent twice.
+func TestAKeyedCallAnswered5xxByAGatewayMayHaveBeenApplied(t *testing.T) {
+	e := startEngine(t)
+	ctx := context.Background()
+	asAdmin := newClient(t, e.url, admin, nil)
+	for _, status := range []int{http.StatusBadGateway, http.StatusGatewayTimeout} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			agentID := "gateway-" + http.StatusText(status)
+			m, err := asAdmin.Mandates.Create(ctx, client.MandateCreate{AgentID: agentID, Scope: "s", Budget: 100})
+			require.NoError(t, err)
+			rec := &recorder{}
+			c := newClient(t, gateway(t, e.url, status).URL, agent, rec)
+
+			_, err = c.Mandates.Spend(ctx, client.SpendRequest{AgentID: agentID, Scope: "s", Cost: 10})
+			var maybe *client.MaybeAppliedError
+			require.ErrorAs(t, err, &maybe, "a gateway's %d is a lost answer: %v", status, err)
+			require.Equal(t, status, client.StatusOf(err), "the gateway's answer is still there")
+			attempts := rec.requests(http.MethodPost, "/v1/mandates/spend")
+			require.Len(t, attempts, 4, "retried under its key")
+			require.Equal(t, attempts[0].header.Get("Idempotency-Key"), maybe.IdempotencyKey)
+
+			got, err := asAdmin.Mandates.Get(ctx, m.ID)
+			require.NoError(t, err)
+			require.EqualValues(t, 10, got.Spent, "four attempts under one key spent once")
+
+			var replayed *http.Response
+			_, err = newClient(t, e.url, agent, nil).Mandates.Spend(ctx, client.SpendRequest{AgentID: agentID, Scope: "s", Cost: 10},
+				client.WithIdempotencyKey(maybe.IdempotencyKey), client.WithResponse(func(r *http.Response) { replayed = r }))
+			require.NoError(t, err)
+			require.Equal(t, "true", replayed.Header.Get("Idempotent-Replayed"))
+			got, err = asAdmin.Mandates.Get(ctx, m.ID)
+			require.NoError(t, err)
+			require.EqualValues(t, 10, got.Spent, "retried under its key, it acts once")
+		})
+	}
+	t.Run("a GET is not", func(t *testing.T) {
+		_, err := newClient(t, gateway(t, e.url, http.StatusGatewayTimeout).URL, agent, nil).Whoami(ctx)
+		var maybe *client.MaybeAppliedError
+		require.False(t, errors.As(err, &maybe), "%v", err)
+		require.Equal(t, http.StatusGatewayTimeout, client.StatusOf(err))
+	})
+	t.Run("a 501 is not", func(t *testing.T) {
+		_, err := newClient(t, gateway(t, e.url, http.StatusNotImplemented).URL, agent, nil).Mandates.Spend(ctx,
+			client.SpendRequest{AgentID: "gateway-501", Scope: "s", Cost: 1})
+		var maybe *client.MaybeAppliedError
+		require.False(t, errors.As(err, &maybe), "no server acts on a method it does not implement: %v", err)
+	})
+}
