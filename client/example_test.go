@@ -27,8 +27,6 @@ func spend(ctx context.Context, token string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second) // bounds the call, its retries included
-	defer cancel()
 	res, err := c.Mandates.Spend(ctx, client.SpendRequest{AgentID: "agent-1", Scope: "llm", Cost: 5})
 	var apiErr *client.Error
 	if errors.As(err, &apiErr) && apiErr.Status == http.StatusPaymentRequired { // or client.IsSpendRefused(err)
