@@ -113,6 +113,35 @@ func TestConcurrencyKey_LimitOneRunsKeyedWorkSeriallyInRunAtOrder(t *testing.T) 
 	}
 }
 
+// A key bounds what runs at once; it does not hold its successors behind
+// a retry: a failed attempt's retry waits at its backoff's run_at, and the
+// key's next item, earlier now, takes the slot (docs/workpool.md §
+// "Concurrency keys"). The retry starts again once that one finished and
+// its time has come.
+func TestConcurrencyKey_ARetryWaitsAtItsBackoffWhileTheKeysNextItemRuns(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(10))
+	first := h.enqueue(withKey("customer-7", 1), withRetry(3, 60_000, 2))
+	h.clock.Advance(time.Millisecond)
+	second := h.enqueue(withKey("customer-7", 1))
+
+	h.runMain()
+	require.True(t, h.observe().isRunning(first))
+	h.complete(first, "failed", 1)
+
+	h.runMain()
+	o := h.observe()
+	require.True(t, o.isPending(first), "the retry waits out its backoff")
+	require.True(t, o.isRunning(second), "the key's next item runs meanwhile")
+
+	h.complete(second, "success", 1)
+	h.runMain()
+	require.True(t, h.observe().isPending(first), "not before its backoff's end")
+	h.clock.Advance(2 * time.Minute)
+	h.runMain()
+	require.True(t, h.observe().isRunning(first), "then the retry runs")
+}
+
 func TestConcurrencyKey_IsScopedToTheOrgAndHonoursItsLimit(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, withMaxParallelism(10))
