@@ -350,9 +350,13 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 	}
 	retryable := ep.safety == safe || key != ""
 	// maybeApplied: an attempt's request was written whole and its answer
-	// was lost, so — unless a later attempt got the server's answer for the
-	// key — the server may have acted on it, however the call ends.
-	maybeApplied := false
+	// was lost or was a 5xx, so — unless a later attempt got the server's
+	// answer for the key — the server may have acted on it, however the
+	// call ends. lost: an answer was lost (none came, or one was cut inside
+	// its body), which alone tells a delete's later 404 that the object was
+	// there — a 5xx may come from something in front of the API that
+	// forwarded nothing.
+	maybeApplied, lost := false, false
 	fail := func(err error) error {
 		if maybeApplied && ep.method != http.MethodGet {
 			return &MaybeAppliedError{Method: ep.method, Path: ep.path, IdempotencyKey: key, Repeatable: ep.safety == safe, Err: err}
@@ -382,7 +386,9 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			if errors.As(err, &tokErr) {
 				return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
 			}
-			maybeApplied = maybeApplied || written.Load()
+			if written.Load() {
+				maybeApplied, lost = true, true
+			}
 		case res.StatusCode >= 200 && res.StatusCode < 300:
 			raw, readErr = io.ReadAll(res.Body)
 			res.Body.Close()
@@ -394,7 +400,7 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			// 402's — is a lost answer (the server may have acted), retried
 			// as one; under its key the retry is answered the whole first
 			// answer.
-			maybeApplied = true
+			maybeApplied, lost = true, true
 			err = fmt.Errorf("reading the %d answer: %w", res.StatusCode, readErr)
 		}
 		if err != nil {
@@ -412,7 +418,7 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			o.respond(res)
 			return err
 		}
-		if apiErr.Status == http.StatusNotFound && ep.goneIsDone && maybeApplied {
+		if apiErr.Status == http.StatusNotFound && ep.goneIsDone && lost {
 			// An earlier attempt's request reached the server whole and its
 			// answer was lost: the object it deleted is gone now, which is
 			// what the caller asked for. (A 404 to the first attempt, or after

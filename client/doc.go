@@ -36,15 +36,17 @@
 // by Idempotency-Key. Every create, spend, append and answer carries such
 // a key — the caller's (WithIdempotencyKey) or one generated (UUIDv7) once
 // per call — so a retry after a lost answer acts once. A call that fails
-// after an attempt lost its answer (none came, one cut inside its body, or
-// a 5xx but 501 and 505: a gateway's 502 or 504 after it forwarded the
-// request, the API's 503 after a commit whose outcome it lost) is a
-// *MaybeAppliedError, naming the key to retry it under: the server
+// after an attempt lost its answer (none came, or one cut inside its body)
+// or was answered a 5xx (but 501 and 505: a gateway's 502 or 504 after it
+// forwarded the request, the API's 503 after a commit whose outcome it
+// lost) is a *MaybeAppliedError, naming the key to retry it under: the server
 // may have acted, whatever the last attempt's error says — a refused
 // connection, a 503, a 401 to a retry whose token expired meanwhile. A
 // delete (ToolPolicies.Delete, ApprovalWebhooks.Delete) whose retry is
 // answered 404 after an attempt that lost its answer succeeds: that
-// attempt deleted the object; a 404 otherwise is IsNotFound.
+// attempt deleted the object; a 404 otherwise is IsNotFound (after a 5xx,
+// which may come from a proxy that forwarded nothing, a *MaybeAppliedError
+// too).
 //
 // Lists are iterators over every page (range-over-func), and have a Page
 // method for one page at a time. Each range of an iterator starts again

@@ -84,6 +84,18 @@ func TestAKeyedCallAnswered5xxByAGatewayMayHaveBeenApplied(t *testing.T) {
 		require.False(t, errors.As(err, &maybe), "%v", err)
 		require.Equal(t, http.StatusGatewayTimeout, client.StatusOf(err))
 	})
+	t.Run("a delete's 404 after a 503 is still not found", func(t *testing.T) {
+		// (a load balancer's 503 while its backend is away: nothing was
+		// forwarded, so the retry's 404 says the webhook never was — unlike
+		// a 404 after a lost answer, whose attempt deleted it)
+		proxy := newFaultProxy(t, e.url[len("http://"):])
+		proxy.answerUnavailable(1)
+		err := newClient(t, proxy.URL(), admin, nil).ApprovalWebhooks.Delete(ctx, "never-existed")
+		require.True(t, client.IsNotFound(err), "%v", err)
+		var maybe *client.MaybeAppliedError
+		require.ErrorAs(t, err, &maybe, "the 503 may have come after the delete: it is safe to repeat")
+		require.True(t, maybe.Repeatable)
+	})
 	t.Run("a 501 is not", func(t *testing.T) {
 		_, err := newClient(t, gateway(t, e.url, http.StatusNotImplemented).URL, agent, nil).Mandates.Spend(ctx,
 			client.SpendRequest{AgentID: "gateway-501", Scope: "s", Cost: 1})

@@ -144,3 +144,26 @@ func TestTheRestBenchAnswersEachRouteOverHTTPAndLeavesNothing(t *testing.T) {
 		require.ErrorContains(t, err, `unknown route "nope"`)
 	})
 }
+
+// The streams bench measures a tail's latency from readers subscribed
+// before the writers start: a reader refused (the org's cap of live
+// streams: a 429 whose Retry-After the client would wait out, counted as
+// tail latency) fails the run at once, naming the answer, and leaves
+// nothing behind.
+func TestTheStreamsBenchFailsWhenAReaderIsRefused(t *testing.T) {
+	admin := testkit.ServerURL(t)
+	svc := service.Config{DatabaseURL: admin}
+	svc.API.OrgMaxStreams = 2
+	err := Streams(context.Background(), StreamsConfig{Service: svc, Writers: 4, Chunks: 400, Size: 16, Batch: 10, Rounds: 1})
+	require.ErrorContains(t, err, "answered 429 Too Many Requests")
+	require.Empty(t, databases(t, admin, "bench_streams_"))
+}
+
+// The streams bench, end to end: every chunk read once, in order, by
+// readers subscribed before the first append.
+func TestTheStreamsBenchReadsEveryChunkOnceAndLeavesNothing(t *testing.T) {
+	admin := testkit.ServerURL(t)
+	err := Streams(context.Background(), StreamsConfig{Service: service.Config{DatabaseURL: admin}, Writers: 2, Chunks: 200, Size: 16, Batch: 10, Rounds: 1})
+	require.NoError(t, err)
+	require.Empty(t, databases(t, admin, "bench_streams_"))
+}

@@ -10,7 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -225,28 +225,46 @@ func (b streamBench) measure(ctx context.Context, env *benchEnv, svc *streams.Se
 	per := b.perWriter()
 	commits, receipts := make([][]time.Time, b.writers), make([][]time.Time, b.writers)
 	// Each reader follows its stream through the typed client's live tail
-	// (as a platform would: Last-Event-ID resumes, base64 decoded); the
-	// writers start once every reader's connection is answered, which it
-	// is once the reader is subscribed.
-	api, err := reveille.New(env.base, reveille.WithToken(env.tok))
+	// (as a platform would: base64 decoded, in order); the writers start
+	// once every reader's connection is answered 200, which it is once the
+	// reader is subscribed. A reader whose first answer is another, or
+	// whose connection is answered again (a cut, a reconnect: the wait
+	// would count as tail latency), fails the run, as does one that gets
+	// no connection for streamReaderOutage.
+	api, err := reveille.New(env.base, reveille.WithToken(env.tok),
+		reveille.WithReconnect(reveille.ReconnectPolicy{MaxOutage: streamReaderOutage}))
 	if err != nil {
 		return streamResult{}, err
 	}
 	rctx, stopReaders := context.WithCancel(ctx)
 	defer stopReaders()
 	var readersDone errgroup.Group
+	connections := make([]atomic.Int32, b.writers)
 	for w := range b.writers {
 		batches := (per[w] + b.batch - 1) / b.batch
 		commits[w], receipts[w] = make([]time.Time, batches), make([]time.Time, batches)
-		subscribed := make(chan struct{})
-		var once sync.Once
+		answered := make(chan int, 1) // the first answer's status; 0: the reader ended without one
 		tail := api.Streams.Tail(rctx, runID, strconv.Itoa(w), reveille.TailParams{},
-			reveille.WithResponse(func(*http.Response) { once.Do(func() { close(subscribed) }) }))
+			reveille.WithResponse(func(res *http.Response) {
+				if connections[w].Add(1) == 1 {
+					answered <- res.StatusCode
+				}
+			}))
 		readersDone.Go(func() error {
-			defer once.Do(func() { close(subscribed) })
-			return b.follow(tail, per[w], receipts[w])
+			err := b.follow(tail, per[w], receipts[w])
+			if connections[w].CompareAndSwap(0, 1) {
+				answered <- 0
+			}
+			return err
 		})
-		<-subscribed
+		if status := <-answered; status != http.StatusOK {
+			stopReaders()
+			err := readersDone.Wait()
+			if status != 0 {
+				return streamResult{}, fmt.Errorf("SSE of stream %d: answered %d %s", w, status, http.StatusText(status))
+			}
+			return streamResult{}, fmt.Errorf("SSE of stream %d: %w", w, err)
+		}
 	}
 
 	chunk := make([]byte, b.size)
@@ -273,6 +291,11 @@ func (b streamBench) measure(ctx context.Context, env *benchEnv, svc *streams.Se
 	if err := readersDone.Wait(); err != nil {
 		return streamResult{}, err
 	}
+	for w := range connections {
+		if n := connections[w].Load(); n > 1 {
+			return streamResult{}, fmt.Errorf("SSE of stream %d: %d connections (it was cut and resumed: the figures would count the reconnection)", w, n)
+		}
+	}
 	var lat []time.Duration
 	for w := range b.writers {
 		for i, c := range commits[w] {
@@ -296,6 +319,10 @@ func (b streamBench) perWriter() []int {
 	}
 	return per
 }
+
+// streamReaderOutage is how long a bench's SSE reader tries to connect
+// before the run fails.
+const streamReaderOutage = 5 * time.Second
 
 // follow reads one stream's chunks until its end, stamping the receipt
 // of each batch's last chunk.

@@ -67,8 +67,8 @@ func ServerNetworkParams() map[string]string {
 }
 
 // BoundNetwork dials cc's connections with Dial and sends the server
-// ServerNetworkParams at connect, except those cc's URL sets itself
-// (parameters in the URL win): both ends of a connection whose peer
+// ServerNetworkParams at connect, except those cc's URL sets itself, as a
+// parameter or in its options (parameters in the URL win): both ends of a connection whose peer
 // stopped answering at the TCP level (a NAT that forgot it, a failover, a
 // node gone) give up within about 35 s, whatever waits on it — the
 // kernels' defaults kept it minutes on this side and hours on the
@@ -79,8 +79,34 @@ func BoundNetwork(cc *pgx.ConnConfig) {
 		cc.RuntimeParams = map[string]string{}
 	}
 	for k, v := range ServerNetworkParams() {
-		if _, set := cc.RuntimeParams[k]; !set {
+		if _, set := cc.RuntimeParams[k]; !set && !setInOptions(cc.RuntimeParams["options"], k) {
 			cc.RuntimeParams[k] = v
 		}
 	}
+}
+
+// setInOptions reports whether options — the startup parameter options
+// (the URL's options=, or PGOPTIONS): switches for the server's session —
+// sets the run-time parameter name, as -c name=value, -cname=value or
+// --name=value (a name's dashes read as underscores, in any case). The
+// server applies a startup parameter of its own after options, so sending
+// one would override the URL's choice.
+func setInOptions(options, name string) bool {
+	f := strings.Fields(options)
+	for i := 0; i < len(f); i++ {
+		var setting string
+		switch {
+		case f[i] == "-c" && i+1 < len(f):
+			i++
+			setting = f[i]
+		case strings.HasPrefix(f[i], "-c"), strings.HasPrefix(f[i], "--"):
+			setting = f[i][2:]
+		default:
+			continue
+		}
+		if k, _, ok := strings.Cut(setting, "="); ok && strings.EqualFold(strings.ReplaceAll(k, "-", "_"), name) {
+			return true
+		}
+	}
+	return false
 }
