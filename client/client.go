@@ -352,10 +352,11 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 	// maybeApplied: an attempt's request was written whole and its answer
 	// was lost or was a 5xx, so — unless a later attempt got the server's
 	// answer for the key — the server may have acted on it, however the
-	// call ends. lost: an answer was lost (none came, or one was cut inside
-	// its body), which alone tells a delete's later 404 that the object was
-	// there — a 5xx may come from something in front of the API that
-	// forwarded nothing.
+	// call ends. lost: an answer was lost (none came, or a success was cut
+	// inside its body), which alone tells a delete's later 404 that the
+	// object was there — a 5xx may come from something in front of the API
+	// that forwarded nothing, and an error answer cut in its body still
+	// said its status.
 	maybeApplied, lost := false, false
 	fail := func(err error) error {
 		if maybeApplied && ep.method != http.MethodGet {
@@ -400,7 +401,9 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			// 402's — is a lost answer (the server may have acted), retried
 			// as one; under its key the retry is answered the whole first
 			// answer.
-			maybeApplied, lost = true, true
+			// (a status line that came is the server's word on the
+			// object: only a success cut short hides what was done)
+			maybeApplied, lost = true, lost || res.StatusCode < 300
 			err = fmt.Errorf("reading the %d answer: %w", res.StatusCode, readErr)
 		}
 		if err != nil {

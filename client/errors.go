@@ -231,7 +231,8 @@ func IsSpendRefused(err error) bool { return StatusOf(err) == http.StatusPayment
 func IsRateLimited(err error) bool { return StatusOf(err) == http.StatusTooManyRequests }
 
 // MaybeAppliedError is a call that failed after one of its attempts reached
-// the server and lost its answer: the server may have acted on it (a
+// the server and lost its answer, or was answered a 5xx (but 501 and 505):
+// the server may have acted on it (a
 // wake-up created and spent, a chunk appended), whatever the last
 // attempt's error (Err: a refused connection, a 503, a canceled context, a
 // 401 or 403 to a retry whose token expired meanwhile, a 429) says; only
@@ -254,14 +255,14 @@ type MaybeAppliedError struct {
 
 func (e *MaybeAppliedError) Error() string {
 	if e.IdempotencyKey == "" && e.Repeatable {
-		return fmt.Sprintf("client: %s %s may have been applied (an answer was lost); it is safe to repeat: %v",
+		return fmt.Sprintf("client: %s %s may have been applied (an answer was lost or was a 5xx); it is safe to repeat: %v",
 			e.Method, e.Path, e.Err)
 	}
 	if e.IdempotencyKey == "" {
-		return fmt.Sprintf("client: %s %s may have been applied (an answer was lost; no Idempotency-Key, so do not repeat it blindly): %v",
+		return fmt.Sprintf("client: %s %s may have been applied (an answer was lost or was a 5xx; no Idempotency-Key, so do not repeat it blindly): %v",
 			e.Method, e.Path, e.Err)
 	}
-	return fmt.Sprintf("client: %s %s may have been applied (an answer was lost); retry with Idempotency-Key %s to apply it at most once: %v",
+	return fmt.Sprintf("client: %s %s may have been applied (an answer was lost or was a 5xx); retry with Idempotency-Key %s to apply it at most once: %v",
 		e.Method, e.Path, e.IdempotencyKey, e.Err)
 }
 

@@ -96,6 +96,17 @@ func TestAKeyedCallAnswered5xxByAGatewayMayHaveBeenApplied(t *testing.T) {
 		require.ErrorAs(t, err, &maybe, "the 503 may have come after the delete: it is safe to repeat")
 		require.True(t, maybe.Repeatable)
 	})
+	t.Run("a delete's 404 after an error answer cut in its body is still not found", func(t *testing.T) {
+		// (the status line came: the server's 404, or a proxy's 503 that
+		// forwarded nothing — only a success cut short hides a deletion)
+		proxy := newFaultProxy(t, e.url[len("http://"):])
+		rec := &recorder{}
+		proxy.cutAnswers(cut{pattern: []byte("\r\n\r\n"), offset: 4 + 10}) // ten bytes of the body
+		err := newClient(t, proxy.URL(), admin, rec).ApprovalWebhooks.Delete(ctx, "never-existed")
+		require.True(t, client.IsNotFound(err), "%v", err)
+		statuses := ids(rec.requests(http.MethodDelete, "/v1/approvals/webhooks/never-existed"), func(r recorded) int { return r.status })
+		require.Equal(t, []int{http.StatusNotFound, http.StatusNotFound}, statuses, "the first 404 cut short, then the retry's")
+	})
 	t.Run("a 501 is not", func(t *testing.T) {
 		_, err := newClient(t, gateway(t, e.url, http.StatusNotImplemented).URL, agent, nil).Mandates.Spend(ctx,
 			client.SpendRequest{AgentID: "gateway-501", Scope: "s", Cost: 1})

@@ -230,7 +230,9 @@ func (b streamBench) measure(ctx context.Context, env *benchEnv, svc *streams.Se
 	// reader is subscribed. A reader whose first answer is another, or
 	// whose connection is answered again (a cut, a reconnect: the wait
 	// would count as tail latency), fails the run, as does one that gets
-	// no connection for streamReaderOutage.
+	// no answer: no connection for streamReaderOutage, or a connection
+	// silent past the client's idle timeout (DefaultSSEIdleTimeout, which
+	// counts the wait for the answer's headers).
 	api, err := reveille.New(env.base, reveille.WithToken(env.tok),
 		reveille.WithReconnect(reveille.ReconnectPolicy{MaxOutage: streamReaderOutage}))
 	if err != nil {
@@ -250,20 +252,22 @@ func (b streamBench) measure(ctx context.Context, env *benchEnv, svc *streams.Se
 					answered <- res.StatusCode
 				}
 			}))
+		var readerErr error // (set before answered <- 0)
 		readersDone.Go(func() error {
 			err := b.follow(tail, per[w], receipts[w])
 			if connections[w].CompareAndSwap(0, 1) {
+				readerErr = err
 				answered <- 0
 			}
 			return err
 		})
 		if status := <-answered; status != http.StatusOK {
 			stopReaders()
-			err := readersDone.Wait()
+			_ = readersDone.Wait()
 			if status != 0 {
 				return streamResult{}, fmt.Errorf("SSE of stream %d: answered %d %s", w, status, http.StatusText(status))
 			}
-			return streamResult{}, fmt.Errorf("SSE of stream %d: %w", w, err)
+			return streamResult{}, fmt.Errorf("SSE of stream %d: %w", w, readerErr)
 		}
 	}
 
@@ -321,7 +325,7 @@ func (b streamBench) perWriter() []int {
 }
 
 // streamReaderOutage is how long a bench's SSE reader tries to connect
-// before the run fails.
+// (connections refused, answers that fail) before the run fails.
 const streamReaderOutage = 5 * time.Second
 
 // follow reads one stream's chunks until its end, stamping the receipt

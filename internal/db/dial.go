@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 )
 
 // The network's bounds on a database connection (Dial).
@@ -79,10 +80,21 @@ func BoundNetwork(cc *pgx.ConnConfig) {
 		cc.RuntimeParams = map[string]string{}
 	}
 	for k, v := range ServerNetworkParams() {
-		if _, set := cc.RuntimeParams[k]; !set && !setInOptions(cc.RuntimeParams["options"], k) {
+		if !hasParam(cc.RuntimeParams, k) && !setInOptions(cc.RuntimeParams["options"], k) {
 			cc.RuntimeParams[k] = v
 		}
 	}
+}
+
+// hasParam reports whether params sets the run-time parameter name, in any
+// case (as the server reads names: both spellings sent, either could win).
+func hasParam(params map[string]string, name string) bool {
+	for k := range params {
+		if strings.EqualFold(k, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // setInOptions reports whether options — the startup parameter options
@@ -92,7 +104,7 @@ func BoundNetwork(cc *pgx.ConnConfig) {
 // server applies a startup parameter of its own after options, so sending
 // one would override the URL's choice.
 func setInOptions(options, name string) bool {
-	f := strings.Fields(options)
+	f := splitOptions(options)
 	for i := 0; i < len(f); i++ {
 		var setting string
 		switch {
@@ -109,4 +121,37 @@ func setInOptions(options, name string) bool {
 		}
 	}
 	return false
+}
+
+// splitOptions splits options into its switches as the server does
+// (pg_split_opts): at whitespace, a backslash taking the next character as
+// it is.
+func splitOptions(options string) []string {
+	var (
+		out     []string
+		b       strings.Builder
+		in, esc bool
+	)
+	for _, r := range options {
+		switch {
+		case esc:
+			b.WriteRune(r)
+			esc = false
+		case r == '\\':
+			esc, in = true, true
+		case unicode.IsSpace(r):
+			if in {
+				out = append(out, b.String())
+				b.Reset()
+				in = false
+			}
+		default:
+			b.WriteRune(r)
+			in = true
+		}
+	}
+	if in {
+		out = append(out, b.String())
+	}
+	return out
 }
