@@ -249,9 +249,10 @@ func (s *ToolPoliciesService) Put(ctx context.Context, agentID, toolName string,
 
 // Delete removes a standing policy: the conditional one of match, or the
 // unconditional one when match is nil. A 404 is an error (IsNotFound) —
-// but not to a retry after an attempt whose answer was lost: that attempt
-// deleted the policy, and Delete returns nil. (After a 5xx the 404 stays
-// an error, a *MaybeAppliedError: the 5xx may come from a proxy that
+// but not to a retry after an attempt that got no answer at all: that
+// attempt deleted the policy, and Delete returns nil. (After a 5xx, or an
+// error answer cut inside its body, the 404 stays an error, a
+// *MaybeAppliedError: the status line may come from a proxy that
 // forwarded nothing.)
 func (s *ToolPoliciesService) Delete(ctx context.Context, agentID, toolName string, match any, opts ...CallOption) error {
 	q := url.Values{}

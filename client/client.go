@@ -357,7 +357,9 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 	// object was there — a 5xx may come from something in front of the API
 	// that forwarded nothing, and an error answer cut in its body still
 	// said its status.
-	maybeApplied, lost := false, false
+	// succeeded: an attempt was answered a success cut inside its body —
+	// the server acted, and only a replay of that answer settles the call.
+	maybeApplied, lost, succeeded := false, false, false
 	fail := func(err error) error {
 		if maybeApplied && ep.method != http.MethodGet {
 			return &MaybeAppliedError{Method: ep.method, Path: ep.path, IdempotencyKey: key, Repeatable: ep.safety == safe, Err: err}
@@ -403,7 +405,10 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			// answer.
 			// (a status line that came is the server's word on the
 			// object: only a success cut short hides what was done)
-			maybeApplied, lost = true, lost || res.StatusCode < 300
+			maybeApplied = true
+			if res.StatusCode < 300 {
+				lost, succeeded = true, true
+			}
 			err = fmt.Errorf("reading the %d answer: %w", res.StatusCode, readErr)
 		}
 		if err != nil {
@@ -437,7 +442,7 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			// have acted.
 			maybeApplied = true
 		}
-		if key != "" && answeredForKey(res, apiErr) {
+		if key != "" && answeredForKey(res, apiErr) && (!succeeded || res.Header.Get("Idempotent-Replayed") == "true") {
 			maybeApplied = false // (the server's answer for the key: it stands)
 		}
 		// (a Retry-After longer than MaxRetryAfter is not worth waiting for

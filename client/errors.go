@@ -237,7 +237,9 @@ func IsRateLimited(err error) bool { return StatusOf(err) == http.StatusTooManyR
 // attempt's error (Err: a refused connection, a 503, a canceled context, a
 // 401 or 403 to a retry whose token expired meanwhile, a 429) says; only
 // the server's answer for the call's Idempotency-Key (a replay, or a
-// status the API keeps under the key, such as a 402 or 409) settles it. Retry with the same IdempotencyKey (WithIdempotencyKey) and the
+// status the API keeps under the key, such as a 402 or 409 — after a
+// success cut short, a replay only: the key's answer is that success)
+// settles it. Retry with the same IdempotencyKey (WithIdempotencyKey) and the
 // server acts at most once, answering as it first did. A call safe to
 // repeat by nature (Repeatable: a PUT, a PATCH, a DELETE, a cancel — the
 // client retried it itself) may simply be sent again. Another call sent

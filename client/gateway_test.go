@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -113,4 +115,42 @@ func TestAKeyedCallAnswered5xxByAGatewayMayHaveBeenApplied(t *testing.T) {
 		var maybe *client.MaybeAppliedError
 		require.False(t, errors.As(err, &maybe), "no server acts on a method it does not implement: %v", err)
 	})
+}
+
+// A keyed call whose first answer was a success cut inside its body acted:
+// the key's answer is that success. A retry answered anything but its
+// replay — a 409, 404 or 422 without Idempotent-Replayed (the key's record
+// past its retention, say) — does not settle the call: it may have been
+// applied, with its key. Before, such a 409 came back as a plain *Error,
+// the call reported failed though it had acted. (A stand-in server: the
+// API replays the success while it keeps the key.)
+func TestAKeyedCallWhoseSuccessWasCutShortIsSettledOnlyByItsReplay(t *testing.T) {
+	for _, status := range []int{http.StatusConflict, http.StatusNotFound, http.StatusUnprocessableEntity} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			var attempts atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				if attempts.Add(1) == 1 {
+					conn, buf, err := http.NewResponseController(w).Hijack()
+					require.NoError(t, err)
+					_, _ = buf.WriteString("HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{\"id\":\"wk_1")
+					_ = buf.Flush()
+					conn.Close()
+					return
+				}
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(status)
+				_, _ = io.WriteString(w, `{"type":"about:blank","title":"x","status":`+strconv.Itoa(status)+`}`)
+			}))
+			t.Cleanup(srv.Close)
+			c := newClient(t, srv.URL, agent, nil)
+			_, err := c.Wakeups.Create(context.Background(), client.WakeupRequest{AgentID: "a", WorkflowID: orgA + "/w", Signal: "s",
+				Scope: "s", Cost: 1, Work: client.WakeupWork{Handler: "http"}})
+			var maybe *client.MaybeAppliedError
+			require.ErrorAs(t, err, &maybe, "%v", err)
+			require.NotEmpty(t, maybe.IdempotencyKey)
+			require.Equal(t, status, client.StatusOf(err))
+			require.EqualValues(t, 2, attempts.Load())
+		})
+	}
 }

@@ -79,10 +79,11 @@ func (s *ApprovalWebhooksService) List(ctx context.Context, opts ...CallOption) 
 }
 
 // Delete removes a webhook; deliveries already enqueued still run. A 404
-// is an error (IsNotFound) — but not to a retry after an attempt whose
-// answer was lost: that attempt deleted the webhook, and Delete returns
-// nil. (After a 5xx the 404 stays an error, a *MaybeAppliedError: the 5xx
-// may come from a proxy that forwarded nothing.)
+// is an error (IsNotFound) — but not to a retry after an attempt that got
+// no answer at all: that attempt deleted the webhook, and Delete returns
+// nil. (After a 5xx, or an error answer cut inside its body, the 404
+// stays an error, a *MaybeAppliedError: the status line may come from a
+// proxy that forwarded nothing.)
 func (s *ApprovalWebhooksService) Delete(ctx context.Context, name string, opts ...CallOption) error {
 	ep := endpoint{method: http.MethodDelete, path: pathOf("v1", "approvals", "webhooks", name), argErr: needArgs("ApprovalWebhooks.Delete", "name", name),
 		goneIsDone: true}

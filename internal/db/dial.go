@@ -9,7 +9,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-	"unicode"
 )
 
 // The network's bounds on a database connection (Dial).
@@ -124,8 +123,8 @@ func setInOptions(options, name string) bool {
 }
 
 // splitOptions splits options into its switches as the server does
-// (pg_split_opts): at whitespace, a backslash taking the next character as
-// it is.
+// (pg_split_opts): at ASCII whitespace, a backslash taking the next
+// character as it is.
 func splitOptions(options string) []string {
 	var (
 		out     []string
@@ -139,7 +138,7 @@ func splitOptions(options string) []string {
 			esc = false
 		case r == '\\':
 			esc, in = true, true
-		case unicode.IsSpace(r):
+		case strings.ContainsRune(" \t\n\v\f\r", r): // (C's isspace, as the server's)
 			if in {
 				out = append(out, b.String())
 				b.Reset()

@@ -29,6 +29,8 @@ func TestTheNetworkBoundsAURLSetsItselfAreNotSent(t *testing.T) {
 		// second names tcp_keepalives_idle)
 		{`postgres://u@h/d?options=-c%20application_name%3Da%5C%20-ctcp_keepalives_idle%3D60`, ""},
 		{`postgres://u@h/d?options=-c%20tcp_keepalives%5C_idle%3D60`, "tcp_keepalives_idle"},
+		// (only ASCII whitespace splits: a no-break space is part of the value)
+		{`postgres://u@h/d?options=-c%20application_name%3Da%C2%A0-ctcp_keepalives_idle%3D60`, ""},
 		{"postgres://u@h/d", ""},
 	} {
 		t.Run(tc.url, func(t *testing.T) {
