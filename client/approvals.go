@@ -249,8 +249,8 @@ func (s *ToolPoliciesService) Put(ctx context.Context, agentID, toolName string,
 
 // Delete removes a standing policy: the conditional one of match, or the
 // unconditional one when match is nil. A 404 is an error (IsNotFound) —
-// but not to a retry after an attempt that got no answer at all: that
-// attempt deleted the policy, and Delete returns nil. (After a 5xx, or an
+// but not to a retry after an attempt that got no answer at all (or a
+// success cut short): that attempt deleted the policy, and Delete returns nil. (After a 5xx, or an
 // error answer cut inside its body, the 404 stays an error, a
 // *MaybeAppliedError: the status line may come from a proxy that
 // forwarded nothing.)

@@ -248,6 +248,10 @@ type endpoint struct {
 	// after an attempt that lost its answer is that attempt's effect, and
 	// the call succeeds (see do).
 	goneIsDone bool
+	// repeatable marks a keyed call that is idempotent by nature besides
+	// (a PUT, a cancel, a close): repeated without its key, it has the
+	// same effect (MaybeAppliedError.Repeatable).
+	repeatable bool
 }
 
 // ArgumentError is a call refused before anything was sent: an argument
@@ -362,14 +366,29 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 	maybeApplied, lost, succeeded := false, false, false
 	fail := func(err error) error {
 		if maybeApplied && ep.method != http.MethodGet {
-			return &MaybeAppliedError{Method: ep.method, Path: ep.path, IdempotencyKey: key, Repeatable: ep.safety == safe, Err: err}
+			return &MaybeAppliedError{Method: ep.method, Path: ep.path, IdempotencyKey: key, Repeatable: ep.safety == safe || ep.repeatable, Err: err}
 		}
 		return err
 	}
 	for attempt := 1; ; attempt++ {
-		var written atomic.Bool
-		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) }}
+		var (
+			written atomic.Bool
+			writes  atomic.Int32
+		)
+		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+			written.Store(i.Err == nil)
+			if i.Err == nil {
+				writes.Add(1)
+			}
+		}}
 		res, err := c.send(httptrace.WithClientTrace(ctx, trace), ep, body, key, o.header)
+		if writes.Load() > 1 {
+			// net/http sent the request again by itself: a request with an
+			// Idempotency-Key is replayable to it, and the reused
+			// connection it went out on closed before any answer came. The
+			// first one's answer was lost.
+			maybeApplied, lost = true, true
+		}
 		var raw []byte
 		var apiErr *Error
 		var readErr error

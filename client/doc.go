@@ -43,8 +43,8 @@
 // may have acted, whatever the last attempt's error says — a refused
 // connection, a 503, a 401 to a retry whose token expired meanwhile. A
 // delete (ToolPolicies.Delete, ApprovalWebhooks.Delete) whose retry is
-// answered 404 after an attempt that got no answer at all succeeds: that
-// attempt deleted the object; a 404 otherwise is IsNotFound (after a 5xx
+// answered 404 after an attempt that got no answer at all (or a success
+// cut short) succeeds: that attempt deleted the object; a 404 otherwise is IsNotFound (after a 5xx
 // or an error answer cut inside its body — its status line came, perhaps
 // from a proxy that forwarded nothing — a *MaybeAppliedError too).
 //

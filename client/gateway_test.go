@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -152,5 +153,92 @@ func TestAKeyedCallWhoseSuccessWasCutShortIsSettledOnlyByItsReplay(t *testing.T)
 			require.Equal(t, status, client.StatusOf(err))
 			require.EqualValues(t, 2, attempts.Load())
 		})
+	}
+}
+
+// With keep-alives (the default transport), net/http sends a request with
+// an Idempotency-Key again by itself when the reused connection it went
+// out on closes before any answer: the client never saw the first one's
+// answer lost. It counts the request's writes: the call whose first
+// request acted, and whose retries met only answers that do not settle its
+// key (the first request still in flight: 409; a rate limit it will not
+// wait out: 429), may have been applied, with its key. Before, it was a
+// plain *Error — the caller, told it failed, would spend again under a new
+// key. (A stand-in server: it drops the first request's connection after
+// acting on it.)
+func TestAKeyedRequestSentAgainByTheTransportCountsAsALostAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer func(w http.ResponseWriter)
+	}{
+		{"in flight", func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusConflict)
+			_, _ = io.WriteString(w, `{"type":"https://reveille.dev/problems/idempotency-key-in-flight","title":"in flight","status":409}`)
+		}},
+		{"rate limited past the wait", func(w http.ResponseWriter) {
+			w.Header().Set("Retry-After", "3600")
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = io.WriteString(w, `{"type":"about:blank","title":"limited","status":429}`)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var posts, acted atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				if r.Method == http.MethodGet {
+					w.Header().Set("Content-Type", "application/json")
+					_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["agent"]}`)
+					return
+				}
+				if posts.Add(1) == 1 {
+					acted.Add(1)
+					conn, _, err := http.NewResponseController(w).Hijack()
+					require.NoError(t, err)
+					conn.Close() // no answer at all
+					return
+				}
+				tc.answer(w)
+			}))
+			t.Cleanup(srv.Close)
+			c, err := client.New(srv.URL, client.WithToken("t"),
+				client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
+			require.NoError(t, err)
+			_, err = c.Whoami(context.Background()) // (leaves an idle connection to reuse)
+			require.NoError(t, err)
+
+			_, err = c.Mandates.Spend(context.Background(), client.SpendRequest{AgentID: "a", Scope: "s", Cost: 1})
+			var maybe *client.MaybeAppliedError
+			require.ErrorAs(t, err, &maybe, "%d requests, %d acted: %v", posts.Load(), acted.Load(), err)
+			require.NotEmpty(t, maybe.IdempotencyKey)
+			require.Greater(t, posts.Load(), int32(1), "the transport sent it again")
+		})
+	}
+}
+
+// A keyed call idempotent by nature — a PUT, a work cancel, a stream's
+// close — is safe to repeat: MaybeAppliedError says so (Repeatable), as
+// for the unkeyed PUTs, PATCHes and DELETEs.
+func TestAKeyedCallIdempotentByNatureIsRepeatable(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(srv.Close)
+	c := newClient(t, srv.URL, admin, nil)
+	ctx := context.Background()
+	for name, call := range map[string]func() error{
+		"ApprovalWebhooks.Put": func() error {
+			_, err := c.ApprovalWebhooks.Put(ctx, "ops", client.ApprovalWebhookRequest{URL: "http://127.0.0.1:9/hook", Format: "json"})
+			return err
+		},
+		"Work.Cancel":   func() error { _, err := c.Work.Cancel(ctx, "0190f0f0-0000-7000-8000-000000000000"); return err },
+		"Streams.Close": func() error { return c.Streams.Close(ctx, "run", "out") },
+	} {
+		var maybe *client.MaybeAppliedError
+		require.ErrorAs(t, call(), &maybe, name)
+		require.True(t, maybe.Repeatable, name)
+		require.NotEmpty(t, maybe.IdempotencyKey, name)
 	}
 }

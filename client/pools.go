@@ -157,5 +157,5 @@ func (s *WorkService) Get(ctx context.Context, id string, opts ...CallOption) (W
 // Cancel asks for a work item to be canceled and returns it as it stands
 // (the cancelation completes moments later).
 func (s *WorkService) Cancel(ctx context.Context, id string, opts ...CallOption) (Work, error) {
-	return doJSON[Work](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "work", id, "cancel"), safety: keyed, argErr: needArgs("Work.Cancel", "id", id)}, nil, opts)
+	return doJSON[Work](ctx, s.c, endpoint{method: http.MethodPost, path: pathOf("v1", "work", id, "cancel"), safety: keyed, repeatable: true, argErr: needArgs("Work.Cancel", "id", id)}, nil, opts)
 }

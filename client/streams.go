@@ -102,7 +102,7 @@ func (s *StreamsService) AppendBatch(ctx context.Context, runID, name string, ch
 
 // Close closes a stream (creating it empty and closed when absent).
 func (s *StreamsService) Close(ctx context.Context, runID, name string, opts ...CallOption) error {
-	return doNoContent(ctx, s.c, endpoint{method: http.MethodPost, path: streamPath(runID, name, "close"), safety: keyed,
+	return doNoContent(ctx, s.c, endpoint{method: http.MethodPost, path: streamPath(runID, name, "close"), safety: keyed, repeatable: true,
 		argErr: needArgs("Streams.Close", "runID", runID, "name", name)}, nil, opts)
 }
 

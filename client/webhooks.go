@@ -63,7 +63,7 @@ type approvalWebhookList struct {
 // Idempotency-Key, so a lost answer to a create is answered again with its
 // secret.
 func (s *ApprovalWebhooksService) Put(ctx context.Context, name string, req ApprovalWebhookRequest, opts ...CallOption) (ApprovalWebhook, error) {
-	ep := endpoint{method: http.MethodPut, path: pathOf("v1", "approvals", "webhooks", name), safety: keyed, argErr: needArgs("ApprovalWebhooks.Put", "name", name)}
+	ep := endpoint{method: http.MethodPut, path: pathOf("v1", "approvals", "webhooks", name), safety: keyed, repeatable: true, argErr: needArgs("ApprovalWebhooks.Put", "name", name)}
 	return doJSON[ApprovalWebhook](ctx, s.c, ep, req, opts)
 }
 
@@ -80,7 +80,8 @@ func (s *ApprovalWebhooksService) List(ctx context.Context, opts ...CallOption) 
 
 // Delete removes a webhook; deliveries already enqueued still run. A 404
 // is an error (IsNotFound) — but not to a retry after an attempt that got
-// no answer at all: that attempt deleted the webhook, and Delete returns
+// no answer at all (or a success cut short): that attempt deleted the
+// webhook, and Delete returns
 // nil. (After a 5xx, or an error answer cut inside its body, the 404
 // stays an error, a *MaybeAppliedError: the status line may come from a
 // proxy that forwarded nothing.)
