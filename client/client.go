@@ -249,8 +249,8 @@ type endpoint struct {
 	// the call succeeds (see do).
 	goneIsDone bool
 	// repeatable marks a keyed call that is idempotent by nature besides
-	// (a PUT, a cancel, a close): repeated without its key, it has the
-	// same effect (MaybeAppliedError.Repeatable).
+	// (a cancel, a close): repeated without its key, it has the same
+	// effect and answer (MaybeAppliedError.Repeatable).
 	repeatable bool
 }
 
@@ -371,24 +371,9 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 		return err
 	}
 	for attempt := 1; ; attempt++ {
-		var (
-			written atomic.Bool
-			writes  atomic.Int32
-		)
-		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
-			written.Store(i.Err == nil)
-			if i.Err == nil {
-				writes.Add(1)
-			}
-		}}
-		res, err := c.send(httptrace.WithClientTrace(ctx, trace), ep, body, key, o.header)
-		if writes.Load() > 1 {
-			// net/http sent the request again by itself: a request with an
-			// Idempotency-Key is replayable to it, and the reused
-			// connection it went out on closed before any answer came. The
-			// first one's answer was lost.
-			maybeApplied, lost = true, true
-		}
+		var written, resent atomic.Bool
+		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) }}
+		res, err := c.send(httptrace.WithClientTrace(ctx, trace), ep, body, key, o.header, &resent)
 		var raw []byte
 		var apiErr *Error
 		var readErr error
@@ -416,6 +401,17 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			res.Body.Close()
 		default:
 			apiErr, readErr = errorFrom(res)
+		}
+		if resent.Load() {
+			// net/http sent the body again by itself: a request with an
+			// Idempotency-Key is replayable to it, and when the reused
+			// connection it went out on closes before any answer, it sends
+			// it again on another — the first one may have acted, its
+			// answer lost. (Not lost as a delete's 404 reads it: net/http
+			// also resends a request it could not write at all, or one an
+			// HTTP/2 server refused unprocessed. A redirect, which rewinds
+			// the body too, ended the attempt above.)
+			maybeApplied = true
 		}
 		if readErr != nil {
 			// The whole body first: an answer cut inside it — a 201's or a
@@ -487,7 +483,9 @@ func (o *callOptions) respond(res *http.Response) {
 }
 
 // send makes one attempt.
-func (c *Client) send(ctx context.Context, ep endpoint, body []byte, key string, extra http.Header) (*http.Response, error) {
+// resent is set when net/http rewinds the body to send the request again
+// within the attempt.
+func (c *Client) send(ctx context.Context, ep endpoint, body []byte, key string, extra http.Header, resent *atomic.Bool) (*http.Response, error) {
 	u := *c.base
 	u.Path = c.base.Path + unescapedPath(ep.path)
 	u.RawPath = c.base.EscapedPath() + ep.path
@@ -499,6 +497,12 @@ func (c *Client) send(ctx context.Context, ep endpoint, body []byte, key string,
 	req, err := http.NewRequestWithContext(ctx, ep.method, u.String(), rdr)
 	if err != nil {
 		return nil, err
+	}
+	if rewind := req.GetBody; rewind != nil {
+		req.GetBody = func() (io.ReadCloser, error) {
+			resent.Store(true)
+			return rewind()
+		}
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", cmpOr(ep.contentType, "application/json"))

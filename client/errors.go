@@ -241,8 +241,9 @@ func IsRateLimited(err error) bool { return StatusOf(err) == http.StatusTooManyR
 // success cut short, a replay only: the key's answer is that success)
 // settles it. Retry with the same IdempotencyKey (WithIdempotencyKey) and the
 // server acts at most once, answering as it first did. A call safe to
-// repeat by nature (Repeatable: a PUT, a PATCH, a DELETE, a cancel, a
-// stream's close) may simply be sent again, key or no key. Another call sent
+// repeat by nature (Repeatable: a PATCH, a DELETE, a cancel, a stream's
+// close) may simply be sent again, key or no key — not a webhook's PUT,
+// whose first answer alone carries the secret: retry it under its key. Another call sent
 // without a key (IdempotencyKey "", Repeatable false) cannot be retried
 // safely — look the object up. errors.As sees through it to Err (an
 // *Error, a *net.OpError …).

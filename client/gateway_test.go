@@ -5,10 +5,13 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -217,9 +220,11 @@ func TestAKeyedRequestSentAgainByTheTransportCountsAsALostAnswer(t *testing.T) {
 	}
 }
 
-// A keyed call idempotent by nature — a PUT, a work cancel, a stream's
-// close — is safe to repeat: MaybeAppliedError says so (Repeatable), as
-// for the unkeyed PUTs, PATCHes and DELETEs.
+// A keyed call idempotent by nature — a work cancel, a stream's close — is
+// safe to repeat, key or no key: MaybeAppliedError says so (Repeatable),
+// as for the unkeyed PATCHes and DELETEs. Not a webhook's PUT: its first
+// answer alone carries the secret, which only a retry under its key gets
+// again.
 func TestAKeyedCallIdempotentByNatureIsRepeatable(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -228,17 +233,95 @@ func TestAKeyedCallIdempotentByNatureIsRepeatable(t *testing.T) {
 	t.Cleanup(srv.Close)
 	c := newClient(t, srv.URL, admin, nil)
 	ctx := context.Background()
-	for name, call := range map[string]func() error{
-		"ApprovalWebhooks.Put": func() error {
+	for _, tc := range []struct {
+		name       string
+		call       func() error
+		repeatable bool
+	}{
+		{"Work.Cancel", func() error { _, err := c.Work.Cancel(ctx, "0190f0f0-0000-7000-8000-000000000000"); return err }, true},
+		{"Streams.Close", func() error { return c.Streams.Close(ctx, "run", "out") }, true},
+		{"ApprovalWebhooks.Put", func() error {
 			_, err := c.ApprovalWebhooks.Put(ctx, "ops", client.ApprovalWebhookRequest{URL: "http://127.0.0.1:9/hook", Format: "json"})
 			return err
-		},
-		"Work.Cancel":   func() error { _, err := c.Work.Cancel(ctx, "0190f0f0-0000-7000-8000-000000000000"); return err },
-		"Streams.Close": func() error { return c.Streams.Close(ctx, "run", "out") },
+		}, false},
 	} {
 		var maybe *client.MaybeAppliedError
-		require.ErrorAs(t, call(), &maybe, name)
-		require.True(t, maybe.Repeatable, name)
-		require.NotEmpty(t, maybe.IdempotencyKey, name)
+		require.ErrorAs(t, tc.call(), &maybe, tc.name)
+		require.Equal(t, tc.repeatable, maybe.Repeatable, tc.name)
+		require.NotEmpty(t, maybe.IdempotencyKey, tc.name)
 	}
+}
+
+// resettableConns dials connections it can later break: a broken one
+// fails every write with nothing sent, as a connection a load balancer
+// reset while it sat idle does before the transport notices.
+type resettableConns struct {
+	mu    sync.Mutex
+	conns []*resettableConn
+}
+
+type resettableConn struct {
+	net.Conn
+	broken atomic.Bool
+}
+
+func (c *resettableConn) Write(p []byte) (int, error) {
+	if c.broken.Load() {
+		return 0, syscall.ECONNRESET
+	}
+	return c.Conn.Write(p)
+}
+
+func (r *resettableConns) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	c := &resettableConn{Conn: conn}
+	r.mu.Lock()
+	r.conns = append(r.conns, c)
+	r.mu.Unlock()
+	return c, nil
+}
+
+func (r *resettableConns) breakAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range r.conns {
+		c.broken.Store(true)
+	}
+}
+
+// net/http sends a request it could not write at all again on a new
+// connection, whatever its method: that request never reached the server,
+// so a delete's 404 is still not found — no earlier attempt deleted
+// anything. (A review proved that counting the transport's writes made it
+// a success.)
+func TestADeleteNetHTTPCouldNotWriteOnAResetConnectionIsStillNotFound(t *testing.T) {
+	var deletes atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodDelete {
+			deletes.Add(1)
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = io.WriteString(w, `{"type":"about:blank","title":"not found","status":404}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["admin"]}`)
+	}))
+	t.Cleanup(srv.Close)
+	conns := &resettableConns{}
+	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: &http.Transport{DialContext: conns.dial}}),
+		client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	_, err = c.Whoami(context.Background()) // (leaves an idle connection)
+	require.NoError(t, err)
+	conns.breakAll()
+
+	err = c.ApprovalWebhooks.Delete(context.Background(), "never-existed")
+	require.True(t, client.IsNotFound(err), "%v", err)
+	var maybe *client.MaybeAppliedError
+	require.False(t, errors.As(err, &maybe), "%v", err)
+	require.EqualValues(t, 1, deletes.Load(), "sent again by net/http on a new connection")
 }

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -167,7 +168,7 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, re
 	// dead as one gone silent mid-stream.
 	watchdog := time.AfterFunc(idle, cancel)
 	defer watchdog.Stop()
-	res, err := c.send(connCtx, ep, nil, "", hdr)
+	res, err := c.send(connCtx, ep, nil, "", hdr, new(atomic.Bool))
 	if err != nil && res != nil {
 		// A redirect not followed (see do): the next attempt meets it again.
 		return false, true, yieldErr(yield, fmt.Errorf("client: following %s: answered %d %s redirecting to %q, not followed (the API redirects no call: check the base URL and what is in front of the API): %w",

@@ -63,7 +63,7 @@ type approvalWebhookList struct {
 // Idempotency-Key, so a lost answer to a create is answered again with its
 // secret.
 func (s *ApprovalWebhooksService) Put(ctx context.Context, name string, req ApprovalWebhookRequest, opts ...CallOption) (ApprovalWebhook, error) {
-	ep := endpoint{method: http.MethodPut, path: pathOf("v1", "approvals", "webhooks", name), safety: keyed, repeatable: true, argErr: needArgs("ApprovalWebhooks.Put", "name", name)}
+	ep := endpoint{method: http.MethodPut, path: pathOf("v1", "approvals", "webhooks", name), safety: keyed, argErr: needArgs("ApprovalWebhooks.Put", "name", name)}
 	return doJSON[ApprovalWebhook](ctx, s.c, ep, req, opts)
 }
 
