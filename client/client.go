@@ -184,6 +184,10 @@ func WithoutIdempotencyKey() CallOption {
 	return func(o *callOptions) { o.noIdempotencyKey = true }
 }
 
+// idempotencyKeyField is the Idempotency-Key header's name as send sets
+// it: not in net/http's canonical form (see send).
+const idempotencyKeyField = "idempotency-key"
+
 // WithHeader adds a request header to the call. An Idempotency-Key (in
 // any case) is not added beside the call's own: it is the call's key, as
 // WithIdempotencyKey(value) — the server reads one key, and a second header
@@ -371,9 +375,9 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 		return err
 	}
 	for attempt := 1; ; attempt++ {
-		var written, resent atomic.Bool
+		var written atomic.Bool
 		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) }}
-		res, err := c.send(httptrace.WithClientTrace(ctx, trace), ep, body, key, o.header, &resent)
+		res, err := c.send(httptrace.WithClientTrace(ctx, trace), ep, body, key, o.header)
 		var raw []byte
 		var apiErr *Error
 		var readErr error
@@ -401,17 +405,6 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			res.Body.Close()
 		default:
 			apiErr, readErr = errorFrom(res)
-		}
-		if resent.Load() {
-			// net/http sent the body again by itself: a request with an
-			// Idempotency-Key is replayable to it, and when the reused
-			// connection it went out on closes before any answer, it sends
-			// it again on another — the first one may have acted, its
-			// answer lost. (Not lost as a delete's 404 reads it: net/http
-			// also resends a request it could not write at all, or one an
-			// HTTP/2 server refused unprocessed. A redirect, which rewinds
-			// the body too, ended the attempt above.)
-			maybeApplied = true
 		}
 		if readErr != nil {
 			// The whole body first: an answer cut inside it — a 201's or a
@@ -483,9 +476,7 @@ func (o *callOptions) respond(res *http.Response) {
 }
 
 // send makes one attempt.
-// resent is set when net/http rewinds the body to send the request again
-// within the attempt.
-func (c *Client) send(ctx context.Context, ep endpoint, body []byte, key string, extra http.Header, resent *atomic.Bool) (*http.Response, error) {
+func (c *Client) send(ctx context.Context, ep endpoint, body []byte, key string, extra http.Header) (*http.Response, error) {
 	u := *c.base
 	u.Path = c.base.Path + unescapedPath(ep.path)
 	u.RawPath = c.base.EscapedPath() + ep.path
@@ -498,19 +489,19 @@ func (c *Client) send(ctx context.Context, ep endpoint, body []byte, key string,
 	if err != nil {
 		return nil, err
 	}
-	if rewind := req.GetBody; rewind != nil {
-		req.GetBody = func() (io.ReadCloser, error) {
-			resent.Store(true)
-			return rewind()
-		}
-	}
 	if body != nil {
 		req.Header.Set("Content-Type", cmpOr(ep.contentType, "application/json"))
 	}
 	req.Header.Set("Accept", cmpOr(ep.accept, "application/json")+", application/problem+json")
 	req.Header.Set("User-Agent", c.userAgent)
 	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
+		// (under a map key net/http does not look for: a request carrying
+		// "Idempotency-Key" is replayable to it, and it sends one again by
+		// itself, on a new connection, when the reused one it went out on
+		// closes before any answer — the first may have acted, and do must
+		// see that answer lost. Header names are case-insensitive on the
+		// wire; HTTP/2 sends every name in lower case anyway.)
+		req.Header[idempotencyKeyField] = []string{key}
 	}
 	for name, values := range extra {
 		for _, v := range values {

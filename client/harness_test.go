@@ -142,7 +142,15 @@ type recorded struct {
 
 func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	res, err := r.next.RoundTrip(req)
-	rec := recorded{method: req.Method, path: req.URL.EscapedPath(), header: req.Header.Clone()}
+	// (names canonical, as a server reads them: the client sends its
+	// Idempotency-Key under a name net/http does not canonicalise)
+	header := http.Header{}
+	for name, values := range req.Header {
+		for _, v := range values {
+			header.Add(name, v)
+		}
+	}
+	rec := recorded{method: req.Method, path: req.URL.EscapedPath(), header: header}
 	if err == nil {
 		rec.status = res.StatusCode
 	}

@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 )
 
@@ -168,7 +167,7 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, re
 	// dead as one gone silent mid-stream.
 	watchdog := time.AfterFunc(idle, cancel)
 	defer watchdog.Stop()
-	res, err := c.send(connCtx, ep, nil, "", hdr, new(atomic.Bool))
+	res, err := c.send(connCtx, ep, nil, "", hdr)
 	if err != nil && res != nil {
 		// A redirect not followed (see do): the next attempt meets it again.
 		return false, true, yieldErr(yield, fmt.Errorf("client: following %s: answered %d %s redirecting to %q, not followed (the API redirects no call: check the base URL and what is in front of the API): %w",
