@@ -67,7 +67,11 @@ const defaultIdleConnsPerHost = 64
 
 // WithHTTPClient sends the requests through hc (default: a client of its
 // own with no overall timeout, which SSE needs — bound calls with their
-// context — keeping up to 64 idle connections to the API). When hc has no CheckRedirect, the client uses a copy of hc that
+// context — keeping up to 64 idle connections to the API). A RoundTripper
+// of hc's that reads a call's Idempotency-Key finds it as
+// req.Header["idempotency-key"], not through Header.Get: the client sets
+// it under a name net/http does not canonicalise, so that net/http never
+// sends a keyed request again on its own. When hc has no CheckRedirect, the client uses a copy of hc that
 // follows no redirect (see New).
 func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.http = hc } }
 
