@@ -71,8 +71,9 @@ const defaultIdleConnsPerHost = 64
 // of hc's that reads a call's Idempotency-Key finds it as
 // req.Header["idempotency-key"], not through Header.Get: the client sets
 // it under a name net/http does not canonicalise, so that net/http does
-// not send a keyed request again on its own over HTTP/1.1. When hc has no CheckRedirect, the client uses a copy of hc that
-// follows no redirect (see New).
+// not send a keyed request again on its own over HTTP/1.1. When hc has no
+// CheckRedirect, the client uses a copy of hc that follows no redirect
+// (see New).
 func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.http = hc } }
 
 // errRedirectRefused is what refuseRedirect answers net/http.
@@ -454,7 +455,7 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			// have acted.
 			maybeApplied = true
 		}
-		if key != "" && answeredForKey(res, apiErr) && (!succeeded || res.Header.Get("Idempotent-Replayed") == "true") {
+		if key != "" && answeredForKey(res, apiErr, succeeded) {
 			maybeApplied = false // (the server's answer for the key: it stands)
 		}
 		// (a Retry-After longer than MaxRetryAfter is not worth waiting for

@@ -121,9 +121,14 @@ func (e *Error) retryable() bool {
 // from the token's check — a retry's token may have expired or rotated
 // since the attempt that acted —, 429, 400, 413, 415), nor a retryable
 // answer or any 5xx: after those an earlier attempt may still have acted.
-func answeredForKey(res *http.Response, e *Error) bool {
+// After a success answered for the key (succeeded: one cut inside its
+// body), only its replay is: the key's kept answer is that success.
+func answeredForKey(res *http.Response, e *Error, succeeded bool) bool {
 	if res.Header.Get("Idempotent-Replayed") == "true" {
 		return true
+	}
+	if succeeded {
+		return false
 	}
 	switch e.Status {
 	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusRequestEntityTooLarge,

@@ -4,11 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/reveille/reveille/internal/leader"
@@ -16,6 +16,29 @@ import (
 	"github.com/reveille/reveille/mandates"
 	"github.com/reveille/reveille/workpool"
 )
+
+// withFundedIntent is a wake-up service on db (its wakeup pool set up and
+// stopped, a mandate for agent a of org o) whose every enqueue crashes
+// between the two transactions, with cfg's reconciler settings, and the
+// funded intent its one request left for the reconciler.
+func withFundedIntent(t *testing.T, db *pgxpool.Pool, cfg Config) (*Service, Wakeup) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := workpool.New(db, workpool.Config{Pools: map[string]int{"wakeup": 5}, Logger: testkit.Logger(t)})
+	require.NoError(t, err)
+	pool.Register("echo", func(_ context.Context, j workpool.Job) (json.RawMessage, error) { return j.Args, nil })
+	require.NoError(t, pool.Start(ctx))
+	require.NoError(t, pool.Stop(ctx))
+	ms := mandates.New(db, mandates.Config{Logger: testkit.Logger(t)})
+	_, err = ms.Create(ctx, "o", mandates.CreateParams{AgentID: "a", Scope: "s", Budget: 10})
+	require.NoError(t, err)
+	cfg.Logger = testkit.Logger(t)
+	cfg.BeforeEnqueue = func(context.Context, uuid.UUID) error { return errors.New("crash between the transactions") }
+	svc := New(db, pool, ms, cfg)
+	w, err := svc.Create(ctx, params(""))
+	require.Error(t, err) // a funded intent, left for the reconciler
+	return svc, w
+}
 
 // A reconcile round whose find of funded intents goes silent gives up
 // after leader.StatementTimeout, and the next round enqueues them: the
@@ -31,25 +54,7 @@ func TestAReconcileRoundOnASilentConnectionGivesUpAndTheNextEnqueues(t *testing.
 	db := testkit.NewPoolFor(t, relayed)
 	direct := testkit.NewPoolFor(t, dsn)
 	ctx := context.Background()
-	pool, err := workpool.New(db, workpool.Config{Pools: map[string]int{"wakeup": 5}, Logger: testkit.Logger(t)})
-	require.NoError(t, err)
-	pool.Register("echo", func(_ context.Context, j workpool.Job) (json.RawMessage, error) { return j.Args, nil })
-	require.NoError(t, pool.Start(ctx))
-	require.NoError(t, pool.Stop(ctx))
-	ms := mandates.New(db, mandates.Config{Logger: testkit.Logger(t)})
-	_, err = ms.Create(ctx, "o", mandates.CreateParams{AgentID: "a", Scope: "s", Budget: 10})
-	require.NoError(t, err)
-	var crash atomic.Bool
-	crash.Store(true)
-	svc := New(db, pool, ms, Config{ReconcileAfter: time.Millisecond, ReconcileInterval: 200 * time.Millisecond, Logger: testkit.Logger(t),
-		BeforeEnqueue: func(context.Context, uuid.UUID) error {
-			if crash.Load() {
-				return errors.New("crash between the transactions")
-			}
-			return nil
-		}})
-	w, err := svc.Create(ctx, params(""))
-	require.Error(t, err) // a funded intent, left for the reconciler
+	svc, w := withFundedIntent(t, db, Config{ReconcileAfter: time.Millisecond, ReconcileInterval: 200 * time.Millisecond})
 
 	muted := relay.SilenceAt("WHERE state = 'funded' AND updated_at < now() - $1::interval")
 	require.NoError(t, svc.Start(ctx))
@@ -83,25 +88,7 @@ func TestAReconcileWaitingOnAnOrgQueueARecordHoldsEnqueues(t *testing.T) {
 	t.Parallel()
 	db := testkit.NewPool(t)
 	ctx := context.Background()
-	pool, err := workpool.New(db, workpool.Config{Pools: map[string]int{"wakeup": 5}, Logger: testkit.Logger(t)})
-	require.NoError(t, err)
-	pool.Register("echo", func(_ context.Context, j workpool.Job) (json.RawMessage, error) { return j.Args, nil })
-	require.NoError(t, pool.Start(ctx))
-	require.NoError(t, pool.Stop(ctx))
-	ms := mandates.New(db, mandates.Config{Logger: testkit.Logger(t)})
-	_, err = ms.Create(ctx, "o", mandates.CreateParams{AgentID: "a", Scope: "s", Budget: 10})
-	require.NoError(t, err)
-	var crash atomic.Bool
-	crash.Store(true)
-	svc := New(db, pool, ms, Config{ReconcileAfter: time.Millisecond, Logger: testkit.Logger(t),
-		BeforeEnqueue: func(context.Context, uuid.UUID) error {
-			if crash.Load() {
-				return errors.New("crash between the transactions")
-			}
-			return nil
-		}})
-	w, err := svc.Create(ctx, params(""))
-	require.Error(t, err) // a funded intent, left for the reconciler
+	svc, w := withFundedIntent(t, db, Config{ReconcileAfter: time.Millisecond})
 
 	// a record with hooks' requeue of org o's work in the wakeup pool,
 	// held through its hook calls
