@@ -67,13 +67,10 @@ const defaultIdleConnsPerHost = 64
 
 // WithHTTPClient sends the requests through hc (default: a client of its
 // own with no overall timeout, which SSE needs — bound calls with their
-// context — keeping up to 64 idle connections to the API). A RoundTripper
-// of hc's that reads a call's Idempotency-Key finds it as
-// req.Header["idempotency-key"], not through Header.Get: the client sets
-// it under a name net/http does not canonicalise, so that net/http does
-// not send a keyed request again on its own over HTTP/1.1. When hc has no
+// context — keeping up to 64 idle connections to the API). When hc has no
 // CheckRedirect, the client uses a copy of hc that follows no redirect
-// (see New).
+// (see New). A keyed request's body cannot be rewound (GetBody is nil), so
+// that hc never sends it again on its own.
 func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.http = hc } }
 
 // errRedirectRefused is what refuseRedirect answers net/http.
@@ -188,10 +185,6 @@ func WithIdempotencyKey(key string) CallOption {
 func WithoutIdempotencyKey() CallOption {
 	return func(o *callOptions) { o.noIdempotencyKey = true }
 }
-
-// idempotencyKeyField is the Idempotency-Key header's name as send sets
-// it: not in net/http's canonical form (see send).
-const idempotencyKeyField = "idempotency-key"
 
 // WithHeader adds a request header to the call. An Idempotency-Key (in
 // any case) is not added beside the call's own: it is the call's key, as
@@ -395,8 +388,7 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			// came from something in front of the API, which did not act
 			// (only an earlier attempt may have). Not retried: the next
 			// attempt meets the same redirects.
-			return fail(fmt.Errorf("client: %s %s: answered %d %s redirecting to %q, not followed (the API redirects no call: check the base URL and what is in front of the API): %w",
-				ep.method, ep.path, res.StatusCode, http.StatusText(res.StatusCode), res.Header.Get("Location"), err))
+			return fail(notFollowed(ep, res, err))
 		case err != nil:
 			var tokErr *tokenError
 			if errors.As(err, &tokErr) {
@@ -405,6 +397,13 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			if written.Load() {
 				maybeApplied, lost = true, true
 			}
+		case res.StatusCode >= 300 && res.StatusCode < 400:
+			// A 307 or 308 to a keyed request net/http handed back without
+			// asking CheckRedirect: it cannot send the body again (see send).
+			// A 3xx as above.
+			_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, maxErrorBody))
+			res.Body.Close()
+			return fail(notFollowed(ep, res, errRedirectRefused))
 		case res.StatusCode >= 200 && res.StatusCode < 300:
 			raw, readErr = io.ReadAll(res.Body)
 			res.Body.Close()
@@ -473,6 +472,12 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 	}
 }
 
+// notFollowed is the error of an attempt answered a redirect.
+func notFollowed(ep endpoint, res *http.Response, err error) error {
+	return fmt.Errorf("client: %s %s: answered %d %s redirecting to %q, not followed (the API redirects no call: check the base URL and what is in front of the API): %w",
+		ep.method, ep.path, res.StatusCode, http.StatusText(res.StatusCode), res.Header.Get("Location"), err)
+}
+
 // respond hands the call's final response to WithResponse's f.
 func (o *callOptions) respond(res *http.Response) {
 	if o.onResponse != nil {
@@ -500,16 +505,21 @@ func (c *Client) send(ctx context.Context, ep endpoint, body []byte, key string,
 	req.Header.Set("Accept", cmpOr(ep.accept, "application/json")+", application/problem+json")
 	req.Header.Set("User-Agent", c.userAgent)
 	if key != "" {
-		// (under a map key net/http does not look for: a request carrying
-		// "Idempotency-Key" is replayable to it, and it sends one again by
-		// itself, on a new connection, when the reused one it went out on
-		// closes before any answer — the first may have acted, and do must
-		// see that answer lost. Header names are case-insensitive on the
-		// wire; HTTP/2 sends every name in lower case anyway. Over HTTP/2,
-		// net/http still resends a request whose stream the server reset
-		// with PROTOCOL_ERROR, whatever its headers, unseen here: known,
-		// not covered yet.)
-		req.Header[idempotencyKeyField] = []string{key}
+		req.Header.Set("Idempotency-Key", key)
+		// A keyed request's body cannot be rewound (and one without a body
+		// gets an empty one): net/http then never sends it again by itself —
+		// over HTTP/1.1 a request with an Idempotency-Key and a rewindable
+		// body is "replayable", resent when its reused connection closes
+		// before any answer; over HTTP/2 any request whose stream the server
+		// reset with PROTOCOL_ERROR is, even after the server read it. The
+		// first may have acted; do's loop, which knows what was written,
+		// must be the one to send it again, so that it sees the answer lost.
+		// (An empty body goes out chunked over HTTP/1.1; the routes without
+		// a body read none.)
+		if req.Body == nil {
+			req.Body = io.NopCloser(bytes.NewReader(nil))
+		}
+		req.GetBody = nil
 	}
 	for name, values := range extra {
 		for _, v := range values {

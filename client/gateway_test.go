@@ -162,10 +162,11 @@ func TestAKeyedCallWhoseSuccessWasCutShortIsSettledOnlyByItsReplay(t *testing.T)
 // With keep-alives (the default transport), net/http sends a request with
 // an Idempotency-Key again by itself when the reused connection it went
 // out on closes before any answer: the client never saw the first one's
-// answer lost. The client now sends its key under a header name net/http
-// does not look for, so that its own loop sees every lost answer: the
-// call whose first request acted, and whose retries met only answers that do not settle its
-// key (the first request still in flight: 409; a rate limit it will not
+// answer lost. A keyed request's body now cannot be rewound (see
+// TestAKeyedCallWhoseHTTP2StreamWasResetAfterItWasReadMayHaveBeenApplied
+// for HTTP/2), so net/http does not send it again and the client's own
+// loop sees every lost answer: the call whose first request acted, and
+// whose retries met only answers that do not settle its key (the first request still in flight: 409; a rate limit it will not
 // wait out: 429), may have been applied, with its key. Before, it was a
 // plain *Error — the caller, told it failed, would spend again under a new
 // key. (A stand-in server: it drops the first request's connection after

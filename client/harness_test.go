@@ -142,8 +142,7 @@ type recorded struct {
 
 func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	res, err := r.next.RoundTrip(req)
-	// (names canonical, as a server reads them: the client sends its
-	// Idempotency-Key under a name net/http does not canonicalise)
+	// (names canonical, as a server reads them)
 	header := http.Header{}
 	for name, values := range req.Header {
 		for _, v := range values {

@@ -1,0 +1,217 @@
+package client_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/reveille/reveille/client"
+)
+
+// h2Request is one request the HTTP/2 stand-in read whole.
+type h2Request struct {
+	method, path, key string
+	body              []byte
+}
+
+// h2Answer is what the stand-in does with the nth request it read whole
+// (from 1): reset its stream with reset, or else answer status and body.
+type h2Answer struct {
+	reset  http2.ErrCode
+	status int
+	body   string
+}
+
+// serveH2 is an HTTP/2 server over cleartext (prior knowledge), built
+// frame by frame: a stream reset by the server is what net/http's own
+// server cannot be made to send after it read a request. It returns the
+// server's URL and the requests it read whole.
+func serveH2(t *testing.T, answer func(n int) h2Answer) (string, func() []h2Request) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var (
+		mu   sync.Mutex
+		seen []h2Request
+		wg   sync.WaitGroup
+	)
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	serve := func(conn net.Conn) {
+		defer conn.Close()
+		preface := make([]byte, len(http2.ClientPreface))
+		if _, err := io.ReadFull(conn, preface); err != nil || string(preface) != http2.ClientPreface {
+			return
+		}
+		out := bufio.NewWriter(conn)
+		fr := http2.NewFramer(out, conn)
+		fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+		var hbuf bytes.Buffer
+		enc := hpack.NewEncoder(&hbuf)
+		_ = fr.WriteSettings()
+		_ = out.Flush()
+		open := map[uint32]*h2Request{}
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			var ended uint32
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					_ = fr.WriteSettingsAck()
+				}
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					_ = fr.WritePing(true, f.Data)
+				}
+			case *http2.MetaHeadersFrame:
+				r := &h2Request{method: f.PseudoValue("method"), path: f.PseudoValue("path")}
+				for _, hf := range f.RegularFields() {
+					if hf.Name == "idempotency-key" {
+						r.key = hf.Value
+					}
+				}
+				open[f.StreamID] = r
+				if f.StreamEnded() {
+					ended = f.StreamID
+				}
+			case *http2.DataFrame:
+				if r := open[f.StreamID]; r != nil {
+					r.body = append(r.body, f.Data()...)
+				}
+				if len(f.Data()) > 0 {
+					_ = fr.WriteWindowUpdate(0, uint32(len(f.Data())))
+				}
+				if f.StreamEnded() {
+					ended = f.StreamID
+				}
+			}
+			if r := open[ended]; ended != 0 && r != nil {
+				delete(open, ended)
+				mu.Lock()
+				seen = append(seen, *r)
+				n := len(seen)
+				mu.Unlock()
+				a := answer(n)
+				if a.reset != 0 {
+					_ = fr.WriteRSTStream(ended, a.reset)
+				} else {
+					hbuf.Reset()
+					_ = enc.WriteField(hpack.HeaderField{Name: ":status", Value: strconv.Itoa(a.status)})
+					_ = enc.WriteField(hpack.HeaderField{Name: "content-type", Value: "application/problem+json"})
+					_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: ended, BlockFragment: hbuf.Bytes(), EndHeaders: true})
+					_ = fr.WriteData(ended, true, []byte(a.body))
+				}
+			}
+			if err := out.Flush(); err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); serve(conn) }()
+		}
+	}()
+	return "http://" + ln.Addr().String(), func() []h2Request {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]h2Request(nil), seen...)
+	}
+}
+
+// h2Client talks HTTP/2 over cleartext to url.
+func h2Client(t *testing.T, url string) *client.Client {
+	t.Helper()
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	t.Cleanup(tr.CloseIdleConnections)
+	c, err := client.New(url, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: tr}),
+		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
+	require.NoError(t, err)
+	return c
+}
+
+const inFlight = `{"type":"https://reveille.dev/problems/idempotency-key-in-flight","title":"in flight","status":409}`
+
+// Over HTTP/2, net/http sends a request again by itself when the server
+// resets its stream with PROTOCOL_ERROR — also after the server read it
+// whole, and may have acted on it. A keyed request is not sent again by
+// net/http (its body cannot be rewound): the client's own retry loop sees
+// the lost answer, so a keyed call whose later attempts meet only 409 in
+// flight is a *MaybeAppliedError naming its key, not a plain error. Before,
+// net/http's unseen resend made it a plain *Error, and the caller's retry
+// under a new key acted twice.
+func TestAKeyedCallWhoseHTTP2StreamWasResetAfterItWasReadMayHaveBeenApplied(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		call func(c *client.Client) error
+	}{
+		{"with a body (a spend)", func(c *client.Client) error {
+			_, err := c.Mandates.Spend(ctx, client.SpendRequest{AgentID: "a", Scope: "s", Cost: 1})
+			return err
+		}},
+		{"without one (a stream's close)", func(c *client.Client) error {
+			return c.Streams.Close(ctx, "run", "out")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url, requests := serveH2(t, func(n int) h2Answer {
+				if n == 1 {
+					return h2Answer{reset: http2.ErrCodeProtocol}
+				}
+				return h2Answer{status: http.StatusConflict, body: inFlight}
+			})
+			err := tc.call(h2Client(t, url))
+			var maybe *client.MaybeAppliedError
+			require.ErrorAs(t, err, &maybe, "the first request was read whole: %v", err)
+			require.NotEmpty(t, maybe.IdempotencyKey)
+			reqs := requests()
+			require.Len(t, reqs, 3, "one request an attempt: net/http sent none again by itself")
+			for _, r := range reqs {
+				require.Equal(t, maybe.IdempotencyKey, r.key, "every attempt under the call's key")
+			}
+		})
+	}
+}
+
+// A stream the server refused (REFUSED_STREAM: not processed) is sent
+// again, under the same key, and the call gets its answer: net/http no
+// longer resends it, the client's loop does.
+func TestAKeyedCallWhoseHTTP2StreamWasRefusedIsSentAgainUnderItsKey(t *testing.T) {
+	url, requests := serveH2(t, func(n int) h2Answer {
+		if n == 1 {
+			return h2Answer{reset: http2.ErrCodeRefusedStream}
+		}
+		return h2Answer{status: http.StatusPaymentRequired, body: `{"type":"https://reveille.dev/problems/mandate-exceeded","title":"over","status":402}`}
+	})
+	_, err := h2Client(t, url).Mandates.Spend(context.Background(), client.SpendRequest{AgentID: "a", Scope: "s", Cost: 1})
+	require.Equal(t, http.StatusPaymentRequired, client.StatusOf(err), "%v", err)
+	var maybe *client.MaybeAppliedError
+	require.False(t, errors.As(err, &maybe), "the server's answer for the key stands: %v", err)
+	reqs := requests()
+	require.Len(t, reqs, 2)
+	require.Equal(t, reqs[0].key, reqs[1].key)
+	require.JSONEq(t, string(reqs[0].body), string(reqs[1].body), "the same body sent again")
+}
