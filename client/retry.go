@@ -27,7 +27,10 @@ type RetryPolicy struct {
 	// MaxRetryAfter is the longest Retry-After the client waits for within
 	// a call (default 30 s); a longer one — or one that would end past the
 	// call's context deadline — is not waited for: the answer (a 429's, a
-	// 503's *Error, RetryAfter set) is returned at once.
+	// 503's *Error, RetryAfter set) is returned at once. A Retry-After
+	// waited for is waited with a random part of up to a quarter of it
+	// more (at most a second, never past the deadline), so that clients
+	// refused together do not come back in the same instant.
 	MaxRetryAfter time.Duration
 }
 
@@ -63,13 +66,35 @@ func (p RetryPolicy) backoff(attempt int) time.Duration {
 }
 
 // wait sleeps before the next attempt: the server's Retry-After when it
-// gave one (it knows when there is room), else the backoff.
+// gave one (it knows when there is room; see pastRetryAfter), else the
+// backoff.
 func (p RetryPolicy) wait(ctx context.Context, attempt int, retryAfter time.Duration) error {
 	d := p.backoff(attempt)
 	if retryAfter > 0 {
-		d = retryAfter
+		d = pastRetryAfter(ctx, retryAfter)
 	}
 	return sleep(ctx, d)
+}
+
+// maxRetryAfterSpread bounds how far past a Retry-After a wait may end.
+const maxRetryAfterSpread = time.Second
+
+// pastRetryAfter is the wait for a Retry-After of d: d and a random part
+// of up to a quarter of it (at most maxRetryAfterSpread), so that the
+// clients one 429 or 503 refused together — a rate limit's burst, every
+// caller during a restart — do not all come back in the same instant, with
+// whole seconds (the header's unit) for the server to see them refused
+// again together. Never past the context's deadline when d itself ends
+// before it: the attempt is still made.
+func pastRetryAfter(ctx context.Context, d time.Duration) time.Duration {
+	spread := min(d/4, maxRetryAfterSpread)
+	if deadline, ok := ctx.Deadline(); ok {
+		spread = min(spread, time.Until(deadline)-d-10*time.Millisecond)
+	}
+	if spread <= 0 {
+		return d
+	}
+	return d + rand.N(spread+1)
 }
 
 // neverSent reports whether a transport error happened before the request
@@ -101,8 +126,9 @@ type ReconnectPolicy struct {
 	// up to MaxBackoff (default 5 s). Each wait is drawn at random from
 	// [half of it, all of it], so that readers cut together (by a restart)
 	// do not come back together. A 429's or 503's Retry-After is waited
-	// instead — unless it ends past the context's deadline: its *Error
-	// then ends the iteration at once.
+	// instead (and a random part of up to a quarter of it more, at most a
+	// second, as RetryPolicy's) — unless it ends past the context's
+	// deadline: its *Error then ends the iteration at once.
 	InitialBackoff time.Duration
 	MaxBackoff     time.Duration
 	// MaxOutage bounds how long the reader tries on without a healthy

@@ -101,7 +101,7 @@ func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle ti
 			}
 			wait := max(p.backoff(max(failures, 1)), reconnectTime)
 			if retryAfter > 0 {
-				wait = retryAfter
+				wait = pastRetryAfter(ctx, retryAfter)
 			}
 			if endsPastDeadline(ctx, wait) && apiErr != nil && retryAfter > 0 {
 				// (the server says no earlier; the context ends before: its
