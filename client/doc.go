@@ -28,7 +28,8 @@
 // nothing is sent.
 //
 // Retries. Calls that may be repeated are retried after a connection
-// error, a 408, a 429 (after its Retry-After: one longer than
+// error, a 408, a 429 (after its Retry-After, and up to a quarter of it
+// more at random, so that clients refused together spread: one longer than
 // RetryPolicy.MaxRetryAfter, or ending past the context's deadline, is not
 // waited for — the answer's *Error is returned at once) or a 5xx, with
 // exponential backoff and jitter, up to RetryPolicy.MaxAttempts: GETs, PUTs, DELETEs,
