@@ -352,7 +352,7 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 	// lock, a loop's iteration holding the row: bound by HookTimeout, it
 	// failed the whole batch, every org's results in it) and before the
 	// hooks' savepoint (rolling back to it keeps the bound).
-	b.Queue(sqlHookStatementTimeout, m.hookStatementTimeout())
+	b.Queue(sqlHookStatementTimeout, m.hookBounds()...)
 	b.Queue(sqlSavepoint) // cheap, and saves a round trip before the hooks
 	br := tx.SendBatch(ctx, b)
 	var err error
@@ -371,7 +371,7 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 	}
 	var before string
 	if err == nil {
-		err = br.QueryRow().Scan(&before, nil)
+		err = br.QueryRow().Scan(&before, nil, nil)
 	}
 	if err == nil {
 		_, err = br.Exec()
@@ -383,7 +383,7 @@ func (m *Manager) completeIn(ctx context.Context, tx pgx.Tx, results []attemptRe
 		// (rolled back to the recording's savepoint: the bound goes too)
 		done, err = m.completeApart(ctx, tx, results, err)
 		if err == nil {
-			err = tx.QueryRow(ctx, sqlHookStatementTimeout, m.hookStatementTimeout()).Scan(&before, nil)
+			err = tx.QueryRow(ctx, sqlHookStatementTimeout, m.hookBounds()...).Scan(&before, nil, nil)
 		}
 		if err == nil {
 			_, err = tx.Exec(ctx, sqlSavepoint)

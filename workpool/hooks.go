@@ -24,8 +24,10 @@ const (
 	// sqlHookStatementTimeout bounds every later statement of the
 	// transaction — a hook's among them — to $1 ms, and returns the bound
 	// it replaces. It is set before the hooks' savepoint, so that rolling
-	// back to it keeps the bound.
-	sqlHookStatementTimeout = "SELECT current_setting('statement_timeout'), set_config('statement_timeout', $1, true)"
+	// back to it keeps the bound. It also lets the transaction sit idle
+	// for $2 ms (idleLimitWithHooks) where the session's own bound
+	// (db.IdleInTransaction) would end it while a hook waits in Go.
+	sqlHookStatementTimeout = "SELECT current_setting('statement_timeout'), set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)"
 	// sqlRestoreStatementTimeout puts back the bound the transaction had
 	// before the hooks' ($1, as sqlHookStatementTimeout returned it): in
 	// the loop's transaction the starts follow the hooks, and a start
@@ -40,10 +42,11 @@ const (
 // it.
 const hookTimeoutSlack = time.Second
 
-// hookStatementTimeout is HookTimeout as sqlHookStatementTimeout's
-// parameter.
-func (m *Manager) hookStatementTimeout() string {
-	return strconv.FormatInt(max(m.cfg.HookTimeout.Milliseconds(), 1), 10)
+// hookBounds are sqlHookStatementTimeout's parameters: HookTimeout and
+// idleLimitWithHooks, in ms.
+func (m *Manager) hookBounds() []any {
+	return []any{strconv.FormatInt(max(m.cfg.HookTimeout.Milliseconds(), 1), 10),
+		strconv.FormatInt(m.idleLimitWithHooks().Milliseconds(), 10)}
 }
 
 // runHooks calls hooks inside tx, one savepoint for the whole batch; when a
@@ -68,7 +71,7 @@ func (m *Manager) runHooks(ctx context.Context, tx pgx.Tx, calls []hookCall, ret
 		return m.runHooksBounded(ctx, tx, calls, retrying, true, until)
 	}
 	var before string
-	if err := tx.QueryRow(ctx, sqlHookStatementTimeout, m.hookStatementTimeout()).Scan(&before, nil); err != nil {
+	if err := tx.QueryRow(ctx, sqlHookStatementTimeout, m.hookBounds()...).Scan(&before, nil, nil); err != nil {
 		return 0, fmt.Errorf("hook statement timeout: %w", err)
 	}
 	n, err := m.runHooksBounded(ctx, tx, calls, retrying, false, until)
@@ -384,12 +387,13 @@ func (m *Manager) roundTripBound() time.Duration {
 	return m.cfg.StatementTimeout + m.cfg.HookTimeout
 }
 
-// iterationIdleLimit is how long the loop's transaction may sit idle on the
-// server before the server ends it (a leader lost in its middle): 30 s, or
-// longer than a hook call, which the loop makes inside it (the hooks of
-// canceled pending work, and hook retries) and which may wait in Go for
-// up to HookTimeout — past the limit, the server ended the iteration, and
-// every next one, with the cancelation it was finishing.
-func (m *Manager) iterationIdleLimit() time.Duration {
+// idleLimitWithHooks is how long a transaction that calls hooks — the
+// loop's, and a record's — may sit idle on the server before the server
+// ends it (a leader or a replica lost, or frozen, in its middle): 30 s, or
+// longer than a hook call, which may wait in Go for up to HookTimeout (the
+// loop makes them for canceled pending work, and retries them) — past the
+// limit, the server ended the iteration, and every next one, with the
+// cancelation it was finishing; or the record, and its every retry.
+func (m *Manager) idleLimitWithHooks() time.Duration {
 	return max(30*time.Second, m.cfg.HookTimeout+hookTimeoutSlack+10*time.Second)
 }

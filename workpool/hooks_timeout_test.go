@@ -205,3 +205,43 @@ func TestTheRecordingStatementIsNotBoundByTheHookTimeout(t *testing.T) {
 	require.NoError(t, err, "the recording waits for the row; only hook calls are bound by HookTimeout")
 	require.Equal(t, "finished", h.work(id).state)
 }
+
+// A record's transaction waits in Go while its hooks run: the session's
+// own idle bound (db.IdleInTransaction: the service's connections are
+// ended by the server after 30 s idle in a transaction, so that a replica
+// frozen in a spend does not hold the mandate; 1 s here) must not end a
+// record whose hook call is within HookTimeout — it would fail the record,
+// and every retry of it, for good.
+func TestARecordsHookWaitingInGoOutlastsTheSessionsIdleBound(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *Config) { c.HookTimeout = 5 * time.Second })
+	h.exec(`DO $$BEGIN EXECUTE format('ALTER DATABASE %I SET idle_in_transaction_session_timeout = %L',
+		current_database(), '1s'); END$$`)
+	h.db.Reset() // (a database's settings reach new sessions)
+	var bound string
+	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&bound))
+	require.Equal(t, "1s", bound)
+	var calls atomic.Int64
+	h.m.RegisterHook("slow", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		calls.Add(1)
+		select { // e.g. an outbound call that takes 2 s, honouring its context
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+		_, err := tx.Exec(ctx, `SELECT 1`)
+		return err
+	})
+	id := h.enqueue(withHook("slow", `{}`))
+	h.runMain()
+
+	require.NoError(t, pgx.BeginFunc(h.ctx, h.db, func(tx pgx.Tx) error {
+		_, err := h.m.completeTx(h.ctx, tx, []attemptResult{{id: id, pool: "default", attempt: 1, kind: kindSucceeded}})
+		return err
+	}), "a hook call within HookTimeout must not fail its record")
+	w := h.work(id)
+	require.Equal(t, "finished", w.state)
+	require.NotNil(t, w.hook)
+	require.Equal(t, "done", *w.hook, "the hook's call committed with the record")
+	require.EqualValues(t, 1, calls.Load())
+}

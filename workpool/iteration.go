@@ -232,7 +232,7 @@ func (it *iteration) open(ctx context.Context) ([]uuid.UUID, error) {
 	l := it.l
 	b := &pgx.Batch{}
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true)",
-		strconv.FormatInt(l.m.iterationIdleLimit().Milliseconds(), 10))
+		strconv.FormatInt(l.m.idleLimitWithHooks().Milliseconds(), 10))
 	b.Queue(sqlBump, l.pool, l.gen, it.now)
 	b.Queue(sqlTakeCancelations, l.pool, cancelationBatch)
 	b.Queue(sqlCensus, l.pool, it.now)

@@ -198,7 +198,7 @@ func TestMigrateDialsWithServesNetworkBounds(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, cfg.DialFunc)
 	require.Equal(t, reflect.ValueOf(db.Dial).Pointer(), reflect.ValueOf(cfg.DialFunc).Pointer(), "dialled with db.Dial")
-	for k, v := range db.ServerNetworkParams() {
+	for k, v := range db.ServerSessionParams() {
 		if k == "tcp_keepalives_idle" {
 			v = "60"
 		}

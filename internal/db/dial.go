@@ -31,6 +31,20 @@ const (
 	UserTimeout = 30 * time.Second
 )
 
+// IdleInTransaction is how long the server lets a session of the service
+// sit in an open transaction waiting for its next statement before it
+// ends the session (idle_in_transaction_session_timeout, one of
+// ServerSessionParams). The network bounds end a session whose peer went
+// silent; they cannot end one whose peer's kernel still answers for a
+// process that stopped mid-transaction — a replica frozen (SIGSTOP, a VM
+// paused, a swap storm) in a spend kept the mandate's row locked, and
+// every spend and wake-up of that mandate waiting, until it thawed. The
+// service's transactions send their statements back to back (a gap is
+// milliseconds); those that wait in Go between statements — a pool's
+// onComplete hooks, a leader's fenced writes — set their own, longer
+// bound.
+const IdleInTransaction = 30 * time.Second
+
 // Dial opens a database connection bounded by the network limits above:
 // pgx's DialFunc for every pool of the service (a Unix socket is dialled
 // as it is). Statements that wait on a healthy server take as long as the
@@ -50,35 +64,38 @@ func Dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	return d.DialContext(ctx, network, addr)
 }
 
-// ServerNetworkParams are the same bounds for the server's end of each
+// ServerSessionParams are the same bounds for the server's end of each
 // session (run-time parameters sent at connect): a client gone from the
 // network (its node lost, a NAT that forgot the connection: its close
 // never arrives) leaves its session to the server's TCP, which kept it —
 // its open transaction, the row locks and advisory locks it held — for
 // about two hours by default (tcp_keepalives_idle is the system's). With
-// them the server ends it within about 35 s of silence.
-func ServerNetworkParams() map[string]string {
+// them the server ends it within about 35 s of silence; and a session
+// left idle in a transaction after IdleInTransaction.
+func ServerSessionParams() map[string]string {
 	return map[string]string{
-		"tcp_keepalives_idle":     strconv.Itoa(int(KeepAliveIdle.Seconds())),
-		"tcp_keepalives_interval": strconv.Itoa(int(KeepAliveInterval.Seconds())),
-		"tcp_keepalives_count":    strconv.Itoa(KeepAliveCount),
-		"tcp_user_timeout":        strconv.FormatInt(UserTimeout.Milliseconds(), 10),
+		"tcp_keepalives_idle":                 strconv.Itoa(int(KeepAliveIdle.Seconds())),
+		"tcp_keepalives_interval":             strconv.Itoa(int(KeepAliveInterval.Seconds())),
+		"tcp_keepalives_count":                strconv.Itoa(KeepAliveCount),
+		"tcp_user_timeout":                    strconv.FormatInt(UserTimeout.Milliseconds(), 10),
+		"idle_in_transaction_session_timeout": strconv.FormatInt(IdleInTransaction.Milliseconds(), 10),
 	}
 }
 
 // BoundNetwork dials cc's connections with Dial and sends the server
-// ServerNetworkParams at connect, except those cc's URL sets itself, as a
+// ServerSessionParams at connect, except those cc's URL sets itself, as a
 // parameter or in its options (parameters in the URL win): both ends of a connection whose peer
 // stopped answering at the TCP level (a NAT that forgot it, a failover, a
 // node gone) give up within about 35 s, whatever waits on it — the
 // kernels' defaults kept it minutes on this side and hours on the
-// server's, with the locks its session held.
+// server's, with the locks its session held; and the server ends a
+// session left idle in a transaction for IdleInTransaction.
 func BoundNetwork(cc *pgx.ConnConfig) {
 	cc.DialFunc = Dial
 	if cc.RuntimeParams == nil {
 		cc.RuntimeParams = map[string]string{}
 	}
-	for k, v := range ServerNetworkParams() {
+	for k, v := range ServerSessionParams() {
 		if !hasParam(cc.RuntimeParams, k) && !setInOptions(cc.RuntimeParams["options"], k) {
 			cc.RuntimeParams[k] = v
 		}

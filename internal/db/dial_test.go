@@ -40,7 +40,7 @@ func TestTheNetworkBoundsAURLSetsItselfAreNotSent(t *testing.T) {
 			BoundNetwork(cc)
 			require.NotNil(t, cc.DialFunc)
 			require.Equal(t, options, cc.RuntimeParams["options"], "the options untouched")
-			for k, v := range ServerNetworkParams() {
+			for k, v := range ServerSessionParams() {
 				switch {
 				case k != tc.owned:
 					require.Equal(t, v, cc.RuntimeParams[k], k)
