@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -69,12 +70,20 @@ const defaultIdleConnsPerHost = 64
 // own with no overall timeout, which SSE needs — bound calls with their
 // context — keeping up to 64 idle connections to the API). When hc has no
 // CheckRedirect, the client uses a copy of hc that follows no redirect
-// (see New). A keyed request's body cannot be rewound (GetBody is nil), so
-// that hc never sends it again on its own.
+// (see New). The body of a request that must not act twice unseen (a keyed
+// call's — a create, a spend, an append — or a POST's that is not
+// idempotent) cannot be rewound (GetBody is nil, an empty body when it has none),
+// so that hc never sends it again on its own: a RoundTripper of hc's that
+// buffers a body and sets GetBody, or that retries by itself, brings back
+// resends the client cannot see.
 func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.http = hc } }
 
 // errRedirectRefused is what refuseRedirect answers net/http.
 var errRedirectRefused = errors.New("the client follows no redirect")
+
+// errRedirectWithBody is why a 307 or 308 to a call that must not act twice
+// unseen is not followed, whatever the http.Client's CheckRedirect.
+var errRedirectWithBody = errors.New("a call that must not act twice is not sent on to another URL: set the base URL to the API's own")
 
 func refuseRedirect(*http.Request, []*http.Request) error { return errRedirectRefused }
 
@@ -256,6 +265,10 @@ type endpoint struct {
 	repeatable bool
 }
 
+// sentOnce says that net/http must not send the call's request again by
+// itself (see send): every call but the safe ones, key or no key.
+func (ep endpoint) sentOnce() bool { return ep.safety != safe }
+
 // ArgumentError is a call refused before anything was sent: an argument
 // that names an object in the route's path (an id, a run id, a stream,
 // pool, tool or webhook name) is empty. Sent, it would have named another
@@ -372,10 +385,29 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 		}
 		return err
 	}
+	resends := 0 // of requests that never reached the server (unsent)
 	for attempt := 1; ; attempt++ {
-		var written atomic.Bool
-		trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) }}
+		var written, reused atomic.Bool
+		trace := &httptrace.ClientTrace{
+			GotConn:      func(i httptrace.GotConnInfo) { reused.Store(i.Reused) },
+			WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) },
+		}
 		res, err := c.send(httptrace.WithClientTrace(ctx, trace), ep, body, key, o.header)
+		notSent := err != nil && res == nil && unsent(err, reused.Load())
+		if notSent && ctx.Err() == nil && resends < maxResends {
+			// What net/http sends again by itself for a request it may
+			// rewind, and not for one whose body it may not (see send):
+			// sent again at once — the first time — not counted as an
+			// attempt, whatever the call.
+			resends++
+			if resends > 1 {
+				if werr := c.retry.wait(ctx, resends-1, 0); werr != nil {
+					return fail(fmt.Errorf("client: %s %s: waiting to send again after %w: %w", ep.method, ep.path, err, werr))
+				}
+			}
+			attempt--
+			continue
+		}
 		var raw []byte
 		var apiErr *Error
 		var readErr error
@@ -394,16 +426,17 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			if errors.As(err, &tokErr) {
 				return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
 			}
-			if written.Load() {
+			if written.Load() && !notSent {
 				maybeApplied, lost = true, true
 			}
-		case res.StatusCode >= 300 && res.StatusCode < 400:
-			// A 307 or 308 to a keyed request net/http handed back without
-			// asking CheckRedirect: it cannot send the body again (see send).
-			// A 3xx as above.
+		case (res.StatusCode == http.StatusTemporaryRedirect || res.StatusCode == http.StatusPermanentRedirect) && ep.sentOnce():
+			// A 307 or 308 net/http handed back without asking CheckRedirect:
+			// it would send the body on, and this call's body it may not send
+			// again (see send) — not even where a caller's CheckRedirect
+			// would follow. A 3xx as above.
 			_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, maxErrorBody))
 			res.Body.Close()
-			return fail(notFollowed(ep, res, errRedirectRefused))
+			return fail(notFollowed(ep, res, errRedirectWithBody))
 		case res.StatusCode >= 200 && res.StatusCode < 300:
 			raw, readErr = io.ReadAll(res.Body)
 			res.Body.Close()
@@ -424,7 +457,7 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			err = fmt.Errorf("reading the %d answer: %w", res.StatusCode, readErr)
 		}
 		if err != nil {
-			if ctx.Err() != nil || attempt >= c.retry.MaxAttempts || !(retryable || neverSent(err)) {
+			if ctx.Err() != nil || attempt >= c.retry.MaxAttempts || !(retryable || notSent || neverSent(err)) {
 				return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
 			}
 			if werr := c.retry.wait(ctx, attempt, 0); werr != nil {
@@ -472,6 +505,31 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 	}
 }
 
+// maxResends bounds the requests of one call sent again because they never
+// reached the server (unsent), as net/http bounds its own (six).
+const maxResends = 6
+
+// unsent reports whether a request that failed without an answer never
+// reached the server's handler, so that any call may send it again: its
+// write failed on a reused connection (one the server or something in
+// front of it closed while it sat idle: net/http's own test, and its
+// error then is the write's, bare), or an HTTP/2 server refused the
+// stream (REFUSED_STREAM) or shut the connection down gracefully (GOAWAY)
+// before it. net/http sends those again by itself — but not a request
+// whose body it may not rewind (see send), whose error tells which it was
+// only by its shape and text. (httptrace's WroteRequest cannot tell: it
+// reports the request written once it is in the connection's buffer.)
+func unsent(err error, reused bool) bool {
+	msg := err.Error()
+	if strings.Contains(msg, "; REFUSED_STREAM") || strings.Contains(msg, "graceful shutdown GOAWAY") {
+		return true
+	}
+	var opErr *net.OpError
+	// (a write that put some of the request on the wire is wrapped as the
+	// connection "broken")
+	return reused && errors.As(err, &opErr) && opErr.Op == "write" && !strings.Contains(msg, "transport connection broken")
+}
+
 // notFollowed is the error of an attempt answered a redirect.
 func notFollowed(ep endpoint, res *http.Response, err error) error {
 	return fmt.Errorf("client: %s %s: answered %d %s redirecting to %q, not followed (the API redirects no call: check the base URL and what is in front of the API): %w",
@@ -506,14 +564,18 @@ func (c *Client) send(ctx context.Context, ep endpoint, body []byte, key string,
 	req.Header.Set("User-Agent", c.userAgent)
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
-		// A keyed request's body cannot be rewound (and one without a body
-		// gets an empty one): net/http then never sends it again by itself —
-		// over HTTP/1.1 a request with an Idempotency-Key and a rewindable
-		// body is "replayable", resent when its reused connection closes
-		// before any answer; over HTTP/2 any request whose stream the server
-		// reset with PROTOCOL_ERROR is, even after the server read it. The
-		// first may have acted; do's loop, which knows what was written,
-		// must be the one to send it again, so that it sees the answer lost.
+	}
+	if ep.sentOnce() {
+		// The body of a call that must not act twice unseen cannot be
+		// rewound (and one without a body gets an empty one): net/http then
+		// never sends it again by itself — over HTTP/1.1 a request with an
+		// Idempotency-Key and a rewindable body is "replayable", sent again
+		// when its reused connection closes before any answer; over HTTP/2
+		// any request whose stream the server reset with PROTOCOL_ERROR is,
+		// even after the server read it. The first may have acted: do's
+		// loop, which knows what was written, sends it again, and sees the
+		// answer lost — or, when the server says it did not process it
+		// (unsent), sends it again as net/http would have.
 		// (An empty body goes out chunked over HTTP/1.1; the routes without
 		// a body read none.)
 		if req.Body == nil {

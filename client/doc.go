@@ -22,10 +22,11 @@
 // redirect fails the call at once, naming its status and Location: the API
 // redirects no call, so the base URL or something in front of the API is
 // wrong, and the client follows none (unless WithHTTPClient gives it an
-// http.Client with a CheckRedirect of its own). An empty id or name where
-// a route's path needs one (Wakeups.Get(ctx, ""), Streams.Tail with no
-// run id, …) is an *ArgumentError naming the method and the argument, and
-// nothing is sent.
+// http.Client with a CheckRedirect of its own — and not even then a 307 or
+// 308 to a call that must not act twice unseen: see WithHTTPClient). An
+// empty id or name where a route's path needs one (Wakeups.Get(ctx, ""),
+// Streams.Tail with no run id, …) is an *ArgumentError naming the method
+// and the argument, and nothing is sent.
 //
 // Retries. Calls that may be repeated are retried after a connection
 // error, a 408, a 429 (after its Retry-After, and up to a quarter of it

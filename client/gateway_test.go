@@ -277,7 +277,7 @@ type resettableConn struct {
 
 func (c *resettableConn) Write(p []byte) (int, error) {
 	if c.broken.Load() {
-		return 0, syscall.ECONNRESET
+		return 0, &net.OpError{Op: "write", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: syscall.ECONNRESET}
 	}
 	return c.Conn.Write(p)
 }
@@ -334,4 +334,35 @@ func TestADeleteNetHTTPCouldNotWriteOnAResetConnectionIsStillNotFound(t *testing
 	var maybe *client.MaybeAppliedError
 	require.False(t, errors.As(err, &maybe), "%v", err)
 	require.EqualValues(t, 1, deletes.Load(), "sent again by net/http on a new connection")
+}
+
+// A keyed request net/http could not write at all on a reused connection
+// (it closed while idle) is sent again at once on a new one, not counted
+// as an attempt: with retries disabled the call still gets its answer, as
+// before a keyed request's body could no longer be rewound (net/http then
+// sent it again itself).
+func TestAKeyedRequestNetHTTPCouldNotWriteOnAResetConnectionIsSentAgainAtOnce(t *testing.T) {
+	var spends atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodPost {
+			spends.Add(1)
+			_, _ = io.WriteString(w, `{"ok":true,"remaining":4}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["agent"]}`)
+	}))
+	t.Cleanup(srv.Close)
+	conns := &resettableConns{}
+	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: &http.Transport{DialContext: conns.dial}}),
+		client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	_, err = c.Whoami(context.Background()) // (leaves an idle connection)
+	require.NoError(t, err)
+	conns.breakAll()
+
+	res, err := c.Mandates.Spend(context.Background(), client.SpendRequest{AgentID: "a", Scope: "s", Cost: 1})
+	require.NoError(t, err)
+	require.True(t, res.OK)
+	require.EqualValues(t, 1, spends.Load())
 }

@@ -27,9 +27,12 @@ type h2Request struct {
 }
 
 // h2Answer is what the stand-in does with the nth request it read whole
-// (from 1): reset its stream with reset, or else answer status and body.
+// (from 1): reset its stream with reset, shut its connection down
+// gracefully before it (goAway: the stream not processed), or else answer
+// status and body.
 type h2Answer struct {
 	reset  http2.ErrCode
+	goAway bool
 	status int
 	body   string
 }
@@ -106,12 +109,19 @@ func serveH2(t *testing.T, answer func(n int) h2Answer) (string, func() []h2Requ
 				n := len(seen)
 				mu.Unlock()
 				a := answer(n)
-				if a.reset != 0 {
+				switch {
+				case a.goAway:
+					_ = fr.WriteGoAway(ended-1, http2.ErrCodeNo, nil)
+				case a.reset != 0:
 					_ = fr.WriteRSTStream(ended, a.reset)
-				} else {
+				default:
+					contentType := "application/json"
+					if a.status >= 300 {
+						contentType = "application/problem+json"
+					}
 					hbuf.Reset()
 					_ = enc.WriteField(hpack.HeaderField{Name: ":status", Value: strconv.Itoa(a.status)})
-					_ = enc.WriteField(hpack.HeaderField{Name: "content-type", Value: "application/problem+json"})
+					_ = enc.WriteField(hpack.HeaderField{Name: "content-type", Value: contentType})
 					_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: ended, BlockFragment: hbuf.Bytes(), EndHeaders: true})
 					_ = fr.WriteData(ended, true, []byte(a.body))
 				}
@@ -140,14 +150,19 @@ func serveH2(t *testing.T, answer func(n int) h2Answer) (string, func() []h2Requ
 	}
 }
 
-// h2Client talks HTTP/2 over cleartext to url.
-func h2Client(t *testing.T, url string) *client.Client {
+// h2Client talks HTTP/2 over cleartext to url, with up to maxAttempts
+// attempts a call (default 3).
+func h2Client(t *testing.T, url string, maxAttempts ...int) *client.Client {
 	t.Helper()
 	tr := &http.Transport{Protocols: new(http.Protocols)}
 	tr.Protocols.SetUnencryptedHTTP2(true)
 	t.Cleanup(tr.CloseIdleConnections)
+	attempts := 3
+	if len(maxAttempts) > 0 {
+		attempts = maxAttempts[0]
+	}
 	c, err := client.New(url, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: tr}),
-		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
+		client.WithRetry(client.RetryPolicy{MaxAttempts: attempts, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
 	require.NoError(t, err)
 	return c
 }
@@ -214,4 +229,102 @@ func TestAKeyedCallWhoseHTTP2StreamWasRefusedIsSentAgainUnderItsKey(t *testing.T
 	require.Len(t, reqs, 2)
 	require.Equal(t, reqs[0].key, reqs[1].key)
 	require.JSONEq(t, string(reqs[0].body), string(reqs[1].body), "the same body sent again")
+}
+
+// A request the server did not process — its stream refused
+// (REFUSED_STREAM), or above the last stream of a graceful shutdown
+// (GOAWAY: a draining server or proxy, in every rolling deploy) — is sent
+// again at once, not counted as an attempt, key or no key, as net/http
+// sends again such a request it may rewind: with retries disabled the call
+// still gets its answer, and nothing says it may have been applied. (A
+// review proved both made maybe-applied errors of calls nothing acted on,
+// once a keyed request's body could no longer be rewound.)
+func TestARequestAnHTTP2ServerDidNotProcessIsSentAgainAtOnce(t *testing.T) {
+	ctx := context.Background()
+	for _, first := range []struct {
+		name   string
+		answer h2Answer
+	}{
+		{"refused", h2Answer{reset: http2.ErrCodeRefusedStream}},
+		{"past a graceful shutdown", h2Answer{goAway: true}},
+	} {
+		for _, tc := range []struct {
+			name string
+			opts []client.CallOption
+		}{
+			{"with its key", nil},
+			{"without one", []client.CallOption{client.WithoutIdempotencyKey()}},
+		} {
+			t.Run(first.name+" "+tc.name, func(t *testing.T) {
+				url, requests := serveH2(t, func(n int) h2Answer {
+					if n == 1 {
+						return first.answer
+					}
+					return h2Answer{status: http.StatusOK, body: `{"ok":true,"remaining":4}`}
+				})
+				res, err := h2Client(t, url, 1).Mandates.Spend(ctx, client.SpendRequest{AgentID: "a", Scope: "s", Cost: 1}, tc.opts...)
+				require.NoError(t, err)
+				require.True(t, res.OK)
+				reqs := requests()
+				require.Len(t, reqs, 2)
+				require.Equal(t, reqs[0].key, reqs[1].key)
+			})
+		}
+	}
+	t.Run("then answered a 429 not waited out", func(t *testing.T) {
+		url, _ := serveH2(t, func(n int) h2Answer {
+			if n == 1 {
+				return h2Answer{reset: http2.ErrCodeRefusedStream}
+			}
+			return h2Answer{status: http.StatusTooManyRequests, body: `{"type":"https://reveille.dev/problems/rate-limited","title":"slow down","status":429}`}
+		})
+		_, err := h2Client(t, url, 1).Mandates.Spend(ctx, client.SpendRequest{AgentID: "a", Scope: "s", Cost: 1})
+		require.Equal(t, http.StatusTooManyRequests, client.StatusOf(err), "%v", err)
+		var maybe *client.MaybeAppliedError
+		require.False(t, errors.As(err, &maybe), "the only request processed was answered 429: %v", err)
+	})
+	t.Run("refused every time", func(t *testing.T) {
+		url, requests := serveH2(t, func(int) h2Answer { return h2Answer{reset: http2.ErrCodeRefusedStream} })
+		_, err := h2Client(t, url, 2).Mandates.Spend(ctx, client.SpendRequest{AgentID: "a", Scope: "s", Cost: 1})
+		require.ErrorContains(t, err, "REFUSED_STREAM")
+		var maybe *client.MaybeAppliedError
+		require.False(t, errors.As(err, &maybe), "%v", err)
+		require.Len(t, requests(), 6+2, "six sent again, and each of the two attempts")
+	})
+}
+
+// A call without a key (one made WithoutIdempotencyKey, a redelivery)
+// whose HTTP/2 stream the server reset with PROTOCOL_ERROR after reading it
+// is not sent again — by net/http or by the client: it may have acted, and
+// it says so. Before, net/http sent it again by itself, and the call
+// reported one success for two actions.
+func TestAnUnkeyedCallWhoseHTTP2StreamWasResetAfterItWasReadIsNotSentAgain(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		call func(c *client.Client) error
+	}{
+		{"a spend without its key", func(c *client.Client) error {
+			_, err := c.Mandates.Spend(ctx, client.SpendRequest{AgentID: "a", Scope: "s", Cost: 1}, client.WithoutIdempotencyKey())
+			return err
+		}},
+		{"a wake-up's redelivery", func(c *client.Client) error {
+			_, err := c.Wakeups.Redeliver(ctx, "0190f0f0-0000-7000-8000-000000000000")
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url, requests := serveH2(t, func(n int) h2Answer {
+				if n == 1 {
+					return h2Answer{reset: http2.ErrCodeProtocol}
+				}
+				return h2Answer{status: http.StatusOK, body: `{"ok":true,"remaining":4}`}
+			})
+			err := tc.call(h2Client(t, url))
+			var maybe *client.MaybeAppliedError
+			require.ErrorAs(t, err, &maybe, "%v", err)
+			require.Empty(t, maybe.IdempotencyKey)
+			require.Len(t, requests(), 1, "sent once")
+		})
+	}
 }

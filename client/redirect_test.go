@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -19,7 +20,9 @@ import (
 // maybe-applied: every answer was a 3xx, which the API never gives, so
 // nothing acted on the request. Only an earlier attempt whose answer was
 // lost still makes the call maybe-applied. The client follows no redirect
-// (its own http.Client, or a copy of the caller's without a CheckRedirect).
+// (its own http.Client, or a copy of the caller's without a CheckRedirect);
+// a 307 or 308 to a call that must not act twice unseen (a POST: its body
+// cannot be rewound) not even with a CheckRedirect of the caller's.
 func TestARedirectNotFollowedIsNotALostAnswer(t *testing.T) {
 	ctx := context.Background()
 	// loop answers every request a 307 to /loop, after dropping the first
@@ -44,7 +47,7 @@ func TestARedirectNotFollowedIsNotALostAnswer(t *testing.T) {
 	requireRedirected := func(t *testing.T, err error) {
 		t.Helper()
 		require.ErrorContains(t, err, "POST /v1/runs/r/streams/out/chunks: answered 307 Temporary Redirect redirecting to \"/loop\", not followed")
-		require.ErrorContains(t, err, "the client follows no redirect")
+		require.ErrorContains(t, err, "a call that must not act twice is not sent on to another URL")
 		require.NotContains(t, err.Error(), "reading the")
 		require.Zero(t, client.StatusOf(err), "a 3xx is not an *Error")
 	}
@@ -122,4 +125,63 @@ func TestTheClientFollowsNoRedirect(t *testing.T) {
 	_, err = follows.Pools.Get(ctx, "default")
 	require.ErrorContains(t, err, "the 200 answer of GET /elsewhere has no body", "an empty answer passed for a pool")
 	require.EqualValues(t, 1, tokens.Load(), "the caller's own redirect policy was not kept")
+}
+
+// A 307 or 308 to a call that must not act twice unseen (a POST: its body
+// cannot be rewound, so that net/http never sends it again by itself) is
+// not followed even by a caller's CheckRedirect that follows redirects —
+// key or no key, body or none: the error says why. A GET still follows it.
+func TestACallThatMustNotActTwiceIsNotRedirectedEvenWhenTheCallersPolicyFollows(t *testing.T) {
+	var moved atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/api/") {
+			http.Redirect(w, r, "/api"+r.URL.Path, http.StatusPermanentRedirect)
+			return
+		}
+		moved.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"org_id":"o","sub":"s","roles":["agent"],"ok":true,"remaining":4}`))
+	}))
+	t.Cleanup(srv.Close)
+	hc := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return nil }}
+	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(hc))
+	require.NoError(t, err)
+	ctx := context.Background()
+	for name, call := range map[string]func() error{
+		"keyed": func() error {
+			_, err := c.Mandates.Spend(ctx, client.SpendRequest{AgentID: "a", Scope: "s", Cost: 1})
+			return err
+		},
+		"without its key": func() error {
+			_, err := c.Mandates.Spend(ctx, client.SpendRequest{AgentID: "a", Scope: "s", Cost: 1}, client.WithoutIdempotencyKey())
+			return err
+		},
+		"keyed without a body": func() error { return c.Streams.Close(ctx, "r", "out") },
+	} {
+		err := call()
+		require.ErrorContains(t, err, "answered 308 Permanent Redirect", name)
+		require.ErrorContains(t, err, "a call that must not act twice is not sent on to another URL", name)
+		var maybe *client.MaybeAppliedError
+		require.False(t, errors.As(err, &maybe), "%s: %v", name, err)
+	}
+	require.Zero(t, moved.Load())
+	_, err = c.Whoami(ctx)
+	require.NoError(t, err, "a GET follows the caller's policy")
+	require.EqualValues(t, 1, moved.Load())
+}
+
+// A redirect the caller's CheckRedirect chose to stop at
+// (http.ErrUseLastResponse) is that answer, its status an *Error's as
+// before — not worded as the client's refusal.
+func TestARedirectTheCallersPolicyStoppedAtIsItsStatus(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/elsewhere", http.StatusFound)
+	}))
+	t.Cleanup(srv.Close)
+	hc := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(hc))
+	require.NoError(t, err)
+	_, err = c.Work.Get(context.Background(), "0190f0f0-0000-7000-8000-000000000000")
+	require.Equal(t, http.StatusFound, client.StatusOf(err), "%v", err)
+	require.NotContains(t, err.Error(), "follows no redirect")
 }
