@@ -266,8 +266,13 @@ type endpoint struct {
 }
 
 // sentOnce says that net/http must not send the call's request again by
-// itself (see send): every call but the safe ones, key or no key.
-func (ep endpoint) sentOnce() bool { return ep.safety != safe }
+// itself (see send): every call but the safe ones, key or no key, and a
+// delete whose later 404 is read as its own effect (goneIsDone: only the
+// client's loop knows whether an earlier attempt was lost) — not a GET
+// (Readyz is unsafe only so that it is not retried).
+func (ep endpoint) sentOnce() bool {
+	return (ep.safety != safe || ep.goneIsDone) && ep.method != http.MethodGet
+}
 
 // ArgumentError is a call refused before anything was sent: an argument
 // that names an object in the route's path (an id, a run id, a stream,
@@ -386,14 +391,18 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 		return err
 	}
 	resends := 0 // of requests that never reached the server (unsent)
+	// actsOnHeaders: a call without a body that must not act twice (a
+	// redelivery) — over HTTP/2 its route may act on its headers alone,
+	// before the transport reports the request written.
+	actsOnHeaders := body == nil && ep.safety != safe && !ep.repeatable
 	for attempt := 1; ; attempt++ {
-		var written, reused atomic.Bool
+		var connected, reused, written atomic.Bool
 		trace := &httptrace.ClientTrace{
-			GotConn:      func(i httptrace.GotConnInfo) { reused.Store(i.Reused) },
+			GotConn:      func(i httptrace.GotConnInfo) { connected.Store(true); reused.Store(i.Reused) },
 			WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) },
 		}
-		res, err := c.send(httptrace.WithClientTrace(ctx, trace), ep, body, key, o.header)
-		notSent := err != nil && res == nil && unsent(err, reused.Load())
+		res, err := c.send(ctx, trace, ep, body, key, o.header)
+		notSent := err != nil && res == nil && unsent(err, reused.Load(), actsOnHeaders)
 		if notSent && ctx.Err() == nil && resends < maxResends {
 			// What net/http sends again by itself for a request it may
 			// rewind, and not for one whose body it may not (see send):
@@ -426,7 +435,7 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			if errors.As(err, &tokErr) {
 				return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
 			}
-			if written.Load() && !notSent {
+			if !notSent && (written.Load() || actsOnHeaders && connected.Load()) {
 				maybeApplied, lost = true, true
 			}
 		case (res.StatusCode == http.StatusTemporaryRedirect || res.StatusCode == http.StatusPermanentRedirect) && ep.sentOnce():
@@ -510,16 +519,25 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 const maxResends = 6
 
 // unsent reports whether a request that failed without an answer never
-// reached the server's handler, so that any call may send it again: its
-// write failed on a reused connection (one the server or something in
-// front of it closed while it sat idle: net/http's own test, and its
-// error then is the write's, bare), or an HTTP/2 server refused the
-// stream (REFUSED_STREAM) or shut the connection down gracefully (GOAWAY)
-// before it. net/http sends those again by itself — but not a request
-// whose body it may not rewind (see send), whose error tells which it was
-// only by its shape and text. (httptrace's WroteRequest cannot tell: it
-// reports the request written once it is in the connection's buffer.)
-func unsent(err error, reused bool) bool {
+// reached the server's handler, so that any call may send it again: an
+// HTTP/2 server refused the stream (REFUSED_STREAM) or shut the connection
+// down gracefully (GOAWAY) before it; or the write of a request with a
+// body failed on a reused connection (one the server or something in front
+// of it closed while it sat idle: net/http's own test, and its error then
+// is the write's, bare). net/http sends those again by itself — but not a
+// request whose body it may not rewind (see send), whose error tells which
+// it was only by its shape and text. (httptrace's WroteRequest cannot
+// tell: it reports the request written once it is in the connection's
+// buffer.) Not a write failure of a call without a body that must not act
+// twice (actsOnHeaders: a redelivery): over HTTP/2 its headers go out
+// alone, and a route without a body acts on them — a bare write error may
+// come after. (A request with a body acts only once it is read whole; a
+// delete, a close or a cancel acts the same twice.)
+func unsent(err error, reused, actsOnHeaders bool) bool {
+	var tokErr *tokenError
+	if errors.As(err, &tokErr) {
+		return false
+	}
 	msg := err.Error()
 	if strings.Contains(msg, "; REFUSED_STREAM") || strings.Contains(msg, "graceful shutdown GOAWAY") {
 		return true
@@ -527,7 +545,7 @@ func unsent(err error, reused bool) bool {
 	var opErr *net.OpError
 	// (a write that put some of the request on the wire is wrapped as the
 	// connection "broken")
-	return reused && errors.As(err, &opErr) && opErr.Op == "write" && !strings.Contains(msg, "transport connection broken")
+	return !actsOnHeaders && reused && errors.As(err, &opErr) && opErr.Op == "write" && !strings.Contains(msg, "transport connection broken")
 }
 
 // notFollowed is the error of an attempt answered a redirect.
@@ -543,8 +561,9 @@ func (o *callOptions) respond(res *http.Response) {
 	}
 }
 
-// send makes one attempt.
-func (c *Client) send(ctx context.Context, ep endpoint, body []byte, key string, extra http.Header) (*http.Response, error) {
+// send makes one attempt, traced by trace when it is not nil (the request
+// alone: not the token function's calls).
+func (c *Client) send(ctx context.Context, trace *httptrace.ClientTrace, ep endpoint, body []byte, key string, extra http.Header) (*http.Response, error) {
 	u := *c.base
 	u.Path = c.base.Path + unescapedPath(ep.path)
 	u.RawPath = c.base.EscapedPath() + ep.path
@@ -594,6 +613,9 @@ func (c *Client) send(ctx context.Context, ep endpoint, body []byte, key string,
 			return nil, &tokenError{err}
 		}
 		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	if trace != nil {
+		req = req.WithContext(httptrace.WithClientTrace(ctx, trace))
 	}
 	return c.http.Do(req)
 }

@@ -59,8 +59,8 @@
 // approvals inbox so. These live readers reconnect by a ReconnectPolicy of
 // their own (WithReconnect), not the calls' RetryPolicy: backoff from
 // 100 ms doubling to 5 s, jittered (never less than a reconnection time
-// the stream set with a retry field), or a 429's or 503's Retry-After, until
-// their context ends — a restart of the service is ridden out — unless
+// the stream set with a retry field), or a 429's or 503's Retry-After
+// (spread as the calls', never past MaxOutage), until their context ends — a restart of the service is ridden out — unless
 // its MaxOutage bounds the time without a healthy connection. An answer
 // retrying cannot change (400, 401, 403, 404, 410 …), or an error of the
 // token function (WithTokenFunc), ends them at once.

@@ -16,7 +16,10 @@ import (
 // retried when its connection could not even be opened.
 type RetryPolicy struct {
 	// MaxAttempts bounds the attempts of one call, the first included
-	// (default 4; 1 disables retries).
+	// (default 4; 1 disables retries). A request the server never got — a
+	// write that failed on a reused connection, an HTTP/2 stream refused
+	// or past a graceful GOAWAY — is sent again besides, up to six times a
+	// call, as net/http sends such requests again itself.
 	MaxAttempts int
 	// InitialBackoff is the wait before the second attempt (default
 	// 100 ms); each further wait doubles, up to MaxBackoff (default 5 s).
@@ -71,7 +74,7 @@ func (p RetryPolicy) backoff(attempt int) time.Duration {
 func (p RetryPolicy) wait(ctx context.Context, attempt int, retryAfter time.Duration) error {
 	d := p.backoff(attempt)
 	if retryAfter > 0 {
-		d = pastRetryAfter(ctx, retryAfter)
+		d = pastRetryAfter(ctx, retryAfter, 0)
 	}
 	return sleep(ctx, d)
 }
@@ -85,11 +88,15 @@ const maxRetryAfterSpread = time.Second
 // caller during a restart — do not all come back in the same instant, with
 // whole seconds (the header's unit) for the server to see them refused
 // again together. Never past the context's deadline when d itself ends
-// before it: the attempt is still made.
-func pastRetryAfter(ctx context.Context, d time.Duration) time.Duration {
+// before it (the attempt is still made), nor past limit when d is within
+// it (limit > 0: a live reader's time left before MaxOutage).
+func pastRetryAfter(ctx context.Context, d, limit time.Duration) time.Duration {
 	spread := min(d/4, maxRetryAfterSpread)
 	if deadline, ok := ctx.Deadline(); ok {
 		spread = min(spread, time.Until(deadline)-d-10*time.Millisecond)
+	}
+	if limit > 0 {
+		spread = min(spread, limit-d)
 	}
 	if spread <= 0 {
 		return d

@@ -101,7 +101,12 @@ func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle ti
 			}
 			wait := max(p.backoff(max(failures, 1)), reconnectTime)
 			if retryAfter > 0 {
-				wait = pastRetryAfter(ctx, retryAfter)
+				var left time.Duration // (none: no MaxOutage)
+				if p.MaxOutage > 0 {
+					// (with room for the time that passes before the check below)
+					left = max(p.MaxOutage-time.Since(outage)-10*time.Millisecond, time.Nanosecond)
+				}
+				wait = pastRetryAfter(ctx, retryAfter, left)
 			}
 			if endsPastDeadline(ctx, wait) && apiErr != nil && retryAfter > 0 {
 				// (the server says no earlier; the context ends before: its
@@ -167,7 +172,7 @@ func (c *Client) followOnce(ctx context.Context, ep endpoint, lastID *string, re
 	// dead as one gone silent mid-stream.
 	watchdog := time.AfterFunc(idle, cancel)
 	defer watchdog.Stop()
-	res, err := c.send(connCtx, ep, nil, "", hdr)
+	res, err := c.send(connCtx, nil, ep, nil, "", hdr)
 	if err != nil && res != nil {
 		// A redirect not followed (see do): the next attempt meets it again.
 		return false, true, yieldErr(yield, fmt.Errorf("client: following %s: answered %d %s redirecting to %q, not followed (the API redirects no call: check the base URL and what is in front of the API): %w",

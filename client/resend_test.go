@@ -1,0 +1,200 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/http2"
+
+	"github.com/reveille/reveille/client"
+)
+
+// headersThenResetConn fails, once armed, every write after the first
+// write that starts with an HTTP/2 HEADERS frame: the request's HEADERS
+// reached the server, then the connection was reset before the next write.
+type headersThenResetConn struct {
+	net.Conn
+	armed, sawHeaders atomic.Bool
+}
+
+func (c *headersThenResetConn) Write(p []byte) (int, error) {
+	if c.armed.Load() && c.sawHeaders.Load() {
+		return 0, &net.OpError{Op: "write", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: syscall.ECONNRESET}
+	}
+	n, err := c.Conn.Write(p)
+	if c.armed.Load() && len(p) >= 9 && p[3] == 0x1 /* HEADERS */ {
+		c.sawHeaders.Store(true)
+	}
+	return n, err
+}
+
+// Over HTTP/2 a call without a body that must not act twice goes out as
+// HEADERS (flushed alone: the Go server runs the handler on them) and then
+// an empty DATA frame with END_STREAM. When the connection breaks between
+// the two writes, the error is a bare write error on a reused connection,
+// as when nothing was written over HTTP/1.1 — but the redelivery acted: it
+// is not sent again as a request that never reached the server, and the
+// call may have been applied. (A review proved it acted twice, the call
+// reporting one success.)
+func TestABodylessRedeliveryWhoseHTTP2HeadersWentOutIsNotSentAgainUnseen(t *testing.T) {
+	var redeliveries atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodPost {
+			redeliveries.Add(1) // (the redelivery is done: it reads no body)
+			_, _ = io.WriteString(w, `{"id":"0190f0f0-0000-7000-8000-000000000000"}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["admin"]}`)
+	}))
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	t.Cleanup(srv.Close)
+
+	var mu sync.Mutex
+	var conns []*headersThenResetConn
+	tr := &http.Transport{Protocols: new(http.Protocols), DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		c := &headersThenResetConn{Conn: conn}
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+		return c, nil
+	}}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	t.Cleanup(tr.CloseIdleConnections)
+	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: tr}),
+		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
+	require.NoError(t, err)
+	_, err = c.Whoami(context.Background()) // (the connection is reused next)
+	require.NoError(t, err)
+	// (only the connection dialled so far breaks: a new one is healthy)
+	mu.Lock()
+	for _, conn := range conns {
+		conn.armed.Store(true)
+	}
+	mu.Unlock()
+
+	_, err = c.Wakeups.Redeliver(context.Background(), "0190f0f0-0000-7000-8000-000000000000")
+	t.Logf("err: %v; redeliveries the server did: %d", err, redeliveries.Load())
+	if err == nil {
+		require.EqualValues(t, 1, redeliveries.Load(), "the call reported one success: the server redelivered %d times", redeliveries.Load())
+	} else {
+		var maybe *client.MaybeAppliedError
+		require.ErrorAs(t, err, &maybe, "the server redelivered: %v", err)
+	}
+}
+
+// A delete whose HTTP/2 stream the server (or a proxy) reset with
+// PROTOCOL_ERROR after it deleted succeeds: net/http does not send it
+// again by itself (its body cannot be rewound), so the client's loop knows
+// the first answer was lost and reads the retry's 404 as its effect.
+// Before, net/http's unseen resend was answered 404, which the client took
+// for the first answer: the delete that succeeded was reported not found.
+func TestADeleteWhoseHTTP2StreamWasResetAfterItWasReadSucceeds(t *testing.T) {
+	url, requests := serveH2(t, func(n int) h2Answer {
+		if n == 1 {
+			return h2Answer{reset: http2.ErrCodeProtocol}
+		}
+		return h2Answer{status: http.StatusNotFound, body: `{"type":"about:blank","title":"not found","status":404}`}
+	})
+	err := h2Client(t, url).ApprovalWebhooks.Delete(context.Background(), "hook")
+	t.Logf("requests the server read: %d", len(requests()))
+	require.NoError(t, err, "the first request deleted the webhook; its answer was lost")
+}
+
+// A live reader answered a 503 with a Retry-After that fits in its
+// MaxOutage waits it out and reconnects: the Retry-After's random spread
+// never pushes the wait past MaxOutage. (A review proved it did, most
+// times, when the spread was bounded by the context's deadline alone.)
+func TestARetryAfterSpreadDoesNotEndALiveReaderWithinMaxOutage(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"type":"about:blank","title":"restarting","status":503}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "id: 0\ndata: AA==\n\nevent: end\ndata: {\"tail_index\": 1}\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	fails := 0
+	const runs = 3
+	for i := 0; i < runs; i++ {
+		n.Store(0)
+		c, err := client.New(srv.URL, client.WithToken("t"),
+			client.WithReconnect(client.ReconnectPolicy{InitialBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxOutage: 1100 * time.Millisecond}))
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var got error
+		for _, err := range c.Streams.Tail(ctx, "run", "out", client.TailParams{}) {
+			got = err
+			break
+		}
+		cancel()
+		if got != nil {
+			fails++
+			t.Logf("run %d: %v", i, got)
+		}
+	}
+	require.Zero(t, fails, "of %d runs, the reader gave up within MaxOutage", runs)
+}
+
+// A token function's error ends the call at once ("trying again is the
+// token source's business, not the retry loop's"), whatever it says: one
+// that reads like a refused HTTP/2 stream is not sent again as a request
+// the server never got. (A review proved it was asked seven times.)
+func TestATokenErrorThatReadsLikeARefusedStreamIsNotSentAgain(t *testing.T) {
+	var asked atomic.Int32
+	c, err := client.New("http://127.0.0.1:1", client.WithTokenFunc(func(context.Context) (string, error) {
+		asked.Add(1)
+		return "", errors.New(`Post "https://idp.example/token": stream error: stream ID 3; REFUSED_STREAM; received from peer`)
+	}), client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
+	require.NoError(t, err)
+	_, err = c.Mandates.Spend(context.Background(), client.SpendRequest{AgentID: "a", Scope: "s", Cost: 1})
+	require.ErrorContains(t, err, "getting the bearer token")
+	require.EqualValues(t, 1, asked.Load(), "the token function asked once")
+}
+
+// Readyz, a GET (not retried), follows a 307 where the caller's
+// CheckRedirect follows redirects, as Whoami does: it is not a call that
+// must not act twice.
+func TestReadyzFollowsARedirectAsTheCallersPolicySays(t *testing.T) {
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/readyz" {
+			_, _ = io.WriteString(w, `{"status":"ok"}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["admin"]}`)
+	}))
+	t.Cleanup(target.Close)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(front.Close)
+	follow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return nil }}
+	c, err := client.New(front.URL, client.WithToken("t"), client.WithHTTPClient(follow))
+	require.NoError(t, err)
+	_, err = c.Whoami(context.Background())
+	require.NoError(t, err, "a GET follows the caller's policy")
+	_, err = c.Readyz(context.Background())
+	require.NoError(t, err, "Readyz is a GET too")
+}
