@@ -26,8 +26,15 @@ const (
 	// it replaces. It is set before the hooks' savepoint, so that rolling
 	// back to it keeps the bound. It also lets the transaction sit idle
 	// for $2 ms (idleLimitWithHooks) where the session's own bound
-	// (db.IdleInTransaction) would end it while a hook waits in Go.
-	sqlHookStatementTimeout = "SELECT current_setting('statement_timeout'), set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)"
+	// (db.IdleInTransaction) would end it sooner while a hook waits in Go;
+	// it never sets a bound on a session without one (0: a library user's
+	// pool), where a hook that ignores its context and blocks outside the
+	// database fails at its timeout once it returns — under a bound the
+	// server would end the record, and every retry of it.
+	sqlHookStatementTimeout = `SELECT current_setting('statement_timeout'), set_config('statement_timeout', $1, true),
+  set_config('idle_in_transaction_session_timeout', CASE WHEN s.idle = interval '0' THEN '0'
+    ELSE greatest(extract(epoch FROM s.idle) * 1000, $2::bigint)::bigint::text END, true)
+FROM (SELECT current_setting('idle_in_transaction_session_timeout')::interval AS idle) s`
 	// sqlRestoreStatementTimeout puts back the bound the transaction had
 	// before the hooks' ($1, as sqlHookStatementTimeout returned it): in
 	// the loop's transaction the starts follow the hooks, and a start

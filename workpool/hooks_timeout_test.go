@@ -2,6 +2,7 @@ package workpool
 
 import (
 	"context"
+	"encoding/json"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -243,5 +244,35 @@ func TestARecordsHookWaitingInGoOutlastsTheSessionsIdleBound(t *testing.T) {
 	require.Equal(t, "finished", w.state)
 	require.NotNil(t, w.hook)
 	require.Equal(t, "done", *w.hook, "the hook's call committed with the record")
+	require.EqualValues(t, 1, calls.Load())
+}
+
+// docs/workpool.md: "A hook that ignores its context and blocks outside the
+// database is not bounded" — on a session without an idle bound (a library
+// user's pool; a DATABASE_URL that sets 0) such a call fails at the hook
+// timeout once it returns, and the completion commits: the record sets no
+// idle bound of its own there. (A review proved that setting one made the
+// server end the record, and the completer record it again, calling the
+// hook again, for good.)
+func TestARecordWhoseHookIgnoresItsContextOnASessionWithoutAnIdleBoundStillCommits(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *Config) { c.HookTimeout = time.Second })
+	var bound string
+	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&bound))
+	require.Equal(t, "0", bound, "the session itself has no idle bound")
+	var calls atomic.Int64
+	h.m.RegisterHook("deaf", func(ctx context.Context, tx pgx.Tx, c Completion) error {
+		if calls.Add(1) == 1 {
+			time.Sleep(h.m.idleLimitWithHooks() + 2*time.Second) // ignores ctx (e.g. a client without a timeout)
+		}
+		return nil
+	})
+	id := h.enqueue(withHook("deaf", `{}`))
+	h.runMain()
+
+	_, err := h.m.recordWithHooks(h.ctx, []attemptResult{{id: id, pool: "default", attempt: 1, kind: kindSucceeded, result: json.RawMessage(`null`)}})
+	require.NoError(t, err, "the completion commits; the slow call fails at the hook timeout and is retried later")
+	w := h.work(id)
+	require.Equal(t, "finished", w.state)
 	require.EqualValues(t, 1, calls.Load())
 }
