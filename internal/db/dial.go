@@ -42,8 +42,10 @@ const (
 // service's transactions send their statements back to back (a gap is
 // milliseconds); those that wait in Go between statements — a pool's
 // onComplete hooks, a leader's fenced writes — set their own, longer
-// bound.
-const IdleInTransaction = 30 * time.Second
+// bound. Half the 30 s a spend batch or a wake-up group gives its
+// transaction: the spends waiting on a frozen session's row are still
+// decided.
+const IdleInTransaction = 15 * time.Second
 
 // Dial opens a database connection bounded by the network limits above:
 // pgx's DialFunc for every pool of the service (a Unix socket is dialled

@@ -18,7 +18,7 @@ import (
 // acknowledges (TCP_USER_TIMEOUT), and the server's session does the same
 // — else a client gone from the network left its session, and the locks it
 // held, to the server's TCP for about two hours. The server also ends a
-// session left idle in a transaction for 30 s (a replica frozen in the
+// session left idle in a transaction for 15 s (a replica frozen in the
 // middle of one). Parameters the URL sets win.
 func TestTheServicesConnectionsEndWithinSecondsOfASilentPeer(t *testing.T) {
 	for _, tc := range []struct {
@@ -27,7 +27,7 @@ func TestTheServicesConnectionsEndWithinSecondsOfASilentPeer(t *testing.T) {
 	}{
 		{name: "defaults", server: map[string]string{
 			"tcp_keepalives_idle": "15", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "4", "tcp_user_timeout": "30000",
-			"idle_in_transaction_session_timeout": "30000"}},
+			"idle_in_transaction_session_timeout": "15000"}},
 		{name: "the URL's own", query: "tcp_keepalives_idle=60&tcp_user_timeout=90000&idle_in_transaction_session_timeout=0", server: map[string]string{
 			"tcp_keepalives_idle": "60", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "4", "tcp_user_timeout": "90000",
 			"idle_in_transaction_session_timeout": "0"}},
