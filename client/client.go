@@ -31,6 +31,9 @@ type Client struct {
 	userAgent string
 	retry     RetryPolicy
 	reconnect ReconnectPolicy
+	// h2 says the API has answered over HTTP/2 (then, a request without a
+	// body may act on its headers alone: see unsent).
+	h2 atomic.Bool
 
 	// The API by resource: one method per route.
 	Wakeups          *WakeupsService
@@ -391,18 +394,18 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 		return err
 	}
 	resends := 0 // of requests that never reached the server (unsent)
-	// actsOnHeaders: a call without a body that must not act twice (a
-	// redelivery) — over HTTP/2 its route may act on its headers alone,
-	// before the transport reports the request written.
-	actsOnHeaders := body == nil && ep.safety != safe && !ep.repeatable
 	for attempt := 1; ; attempt++ {
+		// headersAlone: over HTTP/2 a request without a body may act on its
+		// headers, which go out alone, before the transport reports the
+		// request written (the route reads no body).
+		headersAlone := body == nil && c.h2.Load()
 		var connected, reused, written atomic.Bool
 		trace := &httptrace.ClientTrace{
 			GotConn:      func(i httptrace.GotConnInfo) { connected.Store(true); reused.Store(i.Reused) },
 			WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) },
 		}
 		res, err := c.send(ctx, trace, ep, body, key, o.header)
-		notSent := err != nil && res == nil && unsent(err, reused.Load(), actsOnHeaders)
+		notSent := err != nil && res == nil && unsent(err, reused.Load(), headersAlone)
 		if notSent && ctx.Err() == nil && resends < maxResends {
 			// What net/http sends again by itself for a request it may
 			// rewind, and not for one whose body it may not (see send):
@@ -435,7 +438,7 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			if errors.As(err, &tokErr) {
 				return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
 			}
-			if !notSent && (written.Load() || actsOnHeaders && connected.Load()) {
+			if !notSent && (written.Load() || headersAlone && connected.Load()) {
 				maybeApplied, lost = true, true
 			}
 		case (res.StatusCode == http.StatusTemporaryRedirect || res.StatusCode == http.StatusPermanentRedirect) && ep.sentOnce():
@@ -521,31 +524,32 @@ const maxResends = 6
 // unsent reports whether a request that failed without an answer never
 // reached the server's handler, so that any call may send it again: an
 // HTTP/2 server refused the stream (REFUSED_STREAM) or shut the connection
-// down gracefully (GOAWAY) before it; or the write of a request with a
-// body failed on a reused connection (one the server or something in front
-// of it closed while it sat idle: net/http's own test, and its error then
+// down gracefully (GOAWAY) before it; an HTTP/1.1 connection the server
+// closed while it sat idle, before the request (net/http's "server closed
+// idle connection"); or the write of the request failed on a reused
+// connection with nothing written (net/http's own test, and its error then
 // is the write's, bare). net/http sends those again by itself — but not a
 // request whose body it may not rewind (see send), whose error tells which
 // it was only by its shape and text. (httptrace's WroteRequest cannot
 // tell: it reports the request written once it is in the connection's
-// buffer.) Not a write failure of a call without a body that must not act
-// twice (actsOnHeaders: a redelivery): over HTTP/2 its headers go out
-// alone, and a route without a body acts on them — a bare write error may
-// come after. (A request with a body acts only once it is read whole; a
-// delete, a close or a cancel acts the same twice.)
-func unsent(err error, reused, actsOnHeaders bool) bool {
+// buffer.) Not a failed write when headersAlone (over HTTP/2, a request
+// without a body, whose route acts on its headers: they may have gone out
+// before the write that failed — a request with a body acts only once it
+// is read whole).
+func unsent(err error, reused, headersAlone bool) bool {
 	var tokErr *tokenError
 	if errors.As(err, &tokErr) {
 		return false
 	}
 	msg := err.Error()
-	if strings.Contains(msg, "; REFUSED_STREAM") || strings.Contains(msg, "graceful shutdown GOAWAY") {
+	if strings.Contains(msg, "; REFUSED_STREAM") || strings.Contains(msg, "graceful shutdown GOAWAY") ||
+		strings.Contains(msg, "server closed idle connection") {
 		return true
 	}
 	var opErr *net.OpError
 	// (a write that put some of the request on the wire is wrapped as the
 	// connection "broken")
-	return !actsOnHeaders && reused && errors.As(err, &opErr) && opErr.Op == "write" && !strings.Contains(msg, "transport connection broken")
+	return !headersAlone && reused && errors.As(err, &opErr) && opErr.Op == "write" && !strings.Contains(msg, "transport connection broken")
 }
 
 // notFollowed is the error of an attempt answered a redirect.
@@ -617,7 +621,11 @@ func (c *Client) send(ctx context.Context, trace *httptrace.ClientTrace, ep endp
 	if trace != nil {
 		req = req.WithContext(httptrace.WithClientTrace(ctx, trace))
 	}
-	return c.http.Do(req)
+	res, err := c.http.Do(req)
+	if res != nil && res.ProtoMajor == 2 {
+		c.h2.Store(true)
+	}
+	return res, err
 }
 
 // tokenError is a failure of the token function: nothing was sent, and

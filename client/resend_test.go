@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -197,4 +198,194 @@ func TestReadyzFollowsARedirectAsTheCallersPolicySays(t *testing.T) {
 	require.NoError(t, err, "a GET follows the caller's policy")
 	_, err = c.Readyz(context.Background())
 	require.NoError(t, err, "Readyz is a GET too")
+}
+
+// The commonest keep-alive race over HTTP/1.1: the server (its IdleTimeout,
+// a load balancer's) closes an idle connection just as the client takes it
+// from the pool. net/http reports "http: server closed idle connection":
+// the server never saw the request. A redelivery (no body, unkeyed, not
+// idempotent) so failed is sent again at once and succeeds — not reported
+// "may have been applied", as a review proved it was.
+func TestARedeliveryOnAConnectionTheServerClosedWhileIdleIsSentAgain(t *testing.T) {
+	var redeliveries atomic.Int32
+	var mu sync.Mutex
+	var serverConns []net.Conn
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodPost {
+			redeliveries.Add(1)
+			_, _ = io.WriteString(w, `{"id":"0190f0f0-0000-7000-8000-000000000000"}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["admin"]}`)
+	}))
+	srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			serverConns = append(serverConns, c)
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: tr}),
+		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
+	require.NoError(t, err)
+	_, err = c.Whoami(context.Background()) // a keep-alive connection, idle in the pool
+	require.NoError(t, err)
+
+	// The server closes the idle connection the moment the client takes it
+	// (its idle timeout firing then).
+	var once sync.Once
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
+		if !i.Reused {
+			return
+		}
+		once.Do(func() {
+			mu.Lock()
+			for _, sc := range serverConns {
+				sc.Close()
+			}
+			mu.Unlock()
+			time.Sleep(100 * time.Millisecond) // (the transport's read loop sees the close)
+		})
+	}})
+	_, err = c.Wakeups.Redeliver(ctx, "0190f0f0-0000-7000-8000-000000000000")
+	t.Logf("err: %v; redeliveries the server did: %d", err, redeliveries.Load())
+	require.NoError(t, err, "the server never saw the first request")
+	require.EqualValues(t, 1, redeliveries.Load())
+}
+
+// Over HTTP/1.1 a write that failed with nothing written on a reused
+// connection (net/http hands back the bare write error) never reached the
+// server: a redelivery so failed is sent again at once and succeeds. (The
+// headers-alone concern is HTTP/2's: TestABodylessRedeliveryWhoseHTTP2HeadersWentOutIsNotSentAgainUnseen.)
+type failNextWriteConn struct {
+	net.Conn
+	armed atomic.Bool
+}
+
+func (c *failNextWriteConn) Write(p []byte) (int, error) {
+	if c.armed.CompareAndSwap(true, false) {
+		return 0, &net.OpError{Op: "write", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: errors.New("connection reset by peer")}
+	}
+	return c.Conn.Write(p)
+}
+
+func TestARedeliveryWhoseHTTP1WriteFailedWithNothingWrittenIsSentAgain(t *testing.T) {
+	var redeliveries atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodPost {
+			redeliveries.Add(1)
+			_, _ = io.WriteString(w, `{"id":"0190f0f0-0000-7000-8000-000000000000"}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["admin"]}`)
+	}))
+	t.Cleanup(srv.Close)
+	var mu sync.Mutex
+	var conns []*failNextWriteConn
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		fc := &failNextWriteConn{Conn: conn}
+		mu.Lock()
+		conns = append(conns, fc)
+		mu.Unlock()
+		return fc, nil
+	}}
+	t.Cleanup(tr.CloseIdleConnections)
+	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: tr}),
+		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
+	require.NoError(t, err)
+	_, err = c.Whoami(context.Background())
+	require.NoError(t, err)
+	mu.Lock()
+	for _, fc := range conns {
+		fc.armed.Store(true)
+	}
+	mu.Unlock()
+	_, err = c.Wakeups.Redeliver(context.Background(), "0190f0f0-0000-7000-8000-000000000000")
+	t.Logf("err: %v; redeliveries the server did: %d", err, redeliveries.Load())
+	var maybe *client.MaybeAppliedError
+	require.False(t, errors.As(err, &maybe), "nothing was written over HTTP/1.1, yet: %v", err)
+	require.NoError(t, err, "sent again, as net/http sends a request it wrote nothing of")
+	require.EqualValues(t, 1, redeliveries.Load())
+}
+
+// A delete over HTTP/2 goes out as HEADERS then an empty END_STREAM DATA
+// frame (its body is the unrewindable empty one), and the Go server runs
+// the handler on the HEADERS: the webhook is deleted. When the DATA frame's
+// write fails, the first answer was lost (not a request the server never
+// got), so the retry's 404 is the delete's own effect, and the call
+// succeeds. (A review proved it reported not found.)
+func TestADeleteWhoseHTTP2HeadersWentOutSucceeds(t *testing.T) {
+	var deletes atomic.Int32
+	var firstConn atomic.Value // the remote address of the connection Whoami made
+	firstDone := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodDelete {
+			deletes.Add(1)
+			if r.RemoteAddr == firstConn.Load() { // the first attempt, on the reused connection
+				close(firstDone)                   // the webhook is deleted
+				time.Sleep(200 * time.Millisecond) // (its answer comes after the connection broke)
+				w.WriteHeader(http.StatusNoContent)
+				return
+			}
+			select { // (the resend's handler runs after the first's, which it may race)
+			case <-firstDone:
+			case <-time.After(time.Second):
+				w.WriteHeader(http.StatusNoContent) // nothing deleted it: this one does
+				return
+			}
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = io.WriteString(w, `{"type":"about:blank","title":"not found","status":404}`)
+			return
+		}
+		firstConn.CompareAndSwap(nil, r.RemoteAddr)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["admin"]}`)
+	}))
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	t.Cleanup(srv.Close)
+
+	var mu sync.Mutex
+	var conns []*headersThenResetConn
+	tr := &http.Transport{Protocols: new(http.Protocols), DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		hc := &headersThenResetConn{Conn: conn}
+		mu.Lock()
+		conns = append(conns, hc)
+		mu.Unlock()
+		return hc, nil
+	}}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	t.Cleanup(tr.CloseIdleConnections)
+	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: tr}),
+		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
+	require.NoError(t, err)
+	_, err = c.Whoami(context.Background())
+	require.NoError(t, err)
+	mu.Lock()
+	for _, hc := range conns {
+		hc.armed.Store(true)
+	}
+	mu.Unlock()
+
+	err = c.ApprovalWebhooks.Delete(context.Background(), "hook")
+	time.Sleep(50 * time.Millisecond)
+	t.Logf("err: %v; deletes the server handled: %d", err, deletes.Load())
+	require.NotZero(t, deletes.Load(), "the server ran the first delete on its HEADERS")
+	require.NoError(t, err, "the first request deleted the webhook; the resend's 404 was returned")
 }
