@@ -31,9 +31,6 @@ type Client struct {
 	userAgent string
 	retry     RetryPolicy
 	reconnect ReconnectPolicy
-	// h2 says the API has answered over HTTP/2 (then, a request without a
-	// body may act on its headers alone: see unsent).
-	h2 atomic.Bool
 
 	// The API by resource: one method per route.
 	Wakeups          *WakeupsService
@@ -395,17 +392,23 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 	}
 	resends := 0 // of requests that never reached the server (unsent)
 	for attempt := 1; ; attempt++ {
-		// headersAlone: over HTTP/2 a request without a body may act on its
-		// headers, which go out alone, before the transport reports the
-		// request written (the route reads no body).
-		headersAlone := body == nil && c.h2.Load()
-		var connected, reused, written atomic.Bool
+		var reused, written, wroteFailed atomic.Bool
 		trace := &httptrace.ClientTrace{
-			GotConn:      func(i httptrace.GotConnInfo) { connected.Store(true); reused.Store(i.Reused) },
-			WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) },
+			GotConn: func(i httptrace.GotConnInfo) { reused.Store(i.Reused) },
+			WroteRequest: func(i httptrace.WroteRequestInfo) {
+				written.Store(i.Err == nil)
+				wroteFailed.Store(i.Err != nil)
+			},
 		}
 		res, err := c.send(ctx, trace, ep, body, key, o.header)
-		notSent := err != nil && res == nil && unsent(err, reused.Load(), headersAlone)
+		// headersOut: a request without a body whose write failed after its
+		// headers went out — over HTTP/2 they go alone, and the transport
+		// reports the request's write failed only once they did (a failure
+		// writing them is reported before) — and whose route may have acted
+		// on them (it reads no body). (Over HTTP/1.1 such a request is one
+		// small buffered write: reported written, then failed.)
+		headersOut := body == nil && wroteFailed.Load()
+		notSent := err != nil && res == nil && unsent(err, reused.Load(), headersOut)
 		if notSent && ctx.Err() == nil && resends < maxResends {
 			// What net/http sends again by itself for a request it may
 			// rewind, and not for one whose body it may not (see send):
@@ -438,7 +441,7 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			if errors.As(err, &tokErr) {
 				return fail(fmt.Errorf("client: %s %s: %w", ep.method, ep.path, err))
 			}
-			if !notSent && (written.Load() || headersAlone && connected.Load()) {
+			if !notSent && (written.Load() || headersOut) {
 				maybeApplied, lost = true, true
 			}
 		case (res.StatusCode == http.StatusTemporaryRedirect || res.StatusCode == http.StatusPermanentRedirect) && ep.sentOnce():
@@ -532,11 +535,10 @@ const maxResends = 6
 // request whose body it may not rewind (see send), whose error tells which
 // it was only by its shape and text. (httptrace's WroteRequest cannot
 // tell: it reports the request written once it is in the connection's
-// buffer.) Not a failed write when headersAlone (over HTTP/2, a request
-// without a body, whose route acts on its headers: they may have gone out
-// before the write that failed — a request with a body acts only once it
-// is read whole).
-func unsent(err error, reused, headersAlone bool) bool {
+// buffer.) Not a failed write when headersOut (a request without a body
+// whose headers went out before the write that failed: its route may have
+// acted on them — a request with a body acts only once it is read whole).
+func unsent(err error, reused, headersOut bool) bool {
 	var tokErr *tokenError
 	if errors.As(err, &tokErr) {
 		return false
@@ -549,7 +551,7 @@ func unsent(err error, reused, headersAlone bool) bool {
 	var opErr *net.OpError
 	// (a write that put some of the request on the wire is wrapped as the
 	// connection "broken")
-	return !headersAlone && reused && errors.As(err, &opErr) && opErr.Op == "write" && !strings.Contains(msg, "transport connection broken")
+	return !headersOut && reused && errors.As(err, &opErr) && opErr.Op == "write" && !strings.Contains(msg, "transport connection broken")
 }
 
 // notFollowed is the error of an attempt answered a redirect.
@@ -621,11 +623,7 @@ func (c *Client) send(ctx context.Context, trace *httptrace.ClientTrace, ep endp
 	if trace != nil {
 		req = req.WithContext(httptrace.WithClientTrace(ctx, trace))
 	}
-	res, err := c.http.Do(req)
-	if res != nil && res.ProtoMajor == 2 {
-		c.h2.Store(true)
-	}
-	return res, err
+	return c.http.Do(req)
 }
 
 // tokenError is a failure of the token function: nothing was sent, and

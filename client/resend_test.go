@@ -52,7 +52,8 @@ func TestABodylessRedeliveryWhoseHTTP2HeadersWentOutIsNotSentAgainUnseen(t *test
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		if r.Method == http.MethodPost {
-			redeliveries.Add(1) // (the redelivery is done: it reads no body)
+			redeliveries.Add(1)                // (the redelivery is done: it reads no body)
+			time.Sleep(100 * time.Millisecond) // (its answer comes after the connection broke)
 			_, _ = io.WriteString(w, `{"id":"0190f0f0-0000-7000-8000-000000000000"}`)
 			return
 		}
