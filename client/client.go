@@ -392,9 +392,10 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 	}
 	resends := 0 // of requests that never reached the server (unsent)
 	for attempt := 1; ; attempt++ {
-		var reused, written, wroteFailed atomic.Bool
+		var connected, reused, wroteHeaders, written, wroteFailed atomic.Bool
 		trace := &httptrace.ClientTrace{
-			GotConn: func(i httptrace.GotConnInfo) { reused.Store(i.Reused) },
+			GotConn:      func(i httptrace.GotConnInfo) { connected.Store(true); reused.Store(i.Reused) },
+			WroteHeaders: func() { wroteHeaders.Store(true) },
 			WroteRequest: func(i httptrace.WroteRequestInfo) {
 				written.Store(i.Err == nil)
 				wroteFailed.Store(i.Err != nil)
@@ -402,12 +403,14 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 		}
 		res, err := c.send(ctx, trace, ep, body, key, o.header)
 		// headersOut: a request without a body whose write failed after its
-		// headers went out — over HTTP/2 they go alone, and the transport
-		// reports the request's write failed only once they did (a failure
-		// writing them is reported before) — and whose route may have acted
-		// on them (it reads no body). (Over HTTP/1.1 such a request is one
-		// small buffered write: reported written, then failed.)
-		headersOut := body == nil && wroteFailed.Load()
+		// headers were written — over HTTP/2 they go out alone, and the
+		// transport reports the request's write failed only once they did
+		// (a failure writing them is reported before) — and whose route may
+		// have acted on them (it reads no body). (Over HTTP/1.1 such a
+		// request is buffered whole: reported written, then failed — unless
+		// its headers pass the connection's 4 KiB buffer, whose write failing
+		// among them comes before they are reported written.)
+		headersOut := body == nil && wroteHeaders.Load() && wroteFailed.Load()
 		notSent := err != nil && res == nil && unsent(err, reused.Load(), headersOut)
 		if notSent && ctx.Err() == nil && resends < maxResends {
 			// What net/http sends again by itself for a request it may
@@ -443,6 +446,12 @@ func (c *Client) do(ctx context.Context, ep endpoint, body []byte, opts []CallOp
 			}
 			if !notSent && (written.Load() || headersOut) {
 				maybeApplied, lost = true, true
+			}
+			if ctx.Err() != nil && connected.Load() && ep.sentOnce() {
+				// (the attempt ended with its context, perhaps while its
+				// request was being written: the transport may report
+				// nothing yet of what went out)
+				maybeApplied = true
 			}
 		case (res.StatusCode == http.StatusTemporaryRedirect || res.StatusCode == http.StatusPermanentRedirect) && ep.sentOnce():
 			// A 307 or 308 net/http handed back without asking CheckRedirect:
