@@ -266,12 +266,17 @@ type endpoint struct {
 }
 
 // sentOnce says that net/http must not send the call's request again by
-// itself (see send): every call but the safe ones, key or no key, and a
-// delete whose later 404 is read as its own effect (goneIsDone: only the
-// client's loop knows whether an earlier attempt was lost) — not a GET
-// (Readyz is unsafe only so that it is not retried).
+// itself (see send): every call but the safe ones, key or no key — not a
+// GET (Readyz is unsafe only so that it is not retried). Not a delete
+// either: sent again, it does what it did, and net/http's own test of what
+// it wrote (a request it wrote nothing of is sent again on a new
+// connection) is exact where the client's is not — made sentOnce, a delete
+// of what never existed whose write failed as its connection closed was
+// read as lost and its 404 as a success. (Over HTTP/2 net/http also sends
+// a delete again after the server reset its stream with PROTOCOL_ERROR:
+// if the first deleted, the call says not found.)
 func (ep endpoint) sentOnce() bool {
-	return (ep.safety != safe || ep.goneIsDone) && ep.method != http.MethodGet
+	return ep.safety != safe && ep.method != http.MethodGet
 }
 
 // ArgumentError is a call refused before anything was sent: an argument
