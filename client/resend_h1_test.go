@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,19 +44,8 @@ func (c *countingFailNextWriteConn) Write(p []byte) (int, error) {
 func resetOnceClient(t *testing.T, h http.HandlerFunc, token string) (*client.Client, func()) {
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	var mu sync.Mutex
-	var conns []*countingFailNextWriteConn
-	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		fc := &countingFailNextWriteConn{Conn: conn}
-		mu.Lock()
-		conns = append(conns, fc)
-		mu.Unlock()
-		return fc, nil
-	}}
+	dial, conns := trackedDial(func(conn net.Conn) *countingFailNextWriteConn { return &countingFailNextWriteConn{Conn: conn} })
+	tr := &http.Transport{DialContext: dial}
 	t.Cleanup(tr.CloseIdleConnections)
 	c, err := client.New(srv.URL, client.WithToken(token), client.WithHTTPClient(&http.Client{Transport: tr}),
 		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
@@ -65,9 +53,7 @@ func resetOnceClient(t *testing.T, h http.HandlerFunc, token string) (*client.Cl
 	_, err = c.Whoami(context.Background()) // a connection to reuse
 	require.NoError(t, err)
 	arm := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, fc := range conns {
+		for _, fc := range conns() {
 			fc.armed.Store(true)
 		}
 	}
@@ -180,37 +166,20 @@ func TestAnHTTP2RedeliveryCanceledWhileItsHeadersAreWrittenMayHaveBeenApplied(t 
 		}
 		whoami(w)
 	}))
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	srv.Start()
+	startH2C(srv)
 	t.Cleanup(srv.Close)
 	release := make(chan struct{})
-	var mu sync.Mutex
-	var conns []*headersThenStallConn
-	tr := &http.Transport{Protocols: new(http.Protocols), DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		hc := &headersThenStallConn{Conn: conn, release: release}
-		mu.Lock()
-		conns = append(conns, hc)
-		mu.Unlock()
-		return hc, nil
-	}}
-	tr.Protocols.SetUnencryptedHTTP2(true)
-	t.Cleanup(tr.CloseIdleConnections)
+	dial, conns := trackedDial(func(conn net.Conn) *headersThenStallConn { return &headersThenStallConn{Conn: conn, release: release} })
+	tr := h2cTransport(t, dial)
 	t.Cleanup(func() { close(handlerRelease); close(release) })
 	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: tr}),
 		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
 	require.NoError(t, err)
 	_, err = c.Whoami(context.Background())
 	require.NoError(t, err)
-	mu.Lock()
-	for _, hc := range conns {
+	for _, hc := range conns() {
 		hc.armed.Store(true)
 	}
-	mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { <-started; cancel() }()
 	_, err = c.Wakeups.Redeliver(ctx, "0190f0f0-0000-7000-8000-000000000000")

@@ -3,7 +3,6 @@ package client_test
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -36,26 +35,11 @@ func TestAFreshClientOnAWarmHTTP2TransportDoesNotRedeliverTwiceUnseen(t *testing
 		}
 		_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["admin"]}`)
 	}))
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	srv.Start()
+	startH2C(srv)
 	t.Cleanup(srv.Close)
 
-	var mu sync.Mutex
-	var conns []*headersThenResetConn
-	tr := &http.Transport{Protocols: new(http.Protocols), DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		c := &headersThenResetConn{Conn: conn}
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-		return c, nil
-	}}
-	tr.Protocols.SetUnencryptedHTTP2(true)
-	t.Cleanup(tr.CloseIdleConnections)
+	dial, conns := trackedDial(func(conn net.Conn) *headersThenResetConn { return &headersThenResetConn{Conn: conn} })
+	tr := h2cTransport(t, dial)
 	hc := &http.Client{Transport: tr}
 
 	// The caller's transport is warm: another Client sharing it made a call.
@@ -68,11 +52,9 @@ func TestAFreshClientOnAWarmHTTP2TransportDoesNotRedeliverTwiceUnseen(t *testing
 	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(hc),
 		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
 	require.NoError(t, err)
-	mu.Lock()
-	for _, conn := range conns {
+	for _, conn := range conns() {
 		conn.armed.Store(true)
 	}
-	mu.Unlock()
 
 	_, err = c.Wakeups.Redeliver(context.Background(), "0190f0f0-0000-7000-8000-000000000000")
 	t.Logf("err: %v; redeliveries the server did: %d", err, redeliveries.Load())
@@ -179,38 +161,21 @@ func TestConcurrentFirstCallsOverHTTP2DoNotRedeliverTwiceUnseen(t *testing.T) {
 		})
 		_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["admin"]}`)
 	}))
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	srv.Start()
+	startH2C(srv)
 	t.Cleanup(srv.Close)
 	defer close(release)
 
-	var mu sync.Mutex
-	var conns []*headersThenResetConn
-	tr := &http.Transport{Protocols: new(http.Protocols), DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		c := &headersThenResetConn{Conn: conn}
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-		return c, nil
-	}}
-	tr.Protocols.SetUnencryptedHTTP2(true)
-	t.Cleanup(tr.CloseIdleConnections)
+	dial, conns := trackedDial(func(conn net.Conn) *headersThenResetConn { return &headersThenResetConn{Conn: conn} })
+	tr := h2cTransport(t, dial)
 	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: tr}),
 		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
 	require.NoError(t, err)
 	whoami := make(chan error, 1)
 	go func() { _, err := c.Whoami(context.Background()); whoami <- err }()
 	<-gotGet // the first call's stream is open on the connection; no answer yet
-	mu.Lock()
-	for _, conn := range conns {
+	for _, conn := range conns() {
 		conn.armed.Store(true)
 	}
-	mu.Unlock()
 
 	_, err = c.Wakeups.Redeliver(context.Background(), "0190f0f0-0000-7000-8000-000000000000")
 	t.Logf("err: %v; redeliveries the server did: %d", err, redeliveries.Load())
@@ -221,8 +186,6 @@ func TestConcurrentFirstCallsOverHTTP2DoNotRedeliverTwiceUnseen(t *testing.T) {
 		require.ErrorAs(t, err, &maybe, "the server redelivered: %v", err)
 	}
 }
-
-var _ = errors.New
 
 // Over HTTP/2, a delete whose very first write — the HEADERS frame —
 // failed on a reused connection never reached the server: it is sent again
@@ -241,36 +204,19 @@ func TestADeleteWhoseHTTP2HeadersNeverWentOutIsNotFound(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["admin"]}`)
 	}))
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	srv.Start()
+	startH2C(srv)
 	t.Cleanup(srv.Close)
-	var mu sync.Mutex
-	var conns []*failNextWriteConn
-	tr := &http.Transport{Protocols: new(http.Protocols), DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		fc := &failNextWriteConn{Conn: conn}
-		mu.Lock()
-		conns = append(conns, fc)
-		mu.Unlock()
-		return fc, nil
-	}}
-	tr.Protocols.SetUnencryptedHTTP2(true)
-	t.Cleanup(tr.CloseIdleConnections)
+	dial, conns := trackedDial(func(conn net.Conn) *failNextWriteConn { return &failNextWriteConn{Conn: conn} })
+	tr := h2cTransport(t, dial)
 	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: tr}),
 		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
 	require.NoError(t, err)
 	_, err = c.Whoami(context.Background())
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond) // (the connection's own writes for Whoami are done)
-	mu.Lock()
-	for _, fc := range conns {
+	for _, fc := range conns() {
 		fc.armed.Store(true) // the next write, the delete's HEADERS, fails: nothing goes out
 	}
-	mu.Unlock()
 	err = c.ApprovalWebhooks.Delete(context.Background(), "hook")
 	t.Logf("err: %v; deletes the server handled: %d", err, deletes.Load())
 	require.EqualValues(t, 1, deletes.Load(), "only the retry reached the server")

@@ -58,37 +58,20 @@ func TestABodylessRedeliveryWhoseHTTP2HeadersWentOutIsNotSentAgainUnseen(t *test
 		}
 		_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["admin"]}`)
 	}))
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	srv.Start()
+	startH2C(srv)
 	t.Cleanup(srv.Close)
 
-	var mu sync.Mutex
-	var conns []*headersThenResetConn
-	tr := &http.Transport{Protocols: new(http.Protocols), DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		c := &headersThenResetConn{Conn: conn}
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-		return c, nil
-	}}
-	tr.Protocols.SetUnencryptedHTTP2(true)
-	t.Cleanup(tr.CloseIdleConnections)
+	dial, conns := trackedDial(func(conn net.Conn) *headersThenResetConn { return &headersThenResetConn{Conn: conn} })
+	tr := h2cTransport(t, dial)
 	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: tr}),
 		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
 	require.NoError(t, err)
 	_, err = c.Whoami(context.Background()) // (the connection is reused next)
 	require.NoError(t, err)
 	// (only the connection dialled so far breaks: a new one is healthy)
-	mu.Lock()
-	for _, conn := range conns {
+	for _, conn := range conns() {
 		conn.armed.Store(true)
 	}
-	mu.Unlock()
 
 	_, err = c.Wakeups.Redeliver(context.Background(), "0190f0f0-0000-7000-8000-000000000000")
 	t.Logf("err: %v; redeliveries the server did: %d", err, redeliveries.Load())
@@ -268,30 +251,17 @@ func TestARedeliveryWhoseHTTP1WriteFailedWithNothingWrittenIsSentAgain(t *testin
 		_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["admin"]}`)
 	}))
 	t.Cleanup(srv.Close)
-	var mu sync.Mutex
-	var conns []*failNextWriteConn
-	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		fc := &failNextWriteConn{Conn: conn}
-		mu.Lock()
-		conns = append(conns, fc)
-		mu.Unlock()
-		return fc, nil
-	}}
+	dial, conns := trackedDial(func(conn net.Conn) *failNextWriteConn { return &failNextWriteConn{Conn: conn} })
+	tr := &http.Transport{DialContext: dial}
 	t.Cleanup(tr.CloseIdleConnections)
 	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: tr}),
 		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
 	require.NoError(t, err)
 	_, err = c.Whoami(context.Background())
 	require.NoError(t, err)
-	mu.Lock()
-	for _, fc := range conns {
+	for _, fc := range conns() {
 		fc.armed.Store(true)
 	}
-	mu.Unlock()
 	_, err = c.Wakeups.Redeliver(context.Background(), "0190f0f0-0000-7000-8000-000000000000")
 	t.Logf("err: %v; redeliveries the server did: %d", err, redeliveries.Load())
 	requireSentAgainOrSaidMaybe(t, err, redeliveries.Load())
@@ -331,36 +301,19 @@ func TestADeleteWhoseHTTP2HeadersWentOutSucceeds(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"org_id":"o","sub":"s","roles":["admin"]}`)
 	}))
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	srv.Start()
+	startH2C(srv)
 	t.Cleanup(srv.Close)
 
-	var mu sync.Mutex
-	var conns []*headersThenResetConn
-	tr := &http.Transport{Protocols: new(http.Protocols), DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		hc := &headersThenResetConn{Conn: conn}
-		mu.Lock()
-		conns = append(conns, hc)
-		mu.Unlock()
-		return hc, nil
-	}}
-	tr.Protocols.SetUnencryptedHTTP2(true)
-	t.Cleanup(tr.CloseIdleConnections)
+	dial, conns := trackedDial(func(conn net.Conn) *headersThenResetConn { return &headersThenResetConn{Conn: conn} })
+	tr := h2cTransport(t, dial)
 	c, err := client.New(srv.URL, client.WithToken("t"), client.WithHTTPClient(&http.Client{Transport: tr}),
 		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
 	require.NoError(t, err)
 	_, err = c.Whoami(context.Background())
 	require.NoError(t, err)
-	mu.Lock()
-	for _, hc := range conns {
+	for _, hc := range conns() {
 		hc.armed.Store(true)
 	}
-	mu.Unlock()
 
 	err = c.ApprovalWebhooks.Delete(context.Background(), "hook")
 	time.Sleep(50 * time.Millisecond)
