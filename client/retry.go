@@ -74,7 +74,7 @@ func (p RetryPolicy) backoff(attempt int) time.Duration {
 func (p RetryPolicy) wait(ctx context.Context, attempt int, retryAfter time.Duration) error {
 	d := p.backoff(attempt)
 	if retryAfter > 0 {
-		d = pastRetryAfter(ctx, retryAfter, 0)
+		d = pastRetryAfter(ctx, retryAfter, time.Time{})
 	}
 	return sleep(ctx, d)
 }
@@ -87,16 +87,16 @@ const maxRetryAfterSpread = time.Second
 // clients one 429 or 503 refused together — a rate limit's burst, every
 // caller during a restart — do not all come back in the same instant, with
 // whole seconds (the header's unit) for the server to see them refused
-// again together. Never past the context's deadline when d itself ends
-// before it (the attempt is still made), nor past limit when d is within
-// it (limit > 0: a live reader's time left before MaxOutage).
-func pastRetryAfter(ctx context.Context, d, limit time.Duration) time.Duration {
+// again together. Never past the context's deadline, nor past until (not
+// zero: a live reader's end of MaxOutage), when d itself ends before it.
+func pastRetryAfter(ctx context.Context, d time.Duration, until time.Time) time.Duration {
 	spread := min(d/4, maxRetryAfterSpread)
-	if deadline, ok := ctx.Deadline(); ok {
-		spread = min(spread, time.Until(deadline)-d-10*time.Millisecond)
+	if deadline, ok := ctx.Deadline(); ok && (until.IsZero() || deadline.Before(until)) {
+		until = deadline
 	}
-	if limit > 0 {
-		spread = min(spread, limit-d)
+	if !until.IsZero() {
+		// (with room for the time that passes before the wait begins)
+		spread = min(spread, time.Until(until)-d-10*time.Millisecond)
 	}
 	if spread <= 0 {
 		return d

@@ -101,12 +101,11 @@ func (c *Client) events(ctx context.Context, ep endpoint, lastID string, idle ti
 			}
 			wait := max(p.backoff(max(failures, 1)), reconnectTime)
 			if retryAfter > 0 {
-				var left time.Duration // (none: no MaxOutage)
+				var until time.Time // (none: no MaxOutage)
 				if p.MaxOutage > 0 {
-					// (with room for the time that passes before the check below)
-					left = max(p.MaxOutage-time.Since(outage)-10*time.Millisecond, time.Nanosecond)
+					until = outage.Add(p.MaxOutage)
 				}
-				wait = pastRetryAfter(ctx, retryAfter, left)
+				wait = pastRetryAfter(ctx, retryAfter, until)
 			}
 			if endsPastDeadline(ctx, wait) && apiErr != nil && retryAfter > 0 {
 				// (the server says no earlier; the context ends before: its
