@@ -45,6 +45,7 @@ type loop struct {
 	paused        atomic.Bool  // the pool row said so at the last iteration
 	freed         atomic.Bool  // a kick said slots were freed or work canceled since the last iteration
 	iterations    atomic.Int64 // iterations run on this replica
+	mootKicks     atomic.Int64 // kicks the waiting loop dropped as moot (tests)
 
 	// Owned by the leading goroutine (and tests driving iterate directly).
 	gen int64
@@ -222,6 +223,7 @@ func (l *loop) wait(ctx context.Context, wakeAt time.Time) {
 			if !l.kickMoot() {
 				return
 			}
+			l.mootKicks.Add(1)
 		}
 	}
 }

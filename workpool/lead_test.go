@@ -106,11 +106,16 @@ func TestLoop_AnEnqueueKickLeftByAnIterationThatFoundStartsBlockedDoesNotWakeIt(
 
 			woke := make(chan struct{})
 			go func() { h.l.wait(h.ctx, time.Time{}); close(woke) }()
-			require.Eventually(t, func() bool { return len(h.l.kickc) == 0 }, 10*time.Second, time.Millisecond,
-				"the waiting loop takes the enqueue's kick")
+			// Past the loop's verdict on the enqueue's kick (not merely its
+			// receipt: a kickWork landing between the two would make that
+			// verdict "not moot" and leave the kickWork in the channel).
+			require.Eventually(t, func() bool { return h.l.mootKicks.Load() == 1 }, 10*time.Second, time.Millisecond,
+				"the waiting loop takes the enqueue's kick and keeps waiting")
+			require.Empty(t, h.l.kickc)
 			h.l.kick(kickWork) // a slot freed, or the pool resumed
 			<-woke
 			require.Len(t, h.l.kickc, 0, "the loop woke for the kick that can start work, not the enqueue's")
+			require.EqualValues(t, 1, h.l.mootKicks.Load())
 		})
 	}
 }
