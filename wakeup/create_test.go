@@ -495,20 +495,21 @@ func TestARequestWhoseCallerLeftBeforeItsGroupBeganIsNotRun(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT 1 FROM mandates WHERE org_id = 'o' AND agent_id = 'a' FOR UPDATE`)
 	require.NoError(t, err)
 	var wg sync.WaitGroup
+	c := f.svc.creator
 	for i := range 2 {
+		// one at a time: sent together, both may join the first group
 		wg.Go(func() {
 			p := params("")
 			p.Cost, p.WorkflowID = 1, fmt.Sprintf("o/busy-%d", i)
 			_, err := f.svc.Create(ctx, p)
 			assert.NoError(t, err)
 		})
+		require.Eventually(t, func() bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return c.running == i+1 && len(c.pending) == 0
+		}, 10*time.Second, time.Millisecond, "group %d runs", i+1)
 	}
-	c := f.svc.creator
-	require.Eventually(t, func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return c.running == 2 && len(c.pending) == 0
-	}, 5*time.Second, time.Millisecond, "both groups run")
 
 	left, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
