@@ -81,18 +81,24 @@ type finishedRow struct {
 	hook     *string
 	hookCtx  json.RawMessage
 	kind     string
+	xid      int64 // the recording transaction (0: not reported)
 }
 
 func scanFinished(rows pgx.Rows) ([]finishedRow, error) {
 	defer rows.Close()
 	var out []finishedRow
-	withKind := len(rows.FieldDescriptions()) > 11
+	fields := rows.FieldDescriptions()
+	withKind := len(fields) > 11
+	withXID := len(fields) > 12 && fields[12].Name == "xid"
 	for rows.Next() {
 		var r finishedRow
 		dest := []any{&r.id, &r.orgID, &r.pool, &r.handler, &r.state, &r.outcome, &r.result, &r.errText,
 			&r.attempts, &r.hook, &r.hookCtx}
 		if withKind {
 			dest = append(dest, &r.kind)
+		}
+		if withXID {
+			dest = append(dest, &r.xid)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err

@@ -267,6 +267,7 @@ func (c *completer) record(ctx context.Context, batch []attemptResult, retrying 
 	m.metrics.reportSeconds.Observe(time.Since(t0).Seconds())
 	m.metrics.reportBatch.Observe(float64(len(batch)))
 	m.countRecorded(rows)
+	m.noteCompleted(rows)
 	c.recorded(batch)
 	return nil
 }

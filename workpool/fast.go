@@ -20,6 +20,16 @@ import (
 // nothing). Its plain says whether the ready work needs fair share; its
 // wakeAt is the next start it saw.
 func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, error) {
+	if v := l.view; v != nil && (!l.shared || l.keyed || !v.until.IsZero() && !now.Before(v.until)) {
+		l.dropView(ctx)
+	}
+	if l.view != nil {
+		res, decided, err := l.runPlanned(ctx, now)
+		if err != nil || decided {
+			return res, err
+		}
+		// the view no longer held: the near pick decides, at once
+	}
 	sql := sqlIterateFast
 	switch {
 	case l.shared && l.keyed:
@@ -32,6 +42,24 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 		// Keyed work waits, or a near org's queue head is stale: the
 		// full fair pick decides, at once.
 		res, _, err = l.runFast(ctx, now, sqlIterateFastShared, true)
+	}
+	if err == nil && l.shared && !res.plain && !l.keyed && res.didWork && l.view == nil && l.mayPlan() {
+		// A fair start of several orgs' work: the next may be planned.
+		v, verr := l.readView(ctx, now)
+		switch {
+		case verr != nil:
+			l.m.logger.Warn("reading the pool's fair view failed; its fair starts stay on the near pick for a while",
+				"pool", l.pool, "error", verr.Error())
+			l.planMisses++
+			l.missedPlan()
+		case v == nil:
+			// It cannot plan (a per-org cap, keyed work, one org with
+			// ready work): ask again later, and less often each time.
+			l.planMisses++
+			l.missedPlan()
+		default:
+			l.view = v
+		}
 	}
 	return res, err
 }

@@ -142,6 +142,9 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	// the statement timeout; the rest by roundTripBound. (Not the
 	// iteration as a whole: the hook calls it makes may take long, and one
 	// cut there would be cut at the same place on every try.)
+	// (it may cancel, recover and record, which the view would not know;
+	// and its pick reads each org from its queue's head)
+	l.dropView(ctx)
 	octx, cancelOpen := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
 	defer cancelOpen()
 	begun, err := l.m.db.Begin(octx)

@@ -73,6 +73,17 @@ type loop struct {
 	// handed: the executor capacity reserved for the starts in flight
 	// (startArgs; nil: none)
 	handed *handoff
+	// view: what the planned fair starts assume (plan.go; nil: none);
+	// planMisses the planned starts missed in a row, planWait the fair
+	// starts left before the next view is read; plannedStarts (tests)
+	view          *fairView
+	planMisses    int
+	planWait      int
+	plannedStarts int64
+	// completed: the batches this replica recorded since the last planned
+	// start, for its view (written by the completer)
+	completedMu sync.Mutex
+	completed   []completedBatch
 }
 
 func newLoop(m *Manager, pool string) *loop {
@@ -198,6 +209,7 @@ func (l *loop) takeover(ctx context.Context) error {
 		return err
 	}
 	l.lastActivity, l.lastRecovery, l.nextHookAt = time.Time{}, time.Time{}, time.Time{}
+	l.view, l.planMisses, l.planWait = nil, 0, 0
 	l.termStart = l.m.now()
 	select { // whatever this kick announced, the first iteration will see
 	case <-l.kickc:

@@ -31,6 +31,10 @@ type metrics struct {
 	errors    *prometheus.CounterVec
 	iteration *prometheus.HistogramVec
 	startLag  *prometheus.HistogramVec
+	// fairPlans counts planned fair starts (plan.go) by whether the
+	// loop's view held: a pool whose plans mostly miss starts on the near
+	// pick, after a backoff.
+	fairPlans *prometheus.CounterVec
 	// Executor-side batching (this replica, all pools).
 	claimBatch, reportBatch     prometheus.Histogram
 	claimSeconds, reportSeconds prometheus.Histogram
@@ -64,6 +68,9 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 		iteration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "reveille_workpool_loop_iteration_seconds",
 			Help:    "Duration of one main loop iteration.",
 			Buckets: durations}, []string{"pool"}),
+		fairPlans: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "reveille_workpool_fair_plans_total",
+			Help: "Planned fair starts by result: held (the loop's view of the pool held: the start went ahead from it), recounted (the view missed only completions not yet handed over, took the slots held from the start's snapshot and planned again), missed (it did not hold: the near pick started instead)."},
+			[]string{"pool", "result"}),
 		startLag: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "reveille_workpool_start_lag_seconds",
 			Help: "Delay from a work item's run_at to its start.",
 			// (to a day: a saturated or paused pool's backlog waits hours)
@@ -86,7 +93,7 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 		return mt, nil
 	}
 	for _, c := range []prometheus.Collector{mt.started, mt.succeeded, mt.failed, mt.retried, mt.canceled, mt.errors,
-		mt.hookCalls, mt.hookRetries, mt.refused, mt.queueRepairs, mt.iteration, mt.startLag, mt.claimBatch, mt.reportBatch, mt.claimSeconds,
+		mt.hookCalls, mt.hookRetries, mt.refused, mt.queueRepairs, mt.iteration, mt.fairPlans, mt.startLag, mt.claimBatch, mt.reportBatch, mt.claimSeconds,
 		mt.reportSeconds, mt.depth} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("workpool metrics: %w", err)
@@ -121,6 +128,9 @@ func (mt *metrics) forPool(pool string) {
 	}
 	for _, result := range []string{hookResult(false), hookResult(true)} {
 		mt.hookCalls.WithLabelValues(pool, result)
+	}
+	for _, result := range []string{"held", "recounted", "missed"} {
+		mt.fairPlans.WithLabelValues(pool, result)
 	}
 	mt.iteration.WithLabelValues(pool)
 	mt.startLag.WithLabelValues(pool)

@@ -362,7 +362,9 @@ RETURNING w.id, w.org_id, w.pool, w.handler, w.state, w.outcome, w.result, w.err
   ORDER BY pool, org_id
   ON CONFLICT (pool, org_id) DO UPDATE SET head_at = least(workpool_org_queues.head_at, excluded.head_at)
 )
-SELECT id, org_id, pool, handler, state, outcome, result, error, attempts, on_complete_hook, on_complete_context, kind
+SELECT id, org_id, pool, handler, state, outcome, result, error, attempts, on_complete_hook, on_complete_context, kind,
+  -- (the recording transaction, for a leading loop's planned view: plan.go)
+  pg_current_xact_id()::text::bigint AS xid
 FROM done`
 
 // sqlCompleteUnstorable finishes attempts whose reported result could not
@@ -377,7 +379,7 @@ UPDATE workpool_work w SET state = 'finished', attempts = w.attempts + 1,
 FROM unnest($1::uuid[], $2::int[]) AS c(id, attempt)
 WHERE w.id = c.id AND w.state = 'running' AND w.attempts = c.attempt - 1
 RETURNING w.id, w.org_id, w.pool, w.handler, w.state, w.outcome, w.result, w.error, w.attempts,
-  w.on_complete_hook, w.on_complete_context, 'failed'::text`
+  w.on_complete_hook, w.on_complete_context, 'failed'::text, pg_current_xact_id()::text::bigint AS xid`
 
 // sqlHookFailed schedules failed hook calls for a retry.
 const sqlHookFailed = `

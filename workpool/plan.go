@@ -1,0 +1,651 @@
+package workpool
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The planned fair start. While a pool's backlog of several orgs burns
+// down, the fair pick's inputs barely change between starts: the same
+// orgs are due, their weights and turns are the loop's, and the slots
+// each holds move only by the loop's own starts and the completions this
+// replica records. The loop keeps them (a fairView, read once), works out
+// in Go how far down each org's queue the next start can reach, and
+// sends a statement that checks the view still holds — the slots held
+// per org, the due queues, the settings — reads each org that far from
+// where its last start stopped and ranks what it read in the fair order
+// (sqlTurnOrder), as the near pick does. When the view no longer holds
+// (another replica recorded a completion, an enqueue for an org it did
+// not know, a setting changed), the statement starts nothing and the
+// loop falls back to the near pick at once; it reads a new view after a
+// few fair starts (more after each miss in a row). The pick is the near
+// pick's whenever the view holds: the same candidates ranked by the same
+// order (TestPlannedStartPicksAsTheFairPickDoes); what it saves is the
+// near pick's SQL work of deriving them (docs/benchmarks.md § pool,
+// session 36).
+
+// fairView is what a planned start assumes (sqlFairView): the slots each
+// org held at the snapshot it was read in, plus the loop's own starts
+// since; each due org with ready work, its weight and where its ready
+// work begins; the due queues as read (queueSeen); and the pool's
+// settings' version.
+type fairView struct {
+	snap    pgSnapshot
+	maxPar  int64
+	version int64
+	running map[string]int64
+	orgs    map[string]*viewOrg
+	queues  []string // each due queue, as sqlQueueSeen renders it
+	// until: when a not-ready org's next item comes due (zero: none); the
+	// view says nothing of it, so it is read again then
+	until time.Time
+}
+
+// viewOrg is a due org with ready work: its weight, a time at or before
+// its first ready item (where the next read begins: the first item the
+// last read found) and its queue row's version as the view read it (the
+// head goes back to the row only if no one wrote it since: dropView).
+type viewOrg struct {
+	weight int64
+	head   time.Time
+	seen   string
+	moved  bool // head is past the row's
+}
+
+// completedBatch is a batch of attempts this replica recorded for a pool:
+// its transaction and the slots it freed per org. A planned view counts
+// it once: already in the view when its transaction is visible in the
+// view's snapshot, else taken off the view's counts.
+type completedBatch struct {
+	xid  uint64
+	orgs map[string]int64
+}
+
+// completedKept bounds the batches a loop keeps for its next view (a
+// pool that never plans would otherwise keep every one).
+const completedKept = 256
+
+// planBackoffMax bounds the fair starts a loop makes on the near pick
+// after planned starts missed, before it reads a view again.
+const planBackoffMax = 256
+
+// noteCompleted hands the leading loops of this replica the slots a
+// committed batch freed (rows as recorded: each left 'running').
+func (m *Manager) noteCompleted(rows []finishedRow) {
+	for pool, b := range completedBatches(rows) {
+		if l := m.loopFor(pool); l != nil && l.leading.Load() {
+			l.noteCompleted(b)
+		}
+	}
+}
+
+// completedBatches are a recorded batch's rows by pool.
+func completedBatches(rows []finishedRow) map[string]completedBatch {
+	byPool := map[string]completedBatch{}
+	for _, r := range rows {
+		if r.xid <= 0 {
+			continue
+		}
+		b, ok := byPool[r.pool]
+		if !ok {
+			b = completedBatch{xid: uint64(r.xid), orgs: map[string]int64{}}
+		}
+		b.orgs[r.orgID]++
+		byPool[r.pool] = b
+	}
+	return byPool
+}
+
+// noteCompleted keeps a recorded batch for the loop's next planned start.
+func (l *loop) noteCompleted(b completedBatch) {
+	l.completedMu.Lock()
+	defer l.completedMu.Unlock()
+	if len(l.completed) >= completedKept {
+		l.completed = slices.Delete(l.completed, 0, len(l.completed)-completedKept+1)
+	}
+	l.completed = append(l.completed, b)
+}
+
+// foldCompleted takes the batches recorded since the last fold off the
+// view's counts (those its snapshot did not see).
+func (l *loop) foldCompleted(v *fairView) {
+	l.completedMu.Lock()
+	batches := l.completed
+	l.completed = nil
+	l.completedMu.Unlock()
+	for _, b := range batches {
+		if v.snap.sees(b.xid) {
+			continue
+		}
+		for org, n := range b.orgs {
+			if v.running[org] -= n; v.running[org] <= 0 {
+				delete(v.running, org)
+			}
+		}
+	}
+}
+
+// pgSnapshot is a Postgres snapshot (pg_current_snapshot()).
+type pgSnapshot struct {
+	xmin, xmax uint64
+	xip        []uint64
+}
+
+func parseSnapshot(s string) (pgSnapshot, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return pgSnapshot{}, fmt.Errorf("snapshot %q: want xmin:xmax:xip", s)
+	}
+	var snap pgSnapshot
+	var err error
+	if snap.xmin, err = strconv.ParseUint(parts[0], 10, 64); err != nil {
+		return pgSnapshot{}, fmt.Errorf("snapshot %q: %w", s, err)
+	}
+	if snap.xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
+		return pgSnapshot{}, fmt.Errorf("snapshot %q: %w", s, err)
+	}
+	if parts[2] != "" {
+		for _, x := range strings.Split(parts[2], ",") {
+			xid, err := strconv.ParseUint(x, 10, 64)
+			if err != nil {
+				return pgSnapshot{}, fmt.Errorf("snapshot %q: %w", s, err)
+			}
+			snap.xip = append(snap.xip, xid)
+		}
+	}
+	return snap, nil
+}
+
+// sees says whether a committed transaction's effects are visible in the
+// snapshot.
+func (s pgSnapshot) sees(xid uint64) bool {
+	return xid < s.xmin || xid < s.xmax && !slices.Contains(s.xip, xid)
+}
+
+// sqlQueueSeen renders a due queue row q for a view's check: the org and
+// the row's version. Every writer of the row changes it — an enqueue, a
+// retry or a hand-back of the org's plain work — and any of them may add
+// work before where the view reads the org from, or ready work to an org
+// the view holds has none.
+const sqlQueueSeen = `q.org_id || ':' || q.xmin::text`
+
+// sqlFairView reads a planned view of pool $1 at $2: settings, snapshot,
+// slots held per org, the due orgs with ready work (each with its weight
+// and first ready item, and its queue row's version), the due queues as
+// sqlQueueSeen renders them, the next item of the due orgs without ready
+// work, and whether keyed work is ready. (Orgs in byte order, as the loop
+// sorts them.)
+var sqlFairView = `
+WITH ` + sqlRunningByOrg + `,
+queued AS (
+  SELECT q.org_id, q.head_at, q.xmin, h.run_at AS first_at, coalesce(wt.weight, 1)::bigint AS weight
+  FROM workpool_org_queues q
+  LEFT JOIN workpool_org_weights wt ON wt.pool = $1 AND wt.org_id = q.org_id
+  LEFT JOIN LATERAL (
+    SELECT w.run_at FROM workpool_work w
+    WHERE w.pool = $1 AND w.org_id = q.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
+      AND w.run_at >= q.head_at AND w.run_at <= $2
+    ORDER BY w.run_at LIMIT 1) h ON true
+  WHERE q.pool = $1 AND q.head_at <= $2
+)
+SELECT p.max_parallelism::bigint, p.max_parallelism_per_org IS NULL, p.settings_version, pg_current_snapshot()::text,
+  coalesce((SELECT array_agg(org_id ORDER BY org_id COLLATE "C") FROM running), '{}'),
+  coalesce((SELECT array_agg(n ORDER BY org_id COLLATE "C") FROM running), '{}'),
+  coalesce((SELECT array_agg(org_id ORDER BY org_id COLLATE "C") FROM queued WHERE first_at IS NOT NULL), '{}'),
+  coalesce((SELECT array_agg(first_at ORDER BY org_id COLLATE "C") FROM queued WHERE first_at IS NOT NULL), '{}'),
+  coalesce((SELECT array_agg(weight ORDER BY org_id COLLATE "C") FROM queued WHERE first_at IS NOT NULL), '{}'),
+  coalesce((SELECT array_agg(xmin::text ORDER BY org_id COLLATE "C") FROM queued WHERE first_at IS NOT NULL), '{}'),
+  coalesce((SELECT array_agg(` + sqlQueueSeen + ` ORDER BY q.org_id COLLATE "C") FROM queued q), '{}'),
+  (SELECT min((SELECT min(w.run_at) FROM workpool_work w
+     WHERE w.pool = $1 AND w.org_id = q.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at > $2))
+   FROM queued q WHERE q.first_at IS NULL),
+  ` + sqlKeyedReady + ` IS NOT NULL
+FROM workpool_pools p WHERE p.name = $1`
+
+// readView reads a planned view of the pool (nil: the pool cannot plan
+// now: a per-org cap, keyed work ready, fewer than two orgs with ready
+// work).
+func (l *loop) readView(ctx context.Context, now time.Time) (*fairView, error) {
+	var (
+		v                  = &fairView{running: map[string]int64{}, orgs: map[string]*viewOrg{}}
+		noCap, keyed       bool
+		snap               string
+		runOrgs, readyOrgs []string
+		runN, weights      []int64
+		heads              []time.Time
+		seen               []string
+		until              *time.Time
+	)
+	ctx, cancel := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
+	defer cancel()
+	err := l.m.db.QueryRow(ctx, sqlFairView, l.pool, now).Scan(&v.maxPar, &noCap, &v.version, &snap,
+		&runOrgs, &runN, &readyOrgs, &heads, &weights, &seen, &v.queues, &until, &keyed)
+	if err != nil {
+		return nil, fmt.Errorf("reading pool %s's fair view: %w", l.pool, err)
+	}
+	if !noCap || keyed || len(readyOrgs) < 2 {
+		return nil, nil
+	}
+	if v.snap, err = parseSnapshot(snap); err != nil {
+		return nil, err
+	}
+	for i, org := range runOrgs {
+		v.running[org] = runN[i]
+	}
+	for i, org := range readyOrgs {
+		v.orgs[org] = &viewOrg{weight: max(weights[i], 1), head: heads[i], seen: seen[i]}
+	}
+	if until != nil {
+		v.until = *until
+	}
+	return v, nil
+}
+
+// fairPlan is a planned start's reads: each org with its weight, the
+// slots it holds, its position less one (vrun, as sqlTurnsHeld), the
+// starts charged to it as the pick counts them (served, sqlServed), how
+// far down its queue the start may reach (n) and where its read begins.
+type fairPlan struct {
+	orgs                           []string
+	n                              []int32
+	heads                          []time.Time
+	weights, running, vrun, served []int64
+	free                           int64
+}
+
+// plan works out the next start's reads from the view and the turns:
+// the free slots' worth of first candidates in the fair order, by turn
+// and slots held (sqlTurnOrder's first two terms), and every candidate
+// tied with the last of them — run_at and the org, which break those
+// ties, are the statement's to compare.
+func (v *fairView) plan(t *fairTurns) fairPlan {
+	var p fairPlan
+	used := int64(0)
+	for _, n := range v.running {
+		used += n
+	}
+	p.free = max(v.maxPar-used, 0)
+	orgs := make([]string, 0, len(v.orgs))
+	for org := range v.orgs {
+		orgs = append(orgs, org)
+	}
+	slices.Sort(orgs)
+	den := max(t.den, 1)
+	h := make(candHeap, 0, len(orgs))
+	for i, org := range orgs {
+		o := v.orgs[org]
+		clock := (t.num*o.weight + den - 1) / den
+		var line int64
+		if tl, ok := t.orgs[org]; ok && int64(tl.weight) == o.weight {
+			line = tl.served
+		}
+		r := v.running[org]
+		p.orgs = append(p.orgs, org)
+		p.heads = append(p.heads, o.head)
+		p.weights = append(p.weights, o.weight)
+		p.running = append(p.running, r)
+		p.vrun = append(p.vrun, max(line, clock+r)-1)
+		p.served = append(p.served, max(line, clock))
+		p.n = append(p.n, 0)
+		h = append(h, cand{org: i, k: 1, vrun: p.vrun[i], running: r, weight: o.weight})
+	}
+	if p.free == 0 || len(h) == 0 {
+		return p
+	}
+	heap.Init(&h)
+	var last cand
+	for taken := int64(0); taken < p.free || h[0].key1() == last.key1() && h[0].key2() == last.key2(); taken++ {
+		last = h[0]
+		p.n[last.org]++
+		h[0].k++
+		heap.Fix(&h, 0)
+	}
+	// only the orgs the start reads go to the statement
+	kept := 0
+	for i := range p.orgs {
+		if p.n[i] == 0 {
+			continue
+		}
+		p.orgs[kept], p.n[kept], p.heads[kept] = p.orgs[i], p.n[i], p.heads[i]
+		p.weights[kept], p.running[kept], p.vrun[kept], p.served[kept] = p.weights[i], p.running[i], p.vrun[i], p.served[i]
+		kept++
+	}
+	p.orgs, p.n, p.heads = p.orgs[:kept], p.n[:kept], p.heads[:kept]
+	p.weights, p.running, p.vrun, p.served = p.weights[:kept], p.running[:kept], p.vrun[:kept], p.served[:kept]
+	return p
+}
+
+// cand is an org's k-th candidate in the plan's merge of the orgs' queues.
+type cand struct {
+	org                      int
+	k, vrun, running, weight int64
+}
+
+func (c cand) key1() float64 { return float64(c.vrun+c.k) / float64(c.weight) }
+func (c cand) key2() float64 { return float64(c.running+c.k) / float64(c.weight) }
+
+type candHeap []cand
+
+func (h candHeap) Len() int { return len(h) }
+func (h candHeap) Less(i, j int) bool {
+	if a, b := h[i].key1(), h[j].key1(); a != b {
+		return a < b
+	}
+	if a, b := h[i].key2(), h[j].key2(); a != b {
+		return a < b
+	}
+	return h[i].org < h[j].org
+}
+func (h candHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *candHeap) Push(x any)   { *h = append(*h, x.(cand)) }
+func (h *candHeap) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return c
+}
+
+// sqlIterateFastPlanned is a fair fast iteration from the loop's plan
+// (fairPlan, fairView): the fence, then — when the view holds (verdict:
+// the slots held per org, the due queues and the settings' version are
+// as the loop expects, and no keyed work is ready) — each planned org
+// read from its head as far as planned, the reads ranked in the fair
+// order and the free slots' worth started. $9–$15 the plan (orgs, n,
+// heads, weights, slots held, vrun), $15–$16 the slots held per org
+// expected (orgs in byte order, counts), $17 the due queues expected
+// (sqlQueueSeen), $18 the settings' version; the
+// rest as every start, $8 the generation.
+var sqlIterateFastPlanned = `
+WITH bump AS (` + bumpSQL("$8", "$2") + `
+), plan AS (
+  SELECT * FROM unnest($9::text[], $10::int[], $11::timestamptz[], $12::bigint[], $13::bigint[], $14::bigint[])
+    AS p(org_id, n, head_at, weight, running, vrun)
+), ` + sqlRunningByOrg + `, held AS (
+  -- the slots held per org as this snapshot has them (returned: a view
+  -- that missed only completions not yet handed over takes them)
+  SELECT coalesce((SELECT array_agg(org_id ORDER BY org_id COLLATE "C") FROM running), '{}') AS orgs,
+    coalesce((SELECT array_agg(n ORDER BY org_id COLLATE "C") FROM running), '{}') AS n
+), rest AS (
+  SELECT coalesce((SELECT settings_version FROM bump) = $18::bigint
+    AND coalesce((SELECT array_agg(` + sqlQueueSeen + ` ORDER BY q.org_id COLLATE "C")
+                  FROM workpool_org_queues q WHERE q.pool = $1 AND q.head_at <= $2), '{}') = $17::text[]
+    AND ` + sqlKeyedReady + ` IS NULL, false) AS ok
+), verdict AS (
+  SELECT (SELECT ok FROM rest) AND h.orgs = $15::text[] AND h.n = $16::bigint[] AS ok FROM held h
+), free AS (
+  SELECT CASE WHEN NOT coalesce((SELECT paused FROM bump), true) AND (SELECT ok FROM verdict)
+      AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)
+    THEN ` + sqlFreeSlotsOfOrgs("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
+), cand AS (
+  SELECT c.tid, p.org_id, c.run_at, p.weight, p.running, p.vrun, c.rn
+  FROM plan p CROSS JOIN LATERAL (
+    -- (numbered outside the limit, as near_read)
+    SELECT x.tid, x.run_at, row_number() OVER (ORDER BY x.run_at) AS rn FROM (
+      SELECT w.ctid AS tid, w.run_at FROM workpool_work w
+      WHERE w.pool = $1 AND w.org_id = p.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
+        AND w.run_at >= p.head_at AND w.run_at <= $2
+      ORDER BY w.run_at LIMIT p.n) x) c
+  WHERE (SELECT n FROM free) > 0 AND p.n > 0
+), pick AS (
+  -- (by tuple id: no index lookup per started item)
+  SELECT w.id, w.handler, w.ctid AS tid, w.org_id, w.run_at FROM workpool_work w
+  WHERE w.ctid = ANY(ARRAY(SELECT tid FROM cand ORDER BY ` + sqlTurnOrder + ` LIMIT (SELECT n FROM free)))
+    AND w.state = 'pending'
+  FOR UPDATE SKIP LOCKED
+),
+` + sqlStartPicked(`EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM bump), false), (SELECT ok FROM verdict),
+  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1), (SELECT n FROM free), (SELECT count(*) FROM cand),
+  coalesce((SELECT array_agg(org_id) FROM pick), '{}'),
+  -- each org read, with the first item its read found: where its next read begins
+  coalesce((SELECT array_agg(org_id) FROM cand WHERE rn = 1), '{}'), coalesce((SELECT array_agg(run_at) FROM cand WHERE rn = 1), '{}'),
+  (SELECT min(head_at) FROM workpool_org_queues WHERE pool = $1 AND head_at > $2),
+  (SELECT ok FROM rest), (SELECT orgs FROM held), (SELECT n FROM held), pg_current_snapshot()::text,`)
+
+// runPlanned runs a planned start from the loop's view and launches what
+// it started; decided is false when the view no longer held (it then
+// wrote nothing but the fence, and the view is dropped). A view that
+// missed only the slots held — a completion committed but not yet handed
+// over when the start took its snapshot — takes the slots held as that
+// snapshot has them, and the start is planned again at once.
+func (l *loop) runPlanned(ctx context.Context, now time.Time) (res iterResult, decided bool, err error) {
+	for again := true; ; again = false {
+		res, decided, recount, err := l.runPlannedOnce(ctx, now)
+		if err != nil || decided || !recount || !again {
+			if err == nil && !decided {
+				l.dropView(ctx)
+				l.planMisses++
+				l.missedPlan()
+				l.m.metrics.fairPlans.WithLabelValues(l.pool, "missed").Inc()
+			}
+			return res, decided, err
+		}
+		l.m.metrics.fairPlans.WithLabelValues(l.pool, "recounted").Inc()
+	}
+}
+
+// runPlannedOnce is one planned start; recount says that the view missed
+// only the slots held, and took them from the start's snapshot.
+func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResult, decided, recount bool, err error) {
+	v := l.view
+	l.foldCompleted(v)
+	p := v.plan(&l.turns)
+	// (With no slot free as the view has it, the start still runs: a
+	// completion not yet handed over is recounted, and a kick for anything
+	// else finds nothing to start, as the near pick would.)
+	var r plannedRun
+	b := &pgx.Batch{}
+	b.Queue("SELECT set_config('synchronous_commit', 'off', true)") // (as runFast)
+	b.Queue(sqlIterateFastPlanned, v.args(l, now, p)...).QueryRow(func(row pgx.Row) error { return row.Scan(r.dest()...) })
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.m.cfg.StatementTimeout)
+	defer cancel()
+	l.m.exec.claiming.RLock() // until its claims are launched
+	defer l.m.exec.claiming.RUnlock()
+	if err := l.m.db.SendBatch(sctx, b).Close(); err != nil {
+		l.m.exec.claimLost()
+		l.view = nil
+		return iterResult{}, false, false, fmt.Errorf("planned fast iteration: %w", err)
+	}
+	if !r.fenced {
+		l.view = nil
+		return iterResult{}, false, false, fmt.Errorf("pool %s at generation %d: %w", l.pool, l.gen, errGenerationMismatch)
+	}
+	l.gen++
+	l.paused.Store(r.paused)
+	if !r.ok {
+		if !r.restOK {
+			return iterResult{}, false, false, nil
+		}
+		taken, err := parseSnapshot(r.snap)
+		if err != nil {
+			return iterResult{}, false, false, nil
+		}
+		v.snap, v.running = taken, make(map[string]int64, len(r.heldOrgs))
+		for i, org := range r.heldOrgs {
+			v.running[org] = r.heldN[i]
+		}
+		return iterResult{}, false, true, nil
+	}
+	l.planMisses = 0
+	l.m.metrics.fairPlans.WithLabelValues(l.pool, "held").Inc()
+	l.turns.apply(p.charges(r.pickedOrgs))
+	var planned int64
+	for _, n := range p.n {
+		planned += int64(n)
+	}
+	for _, org := range r.pickedOrgs {
+		v.running[org]++
+	}
+	for i, org := range r.firstOrgs {
+		// (the first item read, not the last started: one a lock held
+		// back stays pending behind the last started)
+		if o := v.orgs[org]; o != nil && r.firstAt[i].After(o.head) {
+			o.head, o.moved = r.firstAt[i], true
+		}
+	}
+	l.launch(r.started)
+	if r.read < planned {
+		// An org had less ready work than its read could take: it may
+		// have none left, which the view would not know (the near pick
+		// moves its queue's head). (After the launch: what started runs
+		// first.)
+		l.dropView(ctx)
+	}
+	didWork := len(r.started.lags) > 0
+	if didWork {
+		l.fastStarts++
+		l.plannedStarts++
+		l.lastActivity = now
+	}
+	res = iterResult{didWork: didWork, clean: !r.cancels, status: RunStatus{Kind: "running"},
+		filled: didWork && len(r.started.lags) >= int(r.free), unseen: r.free > 0}
+	if r.nextAt != nil {
+		res.wakeAt = *r.nextAt
+	}
+	if !v.until.IsZero() && (res.wakeAt.IsZero() || v.until.Before(res.wakeAt)) {
+		res.wakeAt = v.until
+	}
+	return res, true, false, nil
+}
+
+// expectedRunning is the slots held per org as the view has them: the
+// orgs in byte order (as the statement's COLLATE "C") and their counts.
+func (v *fairView) expectedRunning() ([]string, []int64) {
+	orgs := make([]string, 0, len(v.running))
+	for org, n := range v.running {
+		if n > 0 {
+			orgs = append(orgs, org)
+		}
+	}
+	slices.Sort(orgs)
+	counts := make([]int64, len(orgs))
+	for i, org := range orgs {
+		counts[i] = v.running[org]
+	}
+	return orgs, counts
+}
+
+// sqlMoveViewHeads moves the queue heads of pool $1 a view's reads went
+// past ($2 orgs, $3 the heads, $4 the row versions the view read): only
+// rows no one wrote since — an enqueue, retry or hand-back may have added
+// work before the head — nor holds now (an enqueue not yet committed, a
+// record holding a retry's row through its hooks: as the near pick's
+// sqlMoveHeads, it does not wait for them). Found by tuple id.
+const sqlMoveViewHeads = `
+WITH untouched AS (
+  SELECT q.tid, u.head FROM unnest($2::text[], $3::timestamptz[], $4::text[]) AS u(org_id, head, seen)
+  CROSS JOIN LATERAL (
+    SELECT q.ctid AS tid FROM workpool_org_queues q
+    WHERE q.pool = $1 AND q.org_id = u.org_id AND q.xmin::text = u.seen AND q.head_at < u.head
+    FOR UPDATE SKIP LOCKED) q
+)
+UPDATE workpool_org_queues q SET head_at = t.head FROM untouched t WHERE q.ctid = t.tid AND q.pool = $1`
+
+// dropView drops the loop's view, first moving the queue heads its
+// reads went past: the near and full picks read each org from its head,
+// and a burn-down's worth of started items before it is a long walk.
+func (l *loop) dropView(ctx context.Context) {
+	v := l.view
+	l.view = nil
+	if v == nil {
+		return
+	}
+	var orgs, seen []string
+	var heads []time.Time
+	for org, o := range v.orgs {
+		if o.moved {
+			orgs, heads, seen = append(orgs, org), append(heads, o.head), append(seen, o.seen)
+		}
+	}
+	if len(orgs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
+	defer cancel()
+	if _, err := l.m.db.Exec(ctx, sqlMoveViewHeads, l.pool, orgs, heads, seen); err != nil && ctx.Err() == nil {
+		// (the heads stay behind: the picks read further, nothing more)
+		l.m.logger.Warn("moving the org queues' heads past a fair view's starts failed", "pool", l.pool, "error", err.Error())
+	}
+}
+
+// plannedRun is what sqlIterateFastPlanned returns: the fence, the pause,
+// the verdict, whether cancelations wait, the free slots, the candidates
+// read, the started items' orgs, each read org's first item, the next
+// head to come due, the verdict but for the slots held (restOK), the
+// slots held per org and the snapshot, then the starts.
+type plannedRun struct {
+	fenced, paused, ok, cancels, restOK bool
+	free                                int32
+	read                                int64
+	pickedOrgs, firstOrgs, heldOrgs     []string
+	firstAt                             []time.Time
+	nextAt                              *time.Time
+	heldN                               []int64
+	snap                                string
+	started                             startedWork
+}
+
+func (r *plannedRun) dest() []any {
+	return append([]any{&r.fenced, &r.paused, &r.ok, &r.cancels, &r.free, &r.read, &r.pickedOrgs, &r.firstOrgs, &r.firstAt,
+		&r.nextAt, &r.restOK, &r.heldOrgs, &r.heldN, &r.snap}, r.started.dest()...)
+}
+
+// args are sqlIterateFastPlanned's parameters for plan p of the view.
+func (v *fairView) args(l *loop, now time.Time, p fairPlan) []any {
+	runOrgs, runN := v.expectedRunning()
+	return append(l.startArgs(now), l.gen, p.orgs, p.n, p.heads, p.weights, p.running, p.vrun,
+		runOrgs, runN, v.queues, v.version)
+}
+
+// charges are what a planned start charged (sqlChargeTurns): each org
+// that started k items, served + k, and the clock at the highest turn a
+// start took.
+func (p fairPlan) charges(pickedOrgs []string) turnCharges {
+	var c turnCharges
+	if len(pickedOrgs) == 0 {
+		return c
+	}
+	k := map[string]int64{}
+	for _, org := range pickedOrgs {
+		k[org]++
+	}
+	var bestLast, bestWeight int64
+	for i, org := range p.orgs {
+		n := k[org]
+		if n == 0 {
+			continue
+		}
+		c.orgs = append(c.orgs, org)
+		c.served = append(c.served, p.served[i]+n)
+		c.weights = append(c.weights, int32(p.weights[i]))
+		last := p.vrun[i] + n
+		if bestWeight == 0 || float64(last)/float64(p.weights[i]) > float64(bestLast)/float64(bestWeight) {
+			bestLast, bestWeight = last, p.weights[i]
+		}
+	}
+	c.num, c.den = &bestLast, &bestWeight
+	return c
+}
+
+// mayPlan says whether the loop may read a planned view now: this
+// replica's executor alone runs the pool's work (another's completions
+// would miss every plan), and no plan missed lately (planBackoff).
+func (l *loop) mayPlan() bool {
+	if l.planWait > 0 {
+		l.planWait--
+		return false
+	}
+	return l.m.exec.started.Load() && l.m.livePeers() == 0
+}
+
+// missedPlan starts a backoff after a planned start missed: 2, 4, …
+// planBackoffMax fair starts on the near pick before the next view.
+func (l *loop) missedPlan() {
+	l.planWait = min(1<<min(l.planMisses, 8), planBackoffMax)
+}

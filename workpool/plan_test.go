@@ -1,0 +1,539 @@
+package workpool
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/reveille/reveille/internal/testkit"
+)
+
+// plannedOutcome is what one planned start did (tryPlannedPick).
+type plannedOutcome struct {
+	held    bool // the view held (the statement's verdict)
+	short   bool // an org had less ready work than its read could take
+	free    int
+	started []uuid.UUID
+	turns   map[string]int64
+	clock   [2]int64
+}
+
+// tryPlannedPick reads a view of the default pool, plans from it and the
+// loop's turns, and runs the planned start in a transaction it rolls
+// back; nil when the pool cannot plan (fewer than two orgs with ready
+// work, keyed work ready, a per-org cap).
+func (h *harness) tryPlannedPick() *plannedOutcome {
+	h.t.Helper()
+	now := h.clock.Now()
+	v, err := h.l.readView(h.ctx, now)
+	require.NoError(h.t, err)
+	if v == nil {
+		return nil
+	}
+	return h.runPlannedIn(v, now)
+}
+
+func (h *harness) runPlannedIn(v *fairView, now time.Time) *plannedOutcome {
+	h.t.Helper()
+	p := v.plan(&h.l.turns)
+	tx, err := h.db.Begin(h.ctx)
+	require.NoError(h.t, err)
+	defer func() { _ = tx.Rollback(h.ctx) }()
+	var (
+		out plannedOutcome
+		r   plannedRun
+	)
+	require.NoError(h.t, tx.QueryRow(h.ctx, sqlIterateFastPlanned, v.args(h.l, now, p)...).Scan(r.dest()...))
+	require.True(h.t, r.fenced)
+	var planned int64
+	for _, n := range p.n {
+		planned += int64(n)
+	}
+	out.held, out.short, out.free = r.ok, r.read < planned, int(r.free)
+	rows, err := tx.Query(h.ctx, `SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'running' AND started_at = $1 ORDER BY id`, now)
+	require.NoError(h.t, err)
+	out.started, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(h.t, err)
+	require.Len(h.t, r.pickedOrgs, len(out.started))
+	after := fairTurns{orgs: maps.Clone(h.l.turns.orgs), num: h.l.turns.num, den: h.l.turns.den}
+	after.apply(p.charges(r.pickedOrgs))
+	out.turns = map[string]int64{}
+	for org, o := range after.orgs {
+		out.turns[org] = o.served
+	}
+	out.clock = [2]int64{after.num, after.den}
+	return &out
+}
+
+// A planned start starts what the full fair pick starts and charges what
+// it charges, whenever its view holds: both run on the same random pools
+// — weights, running work, items not yet due, queue heads gone stale,
+// turns charged at the current weight or at another, a clock set — with
+// no per-org cap (a pool with one does not plan). Where an org has less
+// ready work than the plan's read of it could take, the planned start
+// takes a part of the full pick (the slots it leaves, the loop fills
+// again at once, from the near pick).
+func TestPlannedStart_StartsWhatTheFullFairPickStarts(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	rng := rand.New(rand.NewPCG(36, 2026))
+	same, part, skipped := 0, 0, 0
+	for round := range 300 {
+		h.exec(`DELETE FROM workpool_work`)
+		h.exec(`DELETE FROM workpool_org_queues`)
+		h.exec(`DELETE FROM workpool_org_weights`)
+		h.exec(`DELETE FROM workpool_org_pending`)
+		h.l.turns = fairTurns{}
+		charged := round%2 == 1
+		if charged {
+			h.l.turns.num, h.l.turns.den = int64(rng.IntN(40)), int64(1+rng.IntN(4))
+		}
+		maxPar := 1 + rng.IntN(12)
+		h.exec(`UPDATE workpool_pools SET max_parallelism = $1, max_parallelism_per_org = NULL WHERE name = 'default'`, maxPar)
+		now := h.clock.Now()
+		tick := 0
+		for o := range 1 + rng.IntN(8) {
+			org := fmt.Sprintf("org-%d", o)
+			weight := int32(1)
+			if rng.IntN(3) == 0 {
+				weight = int32(2 + rng.IntN(3))
+				h.exec(`INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ('default', $1, $2)`, org, weight)
+			}
+			if charged && rng.IntN(4) != 0 {
+				if rng.IntN(5) == 0 {
+					weight++ // charged at a weight since changed: restarted
+				}
+				if h.l.turns.orgs == nil {
+					h.l.turns.orgs = map[string]orgTurns{}
+				}
+				h.l.turns.orgs[org] = orgTurns{served: int64(rng.IntN(60)), weight: weight}
+			}
+			var params []EnqueueParams
+			for range rng.IntN(9) {
+				tick++
+				at := now.Add(-time.Duration(rng.IntN(50)*1000+tick) * time.Microsecond)
+				if rng.IntN(6) == 0 {
+					at = now.Add(time.Duration(tick) * time.Millisecond) // not yet due
+				}
+				params = append(params, EnqueueParams{OrgID: org, Pool: "default", Handler: "test_handle", RunAt: at})
+			}
+			if len(params) == 0 {
+				continue
+			}
+			ids, err := h.m.EnqueueMany(h.ctx, params)
+			require.NoError(t, err)
+			for _, id := range ids {
+				switch k := rng.IntN(6); {
+				case k < 2: // started by an earlier pick: the head lags behind it
+					h.exec(`UPDATE workpool_work SET state = 'running', started_at = $2 WHERE id = $1`, id, now.Add(-time.Second))
+				case k < 3: // started and finished since: the head lags, no slot held
+					h.exec(`UPDATE workpool_work SET state = 'finished', outcome = 'succeeded', started_at = $2, finished_at = $2 WHERE id = $1`,
+						id, now.Add(-time.Second))
+				}
+			}
+		}
+		planned := h.tryPlannedPick()
+		if planned == nil {
+			skipped++
+			continue
+		}
+		full := h.tryFairPick(sqlIterateFastShared)
+		require.True(t, full.decided, "round %d", round)
+		require.True(t, planned.held, "round %d: a view read just now holds", round)
+		if planned.short && len(planned.started) < planned.free {
+			part++
+			require.Subset(t, full.started, planned.started, "round %d: a short read starts a part of the full pick", round)
+			continue
+		}
+		same++
+		require.Equal(t, full.started, planned.started, "round %d: the same items start", round)
+		require.Equal(t, full.turns, planned.turns, "round %d: the same turns charged", round)
+		require.Equal(t, full.clock[0]*planned.clock[1], planned.clock[0]*full.clock[1], "round %d: the same clock: %v, %v",
+			round, full.clock, planned.clock)
+	}
+	require.Greater(t, same, 100, "most rounds plan the whole pick")
+	require.Positive(t, part, "some rounds read an org short")
+	t.Logf("planned the whole pick in %d rounds, a part in %d; %d rounds could not plan", same, part, skipped)
+}
+
+// A view counts each recorded batch once: one committed before the view
+// was read is in it already, even when it is handed over after the read;
+// one committed after is taken off the slots it counts. The planned start
+// on it then holds.
+func TestPlannedView_CountsEachRecordedBatchOnce(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(6))
+	for range 6 {
+		h.enqueue(withOrg("a"))
+		h.enqueue(withOrg("b"))
+	}
+	h.runMain()
+	require.Equal(t, map[string]int{"a": 3, "b": 3}, h.runningByOrg())
+	runningOf := func(org string) uuid.UUID {
+		var id uuid.UUID
+		require.NoError(t, h.db.QueryRow(h.ctx, `SELECT id FROM workpool_work WHERE state = 'running' AND org_id = $1 LIMIT 1`, org).Scan(&id))
+		return id
+	}
+	h.clock.Advance(time.Millisecond) // (the planned start's items: those started now)
+	before := h.complete(runningOf("a"), "success", 1)
+	v, err := h.l.readView(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.NotNil(t, v)
+	after1 := h.complete(runningOf("b"), "success", 1)
+	after2 := h.complete(runningOf("b"), "success", 1)
+
+	h.l.noteCompleted(completedBatches(after1)["default"])
+	h.l.noteCompleted(completedBatches(before)["default"]) // handed over after the read, and out of order
+	h.l.noteCompleted(completedBatches(after2)["default"])
+	h.l.foldCompleted(v)
+
+	require.Equal(t, map[string]int64{"a": 2, "b": 1}, v.running)
+	out := h.runPlannedIn(v, h.clock.Now())
+	require.True(t, out.held, "the view holds")
+	require.Len(t, out.started, 3, "the slots the three completions freed")
+}
+
+// A view is only as good as what it saw: a completion it was not handed
+// (another replica's, say), an enqueue for an org it does not know, a
+// setting changed — each makes the planned start start nothing, so that
+// the near pick decides.
+func TestPlannedView_AChangeItDidNotSeeMakesThePlannedStartStartNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(h *harness, running []uuid.UUID)
+	}{
+		{"a completion not handed over", func(h *harness, running []uuid.UUID) { h.complete(running[0], "success", 1) }},
+		{"work of an org it does not know", func(h *harness, _ []uuid.UUID) { h.enqueue(withOrg("c")) }},
+		{"a weight changed", func(h *harness, _ []uuid.UUID) { require.NoError(h.t, h.m.SetOrgWeight(h.ctx, "default", "a", 2)) }},
+		{"keyed work ready", func(h *harness, _ []uuid.UUID) { h.enqueue(withOrg("a"), withKey("k", 1)) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(4))
+			for range 6 {
+				h.enqueue(withOrg("a"))
+				h.enqueue(withOrg("b"))
+			}
+			h.runMain()
+			running := h.observe().running
+			h.clock.Advance(time.Millisecond) // (the planned start's items: those started now)
+			h.complete(running[1], "success", 1)
+			h.complete(running[2], "success", 1)
+			v, err := h.l.readView(h.ctx, h.clock.Now())
+			require.NoError(t, err)
+			require.NotNil(t, v)
+			require.True(t, h.runPlannedIn(v, h.clock.Now()).held, "unchanged, the view holds")
+
+			tc.change(h, running)
+			out := h.runPlannedIn(v, h.clock.Now())
+			require.False(t, out.held)
+			require.Empty(t, out.started)
+		})
+	}
+}
+
+// On a running pool, a burn-down of several orgs' backlog starts from the
+// loop's planned view, every item once, the orgs taking turns; an org
+// whose work arrives midway makes a planned start miss, and its work
+// starts at the next start all the same.
+func TestPlannedStart_ABurnDownOfSeveralOrgsStartsFromTheViewEachItemOnce(t *testing.T) {
+	t.Parallel()
+	const perOrg, par = 60, 4
+	db := testkit.NewPool(t)
+	m, err := New(db, liveConfig(t, Config{Pools: map[string]int{"default": par}, RecoveryPeriod: time.Minute}))
+	require.NoError(t, err)
+	var (
+		mu      sync.Mutex
+		order   []string
+		midway  = make(chan struct{})
+		lateAt  = -1
+		lateOrg = "d"
+	)
+	m.Register("rec", func(_ context.Context, j Job) (json.RawMessage, error) {
+		mu.Lock()
+		order = append(order, j.OrgID)
+		if len(order) == perOrg {
+			close(midway)
+		}
+		mu.Unlock()
+		time.Sleep(2 * time.Millisecond)
+		return nil, nil
+	})
+	ctx := context.Background()
+	require.NoError(t, m.Start(ctx))
+	t.Cleanup(func() { stopManager(t, m) })
+	require.NoError(t, m.Pause(ctx, "default"))
+	for _, org := range []string{"a", "b", "c"} {
+		ps := make([]EnqueueParams, perOrg)
+		for i := range ps {
+			ps[i] = EnqueueParams{OrgID: org, Pool: "default", Handler: "rec"}
+		}
+		_, err := m.EnqueueMany(ctx, ps)
+		require.NoError(t, err)
+	}
+	require.NoError(t, m.Resume(ctx, "default"))
+	<-midway
+	mu.Lock()
+	lateAt = len(order)
+	mu.Unlock()
+	ps := make([]EnqueueParams, 10)
+	for i := range ps {
+		ps[i] = EnqueueParams{OrgID: lateOrg, Pool: "default", Handler: "rec"}
+	}
+	_, err = m.EnqueueMany(ctx, ps)
+	require.NoError(t, err)
+
+	total := 3*perOrg + len(ps)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM workpool_work WHERE state = 'finished'`).Scan(&n))
+		return n == total
+	}, testWait, testTick)
+	var once bool
+	require.NoError(t, db.QueryRow(ctx, `SELECT bool_and(attempts = 1 AND outcome = 'succeeded') FROM workpool_work`).Scan(&once))
+	require.True(t, once, "every item ran once and succeeded")
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, order, total)
+	counts := map[string]int{}
+	for i, org := range order[:perOrg] {
+		counts[org]++
+		lo, hi := perOrg, 0
+		for _, o := range []string{"a", "b", "c"} {
+			lo, hi = min(lo, counts[o]), max(hi, counts[o])
+		}
+		require.LessOrEqual(t, hi-lo, 2*par, "the orgs take turns (after %d starts: %v)", i+1, counts)
+	}
+	first := slices.Index(order, lateOrg)
+	require.Less(t, first-lateAt, 4*par, "the late org's work starts at once (enqueued after %d starts, first started %d)", lateAt, first)
+	require.Positive(t, testutil.ToFloat64(m.metrics.fairPlans.WithLabelValues("default", "held")), "planned starts held")
+}
+
+// Dropping a view moves the queue heads its planned starts went past —
+// the near and full picks read each org from its head — but not the head
+// of a queue someone wrote since the view was read (an enqueue may have
+// added work before where the view read from).
+func TestPlannedView_DroppedMovesTheHeadsItsStartsWentPastOfQueuesNoOneWrote(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(4))
+	for range 6 {
+		h.enqueue(withOrg("a"))
+		h.enqueue(withOrg("b"))
+		h.clock.Advance(time.Millisecond) // each item its own run_at
+	}
+	before := h.queueHeads()
+	v, err := h.l.readView(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.NotNil(t, v)
+	h.l.view = v
+	res, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.True(t, decided)
+	require.True(t, res.didWork)
+	h.clock.Advance(time.Millisecond)
+	for _, id := range h.observe().running {
+		h.complete(id, "success", 1)
+	}
+	h.l.view.running = map[string]int64{} // (as the completer would hand them over)
+	res, decided, err = h.l.runPlanned(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.True(t, decided)
+	require.True(t, res.didWork)
+	require.Equal(t, before, h.queueHeads(), "planned starts leave the queues alone")
+
+	h.enqueue(withOrg("b"), withRunAt(h.clock.Now().Add(time.Hour))) // b's queue written since the view
+	h.l.dropView(h.ctx)
+
+	after := h.queueHeads()
+	var firstPending time.Time
+	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT min(run_at) FROM workpool_work WHERE org_id = 'a' AND state = 'pending'`).Scan(&firstPending))
+	require.True(t, after["a"].After(before["a"]), "a's head moved past its started items")
+	require.False(t, after["a"].After(firstPending.UTC()), "never past a's first pending item")
+	require.Equal(t, before["b"], after["b"], "b's queue was written since the view: its head stays")
+	require.Nil(t, h.l.view)
+}
+
+// A planned start that finds only the slots held changed — completions
+// committed but not yet handed over to the loop — takes them from its
+// snapshot and starts at once: recounted, not missed, the view kept.
+func TestPlannedStart_CompletionsNotYetHandedOverAreRecountedNotMissed(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(4))
+	for range 6 {
+		h.enqueue(withOrg("a"))
+		h.enqueue(withOrg("b"))
+	}
+	v, err := h.l.readView(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.NotNil(t, v)
+	h.l.view = v
+	_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.True(t, decided)
+	running := h.observe().running
+	require.Len(t, running, 4)
+	h.complete(running[0], "success", 1) // (never handed over)
+	h.complete(running[1], "success", 1)
+
+	res, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.True(t, decided)
+	require.True(t, res.didWork)
+	require.Len(t, h.observe().running, 4, "the two freed slots filled")
+	require.NotNil(t, h.l.view, "the view kept")
+	require.Equal(t, 1.0, testutil.ToFloat64(h.m.metrics.fairPlans.WithLabelValues("default", "recounted")))
+	require.Zero(t, testutil.ToFloat64(h.m.metrics.fairPlans.WithLabelValues("default", "missed")))
+}
+
+// Dropping a view after a short read does not wait for a queue row
+// another transaction holds (an enqueue not yet committed, a record
+// holding a retry's row through its hooks): the work the start took is
+// launched, and that row's head stays where it was.
+func TestPlannedView_DroppedSkipsAQueueRowAnotherTransactionHolds(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(2))
+	for i := range 4 {
+		if i < 2 {
+			h.enqueue(withOrg("a"))
+		}
+		h.enqueue(withOrg("b"))
+		h.clock.Advance(time.Millisecond) // each item its own run_at
+	}
+	v, err := h.l.readView(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.NotNil(t, v)
+	h.l.view = v
+	for range 2 { // a1+b1, then a2+b2 (the second moves both heads)
+		res, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
+		require.NoError(t, err)
+		require.True(t, decided)
+		require.True(t, res.didWork)
+		require.NotNil(t, h.l.view)
+		h.clock.Advance(time.Millisecond)
+		for _, id := range h.observe().running {
+			h.complete(id, "success", 1)
+		}
+		h.l.view.running = map[string]int64{} // (as the completer would hand them over)
+	}
+	before := h.queueHeads()
+	lock, err := h.db.Begin(h.ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(context.Background()) }()
+	_, err = lock.Exec(h.ctx, `SELECT 1 FROM workpool_org_queues WHERE pool = 'default' AND org_id = 'b' FOR UPDATE`)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() { // a has nothing left (a short read), b3 starts
+		_, _, err := h.l.runPlanned(h.ctx, h.clock.Now())
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(testWait):
+		_ = lock.Rollback(h.ctx)
+		<-done
+		t.Fatal("the planned start waited for another transaction's lock of b's queue row")
+	}
+	require.Nil(t, h.l.view, "the short read dropped the view")
+	after := h.queueHeads()
+	require.True(t, after["a"].After(before["a"]), "a's head moved")
+	require.Equal(t, before["b"], after["b"], "b's row, held, is left as it was")
+}
+
+// queryCounter counts, and may fail, one statement on the pool's
+// connections (a pgx tracer).
+type queryCounter struct {
+	sql  string
+	fail bool
+	n    atomic.Int64
+}
+
+func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL != c.sql {
+		return ctx
+	}
+	c.n.Add(1)
+	if c.fail { // (as a statement timeout)
+		ctx, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+		cancel()
+		return ctx
+	}
+	return ctx
+}
+
+func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// burnDownCounting runs a started Manager whose connections carry c over
+// a burn-down of orgs × perOrg items in a pool of par slots (perOrgCap:
+// nil for none) and stops it.
+func burnDownCounting(t *testing.T, c *queryCounter, orgs, perOrg, par int, perOrgCap *int) *Manager {
+	t.Helper()
+	cfg := testkit.NewPool(t).Config()
+	cfg.ConnConfig.Tracer = c
+	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	m, err := New(db, liveConfig(t, Config{Pools: map[string]int{"default": par}, RecoveryPeriod: time.Minute}))
+	require.NoError(t, err)
+	m.Register("rec", func(context.Context, Job) (json.RawMessage, error) { time.Sleep(2 * time.Millisecond); return nil, nil })
+	ctx := context.Background()
+	if perOrgCap != nil {
+		require.NoError(t, m.SetMaxParallelismPerOrg(ctx, "default", perOrgCap))
+	}
+	require.NoError(t, m.Start(ctx))
+	t.Cleanup(func() { stopManager(t, m) })
+	require.NoError(t, m.Pause(ctx, "default"))
+	for o := range orgs {
+		ps := make([]EnqueueParams, perOrg)
+		for i := range ps {
+			ps[i] = EnqueueParams{OrgID: fmt.Sprintf("org%d", o), Pool: "default", Handler: "rec"}
+		}
+		_, err := m.EnqueueMany(ctx, ps)
+		require.NoError(t, err)
+	}
+	require.NoError(t, m.Resume(ctx, "default"))
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM workpool_work WHERE state <> 'finished'`).Scan(&n))
+		return n == 0
+	}, testWait, testTick)
+	stopManager(t, m)
+	return m
+}
+
+// A pool that cannot plan — here for its per-org cap — or whose view
+// cannot be read asks for a view less and less often, as after missed
+// plans: not after every fair start.
+func TestPlannedView_APoolThatCannotPlanAsksForAViewLessAndLessOften(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		fail      bool
+		perOrgCap *int
+	}{
+		{name: "a per-org cap", perOrgCap: ptr(2)},
+		{name: "the view cannot be read", fail: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := &queryCounter{sql: sqlFairView, fail: tc.fail}
+			m := burnDownCounting(t, c, 3, 40, 4, tc.perOrgCap)
+			require.Zero(t, testutil.ToFloat64(m.metrics.fairPlans.WithLabelValues("default", "held")), "nothing planned")
+			require.LessOrEqual(t, c.n.Load(), int64(8), "views asked for over %d fair starts", m.loopFor("default").fastStarts)
+		})
+	}
+}
