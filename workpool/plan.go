@@ -27,7 +27,7 @@ import (
 // loop falls back to the near pick at once; it reads a new view after a
 // few fair starts (more after each miss in a row). The pick is the near
 // pick's whenever the view holds: the same candidates ranked by the same
-// order (TestPlannedStartPicksAsTheFairPickDoes); what it saves is the
+// order (TestPlannedStart_StartsWhatTheFullFairPickStarts); what it saves is the
 // near pick's SQL work of deriving them (docs/benchmarks.md § pool,
 // session 36).
 
@@ -357,7 +357,7 @@ func (h *candHeap) Pop() any {
 // the slots held per org, the due queues and the settings' version are
 // as the loop expects, and no keyed work is ready) — each planned org
 // read from its head as far as planned, the reads ranked in the fair
-// order and the free slots' worth started. $9–$15 the plan (orgs, n,
+// order and the free slots' worth started. $9–$14 the plan (orgs, n,
 // heads, weights, slots held, vrun), $15–$16 the slots held per org
 // expected (orgs in byte order, counts), $17 the due queues expected
 // (sqlQueueSeen), $18 the settings' version; the

@@ -208,8 +208,10 @@ func TestPlannedView_CountsEachRecordedBatchOnce(t *testing.T) {
 
 // A view is only as good as what it saw: a completion it was not handed
 // (another replica's, say), an enqueue for an org it does not know, a
-// setting changed — each makes the planned start start nothing, so that
-// the near pick decides.
+// setting changed, keyed work — each makes the planned statement start
+// nothing. (The loop recounts the first from the statement's snapshot
+// and plans again: TestPlannedStart_CompletionsNotYetHandedOverAreRecountedNotMissed;
+// for the others the near pick decides.)
 func TestPlannedView_AChangeItDidNotSeeMakesThePlannedStartStartNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name   string

@@ -76,6 +76,19 @@ func TestTheLoopsStatementsNeverScanTheWholeWorkTable(t *testing.T) {
 			} {
 				requireNoWorkTableScan(t, m.db, s.name, s.sql, s.args)
 			}
+			requireNoWorkTableScan(t, m.db, "sqlFairView", sqlFairView, []any{l.pool, now})
+			if orgs > 1 {
+				v, err := l.readView(ctx, now)
+				require.NoError(t, err)
+				require.NotNil(t, v)
+				requireNoWorkTableScan(t, m.db, "sqlIterateFastPlanned", sqlIterateFastPlanned, v.args(l, now, v.plan(&l.turns)))
+				var orgs, seen []string
+				var heads []time.Time
+				for org, o := range v.orgs {
+					orgs, heads, seen = append(orgs, org), append(heads, now), append(seen, o.seen)
+				}
+				requireNoWorkTableScan(t, m.db, "sqlMoveViewHeads", sqlMoveViewHeads, []any{l.pool, orgs, heads, seen})
+			}
 		})
 	}
 }
