@@ -2,6 +2,7 @@ package workpool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -43,21 +44,22 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 		// full fair pick decides, at once.
 		res, _, err = l.runFast(ctx, now, sqlIterateFastShared, true)
 	}
-	if err == nil && l.shared && !res.plain && !l.keyed && res.didWork && l.view == nil && l.mayPlan() {
-		// A fair start of several orgs' work: the next may be planned.
+	if err == nil && l.shared && !res.plain && !l.keyed && res.filled && l.view == nil && l.mayPlan() {
+		// A fair start of several orgs' work that took every free slot
+		// (work is left for the next): the next may be planned.
 		v, verr := l.readView(ctx, now)
 		switch {
+		case errors.Is(verr, errCannotPlan):
+			// (a per-org cap, keyed work: ask again later, and less
+			// often each time)
+			l.planMisses++
+			l.missedPlan()
 		case verr != nil:
 			l.m.logger.Warn("reading the pool's fair view failed; its fair starts stay on the near pick for a while",
 				"pool", l.pool, "error", verr.Error())
 			l.planMisses++
 			l.missedPlan()
-		case v == nil:
-			// It cannot plan (a per-org cap, keyed work, one org with
-			// ready work): ask again later, and less often each time.
-			l.planMisses++
-			l.missedPlan()
-		default:
+		case v != nil:
 			l.view = v
 		}
 	}

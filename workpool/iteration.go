@@ -188,6 +188,9 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 		l.lastActivity = it.now
 	} else if res, err = it.outlook(ctx); err != nil {
 		return iterResult{}, err
+	} else if res.status.Kind == "idle" {
+		// A new backlog gets a fresh start at planning its fair starts.
+		l.planMisses, l.planWait = 0, 0
 	}
 	if it.needSync {
 		// It finished work or ran hooks: commit durably (open turned

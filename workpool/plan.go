@@ -3,6 +3,7 @@ package workpool
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -209,9 +210,13 @@ SELECT p.max_parallelism::bigint, p.max_parallelism_per_org IS NULL, p.settings_
   ` + sqlKeyedReady + ` IS NOT NULL
 FROM workpool_pools p WHERE p.name = $1`
 
-// readView reads a planned view of the pool (nil: the pool cannot plan
-// now: a per-org cap, keyed work ready, fewer than two orgs with ready
-// work).
+// errCannotPlan says that a pool cannot plan: it has a per-org cap, or
+// keyed work is ready.
+var errCannotPlan = errors.New("the pool cannot plan its fair starts")
+
+// readView reads a planned view of the pool: nil when fewer than two
+// orgs have ready work (nothing to plan now), errCannotPlan when the pool
+// cannot plan.
 func (l *loop) readView(ctx context.Context, now time.Time) (*fairView, error) {
 	var (
 		v                  = &fairView{running: map[string]int64{}, orgs: map[string]*viewOrg{}}
@@ -230,7 +235,10 @@ func (l *loop) readView(ctx context.Context, now time.Time) (*fairView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading pool %s's fair view: %w", l.pool, err)
 	}
-	if !noCap || keyed || len(readyOrgs) < 2 {
+	if !noCap || keyed {
+		return nil, errCannotPlan
+	}
+	if len(readyOrgs) < 2 {
 		return nil, nil
 	}
 	if v.snap, err = parseSnapshot(snap); err != nil {
@@ -472,7 +480,6 @@ func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResul
 		}
 		return iterResult{}, false, true, nil
 	}
-	l.planMisses = 0
 	l.m.metrics.fairPlans.WithLabelValues(l.pool, "held").Inc()
 	l.turns.apply(p.charges(r.pickedOrgs))
 	var planned int64
@@ -499,6 +506,7 @@ func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResul
 	}
 	didWork := len(r.started.lags) > 0
 	if didWork {
+		l.planMisses = 0 // (a plan that held but started nothing proves little)
 		l.fastStarts++
 		l.plannedStarts++
 		l.lastActivity = now

@@ -539,3 +539,99 @@ func TestPlannedView_APoolThatCannotPlanAsksForAViewLessAndLessOften(t *testing.
 		})
 	}
 }
+
+// The backoff between views grows only with misses: a view of a pool
+// with one org's ready work is no miss, a plan that held but found no
+// slot to fill does not end it, a plan that started work does, and so
+// does the pool going idle (a new backlog gets a fresh start). A pool
+// with a per-org cap cannot plan at all.
+func TestPlannedView_TheBackoffGrowsOnlyWithMissesAndEndsWithAPlannedStartOrIdle(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(2))
+	h.enqueue(withOrg("a"))
+	v, err := h.l.readView(h.ctx, h.clock.Now())
+	require.NoError(t, err, "one org's ready work is no miss")
+	require.Nil(t, v)
+
+	for range 3 {
+		h.enqueue(withOrg("a"))
+		h.enqueue(withOrg("b"))
+	}
+	h.runMain() // both slots taken
+	v, err = h.l.readView(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.NotNil(t, v)
+	h.l.view, h.l.planMisses = v, 3
+	res, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.True(t, decided)
+	require.False(t, res.didWork)
+	require.Equal(t, 3, h.l.planMisses, "a plan that held but started nothing proves little")
+
+	h.clock.Advance(time.Millisecond)
+	h.complete(h.observe().running[0], "success", 1)
+	res, decided, err = h.l.runPlanned(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.True(t, decided)
+	require.True(t, res.didWork)
+	require.Zero(t, h.l.planMisses, "a planned start ends the backoff")
+
+	h.l.planMisses, h.l.planWait = 5, 31
+	h.exec(`UPDATE workpool_work SET state = 'finished', outcome = 'succeeded', finished_at = now() WHERE state <> 'finished'`)
+	h.exec(`DELETE FROM workpool_org_queues`)
+	h.clock.Advance(time.Hour)
+	require.Equal(t, "idle", h.runMain().status.Kind)
+	require.Zero(t, h.l.planMisses, "an idle pool starts afresh")
+	require.Zero(t, h.l.planWait)
+
+	require.NoError(t, h.m.SetMaxParallelismPerOrg(h.ctx, "default", ptr(1)))
+	for range 2 {
+		h.enqueue(withOrg("a"))
+		h.enqueue(withOrg("b"))
+	}
+	_, err = h.l.readView(h.ctx, h.clock.Now())
+	require.ErrorIs(t, err, errCannotPlan)
+}
+
+// Small bursts of several orgs' work, each burnt down to its last item by
+// the near pick, leave no backoff behind: a later backlog of several orgs
+// is planned from its first fair starts.
+func TestPlannedView_SmallBurstsLeaveTheNextBacklogFreeToPlan(t *testing.T) {
+	t.Parallel()
+	db, m := newStartedManager(t, Config{Pools: map[string]int{"default": 4}, RecoveryPeriod: time.Minute})
+	m.Register("rec", func(context.Context, Job) (json.RawMessage, error) { time.Sleep(2 * time.Millisecond); return nil, nil })
+	ctx := context.Background()
+	total := 0
+	finished := func() {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM workpool_work WHERE state = 'finished'`).Scan(&n))
+			return n == total
+		}, testWait, testTick)
+	}
+	enqueue := func(n int, orgs ...string) {
+		t.Helper()
+		var ps []EnqueueParams
+		for _, org := range orgs {
+			for range n {
+				ps = append(ps, EnqueueParams{OrgID: org, Pool: "default", Handler: "rec"})
+			}
+		}
+		_, err := m.EnqueueMany(ctx, ps)
+		require.NoError(t, err)
+		total += len(ps)
+	}
+	for range 40 {
+		enqueue(3, "x", "y")
+		finished()
+	}
+	heldBefore := testutil.ToFloat64(m.metrics.fairPlans.WithLabelValues("default", "held"))
+
+	require.NoError(t, m.Pause(ctx, "default"))
+	enqueue(60, "a", "b", "c")
+	require.NoError(t, m.Resume(ctx, "default"))
+	finished()
+	require.Greater(t, testutil.ToFloat64(m.metrics.fairPlans.WithLabelValues("default", "held")), heldBefore+10,
+		"the backlog of three orgs was planned")
+}
