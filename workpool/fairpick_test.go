@@ -86,10 +86,6 @@ func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.
 	rng := rand.New(rand.NewPCG(13, 2026))
 	decided, deferred, starts := 0, 0, 0
 	for round := range 300 {
-		h.exec(`DELETE FROM workpool_work`)
-		h.exec(`DELETE FROM workpool_org_queues`)
-		h.exec(`DELETE FROM workpool_org_weights`)
-		h.exec(`DELETE FROM workpool_org_pending`)
 		h.l.turns = fairTurns{}
 		charged := round%2 == 1
 		if charged {
@@ -103,50 +99,7 @@ func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.
 		if rng.IntN(3) == 0 {
 			perOrg = ptr(int32(1 + rng.IntN(4)))
 		}
-		h.exec(`UPDATE workpool_pools SET max_parallelism = $1, max_parallelism_per_org = $2 WHERE name = 'default'`, maxPar, perOrg)
-		now := h.clock.Now()
-		tick := 0
-		for o := range 1 + rng.IntN(8) {
-			org := fmt.Sprintf("org-%d", o)
-			weight := int32(1)
-			if rng.IntN(3) == 0 {
-				weight = int32(2 + rng.IntN(3))
-				h.exec(`INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ('default', $1, $2)`, org, weight)
-			}
-			if charged && rng.IntN(4) != 0 {
-				if rng.IntN(5) == 0 {
-					weight++ // charged at a weight since changed: restarted
-				}
-				if h.l.turns.orgs == nil {
-					h.l.turns.orgs = map[string]orgTurns{}
-				}
-				h.l.turns.orgs[org] = orgTurns{served: int64(rng.IntN(60)), weight: weight}
-			}
-			var params []EnqueueParams
-			for range rng.IntN(7) {
-				tick++
-				// the orgs' items interleave, each at its own run_at
-				at := now.Add(-time.Duration(rng.IntN(50)*1000+tick) * time.Microsecond)
-				if rng.IntN(6) == 0 {
-					at = now.Add(time.Duration(tick) * time.Millisecond) // not yet due
-				}
-				params = append(params, EnqueueParams{OrgID: org, Pool: "default", Handler: "test_handle", RunAt: at})
-			}
-			if len(params) == 0 {
-				continue
-			}
-			ids, err := h.m.EnqueueMany(h.ctx, params)
-			require.NoError(t, err)
-			for _, id := range ids {
-				switch k := rng.IntN(6); {
-				case k < 2 && round%3 != 0: // started by an earlier pick: the head lags behind it
-					h.exec(`UPDATE workpool_work SET state = 'running', started_at = $2 WHERE id = $1`, id, now.Add(-time.Second))
-				case k < 3: // started and finished since: the head lags, no slot held
-					h.exec(`UPDATE workpool_work SET state = 'finished', outcome = 'succeeded', started_at = $2, finished_at = $2 WHERE id = $1`,
-						id, now.Add(-time.Second))
-				}
-			}
-		}
+		h.randomFairPool(rng, charged, maxPar, perOrg, 7, round%3 != 0)
 		near, full, every := h.tryFairPick(sqlIterateFastNear), h.tryFairPick(sqlIterateFastShared), h.tryFairPick(sqlEveryOrgPick)
 		require.True(t, full.decided, "round %d", round)
 		// (both fair statements share the near way: the full pick's starts
@@ -173,6 +126,65 @@ func TestFairPick_TheNearPickStartsWhatTheFullPickStartsOrDefersToIt(t *testing.
 	require.Greater(t, starts, 50, "most decided rounds start work")
 	require.Positive(t, deferred, "some rounds need the full pick")
 	t.Logf("near pick decided %d rounds (%d of them started work), deferred %d", decided, starts, deferred)
+}
+
+// randomFairPool empties the default pool and fills it with a random
+// fair-share state for the fair picks' comparisons: maxPar slots, the
+// per-org cap perOrg (nil: none), up to 8 orgs, some weighted, each with
+// up to maxItems-1 items at their own run_at (some not yet due), some of
+// them started (when mayRun) or finished since, the heads lagging behind;
+// when charged, turns charged to most orgs (some at a weight since
+// changed) — the loop's clock the caller set.
+func (h *harness) randomFairPool(rng *rand.Rand, charged bool, maxPar int, perOrg *int32, maxItems int, mayRun bool) {
+	h.t.Helper()
+	h.exec(`DELETE FROM workpool_work`)
+	h.exec(`DELETE FROM workpool_org_queues`)
+	h.exec(`DELETE FROM workpool_org_weights`)
+	h.exec(`DELETE FROM workpool_org_pending`)
+	h.exec(`UPDATE workpool_pools SET max_parallelism = $1, max_parallelism_per_org = $2 WHERE name = 'default'`, maxPar, perOrg)
+	now := h.clock.Now()
+	tick := 0
+	for o := range 1 + rng.IntN(8) {
+		org := fmt.Sprintf("org-%d", o)
+		weight := int32(1)
+		if rng.IntN(3) == 0 {
+			weight = int32(2 + rng.IntN(3))
+			h.exec(`INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ('default', $1, $2)`, org, weight)
+		}
+		if charged && rng.IntN(4) != 0 {
+			if rng.IntN(5) == 0 {
+				weight++ // charged at a weight since changed: restarted
+			}
+			if h.l.turns.orgs == nil {
+				h.l.turns.orgs = map[string]orgTurns{}
+			}
+			h.l.turns.orgs[org] = orgTurns{served: int64(rng.IntN(60)), weight: weight}
+		}
+		var params []EnqueueParams
+		for range rng.IntN(maxItems) {
+			tick++
+			// the orgs' items interleave, each at its own run_at
+			at := now.Add(-time.Duration(rng.IntN(50)*1000+tick) * time.Microsecond)
+			if rng.IntN(6) == 0 {
+				at = now.Add(time.Duration(tick) * time.Millisecond) // not yet due
+			}
+			params = append(params, EnqueueParams{OrgID: org, Pool: "default", Handler: "test_handle", RunAt: at})
+		}
+		if len(params) == 0 {
+			continue
+		}
+		ids, err := h.m.EnqueueMany(h.ctx, params)
+		require.NoError(h.t, err)
+		for _, id := range ids {
+			switch k := rng.IntN(6); {
+			case k < 2 && mayRun: // started by an earlier pick: the head lags behind it
+				h.exec(`UPDATE workpool_work SET state = 'running', started_at = $2 WHERE id = $1`, id, now.Add(-time.Second))
+			case k < 3: // started and finished since: the head lags, no slot held
+				h.exec(`UPDATE workpool_work SET state = 'finished', outcome = 'succeeded', started_at = $2, finished_at = $2 WHERE id = $1`,
+					id, now.Add(-time.Second))
+			}
+		}
+	}
 }
 
 // sqlEveryOrgPick is sqlIterateFastShared without its near way: it probes

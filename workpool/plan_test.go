@@ -92,59 +92,12 @@ func TestPlannedStart_StartsWhatTheFullFairPickStarts(t *testing.T) {
 	rng := rand.New(rand.NewPCG(36, 2026))
 	same, part, skipped := 0, 0, 0
 	for round := range 300 {
-		h.exec(`DELETE FROM workpool_work`)
-		h.exec(`DELETE FROM workpool_org_queues`)
-		h.exec(`DELETE FROM workpool_org_weights`)
-		h.exec(`DELETE FROM workpool_org_pending`)
 		h.l.turns = fairTurns{}
 		charged := round%2 == 1
 		if charged {
 			h.l.turns.num, h.l.turns.den = int64(rng.IntN(40)), int64(1+rng.IntN(4))
 		}
-		maxPar := 1 + rng.IntN(12)
-		h.exec(`UPDATE workpool_pools SET max_parallelism = $1, max_parallelism_per_org = NULL WHERE name = 'default'`, maxPar)
-		now := h.clock.Now()
-		tick := 0
-		for o := range 1 + rng.IntN(8) {
-			org := fmt.Sprintf("org-%d", o)
-			weight := int32(1)
-			if rng.IntN(3) == 0 {
-				weight = int32(2 + rng.IntN(3))
-				h.exec(`INSERT INTO workpool_org_weights (pool, org_id, weight) VALUES ('default', $1, $2)`, org, weight)
-			}
-			if charged && rng.IntN(4) != 0 {
-				if rng.IntN(5) == 0 {
-					weight++ // charged at a weight since changed: restarted
-				}
-				if h.l.turns.orgs == nil {
-					h.l.turns.orgs = map[string]orgTurns{}
-				}
-				h.l.turns.orgs[org] = orgTurns{served: int64(rng.IntN(60)), weight: weight}
-			}
-			var params []EnqueueParams
-			for range rng.IntN(9) {
-				tick++
-				at := now.Add(-time.Duration(rng.IntN(50)*1000+tick) * time.Microsecond)
-				if rng.IntN(6) == 0 {
-					at = now.Add(time.Duration(tick) * time.Millisecond) // not yet due
-				}
-				params = append(params, EnqueueParams{OrgID: org, Pool: "default", Handler: "test_handle", RunAt: at})
-			}
-			if len(params) == 0 {
-				continue
-			}
-			ids, err := h.m.EnqueueMany(h.ctx, params)
-			require.NoError(t, err)
-			for _, id := range ids {
-				switch k := rng.IntN(6); {
-				case k < 2: // started by an earlier pick: the head lags behind it
-					h.exec(`UPDATE workpool_work SET state = 'running', started_at = $2 WHERE id = $1`, id, now.Add(-time.Second))
-				case k < 3: // started and finished since: the head lags, no slot held
-					h.exec(`UPDATE workpool_work SET state = 'finished', outcome = 'succeeded', started_at = $2, finished_at = $2 WHERE id = $1`,
-						id, now.Add(-time.Second))
-				}
-			}
-		}
+		h.randomFairPool(rng, charged, 1+rng.IntN(12), nil, 9, true)
 		planned := h.tryPlannedPick()
 		if planned == nil {
 			skipped++
