@@ -22,20 +22,22 @@ import (
 // sends a statement that checks the view still holds — the slots held
 // per org, the due queues, the settings — reads each org that far from
 // where its last start stopped and ranks what it read in the fair order
-// (sqlTurnOrder), as the near pick does. When the view no longer holds
-// (another replica recorded a completion, an enqueue for an org it did
-// not know, a setting changed), the statement starts nothing and the
-// loop falls back to the near pick at once; it reads a new view after a
-// few fair starts (more after each miss in a row). The pick is the near
-// pick's whenever the view holds: the same candidates ranked by the same
-// order (TestPlannedStart_StartsWhatTheFullFairPickStarts); what it saves is the
-// near pick's SQL work of deriving them (docs/benchmarks.md § pool,
-// session 36).
+// (sqlTurnOrder), as the near pick does. Slots held that the view missed
+// (completions not handed over to it) are recounted from the statement's
+// snapshot and the start planned again; when anything else changed (work
+// enqueued, retried or handed back for a due org, a setting, keyed work)
+// the statement starts nothing and the loop falls back to the near pick
+// at once; it reads a new view after a few fair starts (more after each
+// miss in a row). The pick is the near pick's whenever the view holds:
+// the same candidates ranked by the same order
+// (TestPlannedStart_StartsWhatTheFullFairPickStarts); what it saves is
+// the near pick's SQL work of deriving them (docs/benchmarks.md § pool,
+// "Planned fair starts").
 
 // fairView is what a planned start assumes (sqlFairView): the slots each
 // org held at the snapshot it was read in, plus the loop's own starts
 // since; each due org with ready work, its weight and where its ready
-// work begins; the due queues as read (queueSeen); and the pool's
+// work begins; the due queues as read (sqlQueueSeen); and the pool's
 // settings' version.
 type fairView struct {
 	snap    pgSnapshot
@@ -368,8 +370,8 @@ func (h *candHeap) Pop() any {
 // order and the free slots' worth started. $9–$14 the plan (orgs, n,
 // heads, weights, slots held, vrun), $15–$16 the slots held per org
 // expected (orgs in byte order, counts), $17 the due queues expected
-// (sqlQueueSeen), $18 the settings' version; the
-// rest as every start, $8 the generation.
+// (sqlQueueSeen), $18 the settings' version; the rest as every start, $8
+// the generation.
 var sqlIterateFastPlanned = `
 WITH bump AS (` + bumpSQL("$8", "$2") + `
 ), plan AS (
