@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -282,11 +283,7 @@ func (v *fairView) plan(t *fairTurns) fairPlan {
 		used += n
 	}
 	p.free = max(v.maxPar-used, 0)
-	orgs := make([]string, 0, len(v.orgs))
-	for org := range v.orgs {
-		orgs = append(orgs, org)
-	}
-	slices.Sort(orgs)
+	orgs := slices.Sorted(maps.Keys(v.orgs))
 	den := max(t.den, 1)
 	h := make(candHeap, 0, len(orgs))
 	for i, org := range orgs {
@@ -297,45 +294,37 @@ func (v *fairView) plan(t *fairTurns) fairPlan {
 			line = tl.served
 		}
 		r := v.running[org]
-		p.orgs = append(p.orgs, org)
-		p.heads = append(p.heads, o.head)
-		p.weights = append(p.weights, o.weight)
-		p.running = append(p.running, r)
-		p.vrun = append(p.vrun, max(line, clock+r)-1)
-		p.served = append(p.served, max(line, clock))
-		p.n = append(p.n, 0)
-		h = append(h, cand{org: i, k: 1, vrun: p.vrun[i], running: r, weight: o.weight})
+		h = append(h, cand{org: i, k: 1, vrun: max(line, clock+r) - 1, served: max(line, clock), running: r, weight: o.weight})
 	}
-	if p.free == 0 || len(h) == 0 {
-		return p
+	n := make([]int32, len(orgs))
+	if p.free > 0 && len(h) > 0 {
+		heap.Init(&h)
+		var last cand
+		for taken := int64(0); taken < p.free || h[0].key1() == last.key1() && h[0].key2() == last.key2(); taken++ {
+			last = h[0]
+			n[last.org]++
+			h[0].k++
+			heap.Fix(&h, 0)
+		}
 	}
-	heap.Init(&h)
-	var last cand
-	for taken := int64(0); taken < p.free || h[0].key1() == last.key1() && h[0].key2() == last.key2(); taken++ {
-		last = h[0]
-		p.n[last.org]++
-		h[0].k++
-		heap.Fix(&h, 0)
-	}
-	// only the orgs the start reads go to the statement
-	kept := 0
-	for i := range p.orgs {
-		if p.n[i] == 0 {
+	// only the orgs the start reads go to the statement (h holds each org
+	// once, in some order; its k moved on, the rest as planned)
+	for _, c := range h {
+		if n[c.org] == 0 {
 			continue
 		}
-		p.orgs[kept], p.n[kept], p.heads[kept] = p.orgs[i], p.n[i], p.heads[i]
-		p.weights[kept], p.running[kept], p.vrun[kept], p.served[kept] = p.weights[i], p.running[i], p.vrun[i], p.served[i]
-		kept++
+		org := orgs[c.org]
+		p.orgs, p.n, p.heads = append(p.orgs, org), append(p.n, n[c.org]), append(p.heads, v.orgs[org].head)
+		p.weights, p.running = append(p.weights, c.weight), append(p.running, c.running)
+		p.vrun, p.served = append(p.vrun, c.vrun), append(p.served, c.served)
 	}
-	p.orgs, p.n, p.heads = p.orgs[:kept], p.n[:kept], p.heads[:kept]
-	p.weights, p.running, p.vrun, p.served = p.weights[:kept], p.running[:kept], p.vrun[:kept], p.served[:kept]
 	return p
 }
 
 // cand is an org's k-th candidate in the plan's merge of the orgs' queues.
 type cand struct {
-	org                      int
-	k, vrun, running, weight int64
+	org                              int
+	k, vrun, served, running, weight int64
 }
 
 func (c cand) key1() float64 { return float64(c.vrun+c.k) / float64(c.weight) }

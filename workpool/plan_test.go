@@ -31,6 +31,25 @@ type plannedOutcome struct {
 	clock   [2]int64
 }
 
+// enqueueEach enqueues n items for each of orgs, in turn.
+func (h *harness) enqueueEach(n int, orgs ...string) {
+	h.t.Helper()
+	for range n {
+		for _, org := range orgs {
+			h.enqueue(withOrg(org))
+		}
+	}
+}
+
+// mustReadView reads a view of the default pool now: there must be one.
+func (h *harness) mustReadView() *fairView {
+	h.t.Helper()
+	v, err := h.l.readView(h.ctx, h.clock.Now())
+	require.NoError(h.t, err)
+	require.NotNil(h.t, v)
+	return v
+}
+
 // tryPlannedPick reads a view of the default pool, plans from it and the
 // loop's turns, and runs the planned start in a transaction it rolls
 // back; nil when the pool cannot plan (fewer than two orgs with ready
@@ -129,10 +148,7 @@ func TestPlannedStart_StartsWhatTheFullFairPickStarts(t *testing.T) {
 func TestPlannedView_CountsEachRecordedBatchOnce(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, withMaxParallelism(6))
-	for range 6 {
-		h.enqueue(withOrg("a"))
-		h.enqueue(withOrg("b"))
-	}
+	h.enqueueEach(6, "a", "b")
 	h.runMain()
 	require.Equal(t, map[string]int{"a": 3, "b": 3}, h.runningByOrg())
 	runningOf := func(org string) uuid.UUID {
@@ -142,9 +158,7 @@ func TestPlannedView_CountsEachRecordedBatchOnce(t *testing.T) {
 	}
 	h.clock.Advance(time.Millisecond) // (the planned start's items: those started now)
 	before := h.complete(runningOf("a"), "success", 1)
-	v, err := h.l.readView(h.ctx, h.clock.Now())
-	require.NoError(t, err)
-	require.NotNil(t, v)
+	v := h.mustReadView()
 	after1 := h.complete(runningOf("b"), "success", 1)
 	after2 := h.complete(runningOf("b"), "success", 1)
 
@@ -178,18 +192,13 @@ func TestPlannedView_AChangeItDidNotSeeMakesThePlannedStartStartNothing(t *testi
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t, withMaxParallelism(4))
-			for range 6 {
-				h.enqueue(withOrg("a"))
-				h.enqueue(withOrg("b"))
-			}
+			h.enqueueEach(6, "a", "b")
 			h.runMain()
 			running := h.observe().running
 			h.clock.Advance(time.Millisecond) // (the planned start's items: those started now)
 			h.complete(running[1], "success", 1)
 			h.complete(running[2], "success", 1)
-			v, err := h.l.readView(h.ctx, h.clock.Now())
-			require.NoError(t, err)
-			require.NotNil(t, v)
+			v := h.mustReadView()
 			require.True(t, h.runPlannedIn(v, h.clock.Now()).held, "unchanged, the view holds")
 
 			tc.change(h, running)
@@ -291,9 +300,7 @@ func TestPlannedView_DroppedMovesTheHeadsItsStartsWentPastOfQueuesNoOneWrote(t *
 		h.clock.Advance(time.Millisecond) // each item its own run_at
 	}
 	before := h.queueHeads()
-	v, err := h.l.readView(h.ctx, h.clock.Now())
-	require.NoError(t, err)
-	require.NotNil(t, v)
+	v := h.mustReadView()
 	h.l.view = v
 	res, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
 	require.NoError(t, err)
@@ -328,13 +335,8 @@ func TestPlannedView_DroppedMovesTheHeadsItsStartsWentPastOfQueuesNoOneWrote(t *
 func TestPlannedStart_CompletionsNotYetHandedOverAreRecountedNotMissed(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, withMaxParallelism(4))
-	for range 6 {
-		h.enqueue(withOrg("a"))
-		h.enqueue(withOrg("b"))
-	}
-	v, err := h.l.readView(h.ctx, h.clock.Now())
-	require.NoError(t, err)
-	require.NotNil(t, v)
+	h.enqueueEach(6, "a", "b")
+	v := h.mustReadView()
 	h.l.view = v
 	_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
 	require.NoError(t, err)
@@ -368,9 +370,7 @@ func TestPlannedView_DroppedSkipsAQueueRowAnotherTransactionHolds(t *testing.T) 
 		h.enqueue(withOrg("b"))
 		h.clock.Advance(time.Millisecond) // each item its own run_at
 	}
-	v, err := h.l.readView(h.ctx, h.clock.Now())
-	require.NoError(t, err)
-	require.NotNil(t, v)
+	v := h.mustReadView()
 	h.l.view = v
 	for range 2 { // a1+b1, then a2+b2 (the second moves both heads)
 		res, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
@@ -506,14 +506,9 @@ func TestPlannedView_TheBackoffGrowsOnlyWithMissesAndEndsWithAPlannedStartOrIdle
 	require.NoError(t, err, "one org's ready work is no miss")
 	require.Nil(t, v)
 
-	for range 3 {
-		h.enqueue(withOrg("a"))
-		h.enqueue(withOrg("b"))
-	}
+	h.enqueueEach(3, "a", "b")
 	h.runMain() // both slots taken
-	v, err = h.l.readView(h.ctx, h.clock.Now())
-	require.NoError(t, err)
-	require.NotNil(t, v)
+	v = h.mustReadView()
 	h.l.view, h.l.planMisses = v, 3
 	res, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
 	require.NoError(t, err)
@@ -538,10 +533,7 @@ func TestPlannedView_TheBackoffGrowsOnlyWithMissesAndEndsWithAPlannedStartOrIdle
 	require.Zero(t, h.l.planWait)
 
 	require.NoError(t, h.m.SetMaxParallelismPerOrg(h.ctx, "default", ptr(1)))
-	for range 2 {
-		h.enqueue(withOrg("a"))
-		h.enqueue(withOrg("b"))
-	}
+	h.enqueueEach(2, "a", "b")
 	_, err = h.l.readView(h.ctx, h.clock.Now())
 	require.ErrorIs(t, err, errCannotPlan)
 }
