@@ -5,13 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // The planned fair start. While a pool's backlog of several orgs burns
@@ -21,9 +22,9 @@ import (
 // replica records. The loop keeps them (a fairView, read once), works out
 // in Go how far down each org's queue the next start can reach, and
 // sends a statement that checks the view still holds — the slots held
-// per org, the due queues, the settings — reads each org that far from
-// where its last start stopped and ranks what it read in the fair order
-// (sqlTurnOrder), as the near pick does. Slots held that the view missed
+// per org, the due queues, the settings — and starts those items (each
+// org's next, as the loop read them ahead: sqlReadAhead) in the fair
+// order (sqlTurnOrder), as the near pick does. Slots held that the view missed
 // (completions not handed over to it) are recounted from the statement's
 // snapshot and the start planned again; when anything else changed (work
 // enqueued, retried or handed back for a due org, a setting, keyed work)
@@ -32,8 +33,8 @@ import (
 // miss in a row). The pick is the near pick's whenever the view holds:
 // the same candidates ranked by the same order
 // (TestPlannedStart_StartsWhatTheFullFairPickStarts); what it saves is
-// the near pick's SQL work of deriving them (docs/benchmarks.md § pool,
-// "Planned fair starts").
+// the near pick's SQL work of deriving them, and the reads themselves
+// (docs/benchmarks.md § pool, "Planned fair starts").
 
 // fairView is what a planned start assumes (sqlFairView): the slots each
 // org held at the snapshot it was read in, plus the loop's own starts
@@ -46,6 +47,7 @@ type fairView struct {
 	version int64
 	running map[string]int64
 	orgs    map[string]*viewOrg
+	names   []string // orgs' names, in byte order
 	queues  []string // each due queue, as sqlQueueSeen renders it
 	// until: when a not-ready org's next item comes due (zero: none); the
 	// view says nothing of it, so it is read again then
@@ -53,14 +55,31 @@ type fairView struct {
 }
 
 // viewOrg is a due org with ready work: its weight, a time at or before
-// its first ready item (where the next read begins: the first item the
-// last read found) and its queue row's version as the view read it (the
-// head goes back to the row only if no one wrote it since: dropView).
+// its first ready item (where the next read begins), its queue row's
+// version as the view read it (the head goes back to the row only if no
+// one wrote it since: dropView), and its next ready items as last read
+// (ahead: a prefix of its ready work, in the order a read from the head
+// takes it, less what the planned starts took since).
 type viewOrg struct {
 	weight int64
 	head   time.Time
 	seen   string
 	moved  bool // head is past the row's
+	ahead  []aheadItem
+}
+
+// aheadItem is a ready item read ahead: its tuple, id and run_at.
+type aheadItem struct {
+	tid   pgtype.TID
+	id    uuid.UUID
+	runAt time.Time
+}
+
+// readAheadOf is how many items a read ahead takes of an org a start
+// takes n of: enough for several starts (most then read nothing), within
+// a bound (a start of many orgs reads little of each).
+func readAheadOf(n int32) int32 {
+	return max(n, min(8*n, 256))
 }
 
 // completedBatch is a batch of attempts this replica recorded for a pool:
@@ -253,20 +272,20 @@ func (l *loop) readView(ctx context.Context, now time.Time) (*fairView, error) {
 	for i, org := range readyOrgs {
 		v.orgs[org] = &viewOrg{weight: max(weights[i], 1), head: heads[i], seen: seen[i]}
 	}
+	v.names = readyOrgs // (in byte order: COLLATE "C")
 	if until != nil {
 		v.until = *until
 	}
 	return v, nil
 }
 
-// fairPlan is a planned start's reads: each org with its weight, the
-// slots it holds, its position less one (vrun, as sqlTurnsHeld), the
-// starts charged to it as the pick counts them (served, sqlServed), how
-// far down its queue the start may reach (n) and where its read begins.
+// fairPlan is a planned start's candidates: each org with its weight,
+// the slots it holds, its position less one (vrun, as sqlTurnsHeld), the
+// starts charged to it as the pick counts them (served, sqlServed) and
+// how far down its queue the start may reach (n).
 type fairPlan struct {
 	orgs                           []string
 	n                              []int32
-	heads                          []time.Time
 	weights, running, vrun, served []int64
 	free                           int64
 }
@@ -283,7 +302,7 @@ func (v *fairView) plan(t *fairTurns) fairPlan {
 		used += n
 	}
 	p.free = max(v.maxPar-used, 0)
-	orgs := slices.Sorted(maps.Keys(v.orgs))
+	orgs := v.names
 	den := max(t.den, 1)
 	h := make(candHeap, 0, len(orgs))
 	for i, org := range orgs {
@@ -314,7 +333,7 @@ func (v *fairView) plan(t *fairTurns) fairPlan {
 			continue
 		}
 		org := orgs[c.org]
-		p.orgs, p.n, p.heads = append(p.orgs, org), append(p.n, n[c.org]), append(p.heads, v.orgs[org].head)
+		p.orgs, p.n = append(p.orgs, org), append(p.n, n[c.org])
 		p.weights, p.running = append(p.weights, c.weight), append(p.running, c.running)
 		p.vrun, p.served = append(p.vrun, c.vrun), append(p.served, c.served)
 	}
@@ -351,21 +370,36 @@ func (h *candHeap) Pop() any {
 	return c
 }
 
+// sqlReadAhead reads ahead each org $2 from its head $3: its first $4
+// ready plain items due at $5, in the order every read of its queue takes
+// them (run_at, then the index's order; rn numbers them).
+const sqlReadAhead = `
+SELECT u.org_id, c.tid, c.id, c.run_at, c.rn
+FROM unnest($2::text[], $3::timestamptz[], $4::int[]) AS u(org_id, head_at, n)
+CROSS JOIN LATERAL (
+  SELECT x.tid, x.id, x.run_at, row_number() OVER (ORDER BY x.run_at) AS rn FROM (
+    SELECT w.ctid AS tid, w.id, w.run_at FROM workpool_work w
+    WHERE w.pool = $1 AND w.org_id = u.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
+      AND w.run_at >= u.head_at AND w.run_at <= $5
+    ORDER BY w.run_at LIMIT u.n) x) c`
+
 // sqlIterateFastPlanned is a fair fast iteration from the loop's plan
 // (fairPlan, fairView): the fence, then — when the view holds (verdict:
 // the slots held per org, the due queues and the settings' version are
-// as the loop expects, and no keyed work is ready) — each planned org
-// read from its head as far as planned, the reads ranked in the fair
-// order and the free slots' worth started. $9–$14 the plan (orgs, n,
-// heads, weights, slots held, vrun), $15–$16 the slots held per org
-// expected (orgs in byte order, counts), $17 the due queues expected
+// as the loop expects, and no keyed work is ready) — the planned items
+// (each org's first, as read ahead) ranked in the fair order and the free
+// slots' worth started, each found by its tuple and checked to be the
+// item read ahead and still ready. $9–$14 the planned items (tuple, id,
+// org, run_at, and sqlTurnOrder's first two terms: (vrun + k) / weight and
+// (running + k) / weight of an org's k-th), $15–$16 the slots held per
+// org expected (orgs in byte order, counts), $17 the due queues expected
 // (sqlQueueSeen), $18 the settings' version; the rest as every start, $8
 // the generation.
 var sqlIterateFastPlanned = `
 WITH bump AS (` + bumpSQL("$8", "$2") + `
-), plan AS (
-  SELECT * FROM unnest($9::text[], $10::int[], $11::timestamptz[], $12::bigint[], $13::bigint[], $14::bigint[])
-    AS p(org_id, n, head_at, weight, running, vrun)
+), cand AS (
+  SELECT * FROM unnest($9::tid[], $10::uuid[], $11::text[], $12::timestamptz[], $13::float8[], $14::float8[])
+    AS c(tid, id, org_id, run_at, turn, held)
 ), ` + sqlRunningByOrg + `, held AS (
   -- the slots held per org as this snapshot has them (returned: a view
   -- that missed only completions not yet handed over takes them)
@@ -382,30 +416,85 @@ WITH bump AS (` + bumpSQL("$8", "$2") + `
   SELECT CASE WHEN NOT coalesce((SELECT paused FROM bump), true) AND (SELECT ok FROM verdict)
       AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)
     THEN ` + sqlFreeSlotsOfOrgs("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
-), cand AS (
-  SELECT c.tid, p.org_id, c.run_at, p.weight, p.running, p.vrun, c.rn
-  FROM plan p CROSS JOIN LATERAL (
-    -- (numbered outside the limit, as near_read)
-    SELECT x.tid, x.run_at, row_number() OVER (ORDER BY x.run_at) AS rn FROM (
-      SELECT w.ctid AS tid, w.run_at FROM workpool_work w
-      WHERE w.pool = $1 AND w.org_id = p.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
-        AND w.run_at >= p.head_at AND w.run_at <= $2
-      ORDER BY w.run_at LIMIT p.n) x) c
-  WHERE (SELECT n FROM free) > 0 AND p.n > 0
-), pick AS (
-  -- (by tuple id: no index lookup per started item)
-  SELECT w.id, w.handler, w.ctid AS tid, w.org_id, w.run_at FROM workpool_work w
-  WHERE w.ctid = ANY(ARRAY(SELECT tid FROM cand ORDER BY ` + sqlTurnOrder + ` LIMIT (SELECT n FROM free)))
-    AND w.state = 'pending'
+), sel AS (
+  -- (sqlTurnOrder, its first two terms worked out by the loop, as Postgres
+  -- would: a float8 quotient of two integers)
+  SELECT tid, id FROM cand WHERE (SELECT n FROM free) > 0 ORDER BY turn, held, run_at, org_id LIMIT (SELECT n FROM free)
+), locked AS (
+  -- (by tuple id, as the near pick: no index lookup per started item)
+  SELECT w.id, w.handler, w.ctid AS tid, w.org_id, w.run_at, w.pool, w.concurrency_key FROM workpool_work w
+  WHERE w.ctid = ANY(ARRAY(SELECT tid FROM sel)) AND w.state = 'pending'
   FOR UPDATE SKIP LOCKED
+), pick AS (
+  -- each an item read ahead (only the loop writes a ready item's row, but
+  -- a tuple's place is not its identity), in this pool, plain and due
+  SELECT l.id, l.handler, l.tid, l.org_id, l.run_at FROM locked l
+  WHERE l.id = ANY(ARRAY(SELECT id FROM sel)) AND l.pool = $1 AND l.concurrency_key IS NULL AND l.run_at <= $2
 ),
 ` + sqlStartPicked(`EXISTS (SELECT 1 FROM bump), coalesce((SELECT paused FROM bump), false), (SELECT ok FROM verdict),
-  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1), (SELECT n FROM free), (SELECT count(*) FROM cand),
-  coalesce((SELECT array_agg(org_id) FROM pick), '{}'),
-  -- each org read, with the first item its read found: where its next read begins
-  coalesce((SELECT array_agg(org_id) FROM cand WHERE rn = 1), '{}'), coalesce((SELECT array_agg(run_at) FROM cand WHERE rn = 1), '{}'),
+  EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1), (SELECT n FROM free),
+  coalesce((SELECT array_agg(id) FROM pick), '{}'), coalesce((SELECT array_agg(org_id) FROM pick), '{}'),
   (SELECT min(head_at) FROM workpool_org_queues WHERE pool = $1 AND head_at > $2),
   (SELECT ok FROM rest), (SELECT orgs FROM held), (SELECT n FROM held), pg_current_snapshot()::text,`)
+
+// queryer runs a query: the pool, or a test's transaction.
+type queryer interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// readAheadFor reads ahead the orgs plan p reads further than the view
+// has read them, and with them every org whose read-ahead runs low (so
+// that the orgs, which a burn-down drains together, are read together).
+// An org with less ready work than the plan takes of it keeps what it
+// has: the plan is then short.
+func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now time.Time, p fairPlan) error {
+	short := false
+	for i, org := range p.orgs {
+		short = short || len(v.orgs[org].ahead) < int(p.n[i])
+	}
+	if !short {
+		return nil
+	}
+	var (
+		orgs  []string
+		heads []time.Time
+		ns    []int32
+	)
+	for i, org := range p.orgs {
+		if o := v.orgs[org]; len(o.ahead) < 2*int(p.n[i]) {
+			orgs, heads, ns = append(orgs, org), append(heads, o.head), append(ns, readAheadOf(p.n[i]))
+		}
+	}
+	rows, err := q.Query(ctx, sqlReadAhead, pool, orgs, heads, ns, now)
+	if err != nil {
+		return fmt.Errorf("reading ahead pool %s's orgs: %w", pool, err)
+	}
+	read := map[string][]aheadItem{}
+	rn := map[uuid.UUID]int64{}
+	var (
+		org  string
+		item aheadItem
+		n    int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&org, &item.tid, &item.id, &item.runAt, &n}, func() error {
+		read[org] = append(read[org], item)
+		rn[item.id] = n
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reading ahead pool %s's orgs: %w", pool, err)
+	}
+	for _, org := range orgs {
+		items := read[org]
+		slices.SortStableFunc(items, func(a, b aheadItem) int { return int(rn[a.id] - rn[b.id]) })
+		o := v.orgs[org]
+		o.ahead = items
+		if len(items) > 0 && items[0].runAt.After(o.head) {
+			o.head, o.moved = items[0].runAt, true
+		}
+	}
+	return nil
+}
 
 // runPlanned runs a planned start from the loop's view and launches what
 // it started; decided is false when the view no longer held (it then
@@ -435,13 +524,21 @@ func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResul
 	v := l.view
 	l.foldCompleted(v)
 	p := v.plan(&l.turns)
+	rctx, rcancel := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
+	err = v.readAheadFor(rctx, l.m.db, l.pool, now, p)
+	rcancel()
+	if err != nil {
+		l.view = nil
+		return iterResult{}, false, false, err
+	}
 	// (With no slot free as the view has it, the start still runs: a
 	// completion not yet handed over is recounted, and a kick for anything
 	// else finds nothing to start, as the near pick would.)
 	var r plannedRun
+	args, sent := v.args(l, now, p)
 	b := &pgx.Batch{}
 	b.Queue("SELECT set_config('synchronous_commit', 'off', true)") // (as runFast)
-	b.Queue(sqlIterateFastPlanned, v.args(l, now, p)...).QueryRow(func(row pgx.Row) error { return row.Scan(r.dest()...) })
+	b.Queue(sqlIterateFastPlanned, args...).QueryRow(func(row pgx.Row) error { return row.Scan(r.dest()...) })
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.m.cfg.StatementTimeout)
 	defer cancel()
 	l.m.exec.claiming.RLock() // until its claims are launched
@@ -473,26 +570,17 @@ func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResul
 	}
 	l.m.metrics.fairPlans.WithLabelValues(l.pool, "held").Inc()
 	l.turns.apply(p.charges(r.pickedOrgs))
-	var planned int64
-	for _, n := range p.n {
-		planned += int64(n)
-	}
 	for _, org := range r.pickedOrgs {
 		v.running[org]++
 	}
-	for i, org := range r.firstOrgs {
-		// (the first item read, not the last started: one a lock held
-		// back stays pending behind the last started)
-		if o := v.orgs[org]; o != nil && r.firstAt[i].After(o.head) {
-			o.head, o.moved = r.firstAt[i], true
-		}
-	}
+	took := v.take(r.pickedIDs, r.pickedOrgs)
 	l.launch(r.started)
-	if r.read < planned {
-		// An org had less ready work than its read could take: it may
-		// have none left, which the view would not know (the near pick
-		// moves its queue's head). (After the launch: what started runs
-		// first.)
+	if sent < p.total() || !took || len(r.pickedIDs) < int(min(int64(r.free), int64(sent))) {
+		// An org had less ready work than the plan takes of it (it may
+		// have none left, which the view would not know: the near pick
+		// moves its queue's head), or a planned item did not start (a
+		// lock held it, or it changed). (After the launch: what started
+		// runs first.)
 		l.dropView(ctx)
 	}
 	didWork := len(r.started.lags) > 0
@@ -511,6 +599,46 @@ func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResul
 		res.wakeAt = v.until
 	}
 	return res, true, false, nil
+}
+
+// total is how many candidates the plan reads.
+func (p fairPlan) total() int {
+	n := 0
+	for _, k := range p.n {
+		n += int(k)
+	}
+	return n
+}
+
+// take takes the items a planned start started off their orgs'
+// read-ahead, moving each org's head to its first item left (or to the
+// last it started): ok is false when what started is not each org's
+// first items read ahead.
+func (v *fairView) take(ids []uuid.UUID, orgs []string) (ok bool) {
+	started := make(map[uuid.UUID]bool, len(ids))
+	count := map[string]int{}
+	for i, id := range ids {
+		started[id] = true
+		count[orgs[i]]++
+	}
+	ok = true
+	for org, k := range count {
+		o := v.orgs[org]
+		if o == nil || k > len(o.ahead) {
+			return false
+		}
+		for _, it := range o.ahead[:k] {
+			ok = ok && started[it.id]
+		}
+		head := o.ahead[k-1].runAt
+		if o.ahead = o.ahead[k:]; len(o.ahead) > 0 {
+			head = o.ahead[0].runAt
+		}
+		if head.After(o.head) {
+			o.head, o.moved = head, true
+		}
+	}
+	return ok
 }
 
 // expectedRunning is the slots held per org as the view has them: the
@@ -574,16 +702,15 @@ func (l *loop) dropView(ctx context.Context) {
 }
 
 // plannedRun is what sqlIterateFastPlanned returns: the fence, the pause,
-// the verdict, whether cancelations wait, the free slots, the candidates
-// read, the started items' orgs, each read org's first item, the next
-// head to come due, the verdict but for the slots held (restOK), the
-// slots held per org and the snapshot, then the starts.
+// the verdict, whether cancelations wait, the free slots, the started
+// items' ids and orgs, the next head to come due, the verdict but for the
+// slots held (restOK), the slots held per org and the snapshot, then the
+// starts.
 type plannedRun struct {
 	fenced, paused, ok, cancels, restOK bool
 	free                                int32
-	read                                int64
-	pickedOrgs, firstOrgs, heldOrgs     []string
-	firstAt                             []time.Time
+	pickedIDs                           []uuid.UUID
+	pickedOrgs, heldOrgs                []string
 	nextAt                              *time.Time
 	heldN                               []int64
 	snap                                string
@@ -591,15 +718,33 @@ type plannedRun struct {
 }
 
 func (r *plannedRun) dest() []any {
-	return append([]any{&r.fenced, &r.paused, &r.ok, &r.cancels, &r.free, &r.read, &r.pickedOrgs, &r.firstOrgs, &r.firstAt,
+	return append([]any{&r.fenced, &r.paused, &r.ok, &r.cancels, &r.free, &r.pickedIDs, &r.pickedOrgs,
 		&r.nextAt, &r.restOK, &r.heldOrgs, &r.heldN, &r.snap}, r.started.dest()...)
 }
 
-// args are sqlIterateFastPlanned's parameters for plan p of the view.
-func (v *fairView) args(l *loop, now time.Time, p fairPlan) []any {
+// args are sqlIterateFastPlanned's parameters for plan p of the view:
+// each planned org's first items read ahead, as many as the plan reads
+// (sent: fewer when an org has fewer).
+func (v *fairView) args(l *loop, now time.Time, p fairPlan) (args []any, sent int) {
+	var (
+		tids       []pgtype.TID
+		ids        [][16]byte // (as pgUUIDs)
+		orgs       []string
+		runAts     []time.Time
+		turn, held []float64
+	)
+	for i, org := range p.orgs {
+		items := v.orgs[org].ahead
+		items = items[:min(len(items), int(p.n[i]))]
+		for k, it := range items {
+			c := cand{k: int64(k + 1), vrun: p.vrun[i], running: p.running[i], weight: p.weights[i]}
+			tids, ids, orgs, runAts = append(tids, it.tid), append(ids, it.id), append(orgs, org), append(runAts, it.runAt)
+			turn, held = append(turn, c.key1()), append(held, c.key2())
+		}
+	}
 	runOrgs, runN := v.expectedRunning()
-	return append(l.startArgs(now), l.gen, p.orgs, p.n, p.heads, p.weights, p.running, p.vrun,
-		runOrgs, runN, v.queues, v.version)
+	return append(l.startArgs(now), l.gen, tids, ids, orgs, runAts, turn, held,
+		runOrgs, runN, v.queues, v.version), len(ids)
 }
 
 // charges are what a planned start charged (sqlChargeTurns): each org

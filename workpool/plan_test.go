@@ -75,13 +75,11 @@ func (h *harness) runPlannedIn(v *fairView, now time.Time) *plannedOutcome {
 		out plannedOutcome
 		r   plannedRun
 	)
-	require.NoError(h.t, tx.QueryRow(h.ctx, sqlIterateFastPlanned, v.args(h.l, now, p)...).Scan(r.dest()...))
+	require.NoError(h.t, v.readAheadFor(h.ctx, tx, h.l.pool, now, p))
+	args, sent := v.args(h.l, now, p)
+	require.NoError(h.t, tx.QueryRow(h.ctx, sqlIterateFastPlanned, args...).Scan(r.dest()...))
 	require.True(h.t, r.fenced)
-	var planned int64
-	for _, n := range p.n {
-		planned += int64(n)
-	}
-	out.held, out.short, out.free = r.ok, r.read < planned, int(r.free)
+	out.held, out.short, out.free = r.ok, sent < p.total(), int(r.free)
 	rows, err := tx.Query(h.ctx, `SELECT id FROM workpool_work WHERE pool = 'default' AND state = 'running' AND started_at = $1 ORDER BY id`, now)
 	require.NoError(h.t, err)
 	out.started, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
@@ -579,4 +577,105 @@ func TestPlannedView_SmallBurstsLeaveTheNextBacklogFreeToPlan(t *testing.T) {
 	finished()
 	require.Greater(t, testutil.ToFloat64(m.metrics.fairPlans.WithLabelValues("default", "held")), heldBefore+10,
 		"the backlog of three orgs was planned")
+}
+
+// A view kept over many planned starts — each reading from what the last
+// read ahead, completions handed over between them — starts at each the
+// items the full fair pick would start then, and charges its turns, until
+// an org runs short (then a part of them, and the view goes).
+func TestPlannedStart_AViewKeptOverManyStartsStartsWhatTheFullPickStartsEachTime(t *testing.T) {
+	for seed := range 4 {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, withMaxParallelism(5))
+			rng := rand.New(rand.NewPCG(uint64(seed), 37))
+			orgs := []string{"a", "b", "c", "d"}[:2+rng.IntN(3)]
+			for _, org := range orgs {
+				if w := 1 + rng.IntN(3); w > 1 {
+					require.NoError(t, h.m.SetOrgWeight(h.ctx, "default", org, w))
+				}
+			}
+			for range 60 + rng.IntN(60) {
+				h.enqueue(withOrg(orgs[rng.IntN(len(orgs))]))
+				h.clock.Advance(time.Millisecond) // (each its own run_at: one run_at's items start in either order)
+			}
+			h.runMain()
+			h.l.view = h.mustReadView()
+			planned := 0
+			for h.l.view != nil {
+				running := h.observe().running
+				for _, id := range running[:1+rng.IntN(len(running))] {
+					h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
+				}
+				h.clock.Advance(time.Millisecond) // (this start's items: those started now)
+				full := h.tryFairPick(sqlIterateFastShared)
+				_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
+				require.NoError(t, err)
+				require.True(t, decided, "start %d: the view holds", planned)
+				rows, err := h.db.Query(h.ctx, `SELECT id FROM workpool_work WHERE state = 'running' AND started_at = $1 ORDER BY id`, h.clock.Now())
+				require.NoError(t, err)
+				started, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+				require.NoError(t, err)
+				if h.l.view == nil {
+					require.Subset(t, full.started, started, "start %d: a short start starts a part of the full pick", planned)
+					break
+				}
+				require.Equal(t, full.started, started, "start %d: the same items start", planned)
+				for org, served := range full.turns {
+					require.Equal(t, served, h.l.turns.orgs[org].served, "start %d: org %s charged the same", planned, org)
+				}
+				planned++
+			}
+			require.Greater(t, planned, 5, "the view held over many starts")
+			t.Logf("%d planned starts on one view", planned)
+		})
+	}
+}
+
+// The planned starts read each org ahead for several starts: a burn-down
+// of many orgs reads ahead far less often than it starts.
+func TestPlannedStart_ReadsAheadForSeveralStarts(t *testing.T) {
+	t.Parallel()
+	c := &queryCounter{sql: sqlReadAhead}
+	m := burnDownCounting(t, c, 6, 120, 12, nil)
+	held := testutil.ToFloat64(m.metrics.fairPlans.WithLabelValues("default", "held"))
+	require.Greater(t, held, 20.0, "planned starts held")
+	require.Positive(t, c.n.Load(), "read ahead")
+	require.Less(t, float64(c.n.Load()), held/3, "reads ahead over %v planned starts", held)
+	t.Logf("%d reads ahead over %v planned starts", c.n.Load(), held)
+}
+
+// A planned start finds its items by their tuples, and starts a tuple
+// only as the item it read ahead there: one holding another item (here a
+// read-ahead made to disagree) stays pending, and the view goes.
+func TestPlannedStart_StartsATupleOnlyAsTheItemReadAheadThere(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(4))
+	h.enqueueEach(10, "a", "b")
+	h.runMain()
+	h.l.view = h.mustReadView()
+	for _, id := range h.observe().running {
+		h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
+	}
+	_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.True(t, decided)
+	require.NotNil(t, h.l.view, "the view holds")
+	for _, id := range h.observe().running {
+		h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
+	}
+	a := h.l.view.orgs["a"]
+	require.NotEmpty(t, a.ahead, "a read ahead")
+	wrong := a.ahead[0].id
+	a.ahead[0].id = uuid.New()
+
+	h.clock.Advance(time.Millisecond)
+	_, decided, err = h.l.runPlanned(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.True(t, decided)
+	var state string
+	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT state FROM workpool_work WHERE id = $1`, wrong).Scan(&state))
+	require.Equal(t, "pending", state, "the tuple's item is not the one read ahead there")
+	require.Nil(t, h.l.view, "a planned item that did not start drops the view")
+	require.Len(t, h.observe().running, 3, "the other planned items started")
 }

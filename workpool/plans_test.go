@@ -81,9 +81,19 @@ func TestTheLoopsStatementsNeverScanTheWholeWorkTable(t *testing.T) {
 				v, err := l.readView(ctx, now)
 				require.NoError(t, err)
 				require.NotNil(t, v)
-				requireNoWorkTableScan(t, m.db, "sqlIterateFastPlanned", sqlIterateFastPlanned, v.args(l, now, v.plan(&l.turns)))
-				var orgs, seen []string
+				p := v.plan(&l.turns)
+				var orgs []string
 				var heads []time.Time
+				var ns []int32
+				for org, o := range v.orgs {
+					orgs, heads, ns = append(orgs, org), append(heads, o.head), append(ns, readAheadOf(8))
+				}
+				requireNoWorkTableScan(t, m.db, "sqlReadAhead", sqlReadAhead, []any{l.pool, orgs, heads, ns, now})
+				require.NoError(t, v.readAheadFor(ctx, m.db, l.pool, now, p))
+				args, _ := v.args(l, now, p)
+				requireNoWorkTableScan(t, m.db, "sqlIterateFastPlanned", sqlIterateFastPlanned, args)
+				var seen []string
+				orgs, heads = orgs[:0], heads[:0]
 				for org, o := range v.orgs {
 					orgs, heads, seen = append(orgs, org), append(heads, now), append(seen, o.seen)
 				}

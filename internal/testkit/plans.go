@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -149,7 +150,7 @@ func textArgs(args []any) []any {
 	return out
 }
 
-// textArg is an argument the simple protocol can spell: ids as text.
+// textArg is an argument the simple protocol can spell: ids and tuple ids as text.
 func textArg(a any) any {
 	switch v := a.(type) {
 	case [16]byte:
@@ -161,6 +162,24 @@ func textArg(a any) any {
 			return nil
 		}
 		return v.String()
+	case []uuid.UUID:
+		out := make([]string, len(v))
+		for i, id := range v {
+			out[i] = id.String()
+		}
+		return out
+	case [][16]byte:
+		out := make([]string, len(v))
+		for i, id := range v {
+			out[i] = uuid.UUID(id).String()
+		}
+		return out
+	case []pgtype.TID:
+		out := make([]string, len(v))
+		for i, tid := range v {
+			out[i] = fmt.Sprintf("(%d,%d)", tid.BlockNumber, tid.OffsetNumber)
+		}
+		return out
 	}
 	return a
 }
