@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,6 +49,10 @@ type fairView struct {
 	running map[string]int64
 	orgs    map[string]*viewOrg
 	names   []string // orgs' names, in byte order
+	// emptied: the orgs whose ready work the planned starts took all of
+	// (off orgs and names; their queues go, or move to their next item,
+	// with the view: dropView)
+	emptied map[string]*viewOrg
 	queues  []string // each due queue, as sqlQueueSeen renders it
 	// until: when a not-ready org's next item comes due (zero: none); the
 	// view says nothing of it, so it is read again then
@@ -66,6 +71,11 @@ type viewOrg struct {
 	seen   string
 	moved  bool // head is past the row's
 	ahead  []aheadItem
+	// exhausted: ahead holds all its ready work (a read ahead found less
+	// than it asked for); next is then its first item not yet due (nil:
+	// none)
+	exhausted bool
+	next      *time.Time
 }
 
 // aheadItem is a ready item read ahead: its tuple, id and run_at.
@@ -313,16 +323,22 @@ func (v *fairView) plan(t *fairTurns) fairPlan {
 			line = tl.served
 		}
 		r := v.running[org]
-		h = append(h, cand{org: i, k: 1, vrun: max(line, clock+r) - 1, served: max(line, clock), running: r, weight: o.weight})
+		avail := int64(math.MaxInt64)
+		if o.exhausted {
+			avail = int64(len(o.ahead))
+		}
+		h = append(h, cand{org: i, k: 1, vrun: max(line, clock+r) - 1, served: max(line, clock), running: r, weight: o.weight,
+			avail: avail, out: avail == 0})
 	}
 	n := make([]int32, len(orgs))
 	if p.free > 0 && len(h) > 0 {
 		heap.Init(&h)
 		var last cand
-		for taken := int64(0); taken < p.free || h[0].key1() == last.key1() && h[0].key2() == last.key2(); taken++ {
+		for taken := int64(0); !h[0].out && (taken < p.free || h[0].key1() == last.key1() && h[0].key2() == last.key2()); taken++ {
 			last = h[0]
 			n[last.org]++
 			h[0].k++
+			h[0].out = h[0].k > h[0].avail // (an exhausted org has no more)
 			heap.Fix(&h, 0)
 		}
 	}
@@ -340,10 +356,12 @@ func (v *fairView) plan(t *fairTurns) fairPlan {
 	return p
 }
 
-// cand is an org's k-th candidate in the plan's merge of the orgs' queues.
+// cand is an org's k-th candidate in the plan's merge of the orgs' queues
+// (out: it has no k-th, of avail).
 type cand struct {
-	org                              int
-	k, vrun, served, running, weight int64
+	org                                     int
+	k, vrun, served, running, weight, avail int64
+	out                                     bool
 }
 
 func (c cand) key1() float64 { return float64(c.vrun+c.k) / float64(c.weight) }
@@ -353,6 +371,9 @@ type candHeap []cand
 
 func (h candHeap) Len() int { return len(h) }
 func (h candHeap) Less(i, j int) bool {
+	if h[i].out != h[j].out {
+		return !h[i].out
+	}
 	if a, b := h[i].key1(), h[j].key1(); a != b {
 		return a < b
 	}
@@ -372,16 +393,22 @@ func (h *candHeap) Pop() any {
 
 // sqlReadAhead reads ahead each org $2 from its head $3: its first $4
 // ready plain items due at $5, in the order every read of its queue takes
-// them (run_at, then the index's order; rn numbers them).
+// them (run_at, then the index's order), and, when it has fewer, when its
+// next item comes due (null: none pending).
 const sqlReadAhead = `
-SELECT u.org_id, c.tid, c.id, c.run_at, c.rn
+SELECT u.org_id, c.tids, c.ids, c.run_ats, cardinality(c.ids) < u.n,
+  CASE WHEN cardinality(c.ids) < u.n THEN (SELECT min(w.run_at) FROM workpool_work w
+    WHERE w.pool = $1 AND w.org_id = u.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at > $5) END
 FROM unnest($2::text[], $3::timestamptz[], $4::int[]) AS u(org_id, head_at, n)
 CROSS JOIN LATERAL (
-  SELECT x.tid, x.id, x.run_at, row_number() OVER (ORDER BY x.run_at) AS rn FROM (
-    SELECT w.ctid AS tid, w.id, w.run_at FROM workpool_work w
-    WHERE w.pool = $1 AND w.org_id = u.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
-      AND w.run_at >= u.head_at AND w.run_at <= $5
-    ORDER BY w.run_at LIMIT u.n) x) c`
+  SELECT coalesce(array_agg(x.tid ORDER BY x.rn), '{}') AS tids, coalesce(array_agg(x.id ORDER BY x.rn), '{}') AS ids,
+    coalesce(array_agg(x.run_at ORDER BY x.rn), '{}') AS run_ats
+  FROM (
+    SELECT y.tid, y.id, y.run_at, row_number() OVER (ORDER BY y.run_at) AS rn FROM (
+      SELECT w.ctid AS tid, w.id, w.run_at FROM workpool_work w
+      WHERE w.pool = $1 AND w.org_id = u.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
+        AND w.run_at >= u.head_at AND w.run_at <= $5
+      ORDER BY w.run_at LIMIT u.n) y) x) c`
 
 // sqlIterateFastPlanned is a fair fast iteration from the loop's plan
 // (fairPlan, fairView): the fence, then — when the view holds (verdict:
@@ -443,57 +470,65 @@ type queryer interface {
 }
 
 // readAheadFor reads ahead the orgs plan p reads further than the view
-// has read them, and with them every org whose read-ahead runs low (so
-// that the orgs, which a burn-down drains together, are read together).
-// An org with less ready work than the plan takes of it keeps what it
-// has: the plan is then short.
-func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now time.Time, p fairPlan) error {
-	short := false
+// has read them, and with them every planned org whose read-ahead runs
+// low (so that the orgs, which a burn-down drains together, are read
+// together). An org with less ready work than it asked for is exhausted:
+// its read-ahead is all of it, and short says that the plan asked more
+// of it than that (plan again).
+func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now time.Time, p fairPlan) (short bool, err error) {
+	need := false
 	for i, org := range p.orgs {
-		short = short || len(v.orgs[org].ahead) < int(p.n[i])
+		need = need || len(v.orgs[org].ahead) < int(p.n[i])
 	}
-	if !short {
-		return nil
+	if !need {
+		return false, nil
 	}
 	var (
 		orgs  []string
 		heads []time.Time
 		ns    []int32
+		want  = map[string]int32{}
 	)
 	for i, org := range p.orgs {
-		if o := v.orgs[org]; len(o.ahead) < 2*int(p.n[i]) {
+		if o := v.orgs[org]; !o.exhausted && len(o.ahead) < 2*int(p.n[i]) {
 			orgs, heads, ns = append(orgs, org), append(heads, o.head), append(ns, readAheadOf(p.n[i]))
+			want[org] = p.n[i]
 		}
 	}
 	rows, err := q.Query(ctx, sqlReadAhead, pool, orgs, heads, ns, now)
 	if err != nil {
-		return fmt.Errorf("reading ahead pool %s's orgs: %w", pool, err)
+		return false, fmt.Errorf("reading ahead pool %s's orgs: %w", pool, err)
 	}
-	read := map[string][]aheadItem{}
-	rn := map[uuid.UUID]int64{}
 	var (
-		org  string
-		item aheadItem
-		n    int64
+		org       string
+		tids      []pgtype.TID
+		ids       []uuid.UUID
+		runAts    []time.Time
+		exhausted bool
+		next      *time.Time
 	)
-	_, err = pgx.ForEachRow(rows, []any{&org, &item.tid, &item.id, &item.runAt, &n}, func() error {
-		read[org] = append(read[org], item)
-		rn[item.id] = n
+	_, err = pgx.ForEachRow(rows, []any{&org, &tids, &ids, &runAts, &exhausted, &next}, func() error {
+		o := v.orgs[org]
+		o.ahead = make([]aheadItem, len(ids))
+		for i := range ids {
+			o.ahead[i] = aheadItem{tid: tids[i], id: ids[i], runAt: runAts[i]}
+		}
+		o.exhausted, o.next = exhausted, next
+		if len(o.ahead) > 0 && o.ahead[0].runAt.After(o.head) {
+			o.head, o.moved = o.ahead[0].runAt, true
+		}
+		short = short || len(o.ahead) < int(want[org])
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("reading ahead pool %s's orgs: %w", pool, err)
+		return false, fmt.Errorf("reading ahead pool %s's orgs: %w", pool, err)
 	}
 	for _, org := range orgs {
-		items := read[org]
-		slices.SortStableFunc(items, func(a, b aheadItem) int { return int(rn[a.id] - rn[b.id]) })
-		o := v.orgs[org]
-		o.ahead = items
-		if len(items) > 0 && items[0].runAt.After(o.head) {
-			o.head, o.moved = items[0].runAt, true
+		if o := v.orgs[org]; o.exhausted && len(o.ahead) == 0 {
+			v.empty(org) // (short: planned again without it)
 		}
 	}
-	return nil
+	return short, nil
 }
 
 // runPlanned runs a planned start from the loop's view and launches what
@@ -523,10 +558,7 @@ func (l *loop) runPlanned(ctx context.Context, now time.Time) (res iterResult, d
 func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResult, decided, recount bool, err error) {
 	v := l.view
 	l.foldCompleted(v)
-	p := v.plan(&l.turns)
-	rctx, rcancel := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
-	err = v.readAheadFor(rctx, l.m.db, l.pool, now, p)
-	rcancel()
+	p, err := v.readAhead(ctx, l.m.db, l.pool, now, &l.turns, l.m.cfg.StatementTimeout)
 	if err != nil {
 		l.view = nil
 		return iterResult{}, false, false, err
@@ -601,6 +633,21 @@ func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResul
 	return res, true, false, nil
 }
 
+// readAhead plans the next start and reads ahead what it needs; when an
+// org turns out to have less ready work than planned, it plans again
+// without it (each time one org more is exhausted: it ends).
+func (v *fairView) readAhead(ctx context.Context, q queryer, pool string, now time.Time, t *fairTurns, timeout time.Duration) (fairPlan, error) {
+	for {
+		p := v.plan(t)
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		short, err := v.readAheadFor(rctx, q, pool, now, p)
+		cancel()
+		if err != nil || !short {
+			return p, err
+		}
+	}
+}
+
 // total is how many candidates the plan reads.
 func (p fairPlan) total() int {
 	n := 0
@@ -637,8 +684,27 @@ func (v *fairView) take(ids []uuid.UUID, orgs []string) (ok bool) {
 		if head.After(o.head) {
 			o.head, o.moved = head, true
 		}
+		if o.exhausted && len(o.ahead) == 0 {
+			v.empty(org)
+		}
 	}
 	return ok
+}
+
+// empty takes an exhausted org whose ready work has all started off the
+// view: like an org without ready work when the view was read, it is not
+// planned, and the view goes when its next item comes due.
+func (v *fairView) empty(org string) {
+	o := v.orgs[org]
+	delete(v.orgs, org)
+	v.names = slices.DeleteFunc(slices.Clone(v.names), func(n string) bool { return n == org })
+	if v.emptied == nil {
+		v.emptied = map[string]*viewOrg{}
+	}
+	v.emptied[org] = o
+	if o.next != nil && (v.until.IsZero() || o.next.Before(v.until)) {
+		v.until = *o.next
+	}
 }
 
 // expectedRunning is the slots held per org as the view has them: the
@@ -659,7 +725,8 @@ func (v *fairView) expectedRunning() ([]string, []int64) {
 }
 
 // sqlMoveViewHeads moves the queue heads of pool $1 a view's reads went
-// past ($2 orgs, $3 the heads, $4 the row versions the view read): only
+// past ($2 orgs, $3 the heads, $4 the row versions the view read; a null
+// head: the org has no pending plain work left, and its queue goes): only
 // rows no one wrote since — an enqueue, retry or hand-back may have added
 // work before the head — nor holds now (an enqueue not yet committed, a
 // record holding a retry's row through its hooks: as the near pick's
@@ -669,10 +736,12 @@ WITH untouched AS (
   SELECT q.tid, u.head FROM unnest($2::text[], $3::timestamptz[], $4::text[]) AS u(org_id, head, seen)
   CROSS JOIN LATERAL (
     SELECT q.ctid AS tid FROM workpool_org_queues q
-    WHERE q.pool = $1 AND q.org_id = u.org_id AND q.xmin::text = u.seen AND q.head_at < u.head
+    WHERE q.pool = $1 AND q.org_id = u.org_id AND q.xmin::text = u.seen AND (u.head IS NULL OR q.head_at < u.head)
     FOR UPDATE SKIP LOCKED) q
+), raised AS (
+  UPDATE workpool_org_queues q SET head_at = t.head FROM untouched t WHERE q.ctid = t.tid AND q.pool = $1 AND t.head IS NOT NULL
 )
-UPDATE workpool_org_queues q SET head_at = t.head FROM untouched t WHERE q.ctid = t.tid AND q.pool = $1`
+DELETE FROM workpool_org_queues q USING untouched t WHERE q.ctid = t.tid AND q.pool = $1 AND t.head IS NULL`
 
 // dropView drops the loop's view, first moving the queue heads its
 // reads went past: the near and full picks read each org from its head,
@@ -684,11 +753,14 @@ func (l *loop) dropView(ctx context.Context) {
 		return
 	}
 	var orgs, seen []string
-	var heads []time.Time
+	var heads []*time.Time
 	for org, o := range v.orgs {
 		if o.moved {
-			orgs, heads, seen = append(orgs, org), append(heads, o.head), append(seen, o.seen)
+			orgs, heads, seen = append(orgs, org), append(heads, &o.head), append(seen, o.seen)
 		}
+	}
+	for org, o := range v.emptied {
+		orgs, heads, seen = append(orgs, org), append(heads, o.next), append(seen, o.seen)
 	}
 	if len(orgs) == 0 {
 		return

@@ -67,7 +67,6 @@ func (h *harness) tryPlannedPick() *plannedOutcome {
 
 func (h *harness) runPlannedIn(v *fairView, now time.Time) *plannedOutcome {
 	h.t.Helper()
-	p := v.plan(&h.l.turns)
 	tx, err := h.db.Begin(h.ctx)
 	require.NoError(h.t, err)
 	defer func() { _ = tx.Rollback(h.ctx) }()
@@ -75,7 +74,8 @@ func (h *harness) runPlannedIn(v *fairView, now time.Time) *plannedOutcome {
 		out plannedOutcome
 		r   plannedRun
 	)
-	require.NoError(h.t, v.readAheadFor(h.ctx, tx, h.l.pool, now, p))
+	p, err := v.readAhead(h.ctx, tx, h.l.pool, now, &h.l.turns, time.Minute)
+	require.NoError(h.t, err)
 	args, sent := v.args(h.l, now, p)
 	require.NoError(h.t, tx.QueryRow(h.ctx, sqlIterateFastPlanned, args...).Scan(r.dest()...))
 	require.True(h.t, r.fenced)
@@ -100,9 +100,10 @@ func (h *harness) runPlannedIn(v *fairView, now time.Time) *plannedOutcome {
 // — weights, running work, items not yet due, queue heads gone stale,
 // turns charged at the current weight or at another, a clock set — with
 // no per-org cap (a pool with one does not plan). Where an org has less
-// ready work than the plan's read of it could take, the planned start
-// takes a part of the full pick (the slots it leaves, the loop fills
-// again at once, from the near pick).
+// ready work than the full pick's bound assumed, the full pick leaves
+// slots free (the loop fills them at its next start); the planned start,
+// which reads each org ahead and so knows, fills them at once with the
+// next in the same order: the full pick's items and more.
 func TestPlannedStart_StartsWhatTheFullFairPickStarts(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -123,9 +124,12 @@ func TestPlannedStart_StartsWhatTheFullFairPickStarts(t *testing.T) {
 		full := h.tryFairPick(sqlIterateFastShared)
 		require.True(t, full.decided, "round %d", round)
 		require.True(t, planned.held, "round %d: a view read just now holds", round)
-		if planned.short && len(planned.started) < planned.free {
+		if len(full.started) < planned.free && len(planned.started) > len(full.started) {
+			// (the full pick's bound left slots free, an org running
+			// short: the planned start, which knows what each org has
+			// left, fills them with the next in the same order)
 			part++
-			require.Subset(t, full.started, planned.started, "round %d: a short read starts a part of the full pick", round)
+			require.Subset(t, planned.started, full.started, "round %d: the full pick's part of the planned start", round)
 			continue
 		}
 		same++
@@ -354,10 +358,10 @@ func TestPlannedStart_CompletionsNotYetHandedOverAreRecountedNotMissed(t *testin
 	require.Zero(t, testutil.ToFloat64(h.m.metrics.fairPlans.WithLabelValues("default", "missed")))
 }
 
-// Dropping a view after a short read does not wait for a queue row
-// another transaction holds (an enqueue not yet committed, a record
-// holding a retry's row through its hooks): the work the start took is
-// launched, and that row's head stays where it was.
+// Dropping a view does not wait for a queue row another transaction holds
+// (an enqueue not yet committed, a record holding a retry's row through
+// its hooks): that row's head stays where it was; the others move, and
+// the queue of an org whose work has all started goes.
 func TestPlannedView_DroppedSkipsAQueueRowAnotherTransactionHolds(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, withMaxParallelism(2))
@@ -390,8 +394,9 @@ func TestPlannedView_DroppedSkipsAQueueRowAnotherTransactionHolds(t *testing.T) 
 	require.NoError(t, err)
 
 	done := make(chan error, 1)
-	go func() { // a has nothing left (a short read), b3 starts
+	go func() { // a has nothing left (off the view), b3 starts; then the view goes
 		_, _, err := h.l.runPlanned(h.ctx, h.clock.Now())
+		h.l.dropView(h.ctx)
 		done <- err
 	}()
 	select {
@@ -402,9 +407,8 @@ func TestPlannedView_DroppedSkipsAQueueRowAnotherTransactionHolds(t *testing.T) 
 		<-done
 		t.Fatal("the planned start waited for another transaction's lock of b's queue row")
 	}
-	require.Nil(t, h.l.view, "the short read dropped the view")
 	after := h.queueHeads()
-	require.True(t, after["a"].After(before["a"]), "a's head moved")
+	require.NotContains(t, after, "a", "a's queue, with nothing pending, went")
 	require.Equal(t, before["b"], after["b"], "b's row, held, is left as it was")
 }
 
@@ -581,8 +585,8 @@ func TestPlannedView_SmallBurstsLeaveTheNextBacklogFreeToPlan(t *testing.T) {
 
 // A view kept over many planned starts — each reading from what the last
 // read ahead, completions handed over between them — starts at each the
-// items the full fair pick would start then, and charges its turns, until
-// an org runs short (then a part of them, and the view goes).
+// items the full fair pick would start then, and charges its turns, as
+// the orgs run out of work one after another, to the last item.
 func TestPlannedStart_AViewKeptOverManyStartsStartsWhatTheFullPickStartsEachTime(t *testing.T) {
 	for seed := range 4 {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
@@ -604,9 +608,14 @@ func TestPlannedStart_AViewKeptOverManyStartsStartsWhatTheFullPickStartsEachTime
 			planned := 0
 			for h.l.view != nil {
 				running := h.observe().running
-				for _, id := range running[:1+rng.IntN(len(running))] {
+				if len(running) == 0 {
+					break
+				}
+				done := 1 + rng.IntN(len(running))
+				for _, id := range running[:done] {
 					h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
 				}
+				free := 5 - (len(running) - done)
 				h.clock.Advance(time.Millisecond) // (this start's items: those started now)
 				full := h.tryFairPick(sqlIterateFastShared)
 				_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
@@ -616,9 +625,12 @@ func TestPlannedStart_AViewKeptOverManyStartsStartsWhatTheFullPickStartsEachTime
 				require.NoError(t, err)
 				started, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 				require.NoError(t, err)
-				if h.l.view == nil {
-					require.Subset(t, full.started, started, "start %d: a short start starts a part of the full pick", planned)
-					break
+				if len(full.started) < free && len(started) > len(full.started) {
+					// (the full pick's bound left slots free: as in
+					// TestPlannedStart_StartsWhatTheFullFairPickStarts)
+					require.Subset(t, started, full.started, "start %d: the full pick's part of the planned start", planned)
+					planned++
+					continue
 				}
 				require.Equal(t, full.started, started, "start %d: the same items start", planned)
 				for org, served := range full.turns {
@@ -626,6 +638,8 @@ func TestPlannedStart_AViewKeptOverManyStartsStartsWhatTheFullPickStartsEachTime
 				}
 				planned++
 			}
+			require.NotNil(t, h.l.view, "the view held to the end")
+			require.Empty(t, h.observe().pending, "every item started")
 			require.Greater(t, planned, 5, "the view held over many starts")
 			t.Logf("%d planned starts on one view", planned)
 		})
@@ -678,4 +692,33 @@ func TestPlannedStart_StartsATupleOnlyAsTheItemReadAheadThere(t *testing.T) {
 	require.Equal(t, "pending", state, "the tuple's item is not the one read ahead there")
 	require.Nil(t, h.l.view, "a planned item that did not start drops the view")
 	require.Len(t, h.observe().running, 3, "the other planned items started")
+}
+
+// An org whose ready work has all started leaves the view, which then
+// lasts until that org's next item comes due; dropping the view moves the
+// org's queue head to that item.
+func TestPlannedView_AnOrgWhoseReadyWorkAllStartedLeavesTheViewUntilItsNextItemComesDue(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(2))
+	later := h.clock.Now().Add(time.Hour)
+	h.enqueue(withOrg("a"), withRunAt(later))
+	h.enqueueEach(2, "a")
+	h.enqueueEach(5, "b")
+	h.runMain() // a1 and b1
+	h.l.view = h.mustReadView()
+	for range 2 { // a2 and b2, then b3 and b4: a has nothing ready
+		for _, id := range h.observe().running {
+			h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
+		}
+		h.clock.Advance(time.Millisecond)
+		_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
+		require.NoError(t, err)
+		require.True(t, decided)
+	}
+	v := h.l.view
+	require.NotNil(t, v, "the view holds")
+	require.NotContains(t, v.orgs, "a", "a, with nothing ready, is off the view")
+	require.True(t, v.until.Equal(later), "the view lasts until a's next item comes due: %v", v.until)
+	h.l.dropView(h.ctx)
+	require.True(t, h.queueHeads()["a"].Equal(later), "a's queue head moved to its next item")
 }

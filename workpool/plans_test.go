@@ -81,7 +81,6 @@ func TestTheLoopsStatementsNeverScanTheWholeWorkTable(t *testing.T) {
 				v, err := l.readView(ctx, now)
 				require.NoError(t, err)
 				require.NotNil(t, v)
-				p := v.plan(&l.turns)
 				var orgs []string
 				var heads []time.Time
 				var ns []int32
@@ -89,7 +88,8 @@ func TestTheLoopsStatementsNeverScanTheWholeWorkTable(t *testing.T) {
 					orgs, heads, ns = append(orgs, org), append(heads, o.head), append(ns, readAheadOf(8))
 				}
 				requireNoWorkTableScan(t, m.db, "sqlReadAhead", sqlReadAhead, []any{l.pool, orgs, heads, ns, now})
-				require.NoError(t, v.readAheadFor(ctx, m.db, l.pool, now, p))
+				p, err := v.readAhead(ctx, m.db, l.pool, now, &l.turns, time.Minute)
+				require.NoError(t, err)
 				args, _ := v.args(l, now, p)
 				requireNoWorkTableScan(t, m.db, "sqlIterateFastPlanned", sqlIterateFastPlanned, args)
 				var seen []string
