@@ -608,11 +608,10 @@ func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResul
 	took := v.take(r.pickedIDs, r.pickedOrgs)
 	l.launch(r.started)
 	if sent < p.total() || !took || len(r.pickedIDs) < int(min(int64(r.free), int64(sent))) {
-		// An org had less ready work than the plan takes of it (it may
-		// have none left, which the view would not know: the near pick
-		// moves its queue's head), or a planned item did not start (a
-		// lock held it, or it changed). (After the launch: what started
-		// runs first.)
+		// A planned item did not start (a lock held it, or it changed),
+		// or — not expected: readAhead plans again without an exhausted
+		// org — an org had less ready work than planned. (After the
+		// launch: what started runs first.)
 		l.dropView(ctx)
 	}
 	didWork := len(r.started.lags) > 0

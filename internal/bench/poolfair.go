@@ -30,7 +30,8 @@ type fairPhase struct {
 // order alternates (so that neither side always runs on the other's dead
 // rows). Each burn-down enqueues into the paused pool, in org blocks (the
 // worst order for plain FIFO: the last org would wait for all the others),
-// and times from the resume until every completion is committed. With one
+// vacuums and checkpoints, and times from the resume until every
+// completion is committed. With one
 // org the loop starts work on its fast path; with several, every start is
 // the fair one (weights, caps and keys unused: plain fair share).
 func poolFairShare(ctx context.Context, c PoolConfig) error {
@@ -111,8 +112,15 @@ func fairBurnDown(ctx context.Context, db *pgxpool.Pool, m *workpool.Manager, c 
 			params = params[:0]
 		}
 	}
-	if _, err := db.Exec(ctx, "CHECKPOINT"); err != nil {
-		fmt.Fprintf(os.Stderr, "pool: no checkpoint before the burn-down (%v): its pair is uneven\n", err)
+	// Each burn-down from the same state: the dead rows and index entries
+	// of the ones before it vacuumed away (else the later side of a pair
+	// walks what the earlier left, and autovacuum, free to start in
+	// either, takes its CPU), the statistics fresh, the dirty pages on
+	// disk.
+	for _, sql := range []string{"VACUUM (ANALYZE) workpool_work, workpool_org_queues", "CHECKPOINT"} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			fmt.Fprintf(os.Stderr, "pool: %s before the burn-down failed (%v): its pair is uneven\n", sql, err)
+		}
 	}
 	target := handled.Load() + int64(c.N)
 	resumed := time.Now()
