@@ -462,7 +462,10 @@ WITH bump AS (` + bumpSQL("$8", "$2") + `
   EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1), (SELECT n FROM free),
   coalesce((SELECT array_agg(id) FROM pick), '{}'), coalesce((SELECT array_agg(org_id) FROM pick), '{}'),
   (SELECT min(head_at) FROM workpool_org_queues WHERE pool = $1 AND head_at > $2),
-  (SELECT ok FROM rest), (SELECT orgs FROM held), (SELECT n FROM held), pg_current_snapshot()::text,`)
+  -- (for a recount only)
+  (SELECT ok FROM rest), CASE WHEN NOT (SELECT ok FROM verdict) THEN (SELECT orgs FROM held) END,
+  CASE WHEN NOT (SELECT ok FROM verdict) THEN (SELECT n FROM held) END,
+  CASE WHEN NOT (SELECT ok FROM verdict) THEN pg_current_snapshot()::text END,`)
 
 // queryer runs a query: the pool, or a test's transaction.
 type queryer interface {
@@ -590,7 +593,10 @@ func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResul
 		if !r.restOK {
 			return iterResult{}, false, false, nil
 		}
-		taken, err := parseSnapshot(r.snap)
+		if r.snap == nil {
+			return iterResult{}, false, false, nil
+		}
+		taken, err := parseSnapshot(*r.snap)
 		if err != nil {
 			return iterResult{}, false, false, nil
 		}
@@ -775,8 +781,8 @@ func (l *loop) dropView(ctx context.Context) {
 // plannedRun is what sqlIterateFastPlanned returns: the fence, the pause,
 // the verdict, whether cancelations wait, the free slots, the started
 // items' ids and orgs, the next head to come due, the verdict but for the
-// slots held (restOK), the slots held per org and the snapshot, then the
-// starts.
+// slots held (restOK), and, when the verdict failed, the slots held per
+// org and the snapshot; then the starts.
 type plannedRun struct {
 	fenced, paused, ok, cancels, restOK bool
 	free                                int32
@@ -784,7 +790,7 @@ type plannedRun struct {
 	pickedOrgs, heldOrgs                []string
 	nextAt                              *time.Time
 	heldN                               []int64
-	snap                                string
+	snap                                *string
 	started                             startedWork
 }
 
@@ -797,12 +803,13 @@ func (r *plannedRun) dest() []any {
 // each planned org's first items read ahead, as many as the plan reads
 // (sent: fewer when an org has fewer).
 func (v *fairView) args(l *loop, now time.Time, p fairPlan) (args []any, sent int) {
+	total := p.total()
 	var (
-		tids       []pgtype.TID
-		ids        [][16]byte // (as pgUUIDs)
-		orgs       []string
-		runAts     []time.Time
-		turn, held []float64
+		tids       = make([]pgtype.TID, 0, total)
+		ids        = make([][16]byte, 0, total) // (as pgUUIDs)
+		orgs       = make([]string, 0, total)
+		runAts     = make([]time.Time, 0, total)
+		turn, held = make([]float64, 0, total), make([]float64, 0, total)
 	)
 	for i, org := range p.orgs {
 		items := v.orgs[org].ahead
