@@ -517,6 +517,11 @@ func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now
 			o.ahead[i] = aheadItem{tid: tids[i], id: ids[i], runAt: runAts[i]}
 		}
 		o.exhausted, o.next = exhausted, next
+		if next != nil && (v.until.IsZero() || next.Before(v.until)) {
+			// (its next item, once due, would be the plan's; the view
+			// says nothing of it: it goes then)
+			v.until = *next
+		}
 		if len(o.ahead) > 0 && o.ahead[0].runAt.After(o.head) {
 			o.head, o.moved = o.ahead[0].runAt, true
 		}

@@ -722,3 +722,29 @@ func TestPlannedView_AnOrgWhoseReadyWorkAllStartedLeavesTheViewUntilItsNextItemC
 	h.l.dropView(h.ctx)
 	require.True(t, h.queueHeads()["a"].Equal(later), "a's queue head moved to its next item")
 }
+
+// An org that a read ahead finds with less ready work than it asked for
+// holds the view only until its next item comes due — even while some of
+// its ready work is still to start (the plan knows only what it read).
+func TestPlannedView_AnExhaustedOrgHoldsTheViewOnlyUntilItsNextItemComesDue(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(2))
+	later := h.clock.Now().Add(time.Hour)
+	h.enqueue(withOrg("a"), withRunAt(later))
+	h.enqueueEach(4, "a", "b")
+	h.enqueueEach(6, "b")
+	h.runMain() // a1 and b1
+	h.l.view = h.mustReadView()
+	for _, id := range h.observe().running {
+		h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
+	}
+	h.clock.Advance(time.Millisecond)
+	_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now()) // a2 and b2; a's read ahead: a3, a4
+	require.NoError(t, err)
+	require.True(t, decided)
+	v := h.l.view
+	require.NotNil(t, v)
+	require.Contains(t, v.orgs, "a", "a has ready work left")
+	require.True(t, v.orgs["a"].exhausted, "a's read ahead found all its ready work")
+	require.True(t, v.until.Equal(later), "the view lasts until a's next item comes due: %v", v.until)
+}
