@@ -670,7 +670,8 @@ func (p fairPlan) total() int {
 // take takes the items a planned start started off their orgs'
 // read-ahead, moving each org's head to its first item left (or to the
 // last it started): ok is false when what started is not each org's
-// first items read ahead.
+// first items read ahead (its head then stays at or before the first that
+// did not start).
 func (v *fairView) take(ids []uuid.UUID, orgs []string) (ok bool) {
 	started := make(map[uuid.UUID]bool, len(ids))
 	count := map[string]int{}
@@ -682,10 +683,18 @@ func (v *fairView) take(ids []uuid.UUID, orgs []string) (ok bool) {
 	for org, k := range count {
 		o := v.orgs[org]
 		if o == nil || k > len(o.ahead) {
-			return false
+			ok = false
+			continue
 		}
-		for _, it := range o.ahead[:k] {
-			ok = ok && started[it.id]
+		if j := slices.IndexFunc(o.ahead[:k], func(it aheadItem) bool { return !started[it.id] }); j >= 0 {
+			// One before the last started did not start (a lock held it,
+			// or it changed): the head goes no further than it (the view
+			// goes, and the picks read the org from its head).
+			ok = false
+			if at := o.ahead[j].runAt; at.After(o.head) {
+				o.head, o.moved = at, true
+			}
+			continue
 		}
 		head := o.ahead[k-1].runAt
 		if o.ahead = o.ahead[k:]; len(o.ahead) > 0 {

@@ -748,3 +748,47 @@ func TestPlannedView_AnExhaustedOrgHoldsTheViewOnlyUntilItsNextItemComesDue(t *t
 	require.True(t, v.orgs["a"].exhausted, "a's read ahead found all its ready work")
 	require.True(t, v.until.Equal(later), "the view lasts until a's next item comes due: %v", v.until)
 }
+
+// A planned item that another transaction holds is passed over, and the
+// view goes: its org's queue head stays at or before it, so that the next
+// picks, which read the org from its head, start it.
+func TestPlannedStart_AnItemALockHeldBackIsStartedByTheNextPicks(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(4))
+	var a1 uuid.UUID
+	for i := range 2 {
+		if id := h.enqueue(withOrg("a")); i == 0 {
+			a1 = id
+		}
+		h.clock.Advance(time.Millisecond)
+	}
+	for range 6 {
+		h.enqueue(withOrg("b"))
+		h.clock.Advance(time.Millisecond)
+	}
+	h.l.view = h.mustReadView()
+	lock, err := h.db.Begin(h.ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(context.Background()) }()
+	_, err = lock.Exec(h.ctx, `SELECT 1 FROM workpool_work WHERE id = $1 FOR UPDATE`, a1)
+	require.NoError(t, err)
+	_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now()) // a1, a2, b1, b2 planned: a1 passed over
+	require.NoError(t, err)
+	require.True(t, decided)
+	require.NoError(t, lock.Rollback(h.ctx))
+	require.Nil(t, h.l.view, "a planned item not started drops the view")
+	var runAt time.Time
+	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT run_at FROM workpool_work WHERE id = $1 AND state = 'pending'`, a1).Scan(&runAt))
+	require.False(t, h.queueHeads()["a"].After(runAt.UTC()), "a's queue head is at or before its pending a1")
+
+	for range 10 {
+		for _, id := range h.observe().running {
+			h.complete(id, "success", 1)
+		}
+		h.clock.Advance(time.Millisecond)
+		h.runMain()
+	}
+	var state string
+	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT state FROM workpool_work WHERE id = $1`, a1).Scan(&state))
+	require.NotEqual(t, "pending", state, "a1 started")
+}
