@@ -54,8 +54,9 @@ type fairView struct {
 	// with the view: dropView)
 	emptied map[string]*viewOrg
 	queues  []string // each due queue, as sqlQueueSeen renders it
-	// until: when a not-ready org's next item comes due (zero: none); the
-	// view says nothing of it, so it is read again then
+	// until: when a not-ready org's next item or a queue not yet due comes
+	// due (zero: none); the view says nothing of them, so it is read again
+	// then
 	until time.Time
 }
 
@@ -236,9 +237,11 @@ SELECT p.max_parallelism::bigint, p.max_parallelism_per_org IS NULL, p.settings_
   coalesce((SELECT array_agg(weight ORDER BY org_id COLLATE "C") FROM queued WHERE first_at IS NOT NULL), '{}'),
   coalesce((SELECT array_agg(xmin::text ORDER BY org_id COLLATE "C") FROM queued WHERE first_at IS NOT NULL), '{}'),
   coalesce((SELECT array_agg(` + sqlQueueSeen + ` ORDER BY q.org_id COLLATE "C") FROM queued q), '{}'),
-  (SELECT min((SELECT min(w.run_at) FROM workpool_work w
+  least((SELECT min((SELECT min(w.run_at) FROM workpool_work w
      WHERE w.pool = $1 AND w.org_id = q.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at > $2))
    FROM queued q WHERE q.first_at IS NULL),
+   -- (a queue coming due changes the due queues the planned start checks)
+   (SELECT min(head_at) FROM workpool_org_queues WHERE pool = $1 AND head_at > $2)),
   ` + sqlKeyedReady + ` IS NOT NULL
 FROM workpool_pools p WHERE p.name = $1`
 
@@ -306,12 +309,16 @@ type fairPlan struct {
 // tied with the last of them — run_at and the org, which break those
 // ties, are the statement's to compare.
 func (v *fairView) plan(t *fairTurns) fairPlan {
-	var p fairPlan
 	used := int64(0)
 	for _, n := range v.running {
 		used += n
 	}
-	p.free = max(v.maxPar-used, 0)
+	return v.planFree(t, max(v.maxPar-used, 0))
+}
+
+// planFree is plan for free slots as given.
+func (v *fairView) planFree(t *fairTurns, free int64) fairPlan {
+	p := fairPlan{free: free}
 	orgs := v.names
 	den := max(t.den, 1)
 	h := make(candHeap, 0, len(orgs))
@@ -472,13 +479,14 @@ type queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// readAheadFor reads ahead the orgs plan p reads further than the view
-// has read them, and with them every planned org whose read-ahead runs
-// low (so that the orgs, which a burn-down drains together, are read
-// together). An org with less ready work than it asked for is exhausted:
-// its read-ahead is all of it, and short says that the plan asked more
-// of it than that (plan again).
-func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now time.Time, p fairPlan) (short bool, err error) {
+// readAheadFor reads ahead when plan p reads an org further than the
+// view has read it: every org whose read-ahead runs low for the next few
+// starts (wide: a plan of several starts' slots), so that the orgs that
+// take turns, a burn-down draining them together, are read together. An
+// org with less ready work than it asked for is exhausted: its
+// read-ahead is all of it, and short says that p asked more of it than
+// that (plan again).
+func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now time.Time, p, wide fairPlan) (short bool, err error) {
 	need := false
 	for i, org := range p.orgs {
 		need = need || len(v.orgs[org].ahead) < int(p.n[i])
@@ -493,9 +501,13 @@ func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now
 		want  = map[string]int32{}
 	)
 	for i, org := range p.orgs {
-		if o := v.orgs[org]; !o.exhausted && len(o.ahead) < 2*int(p.n[i]) {
-			orgs, heads, ns = append(orgs, org), append(heads, o.head), append(ns, readAheadOf(p.n[i]))
-			want[org] = p.n[i]
+		want[org] = p.n[i]
+	}
+	for i, org := range wide.orgs { // (p's orgs among them, each as far at least)
+		if o := v.orgs[org]; !o.exhausted && len(o.ahead) < int(wide.n[i]) {
+			// (never less than p takes of it: fewer found is then all it has)
+			n := max(readAheadOf(max(wide.n[i]/2, 1)), want[org])
+			orgs, heads, ns = append(orgs, org), append(heads, o.head), append(ns, n)
 		}
 	}
 	rows, err := q.Query(ctx, sqlReadAhead, pool, orgs, heads, ns, now)
@@ -568,8 +580,11 @@ func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResul
 	l.foldCompleted(v)
 	p, err := v.readAhead(ctx, l.m.db, l.pool, now, &l.turns, l.m.cfg.StatementTimeout)
 	if err != nil {
-		l.view = nil
-		return iterResult{}, false, false, err
+		// (a read: as a view that cannot be read, the near pick decides,
+		// and the next view waits out the backoff)
+		l.m.logger.Warn("reading ahead the pool's fair view failed; its fair starts go on the near pick for a while",
+			"pool", l.pool, "error", err.Error())
+		return iterResult{}, false, false, nil
 	}
 	// (With no slot free as the view has it, the start still runs: a
 	// completion not yet handed over is recounted, and a kick for anything
@@ -618,16 +633,23 @@ func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResul
 	}
 	took := v.take(r.pickedIDs, r.pickedOrgs)
 	l.launch(r.started)
-	if sent < p.total() || !took || len(r.pickedIDs) < int(min(int64(r.free), int64(sent))) {
+	passedOver := sent < p.total() || !took || len(r.pickedIDs) < int(min(int64(r.free), int64(sent)))
+	if passedOver {
 		// A planned item did not start (a lock held it, or it changed),
 		// or — not expected: readAhead plans again without an exhausted
-		// org — an org had less ready work than planned. (After the
+		// org — an org had less ready work than planned: the view goes,
+		// and the next waits out the backoff, as after a miss (a lock
+		// held long would have every view dropped at once). (After the
 		// launch: what started runs first.)
 		l.dropView(ctx)
+		l.planMisses++
+		l.missedPlan()
 	}
 	didWork := len(r.started.lags) > 0
-	if didWork {
+	if didWork && !passedOver {
 		l.planMisses = 0 // (a plan that held but started nothing proves little)
+	}
+	if didWork {
 		l.fastStarts++
 		l.plannedStarts++
 		l.lastActivity = now
@@ -647,15 +669,16 @@ func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResul
 // org turns out to have less ready work than planned, it plans again
 // without it (each time one org more is exhausted: it ends).
 func (v *fairView) readAhead(ctx context.Context, q queryer, pool string, now time.Time, t *fairTurns, timeout time.Duration) (fairPlan, error) {
-	for {
+	for range len(v.orgs) + 1 { // (each pass but the last exhausts an org)
 		p := v.plan(t)
 		rctx, cancel := context.WithTimeout(ctx, timeout)
-		short, err := v.readAheadFor(rctx, q, pool, now, p)
+		short, err := v.readAheadFor(rctx, q, pool, now, p, v.planFree(t, 4*p.free))
 		cancel()
 		if err != nil || !short {
 			return p, err
 		}
 	}
+	return fairPlan{}, errors.New("reading ahead: the plan kept asking for more than the orgs have")
 }
 
 // total is how many candidates the plan reads.

@@ -777,6 +777,7 @@ func TestPlannedStart_AnItemALockHeldBackIsStartedByTheNextPicks(t *testing.T) {
 	require.True(t, decided)
 	require.NoError(t, lock.Rollback(h.ctx))
 	require.Nil(t, h.l.view, "a planned item not started drops the view")
+	require.Positive(t, h.l.planWait, "and the next view waits out a backoff (a lock held long would drop each at once)")
 	var runAt time.Time
 	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT run_at FROM workpool_work WHERE id = $1 AND state = 'pending'`, a1).Scan(&runAt))
 	require.False(t, h.queueHeads()["a"].After(runAt.UTC()), "a's queue head is at or before its pending a1")
@@ -791,4 +792,38 @@ func TestPlannedStart_AnItemALockHeldBackIsStartedByTheNextPicks(t *testing.T) {
 	var state string
 	require.NoError(t, h.db.QueryRow(h.ctx, `SELECT state FROM workpool_work WHERE id = $1`, a1).Scan(&state))
 	require.NotEqual(t, "pending", state, "a1 started")
+}
+
+// A read ahead that fails is a read that failed, as a view's: the near
+// pick decides, views are asked for less and less often, and the loop
+// keeps its pool (it does not stand down).
+func TestPlannedStart_AFailingReadAheadFallsBackToTheNearPick(t *testing.T) {
+	t.Parallel()
+	c := &queryCounter{sql: sqlReadAhead, fail: true}
+	m := burnDownCounting(t, c, 3, 40, 4, nil)
+	require.Zero(t, errorsAt(m, stageLoop), "the loop never stood down")
+	require.Positive(t, c.n.Load(), "reads ahead tried")
+	require.LessOrEqual(t, c.n.Load(), int64(8), "reads ahead tried over %d fair starts", m.loopFor("default").fastStarts)
+}
+
+// A queue not yet due when the view was read ends the view when it comes
+// due (the planned start checks the due queues): the view is dropped
+// then, not missed.
+func TestPlannedView_AQueueComingDueEndsTheViewWithoutAMiss(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withMaxParallelism(2))
+	later := h.clock.Now().Add(time.Minute)
+	h.enqueue(withOrg("a"), withRunAt(later))
+	h.enqueueEach(20, "b", "c")
+	h.runMain()
+	h.l.view = h.mustReadView()
+	require.True(t, h.l.view.until.Equal(later), "the view lasts until a's queue comes due: %v", h.l.view.until)
+	for _, id := range h.observe().running {
+		h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
+	}
+	h.clock.Advance(time.Minute)
+	_, err := h.l.iterateFast(h.ctx, h.clock.Now())
+	require.NoError(t, err)
+	require.Zero(t, testutil.ToFloat64(h.m.metrics.fairPlans.WithLabelValues("default", "missed")), "no miss")
+	require.Zero(t, h.l.planMisses)
 }
