@@ -481,12 +481,12 @@ type queryer interface {
 
 // readAheadFor reads ahead when plan p reads an org further than the
 // view has read it: every org whose read-ahead runs low for the next few
-// starts (wide: a plan of several starts' slots), so that the orgs that
+// starts (widen: a plan of several starts' slots), so that the orgs that
 // take turns, a burn-down draining them together, are read together. An
 // org with less ready work than it asked for is exhausted: its
 // read-ahead is all of it, and short says that p asked more of it than
 // that (plan again).
-func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now time.Time, p, wide fairPlan) (short bool, err error) {
+func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now time.Time, p fairPlan, widen func() fairPlan) (short bool, err error) {
 	need := false
 	for i, org := range p.orgs {
 		need = need || len(v.orgs[org].ahead) < int(p.n[i])
@@ -503,7 +503,10 @@ func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now
 	for i, org := range p.orgs {
 		want[org] = p.n[i]
 	}
-	for i, org := range wide.orgs { // (p's orgs among them, each as far at least)
+	// (worked out only when a read is due; p's orgs among its own, each
+	// as far at least)
+	wide := widen()
+	for i, org := range wide.orgs {
 		if o := v.orgs[org]; !o.exhausted && len(o.ahead) < int(wide.n[i]) {
 			// (never less than p takes of it: fewer found is then all it has)
 			n := max(readAheadOf(max(wide.n[i]/2, 1)), want[org])
@@ -672,7 +675,7 @@ func (v *fairView) readAhead(ctx context.Context, q queryer, pool string, now ti
 	for range len(v.orgs) + 1 { // (each pass but the last exhausts an org)
 		p := v.plan(t)
 		rctx, cancel := context.WithTimeout(ctx, timeout)
-		short, err := v.readAheadFor(rctx, q, pool, now, p, v.planFree(t, 4*p.free))
+		short, err := v.readAheadFor(rctx, q, pool, now, p, func() fairPlan { return v.planFree(t, 4*p.free) })
 		cancel()
 		if err != nil || !short {
 			return p, err
