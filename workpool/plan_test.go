@@ -41,6 +41,21 @@ func (h *harness) enqueueEach(n int, orgs ...string) {
 	}
 }
 
+// completeHandingOver records each of ids a success and hands each
+// batch to the loop, as the completer would.
+func (h *harness) completeHandingOver(ids ...uuid.UUID) {
+	h.t.Helper()
+	for _, id := range ids {
+		h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
+	}
+}
+
+// completeRunning is completeHandingOver of everything running.
+func (h *harness) completeRunning() {
+	h.t.Helper()
+	h.completeHandingOver(h.observe().running...)
+}
+
 // mustReadView reads a view of the default pool now: there must be one.
 func (h *harness) mustReadView() *fairView {
 	h.t.Helper()
@@ -612,9 +627,7 @@ func TestPlannedStart_AViewKeptOverManyStartsStartsWhatTheFullPickStartsEachTime
 					break
 				}
 				done := 1 + rng.IntN(len(running))
-				for _, id := range running[:done] {
-					h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
-				}
+				h.completeHandingOver(running[:done]...)
 				free := 5 - (len(running) - done)
 				h.clock.Advance(time.Millisecond) // (this start's items: those started now)
 				full := h.tryFairPick(sqlIterateFastShared)
@@ -668,16 +681,12 @@ func TestPlannedStart_StartsATupleOnlyAsTheItemReadAheadThere(t *testing.T) {
 	h.enqueueEach(10, "a", "b")
 	h.runMain()
 	h.l.view = h.mustReadView()
-	for _, id := range h.observe().running {
-		h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
-	}
+	h.completeRunning()
 	_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
 	require.NoError(t, err)
 	require.True(t, decided)
 	require.NotNil(t, h.l.view, "the view holds")
-	for _, id := range h.observe().running {
-		h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
-	}
+	h.completeRunning()
 	a := h.l.view.orgs["a"]
 	require.NotEmpty(t, a.ahead, "a read ahead")
 	wrong := a.ahead[0].id
@@ -707,9 +716,7 @@ func TestPlannedView_AnOrgWhoseReadyWorkAllStartedLeavesTheViewUntilItsNextItemC
 	h.runMain() // a1 and b1
 	h.l.view = h.mustReadView()
 	for range 2 { // a2 and b2, then b3 and b4: a has nothing ready
-		for _, id := range h.observe().running {
-			h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
-		}
+		h.completeRunning()
 		h.clock.Advance(time.Millisecond)
 		_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
 		require.NoError(t, err)
@@ -735,9 +742,7 @@ func TestPlannedView_AnExhaustedOrgHoldsTheViewOnlyUntilItsNextItemComesDue(t *t
 	h.enqueueEach(6, "b")
 	h.runMain() // a1 and b1
 	h.l.view = h.mustReadView()
-	for _, id := range h.observe().running {
-		h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
-	}
+	h.completeRunning()
 	h.clock.Advance(time.Millisecond)
 	_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now()) // a2 and b2; a's read ahead: a3, a4
 	require.NoError(t, err)
@@ -818,9 +823,7 @@ func TestPlannedView_AQueueComingDueEndsTheViewWithoutAMiss(t *testing.T) {
 	h.runMain()
 	h.l.view = h.mustReadView()
 	require.True(t, h.l.view.until.Equal(later), "the view lasts until a's queue comes due: %v", h.l.view.until)
-	for _, id := range h.observe().running {
-		h.l.noteCompleted(completedBatches(h.complete(id, "success", 1))["default"])
-	}
+	h.completeRunning()
 	h.clock.Advance(time.Minute)
 	_, err := h.l.iterateFast(h.ctx, h.clock.Now())
 	require.NoError(t, err)
