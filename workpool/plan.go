@@ -401,21 +401,25 @@ func (h *candHeap) Pop() any {
 // sqlReadAhead reads ahead each org $2 from its head $3: its first $4
 // ready plain items due at $5, in the order every read of its queue takes
 // them (run_at, then the index's order), and, when it has fewer, when its
-// next item comes due (null: none pending).
+// next item comes due (null: none pending). The arrays are aggregated in
+// one pass over the ordered subquery, so they are aligned and keep its
+// order (an aggregate over a sorted subquery with nothing between them
+// takes its rows in that order; an ORDER BY in each aggregate, or a
+// row_number to order by, sorted each org's items three times more: a
+// third of the statement).
 const sqlReadAhead = `
 SELECT u.org_id, c.tids, c.ids, c.run_ats, cardinality(c.ids) < u.n,
   CASE WHEN cardinality(c.ids) < u.n THEN (SELECT min(w.run_at) FROM workpool_work w
     WHERE w.pool = $1 AND w.org_id = u.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at > $5) END
 FROM unnest($2::text[], $3::timestamptz[], $4::int[]) AS u(org_id, head_at, n)
 CROSS JOIN LATERAL (
-  SELECT coalesce(array_agg(x.tid ORDER BY x.rn), '{}') AS tids, coalesce(array_agg(x.id ORDER BY x.rn), '{}') AS ids,
-    coalesce(array_agg(x.run_at ORDER BY x.rn), '{}') AS run_ats
+  SELECT coalesce(array_agg(x.tid), '{}') AS tids, coalesce(array_agg(x.id), '{}') AS ids,
+    coalesce(array_agg(x.run_at), '{}') AS run_ats
   FROM (
-    SELECT y.tid, y.id, y.run_at, row_number() OVER (ORDER BY y.run_at) AS rn FROM (
-      SELECT w.ctid AS tid, w.id, w.run_at FROM workpool_work w
-      WHERE w.pool = $1 AND w.org_id = u.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
-        AND w.run_at >= u.head_at AND w.run_at <= $5
-      ORDER BY w.run_at LIMIT u.n) y) x) c`
+    SELECT w.ctid AS tid, w.id, w.run_at FROM workpool_work w
+    WHERE w.pool = $1 AND w.org_id = u.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL
+      AND w.run_at >= u.head_at AND w.run_at <= $5
+    ORDER BY w.run_at LIMIT u.n) x) c`
 
 // sqlIterateFastPlanned is a fair fast iteration from the loop's plan
 // (fairPlan, fairView): the fence, then — when the view holds (verdict:
@@ -509,7 +513,7 @@ func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now
 	for i, org := range wide.orgs {
 		if o := v.orgs[org]; !o.exhausted && len(o.ahead) < int(wide.n[i]) {
 			// (never less than p takes of it: fewer found is then all it has)
-			n := max(readAheadOf(max(wide.n[i]/2, 1)), want[org])
+			n := max(readAheadOf(wide.n[i]), want[org])
 			orgs, heads, ns = append(orgs, org), append(heads, o.head), append(ns, n)
 		}
 	}
