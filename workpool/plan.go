@@ -1,6 +1,7 @@
 package workpool
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"errors"
@@ -68,6 +69,7 @@ type fairView struct {
 // takes it, less what the planned starts took since).
 type viewOrg struct {
 	weight int64
+	place  int64 // among the view's orgs, in the order of org ids the fair order ends with
 	head   time.Time
 	seen   string
 	moved  bool // head is past the row's
@@ -211,8 +213,9 @@ func (s pgSnapshot) sees(xid uint64) bool {
 const sqlQueueSeen = `q.org_id || ':' || q.xmin::text`
 
 // sqlFairView reads a planned view of pool $1 at $2: settings, snapshot,
-// slots held per org, the due orgs with ready work (each with its weight
-// and first ready item, and its queue row's version), the due queues as
+// slots held per org, the due orgs with ready work (each with its weight,
+// first ready item, queue row's version and place among the orgs in the
+// fair order's last term), the due queues as
 // sqlQueueSeen renders them, the next item of the due orgs without ready
 // work, and whether keyed work is ready. (Orgs in byte order, as the loop
 // sorts them.)
@@ -236,6 +239,10 @@ SELECT p.max_parallelism::bigint, p.max_parallelism_per_org IS NULL, p.settings_
   coalesce((SELECT array_agg(first_at ORDER BY org_id COLLATE "C") FROM queued WHERE first_at IS NOT NULL), '{}'),
   coalesce((SELECT array_agg(weight ORDER BY org_id COLLATE "C") FROM queued WHERE first_at IS NOT NULL), '{}'),
   coalesce((SELECT array_agg(xmin::text ORDER BY org_id COLLATE "C") FROM queued WHERE first_at IS NOT NULL), '{}'),
+  -- (each one's place in the order the fair pick breaks ties by: the
+  -- column's collation, which the loop cannot know)
+  coalesce((SELECT array_agg(place ORDER BY org_id COLLATE "C")
+            FROM (SELECT org_id, rank() OVER (ORDER BY org_id) AS place FROM queued WHERE first_at IS NOT NULL) r), '{}'),
   coalesce((SELECT array_agg(` + sqlQueueSeen + ` ORDER BY q.org_id COLLATE "C") FROM queued q), '{}'),
   least((SELECT min((SELECT min(w.run_at) FROM workpool_work w
      WHERE w.pool = $1 AND w.org_id = q.org_id AND w.state = 'pending' AND w.concurrency_key IS NULL AND w.run_at > $2))
@@ -259,6 +266,7 @@ func (l *loop) readView(ctx context.Context, now time.Time) (*fairView, error) {
 		snap               string
 		runOrgs, readyOrgs []string
 		runN, weights      []int64
+		places             []int64
 		heads              []time.Time
 		seen               []string
 		until              *time.Time
@@ -266,7 +274,7 @@ func (l *loop) readView(ctx context.Context, now time.Time) (*fairView, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
 	defer cancel()
 	err := l.m.db.QueryRow(ctx, sqlFairView, l.pool, now).Scan(&v.maxPar, &noCap, &v.version, &snap,
-		&runOrgs, &runN, &readyOrgs, &heads, &weights, &seen, &v.queues, &until, &keyed)
+		&runOrgs, &runN, &readyOrgs, &heads, &weights, &seen, &places, &v.queues, &until, &keyed)
 	if err != nil {
 		return nil, fmt.Errorf("reading pool %s's fair view: %w", l.pool, err)
 	}
@@ -283,7 +291,7 @@ func (l *loop) readView(ctx context.Context, now time.Time) (*fairView, error) {
 		v.running[org] = runN[i]
 	}
 	for i, org := range readyOrgs {
-		v.orgs[org] = &viewOrg{weight: max(weights[i], 1), head: heads[i], seen: seen[i]}
+		v.orgs[org] = &viewOrg{weight: max(weights[i], 1), head: heads[i], seen: seen[i], place: places[i]}
 	}
 	v.names = readyOrgs // (in byte order: COLLATE "C")
 	if until != nil {
@@ -307,7 +315,7 @@ type fairPlan struct {
 // the free slots' worth of first candidates in the fair order, by turn
 // and slots held (sqlTurnOrder's first two terms), and every candidate
 // tied with the last of them — run_at and the org, which break those
-// ties, are the statement's to compare.
+// ties, are compared when args orders the candidates.
 func (v *fairView) plan(t *fairTurns) fairPlan {
 	used := int64(0)
 	for _, n := range v.running {
@@ -424,40 +432,35 @@ CROSS JOIN LATERAL (
 // sqlIterateFastPlanned is a fair fast iteration from the loop's plan
 // (fairPlan, fairView): the fence, then — when the view holds (verdict:
 // the slots held per org, the due queues and the settings' version are
-// as the loop expects, and no keyed work is ready) — the planned items
-// (each org's first, as read ahead) ranked in the fair order and the free
-// slots' worth started, each found by its tuple and checked to be the
-// item read ahead and still ready. $9–$14 the planned items (tuple, id,
-// org, run_at, and sqlTurnOrder's first two terms: (vrun + k) / weight and
-// (running + k) / weight of an org's k-th), $15–$16 the slots held per
-// org expected (orgs in byte order, counts), $17 the due queues expected
-// (sqlQueueSeen), $18 the settings' version; the rest as every start, $8
-// the generation.
+// as the loop expects, and no keyed work is ready) — the free slots'
+// worth of the planned items (each org's first, as read ahead, in the
+// fair order: args) started, each found by its tuple and checked to be
+// the item read ahead and still ready. $9–$10 the planned items in the
+// fair order (tuple, id), $11–$12 the slots held per org expected (orgs
+// in byte order, counts), $13 the due queues expected (sqlQueueSeen), $14
+// the settings' version; the rest as every start, $8 the generation.
 var sqlIterateFastPlanned = `
 WITH bump AS (` + bumpSQL("$8", "$2") + `
 ), cand AS (
-  SELECT * FROM unnest($9::tid[], $10::uuid[], $11::text[], $12::timestamptz[], $13::float8[], $14::float8[])
-    AS c(tid, id, org_id, run_at, turn, held)
+  SELECT * FROM unnest($9::tid[], $10::uuid[]) WITH ORDINALITY AS c(tid, id, place)
 ), ` + sqlRunningByOrg + `, held AS (
   -- the slots held per org as this snapshot has them (returned: a view
   -- that missed only completions not yet handed over takes them)
   SELECT coalesce((SELECT array_agg(org_id ORDER BY org_id COLLATE "C") FROM running), '{}') AS orgs,
     coalesce((SELECT array_agg(n ORDER BY org_id COLLATE "C") FROM running), '{}') AS n
 ), rest AS (
-  SELECT coalesce((SELECT settings_version FROM bump) = $18::bigint
+  SELECT coalesce((SELECT settings_version FROM bump) = $14::bigint
     AND coalesce((SELECT array_agg(` + sqlQueueSeen + ` ORDER BY q.org_id COLLATE "C")
-                  FROM workpool_org_queues q WHERE q.pool = $1 AND q.head_at <= $2), '{}') = $17::text[]
+                  FROM workpool_org_queues q WHERE q.pool = $1 AND q.head_at <= $2), '{}') = $13::text[]
     AND ` + sqlKeyedReady + ` IS NULL, false) AS ok
 ), verdict AS (
-  SELECT (SELECT ok FROM rest) AND h.orgs = $15::text[] AND h.n = $16::bigint[] AS ok FROM held h
+  SELECT (SELECT ok FROM rest) AND h.orgs = $11::text[] AND h.n = $12::bigint[] AS ok FROM held h
 ), free AS (
   SELECT CASE WHEN NOT coalesce((SELECT paused FROM bump), true) AND (SELECT ok FROM verdict)
       AND NOT EXISTS (SELECT 1 FROM workpool_cancelations WHERE pool = $1)
     THEN ` + sqlFreeSlotsOfOrgs("coalesce((SELECT max_parallelism FROM bump), 0)") + ` ELSE 0 END AS n
 ), sel AS (
-  -- (sqlTurnOrder, its first two terms worked out by the loop, as Postgres
-  -- would: a float8 quotient of two integers)
-  SELECT tid, id FROM cand WHERE (SELECT n FROM free) > 0 ORDER BY turn, held, run_at, org_id LIMIT (SELECT n FROM free)
+  SELECT tid, id FROM cand WHERE (SELECT n FROM free) > 0 ORDER BY place LIMIT (SELECT n FROM free)
 ), locked AS (
   -- (by tuple id, as the near pick: no index lookup per started item)
   SELECT w.id, w.handler, w.ctid AS tid, w.org_id, w.run_at, w.pool, w.concurrency_key FROM workpool_work w
@@ -845,28 +848,38 @@ func (r *plannedRun) dest() []any {
 
 // args are sqlIterateFastPlanned's parameters for plan p of the view:
 // each planned org's first items read ahead, as many as the plan reads
-// (sent: fewer when an org has fewer).
+// (sent: fewer when an org has fewer), in the fair order (sqlTurnOrder),
+// worked out as Postgres would: the first two terms are float8 quotients
+// of integers, and the last, the org id in its column's collation, is
+// each org's place as the view read it. (Ordered here, the statement
+// takes two arrays where it took six — the org, run_at and both terms of
+// each item besides — whose encoding and decoding cost more than the
+// ordering.)
 func (v *fairView) args(l *loop, now time.Time, p fairPlan) (args []any, sent int) {
-	total := p.total()
-	var (
-		tids       = make([]pgtype.TID, 0, total)
-		ids        = make([][16]byte, 0, total) // (as pgUUIDs)
-		orgs       = make([]string, 0, total)
-		runAts     = make([]time.Time, 0, total)
-		turn, held = make([]float64, 0, total), make([]float64, 0, total)
-	)
+	type planned struct {
+		key1, key2 float64
+		place      int64
+		it         aheadItem
+	}
+	all := make([]planned, 0, p.total())
 	for i, org := range p.orgs {
-		items := v.orgs[org].ahead
-		items = items[:min(len(items), int(p.n[i]))]
+		o := v.orgs[org]
+		items := o.ahead[:min(len(o.ahead), int(p.n[i]))]
 		for k, it := range items {
 			c := cand{k: int64(k + 1), vrun: p.vrun[i], running: p.running[i], weight: p.weights[i]}
-			tids, ids, orgs, runAts = append(tids, it.tid), append(ids, it.id), append(orgs, org), append(runAts, it.runAt)
-			turn, held = append(turn, c.key1()), append(held, c.key2())
+			all = append(all, planned{key1: c.key1(), key2: c.key2(), place: o.place, it: it})
 		}
 	}
+	slices.SortFunc(all, func(a, b planned) int {
+		return cmp.Or(cmp.Compare(a.key1, b.key1), cmp.Compare(a.key2, b.key2), a.it.runAt.Compare(b.it.runAt),
+			cmp.Compare(a.place, b.place))
+	})
+	tids, ids := make([]pgtype.TID, len(all)), make([][16]byte, len(all)) // (ids as pgUUIDs)
+	for i, c := range all {
+		tids[i], ids[i] = c.it.tid, c.it.id
+	}
 	runOrgs, runN := v.expectedRunning()
-	return append(l.startArgs(now), l.gen, tids, ids, orgs, runAts, turn, held,
-		runOrgs, runN, v.queues, v.version), len(ids)
+	return append(l.startArgs(now), l.gen, tids, ids, runOrgs, runN, v.queues, v.version), len(ids)
 }
 
 // charges are what a planned start charged (sqlChargeTurns): each org

@@ -1,6 +1,7 @@
 package workpool
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -829,4 +830,60 @@ func TestPlannedView_AQueueComingDueEndsTheViewWithoutAMiss(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, testutil.ToFloat64(h.m.metrics.fairPlans.WithLabelValues("default", "missed")), "no miss")
 	require.Zero(t, h.l.planMisses)
+}
+
+// The loop orders the planned items itself, and the fair order ends with
+// the org id in its column's collation: where orgs tie on their turn,
+// their slots held and their item's run_at, a planned start gives the
+// last free slot to the org the full pick gives it to, whether the
+// collation sorts org ids by their bytes or not (ICU's root collation
+// puts "a" before "B", bytes put it after).
+func TestPlannedStart_BreaksTiesBetweenOrgsByTheirIdsInTheColumnsCollation(t *testing.T) {
+	for _, collation := range []string{"", "und-x-icu"} {
+		t.Run("collation="+cmp.Or(collation, "default"), func(t *testing.T) {
+			t.Parallel()
+			db := testkit.NewPool(t)
+			if collation != "" {
+				rows, err := db.Query(context.Background(), `SELECT table_name FROM information_schema.columns
+					WHERE table_schema = current_schema() AND column_name = 'org_id' AND table_name LIKE 'workpool%'`)
+				require.NoError(t, err)
+				tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				require.NoError(t, err)
+				require.NotEmpty(t, tables)
+				for _, table := range tables {
+					_, err := db.Exec(context.Background(), fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN org_id TYPE text COLLATE %q`,
+						pgx.Identifier{table}.Sanitize(), collation))
+					require.NoError(t, err, "table %s", table)
+				}
+			}
+			h := newHarnessOn(t, db, withMaxParallelism(3))
+			orgs := []string{"a", "B", "c", "D"}
+			for range 12 {
+				for _, org := range orgs {
+					h.enqueue(withOrg(org)) // (the orgs' k-th items share a run_at)
+				}
+				h.clock.Advance(time.Millisecond)
+			}
+			h.runMain()
+			h.l.view = h.mustReadView()
+			planned := 0
+			for h.l.view != nil && planned < 12 {
+				running := h.observe().running
+				h.completeHandingOver(running...)
+				h.clock.Advance(time.Millisecond)
+				full := h.tryFairPick(sqlIterateFastShared)
+				_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
+				require.NoError(t, err)
+				require.True(t, decided, "start %d: the view holds", planned)
+				rows, err := h.db.Query(h.ctx, `SELECT id FROM workpool_work WHERE state = 'running' AND started_at = $1 ORDER BY id`, h.clock.Now())
+				require.NoError(t, err)
+				started, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+				require.NoError(t, err)
+				require.Len(t, full.started, 3, "start %d: the full pick fills the slots", planned)
+				require.Equal(t, full.started, started, "start %d: the same items start", planned)
+				planned++
+			}
+			require.Equal(t, 12, planned, "the view held")
+		})
+	}
 }
