@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -81,10 +80,13 @@ type viewOrg struct {
 	next      *time.Time
 }
 
-// aheadItem is a ready item read ahead: its tuple, id and run_at.
+// aheadItem is a ready item read ahead: its tuple, id and run_at. (Ids
+// here are [16]byte, as pgUUIDs: pgx reads and writes a uuid.UUID through
+// database/sql's Scanner and Valuer, which cost the loop more than
+// anything else it does per planned item.)
 type aheadItem struct {
 	tid   pgtype.TID
-	id    uuid.UUID
+	id    [16]byte
 	runAt time.Time
 }
 
@@ -492,8 +494,9 @@ type queryer interface {
 // take turns, a burn-down draining them together, are read together. An
 // org with less ready work than it asked for is exhausted: its
 // read-ahead is all of it, and short says that p asked more of it than
-// that (plan again).
-func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now time.Time, p fairPlan, widen func() fairPlan) (short bool, err error) {
+// that (plan again). The read is bounded by timeout.
+func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now time.Time, timeout time.Duration,
+	p fairPlan, widen func() fairPlan) (short bool, err error) {
 	need := false
 	for i, org := range p.orgs {
 		need = need || len(v.orgs[org].ahead) < int(p.n[i])
@@ -520,6 +523,8 @@ func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now
 			orgs, heads, ns = append(orgs, org), append(heads, o.head), append(ns, n)
 		}
 	}
+	ctx, cancel := context.WithTimeout(ctx, timeout) // (only for a read: a start that reads nothing sets no timer)
+	defer cancel()
 	rows, err := q.Query(ctx, sqlReadAhead, pool, orgs, heads, ns, now)
 	if err != nil {
 		return false, fmt.Errorf("reading ahead pool %s's orgs: %w", pool, err)
@@ -527,7 +532,7 @@ func (v *fairView) readAheadFor(ctx context.Context, q queryer, pool string, now
 	var (
 		org       string
 		tids      []pgtype.TID
-		ids       []uuid.UUID
+		ids       [][16]byte
 		runAts    []time.Time
 		exhausted bool
 		next      *time.Time
@@ -681,9 +686,7 @@ func (l *loop) runPlannedOnce(ctx context.Context, now time.Time) (res iterResul
 func (v *fairView) readAhead(ctx context.Context, q queryer, pool string, now time.Time, t *fairTurns, timeout time.Duration) (fairPlan, error) {
 	for range len(v.orgs) + 1 { // (each pass but the last exhausts an org)
 		p := v.plan(t)
-		rctx, cancel := context.WithTimeout(ctx, timeout)
-		short, err := v.readAheadFor(rctx, q, pool, now, p, func() fairPlan { return v.planFree(t, 4*p.free) })
-		cancel()
+		short, err := v.readAheadFor(ctx, q, pool, now, timeout, p, func() fairPlan { return v.planFree(t, 4*p.free) })
 		if err != nil || !short {
 			return p, err
 		}
@@ -705,8 +708,8 @@ func (p fairPlan) total() int {
 // last it started): ok is false when what started is not each org's
 // first items read ahead (its head then stays at or before the first that
 // did not start).
-func (v *fairView) take(ids []uuid.UUID, orgs []string) (ok bool) {
-	started := make(map[uuid.UUID]bool, len(ids))
+func (v *fairView) take(ids [][16]byte, orgs []string) (ok bool) {
+	started := make(map[[16]byte]bool, len(ids))
 	count := map[string]int{}
 	for i, id := range ids {
 		started[id] = true
@@ -833,7 +836,7 @@ func (l *loop) dropView(ctx context.Context) {
 type plannedRun struct {
 	fenced, paused, ok, cancels, restOK bool
 	free                                int32
-	pickedIDs                           []uuid.UUID
+	pickedIDs                           [][16]byte
 	pickedOrgs, heldOrgs                []string
 	nextAt                              *time.Time
 	heldN                               []int64
