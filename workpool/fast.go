@@ -24,6 +24,12 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 	if v := l.view; v != nil && (!l.shared || l.keyed || !v.until.IsZero() && !now.Before(v.until)) {
 		l.dropView(ctx)
 	}
+	if reread := l.reread; reread && l.view == nil {
+		l.reread = false
+		if l.shared && !l.keyed && l.mayPlan() {
+			l.tryView(ctx, now)
+		}
+	}
 	if l.view != nil {
 		res, decided, err := l.runPlanned(ctx, now)
 		if err != nil || decided {
@@ -47,23 +53,29 @@ func (l *loop) iterateFast(ctx context.Context, now time.Time) (iterResult, erro
 	if err == nil && l.shared && !res.plain && !l.keyed && res.filled && l.view == nil && l.mayPlan() {
 		// A fair start of several orgs' work that took every free slot
 		// (work is left for the next): the next may be planned.
-		v, verr := l.readView(ctx, now)
-		switch {
-		case errors.Is(verr, errCannotPlan):
-			// (a per-org cap, keyed work: ask again later, and less
-			// often each time)
-			l.planMisses++
-			l.missedPlan()
-		case verr != nil:
-			l.m.logger.Warn("reading the pool's fair view failed; its fair starts stay on the near pick for a while",
-				"pool", l.pool, "error", verr.Error())
-			l.planMisses++
-			l.missedPlan()
-		case v != nil:
-			l.view = v
-		}
+		l.tryView(ctx, now)
 	}
 	return res, err
+}
+
+// tryView reads a planned view for the next fair starts; one that cannot
+// be read or cannot plan counts as a miss (the next waits out the backoff).
+func (l *loop) tryView(ctx context.Context, now time.Time) {
+	v, err := l.readView(ctx, now)
+	switch {
+	case errors.Is(err, errCannotPlan):
+		// (a per-org cap, keyed work: ask again later, and less often
+		// each time)
+		l.planMisses++
+		l.missedPlan()
+	case err != nil:
+		l.m.logger.Warn("reading the pool's fair view failed; its fair starts stay on the near pick for a while",
+			"pool", l.pool, "error", err.Error())
+		l.planMisses++
+		l.missedPlan()
+	case v != nil:
+		l.view = v
+	}
 }
 
 // runFast runs one fast iteration's statement (shared: a fair one) and

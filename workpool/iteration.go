@@ -143,7 +143,12 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	// iteration as a whole: the hook calls it makes may take long, and one
 	// cut there would be cut at the same place on every try.)
 	// (it may cancel, recover and record, which the view would not know;
-	// and its pick reads each org from its queue's head)
+	// and its pick reads each org from its queue's head) A view that held
+	// is read again at the next fair start, before it picks: the backlog
+	// it planned is most likely still there (a recovery comes due every
+	// RecoveryPeriod in the middle of one), and the near and full picks
+	// that would otherwise start it, then read the view, cost 15–40 ms.
+	l.reread = l.view != nil
 	l.dropView(ctx)
 	octx, cancelOpen := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
 	defer cancelOpen()

@@ -75,11 +75,14 @@ type loop struct {
 	handed *handoff
 	// view: what the planned fair starts assume (plan.go; nil: none);
 	// planMisses the planned starts missed in a row, planWait the fair
-	// starts left before the next view is read; plannedStarts (tests)
+	// starts left before the next view is read; plannedStarts (tests);
+	// reread: a full iteration dropped a view that held, so the next fair
+	// start reads one first
 	view          *fairView
 	planMisses    int
 	planWait      int
 	plannedStarts int64
+	reread        bool
 	// completed: the batches this replica recorded since the last planned
 	// start, for its view (written by the completer)
 	completedMu sync.Mutex
@@ -209,7 +212,7 @@ func (l *loop) takeover(ctx context.Context) error {
 		return err
 	}
 	l.lastActivity, l.lastRecovery, l.nextHookAt = time.Time{}, time.Time{}, time.Time{}
-	l.view, l.planMisses, l.planWait = nil, 0, 0
+	l.view, l.planMisses, l.planWait, l.reread = nil, 0, 0, false
 	l.termStart = l.m.now()
 	select { // whatever this kick announced, the first iteration will see
 	case <-l.kickc:
