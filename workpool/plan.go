@@ -25,13 +25,15 @@ import (
 // sends a statement that checks the view still holds — the slots held
 // per org, the due queues, the settings — and starts those items (each
 // org's next, as the loop read them ahead: sqlReadAhead) in the fair
-// order (sqlTurnOrder), as the near pick does. Slots held that the view missed
+// order (sqlTurnOrder, which the loop works out as Postgres would: args),
+// as the near pick does. Slots held that the view missed
 // (completions not handed over to it) are recounted from the statement's
 // snapshot and the start planned again; when anything else changed (work
 // enqueued, retried or handed back for a due org, a setting, keyed work)
 // the statement starts nothing and the loop falls back to the near pick
 // at once; it reads a new view after a few fair starts (more after each
-// miss in a row). The pick is the near pick's whenever the view holds:
+// miss in a row, or at once after a full iteration dropped one that
+// held). The pick is the near pick's whenever the view holds:
 // the same candidates ranked by the same order
 // (TestPlannedStart_StartsWhatTheFullFairPickStarts); what it saves is
 // the near pick's SQL work of deriving them, and the reads themselves
