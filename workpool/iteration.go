@@ -148,7 +148,9 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 	// it planned is most likely still there (a recovery comes due every
 	// RecoveryPeriod in the middle of one), and the near and full picks
 	// that would otherwise start it, then read the view, cost 15–40 ms.
-	l.reread = l.view != nil
+	// (Until a fair start reads it, or the pool goes idle: a full
+	// iteration right after this one finds no view to drop.)
+	l.reread = l.reread || l.view != nil
 	l.dropView(ctx)
 	octx, cancelOpen := context.WithTimeout(ctx, l.m.cfg.StatementTimeout)
 	defer cancelOpen()
@@ -195,7 +197,7 @@ func (l *loop) iterateFull(ctx context.Context) (iterResult, error) {
 		return iterResult{}, err
 	} else if res.status.Kind == "idle" {
 		// A new backlog gets a fresh start at planning its fair starts.
-		l.planMisses, l.planWait = 0, 0
+		l.planMisses, l.planWait, l.reread = 0, 0, false
 	}
 	if it.needSync {
 		// It finished work or ran hooks: commit durably (open turned
