@@ -606,6 +606,23 @@ func TestPlannedView_SmallBurstsLeaveTheNextBacklogFreeToPlan(t *testing.T) {
 		"the backlog of three orgs was planned")
 }
 
+// plannedBesideFull works out what the full fair pick would start now
+// (rolled back), then runs the planned start, which must hold (start n of
+// the caller's), and returns both sets of ids: what the full pick started
+// and what the planned start did, in id order.
+func (h *harness) plannedBesideFull(n int) (full pickOutcome, started []uuid.UUID) {
+	h.t.Helper()
+	full = h.tryFairPick(sqlIterateFastShared)
+	_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
+	require.NoError(h.t, err)
+	require.True(h.t, decided, "start %d: the view holds", n)
+	rows, err := h.db.Query(h.ctx, `SELECT id FROM workpool_work WHERE state = 'running' AND started_at = $1 ORDER BY id`, h.clock.Now())
+	require.NoError(h.t, err)
+	started, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(h.t, err)
+	return full, started
+}
+
 // A view kept over many planned starts — each reading from what the last
 // read ahead, completions handed over between them — starts at each the
 // items the full fair pick would start then, and charges its turns, as
@@ -638,14 +655,7 @@ func TestPlannedStart_AViewKeptOverManyStartsStartsWhatTheFullPickStartsEachTime
 				h.completeHandingOver(running[:done]...)
 				free := 5 - (len(running) - done)
 				h.clock.Advance(time.Millisecond) // (this start's items: those started now)
-				full := h.tryFairPick(sqlIterateFastShared)
-				_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
-				require.NoError(t, err)
-				require.True(t, decided, "start %d: the view holds", planned)
-				rows, err := h.db.Query(h.ctx, `SELECT id FROM workpool_work WHERE state = 'running' AND started_at = $1 ORDER BY id`, h.clock.Now())
-				require.NoError(t, err)
-				started, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-				require.NoError(t, err)
+				full, started := h.plannedBesideFull(planned)
 				if len(full.started) < free && len(started) > len(full.started) {
 					// (the full pick's bound left slots free: as in
 					// TestPlannedStart_StartsWhatTheFullFairPickStarts)
@@ -878,14 +888,7 @@ func TestPlannedStart_BreaksTiesBetweenOrgsByTheirIdsInTheColumnsCollation(t *te
 				running := h.observe().running
 				h.completeHandingOver(running...)
 				h.clock.Advance(time.Millisecond)
-				full := h.tryFairPick(sqlIterateFastShared)
-				_, decided, err := h.l.runPlanned(h.ctx, h.clock.Now())
-				require.NoError(t, err)
-				require.True(t, decided, "start %d: the view holds", planned)
-				rows, err := h.db.Query(h.ctx, `SELECT id FROM workpool_work WHERE state = 'running' AND started_at = $1 ORDER BY id`, h.clock.Now())
-				require.NoError(t, err)
-				started, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-				require.NoError(t, err)
+				full, started := h.plannedBesideFull(planned)
 				require.Len(t, full.started, 3, "start %d: the full pick fills the slots", planned)
 				require.Equal(t, full.started, started, "start %d: the same items start", planned)
 				planned++
